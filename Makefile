@@ -1,0 +1,31 @@
+# Quick start: `make bench` (install if needed, then the comparison tables) and `make test`.
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	# torch is pinned: 2.13.0 is the CPU build; an open range pulls a multi-GB CUDA build
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VPY) -m pytest tests
+
+lint: $(STAMP)
+	$(VPY) -m ruff check nki_kernels tests benchmarks
+	$(VPY) -m ruff format --check nki_kernels tests benchmarks
+	$(VPY) -m mypy nki_kernels
+
+bench: $(STAMP)
+	$(VPY) -m nki_kernels.cli bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

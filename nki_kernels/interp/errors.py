@@ -1,0 +1,57 @@
+"""Errors raised by the interpreter when a kernel breaks a compiler or hardware rule."""
+
+from __future__ import annotations
+
+
+class NkiValidationError(Exception):
+    """A kernel broke a rule the NKI compiler or the hardware enforces.
+
+    `rule` is a short stable identifier (for example "TC1" for the partition-dimension
+    limit); the message always names the rule and the numbers involved.
+    """
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"{message} (rule {rule})")
+        self.rule = rule
+
+
+class MemoryPlanError(NkiValidationError):
+    """An allocation does not fit in the target's SBUF or PSUM."""
+
+
+def fail(rule: str, message: str) -> NkiValidationError:
+    """Build the error for `rule`; callers write `raise fail(...)`."""
+    return NkiValidationError(rule, message)
+
+
+# The rules the interpreter enforces, with the identifier each error carries.
+RULES: dict[str, str] = {
+    "TC1": "an on-chip tensor's partition dimension is at most 128",
+    "IDX": "indexes and slices stay inside the tensor",
+    "VIEW": "view operations keep their documented invariants",
+    "BUF": "the operand lives in a buffer this instruction can access",
+    "PART": "operands of one instruction use the same number of partitions",
+    "FREE": "operands of one instruction hold the same number of elements per partition",
+    "DTYPE": "operand dtypes are legal for the instruction",
+    "MM_K": "matmul contraction (partition) size K is at most 128",
+    "MM_M": "matmul stationary free size M is at most 128",
+    "MM_N": "matmul moving free size N fits one PSUM bank (512; 4096/8192 on NC-v4)",
+    "MM_SHAPE": "matmul operand and destination shapes agree",
+    "MM_BANK": "a matmul destination stays within one PSUM bank",
+    "DMA_PSUM": "DMA never reads or writes PSUM",
+    "DMA_COUNT": "DMA source and destination hold the same number of elements",
+    "DMA_OOB": "an indirect DMA index is inside the indexed dimension",
+    "TRANSPOSE": "transpose sizes are within the engine's limit",
+    "REDUCE_AXIS": "reductions run over the trailing free dimensions only",
+    "MEMSET_KIND": "a memset value's kind matches the destination dtype",
+    "GPSIMD_PSUM": "GpSimd cannot access PSUM",
+    "ENGINE": "the instruction runs on an engine that supports it",
+    "VERSION": "the instruction or mode exists on this NeuronCore version",
+    "KWARG": "only documented keyword arguments are accepted",
+    "OP": "the op token is legal for this instruction",
+    "ARG": "an argument has the documented type and range",
+    "SBUF_OVERFLOW": "live SBUF allocations fit in the target's usable SBUF",
+    "PSUM_OVERFLOW": "live PSUM allocations fit in 8 banks of 2 KiB",
+    "LAUNCH": "kernel launch arguments follow the nki.jit rules",
+    "LOOP": "device loops follow the fori_loop / while_loop rules",
+}

@@ -1,0 +1,43 @@
+"""`nki.isa` (nisa) as the interpreter implements it: instructions, enums, versions."""
+
+from __future__ import annotations
+
+from .enums import (  # noqa: F401 - re-exported
+    dge_mode,
+    dma_engine,
+    engine,
+    gpsimd_engine,
+    matmul_perf_mode,
+    nc_version,
+    oob_mode,
+    reduce_cmd,
+    scalar_engine,
+    tensor_engine,
+    unknown_engine,
+    vector_engine,
+)
+from .errors import NkiValidationError  # noqa: F401
+from .isa_dma import dma_copy, dma_transpose  # noqa: F401
+from .isa_elementwise import (  # noqa: F401
+    activation,
+    activation_reduce,
+    iota,
+    memset,
+    reciprocal,
+    scalar_tensor_tensor,
+    tensor_copy,
+    tensor_reduce,
+    tensor_scalar,
+    tensor_tensor,
+)
+from .isa_tensor import nc_matmul, nc_transpose  # noqa: F401
+from .state import current as _current
+
+
+def get_nc_version() -> nc_version:
+    """The NeuronCore version of the target being interpreted."""
+    return nc_version(_current().target.nc_version)
+
+
+def get_nc_sub_version() -> int:
+    return 0

@@ -1,0 +1,304 @@
+"""`nki.language` (nl) as the interpreter implements it.
+
+Buffers, dtypes, allocation, `nl.ds`, program ids, loops, `nl.tile_size`, the op tokens,
+`nl.load` / `nl.store` / `nl.copy` and the experimental `nl` compute wrappers (which
+allocate a new SBUF tile and issue the matching ISA instruction).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import ops as _ops
+from .errors import fail as _fail
+from .ops import (  # noqa: F401 - re-exported op tokens
+    abs,
+    abs_max,
+    abs_min,
+    add,
+    arctan,
+    average,
+    bitwise_and,
+    bitwise_or,
+    bitwise_xor,
+    bypass,
+    ceil,
+    copy,
+    cos,
+    divide,
+    equal,
+    erf,
+    erf_dx,
+    exp,
+    floor,
+    gelu,
+    gelu_apprx_sigmoid,
+    gelu_apprx_tanh,
+    gelu_dx,
+    greater,
+    greater_equal,
+    identity,
+    invert,
+    left_shift,
+    less,
+    less_equal,
+    log,
+    logical_and,
+    logical_or,
+    logical_xor,
+    maximum,
+    minimum,
+    mish,
+    multiply,
+    negative,
+    not_equal,
+    power,
+    reciprocal,
+    relu,
+    right_shift,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    silu_dx,
+    sin,
+    softplus,
+    sqrt,
+    square,
+    subtract,
+    tanh,
+)
+from .ops import max_ as max  # noqa: A001
+from .ops import min_ as min  # noqa: A001
+from .state import current as _current
+from .tensor import (  # noqa: F401 - re-exported
+    Buffer,
+    NkiTensor,
+    hbm,
+    private_hbm,
+    psum,
+    sbuf,
+    shared_hbm,
+)
+from .tensor import allocate as _allocate
+
+ndarray_type = NkiTensor
+
+# ---- dtypes ---------------------------------------------------------------------------
+bool_ = _dt.bool_
+int8, int16, int32 = _dt.int8, _dt.int16, _dt.int32
+uint8, uint16, uint32 = _dt.uint8, _dt.uint16, _dt.uint32
+float16, bfloat16, float32, tfloat32 = _dt.float16, _dt.bfloat16, _dt.float32, _dt.tfloat32
+float8_e4m3, float8_e5m2 = _dt.float8_e4m3, _dt.float8_e5m2
+float8_e4m3fn, float8_e8m0fnu = _dt.float8_e4m3fn, _dt.float8_e8m0fnu
+
+# Most negative fp32: the masked value of attention kernels and range_select.
+fp32_min = float(np.finfo(np.float32).min)
+
+
+# ---- buffers -------------------------------------------------------------------------
+def is_sbuf(buffer: Any) -> bool:
+    return buffer is sbuf
+
+
+def is_psum(buffer: Any) -> bool:
+    return buffer is psum
+
+
+def is_hbm(buffer: Any) -> bool:
+    return buffer is hbm or buffer is shared_hbm
+
+
+def is_on_chip(buffer: Any) -> bool:
+    return isinstance(buffer, Buffer) and buffer.on_chip
+
+
+# ---- allocation -----------------------------------------------------------------------
+def ndarray(
+    shape: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "", address: Any = None
+) -> NkiTensor:
+    """Allocate an uninitialized tensor (the interpreter fills it with NaN / a sentinel)."""
+    return _allocate(shape, dtype, buffer, name)
+
+
+def _filled(shape: Any, value: Any, dtype: Any, buffer: Buffer, name: str) -> NkiTensor:
+    from . import isa_elementwise
+
+    t = _allocate(shape, dtype, buffer, name)
+    if buffer.on_chip:
+        v = int(value) if _dt.is_int(t.dtype) else float(value)
+        isa_elementwise.memset(t, v)
+    elif not _current().trace_only:
+        data = t.storage.data
+        assert data is not None
+        data[...] = _dt.cast(np.full(data.shape, value, dtype=np.float64), t.dtype)
+    return t
+
+
+def zeros(shape: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "") -> NkiTensor:
+    return _filled(shape, 0, dtype, buffer, name)
+
+
+def ones(shape: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "") -> NkiTensor:
+    return _filled(shape, 1, dtype, buffer, name)
+
+
+def full(shape: Any, fill_value: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "") -> NkiTensor:
+    return _filled(shape, fill_value, dtype, buffer, name)
+
+
+def zeros_like(a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = "") -> NkiTensor:
+    return zeros(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+
+
+def ones_like(a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = "") -> NkiTensor:
+    return ones(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+
+
+def empty_like(a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = "") -> NkiTensor:
+    return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+
+
+def shared_constant(constant: Any, dtype: Any = None) -> NkiTensor:
+    """A constant array placed in shared HBM."""
+    arr = np.asarray(constant)
+    d = _dt.as_dtype(dtype if dtype is not None else arr.dtype)
+    t = _allocate(arr.shape or (1,), d, shared_hbm, "const", data=None)
+    if not _current().trace_only:
+        data = t.storage.data
+        assert data is not None
+        data[...] = _dt.cast(arr.reshape(-1), d)
+    return t
+
+
+def shared_identity_matrix(n: int, dtype: Any = uint8) -> NkiTensor:
+    """An n x n identity matrix in SBUF (for PE transposes)."""
+    t = _allocate((n, n), dtype, sbuf, "identity")
+    if not _current().trace_only:
+        data = t.storage.data
+        assert data is not None
+        data[...] = _dt.cast(np.eye(n, dtype=np.float32).reshape(-1), t.dtype)
+    return t
+
+
+def ds(start: int, size: int) -> slice:
+    """`nl.ds(start, size)`: the slice start:start+size."""
+    if not isinstance(start, (int, np.integer)) or not isinstance(size, (int, np.integer)):
+        raise _fail("IDX", f"nl.ds(start, size) takes ints; got ({start!r}, {size!r})")
+    return slice(int(start), int(start) + int(size))
+
+
+# ---- launch grid ----------------------------------------------------------------------
+def program_id(axis: int = 0) -> int:
+    if axis != 0:
+        raise _fail("LAUNCH", f"program_id: only axis 0 exists; got {axis}")
+    return _current().program_id
+
+
+def num_programs(axes: int = 0) -> int:
+    if axes != 0:
+        raise _fail("LAUNCH", f"num_programs: only axis 0 exists; got {axes}")
+    return _current().lnc
+
+
+def program_ndim() -> int:
+    return 1 if _current().grid else 0
+
+
+# ---- loops (all unrolled at specialization) -------------------------------------------
+def affine_range(start: int, stop: int | None = None, step: int = 1) -> range:
+    """Deprecated alias of `range`."""
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+sequential_range = affine_range
+static_range = affine_range
+
+
+def device_print(prefix: str, x: Any) -> None:
+    from .engine import read
+
+    if isinstance(x, NkiTensor) and not _current().trace_only:
+        print(prefix, read(x))
+    else:
+        print(prefix, x)
+
+
+# ---- tile sizes ---------------------------------------------------------------------
+class _TileSize:
+    """`nl.tile_size`: hardware tile limits of the current target."""
+
+    pmax = 128
+    psum_bank_fmax = 512
+    psum_fmax = 512  # deprecated name
+    psum_bank_fmax_bytes = 2048
+    psum_num_banks = 8
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 2048
+    sbuf_min_align = 64
+
+    @staticmethod
+    def _target() -> Any:
+        from ..targets import get_target
+        from .state import active
+
+        launch = active()
+        return launch.target if launch is not None else get_target()
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        t = self._target()
+        return int(t.sbuf_bytes_per_partition * t.partitions)
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return int(self._target().sbuf_usable_bytes)
+
+    @property
+    def sbuf_fmax(self) -> int:
+        return int(self._target().sbuf_usable_bytes)
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        return int(self._target().sbuf_usable_bytes)
+
+
+tile_size = _TileSize()
+
+
+# ---- load / store / copy ---------------------------------------------------------------
+def load(src: NkiTensor, dtype: Any = None) -> NkiTensor:
+    """A new SBUF tile holding `src` (dim 0 becomes the partition dim)."""
+    from .isa_dma import dma_copy
+
+    shape = src.shape if src.ndim >= 2 else (1, *src.shape) if src.ndim == 1 else (1, 1)
+    t = _allocate(shape, dtype if dtype is not None else src.dtype, sbuf, "load")
+    dma_copy(t, src)
+    return t
+
+
+def store(dst: NkiTensor, value: NkiTensor) -> None:
+    """Write an SBUF tile to HBM (a PSUM value is not allowed)."""
+    from .isa_dma import dma_copy
+
+    if isinstance(value, NkiTensor) and value.buffer is psum:
+        raise _fail("DMA_PSUM", "nl.store: value is in PSUM; copy it to SBUF first")
+    dma_copy(dst, value)
+
+
+def _copy_call(x: NkiTensor, dtype: Any = None) -> NkiTensor:
+    """`nl.copy(x)`: a new SBUF tile (VectorE tensor_copy), from SBUF or PSUM."""
+    from .isa_elementwise import tensor_copy
+
+    t = _allocate(x.shape, dtype if dtype is not None else x.dtype, sbuf, "copy")
+    tensor_copy(t, x)
+    return t
+
+
+_ops.copy._call = _copy_call
+

@@ -1,0 +1,96 @@
+"""Interpreter state for one kernel launch: target, mode, trace, memory, engine registers."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..targets import Target
+from .errors import NkiValidationError
+from .memory import OnChipMemory
+from .trace import Instr, Trace
+
+if TYPE_CHECKING:
+    from .tensor import Storage
+
+
+class InterpreterWarning(UserWarning):
+    """Something the hardware would do differently or leave undefined."""
+
+
+class Program:
+    """Per-core state: on-chip memory placement and the engines' accumulator registers."""
+
+    def __init__(self, target: Target) -> None:
+        self.memory = OnChipMemory(
+            target.name, target.sbuf_usable_bytes, target.psum_banks, target.psum_bank_bytes
+        )
+        # ScalarE and VectorE each keep one fp32 accumulator per lane (partition); they
+        # persist across instructions under reduce_cmd control.
+        self.scalar_acc = np.zeros(target.partitions, dtype=np.float32)
+        self.vector_acc = np.zeros(target.partitions, dtype=np.float32)
+        self.shared_hbm_count = 0
+
+
+class Launch:
+    """One kernel launch: every program (LNC core) shares HBM and the trace."""
+
+    def __init__(self, target: Target, lnc: int, trace_only: bool) -> None:
+        self.target = target
+        self.lnc = lnc
+        self.trace_only = trace_only
+        self.trace = Trace(target.name, lnc)
+        self.programs = [Program(target) for _ in range(lnc)]
+        self.program_id = 0
+        self.grid = lnc > 1
+        self.shared_hbm: list[Storage] = []
+        self.next_sid = 1
+        self.warned: set[str] = set()
+        self.ended = False
+
+    @property
+    def program(self) -> Program:
+        return self.programs[self.program_id]
+
+    def record(self, instr: Instr) -> Instr:
+        instr.program = self.program_id
+        self.trace.append(instr)
+        return instr
+
+    def warn(self, key: str, message: str) -> None:
+        """Warn once per launch about `key`."""
+        if key not in self.warned:
+            self.warned.add(key)
+            warnings.warn(message, InterpreterWarning, stacklevel=4)
+
+    def finish(self) -> None:
+        for i, prog in enumerate(self.programs):
+            self.trace.peak_sbuf_bytes[i] = prog.memory.peak_sbuf_bytes
+            self.trace.peak_psum_banks[i] = prog.memory.peak_psum_banks
+        self.ended = True
+
+
+_active: list[Launch] = []
+
+
+def current() -> Launch:
+    """The launch being interpreted; NKI calls outside a kernel launch are an error."""
+    if not _active:
+        raise NkiValidationError(
+            "LAUNCH", "an NKI language/ISA call ran outside a kernel launch (call the kernel)"
+        )
+    return _active[-1]
+
+
+def push(launch: Launch) -> None:
+    _active.append(launch)
+
+
+def pop() -> None:
+    _active.pop()
+
+
+def active() -> Launch | None:
+    return _active[-1] if _active else None
