@@ -213,3 +213,56 @@ def gather_rows(src: Any, index: Any) -> Any:
         )
         nisa.dma_copy(dst=out[r0 : r0 + rs, :], src=rt[0:rs, :])
     return out
+
+
+# B blocks kept resident in SBUF for reuse across every 128-row output tile (bytes per
+# partition); the rest of SBUF double-buffers the A^T tiles and the outputs.
+RESIDENT_B_BYTES = 96 * 1024
+
+
+@nki.jit
+def matmul_step(a_t: Any, b: Any, out_dtype: Any) -> Any:
+    """A matmul step: out[m, n] = sum_k a_t[k, m] * b[k, n] (the compiler picks A's layout).
+
+    Loop nest: for each N block (as wide as fits `RESIDENT_B_BYTES`, a multiple of one
+    PSUM bank) load the whole B block once; for each 128-row M tile load its A^T column
+    and accumulate over K in PSUM banks; evacuate and store. A is re-read once per N
+    block, B once in all.
+    """
+    k_dim, m_dim = a_t.shape
+    _, n_dim = b.shape
+    out = nl.ndarray((m_dim, n_dim), dtype=out_dtype, buffer=nl.shared_hbm)
+    nk = (k_dim + P - 1) // P
+    bank = 512
+    isz = b.dtype.itemsize
+    nb = max(bank, (RESIDENT_B_BYTES // (nk * isz)) // bank * bank)
+    nb = min(nb, 4 * bank, (n_dim + bank - 1) // bank * bank)
+    for n0 in range(0, n_dim, nb):
+        ns = min(nb, n_dim - n0)
+        b_tiles = []
+        for ki in range(nk):
+            ks = min(P, k_dim - ki * P)
+            bt = nl.ndarray((P, nb), dtype=b.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=bt[0:ks, 0:ns], src=b[ki * P : ki * P + ks, n0 : n0 + ns])
+            b_tiles.append(bt)
+        for m0 in range(0, m_dim, P):
+            ms = min(P, m_dim - m0)
+            at = nl.ndarray((P, nk, P), dtype=a_t.dtype, buffer=nl.sbuf)
+            for ki in range(nk):
+                ks = min(P, k_dim - ki * P)
+                nisa.dma_copy(dst=at[0:ks, ki, 0:ms], src=a_t[ki * P : ki * P + ks, m0 : m0 + ms])
+            yt = nl.ndarray((P, nb), dtype=out_dtype, buffer=nl.sbuf)
+            for j0 in range(0, ns, bank):
+                js = min(bank, ns - j0)
+                acc = nl.ndarray((P, bank), dtype=nl.float32, buffer=nl.psum)
+                for ki in range(nk):
+                    ks = min(P, k_dim - ki * P)
+                    nisa.nc_matmul(
+                        dst=acc[0:ms, 0:js],
+                        stationary=at[0:ks, ki, 0:ms],
+                        moving=b_tiles[ki][0:ks, j0 : j0 + js],
+                        accumulate=ki > 0,
+                    )
+                nisa.tensor_copy(dst=yt[0:ms, j0 : j0 + js], src=acc[0:ms, 0:js])
+            nisa.dma_copy(dst=out[m0 : m0 + ms, n0 : n0 + ns], src=yt[0:ms, 0:ns])
+    return out
