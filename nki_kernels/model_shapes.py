@@ -42,7 +42,9 @@ LLAMA3_70B_NORM = NormShape("llama3-70b", hidden=8192)
 MIXTRAL_8X7B_MOE = MoEShape("mixtral-8x7b", hidden=4096, intermediate=14336, num_experts=8, top_k=2)
 # Fine-grained MoE (Qwen1.5-MoE-A2.7B-like: 60 routed experts rounded to 64, top-4 + shared
 # experts in the original; the benchmarks use the 64 experts, top-6).
-FINE_GRAINED_MOE = MoEShape("fine-grained-64e", hidden=2048, intermediate=1408, num_experts=64, top_k=6)
+FINE_GRAINED_MOE = MoEShape(
+    "fine-grained-64e", hidden=2048, intermediate=1408, num_experts=64, top_k=6
+)
 
 ATTENTION_SHAPES = (LLAMA3_8B_ATTN, LLAMA3_70B_ATTN, MIXTRAL_8X7B_ATTN)
 NORM_SHAPES = (LLAMA3_8B_NORM, LLAMA3_70B_NORM)

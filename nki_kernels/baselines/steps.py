@@ -79,7 +79,10 @@ def stream_rows(
                 )
             if colt is not None:
                 nisa.tensor_tensor(
-                    dst=acc[0:rs, 0:cs], data1=acc[0:rs, 0:cs], data2=colt[0:rs, 0:cs], op=nl.multiply
+                    dst=acc[0:rs, 0:cs],
+                    data1=acc[0:rs, 0:cs],
+                    data2=colt[0:rs, 0:cs],
+                    op=nl.multiply,
                 )
             for _ in range(n_scalar_ops):
                 nisa.activation(dst=acc[0:rs, 0:cs], op=nl.copy, data=acc[0:rs, 0:cs])
@@ -147,13 +150,17 @@ def softmax_rows(x: Any, scale: float, out_dtype: Any) -> Any:
             cs = min(fc, cols - c0)
             xt = nl.ndarray((P, fc), dtype=x.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=xt[0:rs, 0:cs], src=x[r0 : r0 + rs, c0 : c0 + cs])
-            nisa.tensor_reduce(dst=mx[0:rs, ci : ci + 1], op=nl.maximum, data=xt[0:rs, 0:cs], axis=(1,))
+            nisa.tensor_reduce(
+                dst=mx[0:rs, ci : ci + 1], op=nl.maximum, data=xt[0:rs, 0:cs], axis=(1,)
+            )
             if resident:
                 tiles.append(xt)
         rowmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=rowmax[0:rs, :], op=nl.maximum, data=mx[0:rs, :], axis=(1,))
         negmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=negmax[0:rs, :], data=rowmax[0:rs, :], op0=nl.multiply, operand0=-scale)
+        nisa.tensor_scalar(
+            dst=negmax[0:rs, :], data=rowmax[0:rs, :], op0=nl.multiply, operand0=-scale
+        )
         rowsum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         exps = []
         for ci in range(nch):
@@ -209,7 +216,9 @@ def gather_rows(src: Any, index: Any) -> Any:
         rt = nl.ndarray((P, cols), dtype=src.dtype, buffer=nl.sbuf)
         nisa.dma_copy(
             dst=rt[0:rs, :],
-            src=src.ap([[cols, rs], [1, cols]], offset=0, vector_offset=it[0:rs, :], indirect_dim=0),
+            src=src.ap(
+                [[cols, rs], [1, cols]], offset=0, vector_offset=it[0:rs, :], indirect_dim=0
+            ),
         )
         nisa.dma_copy(dst=out[r0 : r0 + rs, :], src=rt[0:rs, :])
     return out
