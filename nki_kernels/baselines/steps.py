@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..nki import nki, nisa, nl
+from ..nki import nisa, nki, nl
 
 P = 128  # partitions
 # 8 KiB per partition per DMA: ~99% of peak DMA efficiency (HARDWARE.md) and small enough
