@@ -54,4 +54,11 @@ RULES: dict[str, str] = {
     "PSUM_OVERFLOW": "live PSUM allocations fit in 8 banks of 2 KiB",
     "LAUNCH": "kernel launch arguments follow the nki.jit rules",
     "LOOP": "device loops follow the fori_loop / while_loop rules",
+    "REGISTER": "a VirtualRegister is used only as a loop bound, a scalar_offset or by register_*",
+    "TOPK_SIZE": "max8 / nc_find_index8 / nc_match_replace8 read 8..16384 elements per partition",
+    "BN_SIZE": "bn_stats reads <= 512 elements per partition, writes 6; bn_aggr reads 3k, writes 2",
+    "RANGE_FILL": "range_select's on_false_value is FP32_MIN (-3.4028235e38)",
+    "ACC_CMD": "the reduce_cmd is one the instruction supports (load_reduce needs reduce_init)",
+    "NL_API": "the experimental nl compute wrappers are used in their supported forms",
+    "NL_SHAPE": "nl compute wrappers take operands of one shape (they do not broadcast)",
 }

@@ -41,3 +41,16 @@ def get_nc_version() -> nc_version:
 
 def get_nc_sub_version() -> int:
     return 0
+
+# GpSimd / VectorE instructions beyond the core set, device-loop registers.
+from .isa_gpsimd import affine_select, tensor_partition_reduce  # noqa: E402, F401
+from .isa_vector import (  # noqa: E402, F401
+    bn_aggr,
+    bn_stats,
+    max8,
+    nc_find_index8,
+    nc_match_replace8,
+    tensor_copy_predicated,
+    tensor_tensor_scan,
+)
+from .isa_vector_acc import range_select, select_reduce, tensor_scalar_reduce  # noqa: E402, F401
