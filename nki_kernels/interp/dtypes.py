@@ -28,10 +28,12 @@ float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)  # OCP e4m3 (max 448), NC-v4 only
 float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
 
-FP8_DTYPES = frozenset({float8_e4m3, float8_e5m2, float8_e4m3fn})
-FLOAT_DTYPES = frozenset({float16, float32, bfloat16, float8_e8m0fnu}) | FP8_DTYPES
-INT_DTYPES = frozenset({int8, int16, int32, uint8, uint16, uint32, bool_})
-ALL_DTYPES = FLOAT_DTYPES | INT_DTYPES
+FP8_DTYPES: frozenset[np.dtype] = frozenset({float8_e4m3, float8_e5m2, float8_e4m3fn})
+FLOAT_DTYPES: frozenset[np.dtype] = (
+    frozenset({float16, float32, bfloat16, float8_e8m0fnu}) | FP8_DTYPES
+)
+INT_DTYPES: frozenset[np.dtype] = frozenset({int8, int16, int32, uint8, uint16, uint32, bool_})
+ALL_DTYPES: frozenset[np.dtype] = FLOAT_DTYPES | INT_DTYPES
 
 # Integer sentinel the official simulator writes into fresh integer allocations.
 INT_SENTINEL = 4
@@ -44,9 +46,12 @@ _TORCH_NAMES = {
     "torch.int16": int16,
     "torch.int32": int32,
     "torch.uint8": uint8,
+    "torch.uint16": uint16,
+    "torch.uint32": uint32,
     "torch.bool": bool_,
     "torch.float8_e4m3fn": float8_e4m3fn,
     "torch.float8_e5m2": float8_e5m2,
+    "torch.float8_e8m0fnu": float8_e8m0fnu,
 }
 
 _NAMES = {

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import dtypes as dt
+from . import ops
 from .enums import engine as engine_enum
 from .errors import fail
 from .state import Launch, current
 from .tensor import NkiTensor, psum
-from .trace import HBM, Instr, Region
+from .trace import Instr, Region
 
 ENGINE_NAMES = {
     engine_enum.tensor: "tensor",
@@ -22,21 +26,38 @@ ENGINE_NAMES = {
     engine_enum.sync: "sync",
 }
 
+# The ALU operators of the ISA (nki.api.shared, "Supported Math Operators"); nl.max / nl.min
+# are accepted as the docstrings' spelling of maximum / minimum.
+ALU_ARITH = frozenset(
+    {
+        "add", "subtract", "multiply", "maximum", "minimum", "max", "min", "equal",
+        "not_equal", "greater_equal", "greater", "less_equal", "less", "logical_and",
+        "logical_or", "logical_xor", "power", "abs_max", "abs_min",
+    }
+)  # fmt: skip
+ALU_UNARY = frozenset({"abs", "square", "relu", "rsqrt", "reciprocal"})
+ALU_BITVEC = frozenset(
+    {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+)
+
+_DNAMES: dict[np.dtype, str] = {d: d.name for d in dt.ALL_DTYPES}
+
 
 def launch() -> Launch:
     return current()
 
 
 def tensor_arg(x: Any, arg: str, instr: str) -> NkiTensor:
-    if not isinstance(x, NkiTensor):
+    if type(x) is not NkiTensor:
         raise fail("ARG", f"{instr}: {arg} must be an NKI tensor; got {type(x).__name__}")
     return x
 
 
-def on_chip(t: NkiTensor, arg: str, instr: str, *, sbuf_only: bool = False) -> NkiTensor:
+def on_chip(t: Any, arg: str, instr: str, *, sbuf_only: bool = False) -> NkiTensor:
     """Check an on-chip operand: SBUF (or PSUM when allowed) and at most 128 partitions."""
-    tensor_arg(t, arg, instr)
-    buf = t.buffer
+    if type(t) is not NkiTensor:
+        raise fail("ARG", f"{instr}: {arg} must be an NKI tensor; got {type(t).__name__}")
+    buf = t._st.buffer
     if not buf.on_chip or (sbuf_only and buf is psum):
         where = "SBUF" if sbuf_only else "SBUF or PSUM"
         raise fail("BUF", f"{instr}: {arg} must be in {where}; got {buf!r} ('{t.name}')")
@@ -49,7 +70,7 @@ def on_chip(t: NkiTensor, arg: str, instr: str, *, sbuf_only: bool = False) -> N
 def same_partitions(instr: str, **operands: NkiTensor) -> int:
     items = list(operands.items())
     p = items[0][1].shape[0]
-    for name, t in items[1:]:
+    for _, t in items[1:]:
         if t.shape[0] != p:
             detail = ", ".join(f"{n}={x.shape[0]}" for n, x in items)
             raise fail("PART", f"{instr}: operands use different partition counts ({detail})")
@@ -62,15 +83,17 @@ def same_free(instr: str, **operands: NkiTensor) -> int:
     for _, t in items[1:]:
         if t.free_size != n:
             detail = ", ".join(f"{k}={x.free_size}" for k, x in items)
-            raise fail("FREE", f"{instr}: operands hold different elements per partition ({detail})")
+            raise fail(
+                "FREE", f"{instr}: operands hold different elements per partition ({detail})"
+            )
     return n
 
 
 def pick_engine(requested: Any, default: str, allowed: tuple[str, ...], instr: str) -> str:
-    if not isinstance(requested, engine_enum):
-        raise fail("ARG", f"{instr}: engine must be an nisa.engine member; got {requested!r}")
     if requested is engine_enum.unknown:
         return default
+    if not isinstance(requested, engine_enum):
+        raise fail("ARG", f"{instr}: engine must be an nisa.engine member; got {requested!r}")
     name = ENGINE_NAMES[requested]
     if name not in allowed:
         raise fail("ENGINE", f"{instr} cannot run on the {name} engine (allowed: {allowed})")
@@ -94,35 +117,80 @@ def need_version(minimum: int, what: str) -> None:
         )
 
 
+def op_token(op: Any, arg: str, instr: str) -> ops.Op:
+    """Resolve an `op=` argument: nl op tokens only (raw ints, strings, ufuncs refused)."""
+    if isinstance(op, ops.Op):
+        return op
+    raise fail("OP", f"{instr}: {arg} must be an nl op token such as nl.add; got {op!r}")
+
+
+def alu_op(op: Any, arg: str, instr: str, *, unary: bool = False) -> ops.Op:
+    """An ALU operator token (arithmetic or bitvec; unary ALU ops only when allowed)."""
+    o = op_token(op, arg, instr)
+    name = o.name
+    if name in ALU_ARITH or name in ALU_BITVEC or (unary and name in ALU_UNARY):
+        if o.version > current().target.nc_version:
+            raise fail(
+                "VERSION", f"{instr}: nl.{name} needs NC-v{o.version}+ ({current().target.name})"
+            )
+        return o
+    kinds = "an ALU operator" + (" (binary, bitvec or unary)" if unary else " (binary or bitvec)")
+    raise fail("OP", f"{instr}: {arg}=nl.{name} is not {kinds}")
+
+
+def is_bitvec(o: ops.Op | None) -> bool:
+    return o is not None and o.name in ALU_BITVEC
+
+
 # ---- values ---------------------------------------------------------------------------
-def addresses(t: NkiTensor) -> tuple[np.ndarray, np.ndarray | None]:
-    """Element addresses (in t.dtype units) of an indirect view, and the in-range mask."""
+def _affine(shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    nd = len(shape)
+    addr = np.zeros(shape, dtype=np.int64)
+    for d in range(nd):
+        if shape[d] > 1 and strides[d]:
+            bshape = [1] * nd
+            bshape[d] = shape[d]
+            addr += (np.arange(shape[d], dtype=np.int64) * strides[d]).reshape(bshape)
+    return addr
+
+
+def scalar_index(index: Any) -> int:
+    """The run-time value of a scalar index: a (1, 1) tensor or a register."""
+    if isinstance(index, NkiTensor):
+        return int(read(index).reshape(-1)[0])
+    return int(index.value)
+
+
+def addresses(t: NkiTensor) -> tuple[np.ndarray, np.ndarray]:
+    """Element addresses (in t.dtype units) of an indirect view, and the in-bounds mask.
+
+    Vector indirection addresses row i at `index[i] * row_stride` (a (P, K) index is
+    read column-major); a row is out of bounds when its index is negative or any of its
+    elements falls outside the storage. Scalar indirection moves the whole view; it is
+    in bounds only when every element is.
+    """
     ind = t.indirect
     assert ind is not None
-    idx = read(ind.index).astype(np.int64)
-    addr = np.full(t.shape, t.offset, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(t.shape, t.strides)):
-        if ind.kind == "vector" and d == 0:
-            continue
-        shape = [1] * t.ndim
-        shape[d] = n
-        addr = addr + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    shape = t.shape
+    total = t.storage_elements()
     if ind.kind == "vector":
-        rows = idx.reshape(-1)[: t.shape[0]]
-        if rows.size != t.shape[0]:
-            raise fail("VIEW", f"vector offset holds {rows.size} indexes for {t.shape[0]} rows")
-        valid_rows = (rows >= 0) & (rows < ind.extent)
-        addr = addr + (rows * ind.row_stride).reshape((-1,) + (1,) * (t.ndim - 1))
-        valid = np.broadcast_to(valid_rows.reshape((-1,) + (1,) * (t.ndim - 1)), t.shape)
-    else:
-        v = int(idx.reshape(-1)[0])
-        addr = addr + v * ind.row_stride
-        valid = np.full(t.shape, 0 <= v < ind.extent)
-    return addr, valid
+        idx = read(ind.index).astype(np.int64)
+        rows = idx.T.reshape(-1)[: shape[0]]
+        inner = _affine(shape[1:], t.strides[1:]) + t.offset
+        bshape = (shape[0],) + (1,) * (len(shape) - 1)
+        addr = rows.reshape(bshape) * ind.row_stride + inner
+        lo, hi = int(inner.min()), int(inner.max())
+        start = rows * ind.row_stride
+        ok = (rows >= 0) & (start + lo >= 0) & (start + hi < total)
+        return addr, np.broadcast_to(ok.reshape(bshape), shape)
+    v = scalar_index(ind.index)
+    addr = _affine(shape, t.strides) + (t.offset + v * ind.row_stride)
+    in_bounds = v >= 0 and int(addr.min()) >= 0 and int(addr.max()) < total
+    return addr, np.full(shape, in_bounds)
 
 
 def _flat(t: NkiTensor) -> np.ndarray:
-    data = t.storage.data
+    data = t._st.data
     assert data is not None
     return data.view(t.dtype) if data.dtype != t.dtype else data
 
@@ -135,8 +203,12 @@ def read(t: NkiTensor, oob_skip: bool = False) -> np.ndarray:
     flat = _flat(t)
     if not valid.all():
         if not oob_skip:
-            bad = addr[~valid].reshape(-1)[0]
-            raise fail("DMA_OOB", f"indirect read of '{t.name}' out of range (element {bad})")
+            bad = int(addr[~valid].reshape(-1)[0])
+            raise fail(
+                "DMA_OOB",
+                f"indirect read of '{t.name}' out of bounds (element {bad} of "
+                f"{t.storage_elements()}); pass oob_mode=nisa.oob_mode.skip to skip it",
+            )
         out = np.zeros(t.shape, dtype=t.dtype)
         out[valid] = flat[addr[valid]]
         return out
@@ -147,11 +219,20 @@ def read_f32(t: NkiTensor) -> np.ndarray:
     return dt.to_f32(read(t))
 
 
+def mm_view(t: NkiTensor) -> np.ndarray | None:
+    st = t._st
+    if st.mm_mask is None or t.dtype.itemsize != st.dtype.itemsize:
+        return None
+    return np.ndarray(t.shape, np.bool_, buffer=st.mm_mask, offset=t.offset, strides=t.strides)
+
+
 def write(t: NkiTensor, values: np.ndarray, mask: np.ndarray | None = None) -> None:
-    """Store `values` into `t`, rounding to t.dtype; `mask` keeps destination elements."""
-    st = t.storage
+    """Store `values` into `t`, rounding to t.dtype; where `mask` is False keep dst."""
+    st = t._st
     st.dirty = True
-    vals = dt.cast(np.asarray(values).reshape(t.shape), t.dtype)
+    vals = dt.cast(np.asarray(values), t.dtype)
+    if vals.shape != t.shape:
+        vals = vals.reshape(t.shape)
     if t.indirect is None:
         arr = t.array()
         if mask is None:
@@ -159,21 +240,23 @@ def write(t: NkiTensor, values: np.ndarray, mask: np.ndarray | None = None) -> N
         else:
             np.copyto(arr, vals, where=mask)
         if st.mm_mask is not None:
-            mm = np.ndarray(
-                t.shape, np.bool_, buffer=st.mm_mask, offset=t.offset, strides=t.strides
-            )
-            mm[...] = False
+            mm = mm_view(t)
+            if mm is not None:
+                mm[...] = False
         return
     addr, valid = addresses(t)
     keep = valid if mask is None else valid & mask
     _flat(t)[addr[keep]] = vals[keep]
 
 
+def convert(values: np.ndarray, src: np.dtype, dst: np.dtype) -> np.ndarray:
+    """A copy engine's conversion: bit-exact for equal dtypes, otherwise through fp32."""
+    if src == dst:
+        return values
+    return values.astype(np.float32)
+
+
 # ---- trace ------------------------------------------------------------------------------
-def _hbm_bytes(ts: tuple[NkiTensor, ...]) -> int:
-    return sum(t.size * t.dtype.itemsize for t in ts if t.buffer.space == HBM)
-
-
 def emit(
     engine: str,
     opcode: str,
@@ -189,37 +272,58 @@ def emit(
     extra_reads: tuple[Region, ...] = (),
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
-    reads = tuple(t.region() for t in srcs) + extra_reads
+    reads = []
+    hbm_read = 0
     for t in srcs:
-        if t.indirect is not None:
-            reads += (t.indirect.index.region(),)
+        reads.append(t.region())
+        st = t._st
+        if not st.buffer.on_chip:
+            hbm_read += _size(t.shape) * t.dtype.itemsize
+        ind = t.indirect
+        if ind is not None and type(ind.index) is NkiTensor:
+            reads.append(ind.index.region())
+    writes = []
+    hbm_write = 0
     for t in dsts:
-        if t.indirect is not None:
-            reads += (t.indirect.index.region(),)
+        writes.append(t.region())
+        if not t._st.buffer.on_chip:
+            hbm_write += _size(t.shape) * t.dtype.itemsize
+        ind = t.indirect
+        if ind is not None and type(ind.index) is NkiTensor:
+            reads.append(ind.index.region())
+    if extra_reads:
+        reads.extend(extra_reads)
     instr = Instr(
         engine,
         opcode,
         p,
         n,
-        dsts[0].dtype.name if dsts else "",
-        tuple(t.dtype.name for t in srcs),
-        reads,
-        tuple(t.region() for t in dsts),
-        flops=flops,
-        hbm_read=_hbm_bytes(srcs),
-        hbm_write=_hbm_bytes(dsts),
-        nbytes=nbytes,
-        attrs=attrs,
-        name=name,
+        _DNAMES[dsts[0].dtype] if dsts else "",
+        tuple([_DNAMES[t.dtype] for t in srcs]),
+        tuple(reads),
+        tuple(writes),
+        flops,
+        hbm_read,
+        hbm_write,
+        nbytes,
+        attrs,
+        name,
     )
     return current().record(instr)
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    r = 1
+    for n in shape:
+        r *= n
+    return r
 
 
 def scalar_or_column(x: Any, p: int, arg: str, instr: str) -> np.ndarray | float | None:
     """An operand that is a Python scalar or a (P, 1) tile, as fp32 (None passes through)."""
     if x is None:
         return None
-    if isinstance(x, NkiTensor):
+    if type(x) is NkiTensor:
         on_chip(x, arg, instr)
         if x.shape[0] != p or x.free_size != 1:
             raise fail(
@@ -236,30 +340,43 @@ def scalar_or_column(x: Any, p: int, arg: str, instr: str) -> np.ndarray | float
     raise fail("ARG", f"{instr}: {arg} must be a number or a (P, 1) tile; got {type(x).__name__}")
 
 
-def check_kwargs(instr: str, kwargs: dict[str, Any]) -> None:
-    if kwargs:
-        raise fail("KWARG", f"{instr}() got unexpected keyword argument(s) {sorted(kwargs)}")
+class _NoInstruction:
+    """Handle returned by an ISA call that recorded no instruction (e.g. empty views)."""
+
+    __slots__ = ()
+
+    def depends_on(self, *producers: Any) -> _NoInstruction:
+        return self
 
 
-def instruction(fn: Any) -> Any:
-    """Refuse keyword arguments the documented signature does not have (rule KWARG)."""
-    import functools
-    import inspect
+NO_INSTRUCTION = _NoInstruction()
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def instruction(fn: F) -> F:
+    """Wrap an ISA function: refuse undocumented keyword arguments (rule KWARG) and
+    return an instruction handle (`.depends_on(...)` returns it)."""
     params = inspect.signature(fn).parameters
     allowed = frozenset(params)
-    positional = len(params)
+    n_params = len(params)
+    qualname = f"nisa.{fn.__name__}"
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if kwargs and not allowed.issuperset(kwargs):
             raise fail(
                 "KWARG",
-                f"nisa.{fn.__name__}() got unexpected keyword argument(s) "
-                f"{sorted(set(kwargs) - allowed)}",
+                f"{qualname}() got unexpected keyword argument(s) {sorted(set(kwargs) - allowed)}",
             )
-        if len(args) > positional:
-            raise fail("KWARG", f"nisa.{fn.__name__}() takes {positional} arguments")
-        return fn(*args, **kwargs)
+        if len(args) > n_params:
+            raise fail("KWARG", f"{qualname}() takes {n_params} arguments; got {len(args)}")
+        result = fn(*args, **kwargs)
+        return NO_INSTRUCTION if result is None else result
 
-    return wrapper
+    return wrapper  # type: ignore[return-value]
+
+
+def check_kwargs(instr: str, kwargs: dict[str, Any]) -> None:
+    if kwargs:
+        raise fail("KWARG", f"{instr}() got unexpected keyword argument(s) {sorted(kwargs)}")

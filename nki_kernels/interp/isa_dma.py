@@ -6,15 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes as dt
 from .engine import addresses, emit, instruction, need_version, read, tensor_arg, write
 from .enums import dge_mode as dge_mode_enum
-from .enums import dma_engine as dma_engine_enum
 from .enums import engine as engine_enum
 from .enums import oob_mode as oob_mode_enum
 from .errors import fail
 from .state import current
-from .tensor import NkiTensor, psum
+from .tensor import NkiTensor, psum, sbuf
+from .trace import Instr
 
 
 def contiguous_run(t: NkiTensor) -> int:
@@ -23,37 +22,53 @@ def contiguous_run(t: NkiTensor) -> int:
     On-chip views never run across the partition dim: each partition row is at least
     one DMA descriptor.
     """
-    dims = list(zip(t.shape, t.strides))
-    if t.on_chip:
-        dims = dims[1:]
+    shape, strides = t.shape, t.strides
+    first = 1 if t._st.buffer.on_chip else 0
     run = 1
-    for n, s in reversed(dims):
+    for i in range(len(shape) - 1, first - 1, -1):
+        n = shape[i]
         if n == 1:
             continue
-        if s == run:
+        if strides[i] == run:
             run *= n
         else:
             break
-    return max(run, 1)
+    return run
 
 
 def _dma_attrs(dst: NkiTensor, src: NkiTensor, nelem: int, dge: Any, queue: str) -> dict[str, Any]:
     run = min(contiguous_run(dst), contiguous_run(src))
-    # indirect rows are contiguous only within the gathered row
-    if src.indirect is not None or dst.indirect is not None:
-        run = min(run, max(1, dst.shape[-1] if dst.ndim else 1))
+    indirect = src.indirect is not None or dst.indirect is not None
+    if indirect:  # indirect rows are contiguous only within the gathered row
+        run = min(run, max(1, dst.shape[-1]))
     isz = max(dst.dtype.itemsize, src.dtype.itemsize)
-    chip = dst if dst.on_chip else src if src.on_chip else None
+    dbuf, sbuf_ = dst._st.buffer, src._st.buffer
+    chip = dst if dbuf.on_chip else src if sbuf_.on_chip else None
     return {
         "descriptors": max(1, -(-nelem // run)),
         "descriptor_bytes": run * isz,
         "partitions": chip.shape[0] if chip is not None else 0,
-        "src_space": src.buffer.name,
-        "dst_space": dst.buffer.name,
-        "indirect": src.indirect is not None or dst.indirect is not None,
+        "src_space": sbuf_.name,
+        "dst_space": dbuf.name,
+        "indirect": indirect,
         "dge": dge.name,
         "queue": queue,
     }
+
+
+def _no_psum(instr: str, **operands: NkiTensor) -> None:
+    for arg, t in operands.items():
+        if t._st.buffer is psum:
+            raise fail("DMA_PSUM", f"{instr}: {arg} '{t.name}' is in PSUM; DMA cannot access PSUM")
+        if t._st.buffer.on_chip and t.shape[0] > current().target.partitions:
+            raise fail("TC1", f"{instr}: partition dim {t.shape[0]} of {arg} exceeds 128")
+
+
+def _dge(dge_mode: Any, instr: str) -> None:
+    if not isinstance(dge_mode, dge_mode_enum):
+        raise fail("ARG", f"{instr}: dge_mode must be an nisa.dge_mode member; got {dge_mode!r}")
+    if dge_mode is dge_mode_enum.hwdge:
+        need_version(3, f"{instr}(dge_mode=hwdge)")
 
 
 @instruction
@@ -65,62 +80,83 @@ def dma_copy(
     dge_mode: dge_mode_enum = dge_mode_enum.unknown,
     engine: engine_enum = engine_enum.unknown,
     name: str | None = None,
-) -> Any:
-    """Copy between HBM and SBUF (any direction); values go src -> fp32 -> dst."""
+) -> Instr | None:
+    """Copy between HBM and SBUF (any direction); values go src -> fp32 -> dst.
+
+    Indirect views (`.ap(vector_offset=...)` / `.ap(scalar_offset=...)`) gather or
+    scatter rows; `oob_mode.skip` leaves the destination of out-of-bounds rows untouched.
+    """
     tensor_arg(dst, "dst", "dma_copy")
     tensor_arg(src, "src", "dma_copy")
-    for arg, t in (("dst", dst), ("src", src)):
-        if t.buffer is psum:
-            raise fail("DMA_PSUM", f"dma_copy: {arg} '{t.name}' is in PSUM; DMA cannot access PSUM")
-        if t.on_chip and t.shape[0] > current().target.partitions:
-            raise fail("TC1", f"dma_copy: partition dim {t.shape[0]} of {arg} exceeds 128")
-    if not isinstance(oob_mode, oob_mode_enum):
+    _no_psum("dma_copy", dst=dst, src=src)
+    if oob_mode is not oob_mode_enum.error and oob_mode is not oob_mode_enum.skip:
         raise fail("ARG", f"dma_copy: oob_mode must be an nisa.oob_mode member; got {oob_mode!r}")
-    if not isinstance(dge_mode, dge_mode_enum):
-        raise fail("ARG", f"dma_copy: dge_mode must be an nisa.dge_mode member; got {dge_mode!r}")
-    if not isinstance(engine, (engine_enum, dma_engine_enum)):
-        raise fail("ARG", f"dma_copy: engine must be an nisa.engine member; got {engine!r}")
-    if dst.size != src.size:
+    if dge_mode is not dge_mode_enum.unknown:
+        _dge(dge_mode, "dma_copy")
+    if engine is not engine_enum.unknown:
+        if engine is not engine_enum.sync and engine is not engine_enum.scalar:
+            raise fail(
+                "ENGINE",
+                f"dma_copy: engine {engine!r} cannot issue DMAs (engine.sync or engine.scalar)",
+            )
+        if dge_mode is not dge_mode_enum.hwdge:
+            raise fail("ARG", "dma_copy: engine= is only valid with dge_mode=nisa.dge_mode.hwdge")
+    if priority is not None:
+        need_version(4, "dma_copy(priority=...)")
+        if priority not in (0, 1, 2, 3):
+            raise fail("ARG", f"dma_copy: priority must be 0..3; got {priority!r}")
+    dsize, ssize = dst.size, src.size
+    if dsize != ssize:
         raise fail(
             "DMA_COUNT",
-            f"dma_copy: dst {dst.shape} holds {dst.size} elements but src {src.shape} holds "
-            f"{src.size}",
+            f"dma_copy: dst {dst.shape} holds {dsize} elements but src {src.shape} holds {ssize}",
         )
-    if dge_mode is dge_mode_enum.hwdge:
-        need_version(3, "hardware DGE (dge_mode.hwdge)")
-        if dst.dtype != src.dtype:
-            raise fail(
-                "DTYPE",
-                f"dma_copy with dge_mode.hwdge needs equal dtypes; got dst {dst.dtype.name}, "
-                f"src {src.dtype.name} (use .view())",
-            )
+    if dge_mode is dge_mode_enum.hwdge and dst.dtype != src.dtype:
+        raise fail(
+            "DTYPE",
+            f"dma_copy with dge_mode.hwdge needs equal dtypes; got dst {dst.dtype.name}, "
+            f"src {src.dtype.name} (use .view())",
+        )
     launch = current()
-    queue = "gpsimd" if engine is dma_engine_enum.gpsimd_dma or engine is engine_enum.gpsimd else "sync"
-    chip = dst if dst.on_chip else src if src.on_chip else dst
-    emit(
+    # software DGE generates descriptors on GpSimd; hardware DGE on the issuing engine
+    queue = (
+        "gpsimd"
+        if dge_mode is dge_mode_enum.swdge
+        else "scalar"
+        if engine is engine_enum.scalar
+        else "sync"
+    )
+    chip = dst if dst._st.buffer.on_chip else src if src._st.buffer.on_chip else None
+    ins = emit(
         "dma",
         "dma_copy",
         (dst,),
         (src,),
-        chip.shape[0] if chip.on_chip else 1,
-        chip.free_size if chip.on_chip else dst.size,
-        nbytes=dst.size * dst.dtype.itemsize,
-        attrs=_dma_attrs(dst, src, dst.size, dge_mode, queue),
+        chip.shape[0] if chip is not None else 1,
+        chip.free_size if chip is not None else dsize,
+        nbytes=dsize * dst.dtype.itemsize,
+        attrs=_dma_attrs(dst, src, dsize, dge_mode, queue),
         name=name,
     )
-    if launch.trace_only or dst.size == 0:
-        return None
+    if launch.trace_only or dsize == 0:
+        return ins
     skip = oob_mode is oob_mode_enum.skip
     vals = read(src, oob_skip=skip)
-    if src.dtype != dst.dtype and dt.is_float(src.dtype):
-        vals = dt.to_f32(vals)  # DMA casts go src -> fp32 -> dst
+    if src.dtype != dst.dtype:
+        vals = vals.astype(np.float32)  # DMA casts go src -> fp32 -> dst
     mask = None
     if src.indirect is not None and skip:
         mask = addresses(src)[1].reshape(dst.shape)
-    if dst.indirect is not None and not skip and not addresses(dst)[1].all():
-        raise fail("DMA_OOB", f"dma_copy: indirect write to '{dst.name}' out of range")
+    if dst.indirect is not None and not skip:
+        valid = addresses(dst)[1]
+        if not valid.all():
+            raise fail(
+                "DMA_OOB",
+                f"dma_copy: indirect write to '{dst.name}' out of bounds; pass "
+                "oob_mode=nisa.oob_mode.skip to skip it",
+            )
     write(dst, vals.reshape(dst.shape), mask=mask)
-    return None
+    return ins
 
 
 _TRANSPOSE_AXES = {(1, 0), (2, 1, 0), (3, 1, 2, 0)}
@@ -131,49 +167,86 @@ def dma_transpose(
     dst: NkiTensor,
     src: NkiTensor,
     axes: tuple[int, ...] | None = None,
+    priority: Any = None,
     dge_mode: dge_mode_enum = dge_mode_enum.unknown,
+    oob_mode: oob_mode_enum = oob_mode_enum.error,
     name: str | None = None,
-) -> Any:
-    """Transpose through the DMA engines; 2-byte elements only."""
-    tensor_arg(dst, "dst", "dma_transpose")
-    tensor_arg(src, "src", "dma_transpose")
-    for arg, t in (("dst", dst), ("src", src)):
-        if t.buffer is psum:
-            raise fail("DMA_PSUM", f"dma_transpose: {arg} is in PSUM; DMA cannot access PSUM")
-    axes = tuple(axes) if axes is not None else tuple(reversed(range(src.ndim)))
-    if axes not in _TRANSPOSE_AXES:
+) -> Instr | None:
+    """Transpose through the DMA engines into SBUF; 2-byte elements only.
+
+    The permutation is (1,0) for 2-D, (2,1,0) for 3-D and (3,1,2,0) for 4-D sources. An
+    indirect source (`.ap(vector_offset=...)` on HBM) gathers its rows first.
+    """
+    instr = "dma_transpose"
+    tensor_arg(dst, "dst", instr)
+    tensor_arg(src, "src", instr)
+    _no_psum(instr, dst=dst, src=src)
+    if dst._st.buffer is not sbuf:
+        raise fail("BUF", f"{instr}: dst must be in SBUF; got {dst.buffer!r} ('{dst.name}')")
+    _dge(dge_mode, instr)
+    indirect = src.indirect is not None
+    if dge_mode is dge_mode_enum.swdge and not indirect:
+        raise fail("ARG", f"{instr}: dge_mode.swdge is for indirect sources only")
+    if dge_mode is dge_mode_enum.hwdge and indirect:
+        raise fail("ARG", f"{instr}: an indirect source needs dge_mode unknown or swdge")
+    if dge_mode is dge_mode_enum.none:
+        raise fail("ARG", f"{instr}: dge_mode must be unknown, hwdge or swdge")
+    if not isinstance(oob_mode, oob_mode_enum):
+        raise fail("ARG", f"{instr}: oob_mode must be an nisa.oob_mode member; got {oob_mode!r}")
+    if oob_mode is oob_mode_enum.skip and not indirect:
+        raise fail("ARG", f"{instr}: oob_mode.skip is only valid with an indirect source")
+    if priority is not None:
+        need_version(4, f"{instr}(priority=...)")
+    default_axes = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}.get(src.ndim)
+    axes = tuple(axes) if axes is not None else default_axes
+    if axes not in _TRANSPOSE_AXES or len(axes) != src.ndim:
         raise fail(
             "TRANSPOSE",
-            f"dma_transpose: axes {axes} not supported (supported: (1,0), (2,1,0), (3,1,2,0))",
+            f"{instr}: axes {axes} not supported for a {src.ndim}-D source (supported: (1,0), "
+            "(2,1,0), (3,1,2,0) for 2-D, 3-D, 4-D)",
         )
-    if len(axes) != src.ndim or dst.ndim != src.ndim:
-        raise fail("TRANSPOSE", f"dma_transpose: axes {axes} do not match src rank {src.ndim}")
+    assert axes is not None
     want = tuple(src.shape[a] for a in axes)
     if dst.shape != want:
-        raise fail("TRANSPOSE", f"dma_transpose: dst shape {dst.shape} must be {want}")
+        raise fail(
+            "TRANSPOSE", f"{instr}: dst shape {dst.shape} must be {want} for src {src.shape}"
+        )
     if src.dtype.itemsize != 2 or dst.dtype != src.dtype:
         raise fail(
             "DTYPE",
-            f"dma_transpose needs matching 2-byte dtypes; got src {src.dtype.name}, "
-            f"dst {dst.dtype.name}",
+            f"{instr} needs matching 2-byte dtypes; got src {src.dtype.name}, dst {dst.dtype.name}",
         )
-    chip = dst if dst.on_chip else src
+    if src.shape[-1] > 128 and (indirect or dge_mode is dge_mode_enum.hwdge):
+        raise fail("TRANSPOSE", f"{instr}: src.shape[-1] {src.shape[-1]} exceeds 128")
+    if dge_mode is dge_mode_enum.hwdge:
+        s0 = src.shape[0]
+        ok = (
+            s0 == 16 if src.ndim == 2 else s0 in (1, 2, 4, 8, 16) and (s0 * src.shape[-2]) % 16 == 0
+        )
+        if not ok:
+            raise fail("TRANSPOSE", f"{instr}(hwdge): src shape {src.shape} not supported")
+    if indirect:
+        need_version(3, f"indirect {instr}")
     attrs = _dma_attrs(dst, src, dst.size, dge_mode, "sync")
     attrs["descriptors"] = dst.size  # element-granular: every element is its own access
     attrs["descriptor_bytes"] = 2
     attrs["transpose"] = True
-    emit(
+    ins = emit(
         "dma",
-        "dma_transpose",
+        instr,
         (dst,),
         (src,),
-        chip.shape[0],
-        chip.free_size,
+        dst.shape[0],
+        dst.free_size,
         nbytes=dst.size * 2,
         attrs=attrs,
         name=name,
     )
     if current().trace_only:
-        return None
-    write(dst, np.transpose(read(src), axes))
-    return None
+        return ins
+    vals = np.transpose(read(src, oob_skip=oob_mode is oob_mode_enum.skip), axes)
+    mask = None
+    if indirect and oob_mode is oob_mode_enum.skip:
+        mask = np.transpose(addresses(src)[1], axes)
+    write(dst, vals, mask=mask)
+    return ins

@@ -2,7 +2,8 @@
 
 `tensor_copy`, `memset`, `iota`, `activation` (with the ScalarE accumulator registers),
 `tensor_tensor`, `tensor_scalar`, `scalar_tensor_tensor`, `tensor_reduce`, `reciprocal`.
-Engines compute in fp32 and round on store.
+Engines compute in fp32 and round on store; bitvec operators work on integer bit
+patterns.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import numpy as np
 from . import dtypes as dt
 from . import ops
 from .engine import (
+    alu_op,
+    convert,
     emit,
     instruction,
+    is_bitvec,
     no_psum_on_gpsimd,
     on_chip,
+    op_token,
     pick_engine,
     read,
     read_f32,
@@ -31,6 +36,7 @@ from .enums import reduce_cmd as reduce_cmd_enum
 from .errors import fail
 from .state import current
 from .tensor import NkiTensor, psum
+from .trace import Instr
 
 _VSG = ("vector", "scalar", "gpsimd")
 _VG = ("vector", "gpsimd")
@@ -41,28 +47,36 @@ def _all_bf16(*ts: NkiTensor) -> bool:
 
 
 def _psum_in(*ts: NkiTensor) -> bool:
-    return any(t.buffer is psum for t in ts)
+    return any(t._st.buffer is psum for t in ts)
 
 
 def _lanes(t: NkiTensor) -> slice:
     """Accumulator lanes an on-chip operand uses: its physical partitions."""
-    region = t.region()
-    return slice(region[2], region[2] + t.shape[0])
+    p0 = t.region()[2]
+    return slice(p0, p0 + t.shape[0])
 
 
 @instruction
 def tensor_copy(
-    dst: NkiTensor, src: NkiTensor, engine: engine_enum = engine_enum.unknown, name: str | None = None
-) -> Any:
+    dst: NkiTensor,
+    src: NkiTensor,
+    engine: engine_enum = engine_enum.unknown,
+    name: str | None = None,
+) -> Instr | None:
     """Copy SBUF/PSUM -> SBUF/PSUM; bit-exact for equal dtypes, through fp32 otherwise."""
     instr = "tensor_copy"
     on_chip(src, "src", instr)
     on_chip(dst, "dst", instr)
+    launch = current()
     eng = pick_engine(engine, "vector", _VSG, instr)
+    if eng == "scalar" and launch.target.nc_version < 3:
+        raise fail(
+            "ENGINE", "tensor_copy cannot run on ScalarE on NC-v2; use activation(op=nl.copy)"
+        )
     no_psum_on_gpsimd(eng, instr, dst=dst, src=src)
     p = same_partitions(instr, dst=dst, src=src)
     n = same_free(instr, dst=dst, src=src)
-    emit(
+    ins = emit(
         eng,
         "tensor_copy",
         (dst,),
@@ -72,47 +86,44 @@ def tensor_copy(
         attrs={"psum_in": _psum_in(src), "fast": _all_bf16(dst, src) and not _psum_in(src, dst)},
         name=name,
     )
-    if current().trace_only:
-        return None
-    vals = read(src)
-    if src.dtype != dst.dtype and dt.is_float(src.dtype):
-        vals = dt.to_f32(vals)
-    write(dst, vals.reshape(dst.shape))
-    return None
+    if launch.trace_only:
+        return ins
+    write(dst, convert(read(src), src.dtype, dst.dtype).reshape(dst.shape))
+    return ins
 
 
 @instruction
 def memset(
     dst: NkiTensor, value: Any, engine: engine_enum = engine_enum.unknown, name: str | None = None
-) -> Any:
-    """Fill with a compile-time constant whose kind matches the dtype (int for int tiles)."""
+) -> Instr | None:
+    """Fill with a compile-time constant; integer tiles take an int literal (NKI 0.3+)."""
     instr = "memset"
     on_chip(dst, "dst", instr)
-    eng = pick_engine(engine, "vector", _VSG, instr)
+    eng = pick_engine(engine, "vector", _VG, instr)
     no_psum_on_gpsimd(eng, instr, dst=dst)
-    is_int_value = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    is_int_value = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     is_float_value = isinstance(value, (float, np.floating))
+    if not (is_int_value or is_float_value):
+        raise fail("MEMSET_KIND", f"memset: value must be an int or float literal; got {value!r}")
     if dt.is_int(dst.dtype) and not is_int_value:
         raise fail(
             "MEMSET_KIND",
-            f"memset: value {value!r} must be an int literal for {dst.dtype.name} dst '{dst.name}'",
+            f"memset: value {value!r} must be an int literal for {dst.dtype.name} dst "
+            f"'{dst.name}' (write {int(value) if float(value).is_integer() else '...'})",
         )
-    if dt.is_float(dst.dtype) and not is_float_value:
-        raise fail(
-            "MEMSET_KIND",
-            f"memset: value {value!r} must be a float literal for {dst.dtype.name} dst "
-            f"'{dst.name}' (write {float(value) if is_int_value else value!r})",
-        )
-    emit(eng, "memset", (dst,), (), dst.shape[0], dst.free_size, name=name)
+    ins = emit(eng, "memset", (dst,), (), dst.shape[0], dst.free_size, name=name)
     if current().trace_only:
-        return None
-    write(dst, np.full(dst.shape, value, dtype=np.float64 if is_float_value else np.int64))
-    return None
+        return ins
+    write(dst, np.full(dst.shape, value, dtype=np.float32 if is_float_value else np.int64))
+    return ins
 
 
-def _affine(pattern: Any, offset: int, channel_multiplier: int, t: NkiTensor, instr: str) -> np.ndarray:
-    """offset + p * channel_multiplier + sum(idx_d * step_d), int64, shaped like `t`."""
-    pairs = [(int(s), int(n)) for s, n in pattern]
+def _pattern(pattern: Any, t: NkiTensor, instr: str) -> list[tuple[int, int]]:
+    """Validate an iota-style pattern: 1..4 [step, num] pairs covering t's free size."""
+    try:
+        pairs = [(int(s), int(n)) for s, n in pattern]
+    except (TypeError, ValueError):
+        raise fail("ARG", f"{instr}: pattern must be [[step, num], ...]; got {pattern!r}") from None
     if not 1 <= len(pairs) <= 4:
         raise fail("ARG", f"{instr}: pattern needs 1 to 4 [step, num] pairs; got {len(pairs)}")
     count = int(np.prod([n for _, n in pairs]))
@@ -121,6 +132,14 @@ def _affine(pattern: Any, offset: int, channel_multiplier: int, t: NkiTensor, in
             "FREE",
             f"{instr}: pattern covers {count} elements per partition but dst holds {t.free_size}",
         )
+    return pairs
+
+
+def _affine(
+    pattern: Any, offset: int, channel_multiplier: int, t: NkiTensor, instr: str
+) -> np.ndarray:
+    """offset + p * channel_multiplier + sum(idx_d * step_d), int64, shaped like `t`."""
+    pairs = _pattern(pattern, t, instr)
     val = np.zeros([n for _, n in pairs], dtype=np.int64) + offset
     for d, (s, n) in enumerate(pairs):
         shape = [1] * len(pairs)
@@ -138,26 +157,27 @@ def iota(
     offset: int = 0,
     channel_multiplier: int = 0,
     name: str | None = None,
-) -> Any:
-    """Affine index generation on GpSimd: offset + p*channel_multiplier + sum(idx*step)."""
+) -> Instr | None:
+    """GpSimd index generation: offset + p*channel_multiplier + sum(idx*step), int32 math."""
     instr = "iota"
     on_chip(dst, "dst", instr, sbuf_only=True)
+    for arg, v in (("offset", offset), ("channel_multiplier", channel_multiplier)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise fail("ARG", f"{instr}: {arg} must be an int; got {v!r}")
+    _pattern(pattern, dst, instr)
+    ins = emit("gpsimd", "iota", (dst,), (), dst.shape[0], dst.free_size, name=name)
     if current().trace_only:
-        count = int(np.prod([int(n) for _, n in pattern]))
-        if count != dst.free_size:
-            raise fail("FREE", f"{instr}: pattern covers {count} elements but dst holds {dst.free_size}")
-        emit("gpsimd", "iota", (dst,), (), dst.shape[0], dst.free_size, name=name)
-        return None
+        return ins
     vals = _affine(pattern, int(offset), int(channel_multiplier), dst, instr)
-    emit("gpsimd", "iota", (dst,), (), dst.shape[0], dst.free_size, name=name)
+    # int32 arithmetic wraps; the result is then converted to dst.dtype
     write(dst, vals.astype(np.int32))
-    return None
+    return ins
 
 
-def _update_acc(acc: np.ndarray, lanes: slice, cmd: reduce_cmd_enum, row: np.ndarray | None) -> None:
-    if cmd in (reduce_cmd_enum.reset, reduce_cmd_enum.reset_reduce):
+def _update_acc(acc: np.ndarray, lanes: slice, cmd: reduce_cmd_enum, row: np.ndarray) -> None:
+    if cmd is reduce_cmd_enum.reset or cmd is reduce_cmd_enum.reset_reduce:
         acc[lanes] = 0.0
-    if cmd in (reduce_cmd_enum.reduce, reduce_cmd_enum.reset_reduce) and row is not None:
+    if cmd is reduce_cmd_enum.reduce or cmd is reduce_cmd_enum.reset_reduce:
         acc[lanes] = (acc[lanes] + row).astype(np.float32)
 
 
@@ -172,10 +192,14 @@ def activation(
     reduce_res: NkiTensor | None = None,
     reduce_cmd: reduce_cmd_enum = reduce_cmd_enum.idle,
     name: str | None = None,
-) -> Any:
-    """ScalarE: dst = op(data * scale + bias), optional add-reduction into the registers."""
+) -> Instr | None:
+    """ScalarE: dst = op(data * scale + bias) in fp32.
+
+    The 128 per-lane accumulator registers persist across calls: `reduce_cmd` resets
+    them and/or adds the free-axis sum of the result; `reduce_res` (P, 1) receives them.
+    """
     instr = "activation"
-    o = ops.resolve(op, "op")
+    o = op_token(op, "op", instr)
     if not o.activation:
         raise fail("OP", f"activation: op nl.{o.name} is not an activation function")
     on_chip(data, "data", instr)
@@ -183,10 +207,15 @@ def activation(
     p = same_partitions(instr, dst=dst, data=data)
     n = same_free(instr, dst=dst, data=data)
     if not isinstance(reduce_cmd, reduce_cmd_enum):
-        raise fail("ARG", f"activation: reduce_cmd must be an nisa.reduce_cmd member; got {reduce_cmd!r}")
-    if reduce_op is not None and ops.resolve(reduce_op, "reduce_op") is not ops.add:
+        raise fail(
+            "ARG", f"activation: reduce_cmd must be an nisa.reduce_cmd member; got {reduce_cmd!r}"
+        )
+    if reduce_cmd is reduce_cmd_enum.load_reduce:
+        raise fail("ARG", "activation: reduce_cmd.load_reduce has no value to load here")
+    if reduce_op is not None and op_token(reduce_op, "reduce_op", instr) is not ops.add:
         raise fail("OP", f"activation: reduce_op must be nl.add; got {reduce_op!r}")
-    if isinstance(bias, (int, float)) and current().target.nc_version < 3:
+    launch = current()
+    if bias is not None and not isinstance(bias, NkiTensor) and launch.target.nc_version < 3:
         raise fail("VERSION", "activation: a scalar bias needs NC-v3+; pass a (P, 1) tile")
     bias_v = scalar_or_column(bias, p, "bias", instr)
     scale_v = scalar_or_column(scale, p, "scale", instr)
@@ -196,35 +225,42 @@ def activation(
         on_chip(reduce_res, "reduce_res", instr)
         if reduce_res.shape[0] != p or reduce_res.free_size != 1:
             raise fail("FREE", f"activation: reduce_res must be ({p}, 1); got {reduce_res.shape}")
-    srcs = (data,) + tuple(x for x in (bias, scale) if isinstance(x, NkiTensor))
+    srcs = (data, *tuple(x for x in (bias, scale) if isinstance(x, NkiTensor)))
     dsts = (dst,) + ((reduce_res,) if reduce_res is not None else ())
-    emit(
+    ins = emit(
         "scalar",
         "activation",
         dsts,
         srcs,
         p,
         n,
-        attrs={"op": o.name, "reduce": reduce_cmd is not reduce_cmd_enum.idle, "fast": _all_bf16(dst, data)},
+        attrs={
+            "op": o.name,
+            "reduce": reduce_cmd is not reduce_cmd_enum.idle,
+            "fast": _all_bf16(dst, data),
+        },
         name=name,
     )
-    launch = current()
     if launch.trace_only:
-        return None
+        return ins
     x = read_f32(data).reshape(p, n)
-    if scale_v is not None:
-        x = x * np.float32(scale_v) if isinstance(scale_v, float) else x * scale_v
-    if bias_v is not None:
-        x = x + np.float32(bias_v) if isinstance(bias_v, float) else x + bias_v
     with np.errstate(all="ignore"):
-        y = o.fn(x.astype(np.float32)).astype(np.float32)  # type: ignore[misc]
-    write(dst, y.reshape(dst.shape))
+        if scale_v is not None and not (isinstance(scale_v, float) and scale_v == 1.0):
+            x = x * (np.float32(scale_v) if isinstance(scale_v, float) else scale_v)
+        if bias_v is not None:
+            x = x + (np.float32(bias_v) if isinstance(bias_v, float) else bias_v)
+        y = np.asarray(o.fn(x.astype(np.float32, copy=False)), dtype=np.float32)  # type: ignore[misc]
+        row = y.sum(axis=1, dtype=np.float32) if reduce_cmd is not reduce_cmd_enum.idle else None
     acc = launch.program.scalar_acc
     lanes = _lanes(data)
-    _update_acc(acc, lanes, reduce_cmd, y.sum(axis=1, dtype=np.float32))
+    write(dst, y.reshape(dst.shape))
+    if row is not None:
+        _update_acc(acc, lanes, reduce_cmd, row)
+    elif reduce_cmd is reduce_cmd_enum.reset:
+        acc[lanes] = 0.0
     if reduce_res is not None:
         write(reduce_res, acc[lanes].reshape(reduce_res.shape))
-    return None
+    return ins
 
 
 @instruction
@@ -237,9 +273,9 @@ def activation_reduce(
     bias: Any = None,
     scale: Any = 1.0,
     name: str | None = None,
-) -> Any:
+) -> Instr | None:
     """`activation` with reduce_cmd=reset_reduce (kept for backward compatibility)."""
-    return activation(
+    return activation(  # type: ignore[no-any-return]
         dst,
         op,
         data,
@@ -252,7 +288,7 @@ def activation_reduce(
     )
 
 
-def _binary(o: ops.Op, a: np.ndarray, b: Any, reverse: bool = False) -> np.ndarray:
+def _binary(o: ops.Op, a: Any, b: Any, reverse: bool = False) -> np.ndarray:
     if reverse:
         a, b = b, a
     with np.errstate(all="ignore"):
@@ -263,6 +299,15 @@ def _int_exact(*ts: NkiTensor) -> bool:
     return all(t.dtype in (dt.int32, dt.uint32) for t in ts)
 
 
+def _need_int(o: ops.Op, instr: str, **operands: NkiTensor) -> None:
+    for arg, t in operands.items():
+        if not dt.is_int(t.dtype):
+            raise fail(
+                "DTYPE",
+                f"{instr}: bitvec op nl.{o.name} needs integer dtypes; {arg} is {t.dtype.name}",
+            )
+
+
 @instruction
 def tensor_tensor(
     dst: NkiTensor,
@@ -271,63 +316,82 @@ def tensor_tensor(
     op: Any,
     engine: engine_enum = engine_enum.unknown,
     name: str | None = None,
-) -> Any:
+) -> Instr | None:
     """dst = data1 op data2, element-wise (no broadcasting; use stride-0 views)."""
     instr = "tensor_tensor"
-    o = ops.resolve(op, "op")
-    if o.kind not in ("binary", "bitvec"):
-        raise fail("OP", f"tensor_tensor: op nl.{o.name} is not a binary ALU op")
-    if o.version > current().target.nc_version:
-        raise fail("VERSION", f"tensor_tensor: nl.{o.name} needs NC-v{o.version}+")
+    o = alu_op(op, "op", instr)
     for arg, t in (("dst", dst), ("data1", data1), ("data2", data2)):
         on_chip(t, arg, instr)
-    if data1.buffer is psum and data2.buffer is psum:
+    if data1._st.buffer is psum and data2._st.buffer is psum:
         raise fail("BUF", "tensor_tensor: data1 and data2 cannot both be in PSUM")
     exact = _int_exact(dst, data1, data2)
-    default = "gpsimd" if (o is ops.power or (exact and not _psum_in(dst, data1, data2))) else "vector"
-    eng = pick_engine(engine, default, _VSG, instr)
+    psum_used = _psum_in(dst, data1, data2)
+    default = "gpsimd" if (o is ops.power or (exact and not psum_used)) else "vector"
+    eng = pick_engine(engine, default, _VG, instr)
     if o is ops.power and eng != "gpsimd":
         raise fail("ENGINE", "tensor_tensor: nl.power runs on GpSimd only")
     no_psum_on_gpsimd(eng, instr, dst=dst, data1=data1, data2=data2)
-    if o.is_bitvec and not all(dt.is_int(t.dtype) for t in (dst, data1, data2)):
-        raise fail("DTYPE", f"tensor_tensor: bitvec op nl.{o.name} needs integer dtypes")
+    bitvec = is_bitvec(o)
+    if bitvec:
+        _need_int(o, instr, dst=dst, data1=data1, data2=data2)
     p = same_partitions(instr, dst=dst, data1=data1, data2=data2)
     n = same_free(instr, dst=dst, data1=data1, data2=data2)
-    emit(
+    ins = emit(
         eng,
         "tensor_tensor",
         (dst,),
         (data1, data2),
         p,
         n,
-        attrs={"op": o.name, "psum_in": _psum_in(data1, data2), "fast": _all_bf16(dst, data1, data2)},
+        attrs={
+            "op": o.name,
+            "psum_in": _psum_in(data1, data2),
+            "fast": _all_bf16(dst, data1, data2),
+        },
         name=name,
     )
     if current().trace_only:
-        return None
-    if o.is_bitvec or exact:
+        return ins
+    if bitvec or (exact and eng == "gpsimd"):
         a, b = read(data1).astype(np.int64), read(data2).astype(np.int64)
     else:
         a, b = read_f32(data1), read_f32(data2)
     res = _binary(o, a.reshape(p, n), b.reshape(p, n))
     write(dst, res.reshape(dst.shape))
-    return None
-
-
-_SCALAR_ENGINE_OPS = {ops.multiply.name, ops.add.name}
+    return ins
 
 
 def _scalar_operand(
     operand: Any, op: ops.Op | None, p: int, arg: str, instr: str
 ) -> np.ndarray | float | None:
     if op is None:
+        if operand is not None:
+            raise fail("ARG", f"{instr}: {arg} must be None when its op is None; got {operand!r}")
         return None
     if op.is_unary:
-        if operand not in (None, 0, 0.0):
-            raise fail("ARG", f"{instr}: unary op nl.{op.name} needs {arg}=None or 0; got {operand!r}")
+        if operand is not None and not (isinstance(operand, (int, float)) and operand == 0):
+            raise fail(
+                "ARG", f"{instr}: unary op nl.{op.name} needs {arg}=None or 0; got {operand!r}"
+            )
         return None
-    if isinstance(operand, NkiTensor) and not op.is_bitvec and operand.dtype != dt.float32:
-        raise fail("DTYPE", f"{instr}: arithmetic tile {arg} must be fp32; got {operand.dtype.name}")
+    if operand is None:
+        raise fail("ARG", f"{instr}: binary op nl.{op.name} needs {arg}")
+    bitvec = is_bitvec(op)
+    if isinstance(operand, NkiTensor) and not bitvec and operand.dtype != dt.float32:
+        raise fail(
+            "DTYPE", f"{instr}: arithmetic tile {arg} must be fp32; got {operand.dtype.name}"
+        )
+    if bitvec:
+        if isinstance(operand, NkiTensor):
+            on_chip(operand, arg, instr)
+            if operand.shape[0] != p or operand.free_size != 1:
+                raise fail("FREE", f"{instr}: {arg} must be a scalar or a ({p}, 1) tile")
+            if current().trace_only:
+                return None
+            return read(operand).astype(np.int64).reshape(p, 1)  # type: ignore[return-value]
+        if not isinstance(operand, (int, np.integer)):
+            raise fail("ARG", f"{instr}: bitvec {arg} must be an int; got {operand!r}")
+        return np.int64(operand)  # type: ignore[return-value]
     return scalar_or_column(operand, p, arg, instr)
 
 
@@ -338,6 +402,10 @@ def _apply(op: ops.Op | None, x: np.ndarray, v: Any, reverse: bool) -> np.ndarra
         with np.errstate(all="ignore"):
             return np.asarray(op.fn(x), dtype=np.float32)  # type: ignore[misc]
     return _binary(op, x, np.float32(v) if isinstance(v, float) else v, reverse)
+
+
+# ScalarE on trn2 runs tensor_scalar only as multiply+add, multiply or add.
+_TRN2_SCALAR_COMBOS = {("multiply", "add"), ("multiply", None), ("add", None)}
 
 
 @instruction
@@ -352,27 +420,37 @@ def tensor_scalar(
     reverse1: bool = False,
     engine: engine_enum = engine_enum.unknown,
     name: str | None = None,
-) -> Any:
+) -> Instr | None:
     """dst = (data op0 operand0) op1 operand1; operands are scalars or (P, 1) columns."""
     instr = "tensor_scalar"
-    o0 = ops.resolve(op0, "op0")
-    o1 = ops.resolve(op1, "op1") if op1 is not None else None
+    o0 = alu_op(op0, "op0", instr, unary=True)
+    o1 = alu_op(op1, "op1", instr, unary=True) if op1 is not None else None
     on_chip(data, "data", instr)
     on_chip(dst, "dst", instr)
-    if o1 is not None and not o1.is_unary and o1 is not ops.bypass and o0.is_bitvec != o1.is_bitvec:
+    bitvec = is_bitvec(o0)
+    if o1 is not None and is_bitvec(o1) != bitvec:
         raise fail("OP", "tensor_scalar: op0 and op1 must both be bitvec or both arithmetic")
+    launch = current()
     eng = pick_engine(engine, "vector", _VSG, instr)
+    if bitvec and eng != "vector":
+        raise fail("ENGINE", f"tensor_scalar with bitvec ops runs on VectorE only; got {eng}")
     no_psum_on_gpsimd(eng, instr, dst=dst, data=data)
-    if eng == "scalar" and current().target.nc_version == 3:
-        names = {o0.name} | ({o1.name} if o1 is not None else set())
-        if not names <= _SCALAR_ENGINE_OPS:
-            raise fail("ENGINE", f"tensor_scalar on ScalarE (trn2) allows add/multiply only; got {names}")
+    if eng == "scalar" and launch.target.nc_version == 3:
+        combo = (o0.name, o1.name if o1 is not None else None)
+        if combo not in _TRN2_SCALAR_COMBOS:
+            raise fail(
+                "ENGINE",
+                "tensor_scalar on ScalarE (trn2) allows multiply+add, multiply or add; "
+                f"got {combo}",
+            )
+    if bitvec:
+        _need_int(o0, instr, dst=dst, data=data)
     p = same_partitions(instr, dst=dst, data=data)
     n = same_free(instr, dst=dst, data=data)
     v0 = _scalar_operand(operand0, o0, p, "operand0", instr)
     v1 = _scalar_operand(operand1, o1, p, "operand1", instr)
-    srcs = (data,) + tuple(x for x in (operand0, operand1) if isinstance(x, NkiTensor))
-    emit(
+    srcs = (data, *tuple(x for x in (operand0, operand1) if isinstance(x, NkiTensor)))
+    ins = emit(
         eng,
         "tensor_scalar",
         (dst,),
@@ -382,18 +460,16 @@ def tensor_scalar(
         attrs={"op": o0.name, "psum_in": _psum_in(data), "fast": _all_bf16(dst, data)},
         name=name,
     )
-    if current().trace_only:
-        return None
-    if o0.is_bitvec:
+    if launch.trace_only:
+        return ins
+    if bitvec:
         x = read(data).astype(np.int64).reshape(p, n)
-        v0 = np.int64(v0) if isinstance(v0, float) else v0
-        v1 = np.int64(v1) if isinstance(v1, float) else v1
     else:
         x = read_f32(data).reshape(p, n)
     y = _apply(o0, x, v0, bool(reverse0))
     y = _apply(o1, y, v1, bool(reverse1))
     write(dst, y.reshape(dst.shape))
-    return None
+    return ins
 
 
 @instruction
@@ -407,22 +483,22 @@ def scalar_tensor_tensor(
     reverse0: bool = False,
     reverse1: bool = False,
     name: str | None = None,
-) -> Any:
+) -> Instr | None:
     """dst = (data op0 operand0) op1 operand1; operand0 scalar/(P,1), operand1 a full tile."""
     instr = "scalar_tensor_tensor"
-    o0, o1 = ops.resolve(op0, "op0"), ops.resolve(op1, "op1")
-    for o in (o0, o1):
-        if o.kind != "binary":
-            raise fail("OP", f"{instr}: nl.{o.name} is not an arithmetic binary op")
+    o0, o1 = alu_op(op0, "op0", instr), alu_op(op1, "op1", instr)
+    for arg, o in (("op0", o0), ("op1", o1)):
+        if is_bitvec(o):
+            raise fail("OP", f"{instr}: {arg}=nl.{o.name} is bitvec; only arithmetic ops apply")
     for arg, t in (("dst", dst), ("data", data), ("operand1", operand1)):
         on_chip(t, arg, instr)
-    if data.buffer is psum and operand1.buffer is psum:
+    if data._st.buffer is psum and operand1._st.buffer is psum:
         raise fail("BUF", f"{instr}: data and operand1 cannot both be in PSUM")
     p = same_partitions(instr, dst=dst, data=data, operand1=operand1)
     n = same_free(instr, dst=dst, data=data, operand1=operand1)
     v0 = _scalar_operand(operand0, o0, p, "operand0", instr)
     srcs = (data, operand1) + ((operand0,) if isinstance(operand0, NkiTensor) else ())
-    emit(
+    ins = emit(
         "vector",
         instr,
         (dst,),
@@ -433,42 +509,51 @@ def scalar_tensor_tensor(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     x = read_f32(data).reshape(p, n)
     y = _apply(o0, x, v0, bool(reverse0))
     y = _binary(o1, y, read_f32(operand1).reshape(p, n), bool(reverse1))
     write(dst, y.reshape(dst.shape))
-    return None
+    return ins
+
+
+_REDUCE_FNS: dict[str, Any] = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "maximum": np.maximum,
+    "max": np.maximum,
+    "minimum": np.minimum,
+    "min": np.minimum,
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+
+
+def reduce_token(op: Any, arg: str, instr: str) -> ops.Op:
+    """A legal reduction operator token (the "Legal Reduction op" column of the ISA)."""
+    o = op_token(op, arg, instr)
+    if o.name not in _REDUCE_FNS:
+        raise fail("OP", f"{instr}: nl.{o.name} is not a legal reduce op")
+    return o
 
 
 def _reduce_fn(o: ops.Op) -> Any:
-    table = {
-        "add": np.add,
-        "subtract": np.subtract,
-        "multiply": np.multiply,
-        "maximum": np.maximum,
-        "max": np.maximum,
-        "minimum": np.minimum,
-        "min": np.minimum,
-        "bitwise_and": np.bitwise_and,
-        "bitwise_or": np.bitwise_or,
-        "bitwise_xor": np.bitwise_xor,
-        "logical_and": np.logical_and,
-        "logical_or": np.logical_or,
-        "logical_xor": np.logical_xor,
-    }
-    if not o.reduce or o.name not in table:
-        raise fail("OP", f"nl.{o.name} is not a legal reduce op")
-    return table[o.name]
+    """The NumPy ufunc of a legal reduce op (kept for the other instruction modules)."""
+    return _REDUCE_FNS[reduce_token(o, "op", "reduce").name]
 
 
 def reduce_values(o: ops.Op, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    fn = _reduce_fn(o)
+    fn = _REDUCE_FNS[o.name]
     if o.name.startswith("logical"):
-        return fn.reduce(x != 0, axis=axes).astype(np.float32)
-    if o.is_bitvec:
-        return fn.reduce(x.astype(np.int64), axis=axes)
-    return fn.reduce(x, axis=axes).astype(np.float32)
+        return fn.reduce(x != 0, axis=axes).astype(np.float32)  # type: ignore[no-any-return]
+    if is_bitvec(o):
+        return fn.reduce(x.astype(np.int64), axis=axes)  # type: ignore[no-any-return]
+    return fn.reduce(x, axis=axes).astype(np.float32)  # type: ignore[no-any-return]
 
 
 @instruction
@@ -480,27 +565,38 @@ def tensor_reduce(
     negate: bool = False,
     keepdims: bool = False,
     name: str | None = None,
-) -> Any:
+) -> Instr | None:
     """Reduce over trailing free dims (VectorE); fp32 math; optional negation."""
     instr = "tensor_reduce"
-    o = ops.resolve(op, "op")
-    _reduce_fn(o)
+    o = reduce_token(op, "op", instr)
     on_chip(data, "data", instr)
     on_chip(dst, "dst", instr)
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    axes = tuple(sorted(int(a) + data.ndim if int(a) < 0 else int(a) for a in axes))
+    try:
+        raw = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+        axes = tuple(sorted(int(a) + data.ndim if int(a) < 0 else int(a) for a in raw))
+    except TypeError:
+        raise fail(
+            "ARG", f"{instr}: axis must be an int or a tuple of ints; got {axis!r}"
+        ) from None
     trailing = tuple(range(data.ndim - len(axes), data.ndim))
     if not axes or 0 in axes or axes != trailing:
         raise fail(
             "REDUCE_AXIS",
             f"{instr}: axis {axis} must name trailing free dims of a {data.ndim}-D tile "
-            f"(e.g. {tuple(range(1, data.ndim))[-1:]}); dim 0 cannot be reduced",
+            f"(e.g. {(data.ndim - 1,)}); dim 0 cannot be reduced",
         )
+    bitvec = is_bitvec(o)
+    if bitvec:
+        _need_int(o, instr, dst=dst, data=data)
+        if negate:
+            raise fail("ARG", f"{instr}: negate applies to arithmetic ops only (op nl.{o.name})")
     p = same_partitions(instr, dst=dst, data=data)
     kept = int(np.prod(data.shape[1 : data.ndim - len(axes)]))
     if dst.free_size != kept:
-        raise fail("FREE", f"{instr}: dst holds {dst.free_size} elements per partition; expected {kept}")
-    emit(
+        raise fail(
+            "FREE", f"{instr}: dst holds {dst.free_size} elements per partition; expected {kept}"
+        )
+    ins = emit(
         "vector",
         instr,
         (dst,),
@@ -511,26 +607,26 @@ def tensor_reduce(
         name=name,
     )
     if current().trace_only:
-        return None
-    x = read(data).astype(np.int64) if o.is_bitvec else read_f32(data)
+        return ins
+    x = read(data).astype(np.int64) if bitvec else read_f32(data)
     r = reduce_values(o, x, axes)
     if negate:
         r = -r
     write(dst, r.reshape(dst.shape))
-    return None
+    return ins
 
 
 @instruction
-def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
-    """VectorE 1/x (more precise than activation(op=nl.reciprocal))."""
+def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Instr | None:
+    """VectorE 1/x in fp32 (more precise than activation(op=nl.reciprocal))."""
     instr = "reciprocal"
     on_chip(data, "data", instr)
     on_chip(dst, "dst", instr)
     p = same_partitions(instr, dst=dst, data=data)
     n = same_free(instr, dst=dst, data=data)
-    emit("vector", instr, (dst,), (data,), p, n, attrs={"op": "reciprocal"}, name=name)
+    ins = emit("vector", instr, (dst,), (data,), p, n, attrs={"op": "reciprocal"}, name=name)
     if current().trace_only:
-        return None
+        return ins
     with np.errstate(divide="ignore"):
         write(dst, (np.float32(1.0) / read_f32(data)).reshape(dst.shape))
-    return None
+    return ins

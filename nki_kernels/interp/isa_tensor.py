@@ -10,6 +10,7 @@ from . import dtypes as dt
 from .engine import (
     emit,
     instruction,
+    mm_view,
     need_version,
     on_chip,
     pick_engine,
@@ -23,23 +24,23 @@ from .enums import matmul_perf_mode
 from .errors import fail
 from .state import current
 from .tensor import NkiTensor, psum
+from .trace import Instr
 
 _MM_IN = frozenset({dt.float8_e4m3, dt.float8_e5m2, dt.bfloat16, dt.float16, dt.float32})
-_TILE_SIZES = (32, 64, 128)
 
 
-def _flat2(t: NkiTensor) -> np.ndarray:
-    return read_f32(t).reshape(t.shape[0], -1)
-
-
-def _check_dtypes(stationary: NkiTensor, moving: NkiTensor, dst: NkiTensor, transpose: bool) -> None:
+def _check_dtypes(
+    stationary: NkiTensor, moving: NkiTensor, dst: NkiTensor, transpose: bool
+) -> None:
     target = current().target
     allowed = set(_MM_IN)
     if target.nc_version >= 4:
         allowed.add(dt.float8_e4m3fn)
     for arg, t in (("stationary", stationary), ("moving", moving)):
         if t.dtype not in allowed:
-            raise fail("DTYPE", f"nc_matmul: {arg} dtype {t.dtype.name} is not a matmul input dtype")
+            raise fail(
+                "DTYPE", f"nc_matmul: {arg} dtype {t.dtype.name} is not a matmul input dtype"
+            )
     s32, m32 = stationary.dtype == dt.float32, moving.dtype == dt.float32
     if s32 != m32:
         raise fail(
@@ -61,7 +62,9 @@ def _check_dtypes(stationary: NkiTensor, moving: NkiTensor, dst: NkiTensor, tran
     ok = {dt.float32} | ({dt.bfloat16} if target.nc_version >= 4 else set())
     if dst.dtype not in ok:
         names = "/".join(sorted(d.name for d in ok))
-        raise fail("DTYPE", f"nc_matmul: dst dtype must be {names} on {target.name}; got {dst.dtype.name}")
+        raise fail(
+            "DTYPE", f"nc_matmul: dst dtype must be {names} on {target.name}; got {dst.dtype.name}"
+        )
 
 
 @instruction
@@ -77,36 +80,44 @@ def nc_matmul(
     tile_size: tuple[int, ...] = (),
     perf_mode: matmul_perf_mode = matmul_perf_mode.none,
     name: str | None = None,
-) -> Any:
-    """dst[M, N] (PSUM) (+)= stationary[K, M].T @ moving[K, N]; fp32 accumulation."""
+) -> Instr | None:
+    """dst[M, N] (PSUM) (+)= stationary[K, M].T @ moving[K, N]; fp32 accumulation.
+
+    accumulate=False overwrites, True adds, None (default) overwrites the PSUM elements
+    no matmul has written since allocation and adds onto the others. is_transpose=True
+    (NC-v3+) is the bit-exact PE transpose: dst = stationary.T when moving is an identity.
+    """
     instr = "nc_matmul"
     on_chip(stationary, "stationary", instr, sbuf_only=True)
     on_chip(moving, "moving", instr, sbuf_only=True)
     on_chip(dst, "dst", instr)
-    if dst.buffer is not psum:
+    if dst._st.buffer is not psum:
         raise fail("BUF", f"nc_matmul: dst must be in PSUM; got {dst.buffer!r} ('{dst.name}')")
-    target = current().target
-    if not isinstance(perf_mode, matmul_perf_mode):
-        raise fail("ARG", f"nc_matmul: perf_mode must be an nisa.matmul_perf_mode; got {perf_mode!r}")
+    launch = current()
+    target = launch.target
+    if perf_mode is not matmul_perf_mode.none and perf_mode is not matmul_perf_mode.double_row:
+        raise fail(
+            "ARG", f"nc_matmul: perf_mode must be an nisa.matmul_perf_mode; got {perf_mode!r}"
+        )
+    if accumulate is not None and not isinstance(accumulate, (bool, np.bool_)):
+        raise fail("ARG", f"nc_matmul: accumulate must be None, True or False; got {accumulate!r}")
     double_row = perf_mode is matmul_perf_mode.double_row
-    if is_transpose:
-        need_version(3, "nc_matmul(is_transpose=True)")
+    transpose = bool(is_transpose)
     if double_row:
         need_version(3, "nc_matmul(perf_mode=double_row)")
-        if is_transpose or tile_position:
+        if transpose or tile_position or tile_size:
             raise fail("ARG", "nc_matmul: double_row cannot combine with transpose or tiling")
         for arg, t in (("stationary", stationary), ("moving", moving)):
             if t.dtype not in dt.FP8_DTYPES:
                 raise fail("DTYPE", f"nc_matmul(double_row): {arg} must be fp8; got {t.dtype.name}")
             if t.ndim != 3 or t.shape[1] != 2:
-                raise fail("MM_SHAPE", f"nc_matmul(double_row): {arg} must be [K, 2, X]; got {t.shape}")
+                raise fail(
+                    "MM_SHAPE", f"nc_matmul(double_row): {arg} must be [K, 2, X]; got {t.shape}"
+                )
     if bool(tile_position) != bool(tile_size):
         raise fail("ARG", "nc_matmul: tile_position and tile_size must be given together")
     if tile_size:
-        if len(tile_size) != 2 or any(s not in _TILE_SIZES for s in tile_size):
-            raise fail("ARG", f"nc_matmul: tile_size {tile_size} entries must be 32, 64 or 128")
-        if len(tile_position) != 2 or any(p % s for p, s in zip(tile_position, tile_size)):
-            raise fail("ARG", f"nc_matmul: tile_position {tile_position} not a multiple of {tile_size}")
+        _check_tiling(tuple(tile_position), tuple(tile_size), target.nc_version)
     k = same_partitions(instr, stationary=stationary, moving=moving)
     m = stationary.free_size // (2 if double_row else 1)
     n = moving.free_size // (2 if double_row else 1)
@@ -125,87 +136,127 @@ def nc_matmul(
             f"nc_matmul: dst {dst.shape} must be [M={m}, N={n}] for stationary {stationary.shape} "
             f"and moving {moving.shape}",
         )
-    _check_dtypes(stationary, moving, dst, is_transpose)
+    exact_transpose = transpose and target.nc_version >= 3
+    _check_dtypes(stationary, moving, dst, exact_transpose)
     region = dst.region()
     bank = target.psum_bank_bytes
-    if region[4] // bank != (region[5] - 1) // bank:
+    if target.nc_version < 4 and region[4] // bank != (region[5] - 1) // bank:
         raise fail(
             "MM_BANK",
             f"nc_matmul: dst '{dst.name}' spans PSUM bytes {region[4]}..{region[5]}, crossing a "
             f"{bank} B bank boundary",
         )
-    if accumulate is not None and not isinstance(accumulate, (bool, np.bool_)):
-        raise fail("ARG", f"nc_matmul: accumulate must be None, True or False; got {accumulate!r}")
     kk = k * (2 if double_row else 1)
-    emit(
+    ins = emit(
         "tensor",
         "nc_matmul",
         (dst,),
         (stationary, moving),
         k,
         n,
-        flops=0 if is_transpose else 2 * kk * m * n,
+        flops=0 if transpose else 2 * kk * m * n,
         attrs={
             "K": kk,
             "M": m,
             "N": n,
             "fp32": stationary.dtype == dt.float32,
             "double_row": double_row,
-            "transpose": bool(is_transpose),
+            "transpose": transpose,
             "accumulate": accumulate,
         },
         name=name,
     )
-    if current().trace_only:
-        return None
-    if double_row:
-        s = read_f32(stationary).transpose(0, 1, 2).reshape(k * 2, m)
-        mv = read_f32(moving).reshape(k * 2, n)
-    else:
-        s = _flat2(stationary)
-        mv = _flat2(moving)
-    if is_transpose:
-        # bit-exact PE transpose: pass values through unrounded
-        res = (read(stationary).reshape(k, m).T.astype(np.float32) @ mv).reshape(dst.shape)
-        write(dst, res.astype(dst.dtype) if dst.dtype.kind == "f" else res)
-        return None
-    prod = (s.T @ mv).astype(np.float32).reshape(dst.shape)
-    _accumulate_psum(dst, prod, accumulate)
-    return None
+    if launch.trace_only:
+        return ins
+    if exact_transpose:
+        write(dst, _pe_transpose(read(stationary).reshape(k, m), read_f32(moving).reshape(k, n)))
+        return ins
+    s = read_f32(stationary).reshape(kk, m)
+    mv = read_f32(moving).reshape(kk, n)
+    prod = s.T @ mv
+    _accumulate_psum(dst, prod.reshape(dst.shape), accumulate, launch)
+    return ins
 
 
-def _accumulate_psum(dst: NkiTensor, prod: np.ndarray, accumulate: bool | None) -> None:
-    st = dst.storage
-    assert st.mm_mask is not None
-    mm = np.ndarray(dst.shape, np.bool_, buffer=st.mm_mask, offset=dst.offset, strides=dst.strides)
+def _check_tiling(position: tuple[int, ...], size: tuple[int, ...], nc_version: int) -> None:
+    sizes = (32, 64, 128) if nc_version >= 3 else (64, 128)
+    if len(size) != 2 or any(x not in sizes for x in size):
+        raise fail(
+            "ARG", f"nc_matmul: tile_size {size} entries must be in {sizes} on NC-v{nc_version}"
+        )
+    if len(position) != 2 or any(
+        not isinstance(p, (int, np.integer)) or p < 0 or p % s or p + s > 128
+        for p, s in zip(position, size)
+    ):
+        raise fail(
+            "ARG",
+            f"nc_matmul: tile_position {position} must hold multiples of tile_size {size} "
+            "inside the 128 x 128 array",
+        )
+
+
+def _pe_transpose(data: np.ndarray, moving: np.ndarray) -> np.ndarray:
+    """dst[m, n] = data[k, m] where moving[k, n] == 1: bit-exact, NaN/Inf pass through.
+
+    A moving operand that is not a 0/1 selection matrix (one 1 per column) is multiplied
+    out in fp32 instead.
+    """
+    onehot = (moving == 1.0) | (moving == 0.0)
+    ones = (moving == 1.0).sum(axis=0)
+    if onehot.all() and (ones <= 1).all():
+        rows = np.argmax(moving == 1.0, axis=0)
+        out = data.T[:, rows].copy()
+        out[:, ones == 0] = 0
+        return out
+    with np.errstate(all="ignore"):
+        return dt.to_f32(data).T @ moving
+
+
+def _accumulate_psum(
+    dst: NkiTensor, prod: np.ndarray, accumulate: bool | None, launch: Any
+) -> None:
+    st = dst._st
+    mm = mm_view(dst)
     arr = dst.array()
-    if accumulate is None:
-        add = mm.copy()
-    elif accumulate:
-        if not mm.all():
-            current().warn(
-                f"acc-uninit-{st.sid}",
-                f"nc_matmul(accumulate=True) into PSUM '{st.name}' that no matmul wrote: "
-                "undefined on hardware",
-            )
-        add = np.ones(dst.shape, dtype=np.bool_)
-    else:
-        add = np.zeros(dst.shape, dtype=np.bool_)
-    acc = np.where(add, dt.to_f32(arr), np.float32(0.0)) + prod
-    arr[...] = dt.cast(acc, dst.dtype)
-    mm[...] = True
     st.dirty = True
+    if accumulate is None:
+        add = mm.copy() if mm is not None else np.zeros(dst.shape, dtype=np.bool_)
+        if add.all():
+            accumulate = True
+        elif not add.any():
+            accumulate = False
+    elif accumulate and mm is not None and not mm.all():
+        launch.warn(
+            f"acc-uninit-{st.sid}",
+            f"nc_matmul(accumulate=True) into PSUM '{st.name}' that no matmul wrote: "
+            "undefined on hardware",
+        )
+    if accumulate is None:
+        acc = np.where(add, dt.to_f32(arr), np.float32(0.0)) + prod
+        arr[...] = dt.cast(acc, dst.dtype)
+    elif accumulate:
+        if arr.dtype == dt.float32:
+            arr += prod
+        else:
+            arr[...] = dt.cast(dt.to_f32(arr) + prod, dst.dtype)
+    else:
+        arr[...] = prod if arr.dtype == dt.float32 else dt.cast(prod, dst.dtype)
+    if mm is not None:
+        mm[...] = True
 
 
 @instruction
 def nc_transpose(
-    dst: NkiTensor, data: NkiTensor, engine: engine_enum = engine_enum.unknown, name: str | None = None
-) -> Any:
+    dst: NkiTensor,
+    data: NkiTensor,
+    engine: engine_enum = engine_enum.unknown,
+    name: str | None = None,
+) -> Instr | None:
     """Swap the partition dim with the (flattened) free dims on TensorE or VectorE."""
     instr = "nc_transpose"
     on_chip(data, "data", instr)
     on_chip(dst, "dst", instr)
-    default = "tensor" if dst.buffer is psum and data.buffer is not psum else "vector"
+    default = "tensor" if dst._st.buffer is psum and data._st.buffer is not psum else "vector"
     eng = pick_engine(engine, default, ("tensor", "vector"), instr)
     p, f = data.shape[0], data.free_size
     limit = 128 if eng == "tensor" else 32
@@ -218,11 +269,14 @@ def nc_transpose(
         raise fail("BUF", "nc_transpose on the tensor engine reads SBUF and writes PSUM")
     if dst.dtype != data.dtype:
         raise fail(
-            "DTYPE", f"nc_transpose: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}"
+            "DTYPE",
+            f"nc_transpose: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}",
         )
     if dst.shape[0] != f or dst.free_size != p:
-        raise fail("TRANSPOSE", f"nc_transpose: dst {dst.shape} must be [{f}, {p}] for data {data.shape}")
-    emit(
+        raise fail(
+            "TRANSPOSE", f"nc_transpose: dst {dst.shape} must be [{f}, {p}] for data {data.shape}"
+        )
+    ins = emit(
         eng,
         "nc_transpose",
         (dst,),
@@ -233,6 +287,6 @@ def nc_transpose(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     write(dst, read(data).reshape(p, f).T.reshape(dst.shape))
-    return None
+    return ins

@@ -21,7 +21,7 @@ from ..targets import Target, get_target
 from . import dtypes as dt
 from . import state
 from .errors import fail
-from .tensor import NkiTensor, hbm, shared_hbm
+from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
 from .trace import Trace
 
 
@@ -46,10 +46,12 @@ class RunResult:
 
     @property
     def peak_sbuf_bytes(self) -> int:
+        """Peak live SBUF bytes per partition over the programs."""
         return max(self.trace.peak_sbuf_bytes)
 
     @property
     def peak_psum_banks(self) -> int:
+        """Peak live PSUM banks over the programs."""
         return max(self.trace.peak_psum_banks)
 
 
@@ -70,31 +72,53 @@ def settings(target: str | Target | None = None, trace_only: bool | None = None)
         _settings.update(saved)
 
 
+# ---- torch <-> numpy (bf16 / fp8 travel as raw bits) ------------------------------------
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def _torch_to_numpy(t: Any) -> np.ndarray:
+def _torch_bits() -> dict[Any, tuple[Any, np.dtype, np.dtype]]:
+    """torch dtypes NumPy cannot hold: torch dtype -> (torch carrier, NumPy carrier, NKI dtype)."""
     import torch
 
+    table: dict[Any, tuple[Any, np.dtype, np.dtype]] = {
+        torch.bfloat16: (torch.int16, np.dtype(np.int16), dt.bfloat16),
+        torch.float8_e4m3fn: (torch.uint8, np.dtype(np.uint8), dt.float8_e4m3fn),
+        torch.float8_e5m2: (torch.uint8, np.dtype(np.uint8), dt.float8_e5m2),
+    }
+    if hasattr(torch, "float8_e8m0fnu"):
+        table[torch.float8_e8m0fnu] = (torch.uint8, np.dtype(np.uint8), dt.float8_e8m0fnu)
+    return table
+
+
+def _torch_to_numpy(where: str, t: Any) -> np.ndarray:
     if t.device.type != "cpu":
-        raise fail("LAUNCH", f"the interpreter takes CPU tensors; got a tensor on {t.device}")
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(dt.bfloat16)
-    return t.contiguous().numpy()
+        raise fail("LAUNCH", f"{where}: the interpreter takes CPU tensors; got {t.device}")
+    t = t.detach().contiguous()
+    bits = _torch_bits().get(t.dtype)
+    if bits is not None:
+        return t.view(bits[0]).numpy().view(bits[2])  # type: ignore[no-any-return]
+    try:
+        return t.numpy()  # type: ignore[no-any-return]
+    except TypeError:
+        raise fail("LAUNCH", f"{where}: torch dtype {t.dtype} is not an NKI dtype") from None
 
 
 def _numpy_to_torch(a: np.ndarray) -> Any:
     import torch
 
-    if a.dtype == dt.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
+    a = np.ascontiguousarray(a)
+    for tdtype, (_, carrier, ndtype) in _torch_bits().items():
+        if a.dtype == ndtype:
+            return torch.from_numpy(a.view(carrier)).view(tdtype)
+    if a.dtype == dt.float8_e4m3:
+        # Trainium's e4m3 has no torch dtype: hand back the exact values as fp32
+        return torch.from_numpy(a.astype(np.float32))
+    return torch.from_numpy(a)
 
 
 class _Arg:
-    __slots__ = ("kind", "value", "array", "tensor")
+    __slots__ = ("array", "kind", "tensor", "value")
 
     def __init__(self, kind: str, value: Any, array: np.ndarray | None) -> None:
         self.kind = kind
@@ -103,47 +127,44 @@ class _Arg:
         self.tensor: NkiTensor | None = None
 
 
-def _classify(i: int, x: Any, trace_only: bool) -> _Arg:
-    if isinstance(x, list):
-        raise fail("LAUNCH", f"argument {i}: lists are rejected by nki.jit; pass a tuple")
+def _classify(where: str, x: Any, trace_only: bool) -> _Arg:
     if isinstance(x, TensorSpec):
         if not trace_only:
-            raise fail("LAUNCH", f"argument {i}: a TensorSpec needs trace_only=True")
+            raise fail("LAUNCH", f"{where}: a TensorSpec needs trace_only=True")
         return _Arg("spec", x, None)
     if _is_torch(x):
-        return _Arg("torch", x, _torch_to_numpy(x))
+        return _Arg("torch", x, _torch_to_numpy(where, x))  # type: ignore[arg-type]
     if isinstance(x, np.ndarray):
         try:
             dt.as_dtype(x.dtype)
         except TypeError:
-            raise fail(
-                "LAUNCH", f"argument {i}: array dtype {x.dtype} is not an NKI dtype"
-            ) from None
+            raise fail("LAUNCH", f"{where}: array dtype {x.dtype} is not an NKI dtype") from None
         return _Arg("numpy", x, x)
+    if isinstance(x, list):
+        raise fail("LAUNCH", f"{where}: lists are rejected by nki.jit; pass a tuple")
+    try:
+        hash(x)
+    except TypeError:
+        raise fail(
+            "LAUNCH",
+            f"{where}: non-tensor arguments must be hashable (they key the compile cache); "
+            f"got {type(x).__name__}",
+        ) from None
     return _Arg("value", x, None)
 
 
-def _wrap(arg: _Arg, buffer: Any, trace_only: bool) -> NkiTensor:
+def _wrap(arg: _Arg, buffer: Any, launch: state.Launch) -> NkiTensor:
     if arg.kind == "spec":
-        spec = arg.value
-        return _make_input(spec.shape, spec.dtype, buffer, None)
-    a = arg.array
-    assert a is not None
-    shape = a.shape if a.ndim else (1,)
-    d = dt.as_dtype(a.dtype)
-    data = None if trace_only else np.ascontiguousarray(a).reshape(-1).copy()
-    return _make_input(shape, d, buffer, data)
-
-
-def _make_input(shape: tuple[int, ...], d: np.dtype, buffer: Any, data: np.ndarray | None) -> NkiTensor:
-    from .tensor import NkiTensor as _T
-    from .tensor import Storage, _row_major
-
-    launch = state.current()
+        shape, d, data = arg.value.shape, arg.value.dtype, None
+    else:
+        a = arg.array
+        assert a is not None
+        shape = a.shape if a.ndim else (1,)
+        d = dt.as_dtype(a.dtype)
+        data = None if launch.trace_only else np.ascontiguousarray(a).reshape(-1).copy()
     st = Storage(launch, tuple(shape), d, buffer, data=data)
-    if data is None and not launch.trace_only:
-        raise AssertionError("numeric inputs need data")
-    return _T(st, tuple(shape), _row_major(tuple(shape)), 0, d)
+    st.is_input = True
+    return NkiTensor(st, tuple(shape), row_major(tuple(shape)), 0, d)
 
 
 def _result(t: Any, trace_only: bool, as_torch: bool) -> Any:
@@ -155,8 +176,17 @@ def _result(t: Any, trace_only: bool, as_torch: bool) -> Any:
         return [_result(x, trace_only, as_torch) for x in t]
     if not isinstance(t, NkiTensor):
         return t
-    if t.buffer is not shared_hbm and t.buffer is not hbm:
+    st = t.storage
+    if st.buffer.on_chip:
         raise fail("LAUNCH", f"kernel output '{t.name}' must be an HBM tensor; got {t.buffer!r}")
+    if st.buffer is hbm and not st.is_input:
+        raise fail(
+            "LAUNCH",
+            f"kernel output '{t.name}' is private HBM (nl.hbm); allocate outputs with "
+            "buffer=nl.shared_hbm",
+        )
+    if t.indirect is not None:
+        raise fail("LAUNCH", f"kernel output '{t.name}' is an indirect view")
     if trace_only:
         return TensorSpec(t.shape, t.dtype)
     out = t.array().copy()
@@ -174,48 +204,59 @@ def run(
 ) -> RunResult:
     """Interpret `kernel` on `args`; return outputs and the instruction trace.
 
-    `target` is 'trn1' | 'trn2' | 'trn3' (default: NEURON_PLATFORM_TARGET_OVERRIDE, else
-    trn2). `trace_only=True` skips the arithmetic: arguments may be `TensorSpec`s and
+    `target` is 'trn1' | 'trn2' | 'trn3' (default: the `settings()` block, else
+    NEURON_PLATFORM_TARGET_OVERRIDE, else trn2). `lnc=2` runs two programs that share
+    HBM. `trace_only=True` skips the arithmetic: arguments may be `TensorSpec`s and
     outputs come back as `TensorSpec`s.
     """
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
-    if not isinstance(lnc, int) or lnc < 1 or lnc > 2:
-        raise fail("LAUNCH", f"lnc must be 1 or 2; got {lnc!r}")
+    if type(lnc) is not int or not 1 <= lnc <= 2:
+        raise fail("LAUNCH", f"lnc: expected 1 or 2; got {lnc!r}")
     tgt = get_target(target if target is not None else _settings["target"])
     t_only = bool(_settings["trace_only"] if trace_only is None else trace_only)
     launch = state.Launch(tgt, lnc, t_only)
     launch.grid = lnc > 1 if grid is None else grid
-    wrapped = [_classify(i, a, t_only) for i, a in enumerate(args)]
-    kw_wrapped = {k: _classify(-1, v, t_only) for k, v in kwargs.items()}
-    as_torch = any(a.kind == "torch" for a in [*wrapped, *kw_wrapped.values()])
+    wrapped = [_classify(f"argument {i}", a, t_only) for i, a in enumerate(args)]
+    kw_wrapped = {k: _classify(f"argument {k!r}", v, t_only) for k, v in kwargs.items()}
+    every = [*wrapped, *kw_wrapped.values()]
+    as_torch = any(a.kind == "torch" for a in every)
     buffer = shared_hbm if lnc > 1 else hbm
     outputs: Any = None
     state.push(launch)
     try:
-        for a in [*wrapped, *kw_wrapped.values()]:
-            if a.kind in ("numpy", "torch", "spec"):
-                a.tensor = _wrap(a, buffer, t_only)
+        for a in every:
+            if a.kind != "value":
+                a.tensor = _wrap(a, buffer, launch)
+        call_args = [a.tensor if a.tensor is not None else a.value for a in wrapped]
+        call_kw = {
+            k: (a.tensor if a.tensor is not None else a.value) for k, a in kw_wrapped.items()
+        }
         for pid in range(lnc):
             launch.program_id = pid
-            call_args = [a.tensor if a.tensor is not None else a.value for a in wrapped]
-            call_kw = {k: (a.tensor if a.tensor is not None else a.value) for k, a in kw_wrapped.items()}
             ret = fn(*call_args, **call_kw)
             if pid == 0:
                 outputs = ret
+        launch.program_id = 0
         launch.finish()
         result = _result(outputs, t_only, as_torch)
     finally:
         state.pop()
     if not t_only:
-        for a in [*wrapped, *kw_wrapped.values()]:
-            if a.tensor is not None and a.tensor.storage.dirty:
-                data = a.tensor.storage.data
-                assert data is not None
-                if a.kind == "numpy":
-                    a.value[...] = data.reshape(a.value.shape)
-                elif a.kind == "torch":
-                    a.value.copy_(_numpy_to_torch(data.reshape(a.array.shape)))
+        _write_back(every)
     return RunResult(result, launch.trace)
+
+
+def _write_back(args: list[_Arg]) -> None:
+    """Copy the data of inputs the kernel wrote into the caller's arrays, in place."""
+    for a in args:
+        if a.tensor is None or not a.tensor.storage.dirty:
+            continue
+        data = a.tensor.storage.data
+        assert data is not None and a.array is not None
+        if a.kind == "numpy":
+            a.value[...] = data.reshape(a.value.shape)
+        elif a.kind == "torch":
+            a.value.detach().copy_(_numpy_to_torch(data.reshape(a.array.shape)))
 
 
 class Kernel:
@@ -225,9 +266,13 @@ class Kernel:
         sig = inspect.signature(fn)
         if any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in sig.parameters.values()):
             raise fail("LAUNCH", f"kernel {fn.__name__}: signatures may not use the '*' separator")
+        if "platform_target" in options:
+            raise fail("LAUNCH", "nki.jit(platform_target=...) is gone; set the target per run")
         self.fn = fn
         self.options = options  # mode=, debug_kernel=, ... are accepted and ignored
         self.__name__ = fn.__name__
+        self.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+        self.__module__ = fn.__module__
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -238,8 +283,10 @@ class Kernel:
         return run(self, *args, **kwargs).outputs
 
     def __getitem__(self, lnc: Any) -> _Launcher:
-        if isinstance(lnc, tuple):
-            raise fail("LAUNCH", f"kernel[{lnc}]: SPMD grids are gone; pass one LNC integer")
+        if isinstance(lnc, tuple) or type(lnc) is not int or not 1 <= lnc <= 2:
+            raise fail(
+                "LAUNCH", f"kernel[{lnc!r}]: takes one LNC integer, 1 or 2 (SPMD grids are gone)"
+            )
         return _Launcher(self, lnc)
 
 

@@ -10,6 +10,8 @@ a tile plan that does not fit on the chip fail here with the numbers.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import MemoryPlanError
 
 SBUF_ALIGN = 64  # bytes; allocation granule within a partition (assumed, L)
@@ -72,9 +74,11 @@ class OnChipMemory:
         self.bank_bytes = bank_bytes
         self.psum_banks = psum_banks
 
-    def place_sbuf(self, nbytes: int, what: str) -> int:
+    def place_sbuf(self, nbytes: int, storage: Any) -> int:
+        """Place `nbytes` per partition in SBUF; fail with the numbers if they do not fit."""
         addr = self.sbuf.alloc(nbytes)
         if addr is None:
+            what = storage.describe()
             need = self.sbuf.round(nbytes)
             raise MemoryPlanError(
                 "SBUF_OVERFLOW",
@@ -84,9 +88,11 @@ class OnChipMemory:
             )
         return addr
 
-    def place_psum(self, nbytes: int, what: str) -> int:
+    def place_psum(self, nbytes: int, storage: Any) -> int:
+        """Place whole 2 KiB banks of PSUM; fail with the numbers if they do not fit."""
         addr = self.psum.alloc(nbytes)
         if addr is None:
+            what = storage.describe()
             banks = self.psum.round(nbytes) // self.bank_bytes
             live = self.psum.live // self.bank_bytes
             raise MemoryPlanError(

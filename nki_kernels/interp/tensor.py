@@ -5,13 +5,14 @@ A `Storage` is one allocation. On-chip storages are laid out partition-major: el
 the partition stride of every on-chip view is F (the `.ap()` rule). An `NkiTensor` is a
 view: shape, element strides and an element offset into its storage, in units of its own
 dtype, exactly the `NkiTensor` attributes of NKI 0.6. Indirect views (`.ap()` with a
-scalar or vector offset, `vector_select`, dynamic `select`) add an index tensor that is
-resolved when an instruction touches them.
+scalar or vector offset, `vector_select`, dynamic `select`) carry a run-time index that
+is resolved when an instruction touches them.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,9 @@ from . import dtypes as dt
 from .errors import fail
 from .state import Launch, current
 from .trace import HBM, PSUM, SBUF, Region
+
+_index = operator.index
+_prod = math.prod
 
 
 class Buffer:
@@ -43,11 +47,8 @@ hbm = private_hbm
 shared_hbm = Buffer("shared_hbm", False, HBM)
 
 
-def _prod(xs: tuple[int, ...] | list[int]) -> int:
-    return math.prod(xs)
-
-
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a contiguous row-major layout."""
     strides = []
     acc = 1
     for n in reversed(shape):
@@ -57,21 +58,29 @@ def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class Storage:
-    """One allocation. `data` is a flat array of `dtype` (None in trace-only mode)."""
+    """One allocation. `data` is a flat array of `dtype` (None in trace-only mode).
+
+    On-chip storages hold a place in their program's SBUF or PSUM (`addr`, `nbytes_pp`
+    bytes per partition) until the last view of them dies. PSUM storages also keep
+    `mm_mask`: which elements a matmul has written since allocation (accumulate=None).
+    """
 
     __slots__ = (
-        "sid",
-        "shape",
-        "dtype",
+        "__weakref__",
+        "addr",
         "buffer",
         "data",
-        "name",
-        "addr",
-        "nbytes_pp",
+        "dirty",
+        "dtype",
+        "is_input",
         "memory",
         "mm_mask",
-        "dirty",
-        "__weakref__",
+        "name",
+        "nbytes_pp",
+        "pstride",
+        "shape",
+        "sid",
+        "size",
     )
 
     def __init__(
@@ -83,34 +92,34 @@ class Storage:
         name: str = "",
         data: np.ndarray | None = None,
     ) -> None:
-        self.sid = launch.next_sid
-        launch.next_sid += 1
+        self.sid = sid = launch.next_sid
+        launch.next_sid = sid + 1
         self.shape = shape
         self.dtype = dtype
         self.buffer = buffer
-        self.name = name or f"t{self.sid}"
+        self.name = name or f"t{sid}"
         self.memory = None
         self.addr = 0
         self.nbytes_pp = 0
         self.mm_mask: np.ndarray | None = None
         self.dirty = False
-        size = _prod(shape)
+        self.is_input = False
+        self.size = size = _prod(shape)
+        self.pstride = _prod(shape[1:])
         if buffer.on_chip:
             limit = launch.target.partitions
-            if not shape or shape[0] > limit:
-                pdim = shape[0] if shape else 0
+            if shape[0] > limit:
                 raise fail(
                     "TC1",
-                    f"partition dim {pdim} of {buffer.name} tensor '{self.name}' {shape} "
+                    f"partition dim {shape[0]} of {buffer.name} tensor '{self.name}' {shape} "
                     f"exceeds {limit}",
                 )
-            self.nbytes_pp = _prod(shape[1:]) * dtype.itemsize
-            mem = launch.program.memory
-            what = f"'{self.name}' {shape} {dtype.name}"
+            self.nbytes_pp = nb = self.pstride * dtype.itemsize
+            mem = launch.programs[launch.program_id].memory
             if buffer is psum:
-                self.addr = mem.place_psum(self.nbytes_pp, what)
+                self.addr = mem.place_psum(nb, self)
             else:
-                self.addr = mem.place_sbuf(self.nbytes_pp, what)
+                self.addr = mem.place_sbuf(nb, self)
             self.memory = mem
         if launch.trace_only:
             self.data = None
@@ -121,6 +130,9 @@ class Storage:
             if buffer is psum:
                 self.mm_mask = np.zeros(size, dtype=np.bool_)
 
+    def describe(self) -> str:
+        return f"'{self.name}' {self.shape} {self.dtype.name}"
+
     def __del__(self) -> None:
         mem = self.memory
         if mem is not None:
@@ -130,29 +142,28 @@ class Storage:
             else:
                 mem.sbuf.release(self.addr, self.nbytes_pp)
 
-    @property
-    def pstride(self) -> int:
-        """Elements per partition (on-chip partition stride)."""
-        return _prod(self.shape[1:])
-
 
 class Indirect:
-    """A run-time index attached to a view: vector (per partition) or scalar."""
+    """A run-time index attached to a view.
 
-    __slots__ = ("kind", "index", "dim", "row_stride", "extent")
+    kind "vector": partition (row) i of the view reads row `index[i]` -- the view's dim-0
+    stride is replaced by `index[i] * row_stride`. kind "scalar": the whole view moves by
+    `index * row_stride` elements. `index` is an on-chip tensor (or an object with an
+    integer `value`, such as a virtual register).
+    """
 
-    def __init__(self, kind: str, index: NkiTensor, dim: int, row_stride: int, extent: int):
+    __slots__ = ("index", "kind", "row_stride")
+
+    def __init__(self, kind: str, index: Any, row_stride: int) -> None:
         self.kind = kind
         self.index = index
-        self.dim = dim
         self.row_stride = row_stride
-        self.extent = extent
 
 
 class NkiTensor:
     """A view of a storage: the tensor type every NKI call takes and returns."""
 
-    __slots__ = ("_st", "shape", "strides", "offset", "dtype", "indirect")
+    __slots__ = ("_st", "dtype", "indirect", "offset", "shape", "strides")
 
     def __init__(
         self,
@@ -198,7 +209,7 @@ class NkiTensor:
     @property
     def partitions(self) -> int:
         """Partition count of an on-chip view (dim 0)."""
-        return self.shape[0] if self.shape else 1
+        return self.shape[0]
 
     @property
     def free_size(self) -> int:
@@ -213,6 +224,9 @@ class NkiTensor:
 
     def __len__(self) -> int:
         return self.shape[0]
+
+    def __iter__(self) -> Any:
+        raise TypeError("NKI tensors are not iterable; index them with slices or nl.ds")
 
     # ---- queries ------------------------------------------------------------------
     def is_contiguous(self) -> bool:
@@ -234,73 +248,111 @@ class NkiTensor:
         return [[s, n] for n, s in zip(self.shape, self.strides)]
 
     # ---- view construction ----------------------------------------------------------
-    def _derive(
-        self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int | None = None
-    ) -> NkiTensor:
-        return NkiTensor(
-            self._st,
-            shape,
-            strides,
-            self.offset if offset is None else offset,
-            self.dtype,
-            self.indirect,
-        )
+    def _derive(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> NkiTensor:
+        return NkiTensor(self._st, shape, strides, self.offset, self.dtype, self.indirect)
 
     def _no_indirect(self, what: str) -> None:
         if self.indirect is not None:
             raise fail("VIEW", f"{what} is not supported on an indirect view of '{self.name}'")
 
+    def _dim(self, dim: Any, what: str) -> int:
+        try:
+            d = _index(dim)
+        except TypeError:
+            raise fail("ARG", f"{what}: dim must be an int; got {dim!r}") from None
+        nd = len(self.shape)
+        if not -nd <= d < nd:
+            raise fail("IDX", f"{what}: dim {d} outside a {nd}-D tensor '{self.name}'")
+        return d + nd if d < 0 else d
+
     def __getitem__(self, key: Any) -> NkiTensor:
-        self._no_indirect("indexing")
-        if not isinstance(key, tuple):
+        if self.indirect is not None:
+            self._no_indirect("indexing")
+        if type(key) is not tuple:
             key = (key,)
+        shape = self.shape
+        nd = len(shape)
+        if len(key) != nd or Ellipsis in key:
+            key = self._expand_key(key)
+        strides = self.strides
+        offset = self.offset
+        new_shape: list[int] = []
+        new_strides: list[int] = []
+        dropped_stride = -1
+        on_chip = self._st.buffer.on_chip
+        try:
+            for d in range(nd):
+                k = key[d]
+                n = shape[d]
+                s = strides[d]
+                if type(k) is slice:
+                    step = k.step
+                    if step is None or step == 1:
+                        start = 0 if k.start is None else _index(k.start)
+                        stop = n if k.stop is None else _index(k.stop)
+                        if start < 0:
+                            start += n
+                        if stop < 0:
+                            stop += n
+                        if not 0 <= start <= stop <= n:
+                            raise fail(
+                                "IDX",
+                                f"slice {k.start}:{k.stop} out of range for dim {d} of size "
+                                f"{n} of '{self.name}'",
+                            )
+                        new_shape.append(stop - start)
+                        new_strides.append(s)
+                        offset += start * s
+                    else:
+                        start, count, step = _stepped_slice(k, n, d, self.name)
+                        new_shape.append(count)
+                        new_strides.append(s * step)
+                        offset += start * s
+                elif type(k) is bool or isinstance(k, np.bool_):
+                    raise TypeError
+                else:
+                    i = _index(k)
+                    if i < 0:
+                        i += n
+                    if not 0 <= i < n:
+                        raise fail(
+                            "IDX",
+                            f"index {k} out of range for dim {d} of size {n} of '{self.name}'",
+                        )
+                    offset += i * s
+                    if on_chip and d == 0:
+                        new_shape.append(1)
+                        new_strides.append(s)
+                    else:
+                        dropped_stride = s
+        except TypeError:
+            raise fail(
+                "IDX",
+                f"index {key!r} of '{self.name}': expected ints, slices, ... or nl.ds(start, size)"
+                " (tensor-valued indexes use .ap(), select or vector_select)",
+            ) from None
+        if len(new_shape) < (2 if on_chip else 1):
+            # on-chip results stay at least 2-D (the last dropped free dim is kept at
+            # size 1); HBM results stay at least 1-D
+            new_shape.append(1)
+            new_strides.append(dropped_stride if dropped_stride >= 0 else 1)
+        return NkiTensor(self._st, tuple(new_shape), tuple(new_strides), offset, self.dtype)
+
+    def _expand_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
+        nd = len(self.shape)
         n_ell = sum(1 for k in key if k is Ellipsis)
         if n_ell > 1:
             raise fail("IDX", f"index {key} has more than one Ellipsis")
         n_real = len(key) - n_ell
-        if n_real > self.ndim:
-            raise fail("IDX", f"index {key} has {n_real} entries for a {self.ndim}-D tensor")
+        if n_real > nd:
+            raise fail(
+                "IDX",
+                f"index {key} has {n_real} entries for {nd}-D tensor '{self.name}' {self.shape}",
+            )
         if n_ell:
             i = key.index(Ellipsis)
-            key = key[:i] + (slice(None),) * (self.ndim - n_real) + key[i + 1 :]
-        else:
-            key = key + (slice(None),) * (self.ndim - len(key))
-        on_chip = self.on_chip
-        shape: list[int] = []
-        strides: list[int] = []
-        offset = self.offset
-        dropped: tuple[int, int] | None = None
-        for d, (k, n, s) in enumerate(zip(key, self.shape, self.strides)):
-            if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-                k = int(k)
-                idx = k + n if k < 0 else k
-                if not 0 <= idx < n:
-                    raise fail(
-                        "IDX", f"index {k} out of range for dim {d} of size {n} of '{self.name}'"
-                    )
-                offset += idx * s
-                if on_chip and d == 0:
-                    shape.append(1)
-                    strides.append(s)
-                else:
-                    dropped = (1, s)
-            elif isinstance(k, slice):
-                start, stop, step = _check_slice(k, n, d, self.name)
-                offset += start * s
-                shape.append(max(0, -(-(stop - start) // step)))
-                strides.append(s * step)
-            else:
-                raise fail(
-                    "IDX",
-                    f"index entry {k!r} for dim {d} of '{self.name}': expected an int, a slice "
-                    "or nl.ds(start, size) (tensor-valued indexes use .ap())",
-                )
-        if on_chip and len(shape) < 2:
-            # on-chip results stay at least 2-D: keep the last dropped free dim at size 1
-            n1, s1 = dropped if dropped is not None else (1, 1)
-            shape.append(n1)
-            strides.append(s1)
-        return self._derive(tuple(shape), tuple(strides), offset)
+            return key[:i] + (slice(None),) * (nd - n_real) + key[i + 1 :]
+        return key + (slice(None),) * (nd - len(key))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         from . import isa
@@ -315,32 +367,34 @@ class NkiTensor:
             isa.memset(dst, value)
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
-        key: list[Any] = [slice(None)] * self.ndim
-        if step < 1 or not 0 <= start < end <= self.shape[dim]:
+        d = self._dim(dim, "slice")
+        if step < 1 or not 0 <= start < end <= self.shape[d]:
             raise fail(
                 "IDX",
-                f"slice(dim={dim}, start={start}, end={end}, step={step}) outside 0..{self.shape[dim]}"
-                f" of '{self.name}'",
+                f"slice(dim={dim}, start={start}, end={end}, step={step}) outside "
+                f"0..{self.shape[d]} of '{self.name}'",
             )
-        key[dim] = slice(start, end, step)
+        key: list[Any] = [slice(None)] * self.ndim
+        key[d] = slice(start, end, step)
         return self[tuple(key)]
 
     def select(self, dim: int, index: int | NkiTensor) -> NkiTensor:
-        if isinstance(index, NkiTensor):
+        d = self._dim(dim, "select")
+        if self.on_chip and d == 0:
+            raise fail("VIEW", f"select on the partition dim of on-chip '{self.name}'")
+        if not isinstance(index, (int, np.integer)):
             self._no_indirect("a second dynamic select")
-            if self.on_chip and dim == 0:
-                raise fail("VIEW", "dynamic select on the partition dim of an on-chip tensor")
-            shape = self.shape[:dim] + self.shape[dim + 1 :]
-            strides = self.strides[:dim] + self.strides[dim + 1 :]
-            ind = Indirect("scalar", index, dim, self.strides[dim], self.shape[dim])
+            shape = self.shape[:d] + self.shape[d + 1 :]
+            strides = self.strides[:d] + self.strides[d + 1 :]
+            if self.on_chip and len(shape) < 2:
+                raise fail("VIEW", f"select would leave on-chip '{self.name}' with one dim")
+            ind = Indirect("scalar", _index_operand(index, "select"), self.strides[d])
             return NkiTensor(self._st, shape, strides, self.offset, self.dtype, ind)
         key: list[Any] = [slice(None)] * self.ndim
-        key[dim] = index
-        if self.on_chip and dim == 0:
-            raise fail("VIEW", "select on the partition dim of an on-chip tensor")
+        key[d] = index
         view = self[tuple(key)]
-        if self.on_chip and view.ndim > self.ndim - 1:
-            # the >= 2-D rule kept a size-1 dim; select always removes it
+        if view.ndim > self.ndim - 1 and view.ndim > (2 if self.on_chip else 1):
+            # the >= 2-D / >= 1-D rule kept a size-1 dim where none was needed
             return view._derive(view.shape[:-1], view.strides[:-1])
         return view
 
@@ -348,24 +402,35 @@ class NkiTensor:
         if dim != 0:
             raise fail("VIEW", f"vector_select supports dim=0 only; got dim={dim}")
         if self.on_chip:
-            raise fail("VIEW", "vector_select is only supported on HBM tensors")
+            raise fail("VIEW", f"vector_select is only supported on HBM tensors ('{self.name}')")
         self._no_indirect("a second dynamic select")
+        _vector_index(vector_offset, None, "vector_select")
         p = vector_offset.shape[0]
-        ind = Indirect("vector", vector_offset, 0, self.strides[0], self.shape[0])
+        ind = Indirect("vector", vector_offset, self.strides[0])
         return NkiTensor(
-            self._st, (p,) + self.shape[1:], (0,) + self.strides[1:], self.offset, self.dtype, ind
+            self._st, (p, *self.shape[1:]), (0, *self.strides[1:]), self.offset, self.dtype, ind
         )
 
     def reshape(self, *shape_args: Any) -> NkiTensor:
         self._no_indirect("reshape")
         shape = shape_args[0] if len(shape_args) == 1 else shape_args
-        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        try:
+            shape = tuple(
+                _index(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,))
+            )
+        except TypeError:
+            raise fail(
+                "ARG", f"reshape: shape must be a tuple of ints; got {shape_args!r}"
+            ) from None
+        if shape.count(-1) > 1 or any(s < -1 or s == 0 for s in shape):
+            raise fail("VIEW", f"reshape of '{self.name}': invalid shape {shape}")
         if -1 in shape:
             known = _prod([s for s in shape if s != -1])
-            shape = tuple(self.size // max(known, 1) if s == -1 else s for s in shape)
+            shape = tuple(self.size // known if s == -1 else s for s in shape)
         if _prod(shape) != self.size:
             raise fail(
-                "VIEW", f"reshape of '{self.name}' {self.shape} to {shape} changes the element count"
+                "VIEW",
+                f"reshape of '{self.name}' {self.shape} to {shape} changes the element count",
             )
         if self.on_chip and shape[0] != self.shape[0]:
             raise fail(
@@ -373,58 +438,70 @@ class NkiTensor:
                 f"reshape of on-chip '{self.name}' {self.shape} to {shape} changes the partition "
                 "dim",
             )
-        probe = np.lib.stride_tricks.as_strided(
-            np.zeros(1, dtype=np.int8), shape=self.shape, strides=self.strides
-        )
-        try:
-            new = np.reshape(probe, shape, copy=False)
-        except ValueError:
+        strides = _reshape_strides(self.shape, self.strides, shape)
+        if strides is None:
             raise fail(
                 "VIEW",
                 f"reshape of '{self.name}' {self.shape} (strides {self.strides}) to {shape} "
                 "needs a copy: the layout is not compatible",
-            ) from None
-        return self._derive(shape, tuple(new.strides))
+            )
+        return self._derive(shape, strides)
 
     def reshape_dim(self, dim: int, shape: tuple[int, ...]) -> NkiTensor:
+        d = self._dim(dim, "reshape_dim")
         shape = tuple(shape)
         if -1 in shape:
             known = _prod([s for s in shape if s != -1])
-            shape = tuple(self.shape[dim] // known if s == -1 else s for s in shape)
-        return self.reshape(self.shape[:dim] + shape + self.shape[dim + 1 :])
+            shape = tuple(self.shape[d] // known if s == -1 else s for s in shape)
+        if _prod(shape) != self.shape[d]:
+            raise fail(
+                "VIEW",
+                f"reshape_dim({d}, {shape}): product must equal {self.shape[d]} ('{self.name}')",
+            )
+        return self.reshape(self.shape[:d] + shape + self.shape[d + 1 :])
 
     def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
-        if self.on_chip and start_dim == 0:
+        s, e = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        if self.on_chip and s == 0:
             raise fail("VIEW", "flatten_dims cannot merge the partition dim of an on-chip tensor")
-        merged = _prod(self.shape[start_dim : end_dim + 1])
-        return self.reshape(self.shape[:start_dim] + (merged,) + self.shape[end_dim + 1 :])
+        if e < s:
+            raise fail("VIEW", f"flatten_dims({start_dim}, {end_dim}): end before start")
+        merged = _prod(self.shape[s : e + 1])
+        return self.reshape((*self.shape[:s], merged, *self.shape[e + 1 :]))
 
     def expand_dim(self, dim: int) -> NkiTensor:
-        if self.on_chip and dim == 0:
+        if not 0 <= dim <= self.ndim:
+            raise fail("IDX", f"expand_dim({dim}) outside 0..{self.ndim} ('{self.name}')")
+        if (self.on_chip or self.indirect is not None) and dim == 0:
             raise fail("VIEW", "expand_dim cannot insert before the partition dim")
         return self._derive(
-            self.shape[:dim] + (1,) + self.shape[dim:], self.strides[:dim] + (0,) + self.strides[dim:]
+            (*self.shape[:dim], 1, *self.shape[dim:]),
+            (*self.strides[:dim], 0, *self.strides[dim:]),
         )
 
     def squeeze_dim(self, dim: int) -> NkiTensor:
-        if self.shape[dim] != 1:
+        d = self._dim(dim, "squeeze_dim")
+        if self.shape[d] != 1:
             raise fail("VIEW", f"squeeze_dim({dim}) of '{self.name}' {self.shape}: size is not 1")
-        if self.on_chip and dim == 0:
+        if (self.on_chip or self.indirect is not None) and d == 0:
             raise fail("VIEW", "squeeze_dim cannot remove the partition dim")
         return self._derive(
-            self.shape[:dim] + self.shape[dim + 1 :], self.strides[:dim] + self.strides[dim + 1 :]
+            self.shape[:d] + self.shape[d + 1 :], self.strides[:d] + self.strides[d + 1 :]
         )
 
     def broadcast(self, dim: int, size: int) -> NkiTensor:
-        if self.shape[dim] != 1:
+        d = self._dim(dim, "broadcast")
+        if self.shape[d] != 1:
             raise fail(
                 "VIEW", f"broadcast({dim}, {size}) of '{self.name}' {self.shape}: size is not 1"
             )
-        if self.on_chip and dim == 0:
+        if self.on_chip and d == 0:
             raise fail("VIEW", "on-chip tensors cannot broadcast the partition dim")
+        if not isinstance(size, (int, np.integer)) or size < 1:
+            raise fail("ARG", f"broadcast: size must be a positive int; got {size!r}")
         return self._derive(
-            self.shape[:dim] + (size,) + self.shape[dim + 1 :],
-            self.strides[:dim] + (0,) + self.strides[dim + 1 :],
+            (*self.shape[:d], int(size), *self.shape[d + 1 :]),
+            (*self.strides[:d], 0, *self.strides[d + 1 :]),
         )
 
     def permute(self, dims: tuple[int, ...] | list[int]) -> NkiTensor:
@@ -438,6 +515,7 @@ class NkiTensor:
         )
 
     def view(self, dtype: Any) -> NkiTensor:
+        """Bit-level reinterpretation; the last dim is rescaled by the itemsize ratio."""
         self._no_indirect("view(dtype)")
         new = dt.as_dtype(dtype)
         old_sz, new_sz = self.dtype.itemsize, new.itemsize
@@ -455,33 +533,45 @@ class NkiTensor:
         for s in self.strides[:-1]:
             if (s * old_sz) % new_sz:
                 raise fail("VIEW", f"view({new.name}) of '{self.name}': strides do not divide")
-        strides = tuple(s * old_sz // new_sz for s in self.strides[:-1]) + (1,)
-        shape = self.shape[:-1] + (last_bytes // new_sz,)
+        strides = (*(s * old_sz // new_sz for s in self.strides[:-1]), 1)
+        shape = (*self.shape[:-1], last_bytes // new_sz)
         return NkiTensor(self._st, shape, strides, self.offset * old_sz // new_sz, new)
 
     def ap(
         self,
-        pattern: list[list[int]] | tuple[tuple[int, int], ...],
+        pattern: Any,
         offset: int | None = None,
-        scalar_offset: NkiTensor | None = None,
+        scalar_offset: Any = None,
         vector_offset: NkiTensor | None = None,
         indirect_dim: int = 0,
         dtype: Any = None,
     ) -> NkiTensor:
-        """Explicit access pattern over the base storage (does not compose with the view)."""
+        """An explicit access pattern `[[stride, count], ...]` over this view's storage.
+
+        Addresses are in elements of `dtype` (default: the view's dtype), starting at the
+        view's offset plus `offset`. `vector_offset` (a (P, 1) SBUF index; HBM tensors
+        only) makes row i of the pattern start at `index[i] * pattern[0][0]`;
+        `scalar_offset` moves the whole pattern by `index * strides[indirect_dim]`.
+        """
         self._no_indirect(".ap()")
         new_dtype = self.dtype if dtype is None else dt.as_dtype(dtype)
-        pairs = [(int(s), int(n)) for s, n in pattern]
-        if not pairs:
-            raise fail("VIEW", ".ap() needs at least one [stride, count] pair")
-        st = self._st
+        try:
+            pairs = [(_index(s), _index(n)) for s, n in pattern]
+        except (TypeError, ValueError):
+            raise fail(
+                "ARG", f".ap(): pattern must be [[stride, count], ...]; got {pattern!r}"
+            ) from None
+        if not pairs or any(n < 1 for _, n in pairs):
+            raise fail("VIEW", f".ap(): pattern {pattern!r} needs [stride, count>=1] pairs")
         if scalar_offset is not None and vector_offset is not None:
             raise fail("VIEW", ".ap(): scalar_offset and vector_offset are mutually exclusive")
-        scale = self.dtype.itemsize / new_dtype.itemsize
-        base_offset = int(self.offset * scale)
-        off = base_offset + (int(offset) if offset is not None else 0)
-        if self.on_chip:
-            pstride = int(st.pstride * st.dtype.itemsize / new_dtype.itemsize)
+        st = self._st
+        old_sz, new_sz = self.dtype.itemsize, new_dtype.itemsize
+        if (self.offset * old_sz) % new_sz:
+            raise fail("VIEW", f".ap(dtype={new_dtype.name}): the view offset does not divide")
+        off = self.offset * old_sz // new_sz + (0 if offset is None else _index(offset))
+        if st.buffer.on_chip:
+            pstride = st.pstride * st.dtype.itemsize // new_sz
             if pairs[0][0] != pstride:
                 raise fail(
                     "VIEW",
@@ -491,33 +581,40 @@ class NkiTensor:
         shape = tuple(n for _, n in pairs)
         strides = tuple(s for s, _ in pairs)
         ind = None
-        base_shape = st.shape
-        if scalar_offset is not None or vector_offset is not None:
-            if not 0 <= indirect_dim < len(base_shape):
-                raise fail("VIEW", f".ap(): indirect_dim {indirect_dim} outside the base shape")
-            row = int(_prod(base_shape[indirect_dim + 1 :]) * st.dtype.itemsize / new_dtype.itemsize)
-            if vector_offset is not None:
-                if indirect_dim != 0:
-                    raise fail("VIEW", ".ap(): vector_offset supports indirect_dim=0 only")
-                if vector_offset.shape[0] != shape[0]:
-                    raise fail(
-                        "VIEW",
-                        f".ap(): vector_offset has {vector_offset.shape[0]} partitions but the "
-                        f"pattern's first count is {shape[0]}",
-                    )
-                ind = Indirect("vector", vector_offset, 0, row, base_shape[0])
-            else:
-                assert scalar_offset is not None
-                ind = Indirect("scalar", scalar_offset, indirect_dim, row, base_shape[indirect_dim])
+        if vector_offset is not None:
+            if st.buffer.on_chip:
+                raise fail(
+                    "VIEW", f".ap(vector_offset=...) needs an HBM tensor; '{self.name}' is on chip"
+                )
+            if indirect_dim != 0:
+                raise fail(
+                    "VIEW", f".ap(): vector_offset supports indirect_dim=0 only; got {indirect_dim}"
+                )
+            _vector_index(vector_offset, shape[0], ".ap()")
+            ind = Indirect("vector", vector_offset, strides[0])
+        elif scalar_offset is not None:
+            d = self._dim(indirect_dim, ".ap(indirect_dim)")
+            if (self.strides[d] * old_sz) % new_sz:
+                raise fail(
+                    "VIEW",
+                    f".ap(): stride of indirect_dim {d} does not divide into {new_dtype.name}",
+                )
+            row = self.strides[d] * old_sz // new_sz
+            ind = Indirect("scalar", _index_operand(scalar_offset, ".ap(scalar_offset)"), row)
         view = NkiTensor(st, shape, strides, off, new_dtype, ind)
         if ind is None:
             view.check_bounds()
         return view
 
     # ---- access ---------------------------------------------------------------------
+    def storage_elements(self) -> int:
+        """Size of the storage in elements of this view's dtype."""
+        st = self._st
+        return st.size * st.dtype.itemsize // self.dtype.itemsize
+
     def check_bounds(self) -> None:
         lo, hi = self._extent()
-        total = _prod(self._st.shape) * self._st.dtype.itemsize // self.dtype.itemsize
+        total = self.storage_elements()
         if self.size and (lo < 0 or hi >= total):
             raise fail(
                 "IDX",
@@ -542,54 +639,137 @@ class NkiTensor:
             self.dtype,
             buffer=self._st.data,
             offset=self.offset * isz,
-            strides=tuple(s * isz for s in self.strides),
+            strides=tuple([s * isz for s in self.strides]),
         )
 
     def region(self) -> Region:
         """The physical region this view touches, for the trace's dependency tracking."""
         st = self._st
+        buf = st.buffer
+        if self.indirect is not None:
+            if buf.on_chip:
+                return (buf.space, 0, 0, st.shape[0], st.addr, st.addr + st.nbytes_pp)
+            return (HBM, st.sid, 0, 1, 0, st.size * st.dtype.itemsize)
         isz = self.dtype.itemsize
-        if self.indirect is not None or not self.size:
-            if st.buffer.on_chip:
-                return (st.buffer.space, 0, 0, st.shape[0], st.addr, st.addr + st.nbytes_pp)
-            return (HBM, st.sid, 0, 1, 0, _prod(st.shape) * st.dtype.itemsize)
-        if not st.buffer.on_chip:
-            lo, hi = self._extent()
+        shape = self.shape
+        strides = self.strides
+        lo = hi = self.offset
+        if not buf.on_chip:
+            for i in range(len(shape)):
+                n = shape[i]
+                if n > 1:
+                    s = strides[i]
+                    if s > 0:
+                        hi += (n - 1) * s
+                    else:
+                        lo += (n - 1) * s
             return (HBM, st.sid, 0, 1, lo * isz, (hi + 1) * isz)
-        pst = st.pstride * st.dtype.itemsize  # bytes per partition
-        start = self.offset * isz
-        p0, f0 = divmod(start, pst) if pst else (0, 0)
-        n0, s0 = self.shape[0], self.strides[0] * isz
-        p1 = p0 + ((n0 - 1) * s0 // pst if pst else 0) + 1
-        flo = fhi = f0
-        for n, s in zip(self.shape[1:], self.strides[1:]):
+        pst = st.nbytes_pp  # bytes per partition
+        p0, flo = divmod(lo * isz, pst)
+        n0 = shape[0]
+        p1 = p0 + 1 + ((n0 - 1) * strides[0] * isz) // pst if n0 > 1 else p0 + 1
+        fhi = flo
+        for i in range(1, len(shape)):
+            n = shape[i]
             if n > 1:
+                s = strides[i]
                 if s > 0:
                     fhi += (n - 1) * s * isz
                 else:
                     flo += (n - 1) * s * isz
-        return (st.buffer.space, 0, p0, p1, st.addr + flo, st.addr + fhi + isz)
+        base = st.addr
+        return (buf.space, 0, p0, p1, base + flo, base + fhi + isz)
 
 
-def _check_slice(k: slice, n: int, d: int, name: str) -> tuple[int, int, int]:
-    step = 1 if k.step is None else int(k.step)
+def _stepped_slice(k: slice, n: int, d: int, name: str) -> tuple[int, int, int]:
+    """(start, count, step) of a slice with an explicit step (negative steps allowed)."""
+    step = _index(k.step)
     if step == 0:
         raise fail("IDX", f"slice step 0 for dim {d} of '{name}'")
     if step < 0:
         start, stop, step = k.indices(n)
-        return start, stop, step
-    start = 0 if k.start is None else int(k.start)
-    stop = n if k.stop is None else int(k.stop)
+        return start, len(range(start, stop, step)), step
+    start = 0 if k.start is None else _index(k.start)
+    stop = n if k.stop is None else _index(k.stop)
     if start < 0:
         start += n
     if stop < 0:
         stop += n
-    if not (0 <= start <= n and start <= stop <= n):
+    if not 0 <= start <= stop <= n:
         raise fail(
-            "IDX",
-            f"slice {k.start}:{k.stop} out of range for dim {d} of size {n} of '{name}'",
+            "IDX", f"slice {k.start}:{k.stop} out of range for dim {d} of size {n} of '{name}'"
         )
-    return start, stop, step
+    return start, len(range(start, stop, step)), step
+
+
+def _reshape_strides(
+    shape: tuple[int, ...], strides: tuple[int, ...], new_shape: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """Strides of a no-copy reshape of a strided view, or None when a copy is needed."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    # group the old dims into maximal row-major-contiguous chunks
+    chunks: list[list[int]] = []  # [count, innermost stride]
+    for n, s in dims:
+        if chunks and chunks[-1][1] == s * n:
+            chunks[-1][0] *= n
+            chunks[-1][1] = s
+        else:
+            chunks.append([n, s])
+    out: list[int] = [0] * len(new_shape)
+    # walk the new dims from the innermost, consuming chunks from the innermost
+    chunks_rev = list(reversed(chunks))
+    ci = 0
+    remaining = chunks_rev[0][0] if chunks_rev else 1
+    stride = chunks_rev[0][1] if chunks_rev else 1
+    for j in range(len(new_shape) - 1, -1, -1):
+        n = new_shape[j]
+        if n == 1:
+            out[j] = stride
+            continue
+        if ci >= len(chunks_rev) or remaining % n:
+            return None
+        out[j] = stride
+        stride *= n
+        remaining //= n
+        if remaining == 1:
+            ci += 1
+            if ci < len(chunks_rev):
+                remaining = chunks_rev[ci][0]
+                stride = chunks_rev[ci][1]
+    if ci != len(chunks_rev):
+        return None
+    return tuple(out)
+
+
+def _vector_index(index: Any, rows: int | None, what: str) -> None:
+    if not isinstance(index, NkiTensor) or not index.on_chip:
+        raise fail(
+            "VIEW", f"{what}: vector_offset must be an on-chip (P, 1) index tensor; got {index!r}"
+        )
+    if rows is None or index.free_size == 1:
+        if rows is not None and index.shape[0] != rows:
+            raise fail(
+                "VIEW",
+                f"{what}: vector_offset has {index.shape[0]} partitions but the pattern's first "
+                f"count is {rows}",
+            )
+        return
+    if index.size < rows:
+        raise fail(
+            "VIEW", f"{what}: vector_offset {index.shape} holds fewer than {rows} row indexes"
+        )
+
+
+def _index_operand(index: Any, what: str) -> Any:
+    if isinstance(index, NkiTensor):
+        if not index.on_chip or index.size != 1:
+            raise fail(
+                "VIEW", f"{what}: a tensor index must be a (1, 1) on-chip tensor; got {index.shape}"
+            )
+        return index
+    if hasattr(index, "value"):  # a virtual register
+        return index
+    raise fail("VIEW", f"{what}: expected a (1, 1) SBUF tensor or a register; got {index!r}")
 
 
 def allocate(
@@ -597,22 +777,30 @@ def allocate(
 ) -> NkiTensor:
     """Create a fresh storage and return the full view of it."""
     launch = current()
-    if not isinstance(buffer, Buffer):
-        raise fail("ARG", f"buffer: expected nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm; got {buffer!r}")
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
+    if type(buffer) is not Buffer:
+        raise fail(
+            "ARG", f"buffer: expected nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm; got {buffer!r}"
+        )
+    if type(shape) is not tuple:
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
+        elif isinstance(shape, list):
+            shape = tuple(shape)
+        else:
+            raise fail("ARG", f"shape: expected a tuple of ints; got {shape!r}")
     try:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple([_index(s) for s in shape])
     except TypeError:
         raise fail("ARG", f"shape: expected a tuple of ints; got {shape!r}") from None
-    if any(s <= 0 for s in shape):
-        raise fail("ARG", f"shape: every dim must be positive; got {shape}")
-    d = dt.as_dtype(dtype)
+    if not shape or min(shape) <= 0:
+        raise fail("ARG", f"shape: expected a non-empty tuple of positive ints; got {shape}")
+    d = dtype if type(dtype) is np.dtype and dtype in dt.ALL_DTYPES else dt.as_dtype(dtype)
     if buffer is shared_hbm and data is None:
-        prog = launch.program
+        prog = launch.programs[launch.program_id]
         i = prog.shared_hbm_count
         prog.shared_hbm_count += 1
         if launch.program_id > 0 and i < len(launch.shared_hbm):
+            # LNC2: the n-th shared_hbm allocation of every program is the same tensor
             st = launch.shared_hbm[i]
             if st.shape != shape or st.dtype != d:
                 raise fail(
@@ -620,9 +808,9 @@ def allocate(
                     f"shared_hbm allocation #{i} differs between programs: {st.shape} "
                     f"{st.dtype.name} vs {shape} {d.name}",
                 )
-            return NkiTensor(st, shape, _row_major(shape), 0, d)
+            return NkiTensor(st, shape, row_major(shape), 0, d)
         st = Storage(launch, shape, d, buffer, name)
         launch.shared_hbm.append(st)
-        return NkiTensor(st, shape, _row_major(shape), 0, d)
+        return NkiTensor(st, shape, row_major(shape), 0, d)
     st = Storage(launch, shape, d, buffer, name, data)
-    return NkiTensor(st, shape, _row_major(shape), 0, d)
+    return NkiTensor(st, shape, row_major(shape), 0, d)

@@ -30,22 +30,22 @@ class Instr:
     """
 
     __slots__ = (
-        "index",
-        "program",
-        "engine",
-        "opcode",
-        "p",
-        "n",
+        "attrs",
         "dtype",
-        "in_dtypes",
-        "reads",
-        "writes",
+        "engine",
         "flops",
         "hbm_read",
         "hbm_write",
-        "nbytes",
-        "attrs",
+        "in_dtypes",
+        "index",
+        "n",
         "name",
+        "nbytes",
+        "opcode",
+        "p",
+        "program",
+        "reads",
+        "writes",
     )
 
     def __init__(
@@ -81,6 +81,14 @@ class Instr:
         self.nbytes = nbytes
         self.attrs = attrs or {}
         self.name = name
+
+    def depends_on(self, *producers: Any) -> Instr:
+        """Scheduling edges (`NkiInstruction.depends_on`): recorded in attrs["depends_on"]."""
+        deps = self.attrs.setdefault("depends_on", [])
+        for prod in producers:
+            if isinstance(prod, Instr):
+                deps.append(prod.index)
+        return self
 
     def __repr__(self) -> str:
         return (
