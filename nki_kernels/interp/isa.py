@@ -42,6 +42,7 @@ def get_nc_version() -> nc_version:
 def get_nc_sub_version() -> int:
     return 0
 
+
 # GpSimd / VectorE instructions beyond the core set, device-loop registers.
 from .isa_gpsimd import affine_select, tensor_partition_reduce  # noqa: E402, F401
 from .isa_vector import (  # noqa: E402, F401
@@ -54,3 +55,10 @@ from .isa_vector import (  # noqa: E402, F401
     tensor_tensor_scan,
 )
 from .isa_vector_acc import range_select, select_reduce, tensor_scalar_reduce  # noqa: E402, F401
+from .loops import (  # noqa: E402, F401
+    VirtualRegister,
+    register_alloc,
+    register_load,
+    register_move,
+    register_store,
+)

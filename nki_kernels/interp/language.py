@@ -302,3 +302,6 @@ def _copy_call(x: NkiTensor, dtype: Any = None) -> NkiTensor:
 
 _ops.copy._call = _copy_call
 
+
+# ---- device loops (loops.py) ------------------------------------------------------------
+from .loops import dynamic_range, fori_loop, no_reorder, while_loop  # noqa: E402, F401
