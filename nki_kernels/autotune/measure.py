@@ -1,0 +1,162 @@
+"""Measurers: how the tuner gets a latency for one config.
+
+One small interface, `Measurer.measure(tunable, problem, config, target) -> Measurement`,
+with two implementations:
+
+- `CostModelMeasurer` (default): a trace-only interpreter launch priced by the cost model.
+  Deterministic, needs no device; its figures are *modeled* and say so.
+- `HardwareMeasurer`: the real toolchain. The op's `device_launcher` compiles the kernel
+  with `nki.jit` and places seeded inputs on the neuron device once; the measurer then
+  runs it `warmup` times untimed and `repeats` times timed, and reports the median. It is
+  deliberately thin: it cannot run where there is no device, so everything it does beyond
+  timing a callable lives in the op's launcher.
+
+`select_measurer("auto")` picks hardware when the real `nki` package and a neuron device
+are present, else the cost model. Interpreter rule errors (`NkiValidationError`, including
+`MemoryPlanError`) and `InvalidConfig` propagate: the study driver records them.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..interp.trace import Trace
+from ..kernel_config import KernelConfig
+from ..targets import Target
+from .tunable import Tunable
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One config's latency and where it came from."""
+
+    latency_ns: float
+    label: str  # "modeled (cost model v1, trn2)" or "measured (hardware)"
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Measurer(ABC):
+    """Gives a latency for one config of one problem on one target."""
+
+    #: provenance recorded in studies and exported configs ("cost-model v1", "hardware")
+    name: str = ""
+
+    @abstractmethod
+    def measure(
+        self, tunable: Tunable, problem: Any, config: KernelConfig, target: Target
+    ) -> Measurement:
+        """Latency of `config`; raises on configs that cannot run."""
+
+
+class TraceMeasurer(Measurer):
+    """Trace-only launch priced by `price(trace, target) -> (latency_ns, details)`."""
+
+    def __init__(
+        self, price: Callable[[Trace, Target], tuple[float, dict[str, Any]]], name: str
+    ) -> None:
+        self._price = price
+        self.name = name
+
+    def measure(
+        self, tunable: Tunable, problem: Any, config: KernelConfig, target: Target
+    ) -> Measurement:
+        config.validate(problem, target)
+        trace = tunable.trace(problem, config, target)
+        latency, details = self._price(trace, target)
+        return Measurement(float(latency), f"modeled ({self.name}, {target.name})", details)
+
+
+def _cost_model() -> tuple[Callable[[Trace, Target], Any], str]:
+    from .. import perfmodel
+
+    return perfmodel.estimate_trace, f"cost model v{perfmodel.VERSION}"
+
+
+class CostModelMeasurer(TraceMeasurer):
+    """The default measurer: the project's cost model over a trace-only launch."""
+
+    def __init__(self) -> None:
+        estimate, label = _cost_model()
+
+        def price(trace: Trace, target: Target) -> tuple[float, dict[str, Any]]:
+            est = estimate(trace, target)
+            details = {"bound": getattr(est, "bound", None), "mfu": getattr(est, "mfu", None)}
+            return float(est.latency_ns), details
+
+        super().__init__(price, label.replace("cost model ", "cost-model "))
+        self.label = label
+
+    def measure(
+        self, tunable: Tunable, problem: Any, config: KernelConfig, target: Target
+    ) -> Measurement:
+        m = super().measure(tunable, problem, config, target)
+        return Measurement(m.latency_ns, f"modeled ({self.label}, {target.name})", m.details)
+
+
+class HardwareMeasurer(Measurer):
+    """Median wall time of the compiled kernel on the neuron device, after warm-up."""
+
+    name = "hardware"
+
+    def __init__(
+        self,
+        warmup: int = 3,
+        repeats: int = 20,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup: expected >= 0; got {warmup}")
+        if repeats < 1:
+            raise ValueError(f"repeats: expected >= 1; got {repeats}")
+        self.warmup = warmup
+        self.repeats = repeats
+        self._clock = clock
+
+    def measure(
+        self, tunable: Tunable, problem: Any, config: KernelConfig, target: Target
+    ) -> Measurement:
+        if tunable.device_launcher is None:
+            raise RuntimeError(f"op {tunable.op!r} has no device launcher for hardware timing")
+        config.validate(problem, target)
+        run = tunable.device_launcher(problem, config, target)
+        for _ in range(self.warmup):
+            run()
+        times = []
+        for _ in range(self.repeats):
+            t0 = self._clock()
+            run()
+            times.append(self._clock() - t0)
+        median_ns = statistics.median(times) * 1e9
+        spread = (max(times) - min(times)) * 1e9
+        return Measurement(
+            median_ns, "measured (hardware)", {"repeats": self.repeats, "spread_ns": spread}
+        )
+
+
+def hardware_available() -> bool:
+    """True when the real `nki` toolchain is importable and a neuron device node exists."""
+    from .. import nki as seam
+
+    return seam.BACKEND == "neuron" and os.path.exists("/dev/neuron0")
+
+
+def select_measurer(kind: str = "auto") -> Measurer:
+    """'auto' (hardware where a device exists, else cost model), 'cost-model' or 'hardware'."""
+    if kind == "auto":
+        kind = "hardware" if hardware_available() else "cost-model"
+    if kind == "cost-model":
+        return CostModelMeasurer()
+    if kind == "hardware":
+        if not hardware_available():
+            raise RuntimeError(
+                "measurer: 'hardware' needs the Neuron nki package and a neuron device "
+                "(/dev/neuron0); neither is present here -- use 'cost-model'"
+            )
+        return HardwareMeasurer()
+    raise ValueError(f"measurer: expected 'auto', 'cost-model' or 'hardware'; got {kind!r}")

@@ -1,0 +1,145 @@
+"""Where studies live: one URL names an Optuna storage every worker can share.
+
+- no URL: an SQLite file (embedded, nothing to run; WAL journal so several local worker
+  processes can write; a killed run resumes from it);
+- `sqlite:///path.db`, `postgresql://user@host/db`, `mysql://...`: any SQLAlchemy URL
+  Optuna's RDB storage accepts. Point workers on many machines at one PostgreSQL
+  database to scale tuning out;
+- `journal:///path/to/file.log` (or a path ending in `.log` / `.journal`): Optuna's
+  append-only journal file, for shared file systems without a database server;
+- `memory`: in-process only (tests, single-worker throwaway runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import sqlalchemy.exc
+from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+
+DEFAULT_DB_NAME = "autotune.db"
+_RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
+
+
+def default_storage_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The default SQLite file, `<cache_dir>/autotune.db` (default dir ~/.cache/nki-kernels)."""
+    base = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "nki-kernels"
+    return base / DEFAULT_DB_NAME
+
+
+def normalize_url(url: str | None, cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """The canonical form of a storage argument (see the module docstring)."""
+    if url is None or url == "":
+        return f"sqlite:///{default_storage_path(cache_dir)}"
+    if url in ("memory", ":memory:"):
+        return "memory"
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+    if scheme == "journal":
+        return url
+    if scheme in _RDB_SCHEMES:
+        if url.startswith("postgres://"):
+            url = "postgresql" + url[len("postgres") :]
+        return url
+    if scheme:
+        raise ValueError(
+            f"storage: expected an SQLite/PostgreSQL/MySQL URL, journal:///path, a file path "
+            f"or 'memory'; got {url!r}"
+        )
+    path = Path(url)
+    if path.suffix in (".log", ".journal", ".jsonl"):
+        return f"journal:///{path.resolve()}"
+    return f"sqlite:///{path.resolve()}"
+
+
+def _journal_path(url: str) -> str:
+    rest = url.split(":", 1)[1]
+    if rest.startswith("///"):
+        return "/" + rest[3:].lstrip("/")
+    return rest.lstrip("/") if rest.startswith("//") else rest
+
+
+def _pg_driver() -> str:
+    """The installed PostgreSQL DB-API driver (SQLAlchemy >= 2.1 defaults to psycopg 3)."""
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        return driver
+    raise ImportError(
+        "storage: a postgresql:// URL needs a PostgreSQL driver; install psycopg2-binary"
+    )
+
+
+def _prepare_sqlite(url: str) -> None:
+    path = url[len("sqlite:///") :]
+    if not path or path == ":memory:":
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path, timeout=60)
+    try:
+        # WAL lets readers proceed while one worker writes; it persists in the file.
+        con.execute("PRAGMA journal_mode=WAL")
+    finally:
+        con.close()
+
+
+def open_storage(
+    url: str | None = None, cache_dir: str | os.PathLike[str] | None = None
+) -> BaseStorage:
+    """Open (creating if needed) the storage named by `url`."""
+    canon = normalize_url(url, cache_dir)
+    if canon == "memory":
+        return InMemoryStorage()
+    if canon.startswith("journal:"):
+        path = Path(_journal_path(canon))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    engine_kwargs: dict[str, object] = {}
+    if canon.startswith("postgresql://"):
+        canon = "postgresql+" + _pg_driver() + canon[len("postgresql") :]
+    if canon.startswith("sqlite:"):
+        _prepare_sqlite(canon)
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    for attempt in range(5):
+        try:
+            return RDBStorage(canon, engine_kwargs=engine_kwargs)
+        except sqlalchemy.exc.DBAPIError:
+            # workers that start together race to create the schema on a fresh database;
+            # the loser sees a unique-violation / "already exists" and simply retries
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def is_shareable(storage: BaseStorage) -> bool:
+    """True when several processes can use `storage` (everything but in-memory)."""
+    return not isinstance(storage, InMemoryStorage)
+
+
+def redact(url: str) -> str:
+    """`url` with any password replaced by ***, for logs and provenance."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    if ":" in creds:
+        creds = creds.split(":", 1)[0] + ":***"
+    return f"{scheme}://{creds}@{host}"
+
+
+__all__ = [
+    "default_storage_path",
+    "is_shareable",
+    "normalize_url",
+    "open_storage",
+    "redact",
+]

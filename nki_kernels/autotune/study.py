@@ -1,0 +1,498 @@
+"""The study driver: one Optuna study per (op, target, bucket, dtype).
+
+Each trial asks the sampler for a config, then:
+
+1. **dedupes**: if a finished trial of the study already holds this config (matched by
+   `KernelConfig.key()`), its result is copied and nothing is evaluated; concurrent workers
+   that draw the same config race for an atomic *claim* (see below) and only the winner
+   evaluates it;
+2. **validates** (`KernelConfig.validate`) and **measures** (the measurer's launch may hit
+   an interpreter rule, e.g. `SBUF_OVERFLOW`): a failure is recorded as `outcome=invalid`
+   with the rule and reason as trial user attributes and the trial is PRUNED -- it never
+   counts as best, and samplers learn to avoid it;
+3. **gates** the result (`gate.CorrectnessGate`): a wrong output is `outcome=rejected`
+   (PRUNED) with the error in the reason, together with the latency it would have had;
+4. otherwise the trial COMPLETEs with the latency in ns (`outcome=ok`).
+
+Anything unexpected is `outcome=error` (FAIL) and the study carries on. The kernel's
+heuristic default is enqueued as the first trial, so every study measures it.
+
+Strategies: `tpe` (multivariate TPE, seeded: one worker with one seed is reproducible),
+`grid` (exhaustive; trial *n* takes grid point *n*, so workers split the grid), `random`
+(the baseline), `auto` = grid when the space has at most `grid_threshold` configs, else
+TPE. The budget `n_trials` counts distinct configs finished in the study (all workers),
+so a resumed run continues to the same total.
+
+**Claims.** Trials carry no uniqueness constraint, but study names do: creating the study
+`<study>#claim#<config hash>.<attempt>` is an atomic test-and-set in every Optuna storage
+(SQL unique constraint; the journal's log order). The claim study records the owner trial.
+A claim whose owner died (its process is gone, or it ran longer than `stale_after_s`) is
+released by marking the owner FAIL (`outcome=abandoned`) and taking the next attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
+from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
+from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from ..interp.errors import NkiValidationError
+from ..kernel_config import InvalidConfig, KernelConfig
+from ..targets import Target
+from .gate import CorrectnessGate
+from .measure import Measurer
+from .space import GRID_THRESHOLD, SearchSpace
+from .tunable import Tunable
+
+OK, INVALID, REJECTED, ERROR = "ok", "invalid", "rejected", "error"
+BUSY, ABANDONED = "duplicate-running", "abandoned"
+FINAL_OUTCOMES = (OK, INVALID, REJECTED, ERROR)
+CLAIM_SEP = "#claim#"
+STRATEGIES = ("auto", "tpe", "grid", "random")
+GATE_MODES = ("always", "improving", "off")
+
+
+@dataclass(frozen=True)
+class StudyKey:
+    """What one study tunes; `name` also carries the measurer and kernel hash so results
+    of different kernels or measurers never mix in one study."""
+
+    op: str
+    target: str
+    bucket: str
+    dtype: str
+    measurer: str
+    kernel_hash: str
+
+    @property
+    def name(self) -> str:
+        m = self.measurer.replace(" ", "")
+        return f"{self.op}/{self.target}/{self.bucket}/{self.dtype}@{m}:{self.kernel_hash[:8]}"
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Search settings. `gate='improving'` checks only configs that beat the current best
+    (the best is then always checked, slower configs are recorded unchecked)."""
+
+    strategy: str = "auto"
+    seed: int = 0
+    grid_threshold: int = GRID_THRESHOLD
+    gate: str = "always"
+    n_startup_trials: int | None = None
+    stale_after_s: float = 3600.0
+    dup_patience: int = 5
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy: expected one of {STRATEGIES}; got {self.strategy!r}")
+        if self.gate not in GATE_MODES:
+            raise ValueError(f"gate: expected one of {GATE_MODES}; got {self.gate!r}")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial as the tuner sees it."""
+
+    number: int
+    config: dict[str, Any] | None
+    outcome: str
+    latency_ns: float | None
+    rule: str | None = None
+    reason: str | None = None
+    duplicate_of: int | None = None
+    worker: str | None = None
+
+    @property
+    def evaluated(self) -> bool:
+        """True when this trial did the work itself (not a copy of another trial's result)."""
+        return self.outcome in FINAL_OUTCOMES and self.duplicate_of is None
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    """Summary of a study: counts, the best trial and the heuristic default's trial."""
+
+    name: str
+    space_size: int
+    records: tuple[TrialRecord, ...]
+    best: TrialRecord | None
+    heuristic: TrialRecord | None
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for r in self.records if r.evaluated and r.outcome == outcome)
+
+    @property
+    def distinct_done(self) -> int:
+        return len({json.dumps(r.config, sort_keys=True) for r in self.records if r.evaluated})
+
+    @property
+    def duplicates(self) -> int:
+        return sum(1 for r in self.records if r.duplicate_of is not None or r.outcome == BUSY)
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Grid(GridSampler):
+    """GridSampler without its `study.stop()` (the driver decides when to stop)."""
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        return None
+
+
+def record_of(t: FrozenTrial) -> TrialRecord:
+    """The `TrialRecord` of a stored trial."""
+    a = t.user_attrs
+    outcome = a.get("outcome") or ("running" if t.state == TrialState.RUNNING else "unknown")
+    config = json.loads(a["config"]) if "config" in a else None
+    return TrialRecord(
+        number=t.number,
+        config=config,
+        outcome=outcome,
+        latency_ns=a.get("latency_ns"),
+        rule=a.get("rule"),
+        reason=a.get("reason"),
+        duplicate_of=a.get("duplicate_of"),
+        worker=a.get("worker"),
+    )
+
+
+class Tuner:
+    """Tunes one op on one problem (a bucket's shapes and dtype) for one target."""
+
+    def __init__(
+        self,
+        tunable: Tunable,
+        problem: Any,
+        target: Target,
+        storage: BaseStorage,
+        measurer: Measurer,
+        gate: CorrectnessGate | None = None,
+        options: TuneOptions | None = None,
+        worker: int = 0,
+    ) -> None:
+        self.tunable = tunable
+        self.problem = problem
+        self.target = target
+        self.storage = storage
+        self.measurer = measurer
+        self.options = options or TuneOptions()
+        self.gate = gate if gate is not None or self.options.gate == "off" else CorrectnessGate()
+        self.worker = worker
+        self.space = SearchSpace(tunable.config_cls, problem, target)
+        self.key = StudyKey(
+            tunable.op,
+            target.name,
+            tunable.bucket_key(problem),
+            tunable.dtype(problem),
+            measurer.name,
+            tunable.source_hash(),
+        )
+        self._study: optuna.Study | None = None
+        self._rng = random.Random(self.options.seed * 1000 + worker)
+
+    # ----------------------------------------------------------------- study setup
+    @property
+    def strategy(self) -> str:
+        s = self.options.strategy
+        if s == "auto":
+            return "grid" if self.space.is_small(self.options.grid_threshold) else "tpe"
+        return s
+
+    def _sampler(self) -> BaseSampler:
+        seed = self.options.seed + self.worker
+        if self.strategy == "grid":
+            # one shared seed: every worker must see the same grid order
+            return _Grid(self.space.grid(), seed=self.options.seed)
+        if self.strategy == "random":
+            return RandomSampler(seed=seed)
+        startup = self.options.n_startup_trials
+        if startup is None:
+            startup = max(4, min(10, self.space.size // 25))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return TPESampler(
+                seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup
+            )
+
+    def study(self) -> optuna.Study:
+        """Create or load the study; enqueue the heuristic default into a new one."""
+        if self._study is not None:
+            return self._study
+        study = optuna.create_study(
+            storage=self.storage,
+            study_name=self.key.name,
+            direction="minimize",
+            sampler=self._sampler(),
+            load_if_exists=True,
+        )
+        heuristic = self.tunable.heuristic(self.problem, self.target)
+        if "op" not in study.user_attrs:
+            attrs = {
+                "op": self.key.op,
+                "target": self.key.target,
+                "bucket": self.key.bucket,
+                "dtype": self.key.dtype,
+                "measurer": self.key.measurer,
+                "kernel_hash": self.key.kernel_hash,
+                "problem": self.tunable.describe(self.problem),
+                "space": self.space.describe(),
+                "space_size": self.space.size,
+                "heuristic": heuristic.key(),
+            }
+            for k, v in attrs.items():
+                study.set_user_attr(k, v)
+        if not study.get_trials(deepcopy=False):
+            study.enqueue_trial(self.space.encode(heuristic), skip_if_exists=True)
+        self._study = study
+        return study
+
+    # ----------------------------------------------------------------- bookkeeping
+    def records(self) -> list[TrialRecord]:
+        return [record_of(t) for t in self.study().get_trials(deepcopy=False)]
+
+    def report(self) -> StudyReport:
+        """Counts, the best trial (outcome ok, lowest latency) and the heuristic's trial."""
+        study = self.study()
+        recs = tuple(self.records())
+        ok = [r for r in recs if r.outcome == OK and r.evaluated and r.latency_ns is not None]
+        best = min(ok, key=lambda r: (r.latency_ns, r.number), default=None)
+        hkey = study.user_attrs.get("heuristic")
+        heur = next(
+            (r for r in recs if r.evaluated and r.config is not None and _key(r.config) == hkey),
+            None,
+        )
+        return StudyReport(self.key.name, self.space.size, recs, best, heur)
+
+    def _final_trial_with(self, key: str) -> FrozenTrial | None:
+        for t in self.study().get_trials(deepcopy=False):
+            a = t.user_attrs
+            if (
+                t.state.is_finished()
+                and a.get("config") == key
+                and a.get("outcome") in FINAL_OUTCOMES
+            ):
+                return t
+        return None
+
+    def _stale(self, t: FrozenTrial) -> bool:
+        worker = t.user_attrs.get("worker")
+        started = t.user_attrs.get("started")
+        if worker is not None:
+            host, _, pid = worker.rpartition(":")
+            if host == socket.gethostname() and not _pid_alive(int(pid)):
+                return True
+        if started is None:
+            start = t.datetime_start.timestamp() if t.datetime_start else time.time()
+            return time.time() - start > 60.0
+        return time.time() - float(started) > self.options.stale_after_s
+
+    def _abandon(self, t: FrozenTrial) -> None:
+        try:
+            self.storage.set_trial_user_attr(t._trial_id, "outcome", ABANDONED)
+            self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except (UpdateFinishedTrialError, RuntimeError):
+            pass
+
+    def reap_stale(self) -> int:
+        """Mark RUNNING trials whose worker died as FAIL (abandoned); return how many."""
+        n = 0
+        for t in self.study().get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if self._stale(t):
+                self._abandon(t)
+                n += 1
+        return n
+
+    def _claim(self, key: str, number: int) -> FrozenTrial | None:
+        """Claim `key` for trial `number`; None if claimed, else the owner (or a running one)."""
+        study = self.study()
+        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+        for attempt in range(1000):
+            name = f"{study.study_name}{CLAIM_SEP}{digest}.{attempt}"
+            try:
+                sid = self.storage.create_new_study([StudyDirection.MINIMIZE], name)
+            except DuplicatedStudyError:
+                sid = self.storage.get_study_id_from_name(name)
+            else:
+                self.storage.set_study_user_attr(sid, "trial", number)
+                return None
+            owner_number = self.storage.get_study_user_attrs(sid).get("trial")
+            if owner_number is None:  # the winner has not written its trial number yet
+                return _RUNNING_STANDIN
+            tid = self.storage.get_trial_id_from_study_id_trial_number(
+                study._study_id, owner_number
+            )
+            owner = self.storage.get_trial(tid)
+            if owner.state == TrialState.RUNNING and self._stale(owner):
+                self._abandon(owner)
+                owner = self.storage.get_trial(tid)
+            if owner.state == TrialState.FAIL and owner.user_attrs.get("outcome") != ERROR:
+                continue  # the owner died or deferred: the next attempt is free to take
+            return owner
+        raise RuntimeError(f"could not claim config {key} after 1000 attempts")
+
+    # ----------------------------------------------------------------- one trial
+    def _finish(
+        self, trial: optuna.Trial, outcome: str, latency: float | None = None, **attrs: Any
+    ) -> TrialRecord:
+        study = self.study()
+        trial.set_user_attr("outcome", outcome)
+        if latency is not None:
+            trial.set_user_attr("latency_ns", latency)
+        for k, v in attrs.items():
+            if v is not None:
+                trial.set_user_attr(k, v)
+        if outcome == OK:
+            study.tell(trial, latency)
+        elif outcome in (INVALID, REJECTED):
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+        return record_of(study._storage.get_trial(trial._trial_id))
+
+    def _copy(self, trial: optuna.Trial, src: FrozenTrial) -> TrialRecord:
+        a = src.user_attrs
+        dup = a.get("duplicate_of", src.number)
+        return self._finish(
+            trial, a["outcome"], a.get("latency_ns"), rule=a.get("rule"),
+            reason=a.get("reason"), duplicate_of=dup,
+        )  # fmt: skip
+
+    def _best_latency(self) -> float | None:
+        best = self.report().best
+        return best.latency_ns if best else None
+
+    def evaluate(self, trial: optuna.Trial) -> TrialRecord:
+        """Run one asked trial to completion (see the module docstring)."""
+        config = self.space.suggest(trial)
+        key = config.key()
+        trial.set_user_attr("config", key)
+        trial.set_user_attr("worker", _worker_id())
+        trial.set_user_attr("started", time.time())
+        prior = self._final_trial_with(key)
+        if prior is not None:
+            return self._copy(trial, prior)
+        owner = self._claim(key, trial.number)
+        if owner is not None:
+            if owner.state.is_finished() and owner.user_attrs.get("outcome") in FINAL_OUTCOMES:
+                return self._copy(trial, owner)
+            dup = owner.number if owner.number >= 0 else None
+            return self._finish(trial, BUSY, duplicate_of=dup)
+        return self._measure(trial, config)
+
+    def _measure(self, trial: optuna.Trial, config: KernelConfig) -> TrialRecord:
+        try:
+            config.validate(self.problem, self.target)
+        except InvalidConfig as e:
+            return self._finish(trial, INVALID, rule="validate", reason=e.reason)
+        try:
+            m = self.measurer.measure(self.tunable, self.problem, config, self.target)
+        except InvalidConfig as e:
+            return self._finish(trial, INVALID, rule="validate", reason=e.reason)
+        except NkiValidationError as e:
+            return self._finish(trial, INVALID, rule=e.rule, reason=str(e))
+        except Exception as e:
+            return self._finish(trial, ERROR, reason=f"measure: {type(e).__name__}: {e}")
+        trial.set_user_attr("label", m.label)
+        gate_state = "off"
+        if self.gate is not None and self.options.gate != "off":
+            best = self._best_latency() if self.options.gate == "improving" else None
+            if best is not None and m.latency_ns > best:
+                gate_state = "skipped"
+            else:
+                try:
+                    res = self.gate.check(self.tunable, self.problem, config, self.target)
+                except InvalidConfig as e:
+                    return self._finish(trial, INVALID, rule="gate:validate", reason=e.reason)
+                except NkiValidationError as e:
+                    return self._finish(trial, INVALID, rule=f"gate:{e.rule}", reason=str(e))
+                except Exception as e:
+                    return self._finish(trial, ERROR, reason=f"gate: {type(e).__name__}: {e}")
+                if not res.ok:
+                    return self._finish(
+                        trial, REJECTED, m.latency_ns, rule="gate",
+                        reason=f"wrong output on {res.problem}: {res.reason}",
+                    )  # fmt: skip
+                gate_state = "passed"
+        return self._finish(trial, OK, m.latency_ns, gate=gate_state)
+
+    # ----------------------------------------------------------------- the loop
+    def run(
+        self,
+        n_trials: int | None = None,
+        timeout: float | None = None,
+        on_trial: Callable[[TrialRecord, Tuner], None] | None = None,
+    ) -> StudyReport:
+        """Evaluate configs until the study holds `n_trials` distinct finished configs
+        (default: the whole space), the space is exhausted, or `timeout` seconds pass."""
+        study = self.study()
+        self.reap_stale()
+        budget = self.space.size if n_trials is None else min(n_trials, self.space.size)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        dups = 0
+        while self.report().distinct_done < budget:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            if dups >= self.options.dup_patience:
+                self._enqueue_unseen()
+                dups = 0
+            trial = study.ask()
+            rec = self.evaluate(trial)
+            dups = dups + 1 if not rec.evaluated else 0
+            if on_trial is not None:
+                on_trial(rec, self)
+        return self.report()
+
+    def _enqueue_unseen(self) -> None:
+        """Queue a random config no trial has finished, so a converged sampler still
+        makes progress towards the budget."""
+        seen = {_key(r.config) for r in self.records() if r.evaluated and r.config}
+        unseen = [c for c in self.space.configs() if c.key() not in seen]
+        if unseen:
+            self.study().enqueue_trial(self.space.encode(self._rng.choice(unseen)))
+
+
+def _key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+# A stand-in owner for a claim whose winner has not recorded its trial number yet.
+_RUNNING_STANDIN = FrozenTrial(
+    number=-1,
+    state=TrialState.RUNNING,
+    value=None,
+    datetime_start=None,
+    datetime_complete=None,
+    params={},
+    distributions={},
+    user_attrs={},
+    system_attrs={},
+    intermediate_values={},
+    trial_id=-1,
+)
