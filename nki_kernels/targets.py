@@ -62,15 +62,51 @@ class Target:
     sbuf_access_cycles: int  # fixed cost of starting an SBUF/PSUM access. M
     gpsimd_startup_cycles: int  # GpSimd instruction start-up. M
     matmul_min_cycles: int  # MultiplyMoving floor: max(N, 64). H
-    semaphore_ns: float  # cross-engine semaphore signal latency. L
+    semaphore_ns: float  # cross-engine semaphore signal latency (assumed ~50 ns). L
 
     # --- DMA and HBM --------------------------------------------------------------------
     dma_engines: int  # 16 queues per core. H
     dma_engine_bytes_per_ns: float  # achieved per-engine rate. M
     dma_fixed_ns: float  # trigger-to-start of a DMA (~1.3 us). M
     dma_dge_ns: float  # per hardware-DGE instruction (trn2+, ~600 ns). M
-    dma_descriptor_min_ns: float  # each descriptor costs at least ~100 ns. L
+    # Each descriptor (contiguous piece) costs max(bytes / engine rate, this floor); with
+    # ~100 ns the trn2 efficiency-vs-size curve is reproduced within a few points. L
+    dma_descriptor_min_ns: float
     hbm_bytes_per_ns: float  # HBM bandwidth per core (chip / cores). M
+
+    # --- cost-model details (defaults shared by every generation unless a target says) -----
+    # Each DMA engine serves 8 SBUF partitions (engine e <-> partitions 8e..8e+7), so a
+    # transfer over fewer partitions uses fewer engines (nki-dma-overview). H
+    dma_partitions_per_engine: int = 8
+    # Largest contiguous piece one descriptor moves when a DRAM->DRAM copy is split over
+    # the engines (assumed). L
+    dma_max_descriptor_bytes: int = 64 * KIB
+    # Hardware descriptor-generation blocks per core; each hwdge DMA occupies one for
+    # dma_dge_ns (nki-dge: "Each TRN2 NeuronCore has two DGE instances"). H on trn2, L trn3
+    dge_instances: int = 2
+    # Software DGE: GpSimd generates the descriptors of an indirect/swdge DMA; assumed to
+    # cost about what the hardware block does. L
+    dma_swdge_gpsimd_ns: float = 600.0
+    # A descriptor's fixed cost and its data time overlap partly: the model combines them
+    # as a smooth maximum (floor^k + (bytes/rate)^k)^(1/k). k = 4 follows the knee of the
+    # published trn2 curve (81 % at 2 KiB, 97 % at 4 KiB); k -> inf is the plain max. L
+    dma_descriptor_blend: float = 4.0
+    # Per-opcode element-wise costs (HARDWARE.md "Instruction costs", NC-v2 statements
+    # assumed to carry over): (opcode, cycles per element, extra cycles). Opcodes absent
+    # here cost 1 cycle per element. H/M for the named ones, L for the rest.
+    elementwise_cycles: tuple[tuple[str, float, float], ...] = (
+        ("tensor_tensor", 2.0, 0.0),  # 2N; N with a PSUM input. H
+        ("scalar_tensor_tensor", 2.0, 0.0),  # two tensor inputs like tensor_tensor. L
+        ("tensor_tensor_scan", 2.0, 0.0),  # two tensor inputs. L
+        ("tensor_copy_predicated", 2.0, 0.0),  # data + predicate streams. L
+        ("range_select", 2.0, 0.0),  # L
+        ("select_reduce", 2.0, 0.0),  # L
+        ("reciprocal", 8.0, 0.0),  # VectorE reciprocal 8N. H
+        ("bn_aggr", 13.0 / 3.0, 0.0),  # ~13N/3. H
+        ("iota", 1.0, 150.0),  # GpSimd ~150 + N. H
+        ("affine_select", 1.0, 150.0),  # GpSimd ~150 + N. H
+    )
+    activation_reduce_cycles: int = 64  # activation with a reduction adds ~64. H (NC-v2)
 
     @property
     def sbuf_usable_bytes(self) -> int:
@@ -125,6 +161,7 @@ TRN1 = Target(
     dma_engine_bytes_per_ns=17.0,
     dma_fixed_ns=1300.0,
     dma_dge_ns=0.0,  # hardware DGE arrived with trn2. M
+    dge_instances=0,
     dma_descriptor_min_ns=100.0,
     hbm_bytes_per_ns=410.0,  # ~820 GB/s per chip / 2 cores. M
 )
@@ -162,7 +199,7 @@ TRN2 = Target(
     dma_engines=16,
     dma_engine_bytes_per_ns=23.0,  # measured: 32 KiB in 1,416 ns. M
     dma_fixed_ns=1300.0,
-    dma_dge_ns=600.0,
+    dma_dge_ns=600.0,  # "approximately 600 ns" per hwdge DMA instruction (nki-dge). H
     dma_descriptor_min_ns=100.0,
     hbm_bytes_per_ns=363.0,  # 2.9 TB/s / 8 cores. M
 )

@@ -1,0 +1,183 @@
+"""Instruction costs: how long one trace record keeps its engine busy, in nanoseconds.
+
+All figures come from the `Target` (nki_kernels/targets.py, with sources there); this
+module only turns them into per-instruction costs:
+
+- TensorE: the initiation interval of a MultiplyMoving, `max(N, 64)` cycles for N moving
+  columns (LoadStationary of the next weights runs in the background and, at <= M/4
+  cycles, always hides under the 64-cycle floor); fp32 operands 4x; transposes (identity
+  matmuls) `max(P, 64)` cycles with their own fp32 factor; fp8 `double_row` contracts 2K
+  rows in the same cycles, so it doubles the FLOPs per cycle rather than shortening one.
+- VectorE / ScalarE / GpSimd: `max(MIN_II, cycles_per_element * N / perf_mode) + extra`
+  cycles; N is elements per partition (fewer than 128 partitions cost the same). Perf
+  modes: bf16/fp16 SBUF copy and tensor_scalar (VectorE up to 4x on trn2+; ScalarE 2x on
+  trn3), all-bf16 tensor_tensor (VectorE 2x on trn2+), tensor_tensor with a PSUM input
+  N instead of 2N, bf16 add/max reductions N/2.
+- DMA: see `dma_plan`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..interp.trace import Instr
+from ..targets import Target
+
+# VectorE fast reductions: "tensor_reduce N (N/2 bf16 add/max)" (HARDWARE.md). H
+_FAST_REDUCE_OPS = frozenset({"add", "maximum", "max"})
+# all-bf16 tensor_tensor that the perf mode covers (HARDWARE.md). M
+_FAST_TT_OPS = frozenset({"add", "subtract", "multiply"})
+
+
+@lru_cache(maxsize=16)
+def _opcode_table(target: Target) -> dict[str, tuple[float, float]]:
+    return {op: (per, extra) for op, per, extra in target.elementwise_cycles}
+
+
+def engine_ghz(target: Target, engine: str) -> float:
+    """Clock of a compute engine in GHz (cycles per ns)."""
+    if engine == "tensor":
+        return target.tensor_ghz
+    if engine == "vector":
+        return target.vector_ghz
+    if engine == "scalar":
+        return target.scalar_ghz
+    if engine == "gpsimd":
+        return target.gpsimd_ghz
+    raise ValueError(f"engine: expected tensor/vector/scalar/gpsimd; got {engine!r}")
+
+
+def tensor_cycles(instr: Instr, target: Target) -> float:
+    """TensorE cycles of one matmul or transpose at full clock (before throttling)."""
+    a = instr.attrs
+    n = a.get("N", instr.n)
+    cycles = float(max(n, target.matmul_min_cycles))
+    if a.get("transpose"):
+        if a.get("fp32"):
+            cycles *= target.fp32_transpose_slowdown
+    elif a.get("fp32"):
+        cycles *= target.fp32_matmul_slowdown
+    return cycles
+
+
+def tensor_ideal_ns(instr: Instr, target: Target) -> float:
+    """Time the instruction's FLOPs need at the TensorE peak of its dtype (roofline term)."""
+    if not instr.flops:
+        return 0.0
+    peak = 2.0 * target.partitions * target.matmul_m_max * target.tensor_ghz
+    a = instr.attrs
+    if a.get("fp32"):
+        peak /= target.fp32_matmul_slowdown
+    elif a.get("double_row"):
+        peak *= target.fp8_matmul_speedup
+    return instr.flops / peak
+
+
+def hardware_flops(instr: Instr) -> int:
+    """FLOPs the PE array performs, transposes included (the HFU numerator)."""
+    a = instr.attrs
+    if instr.engine != "tensor":
+        return 0
+    if "K" in a and "M" in a and "N" in a:
+        return 2 * int(a["K"]) * int(a["M"]) * int(a["N"])
+    return instr.flops
+
+
+def elementwise_cycles(instr: Instr, target: Target) -> float:
+    """Busy cycles of a VectorE / ScalarE / GpSimd instruction on its own engine clock."""
+    op = instr.opcode
+    a = instr.attrs
+    eng = instr.engine
+    per, extra = _opcode_table(target).get(op, (1.0, 0.0))
+    n = float(instr.n)
+    if op == "tensor_tensor" or op == "scalar_tensor_tensor":
+        if a.get("psum_in"):
+            per = 1.0
+        elif a.get("fast") and eng == "vector" and a.get("op") in _FAST_TT_OPS:
+            per /= target.vector_bf16_tt_speedup
+    elif op in ("tensor_copy", "tensor_scalar"):
+        if a.get("fast") and not a.get("psum_in"):
+            if eng == "vector":
+                per /= target.vector_bf16_copy_speedup
+            elif eng == "scalar":
+                per /= target.scalar_bf16_speedup
+    elif op == "tensor_reduce":
+        if a.get("fast") and a.get("op") in _FAST_REDUCE_OPS:
+            per = 0.5
+    elif op == "activation" and a.get("reduce"):
+        extra += target.activation_reduce_cycles
+    if eng == "gpsimd":
+        extra = max(extra, float(target.gpsimd_startup_cycles))
+    return max(float(target.min_instr_cycles), per * n) + extra
+
+
+def compute_ns(instr: Instr, target: Target) -> float:
+    """Busy time of a compute-engine instruction (TensorE at full clock)."""
+    if instr.engine == "tensor":
+        return tensor_cycles(instr, target) / target.tensor_ghz
+    return elementwise_cycles(instr, target) / engine_ghz(target, instr.engine)
+
+
+@dataclass(frozen=True)
+class DmaPlan:
+    """How one DMA instruction occupies the DMA engines.
+
+    `engines` are the DMA engine indices it uses (those serving its SBUF partitions);
+    each is busy `per_engine_ns`. `dge` is 'hw' (a hardware DGE block for `dge_ns`),
+    'sw' (GpSimd generates descriptors for `dge_ns`) or '' (precomputed descriptors).
+    """
+
+    engines: range
+    per_engine_ns: float
+    descriptors: int
+    dge: str
+    dge_ns: float
+    hbm_bytes: int
+
+
+def descriptor_ns(nbytes: float, target: Target) -> float:
+    """One descriptor: a smooth max(bytes / engine rate, floor) -- the DMA efficiency curve."""
+    data = nbytes / target.dma_engine_bytes_per_ns
+    floor = target.dma_descriptor_min_ns
+    k = target.dma_descriptor_blend
+    if k == math.inf:
+        return max(data, floor)
+    big = max(data, floor)
+    return big * (1.0 + (min(data, floor) / big) ** k) ** (1.0 / k) if big else 0.0
+
+
+def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) -> DmaPlan:
+    """Spread a DMA over the engines that serve its partitions and price each share.
+
+    A transfer touching SBUF partitions [p0, p1) runs on engines p0 // 8 .. (p1 - 1) // 8
+    (8 partitions per engine), each moving its rows' descriptors; a DRAM -> DRAM copy
+    is cut into descriptors of at most `dma_max_descriptor_bytes` spread over all
+    engines. Every descriptor costs `descriptor_ns` of its engine.
+    """
+    a = instr.attrs
+    nbytes = instr.nbytes
+    desc = int(a.get("descriptors", 1)) or 1
+    dbytes = float(a.get("descriptor_bytes", nbytes / desc if desc else nbytes))
+    ppe = target.dma_partitions_per_engine
+    if chip_region is not None:
+        p0, p1 = chip_region[2], chip_region[3]
+        first = min(p0 // ppe, target.dma_engines - 1)
+        last = min((max(p1, p0 + 1) - 1) // ppe, target.dma_engines - 1)
+        engines = range(first, last + 1)
+    else:
+        cap = target.dma_max_descriptor_bytes
+        if dbytes > cap:
+            desc = max(desc, -(-nbytes // cap))
+            dbytes = nbytes / desc
+        engines = range(0, min(target.dma_engines, desc))
+    per_engine_desc = -(-desc // len(engines))
+    per_ns = per_engine_desc * descriptor_ns(dbytes, target)
+    mode = str(a.get("dge", "unknown"))
+    dge, dge_ns = "", 0.0
+    if a.get("indirect") or mode == "swdge":
+        dge, dge_ns = "sw", target.dma_swdge_gpsimd_ns
+    elif mode == "hwdge" and target.dge_instances > 0:
+        dge, dge_ns = "hw", target.dma_dge_ns
+    return DmaPlan(engines, per_ns, desc, dge, dge_ns, instr.hbm_read + instr.hbm_write)

@@ -1,0 +1,339 @@
+"""The timeline model: schedule a trace on one NeuronCore's engines.
+
+Each LNC program (physical core) has a TensorE, VectorE, ScalarE and GpSimd, 16 DMA
+engines, its DGE blocks and its share of HBM bandwidth. Every engine runs its
+instructions in trace (issue) order. An instruction starts when
+
+- its engine is free (in-order),
+- its inputs are written (read-after-write) and, for its outputs, earlier readers and
+  writers of the same bytes are done (write-after-read / write-after-write): on-chip
+  regions are physical addresses from the interpreter's allocator, so a reused buffer
+  carries the dependency that makes double buffering pay off;
+- a wait on another engine adds the semaphore latency; on VectorE / ScalarE / GpSimd a
+  read of what the previous instruction of the same engine wrote adds the
+  dependent-instruction overhead (pipeline drain plus a fresh SBUF access).
+
+A DMA is triggered in order on its queue once its dependencies are met, optionally
+waits for a descriptor generator (hardware DGE block, or GpSimd for software DGE), and
+then, `dma_fixed_ns` after the trigger, each engine serving its partitions moves its
+descriptors in order behind that engine's earlier work. HBM is a shared FIFO resource per
+core at `hbm_bytes_per_ns`, so the modeled time never beats the bandwidth bound.
+
+TensorE on trn2/trn3 is throttled: a cold engine runs at `throttle_start_fraction` of
+its clock and warms linearly to full speed over `throttle_ramp_ns` of busy time; it cools
+at the same rate while idle (assumed).
+
+Dependency tracking is per 64 B block of each partition's SBUF / PSUM (the allocation
+granule; partitions are not distinguished) and per 64 KiB block of each HBM tensor (HBM
+regions are view extents, so only read-after-write and write-after-read are enforced
+there; writes to HBM are not ordered against each other). Each instruction costs
+O(blocks it touches), so pricing is linear in the trace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
+from ..targets import Target, get_target
+from .costs import DmaPlan, compute_ns, dma_plan
+
+COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+_ENGINE_INDEX = {name: i for i, name in enumerate(COMPUTE_ENGINES)}
+ONCHIP_BLOCK_SHIFT = 6  # 64 B: the SBUF allocation granule
+HBM_BLOCK_SHIFT = 16  # 64 KiB
+
+
+@dataclass
+class DmaSegment:
+    """One DMA engine's share of one DMA instruction (recorded for the timeline picture)."""
+
+    program: int
+    queue: int
+    start: float
+    end: float
+    index: int
+
+
+@dataclass
+class Schedule:
+    """When every instruction ran, and how busy each resource was (all in ns)."""
+
+    target: Target
+    lnc: int
+    start: list[float]
+    end: list[float]
+    latency_ns: float
+    busy_ns: dict[str, float]
+    dma_queue_busy_ns: list[list[float]]
+    dge_busy_ns: float
+    hbm_busy_ns: list[float]
+    dma_segments: list[DmaSegment] = field(default_factory=list)
+
+
+class _Core:
+    """Engine clocks and dependency tables of one physical core."""
+
+    __slots__ = (
+        "busy",
+        "dge_free",
+        "dma_busy",
+        "dma_free",
+        "free",
+        "hbm_busy",
+        "hbm_free",
+        "last_writes",
+        "r",
+        "trigger",
+        "w",
+        "warm",
+    )
+
+    def __init__(self, target: Target) -> None:
+        self.free = [0.0, 0.0, 0.0, 0.0]
+        self.last_writes: list[tuple] = [(), (), (), ()]
+        self.busy = [0.0, 0.0, 0.0, 0.0]
+        self.dma_free = [0.0] * target.dma_engines
+        self.dma_busy = [0.0] * target.dma_engines
+        self.trigger: dict[str, float] = {}
+        self.dge_free = [0.0] * max(1, target.dge_instances)
+        self.hbm_free = 0.0
+        self.hbm_busy = 0.0
+        self.warm = target.throttle_ramp_ns if target.throttle_start_fraction >= 1.0 else 0.0
+        sbuf = (target.sbuf_bytes_per_partition >> ONCHIP_BLOCK_SHIFT) + 1
+        psum = (target.psum_banks * target.psum_bank_bytes >> ONCHIP_BLOCK_SHIFT) + 1
+        self.w = {SBUF: [0.0] * sbuf, PSUM: [0.0] * psum}
+        self.r = {SBUF: [0.0] * sbuf, PSUM: [0.0] * psum}
+
+
+def throttled_duration(work_ns: float, warm: float, start_frac: float, ramp_ns: float) -> float:
+    """Wall time to do `work_ns` of full-speed TensorE work starting `warm` ns into the ramp.
+
+    The speed grows linearly from `start_frac` at warm = 0 to 1 at warm = `ramp_ns`.
+    """
+    if start_frac >= 1.0 or warm >= ramp_ns:
+        return work_ns
+    k = (1.0 - start_frac) / ramp_ns
+    a = warm
+    ramp_work = start_frac * (ramp_ns - a) + 0.5 * k * (ramp_ns * ramp_ns - a * a)
+    if work_ns >= ramp_work:
+        return (ramp_ns - a) + (work_ns - ramp_work)
+    c = start_frac * a + 0.5 * k * a * a + work_ns
+    b = (-start_frac + math.sqrt(start_frac * start_frac + 2.0 * k * c)) / k
+    return b - a
+
+
+def _overlaps(reads: tuple, writes: tuple) -> bool:
+    for r in reads:
+        for w in writes:
+            if r[0] == w[0] and r[1] == w[1] and r[4] < w[5] and w[4] < r[5]:
+                return True
+    return False
+
+
+def _chip_region(instr: Instr) -> tuple | None:
+    for reg in instr.writes:
+        if reg[0] != HBM:
+            return reg
+    for reg in instr.reads:
+        if reg[0] != HBM:
+            return reg
+    return None
+
+
+def schedule(trace: Trace, target: Target | str | None = None, record: bool = False) -> Schedule:
+    """Place every instruction of `trace` on its engine; see the module docstring.
+
+    `record=True` also keeps each DMA engine's share of each DMA (for the Chrome trace).
+    """
+    tgt = get_target(target if target is not None else trace.target)
+    instrs = trace.instrs
+    count = len(instrs)
+    starts = [0.0] * count
+    ends = [0.0] * count
+    cores: list[_Core] = []
+    hbm_w: dict[int, list[float]] = {}
+    hbm_r: dict[int, list[float]] = {}
+    segments: list[DmaSegment] = []
+    sem = tgt.semaphore_ns
+    fixed = tgt.dma_fixed_ns
+    hbm_rate = tgt.hbm_bytes_per_ns
+    s0, ramp = tgt.throttle_start_fraction, tgt.throttle_ramp_ns
+    dep_ns = [
+        (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
+        for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
+    ]
+    sh, hsh = ONCHIP_BLOCK_SHIFT, HBM_BLOCK_SHIFT
+    dge_busy = 0.0
+    latency = 0.0
+
+    for idx in range(count):
+        ins = instrs[idx]
+        prog = ins.program
+        while prog >= len(cores):
+            cores.append(_Core(tgt))
+        core = cores[prog]
+        cw, cr = core.w, core.r
+
+        # ---- dependencies -------------------------------------------------------------
+        dep = 0.0
+        for reg in ins.reads:
+            space = reg[0]
+            if space == HBM:
+                wl = hbm_w.get(reg[1])
+                if wl is None:
+                    continue
+                b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
+            else:
+                wl = cw[space]
+                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+            if e - b == 1:
+                t = wl[b] if b < len(wl) else 0.0
+            else:
+                part = wl[b:e]
+                t = max(part) if part else 0.0
+            if t > dep:
+                dep = t
+        for reg in ins.writes:
+            space = reg[0]
+            if space == HBM:
+                rl = hbm_r.get(reg[1])
+                if rl is None:
+                    continue
+                part = rl[reg[4] >> hsh : ((reg[5] - 1) >> hsh) + 1]
+                t = max(part) if part else 0.0
+            else:
+                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+                if e <= b:
+                    continue
+                t = max(max(cw[space][b:e]), max(cr[space][b:e]))
+            if t > dep:
+                dep = t
+
+        # ---- execution ----------------------------------------------------------------
+        eng = ins.engine
+        if eng == "dma":
+            plan: DmaPlan = dma_plan(ins, _chip_region(ins), tgt)
+            queue = str(ins.attrs.get("queue", "sync"))
+            trig = core.trigger.get(queue, 0.0)
+            if dep > trig:
+                trig = dep
+            core.trigger[queue] = trig
+            ready = trig
+            if plan.dge == "hw":
+                slots = core.dge_free
+                i = min(range(len(slots)), key=slots.__getitem__)
+                s = slots[i] if slots[i] > ready else ready
+                slots[i] = s + plan.dge_ns
+                dge_busy += plan.dge_ns
+                ready = s + plan.dge_ns
+            elif plan.dge == "sw":
+                g = _ENGINE_INDEX["gpsimd"]
+                s = core.free[g] if core.free[g] > ready else ready
+                core.free[g] = s + plan.dge_ns
+                core.busy[g] += plan.dge_ns
+                ready = s + plan.dge_ns
+            t0 = ready + fixed
+            per = plan.per_engine_ns
+            first = math.inf
+            end = t0
+            dfree, dbusy = core.dma_free, core.dma_busy
+            for q in plan.engines:
+                s = dfree[q] if dfree[q] > t0 else t0
+                f = s + per
+                dfree[q] = f
+                dbusy[q] += per
+                if s < first:
+                    first = s
+                if f > end:
+                    end = f
+                if record:
+                    segments.append(DmaSegment(prog, q, s, f, idx))
+            if plan.hbm_bytes:
+                hs = core.hbm_free if core.hbm_free > first else first
+                dur = plan.hbm_bytes / hbm_rate
+                core.hbm_free = hs + dur
+                core.hbm_busy += dur
+                if hs + dur > end:
+                    end = hs + dur
+            start = first if first < math.inf else t0
+        else:
+            ei = _ENGINE_INDEX.get(eng)
+            if ei is None:  # an engine the model does not know (e.g. a sync barrier)
+                starts[idx] = ends[idx] = dep
+                continue
+            free = core.free[ei]
+            start = dep + sem if dep > free else free
+            if ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei]):
+                drained = free + dep_ns[ei]
+                if drained > start:
+                    start = drained
+            work = compute_ns(ins, tgt)
+            if ei == 0 and s0 < 1.0:
+                warm = core.warm - (start - free)
+                if warm < 0.0:
+                    warm = 0.0
+                dur = throttled_duration(work, warm, s0, ramp)
+                warm += dur
+                core.warm = warm if warm < ramp else ramp
+            else:
+                dur = work
+            end = start + dur
+            core.free[ei] = end
+            core.busy[ei] += dur
+            core.last_writes[ei] = ins.writes
+
+        starts[idx] = start
+        ends[idx] = end
+        if end > latency:
+            latency = end
+
+        # ---- publish the new reader / writer times -------------------------------------
+        for reg in ins.reads:
+            space = reg[0]
+            if space == HBM:
+                rl = hbm_r.get(reg[1])
+                if rl is None:
+                    rl = hbm_r[reg[1]] = []
+                b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
+                if len(rl) < e:
+                    rl.extend([0.0] * (e - len(rl)))
+            else:
+                rl = cr[space]
+                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+            part = rl[b:e]
+            if part and max(part) <= end:
+                rl[b:e] = [end] * (e - b)
+            else:
+                rl[b:e] = [x if x > end else end for x in part]
+        for reg in ins.writes:
+            space = reg[0]
+            if space == HBM:
+                wl = hbm_w.get(reg[1])
+                if wl is None:
+                    wl = hbm_w[reg[1]] = []
+                b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
+                if len(wl) < e:
+                    wl.extend([0.0] * (e - len(wl)))
+                part = wl[b:e]
+                wl[b:e] = [x if x > end else end for x in part]
+            else:
+                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+                if e > b:
+                    cw[space][b:e] = [end] * (e - b)
+
+    busy = {name: sum(c.busy[i] for c in cores) for i, name in enumerate(COMPUTE_ENGINES)}
+    busy["dma"] = sum(sum(c.dma_busy) for c in cores) / tgt.dma_engines
+    return Schedule(
+        target=tgt,
+        lnc=max(trace.lnc, len(cores)),
+        start=starts,
+        end=ends,
+        latency_ns=latency,
+        busy_ns=busy,
+        dma_queue_busy_ns=[list(c.dma_busy) for c in cores],
+        dge_busy_ns=dge_busy,
+        hbm_busy_ns=[c.hbm_busy for c in cores],
+        dma_segments=segments,
+    )
