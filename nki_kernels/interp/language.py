@@ -71,8 +71,8 @@ from .ops import (  # noqa: F401 - re-exported op tokens
     subtract,
     tanh,
 )
-from .ops import max_ as max  # noqa: A001
-from .ops import min_ as min  # noqa: A001
+from .ops import max_ as max  # noqa: F401 - nl.max token and reduction
+from .ops import min_ as min  # noqa: F401 - nl.min token and reduction
 from .state import current as _current
 from .tensor import (  # noqa: F401 - re-exported
     Buffer,
@@ -305,3 +305,17 @@ _ops.copy._call = _copy_call
 
 # ---- device loops (loops.py) ------------------------------------------------------------
 from .loops import dynamic_range, fori_loop, no_reorder, while_loop  # noqa: E402, F401
+
+# ---- the experimental nl compute layer (nl_compute.py; makes the op tokens callable) -----
+from .nl_compute import all_ as all  # noqa: E402, F401
+from .nl_compute import (  # noqa: E402, F401
+    logical_not,
+    matmul,
+    mean,
+    prod,
+    softmax,
+    transpose,
+    var,
+    where,
+)
+from .nl_compute import sum_ as sum  # noqa: E402, F401
