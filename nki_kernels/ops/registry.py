@@ -1,0 +1,194 @@
+"""`define_op`: define a `torch.ops.nki.<name>` custom op once, for every device.
+
+Every op of the library (norms, attention, MoE) is defined with this one helper, so its
+signature is written once -- as the type hints of its implementation -- and the schema,
+fake (shape) function, autograd formula and device kernels hang off that one definition::
+
+    from torch import Tensor
+    from nki_kernels.ops import define_op
+
+    def _fake(x, weight, eps):                       # shapes/dtypes only (FakeTensors)
+        return torch.empty_like(x)
+
+    def _setup(ctx, inputs, output):                 # save what backward needs
+        x, weight, eps = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+
+    def _backward(ctx, grad):                        # one gradient per input (None if none)
+        x, weight = ctx.saved_tensors
+        dx, dw = torch.ops.nki.rms_norm_bwd(grad, x, weight, ctx.eps)
+        return dx, dw, None
+
+    @define_op("rms_norm", fake=_fake, backward=_backward, setup_context=_setup,
+               validate=_check_args, examples=_examples)
+    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        \"\"\"y = x / sqrt(mean(x^2) + eps) * weight.\"\"\"
+        x2, n = pad_to_bucket(x.reshape(-1, x.shape[-1]))     # rows -> bucket
+        cfg, _ = default_store().lookup("rms_norm", target, problem, kernel_hash=...)
+        y = launch(rms_norm_kernel, x2, weight, eps, config=cfg)
+        return unpad(y, 0, n).reshape(x.shape)
+
+What `define_op` does:
+
+* schema: inferred by `torch.library.custom_op` from the implementation's type hints
+  (`Tensor`, `Tensor | None`, `float`, `int`, `bool`, `Sequence[...]`, tuples of tensors as
+  results); `mutates_args` names arguments written in place (none by default);
+* kernels: the implementation is registered for `cpu` and for PrivateUse1 (the `neuron`
+  device, real or emulated). It is device-agnostic because `runtime.launch` picks the
+  backend from the tensors' device (interpreter on CPU and on the emulated device,
+  TorchNeuron on a real device). `kernels={"cpu": f, "neuron": g}` overrides per device.
+  Any other device gets an error naming the supported ones;
+* `validate(*args)`: argument checks (raise ValueError/TypeError naming the argument),
+  run before the kernel *and* before the fake, so bad input fails the same way eagerly
+  and under `torch.compile`;
+* `fake(*args)`: output shapes/dtypes from FakeTensors (must not read data);
+* `backward` / `setup_context`: `torch.library.register_autograd` semantics. Without
+  them the op is not differentiable (backward through it raises);
+* `examples()`: small sample calls `[(args, kwargs), ...]` that the registry meta-test
+  runs through `torch.library.opcheck` -- every op must supply them.
+
+The op is `torch.ops.nki.<name>`; `define_op` returns an `NkiOp` (callable the same way)
+and records it in `registered_ops()`. Test-only ops may use any name; the library's ops
+live in `nki_kernels/ops/<family>.py`, imported by `nki_kernels.ops.load_all()`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+NAMESPACE = "nki"
+SUPPORTED_DEVICES = ("cpu", "neuron")
+
+Example = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class NkiOp:
+    """A registered op: its name, the torch op and the pieces it was defined from."""
+
+    name: str
+    custom_op: Any = field(repr=False)
+    impl: Callable[..., Any] = field(repr=False)
+    fake: Callable[..., Any] = field(repr=False)
+    examples: Callable[[], Iterable[Example]] | None = field(repr=False, default=None)
+    differentiable: bool = False
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    @property
+    def op(self) -> torch._ops.OpOverloadPacket:
+        """`torch.ops.nki.<name>`."""
+        return getattr(getattr(torch.ops, NAMESPACE), self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.op(*args, **kwargs)
+
+
+_REGISTRY: dict[str, NkiOp] = {}
+
+
+def registered_ops() -> dict[str, NkiOp]:
+    """Every op defined through `define_op` in this process, by name."""
+    return dict(_REGISTRY)
+
+
+def _privateuse1_device() -> str | None:
+    """The device-type string under which PrivateUse1 kernels register, if it is ours."""
+    name = torch._C._get_privateuse1_backend_name()
+    return name if name in ("privateuseone", "neuron") else None
+
+
+def _unsupported(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(impl)
+    def default(*args: Any, **kwargs: Any) -> Any:
+        devices = sorted(
+            {str(a.device) for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)}
+        )
+        raise RuntimeError(
+            f"torch.ops.{NAMESPACE}.{name}: expected tensors on one of "
+            f"{', '.join(SUPPORTED_DEVICES)}; got {', '.join(devices) or 'no tensors'}"
+        )
+
+    return default
+
+
+def _checked(validate: Callable[..., Any] | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if validate is None:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        validate(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return run
+
+
+def define_op(
+    name: str,
+    impl: Callable[..., Any] | None = None,
+    *,
+    fake: Callable[..., Any],
+    backward: Callable[..., Any] | None = None,
+    setup_context: Callable[..., Any] | None = None,
+    validate: Callable[..., Any] | None = None,
+    kernels: Mapping[str, Callable[..., Any]] | None = None,
+    mutates_args: Sequence[str] = (),
+    examples: Callable[[], Iterable[Example]] | None = None,
+) -> Any:
+    """Define `torch.ops.nki.<name>` from a type-hinted implementation (see module doc).
+
+    Usable directly, `define_op("x", impl, fake=...)`, or as a decorator,
+    `@define_op("x", fake=...)`. Returns the `NkiOp`.
+    """
+    if impl is None:
+        return functools.partial(
+            define_op,
+            name,
+            fake=fake,
+            backward=backward,
+            setup_context=setup_context,
+            validate=validate,
+            kernels=kernels,
+            mutates_args=mutates_args,
+            examples=examples,
+        )
+    if not name.isidentifier():
+        raise ValueError(f"name: expected a Python identifier; got {name!r}")
+    if name in _REGISTRY or hasattr(getattr(torch.ops, NAMESPACE), name):
+        raise ValueError(f"name: torch.ops.{NAMESPACE}.{name} is already defined")
+    if (backward is None) != (setup_context is None):
+        raise ValueError("backward and setup_context: expected both or neither")
+    overrides = dict(kernels or {})
+    unknown = set(overrides) - set(SUPPORTED_DEVICES)
+    if unknown:
+        raise ValueError(f"kernels: expected keys among {SUPPORTED_DEVICES}; got {sorted(unknown)}")
+
+    qualname = f"{NAMESPACE}::{name}"
+    # Inferred from `impl` itself so string annotations resolve in its module.
+    schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
+    op = torch.library.custom_op(
+        qualname, _unsupported(name, impl), mutates_args=tuple(mutates_args), schema=schema
+    )
+    op.register_kernel("cpu")(_checked(validate, overrides.get("cpu", impl)))
+    pu1 = _privateuse1_device()
+    if pu1 is not None:
+        op.register_kernel(pu1)(_checked(validate, overrides.get("neuron", impl)))
+    op.register_fake(_checked(validate, fake))
+    if backward is not None:
+        op.register_autograd(backward, setup_context=setup_context)
+
+    entry = NkiOp(name, op, impl, fake, examples, differentiable=backward is not None)
+    _REGISTRY[name] = entry
+    return entry
+
+
+__all__ = ["NAMESPACE", "SUPPORTED_DEVICES", "Example", "NkiOp", "define_op", "registered_ops"]
