@@ -124,7 +124,7 @@ def affine_select(
     off = int_arg(offset, "offset", instr)
     mult = int_arg(channel_multiplier, "channel_multiplier", instr)
     fill = float_arg(on_false_value, "on_false_value", instr)
-    emit(
+    ins = emit(
         "gpsimd",
         instr,
         (dst,),
@@ -135,7 +135,7 @@ def affine_select(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     idx = affine_values(pairs, off, mult, p)
     keep = o.fn(idx, np.int64(0)) != 0  # type: ignore[misc]
     if on_true_tile.dtype == dst.dtype:
@@ -144,7 +144,7 @@ def affine_select(
     else:
         out = np.where(keep, read_f32(on_true_tile).reshape(p, n), np.float32(fill))
     write(dst, out.reshape(dst.shape))
-    return None
+    return ins
 
 
 _PARTITION_REDUCE = {
@@ -190,9 +190,11 @@ def tensor_partition_reduce(
             f"dst {dst.dtype.name}",
         )
     p = data.shape[0]
-    emit("gpsimd", instr, (dst,), (data,), p, n, attrs={"op": o.name, "partitions": p}, name=name)
+    ins = emit(
+        "gpsimd", instr, (dst,), (data,), p, n, attrs={"op": o.name, "partitions": p}, name=name
+    )
     if current().trace_only:
-        return None
+        return ins
     fn = _PARTITION_REDUCE[o.name]
     if is_int:
         res: np.ndarray = fn.reduce(read(data).astype(np.int64).reshape(p, n), axis=0)
@@ -203,4 +205,4 @@ def tensor_partition_reduce(
         if o.name == "average":
             res = (res / np.float32(p)).astype(np.float32)
     write(dst, res.reshape(dst.shape))
-    return None
+    return ins

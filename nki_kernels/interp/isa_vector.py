@@ -75,13 +75,13 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
         raise fail(
             "BN_SIZE", f"{instr}: dst must hold 6 elements per partition; got {dst.free_size}"
         )
-    emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
+    ins = emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
     if current().trace_only:
-        return None
+        return ins
     x = read_f32(data).reshape(p, n)
     out = np.stack(_moments(x[:, 0::2]) + _moments(x[:, 1::2]), axis=1)
     write(dst, out.reshape(dst.shape))
-    return None
+    return ins
 
 
 @instruction
@@ -102,9 +102,9 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
         raise fail(
             "BN_SIZE", f"{instr}: dst must hold 2 elements per partition; got {dst.free_size}"
         )
-    emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
+    ins = emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
     if current().trace_only:
-        return None
+        return ins
     s = read_f32(data).reshape(p, n // 3, 3)
     count, mean, m2 = s[..., 0], s[..., 1], s[..., 2]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -113,7 +113,7 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
         dev = (count * np.square(mean - mu[:, None])).sum(axis=1, dtype=np.float32)
         var = (m2.sum(axis=1, dtype=np.float32) + dev) / total
     write(dst, np.stack([mu, var], axis=1).astype(np.float32).reshape(dst.shape))
-    return None
+    return ins
 
 
 # ---- top-k family -----------------------------------------------------------------
@@ -143,13 +143,13 @@ def max8(dst: NkiTensor, src: NkiTensor, name: str | None = None) -> Any:
     n = _topk_source(src, "src", instr)
     _eight(dst, "dst", instr)
     p = same_partitions(instr, dst=dst, src=src)
-    emit("vector", instr, (dst,), (src,), p, n, attrs={"psum_in": _psum_in(src)}, name=name)
+    ins = emit("vector", instr, (dst,), (src,), p, n, attrs={"psum_in": _psum_in(src)}, name=name)
     if current().trace_only:
-        return None
+        return ins
     x = read_f32(src).reshape(p, n)
     top = -np.sort(-x, axis=1)[:, :8]
     write(dst, top.reshape(dst.shape))
-    return None
+    return ins
 
 
 def _match(x: np.ndarray, vals: np.ndarray, order: range) -> tuple[np.ndarray, np.ndarray]:
@@ -193,12 +193,14 @@ def nc_find_index8(
     _eight(dst, "dst", instr)
     _index_dtype(dst, "dst", instr)
     p = same_partitions(instr, dst=dst, data=data, vals=vals)
-    emit("vector", instr, (dst,), (data, vals), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
+    ins = emit(
+        "vector", instr, (dst,), (data, vals), p, n, attrs={"psum_in": _psum_in(data)}, name=name
+    )
     if current().trace_only:
-        return None
+        return ins
     pos, _ = _match(read_f32(data).reshape(p, n), read_f32(vals).reshape(p, 8), range(8))
     write(dst, _indices(pos, dst.dtype).reshape(dst.shape))
-    return None
+    return ins
 
 
 @instruction
@@ -229,15 +231,17 @@ def nc_match_replace8(
         _index_dtype(dst_idx, "dst_idx", instr)
         same_partitions(instr, dst=dst, dst_idx=dst_idx)
         dsts = (dst, dst_idx)
-    emit("vector", instr, dsts, (data, vals), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
+    ins = emit(
+        "vector", instr, dsts, (data, vals), p, n, attrs={"psum_in": _psum_in(data)}, name=name
+    )
     if current().trace_only:
-        return None
+        return ins
     x = read_f32(data).reshape(p, n)
     pos, claimed = _match(x, read_f32(vals).reshape(p, 8), range(7, -1, -1))
     write(dst, np.where(claimed, np.float32(fill), x).reshape(dst.shape))
     if dst_idx is not None:
         write(dst_idx, _indices(pos, dst_idx.dtype).reshape(dst_idx.shape))
-    return None
+    return ins
 
 
 # ---- scan and predicated copy -------------------------------------------------------
@@ -277,7 +281,7 @@ def tensor_tensor_scan(
     n = same_free(instr, dst=dst, data0=data0, data1=data1)
     init = scalar_or_column(initial, p, "initial", instr)
     srcs = (data0, data1) + ((initial,) if isinstance(initial, NkiTensor) else ())
-    emit(
+    ins = emit(
         "vector",
         instr,
         (dst,),
@@ -288,7 +292,7 @@ def tensor_tensor_scan(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     a = read_f32(data0).reshape(p, n)
     b = read_f32(data1).reshape(p, n)
     r = np.broadcast_to(np.asarray(init, dtype=np.float32).reshape(-1), (p,)).copy()
@@ -297,11 +301,11 @@ def tensor_tensor_scan(
     assert f0 is not None and f1 is not None
     with np.errstate(all="ignore"):
         for i in range(n):
-            t = f0(r, a[:, i]) if reverse0 else f0(a[:, i], r)
-            r = np.asarray(f1(b[:, i], t) if reverse1 else f1(t, b[:, i]), dtype=np.float32)
+            v = f0(r, a[:, i]) if reverse0 else f0(a[:, i], r)
+            r = np.asarray(f1(b[:, i], v) if reverse1 else f1(v, b[:, i]), dtype=np.float32)
             out[:, i] = r
     write(dst, out.reshape(dst.shape))
-    return None
+    return ins
 
 
 _PREDICATE_DTYPES = (dt.uint8, dt.uint16, dt.uint32)
@@ -341,7 +345,7 @@ def tensor_copy_predicated(
         value = float_arg(src, "src", instr)
         p = same_partitions(instr, dst=dst, predicate=predicate)
         n = same_free(instr, dst=dst, predicate=predicate)
-    emit(
+    ins = emit(
         "vector",
         instr,
         (dst,),
@@ -352,7 +356,7 @@ def tensor_copy_predicated(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     take = read(predicate).reshape(dst.shape) != 0
     if reverse_pred:
         take = ~take
@@ -363,4 +367,4 @@ def tensor_copy_predicated(
     else:
         vals = np.full(dst.shape, value, dtype=np.float32)
     write(dst, vals, mask=take)
-    return None
+    return ins

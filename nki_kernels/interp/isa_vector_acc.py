@@ -158,7 +158,7 @@ def range_select(
     if not (-(2**24) <= start and start + n <= 2**24):
         raise fail("ARG", f"{instr}: range_start {start} + {n} indexes exceed the fp32-exact 2^24")
     dsts = (dst,) + ((reduce_res,) if reduce_res is not None else ())
-    emit(
+    ins = emit(
         "vector",
         instr,
         dsts,
@@ -169,7 +169,7 @@ def range_select(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     idx = (start + np.arange(n, dtype=np.int64)).astype(np.float32).reshape(1, n)
     b0 = read_f32(bound0).reshape(p, 1)
     b1 = read_f32(bound1).reshape(p, 1)
@@ -179,7 +179,7 @@ def range_select(
     write(dst, out.reshape(dst.shape))
     if reduce_res is not None:
         write(reduce_res, regs.reshape(reduce_res.shape))
-    return None
+    return ins
 
 
 _SELECT_PRED = (dt.int8, dt.uint8, dt.int16, dt.uint16)
@@ -225,7 +225,7 @@ def select_reduce(
         )
     srcs = (predicate, on_true) + ((on_false,) if isinstance(on_false, NkiTensor) else ())
     dsts = (dst,) + ((reduce_res,) if reduce_res is not None else ())
-    emit(
+    ins = emit(
         "vector",
         instr,
         dsts,
@@ -236,17 +236,18 @@ def select_reduce(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     take = read(predicate).reshape(p, n) != 0
     if reverse_pred:
         take = ~take
+    assert fill is not None
     alt = np.float32(fill) if isinstance(fill, float) else fill
     out = np.where(take, read_f32(on_true).reshape(p, n), alt).astype(np.float32)
     regs = accumulate(acc_lanes(on_true), cmd, "maximum", out)
     write(dst, out.reshape(dst.shape))
     if reduce_res is not None:
         write(reduce_res, regs.reshape(reduce_res.shape))
-    return None
+    return ins
 
 
 @instruction
@@ -302,7 +303,7 @@ def tensor_scalar_reduce(
     _reduce_res(reduce_res, p, instr)
     srcs = (data, *[x for x in (operand0, reduce_init) if isinstance(x, NkiTensor)])
     dsts = (dst,) + ((reduce_res,) if reduce_res is not None else ())
-    emit(
+    ins = emit(
         "vector",
         instr,
         dsts,
@@ -313,7 +314,7 @@ def tensor_scalar_reduce(
         name=name,
     )
     if current().trace_only:
-        return None
+        return ins
     x = read_f32(data).reshape(p, n)
     fn = o.fn
     assert fn is not None
@@ -326,7 +327,7 @@ def tensor_scalar_reduce(
     write(dst, y.reshape(dst.shape))
     if reduce_res is not None:
         write(reduce_res, (-regs if reduce_res_negate else regs).reshape(reduce_res.shape))
-    return None
+    return ins
 
 
 # Unary ops the VectorE ALU evaluates (other unary tokens are ScalarE activation functions).

@@ -98,7 +98,8 @@ def test_max8_descending_ragged_3d_and_bf16():
 
     def body(t, out, out16):
         nisa.max8(out[0:77, :], t[0:77, :, :])
-        nisa.max8(out16, t)
+        handle = nisa.max8(out16, t)
+        assert handle.opcode == "max8" and handle.depends_on() is handle
 
     res = run_tiles(body, [x], [((128, 8), nl.float32), ((128, 8), nl.bfloat16)])
     got, got16 = res.outputs
