@@ -118,6 +118,8 @@ def nc_matmul(
         raise fail("ARG", "nc_matmul: tile_position and tile_size must be given together")
     if tile_size:
         _check_tiling(tuple(tile_position), tuple(tile_size), target.nc_version)
+    exact_transpose = transpose and target.nc_version >= 3
+    _check_dtypes(stationary, moving, dst, exact_transpose)
     k = same_partitions(instr, stationary=stationary, moving=moving)
     m = stationary.free_size // (2 if double_row else 1)
     n = moving.free_size // (2 if double_row else 1)
@@ -127,7 +129,8 @@ def nc_matmul(
     m_max = tile_size[1] if tile_size else target.matmul_m_max
     if m > m_max:
         raise fail("MM_M", f"nc_matmul: stationary free size M={m} exceeds {m_max}")
-    n_max = target.matmul_n_max_bf16 if dst.dtype == dt.bfloat16 else target.matmul_n_max_fp32
+    bf16_dst = dst.dtype == dt.bfloat16 and not exact_transpose
+    n_max = target.matmul_n_max_bf16 if bf16_dst else target.matmul_n_max_fp32
     if n > n_max:
         raise fail("MM_N", f"nc_matmul: moving free size N={n} exceeds {n_max} on {target.name}")
     if dst.shape[0] != m or dst.free_size != n:
@@ -136,8 +139,6 @@ def nc_matmul(
             f"nc_matmul: dst {dst.shape} must be [M={m}, N={n}] for stationary {stationary.shape} "
             f"and moving {moving.shape}",
         )
-    exact_transpose = transpose and target.nc_version >= 3
-    _check_dtypes(stationary, moving, dst, exact_transpose)
     region = dst.region()
     bank = target.psum_bank_bytes
     if target.nc_version < 4 and region[4] // bank != (region[5] - 1) // bank:
@@ -173,7 +174,8 @@ def nc_matmul(
         return ins
     s = read_f32(stationary).reshape(kk, m)
     mv = read_f32(moving).reshape(kk, n)
-    prod = s.T @ mv
+    with np.errstate(all="ignore"):
+        prod = s.T @ mv
     _accumulate_psum(dst, prod.reshape(dst.shape), accumulate, launch)
     return ins
 
