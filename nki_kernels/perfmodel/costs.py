@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 from ..interp.trace import Instr
 from ..targets import Target
@@ -31,7 +30,6 @@ _FAST_REDUCE_OPS = frozenset({"add", "maximum", "max"})
 _FAST_TT_OPS = frozenset({"add", "subtract", "multiply"})
 
 
-@lru_cache(maxsize=16)
 def _opcode_table(target: Target) -> dict[str, tuple[float, float]]:
     return {op: (per, extra) for op, per, extra in target.elementwise_cycles}
 
@@ -85,12 +83,14 @@ def hardware_flops(instr: Instr) -> int:
     return instr.flops
 
 
-def elementwise_cycles(instr: Instr, target: Target) -> float:
+def elementwise_cycles(
+    instr: Instr, target: Target, table: dict[str, tuple[float, float]] | None = None
+) -> float:
     """Busy cycles of a VectorE / ScalarE / GpSimd instruction on its own engine clock."""
     op = instr.opcode
     a = instr.attrs
     eng = instr.engine
-    per, extra = _opcode_table(target).get(op, (1.0, 0.0))
+    per, extra = (table or _opcode_table(target)).get(op, (1.0, 0.0))
     n = float(instr.n)
     if op == "tensor_tensor" or op == "scalar_tensor_tensor":
         if a.get("psum_in"):
@@ -181,3 +181,56 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
     elif mode == "hwdge" and target.dge_instances > 0:
         dge, dge_ns = "hw", target.dma_dge_ns
     return DmaPlan(engines, per_ns, desc, dge, dge_ns, instr.hbm_read + instr.hbm_write)
+
+
+class Pricer:
+    """Memoized instruction costs for one target (traces repeat a few shapes many times)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._table = _opcode_table(target)
+        self._compute: dict[tuple, float] = {}
+        self._dma: dict[tuple, DmaPlan] = {}
+
+    def compute_ns(self, instr: Instr) -> float:
+        """`compute_ns` through a cache keyed by everything the cost reads."""
+        a = instr.attrs
+        key = (
+            instr.engine,
+            instr.opcode,
+            instr.n,
+            a.get("N"),
+            a.get("fp32"),
+            a.get("transpose"),
+            a.get("psum_in"),
+            a.get("fast"),
+            a.get("op"),
+            a.get("reduce"),
+        )
+        cost = self._compute.get(key)
+        if cost is None:
+            t = self.target
+            if instr.engine == "tensor":
+                cost = tensor_cycles(instr, t) / t.tensor_ghz
+            else:
+                cost = elementwise_cycles(instr, t, self._table) / engine_ghz(t, instr.engine)
+            self._compute[key] = cost
+        return cost
+
+    def dma_plan(self, instr: Instr, chip_region: tuple[int, ...] | None) -> DmaPlan:
+        """`dma_plan` through a cache keyed by everything the plan reads."""
+        a = instr.attrs
+        key = (
+            a.get("descriptors"),
+            a.get("descriptor_bytes"),
+            chip_region[2] if chip_region else -1,
+            chip_region[3] if chip_region else -1,
+            a.get("dge"),
+            a.get("indirect"),
+            instr.nbytes,
+            instr.hbm_read + instr.hbm_write,
+        )
+        plan = self._dma.get(key)
+        if plan is None:
+            plan = self._dma[key] = dma_plan(instr, chip_region, self.target)
+        return plan

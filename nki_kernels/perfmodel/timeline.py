@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
 from ..targets import Target, get_target
-from .costs import DmaPlan, compute_ns, dma_plan
+from .costs import DmaPlan, Pricer
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _ENGINE_INDEX = {name: i for i, name in enumerate(COMPUTE_ENGINES)}
@@ -103,8 +103,9 @@ class _Core:
         self.warm = target.throttle_ramp_ns if target.throttle_start_fraction >= 1.0 else 0.0
         sbuf = (target.sbuf_bytes_per_partition >> ONCHIP_BLOCK_SHIFT) + 1
         psum = (target.psum_banks * target.psum_bank_bytes >> ONCHIP_BLOCK_SHIFT) + 1
-        self.w = {SBUF: [0.0] * sbuf, PSUM: [0.0] * psum}
-        self.r = {SBUF: [0.0] * sbuf, PSUM: [0.0] * psum}
+        # indexed by trace space: SBUF = 0, PSUM = 1
+        self.w = [[0.0] * sbuf, [0.0] * psum]
+        self.r = [[0.0] * sbuf, [0.0] * psum]
 
 
 def throttled_duration(work_ns: float, warm: float, start_frac: float, ramp_ns: float) -> float:
@@ -167,6 +168,9 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
     sh, hsh = ONCHIP_BLOCK_SHIFT, HBM_BLOCK_SHIFT
     dge_busy = 0.0
     latency = 0.0
+    pricer = Pricer(tgt)
+    price_dma, price_compute = pricer.dma_plan, pricer.compute_ns
+    assert SBUF == 0 and PSUM == 1
 
     for idx in range(count):
         ins = instrs[idx]
@@ -214,7 +218,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
         # ---- execution ----------------------------------------------------------------
         eng = ins.engine
         if eng == "dma":
-            plan: DmaPlan = dma_plan(ins, _chip_region(ins), tgt)
+            plan: DmaPlan = price_dma(ins, _chip_region(ins))
             queue = str(ins.attrs.get("queue", "sync"))
             trig = core.trigger.get(queue, 0.0)
             if dep > trig:
@@ -269,7 +273,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                 drained = free + dep_ns[ei]
                 if drained > start:
                     start = drained
-            work = compute_ns(ins, tgt)
+            work = price_compute(ins)
             if ei == 0 and s0 < 1.0:
                 warm = core.warm - (start - free)
                 if warm < 0.0:

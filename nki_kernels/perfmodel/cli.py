@@ -1,0 +1,85 @@
+"""`nki-kernels estimate <kernel> --shape ... --target trn2 [--timeline out.json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from ..interp.errors import NkiValidationError
+from ..targets import get_target
+from . import registry
+from .api import trace_kernel
+from .chrome_trace import write_chrome_trace
+from .estimate import build_estimate
+from .summary import summary
+from .timeline import schedule
+
+HELP = "model a kernel's latency from its trace (cost model; no hardware)"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `estimate` subcommand to a dispatcher's subparsers."""
+    p = subparsers.add_parser("estimate", help=HELP, description=HELP)
+    configure(p)
+    return p
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Arguments of the `estimate` command."""
+    p.add_argument("kernel", nargs="?", help="registered kernel name (see --list)")
+    p.add_argument("--shape", help="sizes of the kernel's dims, e.g. 4096,8192,8192 or M=4096,...")
+    p.add_argument("--dtype", default=None, help="input dtype (default: the kernel's)")
+    p.add_argument("--target", default="trn2", help="trn1 | trn2 | trn3 (default trn2)")
+    p.add_argument("--lnc", type=int, default=1, help="logical core size, 1 or 2")
+    p.add_argument("--timeline", metavar="OUT.json", help="write a Chrome trace of the schedule")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--list", action="store_true", help="list the estimable kernels")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute the command; returns the process exit code."""
+    if args.list or not args.kernel:
+        for name in registry.names():
+            entry = registry.get(name)
+            dims = ",".join(f"{d}={s}" for d, s in zip(entry.dims, entry.default_shape))
+            print(f"{name:24s} --shape {dims:28s} {entry.description}")
+        return 0 if args.list else 2
+    try:
+        entry = registry.get(args.kernel)
+        tgt = get_target(args.target)
+        shape = (
+            registry.parse_shape(args.shape, entry.dims)
+            if args.shape
+            else dict(zip(entry.dims, entry.default_shape))
+        )
+        pos, kw = entry.args(shape, args.dtype)
+        trace = trace_kernel(entry.kernel, *pos, target=tgt, lnc=args.lnc, **kw)
+    except (KeyError, ValueError, TypeError, NkiValidationError) as exc:
+        print(f"nki-kernels estimate: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    sched = schedule(trace, tgt, record=bool(args.timeline))
+    est = build_estimate(trace, sched)
+    title = f"{entry.name} " + " ".join(f"{d}={s}" for d, s in shape.items())
+    if args.json:
+        print(json.dumps({"kernel": entry.name, "shape": shape, **est.to_dict()}, indent=2))
+    else:
+        print(summary(est, title))
+    if args.timeline:
+        path = write_chrome_trace(args.timeline, trace, sched, name=entry.name)
+        print(f"timeline written to {path} ({est.label})", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry: `python -m nki_kernels.perfmodel.cli ...`."""
+    p = argparse.ArgumentParser(prog="nki-kernels estimate", description=HELP)
+    configure(p)
+    args = p.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
