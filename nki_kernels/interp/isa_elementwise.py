@@ -357,8 +357,15 @@ def tensor_tensor(
     else:
         a, b = read_f32(data1), read_f32(data2)
     res = _binary(o, a.reshape(p, n), b.reshape(p, n))
-    write(dst, res.reshape(dst.shape))
+    write(dst, _bits(res, dst.dtype) if bitvec else res.reshape(dst.shape))
     return ins
+
+
+def _bits(res: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Bitvec results keep their low bits (wrap-around), they do not saturate."""
+    if not dt.is_int(dtype) or dtype == dt.bool_:
+        return res
+    return np.asarray(res).astype(np.int64).astype(dtype)
 
 
 def _scalar_operand(
@@ -468,7 +475,7 @@ def tensor_scalar(
         x = read_f32(data).reshape(p, n)
     y = _apply(o0, x, v0, bool(reverse0))
     y = _apply(o1, y, v1, bool(reverse1))
-    write(dst, y.reshape(dst.shape))
+    write(dst, _bits(y, dst.dtype).reshape(dst.shape) if bitvec else y.reshape(dst.shape))
     return ins
 
 
@@ -610,6 +617,8 @@ def tensor_reduce(
         return ins
     x = read(data).astype(np.int64) if bitvec else read_f32(data)
     r = reduce_values(o, x, axes)
+    if bitvec:
+        r = _bits(r, dst.dtype)
     if negate:
         r = -r
     write(dst, r.reshape(dst.shape))
