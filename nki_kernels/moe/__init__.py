@@ -1,0 +1,1 @@
+"""Mixture-of-Experts layer: NKI router, token grouping and blockwise expert MLP."""

@@ -1,0 +1,168 @@
+"""Token grouping: the block plan the blockwise expert kernels run from (host-side).
+
+The router gives every token k (expert, weight) assignments. The expert kernels want the
+assignments grouped by expert and cut into blocks of B token slots that all use one
+expert, so each block is one dense [B, H] x [H, 2I] problem. The plan holds:
+
+- slot positions s = b * B + c * 128 + p (block b, 128-token sub-tile c, partition p);
+  blocks are ordered by expert, each expert's assignments fill its blocks in token order
+  and its last block is padded to B;
+- `slot_token[b, p, c]` = the token in slot s, or T (out of range) for a padding slot:
+  the kernels' indirect gathers skip it (`oob_mode.skip` into a zeroed tile), so padding
+  rows are exact zeros and never reach an output;
+- `slot_weight[b, p, c]` = that assignment's routing weight (0 for padding);
+- `block_expert[b, 0]`, the expert of block b (0 for unused trailing blocks);
+- `block_count[0, 0]`, the number of blocks in use (the kernels' device-loop bound);
+- `token_slot[t, j]` = the slot of token t's j-th assignment, or NB * B when capacity
+  dropped it (the combine's gather skips it);
+- `num_blocks` = NB, a static worst case, so metadata shapes depend only on (T, k, E, B,
+  capacity), never on the routing: NB = min(T*k, floor((N + m(B-1)) / B)) with N the most
+  assignments that can be kept and m = min(E, N) the experts that can be non-empty (each
+  non-empty expert wastes at most B-1 padding slots). This never exceeds the usual bound
+  ceil(T*k / B) + E.
+- `static_blocks`: a lower bound on the blocks in use (ceil(N_min / B)); the kernels run
+  those as a static loop and the rest as a device loop up to `block_count`.
+
+What runs where, and why: the plan is integer bookkeeping on T*k small ints (a stable
+sort by expert, per-expert counts, a prefix sum over E), microseconds on the host and a
+few KiB to move, while NKI has no sort primitive and the work is negligible next to the
+expert matmuls. Everything that touches activations -- gathering token rows by index
+(indirect DMA), the expert MLP, and the weighted scatter-add back to tokens -- is NKI.
+
+Capacity order (documented contract, see reference.py): each expert keeps its first C
+assignments ranked by (choice rank j, token index t).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .reference import capacity as _capacity
+
+PARTITIONS = 128  # slots per block sub-tile: one token per SBUF partition
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The grouped routing of one batch (numpy arrays, shapes in the module docstring)."""
+
+    block_size: int
+    num_blocks: int
+    static_blocks: int
+    used_blocks: int
+    slot_token: np.ndarray  # [NB, 128, B/128] int32
+    slot_weight: np.ndarray  # [NB, 128, B/128] float32
+    block_expert: np.ndarray  # [NB, 1] int32
+    block_count: np.ndarray  # [1, 1] int32
+    token_slot: np.ndarray  # [T, k] int32
+    token_weight: np.ndarray  # [T, k] float32
+    expert_counts: np.ndarray  # [E] int64: kept assignments per expert
+    kept: np.ndarray  # [T, k] bool
+
+
+def kept_bounds(num_tokens: int, top_k: int, num_experts: int, cap: int | None) -> tuple[int, int]:
+    """(fewest, most) assignments that can survive the capacity for any routing."""
+    total = num_tokens * top_k
+    if cap is None:
+        return total, total
+    # fewest: every token picks the same k experts; most: perfectly balanced routing
+    return min(total, top_k * min(cap, num_tokens)), min(total, num_experts * cap)
+
+
+def max_blocks(
+    num_tokens: int, top_k: int, num_experts: int, block_size: int, cap: int | None = None
+) -> int:
+    """Static worst-case block count NB for any routing (see the module docstring)."""
+    _, most = kept_bounds(num_tokens, top_k, num_experts, cap)
+    nonempty = min(num_experts, most)
+    return max(1, min(most, (most + nonempty * (block_size - 1)) // block_size))
+
+
+def min_blocks(
+    num_tokens: int, top_k: int, num_experts: int, block_size: int, cap: int | None = None
+) -> int:
+    """Blocks in use for every routing: ceil(fewest kept assignments / B)."""
+    fewest, _ = kept_bounds(num_tokens, top_k, num_experts, cap)
+    return math.ceil(fewest / block_size)
+
+
+def plan_blocks(
+    ids: np.ndarray,
+    weights: np.ndarray,
+    num_experts: int,
+    block_size: int,
+    capacity_factor: float | None = None,
+) -> BlockPlan:
+    """Group the assignments (ids, weights: [T, k]) into blocks of `block_size` slots."""
+    if block_size % PARTITIONS or block_size <= 0:
+        raise ValueError(f"block_size: expected a positive multiple of 128; got {block_size}")
+    ids = np.asarray(ids, dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.float32)
+    t_count, k = ids.shape
+    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+        raise ValueError(
+            f"ids: expected expert ids in [0, {num_experts}); got {ids.min()}..{ids.max()}"
+        )
+    cap = None if capacity_factor is None else _capacity(t_count, num_experts, k, capacity_factor)
+    # priority (j, t): flatten column-major so a stable sort by expert keeps that order
+    flat_e = ids.T.reshape(-1)
+    order = np.argsort(flat_e, kind="stable")
+    sorted_e = flat_e[order]
+    starts = np.searchsorted(sorted_e, np.arange(num_experts))
+    rank = np.arange(order.size) - starts[sorted_e]  # position within the expert's queue
+    keep_sorted = rank < cap if cap is not None else np.ones(order.size, dtype=bool)
+    kept_flat = np.zeros(order.size, dtype=bool)
+    kept_flat[order[keep_sorted]] = True
+    kept = kept_flat.reshape(k, t_count).T
+
+    counts = np.bincount(ids[kept], minlength=num_experts).astype(np.int64)
+    blocks_per_expert = -(-counts // block_size)
+    used = int(blocks_per_expert.sum())
+    nb = max_blocks(t_count, k, num_experts, block_size, cap)
+    assert used <= nb, (used, nb)
+    ns = block_size // PARTITIONS
+
+    # place each expert's kept assignments in token order
+    tok_flat = np.tile(np.arange(t_count), k)  # column-major (j, t) flattening
+    kept_idx = np.nonzero(kept_flat)[0]
+    e_kept = flat_e[kept_idx]
+    t_kept = tok_flat[kept_idx]
+    place = np.lexsort((t_kept, e_kept))
+    e_sorted, t_sorted, src_sorted = e_kept[place], t_kept[place], kept_idx[place]
+    first_block = np.concatenate(([0], np.cumsum(blocks_per_expert)[:-1]))
+    e_start = np.searchsorted(e_sorted, np.arange(num_experts))
+    within = np.arange(e_sorted.size) - e_start[e_sorted]
+    slot = first_block[e_sorted] * block_size + within
+
+    slot_token_flat = np.full(nb * block_size, t_count, dtype=np.int32)
+    slot_weight_flat = np.zeros(nb * block_size, dtype=np.float32)
+    slot_token_flat[slot] = t_sorted
+    w_flat = weights.T.reshape(-1)
+    slot_weight_flat[slot] = w_flat[src_sorted]
+
+    token_slot = np.full(k * t_count, nb * block_size, dtype=np.int32)
+    token_slot[src_sorted] = slot
+    block_expert = np.zeros((nb, 1), dtype=np.int32)
+    block_expert[:used, 0] = np.repeat(np.arange(num_experts), blocks_per_expert)
+
+    def _blocked(a: np.ndarray) -> np.ndarray:
+        # slot s = b*B + c*128 + p  ->  [b, p, c]
+        return np.ascontiguousarray(a.reshape(nb, ns, PARTITIONS).transpose(0, 2, 1))
+
+    return BlockPlan(
+        block_size=block_size,
+        num_blocks=nb,
+        static_blocks=min_blocks(t_count, k, num_experts, block_size, cap),
+        used_blocks=used,
+        slot_token=_blocked(slot_token_flat),
+        slot_weight=_blocked(slot_weight_flat),
+        block_expert=block_expert,
+        block_count=np.array([[used]], dtype=np.int32),
+        token_slot=np.ascontiguousarray(token_slot.reshape(k, t_count).T),
+        token_weight=np.ascontiguousarray(weights),
+        expert_counts=counts,
+        kept=kept,
+    )
