@@ -1,0 +1,111 @@
+"""Memory accounting: SBUF bytes per partition and PSUM banks against the target, tile
+reuse when a tile dies, peak figures, and the physical regions in the trace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_kernels.interp import MemoryPlanError, NkiValidationError, nisa, nl, run
+from nki_kernels.interp.memory import SBUF_ALIGN
+from nki_kernels.targets import get_target
+
+KIB = 1024
+
+
+def _plan_error(rule, kernel, target="trn2"):
+    with pytest.raises(MemoryPlanError) as e:
+        run(kernel, target=target)
+    assert e.value.rule == rule and isinstance(e.value, NkiValidationError)
+    return str(e.value)
+
+
+def test_sbuf_overflow_reports_the_numbers():
+    usable = get_target("trn2").sbuf_usable_bytes
+
+    def kernel():
+        live = [nl.ndarray((128, 16 * KIB), nl.float32, buffer=nl.sbuf) for _ in range(3)]
+        assert len(live) == 3  # 192 KiB live
+        nl.ndarray((128, 4 * KIB), nl.float32, buffer=nl.sbuf)  # 16 KiB more: > usable
+
+    msg = _plan_error("SBUF_OVERFLOW", kernel)
+    assert f"of {usable} usable B per partition" in msg
+    assert "needs 16384 B per partition" in msg and "196608" in msg and "trn2" in msg
+
+
+def test_the_same_plan_fits_a_larger_target():
+    def kernel():
+        nl.ndarray((128, 216 * KIB // 2), nl.bfloat16, buffer=nl.sbuf)
+
+    _plan_error("SBUF_OVERFLOW", kernel, target="trn2")  # 216 KiB > 224 KiB - 16 KiB - 264
+    res = run(kernel, target="trn3")
+    assert res.peak_sbuf_bytes == 216 * KIB
+
+
+def test_psum_has_eight_two_kib_banks():
+    def kernel():
+        live = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(7)]
+        live.append(nl.ndarray((128, 100), nl.bfloat16, buffer=nl.psum))  # still a whole bank
+        nl.ndarray((1, 1), nl.float32, buffer=nl.psum)
+
+    msg = _plan_error("PSUM_OVERFLOW", kernel)
+    assert "needs 1 bank(s) of 2048 B but 8 of 8 banks are live" in msg
+
+
+def test_a_psum_tile_larger_than_psum_fails():
+    def kernel():
+        nl.ndarray((128, 4097), nl.float32, buffer=nl.psum)
+
+    assert "needs 9 bank(s)" in _plan_error("PSUM_OVERFLOW", kernel, target="trn3")
+
+
+def test_dead_tiles_give_their_space_back():
+    def kernel():
+        for _ in range(50):  # each iteration's tiles die when the names are rebound
+            a = nl.ndarray((128, 40 * KIB // 4), nl.float32, buffer=nl.sbuf)
+            ps = nl.ndarray((128, 2048), nl.float32, buffer=nl.psum)  # 4 banks
+        assert a.shape[0] == ps.shape[0]
+
+    res = run(kernel)
+    # two generations are live while a loop variable is rebound: double buffering
+    assert res.peak_sbuf_bytes == 2 * 40 * KIB
+    assert res.peak_psum_banks == 8
+
+
+def test_peaks_count_allocation_granules():
+    def kernel():
+        live = [
+            nl.ndarray((128, 100), nl.float32, buffer=nl.sbuf),  # 400 B -> 448 B
+            nl.ndarray((64, 1), nl.bfloat16, buffer=nl.sbuf),  # 2 B -> 64 B
+            nl.ndarray((8, 600), nl.float32, buffer=nl.psum),  # 2400 B -> 2 banks
+        ]
+        assert len(live) == 3
+
+    res = run(kernel)
+    assert SBUF_ALIGN == 64
+    assert res.peak_sbuf_bytes == 448 + 64
+    assert res.peak_psum_banks == 2
+
+
+def test_trace_regions_are_physical_and_reused_buffers_alias():
+    def kernel(x):
+        for _ in range(3):
+            t = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t[0:4, 8:16], src=x)
+
+    res = run(kernel, np.zeros((4, 8), np.float32))
+    writes = [i.writes[0] for i in res.trace]
+    # (space, 0, partition start, partition end, byte start, byte end): columns 8..15
+    assert writes[0][:4] == (0, 0, 0, 4) and writes[0][5] - writes[0][4] == 32
+    assert writes[1] != writes[0]  # the previous tile is still live while t is rebound
+    assert writes[2] == writes[0]  # ...then dies: its place is handed out again
+    reads = res.trace.instrs[0].reads[0]
+    assert reads[0] == 2 and reads[4:] == (0, 4 * 8 * 4)  # HBM byte range of x
+
+
+def test_hbm_allocations_do_not_count_against_sbuf():
+    def kernel():
+        nl.ndarray((100_000, 1024), nl.float32, buffer=nl.shared_hbm)
+
+    res = run(kernel, trace_only=True)
+    assert res.peak_sbuf_bytes == 0
