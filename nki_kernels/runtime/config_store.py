@@ -19,8 +19,8 @@ Lookup (`ConfigStore.lookup`), over the user directory first, then the shipped
 
 1. the exact key;
 2. the nearest compatible key: same field names and the same non-numeric values, the
-   smallest sum of |log2(a / b)| over numeric fields, and the config must pass
-   `validate(problem, target)`;
+   smallest sum of |log2(a / b)| over numeric fields (ties: the smaller problem), and the
+   config must pass `validate(problem, target)`;
 3. the heuristic default, `config_cls.heuristic(problem, target)`, with one
    `ConfigFallbackWarning` per (op, target).
 
@@ -128,6 +128,10 @@ def _parse_key(key: str) -> dict[str, int | float | str]:
                 continue
         out[name] = value
     return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
@@ -292,11 +296,14 @@ class ConfigStore:
         entries = self.entries(op, tgt)
         ranked = []
         for order, (k, entry, source) in enumerate(entries):
-            d = 0.0 if k == key else _distance(want, _parse_key(k))
+            parsed = _parse_key(k)
+            d = 0.0 if k == key else _distance(want, parsed)
             if d is not None:
-                ranked.append((d, k != key, k, order, entry, source))
-        # exact keys first (in search-dir order), then nearest compatible
-        for _, _, k, _, entry, source in sorted(ranked, key=lambda r: r[:4]):
+                sizes = tuple(float(parsed[n]) for n in sorted(parsed) if _is_number(parsed[n]))
+                ranked.append((d, k != key, sizes, order, k, entry, source))
+        # exact keys first (in search-dir order), then the nearest compatible ones; ties
+        # go to the smaller problem
+        for *_, k, entry, source in sorted(ranked, key=lambda r: r[:4]):
             hit = self._usable(op, tgt, k, entry, source, cls, problem, kernel_hash)
             if hit is not None:
                 return hit

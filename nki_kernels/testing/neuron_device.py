@@ -116,7 +116,12 @@ def install() -> bool:
 
     Returns True when the emulated device is active, False when a real neuron backend is
     present (TorchNeuron registered or importable) -- then nothing is changed. Raises
-    RuntimeError when PrivateUse1 already belongs to another backend.
+    RuntimeError when PrivateUse1 already belongs to another backend, or when autograd's
+    engine started before the device existed.
+
+    Call it before the first `.backward()` of the process (e.g. at the top of a
+    `conftest.py`): the autograd engine sizes its per-device queues once, when it first
+    runs, and a device registered later cannot take part in backward passes.
     """
     global _installed
     with _lock:
@@ -137,7 +142,23 @@ def install() -> bool:
         )
         _register_kernels()
         _installed = True
-        return True
+    _check_autograd_engine()
+    return True
+
+
+def _check_autograd_engine() -> None:
+    x = torch.ones(1, device=DEVICE_NAME, requires_grad=True)
+    try:
+        (x * 2).sum().backward()
+    except RuntimeError as e:
+        if "device_ready_queues_" not in str(e):
+            raise
+        raise RuntimeError(
+            "install(): the autograd engine started before the emulated neuron device was "
+            "registered, so backward passes on neuron tensors cannot run in this process; "
+            "call nki_kernels.testing.neuron_device.install() before the first backward "
+            "(for pytest: at import time of the root conftest.py)"
+        ) from None
 
 
 def live_storages() -> int:

@@ -12,10 +12,9 @@ import torch
 from nki_kernels.testing import neuron_device as nd
 
 
-@pytest.fixture(scope="module", autouse=True)
-def neuron() -> None:
-    if not nd.install():
-        pytest.skip("a real neuron backend is present; the emulated device is not installed")
+@pytest.fixture(autouse=True)
+def _emulated(neuron: str) -> None:
+    del neuron
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
