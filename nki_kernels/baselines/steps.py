@@ -47,7 +47,7 @@ def stream_rows(
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, cols), dtype=out_dtype, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, 4)
+    fc = _chunk_cols(cols, x.dtype.itemsize)
     for c0 in range(0, cols, fc):
         cs = min(fc, cols - c0)
         colt = None
@@ -56,44 +56,58 @@ def stream_rows(
             nisa.dma_copy(
                 dst=colt[:, 0:cs], src=col_vec[c0 : c0 + cs].reshape((1, cs)).broadcast(0, P)
             )
-        for r0 in range(0, rows, P):
+        # Software pipelining: the next row tile's loads are issued before this tile's
+        # compute and store, so DMA-in, compute and DMA-out of neighbouring tiles overlap.
+        row_starts = list(range(0, rows, P))
+        loaded = _load_row_tile(x, other, row_vec, row_starts[0], c0, cs, fc)
+        for ti, r0 in enumerate(row_starts):
             rs = min(P, rows - r0)
-            xt = nl.ndarray((P, fc), dtype=x.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=xt[0:rs, 0:cs], src=x[r0 : r0 + rs, c0 : c0 + cs])
+            xt, ot, rt = loaded
+            if ti + 1 < len(row_starts):
+                loaded = _load_row_tile(x, other, row_vec, row_starts[ti + 1], c0, cs, fc)
+            # The fused chain as passes split between ScalarE (row scale, unary
+            # functions) and VectorE (tile-tile ops), each pass one read and one write of
+            # the tile; the first reads the loaded tile, the last writes the output tile.
+            passes = [("scalar", None)] * (int(rt is not None) + n_scalar_ops)
+            passes += [("vector", ot)] if ot is not None else []
+            passes += [("vector", colt)] if colt is not None else []
+            passes += [("vector", None)] * n_vector_ops
             acc = nl.ndarray((P, fc), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=acc[0:rs, 0:cs], src=xt[0:rs, 0:cs])
-            if other is not None:
-                ot = nl.ndarray((P, fc), dtype=other.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=ot[0:rs, 0:cs], src=other[r0 : r0 + rs, c0 : c0 + cs])
-                nisa.tensor_tensor(
-                    dst=acc[0:rs, 0:cs], data1=acc[0:rs, 0:cs], data2=ot[0:rs, 0:cs], op=nl.add
-                )
-            if row_vec is not None:
-                rt = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=rt[0:rs, :], src=row_vec[r0 : r0 + rs, :])
-                nisa.tensor_scalar(
-                    dst=acc[0:rs, 0:cs],
-                    data=acc[0:rs, 0:cs],
-                    op0=nl.multiply,
-                    operand0=rt[0:rs, :],
-                )
-            if colt is not None:
-                nisa.tensor_tensor(
-                    dst=acc[0:rs, 0:cs],
-                    data1=acc[0:rs, 0:cs],
-                    data2=colt[0:rs, 0:cs],
-                    op=nl.multiply,
-                )
-            for _ in range(n_scalar_ops):
-                nisa.activation(dst=acc[0:rs, 0:cs], op=nl.copy, data=acc[0:rs, 0:cs])
-            for _ in range(n_vector_ops):
-                nisa.tensor_scalar(
-                    dst=acc[0:rs, 0:cs], data=acc[0:rs, 0:cs], op0=nl.multiply, operand0=1.0
-                )
             yt = nl.ndarray((P, fc), dtype=out_dtype, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=yt[0:rs, 0:cs], src=acc[0:rs, 0:cs])
+            src = xt[0:rs, 0:cs]
+            if not passes:
+                nisa.tensor_copy(dst=yt[0:rs, 0:cs], src=src)
+            for i, (eng, operand) in enumerate(passes):
+                dst = yt[0:rs, 0:cs] if i == len(passes) - 1 else acc[0:rs, 0:cs]
+                if eng == "scalar":
+                    scale = rt[0:rs, :] if (i == 0 and rt is not None) else 1.0
+                    nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
+                elif operand is not None:
+                    nisa.tensor_tensor(
+                        dst=dst, data1=src, data2=operand[0:rs, 0:cs], op=nl.multiply
+                    )
+                else:
+                    nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=1.0)
+                src = acc[0:rs, 0:cs]
             nisa.dma_copy(dst=out[r0 : r0 + rs, c0 : c0 + cs], src=yt[0:rs, 0:cs])
     return out
+
+
+def _load_row_tile(
+    x: Any, other: Any, row_vec: Any, r0: int, c0: int, cs: int, fc: int
+) -> tuple[Any, Any, Any]:
+    rows = x.shape[0]
+    rs = min(P, rows - r0)
+    xt = nl.ndarray((P, fc), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xt[0:rs, 0:cs], src=x[r0 : r0 + rs, c0 : c0 + cs])
+    ot = rt = None
+    if other is not None:
+        ot = nl.ndarray((P, fc), dtype=other.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ot[0:rs, 0:cs], src=other[r0 : r0 + rs, c0 : c0 + cs])
+    if row_vec is not None:
+        rt = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rt[0:rs, :], src=row_vec[r0 : r0 + rs, :])
+    return xt, ot, rt
 
 
 @nki.jit
@@ -105,7 +119,7 @@ def reduce_rows(x: Any, square: bool, n_outputs: int) -> Any:
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, n_outputs), dtype=nl.float32, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, 4)
+    fc = _chunk_cols(cols, x.dtype.itemsize)
     for r0 in range(0, rows, P):
         rs = min(P, rows - r0)
         stats = nl.ndarray((P, n_outputs), dtype=nl.float32, buffer=nl.sbuf)
@@ -138,7 +152,7 @@ def softmax_rows(x: Any, scale: float, out_dtype: Any) -> Any:
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, cols), dtype=out_dtype, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, 4)
+    fc = _chunk_cols(cols, x.dtype.itemsize)
     nch = (cols + fc - 1) // fc
     resident = cols * (x.dtype.itemsize + 4) <= 96 * 1024
     for r0 in range(0, rows, P):
@@ -224,54 +238,87 @@ def gather_rows(src: Any, index: Any) -> Any:
     return out
 
 
-# B blocks kept resident in SBUF for reuse across every 128-row output tile (bytes per
-# partition); the rest of SBUF double-buffers the A^T tiles and the outputs.
-RESIDENT_B_BYTES = 96 * 1024
+# Block sizes of the matmul step: 2 KiB rows for both operands' DMAs (~81% DMA
+# efficiency and up), 8 K-tiles per block so a block's operands double-buffer in 64 KiB
+# per partition, and 2 PSUM banks per output tile so PSUM double-buffers in 4 banks.
+MM_BLOCK_M = 1024
+MM_BLOCK_N = 1024
+MM_BLOCK_K_TILES = 8
+PSUM_BANK = 512
 
 
 @nki.jit
 def matmul_step(a_t: Any, b: Any, out_dtype: Any) -> Any:
     """A matmul step: out[m, n] = sum_k a_t[k, m] * b[k, n] (the compiler picks A's layout).
 
-    Loop nest: for each N block (as wide as fits `RESIDENT_B_BYTES`, a multiple of one
-    PSUM bank) load the whole B block once; for each 128-row M tile load its A^T column
-    and accumulate over K in PSUM banks; evacuate and store. A is re-read once per N
-    block, B once in all.
+    Loop nest (blocked on all three dims, ragged edges sliced): N block -> M block ->
+    K block (8 tiles of 128) -> 128-row M tile -> 512-column PSUM bank. Each K block's
+    partial product is accumulated in PSUM, then added into an fp32 SBUF result tile
+    (one per 128-row M tile of the block); the result is cast and stored once. A is read
+    once per N block and B once per M block, with 2 KiB rows.
     """
     k_dim, m_dim = a_t.shape
     _, n_dim = b.shape
     out = nl.ndarray((m_dim, n_dim), dtype=out_dtype, buffer=nl.shared_hbm)
     nk = (k_dim + P - 1) // P
-    bank = 512
-    isz = b.dtype.itemsize
-    nb = max(bank, (RESIDENT_B_BYTES // (nk * isz)) // bank * bank)
-    nb = min(nb, 4 * bank, (n_dim + bank - 1) // bank * bank)
-    for n0 in range(0, n_dim, nb):
-        ns = min(nb, n_dim - n0)
-        b_tiles = []
-        for ki in range(nk):
-            ks = min(P, k_dim - ki * P)
-            bt = nl.ndarray((P, nb), dtype=b.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=bt[0:ks, 0:ns], src=b[ki * P : ki * P + ks, n0 : n0 + ns])
-            b_tiles.append(bt)
-        for m0 in range(0, m_dim, P):
-            ms = min(P, m_dim - m0)
-            at = nl.ndarray((P, nk, P), dtype=a_t.dtype, buffer=nl.sbuf)
-            for ki in range(nk):
-                ks = min(P, k_dim - ki * P)
-                nisa.dma_copy(dst=at[0:ks, ki, 0:ms], src=a_t[ki * P : ki * P + ks, m0 : m0 + ms])
-            yt = nl.ndarray((P, nb), dtype=out_dtype, buffer=nl.sbuf)
-            for j0 in range(0, ns, bank):
-                js = min(bank, ns - j0)
-                acc = nl.ndarray((P, bank), dtype=nl.float32, buffer=nl.psum)
-                for ki in range(nk):
-                    ks = min(P, k_dim - ki * P)
-                    nisa.nc_matmul(
-                        dst=acc[0:ms, 0:js],
-                        stationary=at[0:ks, ki, 0:ms],
-                        moving=b_tiles[ki][0:ks, j0 : j0 + js],
-                        accumulate=ki > 0,
-                    )
-                nisa.tensor_copy(dst=yt[0:ms, j0 : j0 + js], src=acc[0:ms, 0:js])
-            nisa.dma_copy(dst=out[m0 : m0 + ms, n0 : n0 + ns], src=yt[0:ms, 0:ns])
+    kbt = MM_BLOCK_K_TILES
+    single_k_block = nk <= kbt
+    for n0 in range(0, n_dim, MM_BLOCK_N):
+        ns = min(MM_BLOCK_N, n_dim - n0)
+        for m0 in range(0, m_dim, MM_BLOCK_M):
+            ms = min(MM_BLOCK_M, m_dim - m0)
+            mtiles = (ms + P - 1) // P
+            res = []
+            if not single_k_block:
+                for _ in range(mtiles):
+                    r = nl.ndarray((P, MM_BLOCK_N), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.memset(dst=r[:, 0:ns], value=0.0)
+                    res.append(r)
+            for kb0 in range(0, nk, kbt):
+                kts = min(kbt, nk - kb0)
+                at = nl.ndarray((P, kbt, MM_BLOCK_M), dtype=a_t.dtype, buffer=nl.sbuf)
+                bt = nl.ndarray((P, kbt, MM_BLOCK_N), dtype=b.dtype, buffer=nl.sbuf)
+                for t in range(kts):
+                    k0 = (kb0 + t) * P
+                    ks = min(P, k_dim - k0)
+                    nisa.dma_copy(dst=at[0:ks, t, 0:ms], src=a_t[k0 : k0 + ks, m0 : m0 + ms])
+                    nisa.dma_copy(dst=bt[0:ks, t, 0:ns], src=b[k0 : k0 + ks, n0 : n0 + ns])
+                for mt in range(mtiles):
+                    mm0 = mt * P
+                    mms = min(P, ms - mm0)
+                    acc = nl.ndarray((P, MM_BLOCK_N), dtype=nl.float32, buffer=nl.psum)
+                    for j0 in range(0, ns, PSUM_BANK):
+                        js = min(PSUM_BANK, ns - j0)
+                        for t in range(kts):
+                            ks = min(P, k_dim - (kb0 + t) * P)
+                            nisa.nc_matmul(
+                                dst=acc[0:mms, j0 : j0 + js],
+                                stationary=at[0:ks, t, mm0 : mm0 + mms],
+                                moving=bt[0:ks, t, j0 : j0 + js],
+                                accumulate=t > 0,
+                            )
+                    if single_k_block:
+                        yt = nl.ndarray((P, MM_BLOCK_N), dtype=out_dtype, buffer=nl.sbuf)
+                        # alternate the PSUM evacuation between ScalarE and VectorE
+                        if mt % 2:
+                            nisa.activation(dst=yt[0:mms, 0:ns], op=nl.copy, data=acc[0:mms, 0:ns])
+                        else:
+                            nisa.tensor_copy(dst=yt[0:mms, 0:ns], src=acc[0:mms, 0:ns])
+                        nisa.dma_copy(
+                            dst=out[m0 + mm0 : m0 + mm0 + mms, n0 : n0 + ns], src=yt[0:mms, 0:ns]
+                        )
+                    else:
+                        r = res[mt]
+                        nisa.tensor_tensor(
+                            dst=r[0:mms, 0:ns],
+                            data1=r[0:mms, 0:ns],
+                            data2=acc[0:mms, 0:ns],
+                            op=nl.add,
+                        )
+            for mt, r in enumerate(res):
+                mm0 = mt * P
+                mms = min(P, ms - mm0)
+                yt = nl.ndarray((P, MM_BLOCK_N), dtype=out_dtype, buffer=nl.sbuf)
+                nisa.activation(dst=yt[0:mms, 0:ns], op=nl.copy, data=r[0:mms, 0:ns])
+                nisa.dma_copy(dst=out[m0 + mm0 : m0 + mm0 + mms, n0 : n0 + ns], src=yt[0:mms, 0:ns])
     return out
