@@ -29,12 +29,17 @@ from .tiling import (
     P,
     col_chunks,
     const_column,
+    issue_rows_load,
     load_row_vector,
     mul_by,
+    prefetch_start,
+    prefetch_take,
     programs,
     ring_alloc,
-    row_tiles,
-    tile_view,
+    row_segments,
+    rows_view,
+    stat_tile,
+    stat_view,
 )
 
 # --- schedule choices -------------------------------------------------------------------
@@ -75,7 +80,7 @@ def layer_norm_fwd(
     """
     assert scale_mode in LN_MODES, f"scale_mode must be one of {LN_MODES}; got {scale_mode}"
     assert stats in STATS_MODES, f"stats must be one of {STATS_MODES}; got {stats}"
-    assert rows_per_partition >= 1 and bufs >= 1
+    assert rows_per_partition >= 1 and bufs >= 2
     n, hdim = x.shape
     y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -89,133 +94,173 @@ def layer_norm_fwd(
         "mul_engine": mul_engine,
         "stats": stats,
     }
-    w_sb = load_row_vector(w, hdim) if w is not None else None
-    b_sb = load_row_vector(b, hdim) if b is not None else None
-    eps_sb = const_column(eps)
-    rings: dict[str, list[Any]] = {"x": [], "y": []}
     pid, nprog = programs()
-    for r0, rows, kk in row_tiles(n, rows_per_partition, pid, nprog):
-        _ln_tile(x, w_sb, b_sb, eps_sb, y, mean, rstd, r0, rows, kk, plan, rings)
+    segs = row_segments(n, rows_per_partition, pid, nprog)
+    chunks = col_chunks(hdim, c)
+    jobs = []
+    for seg in segs:
+        for t in seg["tiles"]:
+            if resident:
+                jobs.append((t, None))
+            else:
+                jobs.extend((t, ch) for _ in range(2) for ch in chunks)
+    ctx = {
+        "y": y,
+        "plan": plan,
+        "chunks": chunks,
+        "w_sb": load_row_vector(w, hdim) if w is not None else None,
+        "b_sb": load_row_vector(b, hdim) if b is not None else None,
+        "eps_sb": const_column(eps),
+        "rings": {"x": [], "y": []},
+        "loads": (("x", x),),
+    }
+    pf = prefetch_start(jobs, bufs - 1, issue_rows_load, ctx)
+    for seg in segs:
+        bufs_seg = (stat_tile(seg), stat_tile(seg))  # mean, rstd of the segment's rows
+        for t in seg["tiles"]:
+            if resident:
+                _ln_resident(ctx, t, prefetch_take(pf), bufs_seg)
+            else:
+                _ln_streaming(ctx, t, pf, bufs_seg)
+        rows, cols = seg["rows"], seg["cols"]
+        nisa.dma_copy(dst=stat_view(mean, seg), src=bufs_seg[0][0:rows, 0:cols])
+        nisa.dma_copy(dst=stat_view(rstd, seg), src=bufs_seg[1][0:rows, 0:cols])
     return y, mean, rstd
 
 
 # --- private helpers ---------------------------------------------------------------------
-def _ln_tile(
-    x: Any,
-    w_sb: Any,
-    b_sb: Any,
-    eps_sb: Any,
-    y: Any,
-    mean_out: Any,
-    rstd_out: Any,
-    r0: int,
-    rows: int,
-    kk: int,
-    plan: dict[str, Any],
-    rings: dict[str, list[Any]],
-) -> None:
-    hdim = x.shape[1]
-    chunks = col_chunks(hdim, plan["chunk"])
-    c_max, depth = plan["chunk"], plan["bufs"]
-    xv, yv = tile_view(x, r0, rows, kk), tile_view(y, r0, rows, kk)
-    x_res = ring_alloc(rings["x"], depth, (P, kk, hdim), x.dtype) if plan["resident"] else None
-    bn = plan["stats"] == STATS_BN
-    if bn:
+def _ln_resident(ctx: dict[str, Any], tile: Any, ld: dict[str, Any], sbufs: Any) -> None:
+    rows = tile[1]
+    acc = _stats_init(ctx, tile)
+    for ci, (c0, cw) in enumerate(ctx["chunks"]):
+        _stats_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], ci, acc)
+    cols = _finish_stats(ctx, tile, acc, sbufs)
+    for c0, cw in ctx["chunks"]:
+        _out_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], cols, c0)
+
+
+def _ln_streaming(ctx: dict[str, Any], tile: Any, pf: dict[str, Any], sbufs: Any) -> None:
+    rows = tile[1]
+    acc = _stats_init(ctx, tile)
+    for ci, (_, cw) in enumerate(ctx["chunks"]):
+        ld = prefetch_take(pf)
+        _stats_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], ci, acc)
+        ld = None  # release the chunk's buffer before the next take (double buffering)
+    cols = _finish_stats(ctx, tile, acc, sbufs)
+    for c0, cw in ctx["chunks"]:
+        ld = prefetch_take(pf)
+        _out_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], cols, c0)
+        ld = None
+
+
+def _stats_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:
+    """Per-tile accumulators: bn_stats records, or the shifted sums and the shift."""
+    kk = tile[2]
+    chunks = ctx["chunks"]
+    if ctx["plan"]["stats"] == STATS_BN:
         nsub = sum((cw + BN_FMAX - 1) // BN_FMAX for _, cw in chunks)
         st = nl.ndarray((P, kk, nsub * 6), dtype=nl.float32, buffer=nl.sbuf)
-    else:
-        nch = len(chunks)
-        s1 = nl.ndarray((P, kk, nch), dtype=nl.float32, buffer=nl.sbuf)
-        s2 = nl.ndarray((P, kk, nch), dtype=nl.float32, buffer=nl.sbuf)
-        negk = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+        return {"st": st, "sub": [0]}
+    nch = len(chunks)
+    return {
+        "s1": nl.ndarray((P, kk, nch), dtype=nl.float32, buffer=nl.sbuf),
+        "s2": nl.ndarray((P, kk, nch), dtype=nl.float32, buffer=nl.sbuf),
+        "negk": nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf),
+    }
 
-    # pass 1: per-chunk statistics
-    sub = 0
-    for ci, (c0, cw) in enumerate(chunks):
-        if x_res is not None:
-            xc = x_res[0:rows, :, c0 : c0 + cw]
-        else:
-            xt = ring_alloc(rings["x"], depth, (P, kk, c_max), x.dtype)
-            xc = xt[0:rows, :, 0:cw]
-        nisa.dma_copy(dst=xc, src=xv[:, :, c0 : c0 + cw])
-        if bn:
-            for j in range(kk):
-                for s0 in range(0, cw, BN_FMAX):
-                    sw = min(BN_FMAX, cw - s0)
-                    k0 = (sub + s0 // BN_FMAX) * 6
-                    nisa.bn_stats(dst=st[0:rows, j, k0 : k0 + 6], data=xc[:, j, s0 : s0 + sw])
-            sub += (cw + BN_FMAX - 1) // BN_FMAX
-            continue
-        if ci == 0:
-            nisa.tensor_scalar(
-                dst=negk[0:rows, :], data=xc[:, :, 0:1], op0=nl.multiply, operand0=-1.0
-            )
-        junk = nl.ndarray((P, c_max), dtype=nl.float32, buffer=nl.sbuf)
+
+def _stats_chunk(ctx: dict[str, Any], tile: Any, xc: Any, ci: int, acc: dict[str, Any]) -> None:
+    """Statistics of one column chunk `xc` ([rows, kk, cw]) into the tile's accumulators."""
+    rows, kk = tile[1], tile[2]
+    cw = xc.shape[2]
+    if "st" in acc:
+        sub = acc["sub"][0]
         for j in range(kk):
-            for acc, fn in ((s1, nl.copy), (s2, nl.square)):
-                nisa.activation(
-                    dst=junk[0:rows, 0:cw],
-                    op=fn,
-                    data=xc[:, j, :],
-                    bias=negk[0:rows, j : j + 1],
-                    reduce_op=nl.add,
-                    reduce_res=acc[0:rows, j, ci : ci + 1],
-                    reduce_cmd=nisa.reduce_cmd.reset_reduce,
+            for s0 in range(0, cw, BN_FMAX):
+                k0 = (sub + s0 // BN_FMAX) * 6
+                nisa.bn_stats(
+                    dst=acc["st"][0:rows, j, k0 : k0 + 6],
+                    data=xc[:, j, s0 : s0 + min(BN_FMAX, cw - s0)],
                 )
+        acc["sub"][0] = sub + (cw + BN_FMAX - 1) // BN_FMAX
+        return
+    negk = acc["negk"]
+    if ci == 0:
+        nisa.tensor_scalar(dst=negk[0:rows, :], data=xc[:, :, 0:1], op0=nl.multiply, operand0=-1.0)
+    junk = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+    for j in range(kk):
+        for key, fn in (("s1", nl.copy), ("s2", nl.square)):
+            nisa.activation(
+                dst=junk[0:rows, :],
+                op=fn,
+                data=xc[:, j, :],
+                bias=negk[0:rows, j : j + 1],
+                reduce_op=nl.add,
+                reduce_res=acc[key][0:rows, j, ci : ci + 1],
+                reduce_cmd=nisa.reduce_cmd.reset_reduce,
+            )
 
-    mean = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+
+def _finish_stats(
+    ctx: dict[str, Any], tile: Any, acc: dict[str, Any], sbufs: Any
+) -> tuple[Any, Any, Any]:
+    """mean, rstd (into the segment buffers) and -mean*rstd (for ScalarE), as [rows, kk]."""
+    rows, kk, off = tile[1], tile[2], tile[4]
+    hdim = ctx["y"].shape[1]
+    mean = sbufs[0][0:rows, off : off + kk]
+    rstd = sbufs[1][0:rows, off : off + kk]
     var = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
-    if bn:
+    if "st" in acc:
         mv = nl.ndarray((P, kk, 2), dtype=nl.float32, buffer=nl.sbuf)
         for j in range(kk):
-            nisa.bn_aggr(dst=mv[0:rows, j, :], data=st[0:rows, j, :])
-        nisa.tensor_copy(dst=mean[0:rows, :], src=mv[0:rows, :, 0:1])
+            nisa.bn_aggr(dst=mv[0:rows, j, :], data=acc["st"][0:rows, j, :])
+        nisa.tensor_copy(dst=mean, src=mv[0:rows, :, 0:1])
         nisa.tensor_scalar(
             dst=var[0:rows, :], data=mv[0:rows, :, 1:2], op0=nl.maximum, operand0=0.0
         )
     else:
-        _shifted_moments(s1, s2, negk, mean, var, rows, hdim)
-    rstd = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=rstd[0:rows, :], op=nl.rsqrt, data=var[0:rows, :], bias=eps_sb[0:rows, :])
-    n_rows = rows * kk
-    nisa.dma_copy(dst=mean_out[r0 : r0 + n_rows].reshape((rows, kk)), src=mean[0:rows, :])
-    nisa.dma_copy(dst=rstd_out[r0 : r0 + n_rows].reshape((rows, kk)), src=rstd[0:rows, :])
+        _shifted_moments(acc["s1"], acc["s2"], acc["negk"], mean, var, rows, hdim)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=var[0:rows, :], bias=ctx["eps_sb"][0:rows, :])
     nmr = None
-    if plan["scale_mode"] == LN_SCALAR:
-        nmr = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)  # -mean * rstd
+    if ctx["plan"]["scale_mode"] == LN_SCALAR:
+        nmr = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
         nisa.scalar_tensor_tensor(
             dst=nmr[0:rows, :],
-            data=mean[0:rows, :],
+            data=mean,
             op0=nl.multiply,
             operand0=-1.0,
             op1=nl.multiply,
-            operand1=rstd[0:rows, :],
+            operand1=rstd,
         )
+        nmr = nmr[0:rows, :]
+    return mean, rstd, nmr
 
-    # pass 2: y = (x - mean) * rstd * w + b
-    for c0, cw in chunks:
-        if x_res is not None:
-            xc = x_res[0:rows, :, c0 : c0 + cw]
-        else:
-            xt = ring_alloc(rings["x"], depth, (P, kk, c_max), x.dtype)
-            xc = xt[0:rows, :, 0:cw]
-            nisa.dma_copy(dst=xc, src=xv[:, :, c0 : c0 + cw])
-        yt = ring_alloc(rings["y"], depth, (P, kk, c_max), y.dtype)
-        wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
-        bc = b_sb[0:rows, c0 : c0 + cw] if b_sb is not None else None
-        for j in range(kk):
-            cols = (
-                mean[0:rows, j : j + 1],
-                rstd[0:rows, j : j + 1],
-                nmr[0:rows, j : j + 1] if nmr is not None else None,
-            )
-            _affine(yt[0:rows, j, 0:cw], xc[:, j, :], cols, wc, bc, plan)
-        nisa.dma_copy(dst=yv[:, :, c0 : c0 + cw], src=yt[0:rows, :, 0:cw])
+
+def _out_chunk(
+    ctx: dict[str, Any], tile: Any, xc: Any, cols: tuple[Any, Any, Any], c0: int
+) -> None:
+    """y = (xc - mean) * rstd * w + b for one column chunk, then its store."""
+    rows, kk = tile[1], tile[2]
+    cw = xc.shape[2]
+    plan, y = ctx["plan"], ctx["y"]
+    yt = ring_alloc(ctx["rings"]["y"], plan["bufs"], (P, kk, plan["chunk"]), y.dtype)
+    w_sb, b_sb = ctx["w_sb"], ctx["b_sb"]
+    wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
+    bc = b_sb[0:rows, c0 : c0 + cw] if b_sb is not None else None
+    mean, rstd, nmr = cols
+    for j in range(kk):
+        jcols = (
+            mean[:, j : j + 1],
+            rstd[:, j : j + 1],
+            nmr[:, j : j + 1] if nmr is not None else None,
+        )
+        _affine(yt[0:rows, j, 0:cw], xc[:, j, :], jcols, wc, bc, plan)
+    nisa.dma_copy(dst=rows_view(y, tile)[:, :, c0 : c0 + cw], src=yt[0:rows, :, 0:cw])
 
 
 def _shifted_moments(
     s1: Any, s2: Any, negk: Any, mean: Any, var: Any, rows: int, hdim: int
-) -> None:
+) -> None:  # mean: a [rows, kk] view
     """mean = K + S1/H, var = max(S2/H - (S1/H)^2, 0) from per-chunk shifted sums."""
     kk = s1.shape[1]
     m1 = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
@@ -234,9 +279,7 @@ def _shifted_moments(
         operand1=sq[0:rows, :],
     )
     nisa.tensor_scalar(dst=var[0:rows, :], data=var[0:rows, :], op0=nl.maximum, operand0=0.0)
-    nisa.tensor_tensor(
-        dst=mean[0:rows, :], data1=m1[0:rows, :], data2=negk[0:rows, :], op=nl.subtract
-    )
+    nisa.tensor_tensor(dst=mean, data1=m1[0:rows, :], data2=negk[0:rows, :], op=nl.subtract)
 
 
 def _affine(

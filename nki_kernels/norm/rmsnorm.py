@@ -40,12 +40,17 @@ from .tiling import (
     P,
     col_chunks,
     const_column,
+    issue_rows_load,
     load_row_vector,
     mul_by,
+    prefetch_start,
+    prefetch_take,
     programs,
     ring_alloc,
-    row_tiles,
-    tile_view,
+    row_segments,
+    rows_view,
+    stat_tile,
+    stat_view,
 )
 
 # --- schedule choices (values of the config fields) ------------------------------------
@@ -150,97 +155,137 @@ def _plan(
 def _rms_rows(
     x: Any, res: Any, w: Any, y: Any, h_out: Any, rstd_out: Any, eps: float, plan: dict[str, Any]
 ) -> None:
-    """All row tiles of this program."""
+    """All row tiles of this program, their loads issued `bufs - 1` jobs ahead."""
     n, hdim = x.shape
     pid, nprog = programs()
-    w_sb = load_row_vector(w, hdim) if w is not None else None
-    eps_sb = const_column(eps)
-    rings: dict[str, list[Any]] = {"x": [], "res": [], "y": [], "tmp": []}
-    for r0, rows, kk in row_tiles(n, plan["k"], pid, nprog):
-        _rms_tile(x, res, w_sb, eps_sb, y, h_out, rstd_out, r0, rows, kk, plan, rings)
-
-
-def _rms_tile(
-    x: Any,
-    res: Any,
-    w_sb: Any,
-    eps_sb: Any,
-    y: Any,
-    h_out: Any,
-    rstd_out: Any,
-    r0: int,
-    rows: int,
-    kk: int,
-    plan: dict[str, Any],
-    rings: dict[str, list[Any]],
-) -> None:
-    hdim = x.shape[1]
+    segs = row_segments(n, plan["k"], pid, nprog)
     chunks = col_chunks(hdim, plan["chunk"])
-    nch = len(chunks)
-    c_max = plan["chunk"]
-    depth = plan["bufs"]
-    xv = tile_view(x, r0, rows, kk)
-    resv = tile_view(res, r0, rows, kk) if res is not None else None
-    hv = tile_view(h_out, r0, rows, kk) if h_out is not None else None
-    yv = tile_view(y, r0, rows, kk)
+    jobs = []
+    for seg in segs:
+        for t in seg["tiles"]:
+            if plan["resident"]:
+                jobs.append((t, None))
+            else:
+                jobs.extend((t, ch) for _ in range(2) for ch in chunks)
+    ctx = {
+        "x": x,
+        "res": res,
+        "y": y,
+        "h": h_out,
+        "plan": plan,
+        "chunks": chunks,
+        "w_sb": load_row_vector(w, hdim) if w is not None else None,
+        "eps_sb": const_column(eps),
+        "rings": {"x": [], "res": [], "y": [], "tmp": []},
+    }
+    ctx["loads"] = (("x", x), ("res", res))
+    pf = prefetch_start(jobs, plan["bufs"] - 1, issue_rows_load, ctx)
+    for seg in segs:
+        rbuf = stat_tile(seg)
+        for t in seg["tiles"]:
+            if plan["resident"]:
+                _rms_resident(ctx, t, prefetch_take(pf), rbuf)
+            else:
+                _rms_streaming(ctx, t, pf, rbuf)
+        nisa.dma_copy(dst=stat_view(rstd_out, seg), src=rbuf[0 : seg["rows"], 0 : seg["cols"]])
 
-    x_res = None
-    if plan["resident"]:
-        x_res = ring_alloc(rings["x"], depth, (P, kk, hdim), x.dtype)
-    ssum = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
-    part = ssum if nch == 1 else nl.ndarray((P, kk, nch), dtype=nl.float32, buffer=nl.sbuf)
 
-    # pass 1: load (and add the residual), per-chunk sums of squares
+def _rms_resident(ctx: dict[str, Any], tile: Any, ld: dict[str, Any], rbuf: Any) -> None:
+    """One row tile held in SBUF: statistics chunk by chunk, then the output chunks."""
+    rows, kk = tile[1], tile[2]
+    chunks = ctx["chunks"]
+    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
     for ci, (c0, cw) in enumerate(chunks):
-        if x_res is not None:
-            xc = x_res[0:rows, :, c0 : c0 + cw]
-        else:
-            xt = ring_alloc(rings["x"], depth, (P, kk, c_max), x.dtype)
-            xc = xt[0:rows, :, 0:cw]
-        nisa.dma_copy(dst=xc, src=xv[:, :, c0 : c0 + cw])
-        if resv is not None:
-            rt = ring_alloc(rings["res"], depth, (P, kk, c_max), res.dtype)
-            nisa.dma_copy(dst=rt[0:rows, :, 0:cw], src=resv[:, :, c0 : c0 + cw])
-            nisa.tensor_tensor(dst=xc, data1=xc, data2=rt[0:rows, :, 0:cw], op=nl.add)
-            nisa.dma_copy(dst=hv[:, :, c0 : c0 + cw], src=xc)
-        junk = nl.ndarray((P, c_max), dtype=x.dtype, buffer=nl.sbuf)
-        for j in range(kk):
-            dst_col = ssum[0:rows, j : j + 1] if nch == 1 else part[0:rows, j, ci : ci + 1]
-            nisa.activation(
-                dst=junk[0:rows, 0:cw],
-                op=nl.square,
-                data=xc[:, j, :],
-                reduce_op=nl.add,
-                reduce_res=dst_col,
-                reduce_cmd=nisa.reduce_cmd.reset_reduce,
-            )
-    if nch > 1:
-        nisa.tensor_reduce(dst=ssum[0:rows, :], op=nl.add, data=part[0:rows, :, :], axis=(2,))
+        rc = ld["res"][0:rows, :, c0 : c0 + cw] if "res" in ld else None
+        _stats_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], rc, c0, part, ci)
+    rstd = _finish_rstd(ctx, tile, part, rbuf)
+    for c0, cw in chunks:
+        _out_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], rstd, c0)
 
-    rstd = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+
+def _rms_streaming(ctx: dict[str, Any], tile: Any, pf: dict[str, Any], rbuf: Any) -> None:
+    """One row tile streamed twice: chunk statistics, then reload (re-add) and output."""
+    kk = tile[2]
+    chunks = ctx["chunks"]
+    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
+    for ci, (c0, cw) in enumerate(chunks):
+        _stream_stats(ctx, tile, prefetch_take(pf), c0, cw, part, ci)
+    rstd = _finish_rstd(ctx, tile, part, rbuf)
+    for c0, cw in chunks:
+        _stream_out(ctx, tile, prefetch_take(pf), c0, cw, rstd)
+
+
+def _stream_stats(
+    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], c0: int, cw: int, part: Any, ci: int
+) -> None:
+    rows = tile[1]
+    rc = ld["res"][0:rows, :, 0:cw] if "res" in ld else None
+    _stats_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], rc, c0, part, ci)
+
+
+def _stream_out(
+    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], c0: int, cw: int, rstd: Any
+) -> None:
+    rows = tile[1]
+    xc = ld["x"][0:rows, :, 0:cw]
+    if "res" in ld:  # h = x + residual again, bit-identical to the h stored in pass 1
+        nisa.tensor_tensor(dst=xc, data1=xc, data2=ld["res"][0:rows, :, 0:cw], op=nl.add)
+    _out_chunk(ctx, tile, xc, rstd, c0)
+
+
+def _stats_chunk(
+    ctx: dict[str, Any], tile: Any, xc: Any, rc: Any, c0: int, part: Any, ci: int
+) -> None:
+    """[fused: xc += rc, store h]; part[:, j, ci] = sum(xc[:, j, :]^2) per row group j."""
+    rows, kk = tile[1], tile[2]
+    cw = xc.shape[2]
+    if rc is not None:
+        nisa.tensor_tensor(dst=xc, data1=xc, data2=rc, op=nl.add)
+        hv = rows_view(ctx["h"], tile)
+        nisa.dma_copy(dst=hv[:, :, c0 : c0 + cw], src=xc)
+    junk = nl.ndarray((P, cw), dtype=xc.dtype, buffer=nl.sbuf)
+    for j in range(kk):
+        nisa.activation(
+            dst=junk[0:rows, :],
+            op=nl.square,
+            data=xc[:, j, :],
+            reduce_op=nl.add,
+            reduce_res=part[0:rows, j, ci : ci + 1],
+            reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        )
+
+
+def _finish_rstd(ctx: dict[str, Any], tile: Any, part: Any, rbuf: Any) -> Any:
+    """rstd = rsqrt(sum of the chunk sums / H + eps), written into the segment buffer."""
+    rows, kk, off = tile[1], tile[2], tile[4]
+    hdim = ctx["x"].shape[1]
+    ssum = part
+    if part.shape[2] > 1:
+        ssum = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=ssum[0:rows, :], op=nl.add, data=part[0:rows, :, :], axis=(2,))
+    rstd = rbuf[0:rows, off : off + kk]
     nisa.activation(
-        dst=rstd[0:rows, :],
+        dst=rstd,
         op=nl.rsqrt,
         data=ssum[0:rows, :],
-        bias=eps_sb[0:rows, :],
+        bias=ctx["eps_sb"][0:rows, :],
         scale=1.0 / hdim,
     )
-    nisa.dma_copy(dst=rstd_out[r0 : r0 + rows * kk].reshape((rows, kk)), src=rstd[0:rows, :])
+    return rstd
 
-    # pass 2: y = x * rstd * w, chunk by chunk
-    src2 = hv if hv is not None else xv
-    for c0, cw in chunks:
-        if x_res is not None:
-            xc = x_res[0:rows, :, c0 : c0 + cw]
-        else:
-            xt = ring_alloc(rings["x"], depth, (P, kk, c_max), x.dtype)
-            xc = xt[0:rows, :, 0:cw]
-            nisa.dma_copy(dst=xc, src=src2[:, :, c0 : c0 + cw])
-        yt = ring_alloc(rings["y"], depth, (P, kk, c_max), y.dtype)
-        wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
-        for j in range(kk):
-            scale_rows(yt[0:rows, j, 0:cw], xc[:, j, :], rstd[0:rows, j : j + 1], wc, plan, rings)
-        nisa.dma_copy(dst=yv[:, :, c0 : c0 + cw], src=yt[0:rows, :, 0:cw])
+
+def _out_chunk(ctx: dict[str, Any], tile: Any, xc: Any, rstd: Any, c0: int) -> None:
+    """y[tile, c0:c0+cw] = xc * rstd * w, then its store."""
+    rows, kk = tile[1], tile[2]
+    cw = xc.shape[2]
+    plan = ctx["plan"]
+    yt = ring_alloc(ctx["rings"]["y"], plan["bufs"], (P, kk, plan["chunk"]), ctx["y"].dtype)
+    w_sb = ctx["w_sb"]
+    wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
+    for j in range(kk):
+        scale_rows(yt[0:rows, j, 0:cw], xc[:, j, :], rstd[:, j : j + 1], wc, plan, ctx["rings"])
+    yv = rows_view(ctx["y"], tile)
+    nisa.dma_copy(dst=yv[:, :, c0 : c0 + cw], src=yt[0:rows, :, 0:cw])
 
 
 def scale_rows(

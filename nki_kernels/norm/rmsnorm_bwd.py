@@ -35,11 +35,16 @@ from .tiling import (
     colsum_add,
     colsum_init,
     colsum_store,
+    issue_rows_load,
     load_row_vector,
     mul_by,
+    prefetch_start,
+    prefetch_take,
     ring_alloc,
-    row_tiles,
-    tile_view,
+    row_segments,
+    rows_view,
+    stat_tile,
+    stat_view,
 )
 
 
@@ -58,7 +63,7 @@ def rms_norm_bwd(
     """RMSNorm backward: returns (dx [N, H] in x.dtype, dw [H] in w.dtype), or dx if w is None.
 
     dy, x: [N, H] in HBM; w: [H] or None; rstd: [N] fp32 from `rms_norm_fwd`. Schedule
-    arguments as in `rms_norm_fwd` (`mul_engine` runs the two tensor_tensor multiplies).
+    arguments as in `rms_norm_fwd` (`mul_engine` runs the tensor_tensor multiplies).
 
         for tile in row tiles:
             dxy = dy * x ; dw += colsum(dxy * rstd) ; s = rowsum(dxy * w)
@@ -67,151 +72,154 @@ def rms_norm_bwd(
     n, hdim = x.shape
     c = hdim if chunk <= 0 else min(chunk, hdim)
     assert c == hdim or c % P == 0, f"chunk must be a multiple of {P} or H; got {chunk}"
-    assert rows_per_partition >= 1 and bufs >= 1
+    assert rows_per_partition >= 1 and bufs >= 2
     dx = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     dw = nl.ndarray((hdim,), dtype=w.dtype, buffer=nl.shared_hbm) if w is not None else None
-    w_sb = load_row_vector(w, hdim) if w is not None else None
-    acc = colsum_init(hdim) if w is not None else None
     plan = {"chunk": c, "resident": resident, "bufs": bufs, "mul_engine": mul_engine}
-    rings: dict[str, list[Any]] = {"x": [], "dy": [], "dx": []}
-    for r0, rows, kk in row_tiles(n, rows_per_partition):
-        _bwd_tile(dy, x, w_sb, rstd, dx, acc, r0, rows, kk, plan, rings)
-    if acc is None:
+    ctx = {
+        "dx": dx,
+        "plan": plan,
+        "chunks": col_chunks(hdim, c),
+        "w_sb": load_row_vector(w, hdim) if w is not None else None,
+        "acc": colsum_init(hdim) if w is not None else None,
+        "rings": {"x": [], "dy": [], "dx": []},
+        "loads": (("x", x), ("dy", dy)),
+    }
+    segs = row_segments(n, rows_per_partition)
+    pf = prefetch_start(bwd_jobs(segs, ctx), bufs - 1, issue_rows_load, ctx)
+    for seg in segs:
+        rt = stat_tile(seg)
+        nisa.dma_copy(dst=rt[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(rstd, seg))
+        for t in seg["tiles"]:
+            if resident:
+                _bwd_resident(ctx, t, prefetch_take(pf), rt)
+            else:
+                _bwd_streaming(ctx, t, pf, rt)
+    if w is None:
         return dx
-    colsum_store(acc, dw)
+    colsum_store(ctx["acc"], dw)
     return dx, dw
 
 
 # --- private helpers ---------------------------------------------------------------------
-def _load_pair(
-    x: Any,
-    dy: Any,
-    xv: Any,
-    dyv: Any,
-    res: tuple[Any, Any] | None,
-    rows: int,
-    kk: int,
-    c0: int,
-    cw: int,
-    plan: dict[str, Any],
-    rings: dict[str, list[Any]],
-    load: bool,
-) -> tuple[Any, Any]:
-    """x and dy of one column chunk as [rows, kk, cw] SBUF views (DMA'd when `load`)."""
-    if res is not None:
-        xc, dyc = res[0][0:rows, :, c0 : c0 + cw], res[1][0:rows, :, c0 : c0 + cw]
-    else:
-        c_max = plan["chunk"]
-        xt = ring_alloc(rings["x"], plan["bufs"], (P, kk, c_max), x.dtype)
-        dyt = ring_alloc(rings["dy"], plan["bufs"], (P, kk, c_max), dy.dtype)
-        xc, dyc = xt[0:rows, :, 0:cw], dyt[0:rows, :, 0:cw]
-    if load:
-        nisa.dma_copy(dst=xc, src=xv[:, :, c0 : c0 + cw])
-        nisa.dma_copy(dst=dyc, src=dyv[:, :, c0 : c0 + cw])
-    return xc, dyc
+def bwd_jobs(segs: list[dict[str, Any]], ctx: dict[str, Any]) -> list[Any]:
+    """Load jobs in consumption order: whole tiles, or every chunk once per pass."""
+    jobs = []
+    for seg in segs:
+        for t in seg["tiles"]:
+            if ctx["plan"]["resident"]:
+                jobs.append((t, None))
+            else:
+                jobs.extend((t, ch) for _ in range(2) for ch in ctx["chunks"])
+    return jobs
 
 
-def _bwd_tile(
-    dy: Any,
-    x: Any,
-    w_sb: Any,
-    rstd: Any,
-    dx: Any,
-    acc: Any,
-    r0: int,
-    rows: int,
-    kk: int,
-    plan: dict[str, Any],
-    rings: dict[str, list[Any]],
-) -> None:
-    hdim = x.shape[1]
-    chunks = col_chunks(hdim, plan["chunk"])
-    nch = len(chunks)
-    c_max = plan["chunk"]
-    xv, dyv, dxv = (
-        tile_view(x, r0, rows, kk),
-        tile_view(dy, r0, rows, kk),
-        tile_view(dx, r0, rows, kk),
-    )
-
-    rt = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=rt[0:rows, :], src=rstd[r0 : r0 + rows * kk].reshape((rows, kk)))
-    res = None
-    if plan["resident"]:
-        res = (
-            ring_alloc(rings["x"], plan["bufs"], (P, kk, hdim), x.dtype),
-            ring_alloc(rings["dy"], plan["bufs"], (P, kk, hdim), dy.dtype),
-        )
-    s = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
-    part = s if nch == 1 else nl.ndarray((P, kk, nch), dtype=nl.float32, buffer=nl.sbuf)
-
-    # pass 1: weight-gradient terms, their column sums, and s = sum(dy * w * x) per row
+def _bwd_resident(ctx: dict[str, Any], tile: Any, ld: dict[str, Any], rt: Any) -> None:
+    rows, kk, off = tile[1], tile[2], tile[4]
+    chunks = ctx["chunks"]
+    rcol = rt[0:rows, off : off + kk]
+    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
     for ci, (c0, cw) in enumerate(chunks):
-        xc, dyc = _load_pair(x, dy, xv, dyv, res, rows, kk, c0, cw, plan, rings, True)
-        for j in range(kk):
-            dxy = nl.ndarray((P, c_max), dtype=nl.float32, buffer=nl.sbuf)
-            mul_by(dxy[0:rows, 0:cw], dyc[:, j, :], xc[:, j, :], plan["mul_engine"])
-            red = dxy
-            if w_sb is not None:
-                colsum_add(acc, dxy[0:rows, 0:cw], c0, rt[0:rows, j : j + 1])
-                red = nl.ndarray((P, c_max), dtype=nl.float32, buffer=nl.sbuf)
-                mul_by(
-                    red[0:rows, 0:cw],
-                    dxy[0:rows, 0:cw],
-                    w_sb[0:rows, c0 : c0 + cw],
-                    plan["mul_engine"],
-                )
-            dst_col = s[0:rows, j : j + 1] if nch == 1 else part[0:rows, j, ci : ci + 1]
-            nisa.activation(
-                dst=red[0:rows, 0:cw],
-                op=nl.copy,
-                data=red[0:rows, 0:cw],
-                reduce_op=nl.add,
-                reduce_res=dst_col,
-                reduce_cmd=nisa.reduce_cmd.reset_reduce,
-            )
-    if nch > 1:
-        nisa.tensor_reduce(dst=s[0:rows, :], op=nl.add, data=part[0:rows, :, :], axis=(2,))
+        xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
+        _pass1_chunk(ctx, tile, xc, dyc, c0, rcol, part, ci)
+    coef = _coef(ctx, tile, part, rcol)
+    for c0, cw in chunks:
+        xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
+        _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coef)
 
-    # coef = -rstd^3 * s / H
+
+def _bwd_streaming(ctx: dict[str, Any], tile: Any, pf: dict[str, Any], rt: Any) -> None:
+    rows, kk, off = tile[1], tile[2], tile[4]
+    chunks = ctx["chunks"]
+    rcol = rt[0:rows, off : off + kk]
+    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
+    for ci, (c0, cw) in enumerate(chunks):
+        ld = prefetch_take(pf)
+        _pass1_chunk(
+            ctx, tile, ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw], c0, rcol, part, ci
+        )
+        ld = None  # release the chunk's buffers before the next take (double buffering)
+    coef = _coef(ctx, tile, part, rcol)
+    for c0, cw in chunks:
+        ld = prefetch_take(pf)
+        _pass2_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw], c0, rcol, coef)
+        ld = None
+
+
+def _pass1_chunk(
+    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, c0: int, rcol: Any, part: Any, ci: int
+) -> None:
+    """dxy = dy * x; dw += colsum(dxy * rstd); part[:, j, ci] = sum(dxy * w)."""
+    rows, kk = tile[1], tile[2]
+    cw = xc.shape[2]
+    w_sb, eng = ctx["w_sb"], ctx["plan"]["mul_engine"]
+    for j in range(kk):
+        dxy = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+        mul_by(dxy[0:rows, :], dyc[:, j, :], xc[:, j, :], eng)
+        red = dxy
+        if w_sb is not None:
+            colsum_add(ctx["acc"], dxy[0:rows, :], c0, rcol[:, j : j + 1])
+            red = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            mul_by(red[0:rows, :], dxy[0:rows, :], w_sb[0:rows, c0 : c0 + cw], eng)
+        nisa.activation(
+            dst=red[0:rows, :],
+            op=nl.copy,
+            data=red[0:rows, :],
+            reduce_op=nl.add,
+            reduce_res=part[0:rows, j, ci : ci + 1],
+            reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        )
+
+
+def _coef(ctx: dict[str, Any], tile: Any, part: Any, rcol: Any) -> Any:
+    """coef = -rstd^3 * s / H per row, [P, kk] fp32 (s = sum of the chunk sums)."""
+    rows, kk = tile[1], tile[2]
+    hdim = ctx["dx"].shape[1]
+    s = part
+    if part.shape[2] > 1:
+        s = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=s[0:rows, :], op=nl.add, data=part[0:rows, :, :], axis=(2,))
     coef = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(
         dst=coef[0:rows, :],
-        data=rt[0:rows, :],
+        data=rcol,
         op0=nl.multiply,
         operand0=-1.0 / hdim,
         op1=nl.multiply,
-        operand1=rt[0:rows, :],
+        operand1=rcol,
     )
-    nisa.tensor_tensor(
-        dst=coef[0:rows, :], data1=coef[0:rows, :], data2=rt[0:rows, :], op=nl.multiply
-    )
+    nisa.tensor_tensor(dst=coef[0:rows, :], data1=coef[0:rows, :], data2=rcol, op=nl.multiply)
     nisa.tensor_tensor(
         dst=coef[0:rows, :], data1=coef[0:rows, :], data2=s[0:rows, :], op=nl.multiply
     )
+    return coef
 
-    # pass 2: dx = g * rstd + x * coef
-    for c0, cw in chunks:
-        xc, dyc = _load_pair(
-            x, dy, xv, dyv, res, rows, kk, c0, cw, plan, rings, not plan["resident"]
+
+def _pass2_chunk(
+    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, c0: int, rcol: Any, coef: Any
+) -> None:
+    """dx = dy * w * rstd + x * coef for one chunk, then its store."""
+    rows, kk = tile[1], tile[2]
+    cw = xc.shape[2]
+    plan, w_sb = ctx["plan"], ctx["w_sb"]
+    dx = ctx["dx"]
+    dxt = ring_alloc(ctx["rings"]["dx"], plan["bufs"], (P, kk, plan["chunk"]), dx.dtype)
+    for j in range(kk):
+        g = dyc[:, j, :]
+        if w_sb is not None:
+            gt = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            mul_by(gt[0:rows, :], g, w_sb[0:rows, c0 : c0 + cw], plan["mul_engine"])
+            g = gt[0:rows, :]
+        xs = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(
+            dst=xs[0:rows, :], op=nl.copy, data=xc[:, j, :], scale=coef[0:rows, j : j + 1]
         )
-        dxt = ring_alloc(rings["dx"], plan["bufs"], (P, kk, c_max), dx.dtype)
-        for j in range(kk):
-            g = dyc[:, j, :]
-            if w_sb is not None:
-                gt = nl.ndarray((P, c_max), dtype=nl.float32, buffer=nl.sbuf)
-                mul_by(gt[0:rows, 0:cw], g, w_sb[0:rows, c0 : c0 + cw], plan["mul_engine"])
-                g = gt[0:rows, 0:cw]
-            xs = nl.ndarray((P, c_max), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(
-                dst=xs[0:rows, 0:cw], op=nl.copy, data=xc[:, j, :], scale=coef[0:rows, j : j + 1]
-            )
-            nisa.scalar_tensor_tensor(
-                dst=dxt[0:rows, j, 0:cw],
-                data=g,
-                op0=nl.multiply,
-                operand0=rt[0:rows, j : j + 1],
-                op1=nl.add,
-                operand1=xs[0:rows, 0:cw],
-            )
-        nisa.dma_copy(dst=dxv[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])
+        nisa.scalar_tensor_tensor(
+            dst=dxt[0:rows, j, 0:cw],
+            data=g,
+            op0=nl.multiply,
+            operand0=rcol[:, j : j + 1],
+            op1=nl.add,
+            operand1=xs[0:rows, :],
+        )
+    nisa.dma_copy(dst=rows_view(dx, tile)[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])

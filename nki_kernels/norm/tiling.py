@@ -1,8 +1,10 @@
 """Tiling helpers shared by the norm kernels (inlined into them at specialization).
 
-Row tiles: rows are laid out `kk` per partition (partition p of a tile holds rows
-r0 + p*kk .. r0 + p*kk + kk - 1, one contiguous HBM run), with a ragged tail taken by
-slicing. Column chunks split the hidden dim. `ring_alloc` gives explicit multi-buffering.
+Row tiles: partition p owns a contiguous block of rows and a tile takes `kk` of them per
+partition (one contiguous HBM run per partition), with the ragged tail (fewer than 128
+rows) taken by slicing; per-row statistics are gathered per segment of tiles so that
+they too move in large DMAs. Column chunks split the hidden dim. `ring_alloc` gives
+explicit multi-buffering and `prefetch_*` issues loads ahead of their use.
 `colsum_*` reduce values across rows (partitions) on TensorE: each [rows, 128] column
 block is the stationary operand of a matmul against a ones column, accumulating its
 column sums into one PSUM bank for the whole kernel ([128, ceil(H/128)] fp32, column c at
@@ -20,27 +22,73 @@ from ..nki import nisa, nl
 P = 128  # partitions
 # One fp32 PSUM bank holds 512 columns of the [128, ceil(H/128)] column-sum layout.
 COLSUM_MAX_H = P * 512
+# Rows per partition per statistics segment: 8 KiB of fp32 per partition, large enough
+# that the statistics move in efficient DMAs, small next to the data tiles.
+SEG_COLS = 2048
 
 
-def row_tiles(n: int, k: int, pid: int = 0, nprog: int = 1) -> list[tuple[int, int, int]]:
-    """Row tiles (r0, rows, kk) covering [0, n): rows partitions x kk rows per partition.
+def row_segments(
+    n: int, k: int, pid: int = 0, nprog: int = 1, seg_cols: int = 0
+) -> list[dict[str, Any]]:
+    """The row tiles of program `pid` of `nprog`, grouped into statistics segments.
 
-    Full tiles take P x k rows; the tail takes P x (remaining // P) rows, then one last
-    tile of fewer than P partitions. Program `pid` of `nprog` takes every nprog-th tile.
+    Main block: the first m*P rows (m = n // P); partition p owns rows p*m .. p*m + m - 1
+    and tile i takes its rows i*k .. i*k + kk - 1 (kk = k, less at the end), so every
+    partition's share of a tile is one contiguous HBM run of kk*H elements. Tiles form
+    segments of at most `seg_cols` rows per partition (default 2048): a segment's per-row
+    statistics are one [P, cols] SBUF buffer that moves to or from HBM in one DMA with a
+    contiguous run per partition. Programs take contiguous ranges of main tiles; the tail
+    (n % P rows, one row per partition) is one more segment, taken by the last program.
+
+    A tile is (base, rows, kk, stride, off): partition p, row group j is row
+    p*stride + base + j (main: stride = m; tail: base = m*P, stride = 1, kk = 1), and its
+    statistics sit in columns off .. off + kk - 1 of its segment's buffer.
     """
-    tiles = []
-    r0 = 0
-    while r0 < n:
-        rem = n - r0
-        if rem >= P * k:
-            rows, kk = P, k
-        elif rem >= P:
-            rows, kk = P, rem // P
-        else:
-            rows, kk = rem, 1
-        tiles.append((r0, rows, kk))
-        r0 += rows * kk
-    return tiles[pid::nprog]
+    seg_cols = seg_cols or SEG_COLS
+    m = n // P
+    segs: list[dict[str, Any]] = []
+    if m > 0:
+        ntiles = (m + k - 1) // k
+        per = (ntiles + nprog - 1) // nprog
+        i, hi = pid * per, min(ntiles, (pid + 1) * per)
+        while i < hi:
+            tiles: list[tuple[int, int, int, int, int]] = []
+            col0, cols = i * k, 0
+            while i < hi and (not tiles or cols + k <= seg_cols):
+                kk = min(k, m - i * k)
+                tiles.append((i * k, P, kk, m, cols))
+                cols += kk
+                i += 1
+            segs.append(
+                {"main": True, "m": m, "col0": col0, "cols": cols, "rows": P, "tiles": tiles}
+            )
+    tail = n - m * P
+    if tail and pid == nprog - 1:
+        t = (m * P, tail, 1, 1, 0)
+        segs.append({"main": False, "m": m, "col0": m * P, "cols": 1, "rows": tail, "tiles": [t]})
+    return segs
+
+
+def rows_view(t: Any, tile: tuple[int, int, int, int, int]) -> Any:
+    """The rows of `tile` in the [N, H] HBM tensor `t`, as [rows, kk, H]."""
+    base, rows, kk, stride, _ = tile
+    hdim = t.shape[1]
+    if stride == 1:
+        return t[base : base + rows, :].reshape((rows, 1, hdim))
+    return t[0 : P * stride, :].reshape((P, stride, hdim))[:, base : base + kk, :]
+
+
+def stat_view(v: Any, seg: dict[str, Any]) -> Any:
+    """A segment's entries of the per-row [N] HBM vector `v`, as [rows, cols]."""
+    if not seg["main"]:
+        return v[seg["col0"] : seg["col0"] + seg["rows"]].reshape((seg["rows"], 1))
+    m = seg["m"]
+    return v[0 : P * m].reshape((P, m))[:, seg["col0"] : seg["col0"] + seg["cols"]]
+
+
+def stat_tile(seg: dict[str, Any]) -> Any:
+    """An SBUF [P, cols] fp32 buffer for one per-row statistic of a segment."""
+    return nl.ndarray((P, seg["cols"]), dtype=nl.float32, buffer=nl.sbuf)
 
 
 def col_chunks(hdim: int, chunk: int) -> list[tuple[int, int]]:
@@ -80,12 +128,6 @@ def const_column(value: float) -> Any:
     t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=t, value=float(value))
     return t
-
-
-def tile_view(t: Any, r0: int, rows: int, kk: int) -> Any:
-    """HBM rows [r0, r0 + rows*kk) of a [N, H] tensor as [rows, kk, H]."""
-    hdim = t.shape[1]
-    return t[r0 : r0 + rows * kk, :].reshape((rows, kk, hdim))
 
 
 def mul_by(dst: Any, a: Any, b: Any, engine: str) -> None:
@@ -172,3 +214,48 @@ def colsum_store(state: dict[str, Any], out: Any) -> None:
         if nfull < nb:
             lo = (ncol - 1) * P
             nisa.dma_copy(dst=out[lo:hdim].reshape((1, tail)), src=ts[nb - 1 : nb, 0:tail])
+
+
+def prefetch_start(jobs: list[Any], ahead: int, issue: Any, ctx: Any) -> dict[str, Any]:
+    """A load pipeline over `jobs`: `issue(ctx, job)` starts a job's DMAs, returns its tiles.
+
+    `prefetch_take` hands the jobs out in order while keeping `ahead` later jobs issued,
+    so in program order (the order DMA queues trigger in) the loads of the next tiles
+    precede the compute and stores of the current one. With ring buffers of depth
+    ahead + 1 the loads run as far ahead as the buffers allow. Callers must not keep
+    references to a taken job's tiles past its use (its buffer is reused).
+    """
+    return {"jobs": jobs, "ahead": ahead, "issue": issue, "ctx": ctx, "next": 0, "ready": []}
+
+
+def prefetch_take(pf: dict[str, Any]) -> Any:
+    """The next job's tiles (issuing up to `ahead` further jobs first)."""
+    while pf["next"] < len(pf["jobs"]) and len(pf["ready"]) <= pf["ahead"]:
+        pf["ready"].append(pf["issue"](pf["ctx"], pf["jobs"][pf["next"]]))
+        pf["next"] += 1
+    return pf["ready"].pop(0)
+
+
+def issue_rows_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
+    """Start the DMAs of one load job of a row-tile kernel; returns {name: SBUF tile}.
+
+    `job` is (tile, None) for a whole row tile ([P, kk, H] per source) or (tile, (c0, cw))
+    for one column chunk ([P, kk, chunk]); the sources are ctx["loads"], (name, [N, H]
+    HBM tensor or None) pairs, each landing in its own ring of ctx["plan"]["bufs"] buffers.
+    """
+    tile, ch = job
+    rows, kk = tile[1], tile[2]
+    plan, rings = ctx["plan"], ctx["rings"]
+    out = {}
+    for name, src in ctx["loads"]:
+        if src is None:
+            continue
+        width = src.shape[1] if ch is None else plan["chunk"]
+        pieces = ctx["chunks"] if ch is None else [ch]
+        t = ring_alloc(rings[name], plan["bufs"], (P, kk, width), src.dtype)
+        sv = rows_view(src, tile)
+        for c0, cw in pieces:
+            d0 = c0 if ch is None else 0
+            nisa.dma_copy(dst=t[0:rows, :, d0 : d0 + cw], src=sv[:, :, c0 : c0 + cw])
+        out[name] = t
+    return out

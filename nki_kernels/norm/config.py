@@ -1,0 +1,328 @@
+"""Tunable schedules of the norm kernels: frozen `KernelConfig`s with a heuristic default,
+a search space and a validity check (including whether the tile plan fits SBUF).
+
+Field names are the kernels' keyword parameters (`runtime.launch` passes them through):
+
+- `rows_per_partition`: rows per partition per row tile (a tile holds 128 x this rows;
+  each partition's share is one contiguous HBM run, so small H still gets big DMAs);
+- `chunk`: columns per compute / DMA step (= hidden for whole rows);
+- `resident`: keep the row tile in SBUF between the statistics pass and the output pass
+  (x read once); False streams it twice (for rows too wide for SBUF);
+- `bufs`: rotating buffers per streamed tile (2 = double buffering);
+- `scale_mode` / `mul_engine` / `stats`: which engines do the full-width work.
+
+The SBUF estimate mirrors the kernels' allocations (bytes per partition, 64 B granules,
+each loop-allocated temporary counted twice for its rotation); tests check it against
+the interpreter's own accounting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..kernel_config import InvalidConfig, KernelConfig
+from ..targets import Target
+from .layernorm import LN_FUSED, LN_MODES, STATS_BN, STATS_MODES, STATS_SCALAR
+from .rmsnorm import MUL_ENGINES, SCALE_MODES, SCALE_VECTOR
+from .tiling import COLSUM_MAX_H, P
+
+GRANULE = 64  # SBUF allocation granule per partition (interp.memory.SBUF_ALIGN)
+# Fraction of usable SBUF a plan may fill: the first-fit allocator can fragment.
+SBUF_HEADROOM = 0.95
+# DMA efficiency is ~99% from 8 KiB per partition up (HARDWARE.md): the heuristic groups
+# rows until a partition's share of one tile reaches this.
+TARGET_DMA_BYTES = 8192
+CHUNK_CANDIDATES = (512, 1024, 2048, 4096, 8192)
+ROWS_PER_PARTITION = (1, 2, 4, 8)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+AFFINES = ("none", "w", "b", "wb")
+
+
+@dataclass(frozen=True)
+class NormProblem:
+    """A bucketed norm call: rows (after bucketing), hidden size, dtype, affine terms.
+
+    `affine` is 'wb' (weight and bias), 'w', 'b' or 'none'.
+    """
+
+    rows: int
+    hidden: int
+    dtype: str
+    affine: str = "w"
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.hidden < 1:
+            raise ValueError(f"rows, hidden: expected >= 1; got {self.rows}, {self.hidden}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype: expected one of {sorted(DTYPE_BYTES)}; got {self.dtype!r}")
+        if self.affine not in AFFINES:
+            raise ValueError(f"affine: expected one of {AFFINES}; got {self.affine!r}")
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def has_weight(self) -> bool:
+        return "w" in self.affine
+
+    @property
+    def has_bias(self) -> bool:
+        return "b" in self.affine
+
+
+def _r(nbytes: int) -> int:
+    return max(GRANULE, -(-nbytes // GRANULE) * GRANULE)
+
+
+def _chunks(hidden: int) -> tuple[int, ...]:
+    return (*(c for c in CHUNK_CANDIDATES if c < hidden), hidden)
+
+
+def _kks(rows: int) -> tuple[int, ...]:
+    return tuple(k for k in ROWS_PER_PARTITION if k == 1 or P * k <= rows)
+
+
+@dataclass(frozen=True)
+class _NormConfig(KernelConfig):
+    """Fields shared by every norm kernel (forward and backward)."""
+
+    rows_per_partition: int = 1
+    chunk: int = 512
+    resident: bool = True
+    bufs: int = 2
+    mul_engine: str = "vector"
+
+    backward: ClassVar[bool] = False
+
+    # --- SBUF plan -------------------------------------------------------------------
+    def sbuf_bytes(self, problem: NormProblem) -> int:
+        """Peak SBUF bytes per partition of this plan (an upper bound of the kernel's)."""
+        raise NotImplementedError
+
+    def _common_checks(self, problem: NormProblem, target: Target) -> None:
+        if self.rows_per_partition < 1:
+            raise InvalidConfig(f"rows_per_partition: expected >= 1; got {self.rows_per_partition}")
+        if not 1 <= self.chunk <= problem.hidden:
+            raise InvalidConfig(f"chunk: expected 1..{problem.hidden} (hidden); got {self.chunk}")
+        if self.bufs not in (2, 3):
+            raise InvalidConfig(f"bufs: expected 2 or 3; got {self.bufs}")
+        if self.mul_engine not in MUL_ENGINES:
+            raise InvalidConfig(f"mul_engine: expected one of {MUL_ENGINES}; got {self.mul_engine}")
+        if self.backward:
+            if self.chunk != problem.hidden and self.chunk % P:
+                raise InvalidConfig(
+                    f"chunk: backward column blocks start at multiples of {P}; got {self.chunk} "
+                    f"(hidden {problem.hidden})"
+                )
+            if problem.hidden > COLSUM_MAX_H:
+                raise InvalidConfig(
+                    f"hidden: backward weight gradients need hidden <= {COLSUM_MAX_H}; "
+                    f"got {problem.hidden}"
+                )
+        need = self.sbuf_bytes(problem)
+        budget = int(target.sbuf_usable_bytes * SBUF_HEADROOM)
+        if need > budget:
+            raise InvalidConfig(
+                f"SBUF: plan needs {need} B per partition on {target.name}; budget {budget} B "
+                f"({SBUF_HEADROOM:.0%} of {target.sbuf_usable_bytes} usable)"
+            )
+
+    def validate(self, problem: NormProblem, target: Target) -> None:
+        self._common_checks(problem, target)
+
+    # --- heuristic -------------------------------------------------------------------
+    @classmethod
+    def _pick(cls, problem: NormProblem, target: Target, **fixed: Any) -> Any:
+        """Largest rows grouping up to the DMA target, whole rows, resident when it fits."""
+        row_bytes = problem.hidden * problem.itemsize
+        kk = 1
+        for k in _kks(problem.rows):
+            if k * row_bytes <= TARGET_DMA_BYTES or k == 1:
+                kk = k
+        for resident in (True, False):
+            for chunk in sorted(_chunks(problem.hidden), reverse=True):
+                for k in sorted({kk, 1}, reverse=True):
+                    cfg = cls(rows_per_partition=k, chunk=chunk, resident=resident, bufs=2, **fixed)
+                    if cfg.is_valid(problem, target):
+                        return cfg
+        raise InvalidConfig(f"no valid {cls.__name__} for {problem} on {target.name}")
+
+
+@dataclass(frozen=True)
+class RMSNormConfig(_NormConfig):
+    """Schedule of `rms_norm_fwd` (op `rms_norm`)."""
+
+    op_name: ClassVar[str] = "rms_norm"
+    scale_mode: str = SCALE_VECTOR
+    has_residual: ClassVar[bool] = False
+
+    def sbuf_bytes(self, problem: NormProblem) -> int:
+        h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
+        isz = problem.itemsize
+        total = _r(h * isz) if problem.has_weight else 0  # weight row on every partition
+        total += _r(4)  # eps column
+        total += d * _r(kk * (h if self.resident else c) * isz)  # x tiles
+        if self.has_residual:
+            total += d * _r(kk * c * isz)  # residual chunks
+        total += d * _r(kk * c * isz)  # y chunks
+        total += 2 * _r(c * isz)  # square output (discarded)
+        if self.scale_mode != "fused" and problem.has_weight:
+            total += 2 * _r(c * isz)  # x * rstd before the weight multiply
+        nch = -(-h // c)
+        total += 2 * (3 * _r(kk * 4) + _r(kk * nch * 4))  # ssum, rstd, partial sums
+        return total
+
+    def validate(self, problem: NormProblem, target: Target) -> None:
+        if self.scale_mode not in SCALE_MODES:
+            raise InvalidConfig(f"scale_mode: expected one of {SCALE_MODES}; got {self.scale_mode}")
+        self._common_checks(problem, target)
+
+    @classmethod
+    def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormConfig:
+        return cls._pick(problem, target, scale_mode=SCALE_VECTOR, mul_engine="vector")
+
+    @classmethod
+    def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        return {
+            "rows_per_partition": _kks(problem.rows),
+            "chunk": _chunks(problem.hidden),
+            "resident": (True, False),
+            "bufs": (2, 3),
+            "scale_mode": SCALE_MODES,
+            "mul_engine": MUL_ENGINES,
+        }
+
+
+@dataclass(frozen=True)
+class AddRMSNormConfig(RMSNormConfig):
+    """Schedule of `add_rms_norm_fwd` (op `add_rms_norm`)."""
+
+    op_name: ClassVar[str] = "add_rms_norm"
+    has_residual: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class RMSNormBwdConfig(_NormConfig):
+    """Schedule of `rms_norm_bwd` (op `rms_norm_bwd`)."""
+
+    op_name: ClassVar[str] = "rms_norm_bwd"
+    backward: ClassVar[bool] = True
+
+    def sbuf_bytes(self, problem: NormProblem) -> int:
+        h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
+        isz = problem.itemsize
+        total = _r(h * isz) if problem.has_weight else 0
+        total += 2 * d * _r(kk * (h if self.resident else c) * isz)  # x and dy tiles
+        total += d * _r(kk * c * isz)  # dx chunks
+        total += 8 * _r(c * 4)  # fp32 temporaries: dy*x, its product with w, g, x*coef
+        nch = -(-h // c)
+        total += 2 * (4 * _r(kk * 4) + _r(kk * nch * 4)) + _r(4)  # rstd, s, coef; ones
+        total += _r(-(-h // P) * 4) + _r(P * 4)  # final column-sum copy and transpose
+        return total
+
+    @classmethod
+    def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
+        return cls._pick(problem, target, mul_engine="vector")
+
+    @classmethod
+    def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        chunks = tuple(c for c in _chunks(problem.hidden) if c == problem.hidden or c % P == 0)
+        return {
+            "rows_per_partition": _kks(problem.rows),
+            "chunk": chunks,
+            "resident": (True, False),
+            "bufs": (2, 3),
+            "mul_engine": MUL_ENGINES,
+        }
+
+
+@dataclass(frozen=True)
+class LayerNormConfig(_NormConfig):
+    """Schedule of `layer_norm_fwd` (op `layer_norm`)."""
+
+    op_name: ClassVar[str] = "layer_norm"
+    scale_mode: str = LN_FUSED
+    stats: str = STATS_SCALAR
+
+    def sbuf_bytes(self, problem: NormProblem) -> int:
+        h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
+        isz = problem.itemsize
+        total = (_r(h * isz) if problem.has_weight else 0) + (
+            _r(h * isz) if problem.has_bias else 0
+        )
+        total += _r(4)
+        total += d * _r(kk * (h if self.resident else c) * isz)  # x tiles
+        total += d * _r(kk * c * isz)  # y chunks
+        total += 2 * _r(c * 4)  # shifted-sum outputs (discarded)
+        total += 6 * _r(c * 4)  # affine temporaries
+        nch = -(-h // c)
+        nsub = nch * -(-c // 512)
+        total += 2 * (8 * _r(kk * 4) + 2 * _r(kk * nch * 4) + _r(kk * nsub * 24))
+        return total
+
+    def validate(self, problem: NormProblem, target: Target) -> None:
+        if self.scale_mode not in LN_MODES:
+            raise InvalidConfig(f"scale_mode: expected one of {LN_MODES}; got {self.scale_mode}")
+        if self.stats not in STATS_MODES:
+            raise InvalidConfig(f"stats: expected one of {STATS_MODES}; got {self.stats}")
+        if self.stats == STATS_BN and not bn_stats_available():
+            raise InvalidConfig("stats: 'bn' needs nisa.bn_stats / bn_aggr, absent from this nki")
+        self._common_checks(problem, target)
+
+    @classmethod
+    def heuristic(cls, problem: NormProblem, target: Target) -> LayerNormConfig:
+        return cls._pick(
+            problem, target, scale_mode=LN_FUSED, mul_engine="vector", stats=STATS_SCALAR
+        )
+
+    @classmethod
+    def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        stats = STATS_MODES if bn_stats_available() else (STATS_SCALAR,)
+        return {
+            "rows_per_partition": _kks(problem.rows),
+            "chunk": _chunks(problem.hidden),
+            "resident": (True, False),
+            "bufs": (2, 3),
+            "scale_mode": LN_MODES,
+            "mul_engine": MUL_ENGINES,
+            "stats": stats,
+        }
+
+
+@dataclass(frozen=True)
+class LayerNormBwdConfig(RMSNormBwdConfig):
+    """Schedule of `layer_norm_bwd` (op `layer_norm_bwd`)."""
+
+    op_name: ClassVar[str] = "layer_norm_bwd"
+
+    def sbuf_bytes(self, problem: NormProblem) -> int:
+        base = super().sbuf_bytes(problem)
+        # two more fp32 temporaries (g and the discarded dy copy in pass 1), more columns
+        return base + 4 * _r(self.chunk * 4) + 8 * _r(self.rows_per_partition * 4)
+
+
+def bn_stats_available() -> bool:
+    """Whether the `nki` in use provides bn_stats / bn_aggr."""
+    from ..nki import nisa
+
+    return hasattr(nisa, "bn_stats") and hasattr(nisa, "bn_aggr")
+
+
+CONFIGS: dict[str, type[_NormConfig]] = {
+    cls.op_name: cls
+    for cls in (
+        RMSNormConfig,
+        AddRMSNormConfig,
+        RMSNormBwdConfig,
+        LayerNormConfig,
+        LayerNormBwdConfig,
+    )
+}
+
+
+def replace(config: KernelConfig, **changes: Any) -> KernelConfig:
+    """A copy of `config` with some fields changed."""
+    return dataclasses.replace(config, **changes)
