@@ -24,9 +24,10 @@ fake (shape) function, autograd formula and device kernels hang off that one def
                validate=_check_args, examples=_examples)
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         \"\"\"y = x / sqrt(mean(x^2) + eps) * weight.\"\"\"
-        x2, n = pad_to_bucket(x.reshape(-1, x.shape[-1]))     # rows -> bucket
-        cfg, _ = default_store().lookup("rms_norm", target, problem, kernel_hash=...)
-        y = launch(rms_norm_kernel, x2, weight, eps, config=cfg)
+        x2, n = pad_to_bucket(x.reshape(-1, x.shape[-1]))     # rows -> their bucket
+        problem = NormProblem(rows=x2.shape[0], hidden=x.shape[-1], dtype="bfloat16")
+        cfg = lookup_config("rms_norm", problem, rms_norm_kernel)  # tuned, else default
+        y = launch(rms_norm_kernel, x2, weight, eps, config=cfg)  # cached specialization
         return unpad(y, 0, n).reshape(x.shape)
 
 What `define_op` does:

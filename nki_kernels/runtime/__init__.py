@@ -1,8 +1,8 @@
 """Runtime: shape buckets, padding, config lookup, the compiled-kernel cache and launch.
 
 An op's implementation runs, in order: `bucket`/`pad_to_bucket` (static shapes) ->
-`default_store().lookup` (tuned config or heuristic default) -> `launch` (kernel cache,
-then the interpreter, the official simulator or TorchNeuron) -> `unpad`.
+`lookup_config` (tuned config from the store, or the heuristic default) -> `launch`
+(kernel cache, then the interpreter, the official simulator or TorchNeuron) -> `unpad`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .config_store import (
     Provenance,
     StaleConfigWarning,
     default_store,
+    lookup_config,
     problem_key,
     set_config_dir,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "default_store",
     "kernel_source_hash",
     "launch",
+    "lookup_config",
     "pad_dim",
     "pad_to_bucket",
     "problem_key",

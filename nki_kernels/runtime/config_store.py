@@ -370,6 +370,32 @@ def default_store() -> ConfigStore:
     return _default
 
 
+def lookup_config(
+    op: str,
+    problem: Any,
+    kernel: Any,
+    *,
+    target: str | Target | None = None,
+    config_cls: type[KernelConfig] | None = None,
+    store: ConfigStore | None = None,
+) -> KernelConfig:
+    """The config an op launches `kernel` with for bucketed `problem` on `target`.
+
+    `ConfigStore.lookup` on the default store, with the kernel's current source hash so
+    that configs tuned for other kernel source are not used.
+    """
+    from .kernel_cache import kernel_source_hash
+
+    cfg, _ = (store or default_store()).lookup(
+        op,
+        get_target(target),
+        problem,
+        config_cls=config_cls,
+        kernel_hash=kernel_source_hash(kernel),
+    )
+    return cfg
+
+
 def set_config_dir(path: str | os.PathLike[str] | None) -> ConfigStore:
     """Point the default store at a user config directory (None: shipped configs only)."""
     global _default
@@ -387,6 +413,7 @@ __all__ = [
     "StaleConfigWarning",
     "config_class_for",
     "default_store",
+    "lookup_config",
     "problem_key",
     "set_config_dir",
 ]

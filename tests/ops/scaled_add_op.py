@@ -19,7 +19,7 @@ from nki_kernels.kernel_config import InvalidConfig, KernelConfig
 from nki_kernels.nki import nisa, nki, nl
 from nki_kernels.ops import define_op
 from nki_kernels.ops.checks import check_same, check_shape, check_tensor
-from nki_kernels.runtime import default_store, kernel_source_hash, launch, pad_to_bucket, unpad
+from nki_kernels.runtime import launch, lookup_config, pad_to_bucket, unpad
 from nki_kernels.targets import Target, get_target
 
 # --- kernels (NKI dialect) ---------------------------------------------------------------
@@ -113,13 +113,7 @@ def _run(kernel: Any, x: Tensor, *rest: Any) -> Tensor:
     n = tensors[0].shape[0]
     target = get_target(None)
     problem = Problem(rows=padded[0].shape[0], hidden=h, dtype=str(x.dtype).removeprefix("torch."))
-    cfg, _ = default_store().lookup(
-        "testonly_scaled_add",
-        target,
-        problem,
-        config_cls=ElementwiseConfig,
-        kernel_hash=kernel_source_hash(kernel),
-    )
+    cfg = lookup_config("testonly_scaled_add", problem, kernel, target=target)
     out = launch(kernel, *padded, config=cfg, target=target)
     return unpad(out, 0, n).reshape(x.shape)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scaled_add_op import scaled_add_kernel
 
-from nki_kernels.runtime import KERNEL_CACHE, bucket
+from nki_kernels.runtime import KERNEL_CACHE, bucket, bucket_id
 from nki_kernels.testing.tolerances import assert_close
 
 pytestmark = pytest.mark.filterwarnings(
@@ -23,7 +23,14 @@ def reference(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(5, 40), (1, 7, 130), (300, 33)], ids=str)
+def _shape_id(shape: tuple[int, ...]) -> str:
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return "x".join(map(str, shape)) + "-" + bucket_id(rows, prefix="rows")
+
+
+@pytest.mark.parametrize("shape", [(5, 40), (1, 7, 130), (300, 33)], ids=_shape_id)
 def test_eager_cpu_matches_reference(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     x, y = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
