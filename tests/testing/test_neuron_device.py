@@ -161,3 +161,45 @@ def test_refuses_a_privateuse1_claimed_by_another_backend(monkeypatch: pytest.Mo
     monkeypatch.setattr(torch._C, "_get_privateuse1_backend_name", lambda: "npu")
     with pytest.raises(RuntimeError, match="already registered as 'npu'"):
         nd.install()
+
+
+FRESH_PROCESS = """
+import sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {ops_dir!r})
+import torch
+import scaled_add_op  # defines ops before the device exists
+from nki_kernels.testing import neuron_device as nd
+{before}
+try:
+    ok = nd.install()
+except RuntimeError as e:
+    print("ERROR", e)
+    raise SystemExit(0)
+x = torch.randn(3, 5).to("neuron").requires_grad_()
+out = torch.ops.nki.testonly_scaled_add(x, x, 2.0)
+out.sum().backward()
+print("OK", ok, out.device, x.grad.device, float(x.grad.cpu().sum()))
+"""
+
+
+def _fresh(before: str) -> str:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ops_dir = str(Path(__file__).resolve().parent.parent / "ops")
+    code = FRESH_PROCESS.format(ops_dir=ops_dir, before=before)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout.strip().splitlines()[-1]
+
+
+def test_fresh_process_ops_defined_before_install_dispatch_to_neuron() -> None:
+    # 3x5 ones grads, each 1 + 2 = 3 -> 45
+    assert _fresh("") == "OK True neuron:0 neuron:0 45.0"
+
+
+def test_fresh_process_late_install_is_reported() -> None:
+    line = _fresh("torch.ones(1, requires_grad=True).sum().backward()")
+    assert line.startswith("ERROR install(): the autograd engine started before")
