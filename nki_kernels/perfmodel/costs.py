@@ -154,7 +154,8 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
     A transfer touching SBUF partitions [p0, p1) runs on engines p0 // 8 .. (p1 - 1) // 8
     (8 partitions per engine), each moving its rows' descriptors; a DRAM -> DRAM copy
     is cut into descriptors of at most `dma_max_descriptor_bytes` spread over all
-    engines. Every descriptor costs `descriptor_ns` of its engine.
+    engines. Every descriptor costs `descriptor_ns` of its engine, and an engine's share
+    of the HBM bytes takes at least share / (HBM bandwidth / 16).
     """
     a = instr.attrs
     nbytes = instr.nbytes
@@ -174,13 +175,19 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
         engines = range(0, min(target.dma_engines, desc))
     per_engine_desc = -(-desc // len(engines))
     per_ns = per_engine_desc * descriptor_ns(dbytes, target)
+    hbm_bytes = instr.hbm_read + instr.hbm_write
+    if hbm_bytes:
+        # HBM bandwidth per core, shared evenly: no engine moves HBM bytes faster than
+        # 1/16 of it, so the engines together never beat the HBM roofline.
+        share = hbm_bytes / len(engines) * target.dma_engines / target.hbm_bytes_per_ns
+        per_ns = max(per_ns, share)
     mode = str(a.get("dge", "unknown"))
     dge, dge_ns = "", 0.0
     if a.get("indirect") or mode == "swdge":
         dge, dge_ns = "sw", target.dma_swdge_gpsimd_ns
     elif mode == "hwdge" and target.dge_instances > 0:
         dge, dge_ns = "hw", target.dma_dge_ns
-    return DmaPlan(engines, per_ns, desc, dge, dge_ns, instr.hbm_read + instr.hbm_write)
+    return DmaPlan(engines, per_ns, desc, dge, dge_ns, hbm_bytes)
 
 
 class Pricer:

@@ -13,11 +13,15 @@ instructions in trace (issue) order. An instruction starts when
   read of what the previous instruction of the same engine wrote adds the
   dependent-instruction overhead (pipeline drain plus a fresh SBUF access).
 
-A DMA is triggered in order on its queue once its dependencies are met, optionally
-waits for a descriptor generator (hardware DGE block, or GpSimd for software DGE), and
-then, `dma_fixed_ns` after the trigger, each engine serving its partitions moves its
-descriptors in order behind that engine's earlier work. HBM is a shared FIFO resource per
-core at `hbm_bytes_per_ns`, so the modeled time never beats the bandwidth bound.
+A DMA is triggered in order on its queue once its dependencies are met (loads into
+SBUF and stores out of it use separate trigger queues, as the compiler spreads DMA
+triggers over several engines' queues), optionally waits for a descriptor generator
+(hardware DGE block, or GpSimd for software DGE), and then, `dma_fixed_ns` after the
+trigger, each DMA engine serving its partitions moves its share in the earliest idle gap
+of that engine (queues on one engine are served round robin, so a ready load need not
+wait behind a store that is still waiting for its data). Each engine moves HBM bytes at
+no more than 1/16 of the core's HBM bandwidth, so the modeled time never beats the
+bandwidth bound.
 
 TensorE on trn2/trn3 is throttled: a cold engine runs at `throttle_start_fraction` of
 its clock and warms linearly to full speed over `throttle_ramp_ns` of busy time; it cools
@@ -38,6 +42,7 @@ from dataclasses import dataclass, field
 from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
 from ..targets import Target, get_target
 from .costs import DmaPlan, Pricer
+from .dma_engines import DmaEngines
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _ENGINE_INDEX = {name: i for i, name in enumerate(COMPUTE_ENGINES)}
@@ -68,7 +73,6 @@ class Schedule:
     busy_ns: dict[str, float]
     dma_queue_busy_ns: list[list[float]]
     dge_busy_ns: float
-    hbm_busy_ns: list[float]
     dma_segments: list[DmaSegment] = field(default_factory=list)
 
 
@@ -78,11 +82,8 @@ class _Core:
     __slots__ = (
         "busy",
         "dge_free",
-        "dma_busy",
-        "dma_free",
+        "dma",
         "free",
-        "hbm_busy",
-        "hbm_free",
         "last_writes",
         "r",
         "trigger",
@@ -94,12 +95,9 @@ class _Core:
         self.free = [0.0, 0.0, 0.0, 0.0]
         self.last_writes: list[tuple] = [(), (), (), ()]
         self.busy = [0.0, 0.0, 0.0, 0.0]
-        self.dma_free = [0.0] * target.dma_engines
-        self.dma_busy = [0.0] * target.dma_engines
-        self.trigger: dict[str, float] = {}
+        self.trigger: dict[tuple, float] = {}
         self.dge_free = [0.0] * max(1, target.dge_instances)
-        self.hbm_free = 0.0
-        self.hbm_busy = 0.0
+        self.dma = DmaEngines(target.dma_engines)
         self.warm = target.throttle_ramp_ns if target.throttle_start_fraction >= 1.0 else 0.0
         sbuf = (target.sbuf_bytes_per_partition >> ONCHIP_BLOCK_SHIFT) + 1
         psum = (target.psum_banks * target.psum_bank_bytes >> ONCHIP_BLOCK_SHIFT) + 1
@@ -159,7 +157,6 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
     segments: list[DmaSegment] = []
     sem = tgt.semaphore_ns
     fixed = tgt.dma_fixed_ns
-    hbm_rate = tgt.hbm_bytes_per_ns
     s0, ramp = tgt.throttle_start_fraction, tgt.throttle_ramp_ns
     dep_ns = [
         (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
@@ -219,7 +216,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
         eng = ins.engine
         if eng == "dma":
             plan: DmaPlan = price_dma(ins, _chip_region(ins))
-            queue = str(ins.attrs.get("queue", "sync"))
+            queue = (ins.attrs.get("queue", "sync"), ins.writes[0][0] if ins.writes else HBM)
             trig = core.trigger.get(queue, 0.0)
             if dep > trig:
                 trig = dep
@@ -242,25 +239,16 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
             per = plan.per_engine_ns
             first = math.inf
             end = t0
-            dfree, dbusy = core.dma_free, core.dma_busy
-            for q in plan.engines:
-                s = dfree[q] if dfree[q] > t0 else t0
+            eng_range = plan.engines
+            for lo, hi, s in core.dma.transfer(eng_range.start, eng_range.stop, t0, per):
                 f = s + per
-                dfree[q] = f
-                dbusy[q] += per
                 if s < first:
                     first = s
                 if f > end:
                     end = f
                 if record:
-                    segments.append(DmaSegment(prog, q, s, f, idx))
-            if plan.hbm_bytes:
-                hs = core.hbm_free if core.hbm_free > first else first
-                dur = plan.hbm_bytes / hbm_rate
-                core.hbm_free = hs + dur
-                core.hbm_busy += dur
-                if hs + dur > end:
-                    end = hs + dur
+                    for q in range(lo, hi):
+                        segments.append(DmaSegment(prog, q, s, f, idx))
             start = first if first < math.inf else t0
         else:
             ei = _ENGINE_INDEX.get(eng)
@@ -328,7 +316,8 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                     cw[space][b:e] = [end] * (e - b)
 
     busy = {name: sum(c.busy[i] for c in cores) for i, name in enumerate(COMPUTE_ENGINES)}
-    busy["dma"] = sum(sum(c.dma_busy) for c in cores) / tgt.dma_engines
+    dma_busy = [c.dma.busy() for c in cores]
+    busy["dma"] = sum(sum(b) for b in dma_busy) / tgt.dma_engines
     return Schedule(
         target=tgt,
         lnc=max(trace.lnc, len(cores)),
@@ -336,8 +325,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
         end=ends,
         latency_ns=latency,
         busy_ns=busy,
-        dma_queue_busy_ns=[list(c.dma_busy) for c in cores],
+        dma_queue_busy_ns=dma_busy,
         dge_busy_ns=dge_busy,
-        hbm_busy_ns=[c.hbm_busy for c in cores],
         dma_segments=segments,
     )
