@@ -13,7 +13,7 @@ from . import dtypes as dt
 from . import ops
 from .enums import engine as engine_enum
 from .errors import fail
-from .state import Launch, current
+from .state import Launch, _active, current
 from .tensor import NkiTensor, psum
 from .trace import Instr, Region
 
@@ -41,6 +41,8 @@ ALU_BITVEC = frozenset(
 )
 
 _DNAMES: dict[np.dtype, str] = {d: d.name for d in dt.ALL_DTYPES}
+# Partitions of every NeuronCore generation (targets.py); allocation enforces the target's.
+PMAX = 128
 
 
 def launch() -> Launch:
@@ -61,28 +63,30 @@ def on_chip(t: Any, arg: str, instr: str, *, sbuf_only: bool = False) -> NkiTens
     if not buf.on_chip or (sbuf_only and buf is psum):
         where = "SBUF" if sbuf_only else "SBUF or PSUM"
         raise fail("BUF", f"{instr}: {arg} must be in {where}; got {buf!r} ('{t.name}')")
-    limit = current().target.partitions
-    if t.shape[0] > limit:
+    if t.shape[0] > PMAX:
+        limit = current().target.partitions
         raise fail("TC1", f"{instr}: partition dim {t.shape[0]} of {arg} exceeds {limit}")
     return t
 
 
 def same_partitions(instr: str, **operands: NkiTensor) -> int:
-    items = list(operands.items())
-    p = items[0][1].shape[0]
-    for _, t in items[1:]:
+    """The common partition count of the operands (rule PART when they differ)."""
+    values = iter(operands.values())
+    p: int = next(values).shape[0]
+    for t in values:
         if t.shape[0] != p:
-            detail = ", ".join(f"{n}={x.shape[0]}" for n, x in items)
+            detail = ", ".join(f"{n}={x.shape[0]}" for n, x in operands.items())
             raise fail("PART", f"{instr}: operands use different partition counts ({detail})")
     return p
 
 
 def same_free(instr: str, **operands: NkiTensor) -> int:
-    items = list(operands.items())
-    n = items[0][1].free_size
-    for _, t in items[1:]:
-        if t.free_size != n:
-            detail = ", ".join(f"{k}={x.free_size}" for k, x in items)
+    """The common elements-per-partition count of the operands (rule FREE otherwise)."""
+    values = iter(operands.values())
+    n = _size(next(values).shape[1:])
+    for t in values:
+        if _size(t.shape[1:]) != n:
+            detail = ", ".join(f"{k}={x.free_size}" for k, x in operands.items())
             raise fail(
                 "FREE", f"{instr}: operands hold different elements per partition ({detail})"
             )
@@ -276,8 +280,7 @@ def emit(
     hbm_read = 0
     for t in srcs:
         reads.append(t.region())
-        st = t._st
-        if not st.buffer.on_chip:
+        if not t._st.buffer.on_chip:
             hbm_read += _size(t.shape) * t.dtype.itemsize
         ind = t.indirect
         if ind is not None and type(ind.index) is NkiTensor:
@@ -309,7 +312,12 @@ def emit(
         attrs,
         name,
     )
-    return current().record(instr)
+    launch = _active[-1] if _active else current()
+    instr.program = launch.program_id
+    instrs = launch.trace.instrs
+    instr.index = len(instrs)
+    instrs.append(instr)
+    return instr
 
 
 def _size(shape: tuple[int, ...]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum, IntEnum
 
 
-class engine(Enum):  # noqa: N801 - NKI spelling
+class engine(Enum):
     unknown = 0
     tensor = 1
     scalar = 2
@@ -15,7 +15,7 @@ class engine(Enum):  # noqa: N801 - NKI spelling
     sync = 6
 
 
-class reduce_cmd(Enum):  # noqa: N801
+class reduce_cmd(Enum):
     idle = 0
     reset = 1
     reduce = 2
@@ -23,29 +23,29 @@ class reduce_cmd(Enum):  # noqa: N801
     load_reduce = 4
 
 
-class dge_mode(Enum):  # noqa: N801
+class dge_mode(Enum):
     unknown = 0
     swdge = 1
     hwdge = 2
     none = 3
 
 
-class oob_mode(Enum):  # noqa: N801
+class oob_mode(Enum):
     error = 0
     skip = 1
 
 
-class matmul_perf_mode(Enum):  # noqa: N801
+class matmul_perf_mode(Enum):
     none = "none"
     double_row = "double_row"
 
 
-class dma_engine(Enum):  # noqa: N801
+class dma_engine(Enum):
     dma = 1
     gpsimd_dma = 2
 
 
-class nc_version(IntEnum):  # noqa: N801 - ordered: kernels compare `>= nc_version.gen4`
+class nc_version(IntEnum):  # ordered: kernels compare `>= nc_version.gen4`
     gen2 = 2
     gen3 = 3
     gen4 = 4

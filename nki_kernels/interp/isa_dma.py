@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,10 @@ from .errors import fail
 from .state import current
 from .tensor import NkiTensor, psum, sbuf
 from .trace import Instr
+
+
+_DGE_NAMES = {m: m.name for m in dge_mode_enum}
+_prod = math.prod
 
 
 def contiguous_run(t: NkiTensor) -> int:
@@ -51,7 +56,7 @@ def _dma_attrs(dst: NkiTensor, src: NkiTensor, nelem: int, dge: Any, queue: str)
         "src_space": sbuf_.name,
         "dst_space": dbuf.name,
         "indirect": indirect,
-        "dge": dge.name,
+        "dge": _DGE_NAMES[dge],
         "queue": queue,
     }
 
@@ -86,9 +91,12 @@ def dma_copy(
     Indirect views (`.ap(vector_offset=...)` / `.ap(scalar_offset=...)`) gather or
     scatter rows; `oob_mode.skip` leaves the destination of out-of-bounds rows untouched.
     """
-    tensor_arg(dst, "dst", "dma_copy")
-    tensor_arg(src, "src", "dma_copy")
-    _no_psum("dma_copy", dst=dst, src=src)
+    if type(dst) is not NkiTensor or type(src) is not NkiTensor:
+        tensor_arg(dst, "dst", "dma_copy")
+        tensor_arg(src, "src", "dma_copy")
+    dbuf, sbuf_ = dst._st.buffer, src._st.buffer
+    if dbuf.on_chip or sbuf_.on_chip:
+        _no_psum("dma_copy", dst=dst, src=src)
     if oob_mode is not oob_mode_enum.error and oob_mode is not oob_mode_enum.skip:
         raise fail("ARG", f"dma_copy: oob_mode must be an nisa.oob_mode member; got {oob_mode!r}")
     if dge_mode is not dge_mode_enum.unknown:
@@ -105,7 +113,7 @@ def dma_copy(
         need_version(4, "dma_copy(priority=...)")
         if priority not in (0, 1, 2, 3):
             raise fail("ARG", f"dma_copy: priority must be 0..3; got {priority!r}")
-    dsize, ssize = dst.size, src.size
+    dsize, ssize = _prod(dst.shape), _prod(src.shape)
     if dsize != ssize:
         raise fail(
             "DMA_COUNT",
@@ -126,7 +134,7 @@ def dma_copy(
         if engine is engine_enum.scalar
         else "sync"
     )
-    chip = dst if dst._st.buffer.on_chip else src if src._st.buffer.on_chip else None
+    chip = dst if dbuf.on_chip else src if sbuf_.on_chip else None
     ins = emit(
         "dma",
         "dma_copy",

@@ -27,43 +27,41 @@ from .tensor import NkiTensor, psum
 from .trace import Instr
 
 _MM_IN = frozenset({dt.float8_e4m3, dt.float8_e5m2, dt.bfloat16, dt.float16, dt.float32})
+_MM_IN_V4 = _MM_IN | {dt.float8_e4m3fn}
+_MM_DST = frozenset({dt.float32})
+_MM_DST_V4 = frozenset({dt.float32, dt.bfloat16})
 
 
 def _check_dtypes(
-    stationary: NkiTensor, moving: NkiTensor, dst: NkiTensor, transpose: bool
+    stationary: NkiTensor, moving: NkiTensor, dst: NkiTensor, transpose: bool, nc_version: int
 ) -> None:
-    target = current().target
-    allowed = set(_MM_IN)
-    if target.nc_version >= 4:
-        allowed.add(dt.float8_e4m3fn)
-    for arg, t in (("stationary", stationary), ("moving", moving)):
-        if t.dtype not in allowed:
-            raise fail(
-                "DTYPE", f"nc_matmul: {arg} dtype {t.dtype.name} is not a matmul input dtype"
-            )
-    s32, m32 = stationary.dtype == dt.float32, moving.dtype == dt.float32
-    if s32 != m32:
+    sd, md = stationary.dtype, moving.dtype
+    allowed = _MM_IN_V4 if nc_version >= 4 else _MM_IN
+    if sd not in allowed or md not in allowed:
+        arg, t = ("stationary", sd) if sd not in allowed else ("moving", md)
+        raise fail("DTYPE", f"nc_matmul: {arg} dtype {t.name} is not a matmul input dtype")
+    if (sd == dt.float32) != (md == dt.float32):
         raise fail(
             "DTYPE",
-            f"nc_matmul: fp32 on one side needs fp32 on the other (stationary "
-            f"{stationary.dtype.name}, moving {moving.dtype.name})",
+            f"nc_matmul: fp32 on one side needs fp32 on the other (stationary {sd.name}, "
+            f"moving {md.name})",
         )
-    e4 = {stationary.dtype, moving.dtype}
-    if dt.float8_e4m3fn in e4 and dt.float8_e4m3 in e4:
+    if sd != md and {sd, md} == {dt.float8_e4m3fn, dt.float8_e4m3}:
         raise fail("DTYPE", "nc_matmul: float8_e4m3fn cannot be mixed with float8_e4m3")
     if transpose:
-        if dst.dtype != stationary.dtype:
+        if dst.dtype != sd:
             raise fail(
                 "DTYPE",
                 f"nc_matmul(is_transpose=True): dst dtype {dst.dtype.name} must equal the "
-                f"input dtype {stationary.dtype.name}",
+                f"input dtype {sd.name}",
             )
         return
-    ok = {dt.float32} | ({dt.bfloat16} if target.nc_version >= 4 else set())
+    ok = _MM_DST_V4 if nc_version >= 4 else _MM_DST
     if dst.dtype not in ok:
         names = "/".join(sorted(d.name for d in ok))
         raise fail(
-            "DTYPE", f"nc_matmul: dst dtype must be {names} on {target.name}; got {dst.dtype.name}"
+            "DTYPE",
+            f"nc_matmul: dst dtype must be {names} on NC-v{nc_version}; got {dst.dtype.name}",
         )
 
 
@@ -119,8 +117,10 @@ def nc_matmul(
     if tile_size:
         _check_tiling(tuple(tile_position), tuple(tile_size), target.nc_version)
     exact_transpose = transpose and target.nc_version >= 3
-    _check_dtypes(stationary, moving, dst, exact_transpose)
-    k = same_partitions(instr, stationary=stationary, moving=moving)
+    _check_dtypes(stationary, moving, dst, exact_transpose, target.nc_version)
+    k = stationary.shape[0]
+    if moving.shape[0] != k:
+        same_partitions(instr, stationary=stationary, moving=moving)
     m = stationary.free_size // (2 if double_row else 1)
     n = moving.free_size // (2 if double_row else 1)
     k_max = tile_size[0] if tile_size else target.matmul_k_max

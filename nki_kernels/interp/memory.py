@@ -10,6 +10,7 @@ a tile plan that does not fit on the chip fail here with the numbers.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from .errors import MemoryPlanError
@@ -33,29 +34,33 @@ class FirstFit:
         return max(g, (nbytes + g - 1) // g * g)
 
     def alloc(self, nbytes: int) -> int | None:
-        size = self.round(nbytes)
-        for hole in self.free:
+        """Place `nbytes` (rounded up to the granule): the start offset, or None if full."""
+        g = self.granule
+        size = -(-nbytes // g) * g or g
+        free = self.free
+        for i, hole in enumerate(free):
             start, end = hole
             if end - start >= size:
-                hole[0] = start + size
-                if hole[0] == end:
-                    self.free.remove(hole)
-                self.live += size
-                self.peak = max(self.peak, self.live)
-                self.high_water = max(self.high_water, start + size)
+                if end - start == size:
+                    del free[i]
+                else:
+                    hole[0] = start + size
+                live = self.live = self.live + size
+                if live > self.peak:
+                    self.peak = live
+                if start + size > self.high_water:
+                    self.high_water = start + size
                 return start
         return None
 
     def release(self, start: int, nbytes: int) -> None:
+        """Return a placement to the free list, merging it with adjacent holes."""
         size = self.round(nbytes)
         end = start + size
         self.live -= size
         free = self.free
-        i = 0
-        while i < len(free) and free[i][0] < start:
-            i += 1
+        i = bisect.bisect_left(free, [start, 0])
         free.insert(i, [start, end])
-        # coalesce with neighbours
         if i + 1 < len(free) and free[i][1] == free[i + 1][0]:
             free[i][1] = free[i + 1][1]
             del free[i + 1]

@@ -24,6 +24,7 @@ from .trace import HBM, PSUM, SBUF, Region
 
 _index = operator.index
 _prod = math.prod
+_FULL = slice(None)
 
 
 class Buffer:
@@ -272,8 +273,10 @@ class NkiTensor:
             key = (key,)
         shape = self.shape
         nd = len(shape)
-        if len(key) != nd or Ellipsis in key:
+        nk = len(key)
+        if nk > nd or Ellipsis in key:
             key = self._expand_key(key)
+            nk = nd
         strides = self.strides
         offset = self.offset
         new_shape: list[int] = []
@@ -282,14 +285,22 @@ class NkiTensor:
         on_chip = self._st.buffer.on_chip
         try:
             for d in range(nd):
-                k = key[d]
+                k = key[d] if d < nk else _FULL
                 n = shape[d]
                 s = strides[d]
                 if type(k) is slice:
                     step = k.step
                     if step is None or step == 1:
-                        start = 0 if k.start is None else _index(k.start)
-                        stop = n if k.stop is None else _index(k.stop)
+                        start = k.start
+                        if start is None:
+                            start = 0
+                        elif type(start) is not int:
+                            start = _index(start)
+                        stop = k.stop
+                        if stop is None:
+                            stop = n
+                        elif type(stop) is not int:
+                            stop = _index(stop)
                         if start < 0:
                             start += n
                         if stop < 0:
@@ -794,7 +805,7 @@ def allocate(
         raise fail("ARG", f"shape: expected a tuple of ints; got {shape!r}") from None
     if not shape or min(shape) <= 0:
         raise fail("ARG", f"shape: expected a non-empty tuple of positive ints; got {shape}")
-    d = dtype if type(dtype) is np.dtype and dtype in dt.ALL_DTYPES else dt.as_dtype(dtype)
+    d = dtype if isinstance(dtype, np.dtype) and dtype in dt.ALL_DTYPES else dt.as_dtype(dtype)
     if buffer is shared_hbm and data is None:
         prog = launch.programs[launch.program_id]
         i = prog.shared_hbm_count
