@@ -16,7 +16,6 @@ from .state import current
 from .tensor import NkiTensor, psum, sbuf
 from .trace import Instr
 
-
 _DGE_NAMES = {m: m.name for m in dge_mode_enum}
 _prod = math.prod
 
