@@ -45,7 +45,7 @@ TRANSPOSE_GROUP = 4  # PE transposes evacuated by one copy: [128, 4 x 128] fits 
 COMBINE_COLS = 2048  # hidden columns per combine step (bounds its SBUF use)
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
@@ -112,13 +112,13 @@ def _dims(hidden: Any, w_gate_up: Any, slot_token: Any, token_slot: Any) -> dict
         "NB": nb,
         "NS": ns,
         "B": ns * P,
-        "HT": _cdiv(h, P),
+        "HT": cdiv(h, P),
         "K": token_slot.shape[1],
         "dt": hidden.dtype,
     }
 
 
-def _rows(total: int, tile: int) -> int:
+def tile_rows(total: int, tile: int) -> int:
     """Rows of tile `tile` (0-based, 128-row tiles) of a dimension of size `total`."""
     return min(P, total - tile * P)
 
@@ -147,27 +147,28 @@ def gather_rows(src: Any, index_col: Any, dst: Any, cols: int) -> None:
     nisa.dma_copy(dst=dst[:, 0:cols], src=view, oob_mode=nisa.oob_mode.skip)
 
 
-def transpose_rows(d: dict[str, Any], rows: list[Any], dst: Any, cols: int) -> None:
-    """dst[:, t, c*128 + p] = rows[c][p, t*128 + :] for the 128-column tiles t of `cols`.
+def transpose_into(dt: Any, srcs: list[Any], dst: Any, parity: int = 0) -> int:
+    """dst[:, sum(p_<j) + q] = srcs[j][q, :]^T: PE transposes of [p_j, f] views side by side.
 
-    Column tile t of every sub-tile is finished before tile t+1, so the first matmul
-    (contracting tile 0) can start after one group of transposes. Evacuation alternates
-    between VectorE and ScalarE.
+    `dst` is an SBUF view [f, sum p_j]; only the last source may have p_j < 128. Groups of
+    TRANSPOSE_GROUP transposes share one PSUM bank and one evacuating copy, alternating
+    VectorE / ScalarE (starting from `parity`). Returns the parity for the next call.
     """
-    n = len(rows)
-    k = 0
-    for t in range(_cdiv(cols, P)):
-        tr = min(P, cols - t * P)
-        for c0 in range(0, n, TRANSPOSE_GROUP):
-            g = min(TRANSPOSE_GROUP, n - c0)
-            tp = nl.ndarray((P, TRANSPOSE_GROUP, P), dtype=d["dt"], buffer=nl.psum)
-            for j in range(g):
-                nisa.nc_transpose(dst=tp[0:tr, j, :], data=rows[c0 + j][:, t * P : t * P + tr])
-            eng = nisa.engine.vector if k % 2 == 0 else nisa.engine.scalar
-            nisa.tensor_copy(
-                dst=dst[0:tr, t, c0 * P : (c0 + g) * P], src=tp[0:tr, 0:g, :], engine=eng
-            )
-            k += 1
+    f = srcs[0].shape[1] if len(srcs[0].shape) == 2 else srcs[0].free_size
+    col = 0
+    for g0 in range(0, len(srcs), TRANSPOSE_GROUP):
+        group = srcs[g0 : g0 + TRANSPOSE_GROUP]
+        tp = nl.ndarray((P, TRANSPOSE_GROUP * P), dtype=dt, buffer=nl.psum)
+        width = 0
+        for src in group:
+            p = src.shape[0]
+            nisa.nc_transpose(dst=tp[0:f, width : width + p], data=src)
+            width += p
+        eng = nisa.engine.vector if parity % 2 == 0 else nisa.engine.scalar
+        nisa.tensor_copy(dst=dst[0:f, col : col + width], src=tp[0:f, 0:width], engine=eng)
+        parity += 1
+        col += width
+    return parity
 
 
 def load_weight_rows(
@@ -199,7 +200,7 @@ def _fwd_block(d: dict[str, Any], cfg: dict[str, Any], ws: tuple[Any, ...], b: A
     tok, exp = block_meta(d, slot_token, block_expert, b)
     xT = nl.ndarray((P, d["HT"], d["B"]), dtype=dt, buffer=nl.sbuf)
     _load_xT(d, hidden, tok, xT)
-    y_out = _expert_mlp(d, cfg, w_gate_up, w_down, exp, xT)
+    y = _expert_mlp(d, cfg, w_gate_up, w_down, exp, xT)
     if not isinstance(b, int):
         row0 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.register_store(row0, b)
@@ -207,28 +208,37 @@ def _fwd_block(d: dict[str, Any], cfg: dict[str, Any], ws: tuple[Any, ...], b: A
     for c in range(ns):
         if isinstance(b, int):
             r0 = b * d["B"] + c * P
-            nisa.dma_copy(dst=y_slots[r0 : r0 + P, :], src=y_out[c])
+            nisa.dma_copy(dst=y_slots[r0 : r0 + P, :], src=y[c])
         else:
             view = y_slots.ap(
                 [[h, P], [1, h]], offset=c * P * h, scalar_offset=row0, indirect_dim=0
             )
-            nisa.dma_copy(dst=view, src=y_out[c])
+            nisa.dma_copy(dst=view, src=y[c])
 
 
 def _load_xT(d: dict[str, Any], hidden: Any, tok: Any, xT: Any) -> None:
+    """Gather the block's token rows and transpose them: xT[:, t, s] = hidden[tok[s], t*128 + :].
+
+    Column tile t of every sub-tile is transposed before tile t+1, so the first matmul
+    (contracting tile 0) can start after one group of transposes.
+    """
     rows = []
     for c in range(d["NS"]):
         x_tok = nl.ndarray((P, d["H"]), dtype=d["dt"], buffer=nl.sbuf)
         gather_rows(hidden, tok[:, c : c + 1], x_tok, d["H"])
         rows.append(x_tok)
-    transpose_rows(d, rows, xT, d["H"])
+    parity = 0
+    for t in range(d["HT"]):
+        tr = tile_rows(d["H"], t)
+        srcs = [r[:, t * P : t * P + tr] for r in rows]
+        parity = transpose_into(d["dt"], srcs, xT[:, t, :], parity)
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
     """(chunk, first H tile, H tiles) of every gate/up weight load, in consumption order."""
     ht, ti = d["HT"], cfg["tile_i"]
     units = []
-    for ic in range(_cdiv(d["I"], ti)):
+    for ic in range(cdiv(d["I"], ti)):
         if cfg["loop_order"] == "i_outer":
             units.append((ic, 0, ht))
         else:
@@ -284,16 +294,15 @@ def _expert_mlp(
 ) -> list[Any]:
     """The block's unweighted expert outputs, NS tiles [128 tokens, H] in dtype."""
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
-    nic = _cdiv(d["I"], ti)
+    nic = cdiv(d["I"], ti)
     fetch = _weight_stream(d, cfg, w_gate_up, exp)
-    y_acc = []
-    if nic > 1:
-        y_acc = [nl.ndarray((P, h), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ns)]
-    y_out: list[Any] = []
+    # one chunk: results go straight to dtype; several: fp32 sums, cast by the store DMA
+    y_dt = dt if nic == 1 else nl.float32
+    y = [nl.ndarray((P, h), dtype=y_dt, buffer=nl.sbuf) for _ in range(ns)]
     for ic in range(nic):
         i0 = ic * ti
         icw = min(ti, d["I"] - i0)
-        nit = _cdiv(icw, P)
+        nit = cdiv(icw, P)
         wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
         load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
@@ -301,36 +310,30 @@ def _expert_mlp(
             _gate_up_h_outer(d, cfg, fetch, xT, icw, act)
         else:
             _gate_up_i_outer(d, fetch(), xT, icw, act)
-        if ic == nic - 1:
-            y_out = [nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf) for _ in range(ns)]
-        _down_proj(d, cfg, act, wd, icw, ic, nic, y_acc, y_out)
+        _down_proj(d, cfg, act, wd, icw, ic, y)
         del act, wd
-    return y_out
+    return y
 
 
 def _gate_up_h_outer(
     d: dict[str, Any], cfg: dict[str, Any], fetch: Any, xT: Any, icw: int, act: Any
 ) -> None:
-    bsz, nit = d["B"], _cdiv(icw, P)
+    bsz, nit = d["B"], cdiv(icw, P)
     g_ps = [nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum) for _ in range(nit)]
     u_ps = [nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum) for _ in range(nit)]
     for h0 in range(0, d["HT"], cfg["dma_h"]):
         wg, wu = fetch()
         for j in range(min(cfg["dma_h"], d["HT"] - h0)):
             ht = h0 + j
-            hr = _rows(d["H"], ht)
+            hr = tile_rows(d["H"], ht)
             for it in range(nit):
                 cw = min(P, icw - it * P)
                 for n0 in range(0, bsz, PSUM_FP32):
                     nw = min(PSUM_FP32, bsz - n0)
                     mov = xT[0:hr, ht, n0 : n0 + nw]
-                    for w, ps in ((wg, g_ps), (wu, u_ps)):
-                        nisa.nc_matmul(
-                            dst=ps[it][0:cw, n0 : n0 + nw],
-                            stationary=w[0:hr, j, it * P : it * P + cw],
-                            moving=mov,
-                            accumulate=ht != 0,
-                        )
+                    cols = slice(it * P, it * P + cw)
+                    _mm2(g_ps[it][0:cw, n0 : n0 + nw], wg[0:hr, j, cols], mov, ht != 0)
+                    _mm2(u_ps[it][0:cw, n0 : n0 + nw], wu[0:hr, j, cols], mov, ht != 0)
         del wg, wu
     for it in range(nit):
         _swiglu(d, g_ps[it], u_ps[it], act, it, min(P, icw - it * P))
@@ -339,23 +342,23 @@ def _gate_up_h_outer(
 def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int, act: Any) -> None:
     wg, wu = unit
     bsz = d["B"]
-    for it in range(_cdiv(icw, P)):
+    for it in range(cdiv(icw, P)):
         cw = min(P, icw - it * P)
         g_ps = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum)
         u_ps = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum)
         for ht in range(d["HT"]):
-            hr = _rows(d["H"], ht)
+            hr = tile_rows(d["H"], ht)
             for n0 in range(0, bsz, PSUM_FP32):
                 nw = min(PSUM_FP32, bsz - n0)
                 mov = xT[0:hr, ht, n0 : n0 + nw]
-                for w, ps in ((wg, g_ps), (wu, u_ps)):
-                    nisa.nc_matmul(
-                        dst=ps[0:cw, n0 : n0 + nw],
-                        stationary=w[0:hr, ht, it * P : it * P + cw],
-                        moving=mov,
-                        accumulate=ht != 0,
-                    )
+                cols = slice(it * P, it * P + cw)
+                _mm2(g_ps[0:cw, n0 : n0 + nw], wg[0:hr, ht, cols], mov, ht != 0)
+                _mm2(u_ps[0:cw, n0 : n0 + nw], wu[0:hr, ht, cols], mov, ht != 0)
         _swiglu(d, g_ps, u_ps, act, it, cw)
+
+
+def _mm2(dst: Any, stationary: Any, moving: Any, accumulate: bool) -> None:
+    nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, accumulate=accumulate)
 
 
 def _swiglu(d: dict[str, Any], g_ps: Any, u_ps: Any, act: Any, it: int, cw: int) -> None:
@@ -366,19 +369,11 @@ def _swiglu(d: dict[str, Any], g_ps: Any, u_ps: Any, act: Any, it: int, cw: int)
 
 
 def _down_proj(
-    d: dict[str, Any],
-    cfg: dict[str, Any],
-    act: Any,
-    wd: Any,
-    icw: int,
-    ic: int,
-    nic: int,
-    y_acc: list[Any],
-    y_out: list[Any],
+    d: dict[str, Any], cfg: dict[str, Any], act: Any, wd: Any, icw: int, ic: int, y: list[Any]
 ) -> None:
     """y[c] (+)= act[:, :, c]^T @ wd over this chunk's I tiles, per 128-token sub-tile."""
     h, dn = d["H"], cfg["down_n"]
-    nit = _cdiv(icw, P)
+    nit = cdiv(icw, P)
     for c in range(d["NS"]):
         for n0 in range(0, h, dn):
             nw = min(dn, h - n0)
@@ -391,22 +386,11 @@ def _down_proj(
                     moving=wd[0:cw, it, n0 : n0 + nw],
                     accumulate=it != 0,
                 )
-            if nic == 1:
-                nisa.tensor_copy(
-                    dst=y_out[c][:, n0 : n0 + nw], src=ps[:, 0:nw], engine=nisa.engine.scalar
-                )
-            elif ic == 0:
-                nisa.tensor_copy(
-                    dst=y_acc[c][:, n0 : n0 + nw], src=ps[:, 0:nw], engine=nisa.engine.scalar
-                )
+            dst = y[c][:, n0 : n0 + nw]
+            if ic == 0:
+                nisa.tensor_copy(dst=dst, src=ps[:, 0:nw], engine=nisa.engine.scalar)
             else:
-                dst = y_out[c] if ic == nic - 1 else y_acc[c]
-                nisa.tensor_tensor(
-                    dst=dst[:, n0 : n0 + nw],
-                    data1=y_acc[c][:, n0 : n0 + nw],
-                    data2=ps[:, 0:nw],
-                    op=nl.add,
-                )
+                nisa.tensor_tensor(dst=dst, data1=dst, data2=ps[:, 0:nw], op=nl.add)
 
 
 # ---- combine ------------------------------------------------------------------------------

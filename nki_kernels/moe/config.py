@@ -1,0 +1,183 @@
+"""Tunables of the MoE expert kernels: frozen configs with heuristic, search space, validity.
+
+`MoEProblem` is what a config is chosen for (bucketed token count, layer shape, dtype).
+`MoEMLPConfig` drives the forward kernel (`blockwise_mlp.moe_mlp_fwd`; its field names are
+that kernel's parameter names), `MoEMLPBwdConfig` the backward kernel.
+
+`validate()` checks the on-chip fit per target with the kernel's own allocation plan
+(bytes per SBUF partition, PSUM banks); the estimate is an upper bound of what the
+interpreter's allocator reports for the same kernel, which tests check on real shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..kernel_config import InvalidConfig, KernelConfig
+from ..targets import Target
+
+P = 128
+GRANULE = 64  # SBUF allocation granule (bytes per partition) of the interpreter's allocator
+BLOCK_SIZES = (128, 256, 512, 1024)
+TILE_I = (128, 256, 512)
+LOOP_ORDERS = ("h_outer", "i_outer")
+DOWN_N = (256, 512)
+W_BUFS = (2, 3)
+DMA_H = (1, 2, 4, 8)
+DTYPES = ("bfloat16", "float32")
+TRANSPOSE_PSUM_BANKS = 2  # transpose groups in flight (one bank each)
+COMBINE_COLS = 2048
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _tile(nbytes: int) -> int:
+    return max(GRANULE, _cdiv(nbytes, GRANULE) * GRANULE)
+
+
+def _banks(nbytes: int, target: Target) -> int:
+    return _cdiv(nbytes, target.psum_bank_bytes)
+
+
+@dataclass(frozen=True)
+class MoEProblem:
+    """One MoE layer shape: bucketed token count T, hidden H, intermediate I, experts E."""
+
+    tokens: int
+    hidden: int
+    intermediate: int
+    experts: int
+    top_k: int
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "hidden", "intermediate", "experts", "top_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int; got {v!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}; got {self.dtype!r}")
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == "bfloat16" else 4
+
+    @property
+    def assignments(self) -> int:
+        return self.tokens * self.top_k
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _useful(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
+    """Candidates below `limit`, plus the smallest one at or above it (larger ones act alike)."""
+    below = tuple(v for v in values if v < limit)
+    above = tuple(v for v in values if v >= limit)
+    return below + above[:1]
+
+
+@dataclass(frozen=True)
+class MoEMLPConfig(KernelConfig):
+    """Forward blockwise expert MLP tunables (see blockwise_mlp.py for the loop nest).
+
+    block_size: token slots per block (one expert per block); larger blocks reuse each
+      streamed weight byte on more tokens but pad each expert's last block more.
+    tile_i: intermediate columns per gate/up pass; also the row width of the gate/up
+      weight DMAs (tile_i * itemsize bytes per partition row).
+    loop_order: "h_outer" (weights streamed by H tiles, 2*tile_i/128 PSUM accumulators)
+      or "i_outer" ([H, tile_i] strips resident, 2 accumulators).
+    down_n: hidden columns per down-projection PSUM tile (matmul N).
+    w_bufs: gate/up weight loads in flight (prefetch depth w_bufs - 1).
+    dma_h: 128-row H tiles per gate/up weight DMA (h_outer).
+    """
+
+    op_name: ClassVar[str] = "moe_mlp"
+
+    block_size: int = 512
+    tile_i: int = 512
+    loop_order: str = "h_outer"
+    down_n: int = 512
+    w_bufs: int = 3
+    dma_h: int = 8
+
+    @classmethod
+    def search_space(cls, problem: MoEProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        ht = _cdiv(problem.hidden, P)
+        return {
+            "block_size": _useful(BLOCK_SIZES, _pow2_at_least(problem.assignments)),
+            "tile_i": _useful(TILE_I, problem.intermediate),
+            "loop_order": LOOP_ORDERS,
+            "down_n": _useful(DOWN_N, problem.hidden),
+            "w_bufs": W_BUFS,
+            "dma_h": _useful(DMA_H, ht),
+        }
+
+    @classmethod
+    def heuristic(cls, problem: MoEProblem, target: Target) -> MoEMLPConfig:
+        """Largest block whose expected padding (E * B / 2 slots) stays under a quarter of
+        the assignments, the widest gate/up pass the PSUM holds, deep weight prefetch."""
+        blocks = [b for b in (512, 256) if problem.experts * b / 2 <= problem.assignments / 4]
+        space = cls.search_space(problem, target)
+        prefs = []
+        for b in [*blocks, 128]:
+            for ti in (512, 256, 128):
+                for dh, wb in ((8, 3), (4, 3), (4, 2), (2, 2), (1, 2)):
+                    cand = cls(b, min(ti, max(space["tile_i"])), "h_outer", 512, wb, dh)
+                    prefs.append(dataclasses.replace(cand, dma_h=min(dh, max(space["dma_h"]))))
+        for cand in prefs:
+            if cand.is_valid(problem, target):
+                return cand
+        raise InvalidConfig(f"no forward MoE config fits {problem} on {target.name}")
+
+    def usage(self, problem: MoEProblem, target: Target) -> tuple[int, int]:
+        """(peak SBUF bytes per partition, peak PSUM banks) of the kernel's tile plan."""
+        dsz, h, b = problem.itemsize, problem.hidden, self.block_size
+        ht, ns = _cdiv(h, P), b // P
+        icw = min(self.tile_i, problem.intermediate)
+        nic, nit = _cdiv(problem.intermediate, self.tile_i), _cdiv(icw, P)
+        meta = 3 * GRANULE
+        xt = _tile(ht * b * dsz)
+        prologue = meta + xt + ns * _tile(h * dsz)
+        y = ns * _tile(h * (dsz if nic == 1 else 4))
+        unit_h = ht if self.loop_order == "i_outer" else min(self.dma_h, ht)
+        units = self.w_bufs * 2 * _tile(unit_h * self.tile_i * dsz)
+        main = meta + xt + y + _tile(nit * h * dsz) + _tile(nit * b * dsz) + 2 * _tile(b * 4)
+        combine = 2 * GRANULE + _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
+        sbuf = max(prologue, main + units, combine)
+        acc = _banks(b * 4, target)
+        gate_up = 2 * (nit if self.loop_order == "h_outer" else 2) * acc
+        psum = max(TRANSPOSE_PSUM_BANKS, gate_up, 2 * _banks(self.down_n * 4, target))
+        return sbuf, psum
+
+    def validate(self, problem: MoEProblem, target: Target) -> None:
+        if self.block_size not in BLOCK_SIZES:
+            raise InvalidConfig(f"block_size: expected one of {BLOCK_SIZES}; got {self.block_size}")
+        if self.tile_i not in TILE_I:
+            raise InvalidConfig(f"tile_i: expected one of {TILE_I}; got {self.tile_i}")
+        if self.loop_order not in LOOP_ORDERS:
+            raise InvalidConfig(f"loop_order: expected one of {LOOP_ORDERS}; got {self.loop_order}")
+        if self.down_n not in DOWN_N:
+            raise InvalidConfig(f"down_n: expected one of {DOWN_N}; got {self.down_n}")
+        if self.w_bufs not in W_BUFS:
+            raise InvalidConfig(f"w_bufs: expected one of {W_BUFS}; got {self.w_bufs}")
+        if self.dma_h not in DMA_H:
+            raise InvalidConfig(f"dma_h: expected one of {DMA_H}; got {self.dma_h}")
+        sbuf, psum = self.usage(problem, target)
+        if sbuf > target.sbuf_usable_bytes:
+            raise InvalidConfig(
+                f"SBUF: the tile plan needs {sbuf} B per partition; {target.name} has "
+                f"{target.sbuf_usable_bytes}"
+            )
+        if psum > target.psum_banks:
+            raise InvalidConfig(
+                f"PSUM: the tile plan needs {psum} banks; {target.name} has {target.psum_banks}"
+            )
