@@ -1,4 +1,4 @@
-"""Fixtures for the op tests: the emulated neuron device.
+"""Suite-wide fixtures: the emulated neuron device.
 
 The device is installed at import time (collection), before any test runs a backward
 pass: the autograd engine sizes its per-device queues when it first runs.
