@@ -130,6 +130,24 @@ def test_accumulate_true_on_unwritten_psum_warns_and_shows_nan():
     )
 
 
+def test_accumulate_true_onto_memset_psum_warns_before_nc_v4_only():
+    def kernel(ones_h):
+        ones = _sb(ones_h)
+        acc = nl.ndarray((8, 16), nl.float32, buffer=nl.psum)
+        nisa.memset(dst=acc, value=1.0)
+        mv = nl.ndarray((4, 16), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=mv, value=0.25)
+        nisa.nc_matmul(dst=acc, stationary=ones, moving=mv, accumulate=True)
+        return _out(acc)
+
+    for target, warns in (("trn2", True), ("trn3", False)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = run(kernel, np.ones((4, 8), np.float32), target=target).outputs
+        assert (got == 2).all()
+        assert any(issubclass(w.category, InterpreterWarning) for w in caught) == warns
+
+
 def test_non_matmul_write_resets_auto_detect():
     def kernel(ones_h):
         ones = _sb(ones_h)
