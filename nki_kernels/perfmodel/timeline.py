@@ -103,6 +103,7 @@ class _Core:
         psum = (target.psum_banks * target.psum_bank_bytes >> ONCHIP_BLOCK_SHIFT) + 1
         # indexed by trace space: SBUF = 0, PSUM = 1
         self.w = [[0.0] * sbuf, [0.0] * psum]
+        # last access of any kind (read or write): what a writer must wait for
         self.r = [[0.0] * sbuf, [0.0] * psum]
 
 
@@ -169,13 +170,16 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
     price_dma, price_compute = pricer.dma_plan, pricer.compute_ns
     assert SBUF == 0 and PSUM == 1
 
+    cur_prog = -1
     for idx in range(count):
         ins = instrs[idx]
         prog = ins.program
-        while prog >= len(cores):
-            cores.append(_Core(tgt))
-        core = cores[prog]
-        cw, cr = core.w, core.r
+        if prog != cur_prog:
+            while prog >= len(cores):
+                cores.append(_Core(tgt))
+            cur_prog = prog
+            core = cores[prog]
+            cw, cr = core.w, core.r
 
         # ---- dependencies -------------------------------------------------------------
         dep = 0.0
@@ -208,7 +212,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
                 if e <= b:
                     continue
-                t = max(max(cw[space][b:e]), max(cr[space][b:e]))
+                t = max(cr[space][b:e])
             if t > dep:
                 dep = t
 
@@ -313,7 +317,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
             else:
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
                 if e > b:
-                    cw[space][b:e] = [end] * (e - b)
+                    cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
 
     busy = {name: sum(c.busy[i] for c in cores) for i, name in enumerate(COMPUTE_ENGINES)}
     dma_busy = [c.dma.busy() for c in cores]

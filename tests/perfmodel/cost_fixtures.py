@@ -48,7 +48,9 @@ def hbm(sid: int, b0: int, nbytes: int) -> tuple:
     return (HBM, sid, 0, 1, b0, b0 + nbytes)
 
 
-def matmul(n: int, reads: tuple, writes: tuple, fp32: bool = False, transpose: bool = False) -> Instr:
+def matmul(
+    n: int, reads: tuple, writes: tuple, fp32: bool = False, transpose: bool = False
+) -> Instr:
     return Instr(
         "tensor",
         "nc_matmul",
@@ -59,12 +61,21 @@ def matmul(n: int, reads: tuple, writes: tuple, fp32: bool = False, transpose: b
         reads,
         writes,
         flops=0 if transpose else 2 * 128 * 128 * n,
-        attrs={"K": 128, "M": 128, "N": n, "fp32": fp32, "double_row": False, "transpose": transpose},
+        attrs={
+            "K": 128,
+            "M": 128,
+            "N": n,
+            "fp32": fp32,
+            "double_row": False,
+            "transpose": transpose,
+        },
     )
 
 
 def vector(opcode: str, n: int, reads: tuple, writes: tuple, **attrs: object) -> Instr:
-    return Instr("vector", opcode, 128, n, "float32", ("float32",), reads, writes, attrs=dict(attrs))
+    return Instr(
+        "vector", opcode, 128, n, "float32", ("float32",), reads, writes, attrs=dict(attrs)
+    )
 
 
 def load(sid: int, dst: tuple, row_bytes: int, dge: str = "unknown") -> Instr:

@@ -55,8 +55,12 @@ def test_dependent_instruction_on_the_same_engine_pays_the_drain():
     # copy A -> B (512 cycles), then tensor_tensor reading B (2N = 1024 cycles): the second
     # waits the dependent overhead (100 cycles) plus a fresh SBUF access (60 cycles)
     v1 = vector("tensor_copy", 512, (sbuf(0, 2048),), (sbuf(2048, 2048),))
-    dep = vector("tensor_tensor", 512, (sbuf(2048, 2048), sbuf(0, 2048)), (sbuf(8192, 2048),), op="add")
-    indep = vector("tensor_tensor", 512, (sbuf(0, 2048), sbuf(0, 2048)), (sbuf(8192, 2048),), op="add")
+    dep = vector(
+        "tensor_tensor", 512, (sbuf(2048, 2048), sbuf(0, 2048)), (sbuf(8192, 2048),), op="add"
+    )
+    indep = vector(
+        "tensor_tensor", 512, (sbuf(0, 2048), sbuf(0, 2048)), (sbuf(8192, 2048),), op="add"
+    )
     assert estimate_trace(make_trace("trn1", v1, dep)).latency_ns == pytest.approx(
         (512 + 160 + 1024) / 1.12
     )
