@@ -107,6 +107,10 @@ class Target:
         ("affine_select", 1.0, 150.0),  # GpSimd ~150 + N. H
     )
     activation_reduce_cycles: int = 64  # activation with a reduction adds ~64. H (NC-v2)
+    # DMA transpose: a fraction of a copy's throughput ("up to 90 %" on trn2,
+    # trainium2_arch). 0 = element-granular descriptors (NC-v2's load_transpose2d had "much
+    # lower DMA bandwidth"; assumed). H trn2, L trn1/trn3
+    dma_transpose_efficiency: float = 0.9
 
     @property
     def sbuf_usable_bytes(self) -> int:
@@ -162,6 +166,7 @@ TRN1 = Target(
     dma_fixed_ns=1300.0,
     dma_dge_ns=0.0,  # hardware DGE arrived with trn2. M
     dge_instances=0,
+    dma_transpose_efficiency=0.0,
     dma_descriptor_min_ns=100.0,
     hbm_bytes_per_ns=410.0,  # ~820 GB/s per chip / 2 cores. M
 )

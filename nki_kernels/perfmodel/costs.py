@@ -161,6 +161,12 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
     nbytes = instr.nbytes
     desc = int(a.get("descriptors", 1)) or 1
     dbytes = float(a.get("descriptor_bytes", nbytes / desc if desc else nbytes))
+    slow = 1.0
+    rows = chip_region[3] - chip_region[2] if chip_region is not None else 0
+    if a.get("transpose") and target.dma_transpose_efficiency > 0 and rows:
+        # the engines write [128, 16]-element blocks cooperatively: priced as a copy of
+        # the same rows at the transpose efficiency
+        desc, dbytes, slow = rows, nbytes / rows, 1.0 / target.dma_transpose_efficiency
     ppe = target.dma_partitions_per_engine
     if chip_region is not None:
         p0, p1 = chip_region[2], chip_region[3]
@@ -174,7 +180,7 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
             dbytes = nbytes / desc
         engines = range(0, min(target.dma_engines, desc))
     per_engine_desc = -(-desc // len(engines))
-    per_ns = per_engine_desc * descriptor_ns(dbytes, target)
+    per_ns = per_engine_desc * descriptor_ns(dbytes, target) * slow
     hbm_bytes = instr.hbm_read + instr.hbm_write
     if hbm_bytes:
         # HBM bandwidth per core, shared evenly: no engine moves HBM bytes faster than

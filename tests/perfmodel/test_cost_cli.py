@@ -78,3 +78,10 @@ def test_summary_is_labeled():
 
     text = summary(estimate_trace(synthetic_trace(50)), "synthetic")
     assert text.startswith("synthetic: modeled (cost model v1, trn2)")
+
+
+def test_the_project_cli_dispatches_estimate(capsys):
+    from nki_kernels.cli import main as cli_main
+
+    assert cli_main(["estimate", "matmul_tiled", "--shape", "128,128,512", "--target", "trn3"]) == 0
+    assert "modeled (cost model v1, trn3)" in capsys.readouterr().out
