@@ -48,6 +48,15 @@ def test_every_rule_has_a_negative_test():
     assert not missing, f"rules without a test asserting them: {missing}"
 
 
+def test_every_rule_is_in_the_readme_table():
+    doc = (TESTS.parent.parent / "docs" / "readme" / "interpreter.md").read_text()
+    rows = dict(re.findall(r"^\| `([A-Z0-9_]+)` \| (.+?) \|$", doc, flags=re.M))
+    missing = sorted(set(RULES) - set(rows))
+    assert not missing, f"add these rules to the table in docs/readme/interpreter.md: {missing}"
+    stale = sorted(r for r in rows if r in RULES and rows[r] != RULES[r])
+    assert not stale, f"update their description in docs/readme/interpreter.md: {stale}"
+
+
 def test_rule_descriptions_are_sentences():
     for rule, text in RULES.items():
         assert re.fullmatch(r"[A-Z][A-Z0-9_]*", rule)
