@@ -15,7 +15,7 @@ Definitions (the profiler's, HARDWARE.md):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..interp.trace import Trace
@@ -62,7 +62,6 @@ class Estimate:
     counts: Mapping[str, int]
     dma_bytes: int
     model_version: str = COST_MODEL_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def latency_ms(self) -> float:
