@@ -194,7 +194,7 @@ def _result(t: Any, trace_only: bool, as_torch: bool) -> Any:
 
 
 def run(
-    kernel: Callable[..., Any] | Kernel,
+    kernel: Callable[..., Any] | Kernel | _Launcher,
     *args: Any,
     lnc: int = 1,
     target: str | Target | None = None,
@@ -209,6 +209,8 @@ def run(
     HBM. `trace_only=True` skips the arithmetic: arguments may be `TensorSpec`s and
     outputs come back as `TensorSpec`s.
     """
+    if isinstance(kernel, _Launcher):  # run(kernel[2], ...)
+        lnc, grid, kernel = kernel.lnc, True if grid is None else grid, kernel.kernel
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     if type(lnc) is not int or not 1 <= lnc <= 2:
         raise fail("LAUNCH", f"lnc: expected 1 or 2; got {lnc!r}")

@@ -131,6 +131,12 @@ def test_program_ids_and_shared_hbm_canonicalization():
     assert seen == [(1, 1, 0)]
 
 
+def test_run_accepts_an_indexed_kernel():
+    res = run(scale_rows[2], np.ones((256, 4), np.float32), 2.0)
+    assert res.trace.lnc == 2 and {i.program for i in res.trace} == {0, 1}
+    np.testing.assert_array_equal(res.outputs, np.full((256, 4), 2.0, np.float32))
+
+
 def test_lnc2_inputs_are_shared_hbm_and_memory_is_per_core():
     seen = {}
 
