@@ -9,7 +9,13 @@ from cost_fixtures import hbm, load, make_trace, matmul, psum, sbuf, vector
 
 from nki_kernels.interp.trace import Instr
 from nki_kernels.perfmodel import estimate_trace
-from nki_kernels.perfmodel.costs import Pricer, compute_ns, descriptor_ns, dma_plan
+from nki_kernels.perfmodel.costs import (
+    Pricer,
+    compute_ns,
+    descriptor_ns,
+    dma_plan,
+    tensor_ideal_ns,
+)
 from nki_kernels.perfmodel.timeline import schedule, throttled_duration
 from nki_kernels.targets import TRN1, TRN2, TRN3
 
@@ -191,3 +197,16 @@ def test_dma_transpose_runs_at_its_efficiency():
     assert dma_plan(ins, sbuf(0, 1024), TRN2).per_engine_ns == pytest.approx(copy / 0.9)
     slow = dma_plan(ins, sbuf(0, 1024), TRN1).per_engine_ns
     assert slow == pytest.approx(8 * 512 * descriptor_ns(2, TRN1))
+
+
+def test_fp8_double_row_doubles_flops_per_cycle():
+    # double_row contracts 2K = 256 rows in the cycles of one pass: max(512, 64) cycles,
+    # 2 * 256 * 128 * 512 FLOPs; its roofline term uses the 2x fp8 peak, so the ideal
+    # time equals the cycle cost exactly (and MFU against the bf16 peak can reach 2)
+    ins = matmul(512, (sbuf(0, 512), sbuf(512, 1024)), (psum(0, 2048),))
+    ins.attrs.update(K=256, double_row=True)
+    ins.flops = 2 * 256 * 128 * 512
+    assert compute_ns(ins, TRN2) == pytest.approx(512 / 2.4)
+    assert tensor_ideal_ns(ins, TRN2) == pytest.approx(512 / 2.4)
+    est = estimate_trace(make_trace("trn3", ins))
+    assert est.latency_ns >= est.roofline_ns == pytest.approx(512 / 2.4)
