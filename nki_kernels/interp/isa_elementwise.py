@@ -42,12 +42,21 @@ _VSG = ("vector", "scalar", "gpsimd")
 _VG = ("vector", "gpsimd")
 
 
+_HALF = frozenset({dt.bfloat16, dt.float16})
+
+
 def _all_bf16(*ts: NkiTensor) -> bool:
-    return all(t.dtype in (dt.bfloat16, dt.float16) for t in ts)
+    for t in ts:
+        if t.dtype not in _HALF:
+            return False
+    return True
 
 
 def _psum_in(*ts: NkiTensor) -> bool:
-    return any(t._st.buffer is psum for t in ts)
+    for t in ts:
+        if t._st.buffer is psum:
+            return True
+    return False
 
 
 def _lanes(t: NkiTensor) -> slice:

@@ -269,9 +269,34 @@ class NkiTensor:
     def __getitem__(self, key: Any) -> NkiTensor:
         if self.indirect is not None:
             self._no_indirect("indexing")
+        shape = self.shape
+        if len(shape) == 2 and (type(key) is slice or (type(key) is tuple and len(key) == 2)):
+            # fast path for the commonest views: t[a:b, c:d] and t[a:b] of a 2-D tensor
+            k0, k1 = (key, _FULL) if type(key) is slice else key
+            if type(k0) is slice and type(k1) is slice and k0.step is None and k1.step is None:
+                n0, n1 = shape
+                a0 = 0 if k0.start is None else k0.start
+                b0 = n0 if k0.stop is None else k0.stop
+                a1 = 0 if k1.start is None else k1.start
+                b1 = n1 if k1.stop is None else k1.stop
+                if (
+                    type(a0) is int
+                    and type(b0) is int
+                    and type(a1) is int
+                    and type(b1) is int
+                    and 0 <= a0 <= b0 <= n0
+                    and 0 <= a1 <= b1 <= n1
+                ):
+                    s0, s1 = self.strides
+                    return NkiTensor(
+                        self._st,
+                        (b0 - a0, b1 - a1),
+                        (s0, s1),
+                        self.offset + a0 * s0 + a1 * s1,
+                        self.dtype,
+                    )
         if type(key) is not tuple:
             key = (key,)
-        shape = self.shape
         nd = len(shape)
         nk = len(key)
         if nk > nd or Ellipsis in key:
@@ -680,6 +705,15 @@ class NkiTensor:
         n0 = shape[0]
         p1 = p0 + 1 + ((n0 - 1) * strides[0] * isz) // pst if n0 > 1 else p0 + 1
         fhi = flo
+        if len(shape) == 2:
+            n1, s1 = shape[1], strides[1]
+            if n1 > 1:
+                if s1 > 0:
+                    fhi += (n1 - 1) * s1 * isz
+                else:
+                    flo += (n1 - 1) * s1 * isz
+            base = st.addr
+            return (buf.space, 0, p0, p1, base + flo, base + fhi + isz)
         for i in range(1, len(shape)):
             n = shape[i]
             if n > 1:
