@@ -72,7 +72,8 @@ def stream_rows(
             passes += [("vector", ot)] if ot is not None else []
             passes += [("vector", colt)] if colt is not None else []
             passes += [("vector", None)] * n_vector_ops
-            acc = nl.ndarray((P, fc), dtype=nl.float32, buffer=nl.sbuf)
+            # intermediates in the tensors' own dtype, as the PyTorch composition rounds them
+            acc = nl.ndarray((P, fc), dtype=out_dtype, buffer=nl.sbuf)
             yt = nl.ndarray((P, fc), dtype=out_dtype, buffer=nl.sbuf)
             src = xt[0:rs, 0:cs]
             if not passes:
