@@ -72,31 +72,27 @@ class TraceMeasurer(Measurer):
         return Measurement(float(latency), f"modeled ({self.name}, {target.name})", details)
 
 
-def _cost_model() -> tuple[Callable[[Trace, Target], Any], str]:
-    from .. import perfmodel
-
-    return perfmodel.estimate_trace, f"cost model v{perfmodel.VERSION}"
-
-
 class CostModelMeasurer(TraceMeasurer):
     """The default measurer: the project's cost model over a trace-only launch."""
 
     def __init__(self) -> None:
-        estimate, label = _cost_model()
+        from ..perfmodel import COST_MODEL_VERSION, estimate_trace
 
         def price(trace: Trace, target: Target) -> tuple[float, dict[str, Any]]:
-            est = estimate(trace, target)
-            details = {"bound": getattr(est, "bound", None), "mfu": getattr(est, "mfu", None)}
+            est = estimate_trace(trace, target)
+            details = {"bound_by": est.bound_by, "mfu": est.mfu, "mbu": est.mbu}
             return float(est.latency_ns), details
 
-        super().__init__(price, label.replace("cost model ", "cost-model "))
-        self.label = label
+        super().__init__(price, f"cost-model {COST_MODEL_VERSION}")
+        self.version = COST_MODEL_VERSION
 
     def measure(
         self, tunable: Tunable, problem: Any, config: KernelConfig, target: Target
     ) -> Measurement:
+        from ..perfmodel import modeled_label
+
         m = super().measure(tunable, problem, config, target)
-        return Measurement(m.latency_ns, f"modeled ({self.label}, {target.name})", m.details)
+        return Measurement(m.latency_ns, modeled_label(target.name, self.version), m.details)
 
 
 class HardwareMeasurer(Measurer):

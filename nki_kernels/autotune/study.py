@@ -32,14 +32,16 @@ released by marking the owner FAIL (`outcome=abandoned`) and taking the next att
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
 import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,8 @@ OK, INVALID, REJECTED, ERROR = "ok", "invalid", "rejected", "error"
 BUSY, ABANDONED = "duplicate-running", "abandoned"
 FINAL_OUTCOMES = (OK, INVALID, REJECTED, ERROR)
 CLAIM_SEP = "#claim#"
+ORPHAN_AFTER_S = 10.0
+RESULT = "result"
 STRATEGIES = ("auto", "tpe", "grid", "random")
 GATE_MODES = ("always", "improving", "off")
 
@@ -116,6 +120,8 @@ class TrialRecord:
     reason: str | None = None
     duplicate_of: int | None = None
     worker: str | None = None
+    gate: str | None = None  # "passed" | "skipped" | "off" for outcome ok
+    label: str | None = None  # the measurer's label ("modeled (cost model v1, trn2)")
 
     @property
     def evaluated(self) -> bool:
@@ -159,6 +165,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _quiet_optuna() -> Iterator[None]:
+    """Silence Optuna's INFO log for claim studies (one per config would flood the log)."""
+    logger = logging.getLogger("optuna")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 class _Grid(GridSampler):
     """GridSampler without its `study.stop()` (the driver decides when to stop)."""
 
@@ -166,20 +184,35 @@ class _Grid(GridSampler):
         return None
 
 
+def result_of(t: FrozenTrial) -> dict[str, Any]:
+    """The trial's `result` attribute: outcome, latency_ns, rule, reason, ... ({} if none)."""
+    r = t.user_attrs.get(RESULT, {})
+    return r if isinstance(r, dict) else {}
+
+
 def record_of(t: FrozenTrial) -> TrialRecord:
-    """The `TrialRecord` of a stored trial."""
+    """The `TrialRecord` of a stored trial.
+
+    Trial user attributes: `worker` = {"id": "host:pid", "started": unix time} (written
+    first), `config` = the config key (JSON), `result` = {"outcome", "latency_ns", "rule",
+    "reason", "duplicate_of", "gate", "label"} (written once, when the trial ends).
+    """
     a = t.user_attrs
-    outcome = a.get("outcome") or ("running" if t.state == TrialState.RUNNING else "unknown")
+    r = result_of(t)
+    outcome = r.get("outcome") or ("running" if t.state == TrialState.RUNNING else "unknown")
     config = json.loads(a["config"]) if "config" in a else None
+    worker = a.get("worker", {})
     return TrialRecord(
         number=t.number,
         config=config,
         outcome=outcome,
-        latency_ns=a.get("latency_ns"),
-        rule=a.get("rule"),
-        reason=a.get("reason"),
-        duplicate_of=a.get("duplicate_of"),
-        worker=a.get("worker"),
+        latency_ns=r.get("latency_ns"),
+        rule=r.get("rule"),
+        reason=r.get("reason"),
+        duplicate_of=r.get("duplicate_of"),
+        worker=worker.get("id") if isinstance(worker, dict) else None,
+        gate=r.get("gate"),
+        label=r.get("label"),
     )
 
 
@@ -292,30 +325,29 @@ class Tuner:
 
     def _final_trial_with(self, key: str) -> FrozenTrial | None:
         for t in self.study().get_trials(deepcopy=False):
-            a = t.user_attrs
             if (
                 t.state.is_finished()
-                and a.get("config") == key
-                and a.get("outcome") in FINAL_OUTCOMES
+                and t.user_attrs.get("config") == key
+                and result_of(t).get("outcome") in FINAL_OUTCOMES
             ):
                 return t
         return None
 
     def _stale(self, t: FrozenTrial) -> bool:
         worker = t.user_attrs.get("worker")
-        started = t.user_attrs.get("started")
-        if worker is not None:
-            host, _, pid = worker.rpartition(":")
-            if host == socket.gethostname() and not _pid_alive(int(pid)):
-                return True
-        if started is None:
+        if not isinstance(worker, dict):
+            # attributes follow a trial's creation within milliseconds: none after
+            # ORPHAN_AFTER_S means its worker died between creating it and starting work
             start = t.datetime_start.timestamp() if t.datetime_start else time.time()
-            return time.time() - start > 60.0
-        return time.time() - float(started) > self.options.stale_after_s
+            return time.time() - start > ORPHAN_AFTER_S
+        host, _, pid = str(worker.get("id", "")).rpartition(":")
+        if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
+            return True
+        return time.time() - float(worker.get("started", 0.0)) > self.options.stale_after_s
 
     def _abandon(self, t: FrozenTrial) -> None:
         try:
-            self.storage.set_trial_user_attr(t._trial_id, "outcome", ABANDONED)
+            self.storage.set_trial_user_attr(t._trial_id, RESULT, {"outcome": ABANDONED})
             self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except (UpdateFinishedTrialError, RuntimeError):
             pass
@@ -336,7 +368,8 @@ class Tuner:
         for attempt in range(1000):
             name = f"{study.study_name}{CLAIM_SEP}{digest}.{attempt}"
             try:
-                sid = self.storage.create_new_study([StudyDirection.MINIMIZE], name)
+                with _quiet_optuna():
+                    sid = self.storage.create_new_study([StudyDirection.MINIMIZE], name)
             except DuplicatedStudyError:
                 sid = self.storage.get_study_id_from_name(name)
             else:
@@ -352,7 +385,7 @@ class Tuner:
             if owner.state == TrialState.RUNNING and self._stale(owner):
                 self._abandon(owner)
                 owner = self.storage.get_trial(tid)
-            if owner.state == TrialState.FAIL and owner.user_attrs.get("outcome") != ERROR:
+            if owner.state == TrialState.FAIL and result_of(owner).get("outcome") != ERROR:
                 continue  # the owner died or deferred: the next attempt is free to take
             return owner
         raise RuntimeError(f"could not claim config {key} after 1000 attempts")
@@ -362,12 +395,8 @@ class Tuner:
         self, trial: optuna.Trial, outcome: str, latency: float | None = None, **attrs: Any
     ) -> TrialRecord:
         study = self.study()
-        trial.set_user_attr("outcome", outcome)
-        if latency is not None:
-            trial.set_user_attr("latency_ns", latency)
-        for k, v in attrs.items():
-            if v is not None:
-                trial.set_user_attr(k, v)
+        result = {"outcome": outcome, "latency_ns": latency, **attrs}
+        trial.set_user_attr(RESULT, {k: v for k, v in result.items() if v is not None})
         if outcome == OK:
             study.tell(trial, latency)
         elif outcome in (INVALID, REJECTED):
@@ -377,12 +406,10 @@ class Tuner:
         return record_of(study._storage.get_trial(trial._trial_id))
 
     def _copy(self, trial: optuna.Trial, src: FrozenTrial) -> TrialRecord:
-        a = src.user_attrs
-        dup = a.get("duplicate_of", src.number)
-        return self._finish(
-            trial, a["outcome"], a.get("latency_ns"), rule=a.get("rule"),
-            reason=a.get("reason"), duplicate_of=dup,
-        )  # fmt: skip
+        r = result_of(src)
+        copied = {k: v for k, v in r.items() if k not in ("outcome", "latency_ns")}
+        copied["duplicate_of"] = r.get("duplicate_of", src.number)
+        return self._finish(trial, r["outcome"], r.get("latency_ns"), **copied)
 
     def _best_latency(self) -> float | None:
         best = self.report().best
@@ -392,15 +419,14 @@ class Tuner:
         """Run one asked trial to completion (see the module docstring)."""
         config = self.space.suggest(trial)
         key = config.key()
+        trial.set_user_attr("worker", {"id": _worker_id(), "started": time.time()})
         trial.set_user_attr("config", key)
-        trial.set_user_attr("worker", _worker_id())
-        trial.set_user_attr("started", time.time())
         prior = self._final_trial_with(key)
         if prior is not None:
             return self._copy(trial, prior)
         owner = self._claim(key, trial.number)
         if owner is not None:
-            if owner.state.is_finished() and owner.user_attrs.get("outcome") in FINAL_OUTCOMES:
+            if owner.state.is_finished() and result_of(owner).get("outcome") in FINAL_OUTCOMES:
                 return self._copy(trial, owner)
             dup = owner.number if owner.number >= 0 else None
             return self._finish(trial, BUSY, duplicate_of=dup)
@@ -419,7 +445,6 @@ class Tuner:
             return self._finish(trial, INVALID, rule=e.rule, reason=str(e))
         except Exception as e:
             return self._finish(trial, ERROR, reason=f"measure: {type(e).__name__}: {e}")
-        trial.set_user_attr("label", m.label)
         gate_state = "off"
         if self.gate is not None and self.options.gate != "off":
             best = self._best_latency() if self.options.gate == "improving" else None
@@ -436,11 +461,11 @@ class Tuner:
                     return self._finish(trial, ERROR, reason=f"gate: {type(e).__name__}: {e}")
                 if not res.ok:
                     return self._finish(
-                        trial, REJECTED, m.latency_ns, rule="gate",
+                        trial, REJECTED, m.latency_ns, rule="gate", label=m.label,
                         reason=f"wrong output on {res.problem}: {res.reason}",
                     )  # fmt: skip
                 gate_state = "passed"
-        return self._finish(trial, OK, m.latency_ns, gate=gate_state)
+        return self._finish(trial, OK, m.latency_ns, gate=gate_state, label=m.label)
 
     # ----------------------------------------------------------------- the loop
     def run(

@@ -11,9 +11,6 @@ bucketed shapes and dtype of one launch. The tuner never looks inside it; it ask
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,9 +36,12 @@ class Tunable:
     - `run_numeric(problem, config, target, seed)`: run the kernel in numeric mode on
       seeded random inputs and return `(outputs, reference_outputs)`;
     - `tolerance(problem)`: `(atol, rtol)` for comparing them;
-    - `bucket_key(problem)`, `dtype(problem)`: the study key fields (from the project's one
-      bucketing function);
-    - `sources`: modules whose source text defines the kernel (the kernel hash);
+    - `bucket_key(problem)`, `dtype(problem)`: the study key fields; `problem` is the
+      config store's bucketed problem (a dataclass of ints / strings, bucketed by
+      `runtime.buckets`), keyed there by `problem_key(problem)`;
+    - `kernels`: the `nki.jit` kernels the op launches; the first one's source hash
+      (`runtime.kernel_cache.kernel_source_hash`, what config lookup checks) is the
+      kernel hash of the study and of exported configs;
     - `device_launcher(problem, config, target)`: optional, for the hardware measurer: a
       zero-argument callable that runs the compiled kernel once on the device and waits.
     """
@@ -54,7 +54,7 @@ class Tunable:
     tolerance: Callable[[Any], tuple[float, float]]
     bucket_key: Callable[[Any], str]
     dtype: Callable[[Any], str]
-    sources: tuple[str, ...]
+    kernels: tuple[Any, ...]
     device_launcher: Callable[[Any, KernelConfig, Target], Callable[[], None]] | None = None
     describe: Callable[[Any], str] = field(default=repr)
 
@@ -62,15 +62,7 @@ class Tunable:
         return self.config_cls.heuristic(problem, target)
 
     def source_hash(self) -> str:
-        """sha256 over the source text of `sources` (in order), first 16 hex digits."""
-        return source_hash(self.sources)
+        """The kernel hash config lookup compares against (first kernel's source file)."""
+        from ..runtime.kernel_cache import kernel_source_hash
 
-
-def source_hash(modules: Sequence[str]) -> str:
-    """Hash of the source text of the named modules; changes whenever a kernel changes."""
-    h = hashlib.sha256()
-    for name in modules:
-        mod = importlib.import_module(name)
-        h.update(inspect.getsource(mod).encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+        return kernel_source_hash(self.kernels[0])

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from nki_kernels.autotune.space import SearchSpace
 from nki_kernels.autotune.storage import normalize_url, open_storage, redact
-from nki_kernels.autotune.study import ABANDONED, TuneOptions, Tuner
+from nki_kernels.autotune.study import ABANDONED, TuneOptions, Tuner, result_of
 from nki_kernels.targets import TRN2
 
 from .toy import ToyConfig, ToyMeasurer, make_toy
@@ -56,7 +56,7 @@ def tuner_for(url: str, op: str, **kw) -> Tuner:
 
 def finished(tuner: Tuner) -> dict[int, tuple]:
     return {
-        t.number: (t.state, t.value, t.user_attrs.get("config"), t.user_attrs.get("outcome"))
+        t.number: (t.state, t.value, t.user_attrs.get("config"), result_of(t).get("outcome"))
         for t in tuner.study().get_trials(deepcopy=False)
         if t.state.is_finished()
     }
@@ -91,7 +91,12 @@ def test_killed_run_resumes_without_rerunning_finished_trials(tmp_path):
     try:
         while time.monotonic() < deadline:
             done = [v for v in finished(observer).values() if v[3] == "ok"]
-            if len(done) >= 4:
+            measuring = [
+                t
+                for t in observer.study().get_trials(deepcopy=False)
+                if t.state == TrialState.RUNNING and "config" in t.user_attrs
+            ]
+            if len(done) >= 4 and measuring:  # kill it in the middle of a measurement
                 break
             assert proc.poll() is None, proc.communicate()[1]
             time.sleep(0.05)
@@ -107,6 +112,7 @@ def test_killed_run_resumes_without_rerunning_finished_trials(tmp_path):
         if t.state == TrialState.RUNNING
     ]
     assert before and len(before) < SPACE_SIZE
+    assert running
 
     resumed = tuner_for(url, op)
     resumed.run()

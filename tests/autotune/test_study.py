@@ -17,6 +17,7 @@ from nki_kernels.autotune.study import (
     REJECTED,
     TuneOptions,
     Tuner,
+    result_of,
 )
 from nki_kernels.targets import TRN2
 
@@ -90,7 +91,7 @@ def test_invalid_configs_are_recorded_with_their_rule(grid_report):
     assert {(r.config["tile_cols"], r.config["bufs"]) for r in invalid} == {(8192, 8)}
     study = tuner.study()
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("outcome") == INVALID:
+        if result_of(t).get("outcome") == INVALID:
             assert t.state == TrialState.PRUNED
     assert report.best.outcome == OK
 

@@ -120,7 +120,7 @@ def make_toy(op: str = "toy_scale") -> Tunable:
         tolerance=lambda p: (1e-5, 1e-6),
         bucket_key=lambda p: f"{p.rows}x{p.cols}",
         dtype=lambda p: p.dtype,
-        sources=(__name__,),
+        kernels=(toy_kernel,),
     )
 
 

@@ -1,0 +1,111 @@
+"""Export a study's best config into the config store (JSON per target and op).
+
+The entry is keyed by the bucketed problem (`runtime.config_store.problem_key`) and
+carries its provenance: the kernel source hash the study measured (lookup refuses the
+entry, with a `StaleConfigWarning`, once the kernel changes), the measurer's label
+("modeled (cost model v1, trn2)" or "measured (hardware)"), the best latency, the
+heuristic default's latency in the same study, the number of distinct configs tried, and
+the date. The store writes atomically (temporary file + rename, under a file lock).
+
+A config is exported only if it passed the correctness gate; a best config that the study
+recorded without gating (`gate='off'`, or 'improving' before it became best) is gated here
+first, and refused if it fails.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..kernel_config import KernelConfig
+from ..runtime.config_store import ConfigStore, Provenance, default_store, problem_key
+from .gate import CorrectnessGate
+from .study import OK, Tuner
+
+
+class ExportRefused(RuntimeError):
+    """The study has no exportable result (nothing valid, or the best config is wrong)."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What `export_best` wrote."""
+
+    op: str
+    target: str
+    key: str
+    config: KernelConfig
+    provenance: Provenance
+    path: Path
+
+    @property
+    def speedup(self) -> float:
+        """Heuristic default latency / tuned latency (nan when the default has none)."""
+        d = self.provenance.default_latency_ns
+        return d / self.provenance.latency_ns if d and not math.isnan(d) else math.nan
+
+
+def export_best(
+    tuner: Tuner,
+    store: ConfigStore | None = None,
+    directory: str | Path | None = None,
+    gate: CorrectnessGate | None = None,
+) -> Exported:
+    """Write `tuner`'s best config for its problem into `store` (default: the user store)."""
+    report = tuner.report()
+    best = report.best
+    if best is None or best.config is None:
+        raise ExportRefused(f"{report.name}: no valid, correct config to export")
+    trial = tuner.study().get_trials(deepcopy=False)[best.number]
+    config = tuner.space.decode(trial.params)
+    if best.gate != "passed":
+        checker = gate or tuner.gate or CorrectnessGate()
+        res = checker.check(tuner.tunable, tuner.problem, config, tuner.target)
+        if not res.ok:
+            raise ExportRefused(
+                f"{report.name}: best config {config.key()} fails the correctness gate on "
+                f"{res.problem}: {res.reason}"
+            )
+    heur = report.heuristic
+    if heur is None or heur.outcome != OK or heur.latency_ns is None:
+        outcome = "not measured" if heur is None else heur.outcome
+        warnings.warn(
+            f"{report.name}: the heuristic default has no latency ({outcome}); "
+            "default_latency_ns is recorded as nan",
+            stacklevel=2,
+        )
+        default_latency = math.nan
+    else:
+        default_latency = float(heur.latency_ns)
+    prov = Provenance(
+        kernel_hash=tuner.key.kernel_hash,
+        measurer=best.label or tuner.measurer.name,
+        latency_ns=float(best.latency_ns),  # type: ignore[arg-type]
+        default_latency_ns=default_latency,
+        trials=report.distinct_done,
+        date=Provenance.now(),
+    )
+    target = store if store is not None else default_store()
+    path = target.put(
+        tuner.tunable.op, tuner.target, tuner.problem, config, prov, directory=directory
+    )
+    return Exported(
+        tuner.tunable.op, tuner.target.name, problem_key(tuner.problem), config, prov, path
+    )
+
+
+def describe_entry(entry: dict[str, Any]) -> str:
+    """One line for a stored entry: config, tuned and default latency, speedup, measurer."""
+    prov = entry.get("provenance", {})
+    lat = prov.get("latency_ns", math.nan)
+    dflt = prov.get("default_latency_ns", math.nan)
+    speed = dflt / lat if lat and not math.isnan(dflt) else math.nan
+    cfg = ", ".join(f"{k}={v}" for k, v in entry.get("config", {}).items())
+    return (
+        f"{lat / 1e3:10.2f} us  (default {dflt / 1e3:10.2f} us, x{speed:5.2f})  "
+        f"[{prov.get('measurer', '?')}; {prov.get('trials', '?')} trials; "
+        f"hash {prov.get('kernel_hash', '?')}; {prov.get('date', '?')}]  {cfg}"
+    )
