@@ -111,7 +111,7 @@ def moe_mlp_bwd(
 def _bwd_block(d: dict[str, Any], ws: tuple[Any, ...], b: Any) -> None:
     hidden, w_gate_up, w_down, dout, slot_token, slot_weight, slot_weight_row = ws[:7]
     block_expert, dw_gate_up, dw_down, dx_slots, dws_slots = ws[7:]
-    h, ns, bsz, dt = d["H"], d["NS"], d["B"], d["dt"]
+    h, ns, bsz = d["H"], d["NS"], d["B"]
     tok, exp = block_meta(d, slot_token, block_expert, b)
     wsl = nl.ndarray((P, ns), dtype=nl.float32, buffer=nl.sbuf)
     w_bc = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.sbuf)
@@ -124,28 +124,7 @@ def _bwd_block(d: dict[str, Any], ws: tuple[Any, ...], b: Any) -> None:
         bc = slot_weight_row.ap([[0, P], [1, bsz]], offset=0, scalar_offset=b, indirect_dim=0)
         nisa.dma_copy(dst=w_bc, src=bc)
 
-    x_tok, dy_tok = [], []
-    xT = nl.ndarray((P, d["HT"], bsz), dtype=dt, buffer=nl.sbuf)
-    doT = nl.ndarray((P, d["HT"], bsz), dtype=dt, buffer=nl.sbuf)
-    do_tok = []
-    for c in range(ns):
-        xr = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
-        gather_rows(hidden, tok[:, c : c + 1], xr, h)
-        x_tok.append(xr)
-        dr = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
-        gather_rows(dout, tok[:, c : c + 1], dr, h)
-        do_tok.append(dr)
-        dy = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=dy, data=dr, op0=nl.multiply, operand0=wsl[:, c : c + 1])
-        dy_tok.append(dy)
-    parity = 0
-    for t in range(d["HT"]):
-        tr = tile_rows(h, t)
-        parity = transpose_into(dt, [r[:, t * P : t * P + tr] for r in x_tok], xT[:, t, :], parity)
-        parity = transpose_into(
-            dt, [r[:, t * P : t * P + tr] for r in do_tok], doT[:, t, :], parity
-        )
-    del do_tok
+    x_tok, dy_tok, xT, doT = _load_block_rows(d, hidden, dout, tok, wsl)
 
     dx = [nl.ndarray((P, h), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ns)]
     dws = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.psum)
@@ -175,60 +154,109 @@ def _bwd_block(d: dict[str, Any], ws: tuple[Any, ...], b: Any) -> None:
             nisa.dma_copy(dst=view, src=dx[c])
 
 
+def _load_block_rows(
+    d: dict[str, Any], hidden: Any, dout: Any, tok: Any, wsl: Any
+) -> tuple[list[Any], list[Any], Any, Any]:
+    """Token rows x and w * dout ([128, H] per sub-tile) and the transposes xT, doT."""
+    h, dt, bsz = d["H"], d["dt"], d["B"]
+    x_tok, dy_tok, do_tok = [], [], []
+    xT = nl.ndarray((P, d["HT"], bsz), dtype=dt, buffer=nl.sbuf)
+    doT = nl.ndarray((P, d["HT"], bsz), dtype=dt, buffer=nl.sbuf)
+    for c in range(d["NS"]):
+        x_tok.append(nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf))
+        gather_rows(hidden, tok[:, c : c + 1], x_tok[c], h)
+        do_tok.append(nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf))
+        gather_rows(dout, tok[:, c : c + 1], do_tok[c], h)
+        dy_tok.append(nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf))
+        w_col = wsl[:, c : c + 1]
+        nisa.tensor_scalar(dst=dy_tok[c], data=do_tok[c], op0=nl.multiply, operand0=w_col)
+    parity = 0
+    for t in range(d["HT"]):
+        tr = tile_rows(h, t)
+        cols = slice(t * P, t * P + tr)
+        parity = transpose_into(dt, [r[:, cols] for r in x_tok], xT[:, t, :], parity)
+        parity = transpose_into(dt, [r[:, cols] for r in do_tok], doT[:, t, :], parity)
+    return x_tok, dy_tok, xT, doT
+
+
 def _bwd_chunk(d: dict[str, Any], tensors: tuple[Any, ...], acts: tuple[Any, ...], ic: int) -> None:
     w_gate_up, w_down, dw_gate_up, dw_down, exp = tensors
     x_tok, xT, doT, dy_tok, w_bc, ones, dws, dx = acts
-    h, ht, ns, bsz, dt, ti = d["H"], d["HT"], d["NS"], d["B"], d["dt"], d["TI"]
+    h, ht, bsz, dt, ti = d["H"], d["HT"], d["B"], d["dt"], d["TI"]
     i0 = ic * ti
     icw = min(ti, d["I"] - i0)
     nit = cdiv(icw, P)
 
+    # chunk phases keep at most three weight copies live: Wd -> H-major WdT, then the
+    # recompute with Wg / Wu (H-major), then Wg / Wu -> I-major for dx
+    wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
+    load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
+    wdT = _h_major(d, wd, icw)
+    del wd
     wg = nl.ndarray((P, ht, ti), dtype=dt, buffer=nl.sbuf)
     wu = nl.ndarray((P, ht, ti), dtype=dt, buffer=nl.sbuf)
-    wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
     load_weight_rows(w_gate_up, exp, 0, h, i0, icw, wg)
     load_weight_rows(w_gate_up, exp, 0, h, d["I"] + i0, icw, wu)
-    load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
-
-    # PE transposes: Wd to H-major (for gaT), Wg / Wu to I-major (for dx)
-    wdT = nl.ndarray((P, ht, ti), dtype=dt, buffer=nl.sbuf)
-    wgT = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
-    wuT = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
-    parity = 0
-    for t in range(ht):
-        tr = tile_rows(h, t)
-        srcs = [wd[0 : _cw(icw, it), it, t * P : t * P + tr] for it in range(nit)]
-        parity = transpose_into(dt, srcs, wdT[0:tr, t, 0:icw], parity)
-    for it in range(nit):
-        cw = _cw(icw, it)
-        for w, wT in ((wg, wgT), (wu, wuT)):
-            srcs = [w[0 : tile_rows(h, t), t, it * P : it * P + cw] for t in range(ht)]
-            parity = transpose_into(dt, srcs, wT[0:cw, it, :], parity)
-        del w, wT
 
     dgT = nl.ndarray((P, nit, bsz), dtype=dt, buffer=nl.sbuf)
     duT = nl.ndarray((P, nit, bsz), dtype=dt, buffer=nl.sbuf)
     actT = nl.ndarray((P, nit, bsz), dtype=dt, buffer=nl.sbuf)
     for it in range(nit):
-        first = ic == 0 and it == 0
         ins = (wg, wu, wdT, xT, doT, w_bc, ones, dws)
-        _pointwise(d, ins, it, _cw(icw, it), first, (dgT, duT, actT))
-    del wg, wu, wdT
+        _pointwise(d, ins, it, _cw(icw, it), ic == 0 and it == 0, (dgT, duT, actT))
+        del ins
+    del wdT
+    wgT = _i_major(d, wg, icw)
+    del wg
+    wuT = _i_major(d, wu, icw)
+    del wu
 
     # token-major act / dg / du for the weight gradients (contraction over tokens)
-    act_tok = nl.ndarray((P, ns, ti), dtype=dt, buffer=nl.sbuf)
-    dg_tok = nl.ndarray((P, ns, ti), dtype=dt, buffer=nl.sbuf)
-    du_tok = nl.ndarray((P, ns, ti), dtype=dt, buffer=nl.sbuf)
-    for src, dst in ((actT, act_tok), (dgT, dg_tok), (duT, du_tok)):
-        for c in range(ns):
-            srcs = [src[0 : _cw(icw, it), it, c * P : (c + 1) * P] for it in range(nit)]
-            parity = transpose_into(dt, srcs, dst[:, c, 0:icw], parity)
-    del src, dst, actT
+    act_tok = _token_major(d, actT, icw)
+    del actT
+    dg_tok = _token_major(d, dgT, icw)
+    du_tok = _token_major(d, duT, icw)
 
     _wgrad_down(d, dw_down, exp, act_tok, dy_tok, i0, icw)
     _wgrad_gate_up(d, dw_gate_up, exp, x_tok, dg_tok, i0, icw)
     _wgrad_gate_up(d, dw_gate_up, exp, x_tok, du_tok, d["I"] + i0, icw)
     _dgrad(d, dgT, duT, wgT, wuT, icw, ic, dx)
+
+
+def _h_major(d: dict[str, Any], wd: Any, icw: int) -> Any:
+    """The chunk's Wd rows [I rows, nit, H] transposed to [H rows, HT, tile_i] (PE)."""
+    h, dt = d["H"], d["dt"]
+    nit = cdiv(icw, P)
+    wdT = nl.ndarray((P, d["HT"], d["TI"]), dtype=dt, buffer=nl.sbuf)
+    parity = 0
+    for t in range(d["HT"]):
+        tr = tile_rows(h, t)
+        srcs = [wd[0 : _cw(icw, it), it, t * P : t * P + tr] for it in range(nit)]
+        parity = transpose_into(dt, srcs, wdT[0:tr, t, 0:icw], parity)
+    return wdT
+
+
+def _i_major(d: dict[str, Any], w: Any, icw: int) -> Any:
+    """A chunk of Wg or Wu [H rows, HT, tile_i] transposed to [I rows, nit, H] (PE)."""
+    h, dt = d["H"], d["dt"]
+    nit = cdiv(icw, P)
+    wT = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
+    parity = 0
+    for it in range(nit):
+        cw = _cw(icw, it)
+        srcs = [w[0 : tile_rows(h, t), t, it * P : it * P + cw] for t in range(d["HT"])]
+        parity = transpose_into(dt, srcs, wT[0:cw, it, :], parity)
+    return wT
+
+
+def _token_major(d: dict[str, Any], src: Any, icw: int) -> Any:
+    """[128 tokens, NS, tile_i] transposes of an I-major [I rows, nit, B] chunk tile."""
+    dst = nl.ndarray((P, d["NS"], d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
+    parity = 1
+    for c in range(d["NS"]):
+        srcs = [src[0 : _cw(icw, it), it, c * P : (c + 1) * P] for it in range(cdiv(icw, P))]
+        parity = transpose_into(d["dt"], srcs, dst[:, c, 0:icw], parity)
+    return dst
 
 
 def _cw(icw: int, it: int) -> int:

@@ -12,6 +12,7 @@ interpreter's allocator reports for the same kernel, which tests check on real s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,6 +30,7 @@ DMA_H = (1, 2, 4, 8)
 DTYPES = ("bfloat16", "float32")
 TRANSPOSE_PSUM_BANKS = 2  # transpose groups in flight (one bank each)
 COMBINE_COLS = 2048
+DRY_RUN_TOKENS = 256  # token count of the one-block dry run (only the combine sees it)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -41,6 +43,56 @@ def _tile(nbytes: int) -> int:
 
 def _banks(nbytes: int, target: Target) -> int:
     return _cdiv(nbytes, target.psum_bank_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | None:
+    """Interpret one block of the config's kernel in trace-only mode on `target`.
+
+    Returns the interpreter's error (SBUF / PSUM placement or any other rule) or None.
+    This is what makes `validate` exact: the allocator that checks the plan is the one
+    the kernel runs under, fragmentation included.
+    """
+    from ..interp import TensorSpec, run
+    from ..interp.errors import NkiValidationError
+
+    t, h, i, e, k = (
+        min(problem.tokens, DRY_RUN_TOKENS),
+        problem.hidden,
+        problem.intermediate,
+        problem.experts,
+        problem.top_k,
+    )
+    dt = problem.dtype
+    b = config.block_size  # type: ignore[attr-defined]
+    meta = (
+        TensorSpec((1, P, b // P), "int32"),
+        TensorSpec((1, 1), "int32"),
+        TensorSpec((1, 1), "int32"),
+        TensorSpec((t, k), "int32"),
+    )
+    weights = (TensorSpec((e, h, 2 * i), dt), TensorSpec((e, i, h), dt))
+    try:
+        if isinstance(config, MoEMLPConfig):
+            from .blockwise_mlp import moe_mlp_fwd
+
+            args = (TensorSpec((t, h), dt), *weights, *meta, TensorSpec((t, k), "float32"))
+            run(moe_mlp_fwd, *args, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
+        else:
+            from .blockwise_mlp_bwd import moe_mlp_bwd
+
+            slot_w = (TensorSpec((1, P, b // P), "float32"), TensorSpec((1, b), "float32"))
+            grads = (TensorSpec((e, h, 2 * i), "float32"), TensorSpec((e, i, h), "float32"))
+            tok = (TensorSpec((t, h), dt), *weights, TensorSpec((t, h), dt), meta[0], *slot_w)
+            args = (*tok, *meta[1:], *grads)
+            run(moe_mlp_bwd, *args, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
+    except NkiValidationError as err:
+        return str(err)
+    return None
+
+
+def _trace_kwargs(target: Target) -> dict[str, Any]:
+    return {"target": target, "trace_only": True}
 
 
 @dataclass(frozen=True)
@@ -181,3 +233,87 @@ class MoEMLPConfig(KernelConfig):
             raise InvalidConfig(
                 f"PSUM: the tile plan needs {psum} banks; {target.name} has {target.psum_banks}"
             )
+        err = dry_run(self, problem, target)
+        if err is not None:
+            raise InvalidConfig(f"dry run of one block on {target.name}: {err}")
+
+
+BWD_BLOCK_SIZES = (128, 256, 512)
+BWD_TILE_I = (128, 256)
+RMW_COLS = 2048  # blockwise_mlp_bwd.RMW_COLS
+WGRAD_H = 4  # blockwise_mlp_bwd.WGRAD_H
+
+
+@dataclass(frozen=True)
+class MoEMLPBwdConfig(KernelConfig):
+    """Backward blockwise expert MLP tunables (see blockwise_mlp_bwd.py).
+
+    block_size: token slots per block (the backward plans its own blocks).
+    tile_i: intermediate columns per chunk; each chunk holds its Wg / Wu / Wd slices and
+      their PE transposes on chip.
+    """
+
+    op_name: ClassVar[str] = "moe_mlp_bwd"
+
+    block_size: int = 256
+    tile_i: int = 128
+
+    @classmethod
+    def search_space(cls, problem: MoEProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        return {
+            "block_size": _useful(BWD_BLOCK_SIZES, _pow2_at_least(problem.assignments)),
+            "tile_i": _useful(BWD_TILE_I, problem.intermediate),
+        }
+
+    @classmethod
+    def heuristic(cls, problem: MoEProblem, target: Target) -> MoEMLPBwdConfig:
+        """Largest block with little expected padding, then the widest chunk that fits."""
+        blocks = [b for b in (512, 256) if problem.experts * b / 2 <= problem.assignments / 4]
+        for b in [*blocks, 128]:
+            for ti in (256, 128):
+                cand = cls(b, ti)
+                if cand.is_valid(problem, target):
+                    return cand
+        raise InvalidConfig(f"no backward MoE config fits {problem} on {target.name}")
+
+    def usage(self, problem: MoEProblem, target: Target) -> tuple[int, int]:
+        """(peak SBUF bytes per partition, peak PSUM banks) of the kernel's tile plan."""
+        dsz, h, b, ti = problem.itemsize, problem.hidden, self.block_size, self.tile_i
+        ht, ns = _cdiv(h, P), b // P
+        nit = _cdiv(min(ti, problem.intermediate), P)
+        small = 6 * GRANULE + _tile(b * 4)
+        rows, cols_t = _tile(h * dsz), _tile(ht * b * dsz)
+        prologue = small + 3 * ns * rows + 2 * cols_t
+        block = small + 2 * ns * rows + 2 * cols_t + ns * _tile(h * 4)
+        w_h, w_i = _tile(ht * ti * dsz), _tile(nit * h * dsz)
+        act_i = _tile(nit * b * dsz)
+        pointwise = 3 * w_h + 3 * act_i + 4 * _tile(b * 4)
+        transposes = max(w_h + w_i, w_h + w_i + w_h) + 3 * act_i  # WdT | Wg, Wu -> WgT, WuT
+        pointwise = max(pointwise, transposes, 2 * w_i + w_h + 2 * act_i)
+        wgrad = 2 * w_i + 2 * act_i + 3 * _tile(ns * ti * dsz)
+        wgrad += 2 * max(_tile(RMW_COLS * 4), _tile(WGRAD_H * ti * 4))
+        sbuf = max(prologue, block + max(pointwise, wgrad))
+        dws = _banks(b * 4, target)
+        psum = dws + max(TRANSPOSE_PSUM_BANKS, 3 * _banks(b * 4, target))
+        return sbuf, psum
+
+    def validate(self, problem: MoEProblem, target: Target) -> None:
+        if self.block_size not in BWD_BLOCK_SIZES:
+            raise InvalidConfig(
+                f"block_size: expected one of {BWD_BLOCK_SIZES}; got {self.block_size}"
+            )
+        if self.tile_i not in BWD_TILE_I:
+            raise InvalidConfig(f"tile_i: expected one of {BWD_TILE_I}; got {self.tile_i}")
+        sbuf, psum = self.usage(problem, target)
+        if sbuf > target.sbuf_usable_bytes:
+            raise InvalidConfig(
+                f"SBUF: the tile plan needs {sbuf} B per partition; {target.name} has "
+                f"{target.sbuf_usable_bytes}"
+            )
+        if psum > target.psum_banks:
+            raise InvalidConfig(
+                f"PSUM: the tile plan needs {psum} banks; {target.name} has {target.psum_banks}"
+            )
+        err = dry_run(self, problem, target)
+        if err is not None:
+            raise InvalidConfig(f"dry run of one block on {target.name}: {err}")
