@@ -194,6 +194,8 @@ def addresses(t: NkiTensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _flat(t: NkiTensor) -> np.ndarray:
+    if t._st.pending is not None:
+        t._st.pending.flush()
     data = t._st.data
     assert data is not None
     return data.view(t.dtype) if data.dtype != t.dtype else data

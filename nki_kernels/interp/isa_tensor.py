@@ -172,11 +172,14 @@ def nc_matmul(
     if exact_transpose:
         write(dst, _pe_transpose(read(stationary).reshape(k, m), read_f32(moving).reshape(k, n)))
         return ins
+    # fp32 operands come back as views of SBUF; other dtypes as fresh fp32 copies
     s = read_f32(stationary).reshape(kk, m)
     mv = read_f32(moving).reshape(kk, n)
-    with np.errstate(all="ignore"):
-        prod = s.T @ mv
-    _accumulate_psum(dst, prod.reshape(dst.shape), accumulate, launch)
+    if stationary.dtype == dt.float32:
+        s = s.copy()
+    if moving.dtype == dt.float32:
+        mv = mv.copy()
+    _accumulate_psum(dst, s, mv, accumulate, launch)
     return ins
 
 
@@ -214,13 +217,50 @@ def _pe_transpose(data: np.ndarray, moving: np.ndarray) -> np.ndarray:
         return dt.to_f32(data).T @ moving
 
 
+class PendingMatmuls:
+    """A chain of matmuls accumulating into one PSUM view that nothing has read yet.
+
+    Their products are summed in one fp32 GEMM over the concatenated contraction dims
+    when the PSUM storage is next touched (`NkiTensor.array()` flushes), instead of one
+    small GEMM per instruction: the same fp32 accumulation, far fewer BLAS calls.
+    """
+
+    __slots__ = ("dst", "key", "lhs", "overwrite", "rhs")
+
+    def __init__(self, dst: NkiTensor, overwrite: bool, s: np.ndarray, mv: np.ndarray) -> None:
+        self.dst = dst
+        self.key = (dst.offset, dst.shape, dst.strides)
+        self.overwrite = overwrite
+        self.lhs = [s]
+        self.rhs = [mv]
+
+    def flush(self) -> None:
+        """Apply the chain to PSUM (the storage no longer points at this object)."""
+        dst = self.dst
+        dst._st.pending = None
+        s = self.lhs[0] if len(self.lhs) == 1 else np.concatenate(self.lhs)
+        mv = self.rhs[0] if len(self.rhs) == 1 else np.concatenate(self.rhs)
+        with np.errstate(all="ignore"):
+            prod = (s.T @ mv).reshape(dst.shape)
+        arr = dst.array()
+        if self.overwrite:
+            arr[...] = prod
+        else:
+            arr += prod
+
+
 def _accumulate_psum(
-    dst: NkiTensor, prod: np.ndarray, accumulate: bool | None, launch: Any
+    dst: NkiTensor, s: np.ndarray, mv: np.ndarray, accumulate: bool | None, launch: Any
 ) -> None:
+    """dst (+)= s.T @ mv with the accumulate semantics; fp32 chains are deferred.
+
+    `s` and `mv` must be arrays the caller owns (not views of SBUF that may be rewritten
+    before a deferred chain is flushed).
+    """
     st = dst._st
-    mm = mm_view(dst)
-    arr = dst.array()
     st.dirty = True
+    mm = mm_view(dst)
+    add = None
     if accumulate is None:
         add = mm.copy() if mm is not None else np.zeros(dst.shape, dtype=np.bool_)
         if add.all():
@@ -231,13 +271,38 @@ def _accumulate_psum(
         # NC-v4 may accumulate onto PSUM that another instruction initialized; never
         # written PSUM still holds the NaN fill
         v4 = launch.target.nc_version >= 4
-        if not v4 or np.isnan(dt.to_f32(arr)[~mm]).any():
+        if not v4 or np.isnan(dt.to_f32(dst.array())[~mm]).any():
             what = "that was never written" if v4 else "that no matmul wrote (NC-v2/v3)"
             launch.warn(
                 f"acc-uninit-{st.sid}",
                 f"nc_matmul(accumulate=True) into PSUM '{st.name}' {what}: undefined on hardware",
             )
+    pending: PendingMatmuls | None = st.pending
+    if accumulate is not None and dst.dtype == dt.float32 and mm is not None:
+        if (
+            pending is not None
+            and accumulate
+            and pending.key == (dst.offset, dst.shape, dst.strides)
+        ):
+            pending.lhs.append(s)
+            pending.rhs.append(mv)
+            return
+        if pending is not None:
+            pending.flush()
+        # operands may be views of SBUF tiles that are rewritten before the flush
+        st.pending = PendingMatmuls(
+            dst,
+            not accumulate,
+            s if s.base is None else s.copy(),
+            mv if mv.base is None else mv.copy(),
+        )
+        mm[...] = True
+        return
+    with np.errstate(all="ignore"):
+        prod = (s.T @ mv).reshape(dst.shape)
+    arr = dst.array()  # flushes a pending chain first
     if accumulate is None:
+        assert add is not None
         acc = np.where(add, dt.to_f32(arr), np.float32(0.0)) + prod
         arr[...] = dt.cast(acc, dst.dtype)
     elif accumulate:

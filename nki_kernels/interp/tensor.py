@@ -78,6 +78,7 @@ class Storage:
         "mm_mask",
         "name",
         "nbytes_pp",
+        "pending",
         "pstride",
         "shape",
         "sid",
@@ -103,6 +104,7 @@ class Storage:
         self.addr = 0
         self.nbytes_pp = 0
         self.mm_mask: np.ndarray | None = None
+        self.pending: Any = None  # deferred matmuls into this PSUM storage (isa_tensor)
         self.dirty = False
         self.is_input = False
         self.size = size = _prod(shape)
@@ -669,6 +671,8 @@ class NkiTensor:
 
     def array(self) -> np.ndarray:
         """A NumPy view of a direct (non-indirect) tensor's elements (numeric mode only)."""
+        if self._st.pending is not None:
+            self._st.pending.flush()
         isz = self.dtype.itemsize
         return np.ndarray(
             self.shape,

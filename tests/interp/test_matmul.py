@@ -148,6 +148,22 @@ def test_accumulate_true_onto_memset_psum_warns_before_nc_v4_only():
         assert any(issubclass(w.category, InterpreterWarning) for w in caught) == warns
 
 
+def test_operands_rewritten_before_psum_is_read_do_not_leak_into_the_result():
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    b = rng.standard_normal((64, 48)).astype(np.float32)
+
+    def kernel(ah, bh):
+        s, mv = _sb(ah), _sb(bh)
+        acc = nl.ndarray((32, 48), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=s, moving=mv, accumulate=False)
+        nisa.nc_matmul(dst=acc, stationary=s, moving=mv, accumulate=True)
+        nisa.memset(dst=s, value=0.0)  # SBUF reused before the PSUM is evacuated
+        nisa.memset(dst=mv, value=7.0)
+        return _out(acc)
+
+    np.testing.assert_allclose(run(kernel, a, b).outputs, 2 * _ref(a, b), rtol=1e-5, atol=1e-4)
+
+
 def test_non_matmul_write_resets_auto_detect():
     def kernel(ones_h):
         ones = _sb(ones_h)
