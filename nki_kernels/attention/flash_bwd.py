@@ -49,7 +49,10 @@ from ._staging import (
 )
 
 BLOCK = GROUP * P  # keys per block: one fp32 PSUM bank of scores
+BANK_F32 = 512  # fp32 elements per partition in one 2 KiB PSUM bank
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
+JOB_RING = 3  # P, dS, dS^T buffers rotate over 3 jobs (written stage 2/3, read stage 3/4)
+OUT_RING = 4  # dQ tiles waiting for their store DMA
 
 
 @nki.jit
@@ -130,69 +133,59 @@ def _head_group(ins, outs, b, g, group, classes, cfg, sq, sk, d):
                 for ul, _, _ in it["kb"][kb]:
                     if len(touch[kb][ul]) == 0 or touch[kb][ul][-1] != si:
                         touch[kb][ul].append(si)
+    _write_zeros(dq, dk, dv, b, g, zero_rows, touch, sq, sk, d)
     scratch = None
     if len(sections) > 1:
         scratch = (
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
         )
-    zeros = None
-    if len(zero_rows) > 0 or any(
-        len(touch[kb][ul]) == 0 for kb in range(nkb) for ul in range(GROUP)
-    ):
-        zeros = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=zeros, value=0.0)
-    for h, t in zero_rows:
-        rows = min(P, sq - t * P)
-        nisa.dma_copy(dst=dq[b, h, t * P : t * P + rows, :], src=zeros[:rows, :])
-    for kb in range(nkb):
-        for ul in range(GROUP):
-            k0 = (kb * GROUP + ul) * P
-            if k0 < sk and len(touch[kb][ul]) == 0:
-                kr = min(P, sk - k0)
-                nisa.dma_copy(dst=dk[b, g, k0 : k0 + kr, :], src=zeros[:kr, :])
-                nisa.dma_copy(dst=dv[b, g, k0 : k0 + kr, :], src=zeros[:kr, :])
-
-    loaded = _load_items(sections[0], ins, b, cdt, d) if len(sections) > 0 else None
+    rings = _rings(cdt, d, dk.dtype)
+    jc = 0  # jobs issued so far: ring slots rotate on it across block boundaries
+    bc = 0  # key blocks staged so far
+    loaded = _load_items(sections[0], ins, b, cdt, d, rings, 0) if len(sections) > 0 else None
     for si, sec in enumerate(sections):
         staged = loaded
-        _prep_items(staged, bnd, cdt, d)
+        _prep_items(staged, rings, cdt, d)
         if si + 1 < len(sections):
-            loaded = _load_items(sections[si + 1], ins, b, cdt, d)
+            loaded = _load_items(sections[si + 1], ins, b, cdt, d, rings, si + 1)
         dq_acc = nl.ndarray((P, len(sec), d), dtype=nl.float32, buffer=nl.sbuf)
         started = [False] * len(sec)
         active = [kb for kb in range(nkb) if any(len(it["kb"][kb]) > 0 for it in sec)]
-        kv_next = _load_kv(k, v, b, g, active[0], sk, d, cdt) if len(active) > 0 else None
+        kv_next = None
+        if len(active) > 0:
+            kv_next = _load_kv(k, v, b, g, active[0], sk, d, cdt, rings, bc)
         for a, kb in enumerate(active):
             kv_raw = kv_next
             if a + 1 < len(active):
-                kv_next = _load_kv(k, v, b, g, active[a + 1], sk, d, cdt)
-            kv = _prep_kv(kv_raw, kb, sk, d, cdt)
-            dkv = (
-                nl.ndarray((P, GROUP, d), dtype=nl.float32, buffer=nl.psum),
-                nl.ndarray((P, GROUP, d), dtype=nl.float32, buffer=nl.psum),
-            )
+                kv_next = _load_kv(k, v, b, g, active[a + 1], sk, d, cdt, rings, bc + 1)
+            kv = _prep_kv(kv_raw, rings, bc, d, cdt)
+            bc += 1
             written = [False] * GROUP
             jobs = []
             for idx, it in enumerate(sec):
                 if len(it["kb"][kb]) > 0:
                     jobs.append({"idx": idx, "slots": it["kb"][kb]})
             n = len(jobs)
+            # Four-stage software pipeline in issue order per iteration i: S and dP of
+            # job i; mask, exp and dS of job i - 1; dV, dK and the dS^T transposes of
+            # job i - 2; dQ of job i - 3 (its transposes were evacuated an iteration ago).
             for i in range(n + 3):
                 if i < n:
-                    _stage_scores(jobs[i], staged, kv, kb, sk, d)
+                    _stage_scores(jobs[i], jc + i, staged, rings, kv, sk, d)
                 if 0 <= i - 1 < n:
-                    _stage_softmax(jobs[i - 1], staged, bnd, kb, cfg, cdt, sk)
+                    _stage_softmax(jobs[i - 1], jc + i - 1, staged, rings, bnd, cfg, sk)
                 if 0 <= i - 2 < n:
-                    _stage_grads(jobs[i - 2], staged, dkv, written, cfg, cdt, kb, sk, d)
+                    _stage_grads(jobs[i - 2], jc + i - 2, staged, rings, written, cfg, cdt, sk, d)
                 if 0 <= i - 3 < n:
-                    _stage_dq(jobs[i - 3], staged, kv, dq_acc, started, kb, sk, d)
+                    _stage_dq(jobs[i - 3], jc + i - 3, staged, rings, kv, dq_acc, started, sk, d)
+            jc += n
             _finish_block(
-                dkv, written, touch[kb], si, kb, dk[b, g], dv[b, g], scratch, cfg[0], sk, d
+                rings, bc, written, touch[kb], si, kb, dk[b, g], dv[b, g], scratch, cfg[0], sk, d
             )
         for idx, it in enumerate(sec):
             rows = it["rows"]
-            out_t = nl.ndarray((P, d), dtype=dq.dtype, buffer=nl.sbuf)
+            out_t = rings["dq_out"][idx % OUT_RING]
             nisa.activation(
                 dst=out_t[:rows, :], op=nl.copy, data=dq_acc[:rows, idx, :], scale=cfg[0]
             )
@@ -201,76 +194,144 @@ def _head_group(ins, outs, b, g, group, classes, cfg, sq, sk, d):
     return None
 
 
-def _load_items(sec, ins, b, cdt, d):
+def _write_zeros(dq, dk, dv, b, g, zero_rows, touch, sq, sk, d):
+    """Query tiles and key sub-tiles that no allowed pair touches get zero gradients."""
+    nkb = len(touch)
+    empty_keys = [
+        (kb, ul)
+        for kb in range(nkb)
+        for ul in range(GROUP)
+        if (kb * GROUP + ul) * P < sk and len(touch[kb][ul]) == 0
+    ]
+    if len(zero_rows) == 0 and len(empty_keys) == 0:
+        return
+    zeros = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=zeros, value=0.0)
+    for h, t in zero_rows:
+        rows = min(P, sq - t * P)
+        nisa.dma_copy(dst=dq[b, h, t * P : t * P + rows, :], src=zeros[:rows, :])
+    for kb, ul in empty_keys:
+        k0 = (kb * GROUP + ul) * P
+        kr = min(P, sk - k0)
+        nisa.dma_copy(dst=dk[b, g, k0 : k0 + kr, :], src=zeros[:kr, :])
+        nisa.dma_copy(dst=dv[b, g, k0 : k0 + kr, :], src=zeros[:kr, :])
+
+
+def _rings(cdt, d, kv_dtype):
+    """Buffers rotated by job / block index, so a buffer is rewritten only well after
+    its last reader (in-order engines then never wait on write-after-read)."""
+    f32, sb, ps = nl.float32, nl.sbuf, nl.psum
+    r = {
+        "s": [nl.ndarray((P, BLOCK), dtype=f32, buffer=ps) for _ in range(2)],
+        "dp": [nl.ndarray((P, BLOCK), dtype=f32, buffer=ps) for _ in range(2)],
+        "dk": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
+        "dv": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
+        # two banks shared by the dS^T transposes and dQ (2-byte dtypes: both in one bank,
+        # double-buffered; fp32: bank 0 transposes, bank 1 dQ)
+        "aux": [nl.ndarray((P, BANK_F32), dtype=f32, buffer=ps) for _ in range(2)],
+        "p": [nl.ndarray((P, BLOCK), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
+        "ds": [nl.ndarray((P, BLOCK), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
+        "dst": [nl.ndarray((P, GROUP, P), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
+        "kt": [nl.ndarray((d, BLOCK), dtype=cdt, buffer=sb) for _ in range(2)],
+        "vt": [nl.ndarray((d, BLOCK), dtype=cdt, buffer=sb) for _ in range(2)],
+        "kn": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
+        "k_raw": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
+        "v_raw": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
+        "blk": [nl.ndarray((P, GROUP, d), dtype=f32, buffer=sb) for _ in range(2)],
+        "blk_out": [nl.ndarray((P, GROUP, d), dtype=kv_dtype, buffer=sb) for _ in range(4)],
+        "dq_out": [nl.ndarray((P, d), dtype=cdt, buffer=sb) for _ in range(OUT_RING)],
+    }
+    r["two_byte"] = cdt != f32
+    return r
+
+
+def _tp_view(rings, slot, cdt):
+    """A [128, 4, 128] cdt view of aux bank `slot` for PE transposes."""
+    bank = rings["aux"][slot % 2] if rings["two_byte"] else rings["aux"][0]
+    if rings["two_byte"]:
+        return bank[:, 0 : BANK_F32 // 2].view(cdt).reshape((P, GROUP, P))
+    return bank.reshape((P, GROUP, P))
+
+
+def _dq_view(rings, slot, d):
+    if rings["two_byte"]:
+        return rings["aux"][slot % 2][:, BANK_F32 // 2 : BANK_F32 // 2 + d]
+    return rings["aux"][1][:, 0:d]
+
+
+def _load_items(sec, ins, b, cdt, d, rings, si):
     """DMA the per-item operands of a section (issued one section ahead)."""
     q, _, _, o, do, lse, _ = ins
-    loaded = []
-    for it in sec:
+    n = len(sec)
+    q_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
+    do_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
+    o_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
+    lse_c = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    for x, it in enumerate(sec):
         rows, t0, h = it["rows"], it["t"] * P, it["h"]
-        q_nat = nl.ndarray((P, d), dtype=cdt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=q_nat[:rows, :], src=q[b, h, t0 : t0 + rows, :])
-        do_nat = nl.ndarray((P, d), dtype=cdt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=do_nat[:rows, :], src=do[b, h, t0 : t0 + rows, :])
-        o_nat = nl.ndarray((P, d), dtype=cdt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=o_nat[:rows, :], src=o[b, h, t0 : t0 + rows, :])
-        lse_c = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=lse_c[:rows, :], src=lse[b, h, t0 : t0 + rows])
-        loaded.append({"it": it, "q": q_nat, "do": do_nat, "o": o_nat, "lse": lse_c})
-    return loaded
+        nisa.dma_copy(dst=q_nat[:rows, x, :], src=q[b, h, t0 : t0 + rows, :])
+        nisa.dma_copy(dst=do_nat[:rows, x, :], src=do[b, h, t0 : t0 + rows, :])
+        nisa.dma_copy(dst=o_nat[:rows, x, :], src=o[b, h, t0 : t0 + rows, :])
+        nisa.dma_copy(dst=lse_c[:rows, x : x + 1], src=lse[b, h, t0 : t0 + rows])
+    return {"items": sec, "q": q_nat, "do": do_nat, "o": o_nat, "lse": lse_c}
 
 
-def _prep_items(staged, bnd, cdt, d):
-    """Q^T, dO^T (PE transposes), -lse and Delta = rowsum(dO * O) per item."""
-    for n, st in enumerate(staged):
-        rows = st["it"]["rows"]
-        qt = nl.ndarray((d, P), dtype=cdt, buffer=nl.sbuf)
-        transpose_rows(st["q"], rows, d, qt, cdt, n % 2 == 0)
-        dot = nl.ndarray((d, P), dtype=cdt, buffer=nl.sbuf)
-        transpose_rows(st["do"], rows, d, dot, cdt, n % 2 == 1)
+def _prep_items(staged, rings, cdt, d):
+    """Q^T, dO^T (PE transposes), -lse and Delta = rowsum(dO * O) of a section."""
+    sec = staged["items"]
+    n = len(sec)
+    qt = nl.ndarray((d, n, P), dtype=cdt, buffer=nl.sbuf)
+    dot = nl.ndarray((d, n, P), dtype=cdt, buffer=nl.sbuf)
+    delta = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nlse = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    for x, it in enumerate(sec):
+        rows = it["rows"]
+        tp = _tp_view(rings, x, cdt)
+        transpose_rows(staged["q"][:, x, :], rows, d, qt[:, x, :], cdt, True, tp=tp[:, 0, :])
+        transpose_rows(staged["do"][:, x, :], rows, d, dot[:, x, :], cdt, False, tp=tp[:, 1, :])
         prod = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(
             dst=prod[:rows, :],
-            data1=st["do"][:rows, :],
-            data2=st["o"][:rows, :],
+            data1=staged["do"][:rows, x, :],
+            data2=staged["o"][:rows, x, :],
             op=nl.multiply,
             engine=nisa.engine.gpsimd,
         )
-        delta = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=delta[:rows, :], op=nl.add, data=prod[:rows, :], axis=1)
-        nlse = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=delta[:rows, x : x + 1], op=nl.add, data=prod[:rows, :], axis=1)
         nisa.tensor_scalar(
-            dst=nlse[:rows, :],
-            data=st["lse"][:rows, :],
+            dst=nlse[:rows, x : x + 1],
+            data=staged["lse"][:rows, x : x + 1],
             op0=nl.multiply,
             operand0=-1.0,
             engine=nisa.engine.gpsimd,
         )
-        st["qt"], st["dot"], st["delta"], st["nlse"] = qt, dot, delta, nlse
-        st["o"] = None
-        st["lse"] = None
+    staged["qt"], staged["dot"], staged["delta"], staged["nlse"] = qt, dot, delta, nlse
+    staged["o"] = None
+    staged["lse"] = None
 
 
-def _load_kv(k, v, b, g, kb, sk, d, cdt):
+def _load_kv(k, v, b, g, kb, sk, d, cdt, rings, slot):
     """DMA the K (twice: for K^T and natural) and V rows of key block kb."""
     k0 = kb * BLOCK
     n = min(BLOCK, sk - k0)
-    kn = nl.ndarray((P, GROUP, d), dtype=cdt, buffer=nl.sbuf)
+    kn = rings["kn"][slot % 2]
     stage_rows(k[b, g], kn, k0, n, t0=0)
-    return {
-        "k_raw": load_kt_group(k[b, g], k0, n, d, cdt),
-        "v_raw": load_kt_group(v[b, g], k0, n, d, cdt),
-        "kn": kn,
-        "n": n,
-    }
+    if n == BLOCK:
+        k_raw, v_raw = rings["k_raw"][slot % 2], rings["v_raw"][slot % 2]
+        nisa.dma_copy(dst=k_raw, src=k[b, g][k0 : k0 + n, :].reshape((P, GROUP, d)))
+        nisa.dma_copy(dst=v_raw, src=v[b, g][k0 : k0 + n, :].reshape((P, GROUP, d)))
+    else:
+        k_raw = load_kt_group(k[b, g], k0, n, d, cdt)
+        v_raw = load_kt_group(v[b, g], k0, n, d, cdt)
+    return {"k_raw": k_raw, "v_raw": v_raw, "kn": kn, "n": n}
 
 
-def _prep_kv(raw, kb, sk, d, cdt):
+def _prep_kv(raw, rings, slot, d, cdt):
     """K^T and V^T of the block through PE transposes."""
     n = raw["n"]
-    kt = nl.ndarray((d, BLOCK), dtype=cdt, buffer=nl.sbuf)
-    transpose_kt_group(raw["k_raw"], kt, 0, n, d, cdt, True)
-    vt = nl.ndarray((d, BLOCK), dtype=cdt, buffer=nl.sbuf)
-    transpose_kt_group(raw["v_raw"], vt, 0, n, d, cdt, False)
+    kt, vt = rings["kt"][slot % 2], rings["vt"][slot % 2]
+    transpose_kt_group(raw["k_raw"], kt, 0, n, d, cdt, True, tp=_tp_view(rings, 0, cdt))
+    transpose_kt_group(raw["v_raw"], vt, 0, n, d, cdt, False, tp=_tp_view(rings, 1, cdt))
     return {"kt": kt, "vt": vt, "kn": raw["kn"]}
 
 
@@ -279,38 +340,37 @@ def _cols(ul, u, cnt, sk):
     return c0, min(cnt * P, sk - u * P)
 
 
-def _stage_scores(job, staged, kv, kb, sk, d):
+def _stage_scores(job, i, staged, rings, kv, sk, d):
     """TensorE: S = Q K^T and dP = dO V^T for the job's sub-tiles."""
-    st = staged[job["idx"]]
-    rows = st["it"]["rows"]
-    s_ps = nl.ndarray((P, BLOCK), dtype=nl.float32, buffer=nl.psum)
-    dp_ps = nl.ndarray((P, BLOCK), dtype=nl.float32, buffer=nl.psum)
+    x = job["idx"]
+    rows = staged["items"][x]["rows"]
+    s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
     for ul, u, cnt, _ in _runs(job["slots"]):
         c0, nc = _cols(ul, u, cnt, sk)
         nisa.nc_matmul(
             dst=s_ps[:rows, c0 : c0 + nc],
-            stationary=st["qt"][:d, :rows],
+            stationary=staged["qt"][:d, x, :rows],
             moving=kv["kt"][:d, c0 : c0 + nc],
+            accumulate=False,
         )
         nisa.nc_matmul(
             dst=dp_ps[:rows, c0 : c0 + nc],
-            stationary=st["dot"][:d, :rows],
+            stationary=staged["dot"][:d, x, :rows],
             moving=kv["vt"][:d, c0 : c0 + nc],
+            accumulate=False,
         )
-    job["s"] = s_ps
-    job["dp"] = dp_ps
 
 
-def _stage_softmax(job, staged, bnd, kb, cfg, cdt, sk):
+def _stage_softmax(job, i, staged, rings, bnd, cfg, sk):
     """Mask partial runs, P = exp(s * S - lse) (ScalarE), dS = P * (dP - Delta) (VectorE)."""
-    st = staged[job["idx"]]
-    rows = st["it"]["rows"]
-    t = st["it"]["t"]
-    p_sb = nl.ndarray((P, BLOCK), dtype=cdt, buffer=nl.sbuf)
-    ds_sb = nl.ndarray((P, BLOCK), dtype=cdt, buffer=nl.sbuf)
+    x = job["idx"]
+    it = staged["items"][x]
+    rows, t = it["rows"], it["t"]
+    s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
+    p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
     for ul, u, cnt, partial in _runs(job["slots"]):
         c0, nc = _cols(ul, u, cnt, sk)
-        s_view = job["s"][:rows, c0 : c0 + nc]
+        s_view = s_ps[:rows, c0 : c0 + nc]
         if partial:
             nisa.range_select(
                 dst=s_view,
@@ -327,130 +387,126 @@ def _stage_softmax(job, staged, bnd, kb, cfg, cdt, sk):
             dst=p_sb[:rows, c0 : c0 + nc],
             op=nl.exp,
             data=s_view,
-            bias=st["nlse"][:rows, :],
+            bias=staged["nlse"][:rows, x : x + 1],
             scale=cfg[0],
         )
         nisa.scalar_tensor_tensor(
             dst=ds_sb[:rows, c0 : c0 + nc],
-            data=job["dp"][:rows, c0 : c0 + nc],
+            data=dp_ps[:rows, c0 : c0 + nc],
             op0=nl.subtract,
-            operand0=st["delta"][:rows, :],
+            operand0=staged["delta"][:rows, x : x + 1],
             op1=nl.multiply,
             operand1=p_sb[:rows, c0 : c0 + nc],
         )
-    job["p"], job["ds"] = p_sb, ds_sb
-    job["s"], job["dp"] = None, None
 
 
-def _stage_grads(job, staged, dkv, written, cfg, cdt, kb, sk, d):
+def _stage_grads(job, i, staged, rings, written, cfg, cdt, sk, d):
     """dV += P^T dO, dK += dS^T Q (PSUM accumulation), dS^T by PE or DMA transposes."""
     dma_quarters, scalar_evac = cfg[2], cfg[3]
-    st = staged[job["idx"]]
-    rows = st["it"]["rows"]
-    dk_ps, dv_ps = dkv
+    x = job["idx"]
+    rows = staged["items"][x]["rows"]
+    p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
     slots = job["slots"]
     for ul, u, _ in slots:
         kr = min(P, sk - u * P)
         cols = slice(ul * P, ul * P + kr)
         nisa.nc_matmul(
-            dst=dv_ps[:kr, ul, :d],
-            stationary=job["p"][:rows, cols],
-            moving=st["do"][:rows, :d],
+            dst=rings["dv"][:kr, ul, :d],
+            stationary=p_sb[:rows, cols],
+            moving=staged["do"][:rows, x, :d],
             accumulate=written[ul],
         )
         nisa.nc_matmul(
-            dst=dk_ps[:kr, ul, :d],
-            stationary=job["ds"][:rows, cols],
-            moving=st["q"][:rows, :d],
+            dst=rings["dk"][:kr, ul, :d],
+            stationary=ds_sb[:rows, cols],
+            moving=staged["q"][:rows, x, :d],
             accumulate=written[ul],
         )
         written[ul] = True
-    dst_sb = nl.ndarray((P, GROUP, P), dtype=cdt, buffer=nl.sbuf)
+    dst_sb = rings["dst"][i % JOB_RING]
     full = all(min(P, sk - u * P) == P for _, u, _ in slots)
-    n_dma = (
-        min(dma_quarters, len(slots)) if cdt != nl.float32 and full and _contiguous(slots) else 0
-    )
+    n_dma = 0
+    if rings["two_byte"] and full and _contiguous(slots):
+        n_dma = min(dma_quarters, len(slots))
     pe = slots[: len(slots) - n_dma]
     if len(pe) > 0:
-        tp = nl.ndarray((P, GROUP, P), dtype=cdt, buffer=nl.psum)
+        tp = _tp_view(rings, i, cdt)
         for ul, u, _ in pe:
             kr = min(P, sk - u * P)
-            nisa.nc_transpose(dst=tp[:kr, ul, :rows], data=job["ds"][:rows, ul * P : ul * P + kr])
-        n_s = (len(pe) * scalar_evac + GROUP - 1) // GROUP
-        for a, (ul, u, _) in enumerate(pe):
-            kr = min(P, sk - u * P)
-            nisa.tensor_copy(
-                dst=dst_sb[:kr, ul, :rows], src=tp[:kr, ul, :rows], engine=copy_engine(a < n_s)
-            )
+            nisa.nc_transpose(dst=tp[:kr, ul, :rows], data=ds_sb[:rows, ul * P : ul * P + kr])
+        n_s = (len(pe) * scalar_evac + 4) // 8
+        for on_scalar, part in ((True, pe[:n_s]), (False, pe[n_s:])):
+            for ul, u, _ in part:
+                kr = min(P, sk - u * P)
+                nisa.tensor_copy(
+                    dst=dst_sb[:kr, ul, :rows],
+                    src=tp[:kr, ul, :rows],
+                    engine=copy_engine(on_scalar),
+                )
     if n_dma > 0:
         ul0 = slots[len(pe)][0]
-        src = job["ds"][:rows, ul0 * P : (ul0 + n_dma) * P].reshape((rows, n_dma, P))
+        src = ds_sb[:rows, ul0 * P : (ul0 + n_dma) * P].reshape((rows, n_dma, P))
         nisa.dma_transpose(dst=dst_sb[:, ul0 : ul0 + n_dma, :rows], src=src, axes=(2, 1, 0))
-    job["dst"] = dst_sb
-    job["p"], job["ds"] = None, None
 
 
 def _contiguous(slots: list) -> bool:
     return all(slots[i + 1][0] == slots[i][0] + 1 for i in range(len(slots) - 1))
 
 
-def _stage_dq(job, staged, kv, dq_acc, started, kb, sk, d):
+def _stage_dq(job, i, staged, rings, kv, dq_acc, started, sk, d):
     """dQ_block = dS K over the block's sub-tiles (PSUM), accumulated into fp32 SBUF."""
-    idx = job["idx"]
-    rows = staged[idx]["it"]["rows"]
-    dq_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)
+    x = job["idx"]
+    rows = staged["items"][x]["rows"]
+    dq_ps = _dq_view(rings, i, d)
+    dst_sb = rings["dst"][i % JOB_RING]
     for a, (ul, u, _) in enumerate(job["slots"]):
         kr = min(P, sk - u * P)
         nisa.nc_matmul(
             dst=dq_ps[:rows, :d],
-            stationary=job["dst"][:kr, ul, :rows],
+            stationary=dst_sb[:kr, ul, :rows],
             moving=kv["kn"][:kr, ul, :d],
             accumulate=a > 0,
         )
-    if started[idx]:
+    if started[x]:
         nisa.tensor_tensor(
-            dst=dq_acc[:rows, idx, :],
-            data1=dq_acc[:rows, idx, :],
-            data2=dq_ps[:rows, :d],
-            op=nl.add,
+            dst=dq_acc[:rows, x, :], data1=dq_acc[:rows, x, :], data2=dq_ps[:rows, :d], op=nl.add
         )
     else:
-        nisa.activation(dst=dq_acc[:rows, idx, :], op=nl.copy, data=dq_ps[:rows, :d])
-        started[idx] = True
-    job["dst"] = None
+        nisa.activation(dst=dq_acc[:rows, x, :], op=nl.copy, data=dq_ps[:rows, :d])
+        started[x] = True
 
 
-def _finish_block(dkv, written, touch_kb, si, kb, dk_bg, dv_bg, scratch, scale, sk, d):
+def _finish_block(rings, bc, written, touch_kb, si, kb, dk_bg, dv_bg, scratch, scale, sk, d):
     """Write dK, dV of the block: directly, or through the fp32 HBM scratch across sections."""
-    for ul in range(GROUP):
-        if not written[ul]:
-            continue
-        k0 = (kb * GROUP + ul) * P
-        kr = min(P, sk - k0)
-        secs = touch_kb[ul]
-        first, last = secs[0] == si, secs[-1] == si
-        for w, ps, dst in ((0, dkv[0], dk_bg), (1, dkv[1], dv_bg)):
-            sc = scale if w == 0 else 1.0
+    for w, dst in ((0, dk_bg), (1, dv_bg)):
+        ps = rings["dk"] if w == 0 else rings["dv"]
+        sc = scale if w == 0 else 1.0
+        out_t = rings["blk_out"][(2 * bc + w) % 4]
+        cur = rings["blk"][(2 * bc + w) % 2]
+        for ul in range(GROUP):
+            if not written[ul]:
+                continue
+            k0 = (kb * GROUP + ul) * P
+            kr = min(P, sk - k0)
+            secs = touch_kb[ul]
+            first, last = secs[0] == si, secs[-1] == si
             if first and last:
-                t_out = nl.ndarray((P, d), dtype=dst.dtype, buffer=nl.sbuf)
-                nisa.activation(dst=t_out[:kr, :], op=nl.copy, data=ps[:kr, ul, :], scale=sc)
-                nisa.dma_copy(dst=dst[k0 : k0 + kr, :], src=t_out[:kr, :])
+                nisa.activation(dst=out_t[:kr, ul, :], op=nl.copy, data=ps[:kr, ul, :], scale=sc)
+                nisa.dma_copy(dst=dst[k0 : k0 + kr, :], src=out_t[:kr, ul, :])
                 continue
             acc = scratch[w]
-            cur = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
             if first:
-                nisa.tensor_copy(dst=cur[:kr, :], src=ps[:kr, ul, :], engine=nisa.engine.scalar)
+                nisa.tensor_copy(dst=cur[:kr, ul, :], src=ps[:kr, ul, :], engine=nisa.engine.scalar)
             else:
-                nisa.dma_copy(dst=cur[:kr, :], src=acc[k0 : k0 + kr, :])
+                nisa.dma_copy(dst=cur[:kr, ul, :], src=acc[k0 : k0 + kr, :])
                 nisa.tensor_tensor(
-                    dst=cur[:kr, :], data1=cur[:kr, :], data2=ps[:kr, ul, :], op=nl.add
+                    dst=cur[:kr, ul, :], data1=cur[:kr, ul, :], data2=ps[:kr, ul, :], op=nl.add
                 )
             if last:
-                t_out = nl.ndarray((P, d), dtype=dst.dtype, buffer=nl.sbuf)
-                nisa.activation(dst=t_out[:kr, :], op=nl.copy, data=cur[:kr, :], scale=sc)
-                nisa.dma_copy(dst=dst[k0 : k0 + kr, :], src=t_out[:kr, :])
+                nisa.activation(dst=out_t[:kr, ul, :], op=nl.copy, data=cur[:kr, ul, :], scale=sc)
+                nisa.dma_copy(dst=dst[k0 : k0 + kr, :], src=out_t[:kr, ul, :])
             else:
-                nisa.dma_copy(dst=acc[k0 : k0 + kr, :], src=cur[:kr, :])
+                nisa.dma_copy(dst=acc[k0 : k0 + kr, :], src=cur[:kr, ul, :])
 
 
 __all__ = ["flash_attention_bwd"]

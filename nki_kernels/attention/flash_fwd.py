@@ -256,6 +256,7 @@ def _stage_qk(job, i, tstate, rings, kt, sk, d, cdt):
             dst=banks[j0 // GROUP][:rows, c0 : c0 + ncols],
             stationary=st["qt"][:d, :rows],
             moving=kt[:d, k0 : k0 + ncols],
+            accumulate=False,
         )
 
 
