@@ -21,6 +21,7 @@ from . import dtypes as dt
 from .errors import fail
 from .state import Launch, current
 from .trace import HBM, PSUM, SBUF, Region
+from .views import Indirect, ViewMethods
 
 _index = operator.index
 _prod = math.prod
@@ -146,25 +147,11 @@ class Storage:
                 mem.sbuf.release(self.addr, self.nbytes_pp)
 
 
-class Indirect:
-    """A run-time index attached to a view.
+class NkiTensor(ViewMethods):
+    """A view of a storage: the tensor type every NKI call takes and returns.
 
-    kind "vector": partition (row) i of the view reads row `index[i]` -- the view's dim-0
-    stride is replaced by `index[i] * row_stride`. kind "scalar": the whole view moves by
-    `index * row_stride` elements. `index` is an on-chip tensor (or an object with an
-    integer `value`, such as a virtual register).
+    The view methods (reshape, permute, `.ap()`, ...) live in `views.ViewMethods`.
     """
-
-    __slots__ = ("index", "kind", "row_stride")
-
-    def __init__(self, kind: str, index: Any, row_stride: int) -> None:
-        self.kind = kind
-        self.index = index
-        self.row_stride = row_stride
-
-
-class NkiTensor:
-    """A view of a storage: the tensor type every NKI call takes and returns."""
 
     __slots__ = ("_st", "dtype", "indirect", "offset", "shape", "strides")
 
@@ -250,24 +237,7 @@ class NkiTensor:
     def get_pattern(self) -> list[list[int]]:
         return [[s, n] for n, s in zip(self.shape, self.strides)]
 
-    # ---- view construction ----------------------------------------------------------
-    def _derive(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> NkiTensor:
-        return NkiTensor(self._st, shape, strides, self.offset, self.dtype, self.indirect)
-
-    def _no_indirect(self, what: str) -> None:
-        if self.indirect is not None:
-            raise fail("VIEW", f"{what} is not supported on an indirect view of '{self.name}'")
-
-    def _dim(self, dim: Any, what: str) -> int:
-        try:
-            d = _index(dim)
-        except TypeError:
-            raise fail("ARG", f"{what}: dim must be an int; got {dim!r}") from None
-        nd = len(self.shape)
-        if not -nd <= d < nd:
-            raise fail("IDX", f"{what}: dim {d} outside a {nd}-D tensor '{self.name}'")
-        return d + nd if d < 0 else d
-
+    # ---- indexing -------------------------------------------------------------------
     def __getitem__(self, key: Any) -> NkiTensor:
         if self.indirect is not None:
             self._no_indirect("indexing")
@@ -404,246 +374,6 @@ class NkiTensor:
         else:
             isa.memset(dst, value)
 
-    def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
-        d = self._dim(dim, "slice")
-        if step < 1 or not 0 <= start < end <= self.shape[d]:
-            raise fail(
-                "IDX",
-                f"slice(dim={dim}, start={start}, end={end}, step={step}) outside "
-                f"0..{self.shape[d]} of '{self.name}'",
-            )
-        key: list[Any] = [slice(None)] * self.ndim
-        key[d] = slice(start, end, step)
-        return self[tuple(key)]
-
-    def select(self, dim: int, index: int | NkiTensor) -> NkiTensor:
-        d = self._dim(dim, "select")
-        if self.on_chip and d == 0:
-            raise fail("VIEW", f"select on the partition dim of on-chip '{self.name}'")
-        if not isinstance(index, (int, np.integer)):
-            self._no_indirect("a second dynamic select")
-            shape = self.shape[:d] + self.shape[d + 1 :]
-            strides = self.strides[:d] + self.strides[d + 1 :]
-            if self.on_chip and len(shape) < 2:
-                raise fail("VIEW", f"select would leave on-chip '{self.name}' with one dim")
-            ind = Indirect("scalar", _index_operand(index, "select"), self.strides[d])
-            return NkiTensor(self._st, shape, strides, self.offset, self.dtype, ind)
-        key: list[Any] = [slice(None)] * self.ndim
-        key[d] = index
-        view = self[tuple(key)]
-        if view.ndim > self.ndim - 1 and view.ndim > (2 if self.on_chip else 1):
-            # the >= 2-D / >= 1-D rule kept a size-1 dim where none was needed
-            return view._derive(view.shape[:-1], view.strides[:-1])
-        return view
-
-    def vector_select(self, dim: int, vector_offset: NkiTensor) -> NkiTensor:
-        if dim != 0:
-            raise fail("VIEW", f"vector_select supports dim=0 only; got dim={dim}")
-        if self.on_chip:
-            raise fail("VIEW", f"vector_select is only supported on HBM tensors ('{self.name}')")
-        self._no_indirect("a second dynamic select")
-        _vector_index(vector_offset, None, "vector_select")
-        p = vector_offset.shape[0]
-        ind = Indirect("vector", vector_offset, self.strides[0])
-        return NkiTensor(
-            self._st, (p, *self.shape[1:]), (0, *self.strides[1:]), self.offset, self.dtype, ind
-        )
-
-    def reshape(self, *shape_args: Any) -> NkiTensor:
-        self._no_indirect("reshape")
-        shape = shape_args[0] if len(shape_args) == 1 else shape_args
-        try:
-            shape = tuple(
-                _index(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,))
-            )
-        except TypeError:
-            raise fail(
-                "ARG", f"reshape: shape must be a tuple of ints; got {shape_args!r}"
-            ) from None
-        if shape.count(-1) > 1 or any(s < -1 or s == 0 for s in shape):
-            raise fail("VIEW", f"reshape of '{self.name}': invalid shape {shape}")
-        if -1 in shape:
-            known = _prod([s for s in shape if s != -1])
-            shape = tuple(self.size // known if s == -1 else s for s in shape)
-        if _prod(shape) != self.size:
-            raise fail(
-                "VIEW",
-                f"reshape of '{self.name}' {self.shape} to {shape} changes the element count",
-            )
-        if self.on_chip and shape[0] != self.shape[0]:
-            raise fail(
-                "VIEW",
-                f"reshape of on-chip '{self.name}' {self.shape} to {shape} changes the partition "
-                "dim",
-            )
-        strides = _reshape_strides(self.shape, self.strides, shape)
-        if strides is None:
-            raise fail(
-                "VIEW",
-                f"reshape of '{self.name}' {self.shape} (strides {self.strides}) to {shape} "
-                "needs a copy: the layout is not compatible",
-            )
-        return self._derive(shape, strides)
-
-    def reshape_dim(self, dim: int, shape: tuple[int, ...]) -> NkiTensor:
-        d = self._dim(dim, "reshape_dim")
-        shape = tuple(shape)
-        if -1 in shape:
-            known = _prod([s for s in shape if s != -1])
-            shape = tuple(self.shape[d] // known if s == -1 else s for s in shape)
-        if _prod(shape) != self.shape[d]:
-            raise fail(
-                "VIEW",
-                f"reshape_dim({d}, {shape}): product must equal {self.shape[d]} ('{self.name}')",
-            )
-        return self.reshape(self.shape[:d] + shape + self.shape[d + 1 :])
-
-    def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
-        s, e = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
-        if self.on_chip and s == 0:
-            raise fail("VIEW", "flatten_dims cannot merge the partition dim of an on-chip tensor")
-        if e < s:
-            raise fail("VIEW", f"flatten_dims({start_dim}, {end_dim}): end before start")
-        merged = _prod(self.shape[s : e + 1])
-        return self.reshape((*self.shape[:s], merged, *self.shape[e + 1 :]))
-
-    def expand_dim(self, dim: int) -> NkiTensor:
-        if not 0 <= dim <= self.ndim:
-            raise fail("IDX", f"expand_dim({dim}) outside 0..{self.ndim} ('{self.name}')")
-        if (self.on_chip or self.indirect is not None) and dim == 0:
-            raise fail("VIEW", "expand_dim cannot insert before the partition dim")
-        return self._derive(
-            (*self.shape[:dim], 1, *self.shape[dim:]),
-            (*self.strides[:dim], 0, *self.strides[dim:]),
-        )
-
-    def squeeze_dim(self, dim: int) -> NkiTensor:
-        d = self._dim(dim, "squeeze_dim")
-        if self.shape[d] != 1:
-            raise fail("VIEW", f"squeeze_dim({dim}) of '{self.name}' {self.shape}: size is not 1")
-        if (self.on_chip or self.indirect is not None) and d == 0:
-            raise fail("VIEW", "squeeze_dim cannot remove the partition dim")
-        return self._derive(
-            self.shape[:d] + self.shape[d + 1 :], self.strides[:d] + self.strides[d + 1 :]
-        )
-
-    def broadcast(self, dim: int, size: int) -> NkiTensor:
-        d = self._dim(dim, "broadcast")
-        if self.shape[d] != 1:
-            raise fail(
-                "VIEW", f"broadcast({dim}, {size}) of '{self.name}' {self.shape}: size is not 1"
-            )
-        if self.on_chip and d == 0:
-            raise fail("VIEW", "on-chip tensors cannot broadcast the partition dim")
-        if not isinstance(size, (int, np.integer)) or size < 1:
-            raise fail("ARG", f"broadcast: size must be a positive int; got {size!r}")
-        return self._derive(
-            (*self.shape[:d], int(size), *self.shape[d + 1 :]),
-            (*self.strides[:d], 0, *self.strides[d + 1 :]),
-        )
-
-    def permute(self, dims: tuple[int, ...] | list[int]) -> NkiTensor:
-        dims = tuple(dims)
-        if sorted(dims) != list(range(self.ndim)):
-            raise fail("VIEW", f"permute{dims} is not a permutation of {self.ndim} dims")
-        if (self.on_chip or self.indirect is not None) and dims[0] != 0:
-            raise fail("VIEW", f"permute{dims} moves the partition dim of '{self.name}'")
-        return self._derive(
-            tuple(self.shape[d] for d in dims), tuple(self.strides[d] for d in dims)
-        )
-
-    def view(self, dtype: Any) -> NkiTensor:
-        """Bit-level reinterpretation; the last dim is rescaled by the itemsize ratio."""
-        self._no_indirect("view(dtype)")
-        new = dt.as_dtype(dtype)
-        old_sz, new_sz = self.dtype.itemsize, new.itemsize
-        if old_sz == new_sz:
-            return NkiTensor(self._st, self.shape, self.strides, self.offset, new)
-        if self.strides[-1] != 1 and self.shape[-1] != 1:
-            raise fail("VIEW", f"view({new.name}) needs a contiguous last dim on '{self.name}'")
-        last_bytes = self.shape[-1] * old_sz
-        if last_bytes % new_sz or (self.offset * old_sz) % new_sz:
-            raise fail(
-                "VIEW",
-                f"view({new.name}) of '{self.name}': last dim of {last_bytes} B is not a multiple "
-                f"of {new_sz} B",
-            )
-        for s in self.strides[:-1]:
-            if (s * old_sz) % new_sz:
-                raise fail("VIEW", f"view({new.name}) of '{self.name}': strides do not divide")
-        strides = (*(s * old_sz // new_sz for s in self.strides[:-1]), 1)
-        shape = (*self.shape[:-1], last_bytes // new_sz)
-        return NkiTensor(self._st, shape, strides, self.offset * old_sz // new_sz, new)
-
-    def ap(
-        self,
-        pattern: Any,
-        offset: int | None = None,
-        scalar_offset: Any = None,
-        vector_offset: NkiTensor | None = None,
-        indirect_dim: int = 0,
-        dtype: Any = None,
-    ) -> NkiTensor:
-        """An explicit access pattern `[[stride, count], ...]` over this view's storage.
-
-        Addresses are in elements of `dtype` (default: the view's dtype), starting at the
-        view's offset plus `offset`. `vector_offset` (a (P, 1) SBUF index; HBM tensors
-        only) makes row i of the pattern start at `index[i] * pattern[0][0]`;
-        `scalar_offset` moves the whole pattern by `index * strides[indirect_dim]`.
-        """
-        self._no_indirect(".ap()")
-        new_dtype = self.dtype if dtype is None else dt.as_dtype(dtype)
-        try:
-            pairs = [(_index(s), _index(n)) for s, n in pattern]
-        except (TypeError, ValueError):
-            raise fail(
-                "ARG", f".ap(): pattern must be [[stride, count], ...]; got {pattern!r}"
-            ) from None
-        if not pairs or any(n < 1 for _, n in pairs):
-            raise fail("VIEW", f".ap(): pattern {pattern!r} needs [stride, count>=1] pairs")
-        if scalar_offset is not None and vector_offset is not None:
-            raise fail("VIEW", ".ap(): scalar_offset and vector_offset are mutually exclusive")
-        st = self._st
-        old_sz, new_sz = self.dtype.itemsize, new_dtype.itemsize
-        if (self.offset * old_sz) % new_sz:
-            raise fail("VIEW", f".ap(dtype={new_dtype.name}): the view offset does not divide")
-        off = self.offset * old_sz // new_sz + (0 if offset is None else _index(offset))
-        if st.buffer.on_chip:
-            pstride = st.pstride * st.dtype.itemsize // new_sz
-            if pairs[0][0] != pstride:
-                raise fail(
-                    "VIEW",
-                    f".ap() on on-chip '{self.name}': the partition pair's stride {pairs[0][0]} "
-                    f"must equal the per-partition element count {pstride}",
-                )
-        shape = tuple(n for _, n in pairs)
-        strides = tuple(s for s, _ in pairs)
-        ind = None
-        if vector_offset is not None:
-            if st.buffer.on_chip:
-                raise fail(
-                    "VIEW", f".ap(vector_offset=...) needs an HBM tensor; '{self.name}' is on chip"
-                )
-            if indirect_dim != 0:
-                raise fail(
-                    "VIEW", f".ap(): vector_offset supports indirect_dim=0 only; got {indirect_dim}"
-                )
-            _vector_index(vector_offset, shape[0], ".ap()")
-            ind = Indirect("vector", vector_offset, strides[0])
-        elif scalar_offset is not None:
-            d = self._dim(indirect_dim, ".ap(indirect_dim)")
-            if (self.strides[d] * old_sz) % new_sz:
-                raise fail(
-                    "VIEW",
-                    f".ap(): stride of indirect_dim {d} does not divide into {new_dtype.name}",
-                )
-            row = self.strides[d] * old_sz // new_sz
-            ind = Indirect("scalar", _index_operand(scalar_offset, ".ap(scalar_offset)"), row)
-        view = NkiTensor(st, shape, strides, off, new_dtype, ind)
-        if ind is None:
-            view.check_bounds()
-        return view
-
     # ---- access ---------------------------------------------------------------------
     def storage_elements(self) -> int:
         """Size of the storage in elements of this view's dtype."""
@@ -749,76 +479,6 @@ def _stepped_slice(k: slice, n: int, d: int, name: str) -> tuple[int, int, int]:
             "IDX", f"slice {k.start}:{k.stop} out of range for dim {d} of size {n} of '{name}'"
         )
     return start, len(range(start, stop, step)), step
-
-
-def _reshape_strides(
-    shape: tuple[int, ...], strides: tuple[int, ...], new_shape: tuple[int, ...]
-) -> tuple[int, ...] | None:
-    """Strides of a no-copy reshape of a strided view, or None when a copy is needed."""
-    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
-    # group the old dims into maximal row-major-contiguous chunks
-    chunks: list[list[int]] = []  # [count, innermost stride]
-    for n, s in dims:
-        if chunks and chunks[-1][1] == s * n:
-            chunks[-1][0] *= n
-            chunks[-1][1] = s
-        else:
-            chunks.append([n, s])
-    out: list[int] = [0] * len(new_shape)
-    # walk the new dims from the innermost, consuming chunks from the innermost
-    chunks_rev = list(reversed(chunks))
-    ci = 0
-    remaining = chunks_rev[0][0] if chunks_rev else 1
-    stride = chunks_rev[0][1] if chunks_rev else 1
-    for j in range(len(new_shape) - 1, -1, -1):
-        n = new_shape[j]
-        if n == 1:
-            out[j] = stride
-            continue
-        if ci >= len(chunks_rev) or remaining % n:
-            return None
-        out[j] = stride
-        stride *= n
-        remaining //= n
-        if remaining == 1:
-            ci += 1
-            if ci < len(chunks_rev):
-                remaining = chunks_rev[ci][0]
-                stride = chunks_rev[ci][1]
-    if ci != len(chunks_rev):
-        return None
-    return tuple(out)
-
-
-def _vector_index(index: Any, rows: int | None, what: str) -> None:
-    if not isinstance(index, NkiTensor) or not index.on_chip:
-        raise fail(
-            "VIEW", f"{what}: vector_offset must be an on-chip (P, 1) index tensor; got {index!r}"
-        )
-    if rows is None or index.free_size == 1:
-        if rows is not None and index.shape[0] != rows:
-            raise fail(
-                "VIEW",
-                f"{what}: vector_offset has {index.shape[0]} partitions but the pattern's first "
-                f"count is {rows}",
-            )
-        return
-    if index.size < rows:
-        raise fail(
-            "VIEW", f"{what}: vector_offset {index.shape} holds fewer than {rows} row indexes"
-        )
-
-
-def _index_operand(index: Any, what: str) -> Any:
-    if isinstance(index, NkiTensor):
-        if not index.on_chip or index.size != 1:
-            raise fail(
-                "VIEW", f"{what}: a tensor index must be a (1, 1) on-chip tensor; got {index.shape}"
-            )
-        return index
-    if hasattr(index, "value"):  # a virtual register
-        return index
-    raise fail("VIEW", f"{what}: expected a (1, 1) SBUF tensor or a register; got {index!r}")
 
 
 def allocate(

@@ -140,6 +140,37 @@ def test_reshape_broadcast_permute_select_values():
     )
 
 
+def test_rearrange_splits_reorders_and_merges():
+    x = rng.standard_normal((6, 24)).astype(np.float32)
+    swap = (("b", ("h", "w")), ("b", "w", "h"), {"h": 4})
+    got = _gather(lambda h: h.rearrange(*swap), x, out_shape=(6, 6, 4))
+    np.testing.assert_array_equal(got, x.reshape(6, 4, 6).transpose(0, 2, 1))
+    merged = _gather(lambda h: h.rearrange(("b", "f"), (("b", "f"),)), x, out_shape=(144,))
+    np.testing.assert_array_equal(merged, x.reshape(-1))
+    seen = {}
+
+    def body():
+        t = nl.ndarray((128, 24), nl.float32, buffer=nl.sbuf)
+        seen["r"] = t.rearrange(("p", ("a", "b")), ("p", "b", "a"), {"b": 3})
+        seen["cast"] = t.reinterpret_cast(nl.int32)
+
+    _in_kernel(body)
+    assert seen["r"].shape == (128, 3, 8) and seen["r"].strides == (24, 1, 3)
+    assert seen["cast"].dtype == nl.int32
+
+    for bad in [
+        lambda t: t.rearrange(("p", "f"), ("f", "p")),  # moves the partition dim
+        lambda t: t.rearrange(("p", ("a", "b")), ("p", "a", "b"), {"a": 5}),  # 24 % 5
+        lambda t: t.rearrange(("p", "f"), ("p", "g")),  # unknown name
+        lambda t: t.rearrange(("p",), ("p",)),  # too few dims
+    ]:
+
+        def body_bad(bad=bad):
+            bad(nl.ndarray((128, 24), nl.float32, buffer=nl.sbuf))
+
+        _raises("VIEW", body_bad)
+
+
 def test_dim_helpers_expand_squeeze_flatten_reshape_dim():
     seen = {}
 
