@@ -61,6 +61,7 @@ class BlockPlan:
     token_weight: np.ndarray  # [T, k] float32
     expert_counts: np.ndarray  # [E] int64: kept assignments per expert
     kept: np.ndarray  # [T, k] bool
+    may_drop: bool  # some token_slot is out of range (capacity drops or padded tokens)
 
 
 def kept_bounds(num_tokens: int, top_k: int, num_experts: int, cap: int | None) -> tuple[int, int]:
@@ -95,13 +96,29 @@ def plan_blocks(
     num_experts: int,
     block_size: int,
     capacity_factor: float | None = None,
+    num_tokens: int | None = None,
+    min_tokens: int | None = None,
 ) -> BlockPlan:
-    """Group the assignments (ids, weights: [T, k]) into blocks of `block_size` slots."""
+    """Group the assignments (ids, weights: [T, k]) into blocks of `block_size` slots.
+
+    `num_tokens` (>= T, default T) is the padded token count the kernels see: padded
+    tokens get no assignment, and the static sizes (NB, token_slot rows) come from it.
+    `min_tokens` (<= T, default T) is the smallest token count sharing that static shape;
+    `static_blocks` is a lower bound for every such count, so it is static too. The
+    capacity is computed from the real T.
+    """
     if block_size % PARTITIONS or block_size <= 0:
         raise ValueError(f"block_size: expected a positive multiple of 128; got {block_size}")
     ids = np.asarray(ids, dtype=np.int64)
     weights = np.asarray(weights, dtype=np.float32)
     t_count, k = ids.shape
+    padded = t_count if num_tokens is None else num_tokens
+    lowest = t_count if min_tokens is None else min_tokens
+    if padded < t_count or not 1 <= lowest <= t_count:
+        raise ValueError(
+            f"num_tokens / min_tokens: expected min_tokens <= {t_count} <= num_tokens; got "
+            f"{min_tokens} / {num_tokens}"
+        )
     if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
         raise ValueError(
             f"ids: expected expert ids in [0, {num_experts}); got {ids.min()}..{ids.max()}"
@@ -121,8 +138,10 @@ def plan_blocks(
     counts = np.bincount(ids[kept], minlength=num_experts).astype(np.int64)
     blocks_per_expert = -(-counts // block_size)
     used = int(blocks_per_expert.sum())
-    nb = max_blocks(t_count, k, num_experts, block_size, cap)
+    cap_hi = None if capacity_factor is None else _capacity(padded, num_experts, k, capacity_factor)
+    nb = max_blocks(padded, k, num_experts, block_size, cap_hi)
     assert used <= nb, (used, nb)
+    cap_lo = None if capacity_factor is None else _capacity(lowest, num_experts, k, capacity_factor)
     ns = block_size // PARTITIONS
 
     # place each expert's kept assignments in token order
@@ -143,8 +162,10 @@ def plan_blocks(
     w_flat = weights.T.reshape(-1)
     slot_weight_flat[slot] = w_flat[src_sorted]
 
-    token_slot = np.full(k * t_count, nb * block_size, dtype=np.int32)
-    token_slot[src_sorted] = slot
+    token_slot = np.full((padded, k), nb * block_size, dtype=np.int32)
+    token_slot[:t_count] = _unflatten(np.full(k * t_count, nb * block_size), src_sorted, slot, k)
+    token_weight = np.zeros((padded, k), dtype=np.float32)
+    token_weight[:t_count] = weights
     block_expert = np.zeros((nb, 1), dtype=np.int32)
     block_expert[:used, 0] = np.repeat(np.arange(num_experts), blocks_per_expert)
 
@@ -155,14 +176,22 @@ def plan_blocks(
     return BlockPlan(
         block_size=block_size,
         num_blocks=nb,
-        static_blocks=min_blocks(t_count, k, num_experts, block_size, cap),
+        static_blocks=min_blocks(lowest, k, num_experts, block_size, cap_lo),
         used_blocks=used,
         slot_token=_blocked(slot_token_flat),
         slot_weight=_blocked(slot_weight_flat),
         block_expert=block_expert,
         block_count=np.array([[used]], dtype=np.int32),
-        token_slot=np.ascontiguousarray(token_slot.reshape(k, t_count).T),
-        token_weight=np.ascontiguousarray(weights),
+        token_slot=token_slot,
+        token_weight=token_weight,
         expert_counts=counts,
         kept=kept,
+        may_drop=bool(padded > t_count or not kept.all()),
     )
+
+
+def _unflatten(base: np.ndarray, where: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """Scatter `values` into the column-major (j, t) flattening `base`; return it as [T, k]."""
+    out = base.astype(np.int32)
+    out[where] = values
+    return out.reshape(k, -1).T

@@ -1,0 +1,422 @@
+"""MoE ops: `torch.ops.nki.moe_route` and `torch.ops.nki.moe_mlp` (+ their backward ops).
+
+    moe_route(router_logits [T, E], *, top_k, renormalize=True, scoring="softmax")
+        -> (weights [T, k] fp32, ids [T, k] int32)
+    moe_mlp(hidden [T, H], router_logits [T, E], w_gate_up [E, H, 2I], w_down [E, I, H],
+            *, top_k, renormalize=True, scoring="softmax", capacity_factor=None) -> [T, H]
+
+Both differentiate (hidden, router_logits, w_gate_up, w_down) with NKI backward kernels.
+A call runs: pad T to its bucket (padded tokens route nowhere) -> NKI router -> host
+block plan (grouping.py) -> config lookup per bucket -> NKI blockwise MLP -> unpad.
+The backward recomputes the routing from the logits (cheap, deterministic) instead of
+saving it, plans its own blocks and accumulates the weight gradients in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..moe.blockwise_mlp import moe_mlp_fwd
+from ..moe.blockwise_mlp_bwd import moe_mlp_bwd
+from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
+from ..moe.grouping import BlockPlan, plan_blocks
+from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
+from ..runtime import DEFAULT_POLICY, launch, lookup_config, pad_to_bucket, unpad
+from ..targets import get_target
+from .checks import FLOAT_DTYPES, check_positive, check_tensor
+from .registry import define_op
+
+MIN_EXPERTS, MAX_EXPERTS = 2, 128
+HIDDEN_DTYPES = (torch.float32, torch.bfloat16)
+SCORINGS = ("softmax", "sigmoid")
+
+
+# ---- argument checks ------------------------------------------------------------------
+def _check_routing(router_logits: Tensor, top_k: Any, renormalize: Any, scoring: Any) -> int:
+    check_tensor("router_logits", router_logits, dtypes=FLOAT_DTYPES, min_dim=2)
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits: expected 2 dims [T, E]; got {tuple(router_logits.shape)}")
+    e = router_logits.shape[1]
+    if not MIN_EXPERTS <= e <= MAX_EXPERTS:
+        raise ValueError(
+            f"router_logits: expected E (dim 1) in {MIN_EXPERTS}..{MAX_EXPERTS}; got {e}"
+        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k: expected an int; got {type(top_k).__name__}")
+    if not 1 <= top_k <= min(e, TOPK_MAX):
+        raise ValueError(
+            f"top_k: expected 1..{min(e, TOPK_MAX)} (<= E = {e} and <= {TOPK_MAX}); got {top_k}"
+        )
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize: expected a bool; got {type(renormalize).__name__}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring: expected one of {SCORINGS}; got {scoring!r}")
+    return e
+
+
+def _check_mlp(
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    top_k: Any,
+    renormalize: Any,
+    scoring: Any,
+    capacity_factor: Any,
+) -> None:
+    e = _check_routing(router_logits, top_k, renormalize, scoring)
+    check_tensor("hidden", hidden, dtypes=HIDDEN_DTYPES, min_dim=2)
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden: expected 2 dims [T, H]; got {tuple(hidden.shape)}")
+    t, h = hidden.shape
+    for arg, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        check_tensor(arg, w, dtypes=HIDDEN_DTYPES, min_dim=3)
+        if w.dim() != 3:
+            raise ValueError(f"{arg}: expected 3 dims; got {tuple(w.shape)}")
+        if w.dtype != hidden.dtype:
+            raise TypeError(f"{arg}: expected dtype {hidden.dtype} (as hidden); got {w.dtype}")
+    for arg, x in (("router_logits", router_logits), ("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if x.device != hidden.device:
+            raise ValueError(f"{arg}: expected device {hidden.device} (as hidden); got {x.device}")
+    if router_logits.shape[0] != t:
+        raise ValueError(
+            f"router_logits: expected {t} rows (hidden has T = {t}); got {router_logits.shape[0]}"
+        )
+    if w_gate_up.shape[0] != e or w_gate_up.shape[1] != h or w_gate_up.shape[2] % 2:
+        raise ValueError(
+            f"w_gate_up: expected [E={e}, H={h}, 2I] (E from router_logits, H from hidden); "
+            f"got {tuple(w_gate_up.shape)}"
+        )
+    i = w_gate_up.shape[2] // 2
+    if tuple(w_down.shape) != (e, i, h):
+        raise ValueError(
+            f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
+            f"{tuple(w_down.shape)}"
+        )
+    if capacity_factor is not None:
+        check_positive("capacity_factor", capacity_factor)
+
+
+# ---- host plumbing -----------------------------------------------------------------------
+def _dtype_name(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _bucket_floor(tb: int) -> int:
+    """The smallest token count that pads to bucket `tb` (static plan bounds hold for it)."""
+    lower = [b for b in DEFAULT_POLICY.buckets(tb) if b < tb]
+    return (lower[-1] + 1) if lower else 1
+
+
+def _route(logits: Tensor, top_k: int, scoring: str, renormalize: bool) -> tuple[Tensor, Tensor]:
+    return launch(moe_router_fwd, logits, top_k, scoring, renormalize, target=get_target(None))
+
+
+def _plan(weights: Tensor, ids: Tensor, t: int, e: int, block: int, cf: float | None) -> BlockPlan:
+    tb = weights.shape[0]
+    w = weights[:t].detach().cpu().numpy()
+    i = ids[:t].detach().cpu().numpy()
+    return plan_blocks(i, w, e, block, cf, num_tokens=tb, min_tokens=min(t, _bucket_floor(tb)))
+
+
+def _meta(plan: BlockPlan, device: torch.device) -> dict[str, Tensor]:
+    def put(a: Any) -> Tensor:
+        return torch.from_numpy(a).to(device)
+
+    row = plan.slot_weight.transpose(0, 2, 1).reshape(plan.num_blocks, -1).copy()
+    return {
+        "slot_token": put(plan.slot_token),
+        "slot_weight": put(plan.slot_weight),
+        "slot_weight_row": put(row),
+        "block_expert": put(plan.block_expert),
+        "block_count": put(plan.block_count),
+        "token_slot": put(plan.token_slot),
+        "token_weight": put(plan.token_weight),
+    }
+
+
+def _problem(tb: int, w_gate_up: Tensor, top_k: int) -> MoEProblem:
+    e, h, i2 = w_gate_up.shape
+    return MoEProblem(tb, h, i2 // 2, e, top_k, _dtype_name(w_gate_up))
+
+
+# ---- moe_route ------------------------------------------------------------------------------
+def _route_fake(
+    router_logits: Tensor, *, top_k: int, renormalize: bool = True, scoring: str = "softmax"
+) -> tuple[Tensor, Tensor]:
+    t = router_logits.shape[0]
+    return (
+        router_logits.new_empty((t, top_k), dtype=torch.float32),
+        router_logits.new_empty((t, top_k), dtype=torch.int32),
+    )
+
+
+def _route_setup_ctx(
+    ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Any
+) -> None:
+    ctx.save_for_backward(inputs[0], output[1])
+    ctx.renormalize = keyword_only_inputs.get("renormalize", True)
+    ctx.scoring = keyword_only_inputs.get("scoring", "softmax")
+
+
+def _route_backward(ctx: Any, grad_weights: Tensor | None, grad_ids: Any) -> tuple[Any, ...]:
+    logits, ids = ctx.saved_tensors
+    if grad_weights is None:
+        grad_weights = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
+    d_logits = torch.ops.nki.moe_route_backward(
+        logits, ids, grad_weights, renormalize=ctx.renormalize, scoring=ctx.scoring
+    )
+    return (d_logits,)
+
+
+def _route_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    g = torch.Generator().manual_seed(0)
+    lg = torch.randn(37, 8, generator=g, requires_grad=True)
+    lb = torch.randn(5, 4, generator=g).to(torch.bfloat16)
+    return [
+        ((lg,), {"top_k": 2}),
+        ((lb,), {"top_k": 1, "renormalize": False, "scoring": "sigmoid"}),
+    ]
+
+
+@define_op(
+    "moe_route",
+    fake=_route_fake,
+    validate=lambda router_logits, **kw: _check_routing(
+        router_logits, kw.get("top_k"), kw.get("renormalize", True), kw.get("scoring", "softmax")
+    ),
+    backward=_route_backward,
+    setup_context=_route_setup_ctx,
+    examples=_route_examples,
+)
+def moe_route(
+    router_logits: Tensor, *, top_k: int, renormalize: bool = True, scoring: str = "softmax"
+) -> tuple[Tensor, Tensor]:
+    """The NKI router: (weights [T, k] fp32, ids [T, k] int32) of the top-k experts."""
+    t = router_logits.shape[0]
+    padded, _ = pad_to_bucket(router_logits.detach(), 0)
+    weights, ids = _route(padded, top_k, scoring, renormalize)
+    return unpad(weights, 0, t).contiguous(), unpad(ids, 0, t).contiguous()
+
+
+@define_op(
+    "moe_route_backward",
+    fake=lambda router_logits, ids, grad_weights, **kw: torch.empty_like(router_logits),
+    examples=lambda: [
+        (
+            (torch.randn(9, 4), torch.tensor([[0, 1]] * 9, dtype=torch.int32), torch.randn(9, 2)),
+            {"renormalize": True, "scoring": "softmax"},
+        )
+    ],
+)
+def moe_route_backward(
+    router_logits: Tensor,
+    ids: Tensor,
+    grad_weights: Tensor,
+    *,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+) -> Tensor:
+    """d router_logits from d weights (NKI router backward)."""
+    t = router_logits.shape[0]
+    lp, _ = pad_to_bucket(router_logits.detach(), 0)
+    ip, _ = pad_to_bucket(ids.to(torch.int32), 0)
+    gp, _ = pad_to_bucket(grad_weights.detach().to(torch.float32), 0)
+    d = launch(moe_router_bwd, lp, ip, gp, scoring, renormalize, target=get_target(None))
+    return unpad(d, 0, t).contiguous()
+
+
+# ---- moe_mlp -------------------------------------------------------------------------------
+def _mlp_fake(
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    *,
+    top_k: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    capacity_factor: float | None = None,
+) -> Tensor:
+    return torch.empty_like(hidden)
+
+
+def _mlp_validate(
+    hidden: Tensor, router_logits: Tensor, w_gate_up: Tensor, w_down: Tensor, **kw: Any
+) -> None:
+    _check_mlp(
+        hidden,
+        router_logits,
+        w_gate_up,
+        w_down,
+        kw.get("top_k"),
+        kw.get("renormalize", True),
+        kw.get("scoring", "softmax"),
+        kw.get("capacity_factor"),
+    )
+
+
+def _mlp_setup(
+    ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Tensor
+) -> None:
+    ctx.save_for_backward(*inputs)
+    ctx.opts = dict(keyword_only_inputs)
+
+
+def _mlp_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    hidden, logits, w_gate_up, w_down = ctx.saved_tensors
+    dh, dl, dgu, dd = torch.ops.nki.moe_mlp_backward(
+        grad, hidden, logits, w_gate_up, w_down, **ctx.opts
+    )
+    return dh, dl, dgu, dd
+
+
+def mlp_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Small sample calls (opcheck, tests)."""
+    g = torch.Generator().manual_seed(0)
+    t, h, i, e = 37, 64, 96, 4
+    x = torch.randn(t, h, generator=g, requires_grad=True)
+    lg = torch.randn(t, e, generator=g, requires_grad=True)
+    wgu = (torch.randn(e, h, 2 * i, generator=g) / h**0.5).requires_grad_()
+    wd = (torch.randn(e, i, h, generator=g) / i**0.5).requires_grad_()
+    xb = torch.randn(3, h, generator=g).to(torch.bfloat16)
+    return [
+        ((x, lg, wgu, wd), {"top_k": 2}),
+        (
+            (xb, torch.randn(3, e, generator=g), wgu.detach().bfloat16(), wd.detach().bfloat16()),
+            {"top_k": 1, "scoring": "sigmoid", "capacity_factor": 1.0},
+        ),
+    ]
+
+
+@define_op(
+    "moe_mlp",
+    fake=_mlp_fake,
+    validate=_mlp_validate,
+    backward=_mlp_backward,
+    setup_context=_mlp_setup,
+    examples=mlp_examples,
+)
+def moe_mlp(
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    *,
+    top_k: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    capacity_factor: float | None = None,
+) -> Tensor:
+    """SwiGLU mixture of experts: sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) (NKI)."""
+    target = get_target(None)
+    t = hidden.shape[0]
+    hp, _ = pad_to_bucket(hidden.detach(), 0)
+    lp, _ = pad_to_bucket(router_logits.detach(), 0)
+    weights, ids = _route(lp, top_k, scoring, renormalize)
+    problem = _problem(hp.shape[0], w_gate_up, top_k)
+    cfg = lookup_config("moe_mlp", problem, moe_mlp_fwd, target=target)
+    assert isinstance(cfg, MoEMLPConfig)
+    plan = _plan(weights, ids, t, w_gate_up.shape[0], cfg.block_size, capacity_factor)
+    m = _meta(plan, hidden.device)
+    out = launch(
+        moe_mlp_fwd,
+        hp,
+        w_gate_up.detach(),
+        w_down.detach(),
+        m["slot_token"],
+        m["block_expert"],
+        m["block_count"],
+        m["token_slot"],
+        m["token_weight"],
+        config=cfg,
+        target=target,
+        static_blocks=plan.static_blocks,
+        may_drop=plan.may_drop,
+    )
+    return unpad(out, 0, t).contiguous()
+
+
+def _mlp_bwd_fake(
+    grad: Tensor,
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    **kw: Any,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (
+        torch.empty_like(hidden),
+        torch.empty_like(router_logits),
+        torch.empty_like(w_gate_up),
+        torch.empty_like(w_down),
+    )
+
+
+@define_op(
+    "moe_mlp_backward",
+    fake=_mlp_bwd_fake,
+    validate=lambda grad, hidden, router_logits, w_gate_up, w_down, **kw: _mlp_validate(
+        hidden, router_logits, w_gate_up, w_down, **kw
+    ),
+    examples=lambda: [
+        ((torch.randn(a[0].shape), *(x.detach() for x in a)), kw) for a, kw in mlp_examples()[:1]
+    ],
+)
+def moe_mlp_backward(
+    grad: Tensor,
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    *,
+    top_k: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    capacity_factor: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d hidden, d router_logits, d w_gate_up, d w_down) of `moe_mlp` (NKI kernels)."""
+    target = get_target(None)
+    t = hidden.shape[0]
+    e = w_gate_up.shape[0]
+    hp, _ = pad_to_bucket(hidden.detach(), 0)
+    gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
+    lp, _ = pad_to_bucket(router_logits.detach(), 0)
+    weights, ids = _route(lp, top_k, scoring, renormalize)
+    problem = _problem(hp.shape[0], w_gate_up, top_k)
+    cfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=target)
+    assert isinstance(cfg, MoEMLPBwdConfig)
+    plan = _plan(weights, ids, t, e, cfg.block_size, capacity_factor)
+    m = _meta(plan, hidden.device)
+    dgu = torch.zeros(w_gate_up.shape, dtype=torch.float32, device=hidden.device)
+    dd = torch.zeros(w_down.shape, dtype=torch.float32, device=hidden.device)
+    dh, dw = launch(
+        moe_mlp_bwd,
+        hp,
+        w_gate_up.detach(),
+        w_down.detach(),
+        gp,
+        m["slot_token"],
+        m["slot_weight"],
+        m["slot_weight_row"],
+        m["block_expert"],
+        m["block_count"],
+        m["token_slot"],
+        dgu,
+        dd,
+        config=cfg,
+        target=target,
+        mutated=(10, 11),
+        static_blocks=plan.static_blocks,
+        may_drop=plan.may_drop,
+    )
+    dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)
+    return (
+        unpad(dh, 0, t).contiguous(),
+        unpad(dl, 0, t).contiguous(),
+        dgu.to(w_gate_up.dtype),
+        dd.to(w_down.dtype),
+    )
