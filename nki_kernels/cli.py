@@ -12,18 +12,38 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
-from types import ModuleType
+from typing import Any
 
 from . import __version__, commands
 
 
-def discover() -> dict[str, ModuleType]:
+class _Broken:
+    """Stand-in for a command module that failed to import: the other commands still work."""
+
+    def __init__(self, module: str, error: Exception) -> None:
+        self.NAME = module.replace("_", "-")
+        self.HELP = f"(unavailable: {type(error).__name__})"
+        self.__doc__ = f"The {module} command failed to import: {error!r}"
+        self._error = error
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("args", nargs=argparse.REMAINDER)
+
+    def run(self, args: argparse.Namespace) -> int:
+        print(f"nki-kernels {self.NAME}: unavailable: {self._error!r}", file=sys.stderr)
+        return 1
+
+
+def discover() -> dict[str, Any]:
     """The subcommand modules of `nki_kernels.commands`, by command name."""
-    found: dict[str, ModuleType] = {}
+    found: dict[str, Any] = {}
     for info in pkgutil.iter_modules(commands.__path__):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        try:
+            module: Any = importlib.import_module(f"{commands.__name__}.{info.name}")
+        except Exception as exc:  # one broken command must not take the CLI down
+            module = _Broken(info.name, exc)
         name = getattr(module, "NAME", None)
         if name is None:
             continue

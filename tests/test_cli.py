@@ -35,6 +35,20 @@ def test_dispatcher_discovers_command_modules():
         assert callable(module.add_arguments) and callable(module.run)
 
 
+def test_a_command_that_fails_to_import_does_not_break_the_others(monkeypatch, capsys):
+    real_import = cli.importlib.import_module
+
+    def flaky(name, *args):
+        if name.endswith(".bench"):
+            raise ImportError("no module named 'matplotlib'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(cli.importlib, "import_module", flaky)
+    assert cli.main(["bench"]) == 1
+    assert "unavailable" in capsys.readouterr().err
+    assert cli.main(["doctor", "--require", "numpy"]) == 0
+
+
 def test_version_and_help(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
