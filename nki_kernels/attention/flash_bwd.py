@@ -1,8 +1,8 @@
 """Flash attention backward as an NKI kernel: dq, dk, dv from the saved log-sum-exp.
 
 Math (scale s, row statistics from the forward): P = exp(s * Q K^T - lse),
-dV = P^T dO, dP = dO V^T, Delta = rowsum(dO * O), dS = P * (dP - Delta),
-dQ = s * dS K, dK = s * dS^T Q.
+dV = P^T dO, dP = dO V^T, Delta = rowsum(dO * O) - dlse, dS = P * (dP - Delta),
+dQ = s * dS K, dK = s * dS^T Q (dlse: gradient w.r.t. the returned lse, usually 0).
 
 Layout: scores keep queries on partitions (as in the forward), so every product but one
 needs no transpose: P and dS [q, k] are directly the stationary operands of
@@ -57,12 +57,13 @@ OUT_RING = 4  # dQ tiles waiting for their store DMA
 
 @nki.jit
 def flash_attention_bwd(
-    q, k, v, o, do, lse, bounds, softmax_scale, plan, section, dma_quarters, scalar_evac
+    q, k, v, o, do, lse, dlse, bounds, softmax_scale, plan, section, dma_quarters, scalar_evac
 ):
     """dq [B, Hq, Sq, D], dk, dv [B, Hkv, Sk, D] (input dtypes) of attention(q, k, v).
 
     o, do: forward output and its gradient [B, Hq, Sq, D]; lse: fp32 [B, Hq, Sq]
-    (+inf on empty rows); bounds / plan as in the forward; section: work items whose
+    (+inf on empty rows); dlse: None or the gradient of lse (fp32 [B, Hq, Sq]: it enters
+    as Delta - dlse); bounds / plan as in the forward; section: work items whose
     operands stay resident; dma_quarters: of every 4 dS^T sub-tiles, how many the DMA
     engines transpose (2-byte dtypes); scalar_evac: of every 4 PE-transposed sub-tiles,
     how many ScalarE copies out of PSUM (the rest VectorE).
@@ -74,7 +75,7 @@ def flash_attention_bwd(
     dv = nl.ndarray((batch, hkv, sk, d), dtype=v.dtype, buffer=nl.shared_hbm)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
     cfg = (softmax_scale, section, dma_quarters, scalar_evac)
-    ins = (q, k, v, o, do, lse, bounds)
+    ins = (q, k, v, o, do, lse, dlse, bounds)
     outs = (dq, dk, dv)
     pairs = [(b, g) for b in range(batch) for g in range(hkv)]
     for i in range(pid, len(pairs), nprog):
@@ -109,7 +110,7 @@ def _runs(slots: list) -> list:
 
 
 def _head_group(ins, outs, b, g, group, classes, cfg, sq, sk, d):
-    q, k, v, _, _, _, bounds = ins
+    q, k, v, _, _, _, _, bounds = ins
     dq, dk, dv = outs
     section = cfg[1]
     cdt = compute_dtype(q.dtype)
@@ -261,19 +262,22 @@ def _dq_view(rings, slot, d):
 
 def _load_items(sec, ins, b, cdt, d, rings, si):
     """DMA the per-item operands of a section (issued one section ahead)."""
-    q, _, _, o, do, lse, _ = ins
+    q, _, _, o, do, lse, dlse, _ = ins
     n = len(sec)
     q_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
     do_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
     o_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
     lse_c = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    dlse_c = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf) if dlse is not None else None
     for x, it in enumerate(sec):
         rows, t0, h = it["rows"], it["t"] * P, it["h"]
         nisa.dma_copy(dst=q_nat[:rows, x, :], src=q[b, h, t0 : t0 + rows, :])
         nisa.dma_copy(dst=do_nat[:rows, x, :], src=do[b, h, t0 : t0 + rows, :])
         nisa.dma_copy(dst=o_nat[:rows, x, :], src=o[b, h, t0 : t0 + rows, :])
         nisa.dma_copy(dst=lse_c[:rows, x : x + 1], src=lse[b, h, t0 : t0 + rows])
-    return {"items": sec, "q": q_nat, "do": do_nat, "o": o_nat, "lse": lse_c}
+        if dlse_c is not None:
+            nisa.dma_copy(dst=dlse_c[:rows, x : x + 1], src=dlse[b, h, t0 : t0 + rows])
+    return {"items": sec, "q": q_nat, "do": do_nat, "o": o_nat, "lse": lse_c, "dlse": dlse_c}
 
 
 def _prep_items(staged, rings, cdt, d):
@@ -298,6 +302,14 @@ def _prep_items(staged, rings, cdt, d):
             engine=nisa.engine.gpsimd,
         )
         nisa.tensor_reduce(dst=delta[:rows, x : x + 1], op=nl.add, data=prod[:rows, :], axis=1)
+        if staged["dlse"] is not None:
+            nisa.tensor_tensor(
+                dst=delta[:rows, x : x + 1],
+                data1=delta[:rows, x : x + 1],
+                data2=staged["dlse"][:rows, x : x + 1],
+                op=nl.subtract,
+                engine=nisa.engine.gpsimd,
+            )
         nisa.tensor_scalar(
             dst=nlse[:rows, x : x + 1],
             data=staged["lse"][:rows, x : x + 1],
