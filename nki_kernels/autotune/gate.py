@@ -10,6 +10,7 @@ is rejected with the worst element in the reason.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +31,27 @@ class GateResult:
     problem: str  # the reduced problem that was run
 
 
-def compare(outputs: Any, references: Any, atol: float, rtol: float) -> tuple[bool, str, float]:
-    """Compare kernel outputs with references; return (ok, reason, max abs error)."""
+Tol = tuple[float, float]
+
+
+def compare(outputs: Any, references: Any, tol: Tol | Sequence[Tol]) -> tuple[bool, str, float]:
+    """Compare kernel outputs with references; return (ok, reason, max abs error).
+
+    `tol` is one (atol, rtol) for every output, or one pair per output.
+    """
     outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
     refs = list(references) if isinstance(references, list | tuple) else [references]
     if len(outs) != len(refs):
         return False, f"kernel returned {len(outs)} output(s), reference {len(refs)}", np.inf
+    if len(tol) == 2 and all(isinstance(v, int | float) for v in tol):
+        tols: list[Any] = [tuple(tol)] * len(outs)
+    else:
+        tols = list(tol)
+    if len(tols) < len(outs):
+        raise ValueError(f"tol: expected {len(outs)} (atol, rtol) pairs; got {len(tols)}")
     worst = 0.0
     for i, (o, r) in enumerate(zip(outs, refs)):
+        atol, rtol = tols[i]
         o = np.asarray(o, dtype=np.float64)
         r = np.asarray(r, dtype=np.float64)
         if o.shape != r.shape:
@@ -84,8 +98,7 @@ class CorrectnessGate:
         if key in self._cache:
             return self._cache[key]
         outputs, refs = tunable.run_numeric(reduced, config, target, self.seed)
-        atol, rtol = tunable.tolerance(reduced)
-        ok, reason, worst = compare(outputs, refs, atol, rtol)
+        ok, reason, worst = compare(outputs, refs, tunable.tolerance(reduced))
         result = GateResult(ok, reason, worst, desc)
         self._cache[key] = result
         return result

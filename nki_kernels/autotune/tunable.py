@@ -35,7 +35,7 @@ class Tunable:
       ragged edge where the family allows one), for the numeric correctness gate;
     - `run_numeric(problem, config, target, seed)`: run the kernel in numeric mode on
       seeded random inputs and return `(outputs, reference_outputs)`;
-    - `tolerance(problem)`: `(atol, rtol)` for comparing them;
+    - `tolerance(problem)`: `(atol, rtol)` for comparing them, or one pair per output;
     - `bucket_key(problem)`, `dtype(problem)`: the study key fields; `problem` is the
       config store's bucketed problem (a dataclass of ints / strings, bucketed by
       `runtime.buckets`), keyed there by `problem_key(problem)`;
@@ -51,7 +51,7 @@ class Tunable:
     trace: Callable[[Any, KernelConfig, Target], Trace]
     reduced: Callable[[Any, KernelConfig, Target], Any]
     run_numeric: Callable[[Any, KernelConfig, Target, int], tuple[Arrays, Arrays]]
-    tolerance: Callable[[Any], tuple[float, float]]
+    tolerance: Callable[[Any], tuple[float, float] | Sequence[tuple[float, float]]]
     bucket_key: Callable[[Any], str]
     dtype: Callable[[Any], str]
     kernels: tuple[Any, ...]

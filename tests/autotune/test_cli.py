@@ -1,0 +1,78 @@
+"""The autotuner's commands through the `nki-kernels` dispatcher."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nki_kernels.cli import main
+
+
+def test_tune_exports_and_configs_show_lists_it(tmp_path, capsys):
+    cfg = tmp_path / "configs"
+    argv = [
+        "tune", "rms_norm", "--target", "trn2", "--buckets", "256", "--shape", "llama3-8b",
+        "--trials", "6", "--storage", str(tmp_path / "s.db"), "--config-dir", str(cfg),
+        "--no-progress",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "best" in out and "modeled (cost model v1, trn2)" in out
+    data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
+    (key,) = data["entries"]
+    assert key == "affine=w,dtype=bfloat16,hidden=4096,rows=256"
+    assert data["entries"][key]["provenance"]["trials"] == 6
+
+    # resuming the same study with a larger budget continues it (6 -> 9 configs)
+    assert main([*argv[:8], "--trials", "9", *argv[10:]]) == 0
+    data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
+    assert data["entries"][key]["provenance"]["trials"] == 9
+
+    assert main(["configs", "show", "--config-dir", str(cfg)]) == 0
+    shown = capsys.readouterr().out
+    assert key in shown and "STALE" not in shown and "x " in shown
+
+
+def test_configs_diff_reports_changed_entries(tmp_path, capsys):
+    entry = {
+        "config": {"chunk": 512, "bufs": 2},
+        "provenance": {"latency_ns": 2000.0, "kernel_hash": "a" * 16},
+    }
+    for name, chunk, lat in (("a", 512, 2000.0), ("b", 1024, 1500.0)):
+        d = tmp_path / name / "trn2"
+        d.mkdir(parents=True)
+        e = json.loads(json.dumps(entry))
+        e["config"]["chunk"], e["provenance"]["latency_ns"] = chunk, lat
+        entries = {"rows=256": e}
+        if name == "b":
+            entries["rows=512"] = e
+        (d / "rms_norm.json").write_text(json.dumps({"format": 1, "entries": entries}))
+    assert main(["configs", "diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "rows=256: chunk: 512 -> 1024; latency 2.00 -> 1.50 us" in out
+    assert "rows=512: only in B" in out
+    assert "2 difference(s)" in out
+
+
+def test_buckets_command_compares_with_the_defaults(tmp_path, capsys):
+    f = tmp_path / "lengths.txt"
+    f.write_text("\n".join(f"{n} {c}" for n, c in [(100, 50), (700, 30), (3000, 5), (9000, 1)]))
+    assert main(["buckets", "--lengths", str(f), "--max-buckets", "3", "--align", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "optimal boundaries: 128,768,9088" in out
+    assert "default pow2[128..4096]+1024k" in out
+
+    assert main(["buckets", "--lengths", str(f), "--max-buckets", "2", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans[0]["boundaries"] == [700, 9000]  # align 1: boundaries at observed lengths
+    # 80 calls padded to 700, 6 to 9000, t(b) = b: (80 * 700 + 6 * 9000) / 86
+    assert plans[0]["expected_time"] == pytest.approx((80 * 700 + 6 * 9000) / 86)
+
+
+def test_tune_rejects_bad_arguments(tmp_path):
+    with pytest.raises(SystemExit, match="--shape: expected one of"):
+        main(["tune", "rms_norm", "--shape", "gpt-5", "--no-export", "--storage", "memory"])
+    with pytest.raises(SystemExit, match="needs a shared --storage"):
+        main(["tune", "rms_norm", "--buckets", "256", "--shape", "llama3-8b", "--workers", "2",
+              "--storage", "memory", "--no-export"])  # fmt: skip
