@@ -123,9 +123,9 @@ def _spawn_worker(
 
 def worker_main(payload: str) -> int:
     """Entry point of one worker process of `tune --workers K`."""
-    from .study import TuneOptions
-
     import optuna
+
+    from .study import TuneOptions
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     job = json.loads(payload)
@@ -168,11 +168,11 @@ def _on_trial(bar: _Progress) -> Any:
 
 def run_tune(args: argparse.Namespace) -> int:
     """`nki-kernels tune`: one study per (shape, bucket); export the best configs."""
+    import optuna
+
     from ..runtime.config_store import ConfigStore, default_store
     from .export import ExportRefused, export_best
     from .storage import is_shareable, normalize_url, redact
-
-    import optuna
 
     if args.workers < 1:
         raise SystemExit(f"--workers: expected >= 1; got {args.workers}")

@@ -93,7 +93,7 @@ def test_more_buckets_never_cost_more():
     dist = skewed_lengths(2)
     cost = quadratic_cost(fixed=1e6)
     times = [optimize(dist, k, cost, align=64).expected_time for k in range(1, 9)]
-    assert all(b <= a for a, b in zip(times, times[1:]))
+    assert all(b <= a for a, b in itertools.pairwise(times))
 
 
 def test_length_file_formats(tmp_path):
