@@ -335,7 +335,7 @@ def moe_mlp(
         config=cfg,
         target=target,
         static_blocks=plan.static_blocks,
-        may_drop=plan.may_drop,
+        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
     )
     return unpad(out, 0, t).contiguous()
 
@@ -411,7 +411,7 @@ def moe_mlp_backward(
         target=target,
         mutated=(10, 11),
         static_blocks=plan.static_blocks,
-        may_drop=plan.may_drop,
+        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
     )
     dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)
     return (

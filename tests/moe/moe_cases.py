@@ -1,0 +1,137 @@
+"""Shared inputs and comparisons for the MoE tests (tolerance table, routing builders)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from nki_kernels.interp import run
+from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
+from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
+from nki_kernels.moe.grouping import BlockPlan, plan_blocks
+from nki_kernels.moe.reference import capacity, capacity_keep, expert_mlp_reference
+
+# Normalized max error max|actual - ref| / max|ref| against the fp32 reference.
+# fp32: fp32 engine math, sums of <= a few hundred products in another order:
+#   sqrt(n) * 4 * 2^-24 ~ 1e-6, with 10x headroom for transcendental (silu) error.
+# bf16: inputs are exact in the reference; the kernel rounds the SwiGLU activations, the
+#   per-slot expert outputs and the final result to bf16: 3 roundings of unit roundoff
+#   u = 2^-8 each (relative to the output scale) -> 3u ~ 1.2e-2, rounded up to 4u.
+TOL = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0**-8}
+
+
+def max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected| (0 when both are all zero)."""
+    a, e = actual.detach().float(), expected.detach().float()
+    scale = float(e.abs().max())
+    diff = float((a - e).abs().max())
+    return diff / scale if scale else diff
+
+
+def assert_close_scaled(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str
+) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} vs {expected.shape}"
+    err = max_rel_err(actual, expected)
+    assert err <= TOL[dtype], f"{what}: normalized error {err:.3g} > {TOL[dtype]:.3g} ({dtype})"
+
+
+def make_layer(
+    t: int, h: int, i: int, e: int, dtype: torch.dtype, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """hidden, router logits, weights and an output gradient with unit-scale outputs."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "hidden": torch.randn(t, h, generator=g).to(dtype),
+        "logits": torch.randn(t, e, generator=g),
+        "w_gate_up": (torch.randn(e, h, 2 * i, generator=g) / h**0.5).to(dtype),
+        "w_down": (torch.randn(e, i, h, generator=g) / i**0.5).to(dtype),
+        "dout": torch.randn(t, h, generator=g).to(dtype),
+    }
+
+
+def random_routing(t: int, e: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """k distinct experts per token and positive weights."""
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int64)
+    w = rng.uniform(0.1, 1.0, size=(t, k)).astype(np.float32)
+    return ids.reshape(t, k), w
+
+
+def mlp_with_routing(
+    layer: dict[str, torch.Tensor], ids: np.ndarray, w: torch.Tensor, cf: float | None
+) -> torch.Tensor:
+    """fp32 reference output for a given routing (plain loop over experts), differentiable."""
+    x, wgu, wd = layer["hidden"], layer["w_gate_up"], layer["w_down"]
+    t, h = x.shape
+    e = wgu.shape[0]
+    ids_t = torch.from_numpy(ids)
+    cap = None if cf is None else capacity(t, e, ids.shape[1], cf)
+    keep = capacity_keep(ids_t, e, cap)
+    out = torch.zeros(t, h)
+    for ex in range(e):
+        sel = ((ids_t == ex) & keep).nonzero()
+        if sel.numel():
+            tok, j = sel[:, 0], sel[:, 1]
+            y = expert_mlp_reference(x[tok], wgu, wd, ex)
+            out = out.index_add(0, tok, y * w[tok, j].unsqueeze(1))
+    return out
+
+
+def fwd_kernel(layer: dict[str, torch.Tensor], plan: BlockPlan, **cfg: object) -> torch.Tensor:
+    args = {"tile_i": 256, "loop_order": "h_outer", "down_n": 512, "w_bufs": 2, "dma_h": 1}
+    args.update(cfg)
+    t = torch.from_numpy
+    res = run(
+        moe_mlp_fwd,
+        layer["hidden"],
+        layer["w_gate_up"],
+        layer["w_down"],
+        t(plan.slot_token),
+        t(plan.block_expert),
+        t(plan.block_count),
+        t(plan.token_slot),
+        t(plan.token_weight),
+        plan.static_blocks,
+        plan.may_drop,
+        plan.block_size,
+        *args.values(),
+    )
+    return res.outputs
+
+
+def bwd_kernel(
+    layer: dict[str, torch.Tensor], plan: BlockPlan, tile_i: int = 128
+) -> tuple[torch.Tensor, ...]:
+    e, h, i2 = layer["w_gate_up"].shape
+    dgu = torch.zeros(e, h, i2)
+    dd = torch.zeros(e, i2 // 2, h)
+    row = plan.slot_weight.transpose(0, 2, 1).reshape(plan.num_blocks, -1).copy()
+    t = torch.from_numpy
+    res = run(
+        moe_mlp_bwd,
+        layer["hidden"],
+        layer["w_gate_up"],
+        layer["w_down"],
+        layer["dout"],
+        t(plan.slot_token),
+        t(plan.slot_weight),
+        t(row),
+        t(plan.block_expert),
+        t(plan.block_count),
+        t(plan.token_slot),
+        dgu,
+        dd,
+        plan.static_blocks,
+        plan.may_drop,
+        plan.block_size,
+        tile_i,
+    )
+    dx, dw = res.outputs
+    return dx, dw, dgu, dd
+
+
+def plan_for(
+    ids: np.ndarray, w: np.ndarray, e: int, block: int, cf: float | None = None
+) -> BlockPlan:
+    return plan_blocks(ids, w, e, block, cf)
