@@ -99,7 +99,7 @@ def _block_slots(classes: Any, t: int, kb: int, nk: int) -> list:
 
 def _runs(slots: list) -> list:
     """Runs of consecutive sub-tiles: (slot0, u0, count, partial)."""
-    runs = []
+    runs: list[tuple[int, int, int, bool]] = []
     for ul, u, part in slots:
         if runs and runs[-1][1] + runs[-1][2] == u:
             r = runs[-1]

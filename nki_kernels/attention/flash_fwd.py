@@ -109,7 +109,7 @@ def _tile_steps(classes: Any, t: int, nk: int, n_sub: int) -> list:
 
 def _runs(slots: list) -> list:
     """Maximal runs of consecutive keys inside one PSUM bank: (slot0, u0, count, partial)."""
-    runs = []
+    runs: list[tuple[int, int, int, bool]] = []
     for j, u, part in slots:
         if runs and runs[-1][1] + runs[-1][2] == u and runs[-1][0] // GROUP == j // GROUP:
             r = runs[-1]

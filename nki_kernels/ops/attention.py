@@ -420,12 +420,12 @@ def _bwd_validate(
         if tuple(t.shape) != tuple(q.shape):
             raise ValueError(f"{arg}: expected shape {tuple(q.shape)} (as q); got {tuple(t.shape)}")
     expected = tuple(q.shape[:3])
-    for arg, t in (("lse", lse), ("grad_lse", grad_lse)):
-        if t is None:
+    for arg, st in (("lse", lse), ("grad_lse", grad_lse)):
+        if st is None:
             continue
-        check_tensor(arg, t, dtypes=(torch.float32,), min_dim=3)
-        if tuple(t.shape) != expected:
-            raise ValueError(f"{arg}: expected shape {expected} [B, Hq, Sq]; got {tuple(t.shape)}")
+        check_tensor(arg, st, dtypes=(torch.float32,), min_dim=3)
+        if tuple(st.shape) != expected:
+            raise ValueError(f"{arg}: expected shape {expected} [B, Hq, Sq]; got {tuple(st.shape)}")
 
 
 def _bwd_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:

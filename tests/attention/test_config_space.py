@@ -1,0 +1,135 @@
+"""Every config in the search space that passes validate() runs the kernels correctly on a
+small problem; invalid ones say why; the heuristic default is always valid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _helpers import TOLERANCES, assert_lse_close, assert_rel_close, make_inputs, reference_grads
+
+from nki_kernels.attention import masks
+from nki_kernels.attention.config import AttentionProblem, FlashBwdConfig, FlashFwdConfig
+from nki_kernels.attention.flash_bwd import flash_attention_bwd
+from nki_kernels.attention.flash_fwd import flash_attention_fwd
+from nki_kernels.interp import run
+from nki_kernels.kernel_config import InvalidConfig
+from nki_kernels.targets import get_target
+
+# Sq = 260 (3 query tiles, the last ragged), Sk = 1100 (a 1024-key step plus a ragged
+# one), GQA 2:1, causal bottom-right: FULL, PARTIAL and SKIP tiles all occur.
+B, HQ, HKV, SQ, SK, D = 1, 2, 1, 260, 1100, 64
+TARGET = get_target("trn2")
+
+
+def _problem(dtype: torch.dtype) -> AttentionProblem:
+    name = str(dtype).removeprefix("torch.")
+    return AttentionProblem(SQ, SK, D, HQ, HKV, B, name, "causal")
+
+
+def _masks():  # type: ignore[no-untyped-def]
+    lo, hi = masks.query_bounds(B, SQ, SK, causal=True)
+    plan = masks.tile_plan(masks.classify_tiles(lo, hi, SK))
+    return plan, torch.from_numpy(masks.kernel_bounds(lo, hi)), torch.from_numpy(lo >= hi)
+
+
+def _valid(cls, dtype):  # type: ignore[no-untyped-def]
+    problem = _problem(dtype)
+    configs = list(cls.space(problem, TARGET))
+    valid = [c for c in configs if c.is_valid(problem, TARGET)]
+    assert valid, "the search space has no valid config"
+    return configs, valid
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_valid_forward_config_is_correct(dtype: torch.dtype) -> None:
+    configs, valid = _valid(FlashFwdConfig, dtype)
+    plan, bounds, _ = _masks()
+    q, k, v = (t.detach() for t in make_inputs(B, HQ, HKV, SQ, SK, D, dtype))
+    g = torch.zeros(B, HQ, SQ, D)
+    ref_out, ref_lse, _ = reference_grads(q, k, v, g, causal=True)
+    for cfg in valid:
+        c = cfg.to_dict()
+        out, lse = run(
+            flash_attention_fwd,
+            q,
+            k,
+            v,
+            bounds,
+            D**-0.5,
+            plan,
+            c["kv_tile"],
+            c["q_tiles"],
+            c["dma_quarters"],
+            c["scalar_evac"],
+            target=TARGET,
+        ).outputs
+        assert_rel_close(out, ref_out, TOLERANCES[dtype][0], f"out {cfg}")
+        assert_lse_close(lse, ref_lse)
+    for cfg in configs:
+        if cfg not in valid:
+            with pytest.raises(InvalidConfig) as err:
+                cfg.validate(_problem(dtype), TARGET)
+            assert err.value.reason
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_valid_backward_config_is_correct(dtype: torch.dtype) -> None:
+    _, valid = _valid(FlashBwdConfig, dtype)
+    plan, bounds, empty = _masks()
+    q, k, v = (t.detach() for t in make_inputs(B, HQ, HKV, SQ, SK, D, dtype))
+    g = torch.randn(B, HQ, SQ, D, generator=torch.Generator().manual_seed(5)).to(dtype)
+    ref_out, ref_lse, ref_grads = reference_grads(q, k, v, g, causal=True)
+    out = ref_out.to(dtype)
+    lse = ref_lse.masked_fill(empty[:, None, :], float("inf"))
+    for cfg in valid:
+        c = cfg.to_dict()
+        grads = run(
+            flash_attention_bwd,
+            q,
+            k,
+            v,
+            out,
+            g,
+            lse,
+            None,
+            bounds,
+            D**-0.5,
+            plan,
+            c["section"],
+            c["dma_quarters"],
+            c["scalar_evac"],
+            target=TARGET,
+        ).outputs
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, ref_grads):
+            assert_rel_close(got, ref, TOLERANCES[dtype][1], f"{name} {cfg}")
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+@pytest.mark.parametrize("seq", [128, 2048, 8192, 32768])
+def test_heuristics_are_valid(target: str, seq: int) -> None:
+    tgt = get_target(target)
+    for dtype in ("bfloat16", "float16"):
+        p = AttentionProblem(seq, seq, 128, 32, 8, 1, dtype, "causal")
+        FlashFwdConfig.heuristic(p, tgt).validate(p, tgt)
+        FlashBwdConfig.heuristic(p, tgt).validate(p, tgt)
+
+
+def test_fp32_restrictions_are_explained() -> None:
+    p = _problem(torch.float32)
+    with pytest.raises(InvalidConfig, match="fp32 P\\^T"):
+        FlashFwdConfig(kv_tile=1024).validate(p, TARGET)
+    with pytest.raises(InvalidConfig, match="DMA transposes need a 2-byte dtype"):
+        FlashFwdConfig(kv_tile=512, dma_quarters=2).validate(p, TARGET)
+
+
+def test_long_keys_do_not_fit_resident_and_say_so() -> None:
+    p = AttentionProblem(256, 64 * 1024, 128, dtype="bfloat16")
+    with pytest.raises(InvalidConfig, match="SBUF overflow on trn2"):
+        FlashFwdConfig().validate(p, TARGET)
+
+
+def test_bounds_rows_match_kernel_layout() -> None:
+    plan, bounds, empty = _masks()
+    assert bounds.shape == (B, 128, 2, 3) and not bool(empty.any())
+    assert np.asarray(plan).shape == (B, 3, 9)
