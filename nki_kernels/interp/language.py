@@ -36,6 +36,7 @@ from .ops import (  # noqa: F401 - re-exported op tokens
     floor,
     gelu,
     gelu_apprx_sigmoid,
+    gelu_apprx_sigmoid_dx,
     gelu_apprx_tanh,
     gelu_dx,
     greater,
@@ -56,6 +57,7 @@ from .ops import (  # noqa: F401 - re-exported op tokens
     negative,
     not_equal,
     power,
+    prelu,
     reciprocal,
     relu,
     right_shift,
@@ -146,19 +148,27 @@ def ones(shape: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "") -> NkiTe
     return _filled(shape, 1, dtype, buffer, name)
 
 
-def full(shape: Any, fill_value: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "") -> NkiTensor:
+def full(
+    shape: Any, fill_value: Any, dtype: Any, buffer: Buffer = sbuf, name: str = ""
+) -> NkiTensor:
     return _filled(shape, fill_value, dtype, buffer, name)
 
 
-def zeros_like(a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = "") -> NkiTensor:
+def zeros_like(
+    a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
+) -> NkiTensor:
     return zeros(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
-def ones_like(a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = "") -> NkiTensor:
+def ones_like(
+    a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
+) -> NkiTensor:
     return ones(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
-def empty_like(a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = "") -> NkiTensor:
+def empty_like(
+    a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
+) -> NkiTensor:
     return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
@@ -174,13 +184,27 @@ def shared_constant(constant: Any, dtype: Any = None) -> NkiTensor:
     return t
 
 
-def shared_identity_matrix(n: int, dtype: Any = uint8) -> NkiTensor:
-    """An n x n identity matrix in SBUF (for PE transposes)."""
-    t = _allocate((n, n), dtype, sbuf, "identity")
+def shared_identity_matrix(n: int, dtype: Any = uint8, dst: NkiTensor | None = None) -> NkiTensor:
+    """An n x n identity matrix in SBUF (for PE transposes), written into `dst` if given.
+
+    `dst` must be an (n, n) SBUF view; its dtype is used and `dtype` is then ignored.
+    """
+    from .engine import write
+
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise _fail("ARG", f"shared_identity_matrix: n must be a positive int; got {n!r}")
+    if dst is None:
+        t = _allocate((int(n), int(n)), dtype, sbuf, "identity")
+    elif not isinstance(dst, NkiTensor) or dst.buffer is not sbuf or dst.indirect is not None:
+        raise _fail("BUF", f"shared_identity_matrix: dst must be a direct SBUF view; got {dst!r}")
+    elif dst.shape != (n, n):
+        raise _fail(
+            "ARG", f"shared_identity_matrix: dst must have shape ({n}, {n}); got {dst.shape}"
+        )
+    else:
+        t = dst
     if not _current().trace_only:
-        data = t.storage.data
-        assert data is not None
-        data[...] = _dt.cast(np.eye(n, dtype=np.float32).reshape(-1), t.dtype)
+        write(t, np.eye(int(n), dtype=np.float32))
     return t
 
 

@@ -298,8 +298,8 @@ def where(condition: Any, x: Any, y: Any, dtype: Any = None) -> NkiTensor:
 def install() -> None:
     """Make the op tokens callable (nl.add(x, y), nl.exp(x), nl.max(x, axis), ...)."""
     for o in ops.TOKENS.values():
-        if o._call is not None or o in (ops.bypass, ops.average):
-            continue  # nl.copy is installed by language.py; average is a token only
+        if o._call is not None or o in (ops.bypass, ops.average, ops.prelu):
+            continue  # nl.copy is installed by language.py; average, prelu are tokens only
         if o.kind in ("binary", "bitvec") and o not in (ops.max_, ops.min_, ops.invert):
             o._call = _binary(o)
         elif o.is_unary or o is ops.invert:

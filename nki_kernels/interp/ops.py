@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+# gelu_apprx_sigmoid(x) = x * sigmoid(1.702 x): the usual sigmoid approximation of GELU
+_GELU_SIGMOID_K = np.float32(1.702)
+PRELU_DEFAULT_SLOPE = 0.0
 
 
 def _erf32(x: np.ndarray) -> np.ndarray:
@@ -38,6 +41,21 @@ def _gelu_dx(x: np.ndarray) -> np.ndarray:
     pdf = np.exp(-0.5 * x * x) / np.float32(math.sqrt(2.0 * math.pi))
     cdf = 0.5 * (1.0 + _erf32(x / np.float32(math.sqrt(2.0))))
     return (cdf + x * pdf).astype(np.float32)
+
+
+def _gelu_sigmoid(x: np.ndarray) -> np.ndarray:
+    return (x * _sigmoid(_GELU_SIGMOID_K * x)).astype(np.float32)
+
+
+def _gelu_sigmoid_dx(x: np.ndarray) -> np.ndarray:
+    s = _sigmoid(_GELU_SIGMOID_K * x)
+    return (s + _GELU_SIGMOID_K * x * s * (1.0 - s)).astype(np.float32)
+
+
+def _prelu(x: np.ndarray) -> np.ndarray:
+    # relu_param (the negative slope) is an operand of nisa.activate2 only; the
+    # interpreter's activation() has no such operand and uses its documented default, 0.0
+    return np.where(x > 0, x, np.float32(PRELU_DEFAULT_SLOPE) * x).astype(np.float32)
 
 
 def _silu_dx(x: np.ndarray) -> np.ndarray:
@@ -65,7 +83,7 @@ class Op:
     accepts it; `reduce` whether it is a legal reduce op.
     """
 
-    __slots__ = ("name", "kind", "fn", "activation", "reduce", "version", "_call")
+    __slots__ = ("_call", "activation", "fn", "kind", "name", "reduce", "version")
 
     def __init__(
         self,
@@ -155,7 +173,7 @@ square = _def("square", _U, np.square, activation=True)
 relu = _def("relu", _U, lambda x: np.maximum(x, _f32(0.0)), activation=True)
 rsqrt = _def("rsqrt", _U, lambda x: (_f32(1.0) / np.sqrt(x)).astype(_f32), activation=True)
 reciprocal = _def("reciprocal", _U, lambda x: (_f32(1.0) / x).astype(_f32), activation=True)
-abs = _def("abs", _U, np.abs, activation=True)  # noqa: A001
+abs = _def("abs", _U, np.abs, activation=True)
 negative = _def("negative", _U, np.negative)
 exp = _def("exp", _U, np.exp, activation=True)
 log = _def("log", _U, np.log, activation=True)
@@ -167,9 +185,9 @@ silu_dx = _def("silu_dx", _U, _silu_dx, activation=True)
 gelu = _def("gelu", _U, _gelu, activation=True)
 gelu_dx = _def("gelu_dx", _U, _gelu_dx, activation=True)
 gelu_apprx_tanh = _def("gelu_apprx_tanh", _U, _gelu_tanh, activation=True)
-gelu_apprx_sigmoid = _def(
-    "gelu_apprx_sigmoid", _U, lambda x: (x * _sigmoid(_f32(1.702) * x)).astype(_f32), activation=True
-)
+gelu_apprx_sigmoid = _def("gelu_apprx_sigmoid", _U, _gelu_sigmoid, activation=True)
+gelu_apprx_sigmoid_dx = _def("gelu_apprx_sigmoid_dx", _U, _gelu_sigmoid_dx, activation=True)
+prelu = _def("prelu", _U, _prelu, activation=True)
 softplus = _def("softplus", _U, _softplus, activation=True)
 mish = _def("mish", _U, lambda x: (x * np.tanh(_softplus(x))).astype(_f32), activation=True)
 erf = _def("erf", _U, _erf32, activation=True)

@@ -1,28 +1,22 @@
 """VectorE / ScalarE / GpSimd element-wise instructions against NumPy fp32 references:
-tensor_copy, memset, iota, activation (+ the ScalarE reduce registers), tensor_tensor,
-tensor_scalar, scalar_tensor_tensor, tensor_reduce, reciprocal; and their rules."""
+tensor_copy, memset, iota, tensor_tensor, tensor_scalar, scalar_tensor_tensor,
+tensor_reduce, reciprocal; and their rules (activation: test_activation.py)."""
 
 from __future__ import annotations
-
-import math
 
 import ml_dtypes
 import numpy as np
 import pytest
-from tile_harness import BF16, bf16, last_instr, outputs, run_tiles
+from tile_harness import BF16, bf16, expect_rule, last_instr, outputs, run_tiles
 
-from nki_kernels.interp import NkiValidationError, nisa, nl
+from nki_kernels.interp import nisa, nl
 
 rng = np.random.default_rng(17)
 F32 = np.float32
 
 
 def _raises(rule, body, inputs, outs, target="trn2"):
-    with pytest.raises(NkiValidationError) as e:
-        run_tiles(body, inputs, outs, target=target)
-    assert e.value.rule == rule, str(e.value)
-    assert f"rule {rule}" in str(e.value)
-    return e.value
+    return expect_rule(rule, run_tiles, body, inputs, outs, target=target)
 
 
 def _x(shape, scale=1.0, dtype=F32):
@@ -109,129 +103,6 @@ def test_iota_patterns_and_channel_multiplier():
     p, i, j = np.meshgrid(np.arange(8), np.arange(2), np.arange(5), indexing="ij")
     np.testing.assert_array_equal(b, 10 + 100 * p + 3 * i - j)
     np.testing.assert_array_equal(c, np.tile(np.arange(6) - 2, (3, 1)).astype(F32))
-
-
-# ---- activation -----------------------------------------------------------------------------
-def _gelu_tanh(x):
-    c = math.sqrt(2 / math.pi)
-    return 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x**3)))
-
-
-ACTS = [
-    (nl.copy, lambda x: x),
-    (nl.exp, np.exp),
-    (nl.relu, lambda x: np.maximum(x, 0)),
-    (nl.square, np.square),
-    (nl.silu, lambda x: x / (1 + np.exp(-x))),
-    (nl.sigmoid, lambda x: 1 / (1 + np.exp(-x))),
-    (nl.tanh, np.tanh),
-    (nl.gelu_apprx_tanh, _gelu_tanh),
-    (nl.gelu, lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))),
-    (nl.rsqrt, lambda x: 1 / np.sqrt(x)),
-    (nl.sqrt, np.sqrt),
-    (nl.log, np.log),
-    (nl.abs, np.abs),
-]
-
-
-@pytest.mark.parametrize(("op", "ref"), ACTS, ids=[o.name for o, _ in ACTS])
-def test_activation_scale_bias_op_rounds_to_dst(op, ref):
-    x = _x((96, 40), 1.5)
-    scale = (rng.random((96, 1)) + 0.5).astype(F32)
-    bias = _x((96, 1), 0.1)
-    if op in (nl.rsqrt, nl.sqrt, nl.log):  # inside the valid input ranges
-        x, bias = np.abs(x) + 0.1, np.abs(bias)
-
-    def body(t, s, b, out, out16):
-        nisa.activation(dst=out, op=op, data=t, scale=s, bias=b)
-        nisa.activation(dst=out16[0:50, :], op=op, data=t[0:50, :], scale=0.5)
-
-    o32, o16 = outputs(body, [x, scale, bias], [((96, 40), nl.float32), ((96, 40), nl.bfloat16)])
-    arg = x.astype(np.float64) * scale + bias
-    np.testing.assert_allclose(o32, ref(arg), rtol=2e-5, atol=2e-6)
-    np.testing.assert_allclose(
-        o16[:50].astype(F32),
-        bf16(ref(x[:50].astype(np.float64) * 0.5)).astype(F32),
-        rtol=2**-7,
-        atol=1e-6,
-    )
-    assert np.isnan(o16[50:].astype(F32)).all()
-
-
-def test_activation_reduce_registers_persist_across_calls():
-    x = _x((128, 30))
-
-    def body(t, r1, r2, r3, y):
-        nisa.activation(
-            dst=y,
-            op=nl.square,
-            data=t[:, 0:10],
-            reduce_op=nl.add,
-            reduce_cmd=nisa.reduce_cmd.reset_reduce,
-        )
-        nisa.activation(
-            dst=y,
-            op=nl.square,
-            data=t[:, 10:20],
-            reduce_op=nl.add,
-            reduce_cmd=nisa.reduce_cmd.reduce,
-            reduce_res=r1,
-        )
-        nisa.activation(
-            dst=y, op=nl.copy, data=t[:, 20:30], reduce_cmd=nisa.reduce_cmd.idle, reduce_res=r2
-        )  # idle: registers unchanged, read out again
-        nisa.activation(
-            dst=y, op=nl.copy, data=t[:, 20:30], reduce_cmd=nisa.reduce_cmd.reset, reduce_res=r3
-        )
-
-    r1, r2, r3, y = outputs(body, [x], [((128, 1), nl.float32)] * 3 + [((128, 10), nl.float32)])
-    ref = (x[:, 0:20].astype(np.float64) ** 2).sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(r1, ref, rtol=1e-5)
-    np.testing.assert_array_equal(r2, r1)
-    assert (r3 == 0).all()
-    np.testing.assert_array_equal(y, x[:, 20:30])
-
-
-def test_activation_reduce_uses_the_lanes_of_the_data_partitions():
-    x = _x((128, 8))
-
-    def body(t, out, y):
-        nisa.activation(
-            dst=y, op=nl.copy, data=t, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce
-        )
-        # partitions 64..127 only: lanes 64..127 reset and accumulate; lanes 0..63 keep
-        nisa.activation(
-            dst=y[64:128, :],
-            op=nl.copy,
-            data=t[64:128, :],
-            reduce_op=nl.add,
-            reduce_cmd=nisa.reduce_cmd.reduce,
-            reduce_res=out[64:128, :],
-        )
-        nisa.activation_reduce(
-            dst=y[0:64, :], op=nl.copy, data=t[0:64, :], reduce_op=nl.add, reduce_res=out[0:64, :]
-        )
-
-    out, _ = outputs(body, [x], [((128, 1), nl.float32), ((128, 8), nl.float32)])
-    s = x.astype(np.float64).sum(axis=1)
-    np.testing.assert_allclose(out[64:, 0], 2 * s[64:], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out[:64, 0], s[:64], rtol=1e-5, atol=1e-6)
-
-
-def test_activation_reduce_res_may_alias_dst():
-    x = _x((16, 1))
-
-    def body(t, out):
-        nisa.activation(
-            dst=out,
-            op=nl.exp,
-            data=t,
-            reduce_op=nl.add,
-            reduce_cmd=nisa.reduce_cmd.reset_reduce,
-            reduce_res=out,
-        )
-
-    np.testing.assert_allclose(outputs(body, [x], [((16, 1), nl.float32)]), np.exp(x), rtol=1e-6)
 
 
 # ---- tensor_tensor / tensor_scalar / scalar_tensor_tensor ------------------------------------
@@ -451,40 +322,6 @@ RULE_CASES = [
     ("ARG", lambda o: nisa.iota(dst=o, pattern=[[1, 1]] * 4 + [[1, 4]]), _I, "trn2"),
     ("ARG", lambda o: nisa.iota(dst=o, pattern=[[1, 4]], offset=0.5), _I, "trn2"),
     ("BUF", lambda o: nisa.iota(dst=_psum(dtype=nl.int32), pattern=[[1, 4]]), _I, "trn2"),
-    # activation
-    ("OP", lambda o: nisa.activation(dst=o, op=nl.subtract, data=o), _T, "trn2"),
-    ("OP", lambda o: nisa.activation(dst=o, op="exp", data=o), _T, "trn2"),
-    ("OP", lambda o: nisa.activation(dst=o, op=np.exp, data=o), _T, "trn2"),
-    (
-        "OP",
-        lambda o: nisa.activation(
-            dst=o, op=nl.exp, data=o, reduce_op=nl.maximum, reduce_cmd=nisa.reduce_cmd.reset_reduce
-        ),
-        _T,
-        "trn2",
-    ),
-    ("VERSION", lambda o: nisa.activation(dst=o, op=nl.exp, data=o, bias=1.0), _T, "trn1"),
-    (
-        "DTYPE",
-        lambda o: nisa.activation(dst=o, op=nl.exp, data=o, scale=nl.ndarray((8, 1), nl.bfloat16)),
-        _T,
-        "trn2",
-    ),
-    (
-        "FREE",
-        lambda o: nisa.activation(dst=o, op=nl.exp, data=o, bias=nl.ndarray((8, 2), nl.float32)),
-        _T,
-        "trn2",
-    ),
-    ("FREE", lambda o: nisa.activation(dst=o, op=nl.exp, data=o, reduce_res=o), _T, "trn2"),
-    (
-        "ARG",
-        lambda o: nisa.activation(dst=o, op=nl.exp, data=o, reduce_cmd=nisa.reduce_cmd.load_reduce),
-        _T,
-        "trn2",
-    ),
-    ("ARG", lambda o: nisa.activation(dst=o, op=nl.exp, data=o, reduce_cmd=3), _T, "trn2"),
-    ("PART", lambda o: nisa.activation(dst=o[0:7], op=nl.exp, data=o), _T, "trn2"),
     # tensor_tensor
     (
         "BUF",

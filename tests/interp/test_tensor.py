@@ -9,6 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from tile_harness import expect_rule
 
 from nki_kernels.interp import NkiValidationError, nisa, nl, run
 
@@ -36,11 +37,7 @@ def _in_kernel(body, *args, target="trn2"):
 
 
 def _raises(rule, body, *args, target="trn2"):
-    with pytest.raises(NkiValidationError) as e:
-        _in_kernel(body, *args, target=target)
-    assert e.value.rule == rule, str(e.value)
-    assert f"rule {rule}" in str(e.value)
-    return e.value
+    return expect_rule(rule, _in_kernel, body, *args, target=target)
 
 
 # ---- on-chip int indexing keeps dim 0 and stays >= 2-D --------------------------------
@@ -354,6 +351,44 @@ def test_shared_constant_and_identity_matrix():
     c, ident = run(kernel).outputs
     np.testing.assert_array_equal(c, const)
     np.testing.assert_array_equal(ident.astype(np.float32), np.eye(4))
+
+
+def test_identity_matrix_into_a_dst_view_leaves_the_rest_alone():
+    def kernel():
+        big = nl.full((8, 8), 5.0, nl.float32)
+        ident = nl.shared_identity_matrix(3, dst=big[2:5, 4:7])
+        assert ident.shape == (3, 3) and ident.dtype == nl.float32
+        o = nl.ndarray((8, 8), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(o, big)
+        return o
+
+    got = run(kernel).outputs
+    expect = np.full((8, 8), 5.0, np.float32)
+    expect[2:5, 4:7] = np.eye(3)
+    np.testing.assert_array_equal(got, expect)
+
+
+@pytest.mark.parametrize(
+    ("call", "rule", "message"),
+    [
+        (lambda: nl.shared_identity_matrix(0), "ARG", "n must be a positive int; got 0"),
+        (lambda: nl.shared_identity_matrix(2.0), "ARG", "n must be a positive int; got 2.0"),
+        (
+            lambda: nl.shared_identity_matrix(4, dst=nl.ndarray((4, 3), nl.float32)),
+            "ARG",
+            "dst must have shape (4, 4); got (4, 3)",
+        ),
+        (
+            lambda: nl.shared_identity_matrix(4, dst=nl.ndarray((4, 4), nl.float32, nl.psum)),
+            "BUF",
+            "dst must be a direct SBUF view",
+        ),
+        (lambda: nl.shared_identity_matrix(256), "TC1", "partition dim 256"),
+    ],
+)
+def test_identity_matrix_rules(call, rule, message):
+    err = _raises(rule, lambda: call())
+    assert message in str(err)
 
 
 def test_tensor_attributes_and_queries():

@@ -1,8 +1,9 @@
-"""Shared helpers for the instruction tests: run one on-chip computation on NumPy data.
+"""Shared helpers for the interpreter tests.
 
 `run_tiles(body, inputs, outs)` launches a kernel that loads each input array into an
 SBUF tile, allocates fresh SBUF tiles for `outs` ((shape, dtype) pairs, so they start
 NaN / sentinel-filled), calls `body(*in_tiles, *out_tiles)` and stores the out tiles.
+`expect_rule(rule, fn, ...)` asserts that a call fails with the named rule.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import pytest
 
-from nki_kernels.interp import nl, run
+from nki_kernels.interp import NkiValidationError, nl, run
 from nki_kernels.interp.launch import RunResult
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -57,3 +59,13 @@ def last_instr(result: RunResult, opcode: str) -> Any:
 def bf16(x: np.ndarray) -> np.ndarray:
     """Round fp32 values to bf16 (what a bf16 destination stores)."""
     return np.asarray(x, dtype=np.float32).astype(BF16)
+
+
+def expect_rule(rule: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> NkiValidationError:
+    """Call `fn(*args, **kwargs)`; assert it raises the interpreter error of `rule`, whose
+    message names the rule."""
+    with pytest.raises(NkiValidationError) as e:
+        fn(*args, **kwargs)
+    assert e.value.rule == rule, str(e.value)
+    assert str(e.value).endswith(f"(rule {rule})"), str(e.value)
+    return e.value
