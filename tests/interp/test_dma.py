@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from tile_harness import expect_rule
 
 from nki_kernels.interp import NkiValidationError, nisa, nl, run
 
@@ -15,11 +16,7 @@ rng = np.random.default_rng(3)
 
 
 def _raises(rule, kernel, *args, target="trn2"):
-    with pytest.raises(NkiValidationError) as e:
-        run(kernel, *args, target=target)
-    assert e.value.rule == rule, str(e.value)
-    assert f"rule {rule}" in str(e.value)
-    return e.value
+    return expect_rule(rule, run, kernel, *args, target=target)
 
 
 def _via_sbuf(x, dst_dtype, out_dtype=None):

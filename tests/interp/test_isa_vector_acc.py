@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tile_harness import BF16, bf16, last_instr, outputs, run_tiles
+from tile_harness import BF16, bf16, expect_rule, last_instr, outputs, run_tiles
 
-from nki_kernels.interp import InterpreterWarning, NkiValidationError, nisa, nl
+from nki_kernels.interp import InterpreterWarning, nisa, nl
 
 FP32_MIN = np.float32(np.finfo(np.float32).min)
 RC = nisa.reduce_cmd
@@ -15,9 +15,7 @@ rng = np.random.default_rng(5)
 
 
 def _raises(rule, body, inputs, outs, target="trn2"):
-    with pytest.raises(NkiValidationError) as e:
-        run_tiles(body, inputs, outs, target=target)
-    assert e.value.rule == rule, str(e.value)
+    return expect_rule(rule, run_tiles, body, inputs, outs, target=target)
 
 
 # ---- range_select ---------------------------------------------------------------------

@@ -7,8 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from tile_harness import expect_rule
 
-from nki_kernels.interp import NkiValidationError, TensorSpec, nisa, nki, nl, run, settings
+from nki_kernels.interp import TensorSpec, nisa, nki, nl, run, settings
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 rng = np.random.default_rng(23)
@@ -38,11 +39,7 @@ def add_one_in_place(x):
     nisa.dma_copy(dst=x, src=t)
 
 
-def _raises(rule, fn, *args, **kwargs):
-    with pytest.raises(NkiValidationError) as e:
-        fn(*args, **kwargs)
-    assert e.value.rule == rule, str(e.value)
-    return e.value
+_raises = expect_rule
 
 
 # ---- array kinds ---------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
+from tile_harness import expect_rule
 
-from nki_kernels.interp import InterpreterWarning, NkiValidationError, nisa, nl, run
+from nki_kernels.interp import InterpreterWarning, nisa, nl, run
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3)
@@ -35,11 +36,7 @@ def _out(t, dtype=None):
 
 
 def _raises(rule, kernel, *args, target="trn2"):
-    with pytest.raises(NkiValidationError) as e:
-        run(kernel, *args, target=target)
-    assert e.value.rule == rule, str(e.value)
-    assert f"rule {rule}" in str(e.value)
-    return e.value
+    return expect_rule(rule, run, kernel, *args, target=target)
 
 
 def _ref(a, b):

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 import pytest
-from tile_harness import BF16, bf16
+from tile_harness import BF16, bf16, expect_rule
 
-from nki_kernels.interp import NkiValidationError, nisa, nl, run
+from nki_kernels.interp import nisa, nl, run
 
 rng = np.random.default_rng(13)
 
@@ -34,10 +34,7 @@ def compute(fn, *arrays, target="trn2"):
 
 
 def _raises(rule, fn, *arrays):
-    with pytest.raises(NkiValidationError) as e:
-        compute(fn, *arrays)
-    assert e.value.rule == rule, str(e.value)
-    return e.value
+    return expect_rule(rule, compute, fn, *arrays)
 
 
 X = rng.standard_normal((128, 24)).astype(np.float32)
