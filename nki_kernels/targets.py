@@ -266,6 +266,8 @@ def get_target(target: str | Target | None = None) -> Target:
         return target
     if target is None:
         target = os.environ.get(TARGET_ENV_VAR) or DEFAULT_TARGET_NAME
+    if not isinstance(target, str):
+        raise TypeError(f"target: expected a name such as 'trn2' or a Target; got {target!r}")
     key = _ALIASES.get(target.lower(), target.lower())
     if key not in TARGETS:
         choices = ", ".join(sorted(TARGETS) + sorted(_ALIASES))

@@ -40,6 +40,7 @@ def matmul_at_b(a: Any, b: Any) -> Any:
 
     Under `matmul_at_b[2](a, b)` the two programs split the 512-column blocks of C.
     """
+    assert a.ndim == 2 and b.ndim == 2, f"A and B must be 2-D; got {a.shape} and {b.shape}"
     k_dim, m_dim = a.shape
     k_b, n_dim = b.shape
     assert k_dim == k_b, f"A is [{k_dim}, {m_dim}] and B is [{k_b}, {n_dim}]: K differs"

@@ -38,8 +38,10 @@ def rmsnorm(x: Any, w: Any, eps: float = 1e-6) -> Any:
 
     Under `rmsnorm[2](x, w)` the two programs split the 128-row tiles.
     """
+    assert x.ndim == 2, f"x must be 2-D [N, H]; got {x.shape}"
     n_rows, h = x.shape
     assert w.shape == (h,), f"w must be [{h}]; got {w.shape}"
+    assert isinstance(eps, (int, float)) and eps > 0, f"eps must be a number > 0; got {eps!r}"
     y = nl.ndarray((n_rows, h), dtype=x.dtype, buffer=nl.shared_hbm)
 
     n_programs = nl.num_programs(0) if nl.program_ndim() != 0 else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,20 @@ class TensorSpec:
     dtype: Any
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        object.__setattr__(self, "dtype", dt.as_dtype(self.dtype))
+        try:
+            shape = tuple(operator.index(s) for s in self.shape)
+        except TypeError:
+            shape = ()
+        if not shape or min(shape) < 1:
+            raise fail(
+                "LAUNCH", f"TensorSpec shape: expected a tuple of positive ints; got {self.shape!r}"
+            )
+        try:
+            dtype = dt.as_dtype(self.dtype)
+        except TypeError as exc:
+            raise fail("LAUNCH", f"TensorSpec {exc}") from None
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype)
 
 
 @dataclass
@@ -99,9 +112,11 @@ def _torch_to_numpy(where: str, t: Any) -> np.ndarray:
     if bits is not None:
         return t.view(bits[0]).numpy().view(bits[2])  # type: ignore[no-any-return]
     try:
-        return t.numpy()  # type: ignore[no-any-return]
+        a = t.numpy()
+        dt.as_dtype(a.dtype)
     except TypeError:
         raise fail("LAUNCH", f"{where}: torch dtype {t.dtype} is not an NKI dtype") from None
+    return a  # type: ignore[no-any-return]
 
 
 def _numpy_to_torch(a: np.ndarray) -> Any:
@@ -133,13 +148,13 @@ def _classify(where: str, x: Any, trace_only: bool) -> _Arg:
             raise fail("LAUNCH", f"{where}: a TensorSpec needs trace_only=True")
         return _Arg("spec", x, None)
     if _is_torch(x):
-        return _Arg("torch", x, _torch_to_numpy(where, x))  # type: ignore[arg-type]
+        return _Arg("torch", x, _nonempty(where, _torch_to_numpy(where, x)))  # type: ignore[arg-type]
     if isinstance(x, np.ndarray):
         try:
             dt.as_dtype(x.dtype)
         except TypeError:
             raise fail("LAUNCH", f"{where}: array dtype {x.dtype} is not an NKI dtype") from None
-        return _Arg("numpy", x, x)
+        return _Arg("numpy", x, _nonempty(where, x))
     if isinstance(x, list):
         raise fail("LAUNCH", f"{where}: lists are rejected by nki.jit; pass a tuple")
     try:
@@ -151,6 +166,14 @@ def _classify(where: str, x: Any, trace_only: bool) -> _Arg:
             f"got {type(x).__name__}",
         ) from None
     return _Arg("value", x, None)
+
+
+def _nonempty(where: str, a: np.ndarray) -> np.ndarray:
+    if a.size == 0:
+        raise fail(
+            "LAUNCH", f"{where}: an NKI tensor needs every dim >= 1; got an empty array {a.shape}"
+        )
+    return a
 
 
 def _wrap(arg: _Arg, buffer: Any, launch: state.Launch) -> NkiTensor:

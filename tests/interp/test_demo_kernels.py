@@ -125,3 +125,19 @@ def test_rmsnorm_runs_on_every_target():
     w = np.ones(96, np.float32)
     for target in ("trn1", "trn2", "trn3"):
         _check_rmsnorm(run(rmsnorm, x, w, target=target).outputs, x, w, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "args", "message"),
+    [
+        (matmul_at_b, (np.ones(4, np.float32), np.ones((4, 2), np.float32)), "must be 2-D"),
+        (matmul_at_b, (np.ones((4, 3), np.float32), np.ones((5, 2), np.float32)), "K differs"),
+        (rmsnorm, (np.ones((2, 3, 4), np.float32), np.ones(4, np.float32)), "x must be 2-D"),
+        (rmsnorm, (np.ones((2, 4), np.float32), np.ones(3, np.float32)), "w must be [4]"),
+        (rmsnorm, (np.ones((2, 4), np.float32), np.ones(4, np.float32), 0.0), "eps must be"),
+    ],
+)
+def test_bad_shapes_fail_with_a_message_naming_the_argument(kernel, args, message):
+    with pytest.raises(AssertionError) as e:
+        kernel(*args)
+    assert message in str(e.value)

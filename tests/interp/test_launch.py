@@ -227,10 +227,50 @@ def test_jit_rejects_platform_target_and_keyword_only_signatures():
     _raises("LAUNCH", nki.jit, kw_only)
 
 
-@pytest.mark.parametrize("arg", [[1, 2], {"a": 1}, torch.zeros(2, device="meta")])
-def test_unsupported_arguments(arg):
-    err = _raises("LAUNCH", run, lambda a: None, arg)
-    assert "argument 0" in str(err)
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ([1, 2], "lists are rejected by nki.jit; pass a tuple"),
+        ({"a": 1}, "non-tensor arguments must be hashable"),
+        (torch.zeros(2, device="meta"), "the interpreter takes CPU tensors; got meta"),
+        (np.zeros((2, 2)), "array dtype float64 is not an NKI dtype"),
+        (np.zeros((2, 2), np.int64), "array dtype int64 is not an NKI dtype"),
+        (np.zeros((2, 2), object), "array dtype object is not an NKI dtype"),
+        (torch.zeros(2, 2, dtype=torch.float64), "torch dtype torch.float64 is not an NKI dtype"),
+        (torch.zeros(2, dtype=torch.complex64), "torch dtype torch.complex64 is not an NKI"),
+        (
+            np.zeros((0, 4), np.float32),
+            "an NKI tensor needs every dim >= 1; got an empty array (0, 4)",
+        ),
+        (torch.zeros(3, 0), "an NKI tensor needs every dim >= 1; got an empty array (3, 0)"),
+    ],
+)
+def test_unsupported_arguments_name_the_argument_and_the_problem(arg, message):
+    err = _raises("LAUNCH", run, lambda a, b: None, np.zeros(1, np.float32), arg)
+    assert str(err).startswith(f"argument 1: {message}")
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "message"),
+    [
+        ((4, -2), "float32", "shape: expected a tuple of positive ints; got (4, -2)"),
+        ((), "float32", "shape: expected a tuple of positive ints; got ()"),
+        (("a", 3), "float32", "shape: expected a tuple of positive ints; got ('a', 3)"),
+        (7, "float32", "shape: expected a tuple of positive ints; got 7"),
+        ((2, 2), "float64", "dtype: expected an NKI dtype name; got 'float64'"),
+        ((2, 2), np.int64, "dtype: dtype int64 is not an NKI dtype"),
+    ],
+)
+def test_tensor_spec_checks_its_fields(shape, dtype, message):
+    err = _raises("LAUNCH", TensorSpec, shape, dtype)
+    assert str(err).startswith(f"TensorSpec {message}")
+
+
+def test_target_of_the_wrong_type_is_refused():
+    with pytest.raises(
+        TypeError, match="target: expected a name such as 'trn2' or a Target; got 2"
+    ):
+        run(lambda: None, target=2)
 
 
 def test_non_tensor_arguments_pass_through_as_python_values():
