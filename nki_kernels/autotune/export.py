@@ -5,7 +5,9 @@ carries its provenance: the kernel source hash the study measured (lookup refuse
 entry, with a `StaleConfigWarning`, once the kernel changes), the measurer's label
 ("modeled (cost model v1, trn2)" or "measured (hardware)"), the best latency, the
 heuristic default's latency in the same study, the number of distinct configs tried, and
-the date. The store writes atomically (temporary file + rename, under a file lock).
+the date. When the study measured a cheaper proxy problem (`Tunable.search_problem`), both
+latencies are measured again on the real problem before they are recorded. The store
+writes atomically (temporary file + rename, under a file lock).
 
 A config is exported only if it passed the correctness gate; a best config that the study
 recorded without gating (`gate='off'`, or 'improving' before it became best) is gated here
@@ -80,10 +82,19 @@ def export_best(
         default_latency = math.nan
     else:
         default_latency = float(heur.latency_ns)
+    latency, label = float(best.latency_ns), best.label or tuner.measurer.name  # type: ignore[arg-type]
+    if tuner.search_problem != tuner.problem:
+        # trials measured a cheaper proxy problem: price both configs on the real one
+        m = tuner.measurer.measure(tuner.tunable, tuner.problem, config, tuner.target)
+        latency, label = m.latency_ns, m.label
+        if not math.isnan(default_latency):
+            heur_cfg = tuner.tunable.heuristic(tuner.problem, tuner.target)
+            d = tuner.measurer.measure(tuner.tunable, tuner.problem, heur_cfg, tuner.target)
+            default_latency = d.latency_ns
     prov = Provenance(
         kernel_hash=tuner.key.kernel_hash,
-        measurer=best.label or tuner.measurer.name,
-        latency_ns=float(best.latency_ns),  # type: ignore[arg-type]
+        measurer=label,
+        latency_ns=latency,
         default_latency_ns=default_latency,
         trials=report.distinct_done,
         date=Provenance.now(),

@@ -224,6 +224,262 @@ def _norm_spec(op: str, affine: str) -> OpSpec:
     )
 
 
+# ----------------------------------------------------------------------- attention
+ATTN_PROXY_QUERIES = 2048  # query rows priced per trial (keys stay at the full length)
+
+
+class _AttentionOp:
+    """Flash attention forward: launch arguments, numeric run and reference."""
+
+    op = "flash_attention"
+
+    def kernel(self) -> Any:
+        from ..attention.flash_fwd import flash_attention_fwd
+
+        return flash_attention_fwd
+
+    def _mask(self, p: Any) -> tuple[Any, tuple[Any, ...]]:
+        """(kernel bounds fp32 [B, 128, 2, nq] or None, static tile plan)."""
+        from ..attention import masks
+
+        if p.mask == "none":
+            return None, ()
+        if p.mask != "causal":
+            raise ValueError(f"mask: the tuner prices 'none' or 'causal'; got {p.mask!r}")
+        lo, hi = masks.query_bounds(p.batch, p.seq_q, p.seq_k, causal=True)
+        plan = masks.tile_plan(masks.classify_tiles(lo, hi, p.seq_k))
+        return masks.kernel_bounds(lo, hi), plan
+
+    def trace(self, p: Any, config: KernelConfig, target: Target) -> Any:
+        from ..interp import TensorSpec, run
+
+        bounds, plan = self._mask(p)
+        spec = None if bounds is None else TensorSpec(bounds.shape, "float32")
+        q = TensorSpec((p.batch, p.q_heads, p.seq_q, p.head_dim), p.dtype)
+        kv = TensorSpec((p.batch, p.kv_heads, p.seq_k, p.head_dim), p.dtype)
+        scale = 1.0 / math.sqrt(p.head_dim)
+        kw = config.to_dict()
+        return run(self.kernel(), q, kv, kv, spec, scale, plan, target=target, trace_only=True,
+                   **kw).trace  # fmt: skip
+
+    def numeric(
+        self, p: Any, config: KernelConfig, target: Target, seed: int
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        import torch
+
+        from ..attention.reference import attention_reference
+        from ..interp import run
+
+        rng = np.random.default_rng(seed)
+        dt = _np_dtype(p.dtype)
+        q = rng.standard_normal((p.batch, p.q_heads, p.seq_q, p.head_dim)).astype(dt)
+        k = rng.standard_normal((p.batch, p.kv_heads, p.seq_k, p.head_dim)).astype(dt)
+        v = rng.standard_normal((p.batch, p.kv_heads, p.seq_k, p.head_dim)).astype(dt)
+        bounds, plan = self._mask(p)
+        scale = 1.0 / math.sqrt(p.head_dim)
+        out, lse = run(self.kernel(), q, k, v, bounds, scale, plan, target=target,
+                       **config.to_dict()).outputs  # fmt: skip
+        t = [torch.from_numpy(a.astype(np.float32)) for a in (q, k, v)]
+        ref_out, ref_lse = attention_reference(*t, causal=p.mask == "causal", softmax_scale=scale)
+        got = [np.asarray(out, np.float64), np.asarray(lse, np.float64)]
+        return got, [_np(ref_out), _np(ref_lse)]
+
+    def reduced(self, p: Any, config: KernelConfig, target: Target) -> Any:
+        """Two query tiles per interleave group plus a ragged one; two key steps plus a
+        ragged sub-tile; one GQA group of two query heads."""
+        qt, kv = int(getattr(config, "q_tiles", 1)), int(getattr(config, "kv_tile", 512))
+        sq = min(p.seq_q, 2 * 128 * qt + 77)
+        sk = min(p.seq_k, 2 * kv + 77)
+        return replace(p, seq_q=sq, seq_k=sk, q_heads=2, kv_heads=1, batch=1)
+
+    def tolerance(self, p: Any) -> list[tuple[float, float]]:
+        import torch
+
+        from ..testing.tolerances import tolerance
+
+        tol = tolerance(getattr(torch, p.dtype), reduction=p.seq_k)
+        return [(tol.atol, tol.rtol)] * 2
+
+    def tunable(self) -> Tunable:
+        return Tunable(
+            op=self.op,
+            config_cls=_config_cls("flash_attention"),
+            trace=self.trace,
+            reduced=self.reduced,
+            run_numeric=self.numeric,
+            tolerance=self.tolerance,
+            bucket_key=lambda p: (
+                f"s{p.seq_q}x{p.seq_k}-h{p.q_heads}:{p.kv_heads}-d{p.head_dim}-b{p.batch}-{p.mask}"
+            ),
+            dtype=lambda p: p.dtype,
+            kernels=(self.kernel(),),
+            search_problem=_attn_proxy,
+            describe=lambda p: (
+                f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Sq={p.seq_q} Sk={p.seq_k} "
+                f"D={p.head_dim} {p.dtype} mask={p.mask}"
+            ),
+        )
+
+
+def _attn_proxy(p: Any) -> Any:
+    """One KV-head group of one sequence and at most ATTN_PROXY_QUERIES query rows (the
+    last ones: under a bottom-right causal mask they see the most keys). Heads and
+    sequences run the same tile schedule one after another, and every query tile streams
+    all its keys, so configs rank alike on the proxy."""
+    return replace(
+        p,
+        batch=1,
+        q_heads=p.q_heads // p.kv_heads,
+        kv_heads=1,
+        seq_q=min(p.seq_q, ATTN_PROXY_QUERIES),
+    )
+
+
+def _config_cls(op: str) -> type[KernelConfig]:
+    from ..runtime.config_store import config_class_for
+
+    if op == "flash_attention":
+        from ..attention import config as _attn  # noqa: F401  (registers the classes)
+    if op == "moe_mlp":
+        from ..moe import config as _moe  # noqa: F401
+    return config_class_for(op)
+
+
+def _attn_problem(mask: str) -> Callable[[str, int, str], Any]:
+    def make(shape: str, bucket: int, dtype: str) -> Any:
+        from ..attention.config import AttentionProblem
+        from ..model_shapes import ATTENTION_SHAPES
+        from ..runtime.buckets import bucket as to_bucket
+
+        s = _by_model(ATTENTION_SHAPES, shape)
+        n = to_bucket(bucket)
+        return AttentionProblem(
+            seq_q=n, seq_k=n, head_dim=s.head_dim, q_heads=s.num_heads,
+            kv_heads=s.num_kv_heads, batch=1, dtype=dtype, mask=mask,
+        )  # fmt: skip
+
+    return make
+
+
+# ----------------------------------------------------------------------------- MoE
+class _MoEOp:
+    """Blockwise expert MLP forward, priced with balanced routing."""
+
+    op = "moe_mlp"
+
+    def kernel(self) -> Any:
+        from ..moe.blockwise_mlp import moe_mlp_fwd
+
+        return moe_mlp_fwd
+
+    def trace(self, p: Any, config: KernelConfig, target: Target) -> Any:
+        """Balanced routing: every expert gets T*k/E assignments, so exactly
+        E * ceil(T*k / (E*B)) blocks run; all of them are static (no device loop, whose
+        trip count a trace-only run cannot read)."""
+        from ..interp import TensorSpec, run
+
+        b = int(config.block_size)  # type: ignore[attr-defined]
+        per_expert = -(-p.tokens * p.top_k // p.experts)
+        used = p.experts * -(-per_expert // b)
+        t, k, dt = p.tokens, p.top_k, p.dtype
+        args = (
+            TensorSpec((t, p.hidden), dt),
+            TensorSpec((p.experts, p.hidden, 2 * p.intermediate), dt),
+            TensorSpec((p.experts, p.intermediate, p.hidden), dt),
+            TensorSpec((used, 128, b // 128), "int32"),
+            TensorSpec((used, 1), "int32"),
+            TensorSpec((1, 1), "int32"),
+            TensorSpec((t, k), "int32"),
+            TensorSpec((t, k), "float32"),
+            used,
+            False,
+        )
+        return run(self.kernel(), *args, target=target, trace_only=True,
+                   **config.to_dict()).trace  # fmt: skip
+
+    def numeric(
+        self, p: Any, config: KernelConfig, target: Target, seed: int
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        import torch
+
+        from ..interp import run
+        from ..moe.grouping import plan_blocks
+        from ..moe.reference import moe_reference, route_reference
+
+        rng = np.random.default_rng(seed)
+        dt = _np_dtype(p.dtype)
+        h, i, e = p.hidden, p.intermediate, p.experts
+        x = rng.standard_normal((p.tokens, h)).astype(dt)
+        wgu = (rng.standard_normal((e, h, 2 * i)) / math.sqrt(h)).astype(dt)
+        wd = (rng.standard_normal((e, i, h)) / math.sqrt(i)).astype(dt)
+        logits = rng.standard_normal((p.tokens, e)).astype(np.float32)
+        lt = torch.from_numpy(logits)
+        weights, ids = route_reference(lt, p.top_k)
+        plan = plan_blocks(ids.numpy(), weights.numpy(), e, int(config.block_size))  # type: ignore[attr-defined]
+        out = run(
+            self.kernel(), x, wgu, wd, plan.slot_token, plan.block_expert, plan.block_count,
+            plan.token_slot, plan.token_weight, plan.static_blocks, plan.may_drop,
+            target=target, **config.to_dict(),
+        ).outputs  # fmt: skip
+        t = [torch.from_numpy(a.astype(np.float32)) for a in (x, wgu, wd)]
+        ref = moe_reference(t[0], lt, t[1], t[2], p.top_k)
+        return [np.asarray(out, np.float64)], [_np(ref)]
+
+    def reduced(self, p: Any, config: KernelConfig, target: Target) -> Any:
+        """Two experts with two blocks each plus a ragged tail of tokens; hidden and
+        intermediate sizes with one full tile of every kind the config uses and a ragged
+        remainder."""
+        b = int(config.block_size)  # type: ignore[attr-defined]
+        ti = int(config.tile_i)  # type: ignore[attr-defined]
+        dma_h = int(config.dma_h)  # type: ignore[attr-defined]
+        down_n = int(config.down_n)  # type: ignore[attr-defined]
+        experts, top_k = min(p.experts, 2), min(p.top_k, 2)
+        return replace(
+            p,
+            tokens=min(p.tokens, (2 * b * experts) // top_k + 37),
+            hidden=min(p.hidden, max(128 * dma_h, down_n) + 128),
+            intermediate=min(p.intermediate, ti + 64),
+            experts=experts,
+            top_k=top_k,
+        )
+
+    def tolerance(self, p: Any) -> tuple[float, float]:
+        import torch
+
+        from ..testing.tolerances import tolerance
+
+        tol = tolerance(getattr(torch, p.dtype), reduction=p.hidden + p.intermediate)
+        return (tol.atol, tol.rtol)
+
+    def tunable(self) -> Tunable:
+        return Tunable(
+            op=self.op,
+            config_cls=_config_cls("moe_mlp"),
+            trace=self.trace,
+            reduced=self.reduced,
+            run_numeric=self.numeric,
+            tolerance=self.tolerance,
+            bucket_key=lambda p: (
+                f"t{p.tokens}-h{p.hidden}-i{p.intermediate}-e{p.experts}-k{p.top_k}"
+            ),
+            dtype=lambda p: p.dtype,
+            kernels=(self.kernel(),),
+            describe=lambda p: (
+                f"T={p.tokens} H={p.hidden} I={p.intermediate} E={p.experts} k={p.top_k} "
+                f"{p.dtype} (balanced routing)"
+            ),
+        )
+
+
+def _moe_problem(shape: str, bucket: int, dtype: str) -> Any:
+    from ..model_shapes import MOE_SHAPES
+    from ..moe.config import MoEProblem
+    from ..runtime.buckets import bucket as to_bucket
+
+    s = _by_model(MOE_SHAPES, shape)
+    return MoEProblem(to_bucket(bucket), s.hidden, s.intermediate, s.num_experts, s.top_k, dtype)
+
+
 OPS: dict[str, OpSpec] = {
     s.op: s
     for s in (
@@ -232,6 +488,24 @@ OPS: dict[str, OpSpec] = {
         _norm_spec("layer_norm", "wb"),
         _norm_spec("rms_norm_bwd", "w"),
         _norm_spec("layer_norm_bwd", "wb"),
+        OpSpec(
+            op="flash_attention",
+            family="attention",
+            make_tunable=lambda: _AttentionOp().tunable(),
+            make_problem=_attn_problem("causal"),
+            shapes=("llama3-8b", "llama3-70b", "mixtral-8x7b"),
+            bucket_dim="seq",
+            standard_buckets=(2048, 8192, 32768),
+        ),
+        OpSpec(
+            op="moe_mlp",
+            family="moe",
+            make_tunable=lambda: _MoEOp().tunable(),
+            make_problem=_moe_problem,
+            shapes=("mixtral-8x7b", "fine-grained-64e"),
+            bucket_dim="tokens",
+            standard_buckets=(512, 4096, 16384),
+        ),
     )
 }
 

@@ -232,6 +232,7 @@ class Tuner:
     ) -> None:
         self.tunable = tunable
         self.problem = problem
+        self.search_problem = tunable.proxy(problem)
         self.target = target
         self.storage = storage
         self.measurer = measurer
@@ -295,6 +296,7 @@ class Tuner:
                 "measurer": self.key.measurer,
                 "kernel_hash": self.key.kernel_hash,
                 "problem": self.tunable.describe(self.problem),
+                "search_problem": self.tunable.describe(self.search_problem),
                 "space": self.space.describe(),
                 "space_size": self.space.size,
                 "heuristic": heuristic.key(),
@@ -438,7 +440,7 @@ class Tuner:
         except InvalidConfig as e:
             return self._finish(trial, INVALID, rule="validate", reason=e.reason)
         try:
-            m = self.measurer.measure(self.tunable, self.problem, config, self.target)
+            m = self.measurer.measure(self.tunable, self.search_problem, config, self.target)
         except InvalidConfig as e:
             return self._finish(trial, INVALID, rule="validate", reason=e.reason)
         except NkiValidationError as e:

@@ -43,7 +43,10 @@ class Tunable:
       (`runtime.kernel_cache.kernel_source_hash`, what config lookup checks) is the
       kernel hash of the study and of exported configs;
     - `device_launcher(problem, config, target)`: optional, for the hardware measurer: a
-      zero-argument callable that runs the compiled kernel once on the device and waits.
+      zero-argument callable that runs the compiled kernel once on the device and waits;
+    - `search_problem(problem)`: optional, a cheaper problem on which configs rank the
+      same way (e.g. one KV-head group of attention); trials measure it, and the export
+      re-measures the best config and the default on the full problem.
     """
 
     op: str
@@ -56,7 +59,12 @@ class Tunable:
     dtype: Callable[[Any], str]
     kernels: tuple[Any, ...]
     device_launcher: Callable[[Any, KernelConfig, Target], Callable[[], None]] | None = None
+    search_problem: Callable[[Any], Any] | None = None
     describe: Callable[[Any], str] = field(default=repr)
+
+    def proxy(self, problem: Any) -> Any:
+        """The problem trials are measured on (`search_problem`, or `problem` itself)."""
+        return problem if self.search_problem is None else self.search_problem(problem)
 
     def heuristic(self, problem: Any, target: Target) -> KernelConfig:
         return self.config_cls.heuristic(problem, target)
