@@ -9,7 +9,8 @@ Field names are the kernels' keyword parameters (`runtime.launch` passes them th
 - `resident`: keep the row tile in SBUF between the statistics pass and the output pass
   (x read once); False streams it twice (for rows too wide for SBUF);
 - `bufs`: rotating buffers per streamed tile (2 = double buffering);
-- `scale_mode` / `mul_engine` / `stats`: which engines do the full-width work.
+- `scale_mode` / `gpsimd_eighths` / `stats`: which engines do the full-width work
+  (`gpsimd_eighths`: eighths of each tensor_tensor's columns run on GpSimd).
 
 The SBUF estimate mirrors the kernels' allocations (bytes per partition, 64 B granules,
 each loop-allocated temporary counted twice for its rotation); tests check it against
@@ -24,9 +25,17 @@ from typing import Any, ClassVar
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
-from .layernorm import LN_FUSED, LN_MODES, STATS_BN, STATS_MODES, STATS_SCALAR
-from .rmsnorm import MUL_ENGINES, SCALE_MODES, SCALE_VECTOR
-from .tiling import COLSUM_MAX_H, P
+from .layernorm import (
+    BN_FMAX,
+    LN_MODES,
+    LN_VECTOR,
+    STATS_BN,
+    STATS_MIXED,
+    STATS_MODES,
+    STATS_SCALAR,
+)
+from .rmsnorm import GPSIMD_EIGHTHS_MAX, NSTAGES, SCALE_MODES, SCALE_VECTOR
+from .tiling import COLSUM_MAX_H, SEG_COLS, P
 
 GRANULE = 64  # SBUF allocation granule per partition (interp.memory.SBUF_ALIGN)
 # Fraction of usable SBUF a plan may fill: the first-fit allocator can fragment.
@@ -36,6 +45,8 @@ SBUF_HEADROOM = 0.95
 TARGET_DMA_BYTES = 8192
 CHUNK_CANDIDATES = (512, 1024, 2048, 4096, 8192)
 ROWS_PER_PARTITION = (1, 2, 4, 8)
+GPSIMD_SHARES = (0, 2, 3, 4, 5, 6, 8)
+BUFS = (2, 3, 4, 5)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AFFINES = ("none", "w", "b", "wb")
 
@@ -81,6 +92,15 @@ def _chunks(hidden: int) -> tuple[int, ...]:
     return (*(c for c in CHUNK_CANDIDATES if c < hidden), hidden)
 
 
+def _small(problem: NormProblem, kk: int, nch: int, per_tile: int) -> int:
+    """Per-row statistics and accumulators: `per_tile` [P, kk]-sized tiles (plus the
+    [P, kk, nch] partial sums) for each of the pipeline's tiles in flight, two statistics
+    buffers for each of two segments, slack for a few more granules."""
+    tiles = (NSTAGES + 1) * (per_tile * _r(kk * 4) + 2 * _r(kk * nch * 4))
+    seg_cols = min(max(1, problem.rows // P), SEG_COLS)
+    return tiles + 4 * _r(seg_cols * 4) + 8 * GRANULE
+
+
 def _kks(rows: int) -> tuple[int, ...]:
     return tuple(k for k in ROWS_PER_PARTITION if k == 1 or P * k <= rows)
 
@@ -92,8 +112,8 @@ class _NormConfig(KernelConfig):
     rows_per_partition: int = 1
     chunk: int = 512
     resident: bool = True
-    bufs: int = 2
-    mul_engine: str = "vector"
+    bufs: int = 4
+    gpsimd_eighths: int = 0
 
     backward: ClassVar[bool] = False
 
@@ -107,10 +127,14 @@ class _NormConfig(KernelConfig):
             raise InvalidConfig(f"rows_per_partition: expected >= 1; got {self.rows_per_partition}")
         if not 1 <= self.chunk <= problem.hidden:
             raise InvalidConfig(f"chunk: expected 1..{problem.hidden} (hidden); got {self.chunk}")
-        if self.bufs not in (2, 3):
-            raise InvalidConfig(f"bufs: expected 2 or 3; got {self.bufs}")
-        if self.mul_engine not in MUL_ENGINES:
-            raise InvalidConfig(f"mul_engine: expected one of {MUL_ENGINES}; got {self.mul_engine}")
+        if self.bufs not in BUFS or (self.resident and self.bufs < NSTAGES):
+            raise InvalidConfig(
+                f"bufs: expected one of {BUFS}, >= {NSTAGES} when resident (a tile is held "
+                f"through the {NSTAGES} pipeline stages); got {self.bufs} "
+                f"(resident={self.resident})"
+            )
+        if not 0 <= self.gpsimd_eighths <= GPSIMD_EIGHTHS_MAX:
+            raise InvalidConfig(f"gpsimd_eighths: expected 0..8; got {self.gpsimd_eighths}")
         if self.backward:
             if self.chunk != problem.hidden and self.chunk % P:
                 raise InvalidConfig(
@@ -136,16 +160,21 @@ class _NormConfig(KernelConfig):
     # --- heuristic -------------------------------------------------------------------
     @classmethod
     def _pick(cls, problem: NormProblem, target: Target, **fixed: Any) -> Any:
-        """Largest rows grouping up to the DMA target, whole rows, resident when it fits."""
+        """The first valid plan in order of preference: whole row tiles in SBUF with one
+        tile loading ahead, else streamed chunks loading ahead, else resident without a
+        prefetch; within each, the largest chunk, then the largest row grouping up to the
+        DMA target (~8 KiB per partition)."""
         row_bytes = problem.hidden * problem.itemsize
         kk = 1
         for k in _kks(problem.rows):
             if k * row_bytes <= TARGET_DMA_BYTES or k == 1:
                 kk = k
-        for resident in (True, False):
+        for resident, bufs in ((True, NSTAGES + 1), (False, 3), (False, 2), (True, NSTAGES)):
             for chunk in sorted(_chunks(problem.hidden), reverse=True):
                 for k in sorted({kk, 1}, reverse=True):
-                    cfg = cls(rows_per_partition=k, chunk=chunk, resident=resident, bufs=2, **fixed)
+                    cfg = cls(
+                        rows_per_partition=k, chunk=chunk, resident=resident, bufs=bufs, **fixed
+                    )
                     if cfg.is_valid(problem, target):
                         return cfg
         raise InvalidConfig(f"no valid {cls.__name__} for {problem} on {target.name}")
@@ -163,17 +192,14 @@ class RMSNormConfig(_NormConfig):
         h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
         isz = problem.itemsize
         total = _r(h * isz) if problem.has_weight else 0  # weight row on every partition
-        total += _r(4)  # eps column
-        total += d * _r(kk * (h if self.resident else c) * isz)  # x tiles
+        total += _r(c * isz)  # discarded output of the square-and-sum
+        width = h if self.resident else c
+        total += d * _r(kk * width * isz)  # x tiles (ring of `bufs`)
         if self.has_residual:
-            total += d * _r(kk * c * isz)  # residual chunks
-        total += d * _r(kk * c * isz)  # y chunks
-        total += 2 * _r(c * isz)  # square output (discarded)
-        if self.scale_mode != "fused" and problem.has_weight:
-            total += 2 * _r(c * isz)  # x * rstd before the weight multiply
-        nch = -(-h // c)
-        total += 2 * (3 * _r(kk * 4) + _r(kk * nch * 4))  # ssum, rstd, partial sums
-        return total
+            total += d * _r(kk * width * isz)  # residual tiles
+        if problem.has_weight:
+            total += 2 * _r(kk * c * isz)  # y chunks (ring of 2, until their store)
+        return total + _small(problem, kk, -(-h // c), 4)
 
     def validate(self, problem: NormProblem, target: Target) -> None:
         if self.scale_mode not in SCALE_MODES:
@@ -182,7 +208,7 @@ class RMSNormConfig(_NormConfig):
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormConfig:
-        return cls._pick(problem, target, scale_mode=SCALE_VECTOR, mul_engine="vector")
+        return cls._pick(problem, target, scale_mode=SCALE_VECTOR, gpsimd_eighths=4)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -190,9 +216,9 @@ class RMSNormConfig(_NormConfig):
             "rows_per_partition": _kks(problem.rows),
             "chunk": _chunks(problem.hidden),
             "resident": (True, False),
-            "bufs": (2, 3),
+            "bufs": BUFS,
             "scale_mode": SCALE_MODES,
-            "mul_engine": MUL_ENGINES,
+            "gpsimd_eighths": GPSIMD_SHARES,
         }
 
 
@@ -211,21 +237,23 @@ class RMSNormBwdConfig(_NormConfig):
     op_name: ClassVar[str] = "rms_norm_bwd"
     backward: ClassVar[bool] = True
 
+    temporaries: ClassVar[int] = (
+        4  # fp32 [P, chunk] rings of 2: dy*x, its product with w, g, x*coef
+    )
+
     def sbuf_bytes(self, problem: NormProblem) -> int:
         h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
         isz = problem.itemsize
         total = _r(h * isz) if problem.has_weight else 0
         total += 2 * d * _r(kk * (h if self.resident else c) * isz)  # x and dy tiles
-        total += d * _r(kk * c * isz)  # dx chunks
-        total += 8 * _r(c * 4)  # fp32 temporaries: dy*x, its product with w, g, x*coef
-        nch = -(-h // c)
-        total += 2 * (4 * _r(kk * 4) + _r(kk * nch * 4)) + _r(4)  # rstd, s, coef; ones
-        total += _r(-(-h // P) * 4) + _r(P * 4)  # final column-sum copy and transpose
-        return total
+        total += 2 * _r(kk * c * isz)  # dx chunks (ring of 2)
+        total += 2 * self.temporaries * _r(c * 4)
+        total += _r(4) + _r(-(-h // P) * 4) + _r(P * 4)  # ones; final column-sum copies
+        return total + _small(problem, kk, -(-h // c), 6)
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
-        return cls._pick(problem, target, mul_engine="vector")
+        return cls._pick(problem, target, gpsimd_eighths=4)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -234,9 +262,21 @@ class RMSNormBwdConfig(_NormConfig):
             "rows_per_partition": _kks(problem.rows),
             "chunk": chunks,
             "resident": (True, False),
-            "bufs": (2, 3),
-            "mul_engine": MUL_ENGINES,
+            "bufs": BUFS,
+            "gpsimd_eighths": GPSIMD_SHARES,
         }
+
+
+@dataclass(frozen=True)
+class AddRMSNormBwdConfig(RMSNormBwdConfig):
+    """Schedule of `rms_norm_bwd` with the h gradient (op `add_rms_norm_bwd`)."""
+
+    op_name: ClassVar[str] = "add_rms_norm_bwd"
+
+    def sbuf_bytes(self, problem: NormProblem) -> int:
+        width = problem.hidden if self.resident else self.chunk
+        dh = self.bufs * _r(self.rows_per_partition * width * problem.itemsize)
+        return super().sbuf_bytes(problem) + dh
 
 
 @dataclass(frozen=True)
@@ -244,8 +284,8 @@ class LayerNormConfig(_NormConfig):
     """Schedule of `layer_norm_fwd` (op `layer_norm`)."""
 
     op_name: ClassVar[str] = "layer_norm"
-    scale_mode: str = LN_FUSED
-    stats: str = STATS_SCALAR
+    scale_mode: str = LN_VECTOR
+    stats: str = STATS_MIXED
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
@@ -253,41 +293,43 @@ class LayerNormConfig(_NormConfig):
         total = (_r(h * isz) if problem.has_weight else 0) + (
             _r(h * isz) if problem.has_bias else 0
         )
-        total += _r(4)
+        total += _r(c * 4)  # discarded output of the sums
         total += d * _r(kk * (h if self.resident else c) * isz)  # x tiles
-        total += d * _r(kk * c * isz)  # y chunks
-        total += 2 * _r(c * 4)  # shifted-sum outputs (discarded)
-        total += 6 * _r(c * 4)  # affine temporaries
+        if problem.has_weight or problem.has_bias:
+            total += 2 * _r(kk * c * isz)  # y chunks (ring of 2)
         nch = -(-h // c)
-        nsub = nch * -(-c // 512)
-        total += 2 * (8 * _r(kk * 4) + 2 * _r(kk * nch * 4) + _r(kk * nsub * 24))
-        return total
+        nsub = nch * -(-c // BN_FMAX)
+        return total + _small(problem, kk, nch, 12) + (NSTAGES + 1) * _r(kk * nsub * 24)
 
     def validate(self, problem: NormProblem, target: Target) -> None:
         if self.scale_mode not in LN_MODES:
             raise InvalidConfig(f"scale_mode: expected one of {LN_MODES}; got {self.scale_mode}")
         if self.stats not in STATS_MODES:
             raise InvalidConfig(f"stats: expected one of {STATS_MODES}; got {self.stats}")
+        if self.stats == STATS_MIXED and problem.dtype == "float32":
+            raise InvalidConfig(
+                "stats: 'mixed' sums x unshifted, which costs fp32 outputs accuracy when "
+                "|mean| >> std; use 'scalar' or 'bn' for float32"
+            )
         if self.stats == STATS_BN and not bn_stats_available():
             raise InvalidConfig("stats: 'bn' needs nisa.bn_stats / bn_aggr, absent from this nki")
         self._common_checks(problem, target)
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> LayerNormConfig:
-        return cls._pick(
-            problem, target, scale_mode=LN_FUSED, mul_engine="vector", stats=STATS_SCALAR
-        )
+        stats = STATS_SCALAR if problem.dtype == "float32" else STATS_MIXED
+        return cls._pick(problem, target, scale_mode=LN_VECTOR, gpsimd_eighths=4, stats=stats)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
-        stats = STATS_MODES if bn_stats_available() else (STATS_SCALAR,)
+        stats = tuple(s for s in STATS_MODES if s != STATS_BN or bn_stats_available())
         return {
             "rows_per_partition": _kks(problem.rows),
             "chunk": _chunks(problem.hidden),
             "resident": (True, False),
-            "bufs": (2, 3),
+            "bufs": BUFS,
             "scale_mode": LN_MODES,
-            "mul_engine": MUL_ENGINES,
+            "gpsimd_eighths": GPSIMD_SHARES,
             "stats": stats,
         }
 
@@ -298,10 +340,11 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
 
     op_name: ClassVar[str] = "layer_norm_bwd"
 
+    temporaries: ClassVar[int] = 5  # (x - mean) * dy, its product with w, g (twice), x*c1
+
     def sbuf_bytes(self, problem: NormProblem) -> int:
-        base = super().sbuf_bytes(problem)
-        # two more fp32 temporaries (g and the discarded dy copy in pass 1), more columns
-        return base + 4 * _r(self.chunk * 4) + 8 * _r(self.rows_per_partition * 4)
+        extra = _r(4) + _r(-(-problem.hidden // P) * 4) + _r(P * 4)  # the bias sums' copies
+        return super().sbuf_bytes(problem) + extra + _small(problem, self.rows_per_partition, 1, 10)
 
 
 def bn_stats_available() -> bool:
@@ -317,6 +360,7 @@ CONFIGS: dict[str, type[_NormConfig]] = {
         RMSNormConfig,
         AddRMSNormConfig,
         RMSNormBwdConfig,
+        AddRMSNormBwdConfig,
         LayerNormConfig,
         LayerNormBwdConfig,
     )

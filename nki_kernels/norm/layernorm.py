@@ -4,20 +4,26 @@ Algorithm (per row of x [N, H]):
     K     = x[:, 0]                          shift: sums of x - K do not cancel
     S1    = sum_h (x - K)                    ScalarE activation(copy, bias=-K) + add-reduce
     S2    = sum_h (x - K)^2                  ScalarE activation(square, bias=-K) + add-reduce
-    mean  = K + S1 / H ;  var = max(S2 / H - (S1 / H)^2, 0) ;  rstd = rsqrt(var + eps)
-    y     = (x - mean) * rstd * w + b        engines chosen by `scale_mode`
-The shifted sums give the exact centered variance whenever the row's spread is small
-next to its mean (the case where E[x^2] - E[x]^2 would lose every digit) while reading
-x once; with `stats="bn"` VectorE's bn_stats / bn_aggr (per 512-column chunk) compute
-mean and variance instead, leaving ScalarE free.
+    mean  = K + S1 / H ;  var = max(S2 / H - (S1 / H)^2, 0) ;  rstd = (var + eps) ^ -1/2
+    xn    = (x - mean) * rstd                ScalarE activation or VectorE tensor_scalar
+    y     = xn * w + b                       tensor_tensor, columns split VectorE / GpSimd
+The shifted sums give the centered variance even when a row's spread is tiny next to its
+mean (where E[x^2] - E[x]^2 would lose every digit), reading x once. `stats="mixed"`
+takes S1 as the plain sum of x on VectorE (tensor_reduce, half rate for bf16) and only
+S2 on ScalarE: mean - K = sum(x)/H - K then carries an error relative to |mean|, harmless
+at bf16 / fp16 output precision but not at fp32 (config.validate refuses it there).
+`stats="bn"` uses VectorE's bn_stats (per <= 512 columns) and bn_aggr instead.
 
-Loop nest (the row tiles and column chunks of rmsnorm.py):
-    for each row tile (rows partitions x kk rows per partition):
-        pass 1, per chunk: load x; per row group j: S1, S2 partial sums (or bn_stats)
-        mean, rstd (small [rows, kk] ops) -> HBM (saved for backward)
-        pass 2, per chunk: [streaming: reload x]; per j: y = affine(x); store y
+Loop nest: the row tiles of tiling.py through a three-stage software pipeline (step t
+runs A(t), B(t-1), C(t-2)):
+    A: load x; per chunk and row group: the statistics' partial sums
+    B: mean, rstd (VectorE, into the segment buffers stored to HBM once per segment);
+       for a resident tile xn in place
+    C: y = xn * w + b per chunk; store y
+Streaming mode (rows too wide for SBUF) loads column chunks in A and again in C.
 
-Limits: any N >= 1 and H >= 1 (wide rows stream); x, w, b in fp32 / bf16 / fp16.
+Limits: any N >= 1 and H >= 1; x, w, b in fp32 / bf16 / fp16; bufs >= 3 resident, >= 2
+streaming.
 """
 
 from __future__ import annotations
@@ -28,31 +34,35 @@ from ..nki import nisa, nki, nl
 from .tiling import (
     P,
     col_chunks,
-    const_column,
     issue_rows_load,
     load_row_vector,
-    mul_by,
+    pipeline_jobs,
+    prefetch_depth,
     prefetch_start,
     prefetch_take,
     programs,
     ring_alloc,
     row_segments,
     rows_view,
+    run_pipeline,
+    scratch,
     stat_tile,
     stat_view,
+    tt_split,
 )
 
 # --- schedule choices -------------------------------------------------------------------
 # stats: how the per-row mean and variance are formed
 STATS_SCALAR = "scalar"  # two ScalarE add-reduce passes over the shifted row
+STATS_MIXED = "mixed"  # VectorE tensor_reduce for S1 (unshifted), ScalarE for S2
 STATS_BN = "bn"  # VectorE bn_stats per <= 512 columns, then bn_aggr
-STATS_MODES = (STATS_SCALAR, STATS_BN)
-# scale_mode: how y = (x - mean) * rstd * w + b is formed
-LN_FUSED = "fused"  # two VectorE scalar_tensor_tensor: ((x - mean) * w) then (* rstd + b)
-LN_SCALAR = "scalar"  # ScalarE activation for (x - mean) * rstd, tensor_tensor for w, b
-LN_VECTOR = "vector"  # VectorE tensor_scalar for (x - mean) * rstd, tensor_tensor for w, b
-LN_MODES = (LN_FUSED, LN_SCALAR, LN_VECTOR)
+STATS_MODES = (STATS_SCALAR, STATS_MIXED, STATS_BN)
+# scale_mode: which engine forms xn = (x - mean) * rstd
+LN_SCALAR = "scalar"  # ScalarE activation(copy, scale=rstd, bias=-mean*rstd)
+LN_VECTOR = "vector"  # VectorE tensor_scalar (subtract, multiply; bf16 perf mode)
+LN_MODES = (LN_SCALAR, LN_VECTOR)
 BN_FMAX = 512  # bn_stats reads at most 512 elements per partition (nl.tile_size.bn_stats_fmax)
+NSTAGES = 3  # A: load + sums, B: statistics + scale, C: weight / bias + store
 
 
 @nki.jit
@@ -64,23 +74,23 @@ def layer_norm_fwd(
     rows_per_partition: int = 1,
     chunk: int = 0,
     resident: bool = True,
-    bufs: int = 2,
-    scale_mode: str = LN_FUSED,
-    mul_engine: str = "vector",
+    bufs: int = 4,
+    scale_mode: str = LN_VECTOR,
+    gpsimd_eighths: int = 0,
     stats: str = STATS_SCALAR,
 ) -> Any:
     """LayerNorm forward: returns (y [N, H] in x.dtype, mean [N] fp32, rstd [N] fp32).
 
     x: [N, H] in HBM; w, b: [H] in HBM or None; eps > 0. Schedule arguments are the fields
-    of `LayerNormConfig` (see `rms_norm_fwd`; `stats` picks the statistics engine).
+    of `LayerNormConfig` (see `rms_norm_fwd`; `stats` picks the statistics engines).
 
         for tile in row tiles:
-            mean, var = stats(x) ; rstd = rsqrt(var + eps)
+            mean, var = stats(x) ; rstd = (var + eps) ^ -1/2
             y = (x - mean) * rstd * w + b
     """
     assert scale_mode in LN_MODES, f"scale_mode must be one of {LN_MODES}; got {scale_mode}"
     assert stats in STATS_MODES, f"stats must be one of {STATS_MODES}; got {stats}"
-    assert rows_per_partition >= 1 and bufs >= 2
+    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
     n, hdim = x.shape
     y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -91,69 +101,139 @@ def layer_norm_fwd(
         "resident": resident,
         "bufs": bufs,
         "scale_mode": scale_mode,
-        "mul_engine": mul_engine,
+        "gpsimd_eighths": gpsimd_eighths,
         "stats": stats,
     }
+    _ln_rows(x, w, b, y, mean, rstd, eps, plan, rows_per_partition)
+    return y, mean, rstd
+
+
+@nki.jit
+def layer_norm_stats(
+    x: Any,
+    eps: float,
+    rows_per_partition: int = 1,
+    chunk: int = 0,
+    resident: bool = True,
+    bufs: int = 4,
+    scale_mode: str = LN_VECTOR,
+    gpsimd_eighths: int = 0,
+    stats: str = STATS_SCALAR,
+) -> Any:
+    """(mean [N], rstd [N]) fp32 of x [N, H] alone: the statistics the backward recomputes.
+
+    Stages A and B of `layer_norm_fwd` (x read once); same schedule arguments.
+    """
+    assert stats in STATS_MODES, f"stats must be one of {STATS_MODES}; got {stats}"
+    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
+    n, hdim = x.shape
+    mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
+    rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
+    plan = {
+        "chunk": hdim if chunk <= 0 else min(chunk, hdim),
+        "resident": resident,
+        "bufs": bufs,
+        "scale_mode": scale_mode,
+        "gpsimd_eighths": gpsimd_eighths,
+        "stats": stats,
+    }
+    _ln_rows(x, None, None, None, mean, rstd, eps, plan, rows_per_partition)
+    return mean, rstd
+
+
+# --- private helpers ---------------------------------------------------------------------
+def _ln_rows(
+    x: Any, w: Any, b: Any, y: Any, mean: Any, rstd: Any, eps: float, plan: dict[str, Any], k: int
+) -> None:
+    """All row tiles of this program through the pipeline (y None: statistics only)."""
+    n, hdim = x.shape
     pid, nprog = programs()
-    segs = row_segments(n, rows_per_partition, pid, nprog)
-    chunks = col_chunks(hdim, c)
-    jobs = []
-    for seg in segs:
-        for t in seg["tiles"]:
-            if resident:
-                jobs.append((t, None))
-            else:
-                jobs.extend((t, ch) for _ in range(2) for ch in chunks)
+    segs = row_segments(n, k, pid, nprog)
+    chunks = col_chunks(hdim, plan["chunk"])
     ctx = {
+        "x": x,
         "y": y,
+        "mean": mean,
+        "rstd": rstd,
+        "eps": eps,
         "plan": plan,
         "chunks": chunks,
         "w_sb": load_row_vector(w, hdim) if w is not None else None,
         "b_sb": load_row_vector(b, hdim) if b is not None else None,
-        "eps_sb": const_column(eps),
+        "junk": scratch(plan["chunk"], nl.float32),
         "rings": {"x": [], "y": []},
         "loads": (("x", x),),
     }
-    pf = prefetch_start(jobs, bufs - 1, issue_rows_load, ctx)
-    for seg in segs:
-        bufs_seg = (stat_tile(seg), stat_tile(seg))  # mean, rstd of the segment's rows
-        for t in seg["tiles"]:
-            if resident:
-                _ln_resident(ctx, t, prefetch_take(pf), bufs_seg)
-            else:
-                _ln_streaming(ctx, t, pf, bufs_seg)
-        rows, cols = seg["rows"], seg["cols"]
-        nisa.dma_copy(dst=stat_view(mean, seg), src=bufs_seg[0][0:rows, 0:cols])
-        nisa.dma_copy(dst=stat_view(rstd, seg), src=bufs_seg[1][0:rows, 0:cols])
-    return y, mean, rstd
+    stages = [_stage_a, _stage_b, _stage_c] if y is not None else [_stage_a, _stage_b]
+    jobs = pipeline_jobs(segs, len(stages), plan["resident"], chunks, y is not None)
+    ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
+    ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
+    run_pipeline(ctx, segs, stages, _seg_begin, _seg_end)
 
 
-# --- private helpers ---------------------------------------------------------------------
-def _ln_resident(ctx: dict[str, Any], tile: Any, ld: dict[str, Any], sbufs: Any) -> None:
+def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
+    return stat_tile(seg), stat_tile(seg)  # mean, rstd of the segment's rows
+
+
+def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], sbufs: Any) -> None:
+    rows, cols = seg["rows"], seg["cols"]
+    nisa.dma_copy(dst=stat_view(ctx["mean"], seg), src=sbufs[0][0:rows, 0:cols])
+    nisa.dma_copy(dst=stat_view(ctx["rstd"], seg), src=sbufs[1][0:rows, 0:cols])
+
+
+def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
+    """Load the tile and accumulate its statistics' partial sums."""
     rows = tile[1]
-    acc = _stats_init(ctx, tile)
-    for ci, (c0, cw) in enumerate(ctx["chunks"]):
-        _stats_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], ci, acc)
-    cols = _finish_stats(ctx, tile, acc, sbufs)
-    for c0, cw in ctx["chunks"]:
-        _out_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], cols, c0)
+    acc = _sums_init(ctx, tile)
+    ld = None
+    if ctx["plan"]["resident"]:
+        ld = prefetch_take(ctx["pf"])
+        for ci, (c0, cw) in enumerate(ctx["chunks"]):
+            _sums_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], ci, acc)
+    else:
+        for ci, (_, cw) in enumerate(ctx["chunks"]):
+            _sums_taken(ctx, tile, prefetch_take(ctx["pf"]), cw, ci, acc)
+    return {"tile": tile, "ld": ld, "acc": acc, "sbufs": sbufs}
 
 
-def _ln_streaming(ctx: dict[str, Any], tile: Any, pf: dict[str, Any], sbufs: Any) -> None:
+def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """mean and rstd; for a resident tile also xn = (x - mean) * rstd in place."""
+    tile, ld = st["tile"], st["ld"]
     rows = tile[1]
-    acc = _stats_init(ctx, tile)
-    for ci, (_, cw) in enumerate(ctx["chunks"]):
-        ld = prefetch_take(pf)
-        _stats_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], ci, acc)
-        ld = None  # release the chunk's buffer before the next take (double buffering)
-    cols = _finish_stats(ctx, tile, acc, sbufs)
+    cols = _finish_stats(ctx, tile, st["acc"], st["sbufs"])
+    if ld is not None and ctx["y"] is not None:
+        for c0, cw in ctx["chunks"]:
+            _scale(ctx, ld["x"][0:rows, :, c0 : c0 + cw], cols)
+    return {"tile": tile, "ld": ld, "cols": cols}
+
+
+def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """y = xn * w + b per chunk and its store (streaming: reload and scale first)."""
+    tile, ld = st["tile"], st["ld"]
+    rows = tile[1]
     for c0, cw in ctx["chunks"]:
-        ld = prefetch_take(pf)
-        _out_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], cols, c0)
-        ld = None
+        if ld is not None:
+            _affine_store(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], c0)
+        else:
+            _out_taken(ctx, tile, prefetch_take(ctx["pf"]), cw, st["cols"], c0)
+    return st
 
 
-def _stats_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:
+def _sums_taken(
+    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], cw: int, ci: int, acc: dict[str, Any]
+) -> None:
+    _sums_chunk(ctx, tile, ld["x"][0 : tile[1], :, 0:cw], ci, acc)
+
+
+def _out_taken(
+    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], cw: int, cols: Any, c0: int
+) -> None:
+    xc = ld["x"][0 : tile[1], :, 0:cw]
+    _scale(ctx, xc, cols)
+    _affine_store(ctx, tile, xc, c0)
+
+
+def _sums_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:
     """Per-tile accumulators: bn_stats records, or the shifted sums and the shift."""
     kk = tile[2]
     chunks = ctx["chunks"]
@@ -169,7 +249,7 @@ def _stats_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:
     }
 
 
-def _stats_chunk(ctx: dict[str, Any], tile: Any, xc: Any, ci: int, acc: dict[str, Any]) -> None:
+def _sums_chunk(ctx: dict[str, Any], tile: Any, xc: Any, ci: int, acc: dict[str, Any]) -> None:
     """Statistics of one column chunk `xc` ([rows, kk, cw]) into the tile's accumulators."""
     rows, kk = tile[1], tile[2]
     cw = xc.shape[2]
@@ -187,11 +267,16 @@ def _stats_chunk(ctx: dict[str, Any], tile: Any, xc: Any, ci: int, acc: dict[str
     negk = acc["negk"]
     if ci == 0:
         nisa.tensor_scalar(dst=negk[0:rows, :], data=xc[:, :, 0:1], op0=nl.multiply, operand0=-1.0)
-    junk = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+    junk = ctx["junk"]
+    mixed = ctx["plan"]["stats"] == STATS_MIXED
     for j in range(kk):
-        for key, fn in (("s1", nl.copy), ("s2", nl.square)):
+        if mixed:
+            nisa.tensor_reduce(
+                dst=acc["s1"][0:rows, j, ci : ci + 1], op=nl.add, data=xc[:, j, :], axis=(1,)
+            )
+        for key, fn in (("s2", nl.square),) if mixed else (("s1", nl.copy), ("s2", nl.square)):
             nisa.activation(
-                dst=junk[0:rows, :],
+                dst=junk[0:rows, 0:cw],
                 op=fn,
                 data=xc[:, j, :],
                 bias=negk[0:rows, j : j + 1],
@@ -206,7 +291,7 @@ def _finish_stats(
 ) -> tuple[Any, Any, Any]:
     """mean, rstd (into the segment buffers) and -mean*rstd (for ScalarE), as [rows, kk]."""
     rows, kk, off = tile[1], tile[2], tile[4]
-    hdim = ctx["y"].shape[1]
+    hdim = ctx["x"].shape[1]
     mean = sbufs[0][0:rows, off : off + kk]
     rstd = sbufs[1][0:rows, off : off + kk]
     var = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
@@ -215,12 +300,19 @@ def _finish_stats(
         for j in range(kk):
             nisa.bn_aggr(dst=mv[0:rows, j, :], data=acc["st"][0:rows, j, :])
         nisa.tensor_copy(dst=mean, src=mv[0:rows, :, 0:1])
-        nisa.tensor_scalar(
-            dst=var[0:rows, :], data=mv[0:rows, :, 1:2], op0=nl.maximum, operand0=0.0
-        )
+        nisa.tensor_copy(dst=var[0:rows, :], src=mv[0:rows, :, 1:2])
     else:
-        _shifted_moments(acc["s1"], acc["s2"], acc["negk"], mean, var, rows, hdim)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=var[0:rows, :], bias=ctx["eps_sb"][0:rows, :])
+        raw = ctx["plan"]["stats"] == STATS_MIXED
+        _shifted_moments(acc["s1"], acc["s2"], acc["negk"], mean, var, rows, hdim, raw)
+    nisa.tensor_scalar(
+        dst=rstd,
+        data=var[0:rows, :],
+        op0=nl.maximum,
+        operand0=0.0,
+        op1=nl.add,
+        operand1=float(ctx["eps"]),
+    )
+    nisa.tensor_scalar(dst=rstd, data=rstd, op0=nl.rsqrt, operand0=None)
     nmr = None
     if ctx["plan"]["scale_mode"] == LN_SCALAR:
         nmr = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
@@ -236,38 +328,31 @@ def _finish_stats(
     return mean, rstd, nmr
 
 
-def _out_chunk(
-    ctx: dict[str, Any], tile: Any, xc: Any, cols: tuple[Any, Any, Any], c0: int
-) -> None:
-    """y = (xc - mean) * rstd * w + b for one column chunk, then its store."""
-    rows, kk = tile[1], tile[2]
-    cw = xc.shape[2]
-    plan, y = ctx["plan"], ctx["y"]
-    yt = ring_alloc(ctx["rings"]["y"], plan["bufs"], (P, kk, plan["chunk"]), y.dtype)
-    w_sb, b_sb = ctx["w_sb"], ctx["b_sb"]
-    wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
-    bc = b_sb[0:rows, c0 : c0 + cw] if b_sb is not None else None
-    mean, rstd, nmr = cols
-    for j in range(kk):
-        jcols = (
-            mean[:, j : j + 1],
-            rstd[:, j : j + 1],
-            nmr[:, j : j + 1] if nmr is not None else None,
-        )
-        _affine(yt[0:rows, j, 0:cw], xc[:, j, :], jcols, wc, bc, plan)
-    nisa.dma_copy(dst=rows_view(y, tile)[:, :, c0 : c0 + cw], src=yt[0:rows, :, 0:cw])
-
-
 def _shifted_moments(
-    s1: Any, s2: Any, negk: Any, mean: Any, var: Any, rows: int, hdim: int
-) -> None:  # mean: a [rows, kk] view
-    """mean = K + S1/H, var = max(S2/H - (S1/H)^2, 0) from per-chunk shifted sums."""
+    s1: Any, s2: Any, negk: Any, mean: Any, var: Any, rows: int, hdim: int, raw_s1: bool
+) -> None:
+    """mean = K + S1/H and var = S2/H - (S1/H)^2 from per-chunk shifted sums.
+
+    `mean` is a [rows, kk] view; with `raw_s1` the S1 partial sums are of x, not x - K.
+    """
     kk = s1.shape[1]
     m1 = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
     m2 = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=m1[0:rows, :], op=nl.add, data=s1[0:rows, :, :], axis=(2,))
     nisa.tensor_reduce(dst=m2[0:rows, :], op=nl.add, data=s2[0:rows, :, :], axis=(2,))
-    nisa.tensor_scalar(dst=m1[0:rows, :], data=m1[0:rows, :], op0=nl.multiply, operand0=1.0 / hdim)
+    if raw_s1:  # mean(x) - K
+        nisa.scalar_tensor_tensor(
+            dst=m1[0:rows, :],
+            data=m1[0:rows, :],
+            op0=nl.multiply,
+            operand0=1.0 / hdim,
+            op1=nl.add,
+            operand1=negk[0:rows, :],
+        )
+    else:
+        nisa.tensor_scalar(
+            dst=m1[0:rows, :], data=m1[0:rows, :], op0=nl.multiply, operand0=1.0 / hdim
+        )
     sq = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=sq[0:rows, :], data1=m1[0:rows, :], data2=m1[0:rows, :], op=nl.multiply)
     nisa.scalar_tensor_tensor(
@@ -278,67 +363,48 @@ def _shifted_moments(
         op1=nl.subtract,
         operand1=sq[0:rows, :],
     )
-    nisa.tensor_scalar(dst=var[0:rows, :], data=var[0:rows, :], op0=nl.maximum, operand0=0.0)
     nisa.tensor_tensor(dst=mean, data1=m1[0:rows, :], data2=negk[0:rows, :], op=nl.subtract)
 
 
-def _affine(
-    dst: Any, xc: Any, cols: tuple[Any, Any, Any], wc: Any, bc: Any, plan: dict[str, Any]
-) -> None:
-    """dst = (xc - mean) * rstd * wc + bc for one row group (wc, bc may be None)."""
+def _scale(ctx: dict[str, Any], xc: Any, cols: tuple[Any, Any, Any]) -> None:
+    """xc[:, j, :] = (xc[:, j, :] - mean[:, j]) * rstd[:, j] in place."""
     mean, rstd, nmr = cols
-    rows, cw = dst.shape[0], dst.free_size
-    mode, eng = plan["scale_mode"], plan["mul_engine"]
-    if wc is None and bc is None:
-        if mode == LN_SCALAR:
-            nisa.activation(dst=dst, op=nl.copy, data=xc, scale=rstd, bias=nmr)
+    for j in range(xc.shape[1]):
+        if ctx["plan"]["scale_mode"] == LN_SCALAR:
+            nisa.activation(
+                dst=xc[:, j, :],
+                op=nl.copy,
+                data=xc[:, j, :],
+                scale=rstd[:, j : j + 1],
+                bias=nmr[:, j : j + 1],
+            )
         else:
             nisa.tensor_scalar(
-                dst=dst, data=xc, op0=nl.subtract, operand0=mean, op1=nl.multiply, operand1=rstd
+                dst=xc[:, j, :],
+                data=xc[:, j, :],
+                op0=nl.subtract,
+                operand0=mean[:, j : j + 1],
+                op1=nl.multiply,
+                operand1=rstd[:, j : j + 1],
             )
+
+
+def _affine_store(ctx: dict[str, Any], tile: Any, xc: Any, c0: int) -> None:
+    """y[tile, c0:c0+cw] = xc * w + b (either may be absent), then its store."""
+    rows, kk = tile[1], tile[2]
+    cw = xc.shape[2]
+    plan, w_sb, b_sb, y = ctx["plan"], ctx["w_sb"], ctx["b_sb"], ctx["y"]
+    yv = rows_view(y, tile)[:, :, c0 : c0 + cw]
+    if w_sb is None and b_sb is None:
+        nisa.dma_copy(dst=yv, src=xc)
         return
-    if mode == LN_FUSED and wc is not None:
-        t = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(
-            dst=t[0:rows, :],
-            data=xc,
-            op0=nl.subtract,
-            operand0=mean,
-            op1=nl.multiply,
-            operand1=wc,
-        )
-        if bc is None:
-            nisa.tensor_scalar(dst=dst, data=t[0:rows, :], op0=nl.multiply, operand0=rstd)
-        else:
-            nisa.scalar_tensor_tensor(
-                dst=dst,
-                data=t[0:rows, :],
-                op0=nl.multiply,
-                operand0=rstd,
-                op1=nl.add,
-                operand1=bc,
-            )
-        return
-    # (x - mean) * rstd first, then the weight and / or bias with tensor_tensor
-    xn_dtype = nl.float32 if mode == LN_FUSED else dst.dtype
-    xn = nl.ndarray((P, cw), dtype=xn_dtype, buffer=nl.sbuf)
-    if mode == LN_SCALAR:
-        nisa.activation(dst=xn[0:rows, :], op=nl.copy, data=xc, scale=rstd, bias=nmr)
-    else:
-        nisa.tensor_scalar(
-            dst=xn[0:rows, :],
-            data=xc,
-            op0=nl.subtract,
-            operand0=mean,
-            op1=nl.multiply,
-            operand1=rstd,
-        )
-    if wc is None:
-        nisa.tensor_tensor(dst=dst, data1=xn[0:rows, :], data2=bc, op=nl.add)
-        return
-    if bc is None:
-        mul_by(dst, xn[0:rows, :], wc, eng)
-        return
-    t = nl.ndarray((P, cw), dtype=dst.dtype, buffer=nl.sbuf)
-    mul_by(t[0:rows, :], xn[0:rows, :], wc, eng)
-    nisa.tensor_tensor(dst=dst, data1=t[0:rows, :], data2=bc, op=nl.add)
+    eng = plan["gpsimd_eighths"]
+    yt = ring_alloc(ctx["rings"]["y"], 2, (P, kk, plan["chunk"]), y.dtype)
+    for j in range(kk):
+        dst, src = yt[0:rows, j, 0:cw], xc[:, j, :]
+        if w_sb is not None:
+            tt_split(dst, src, w_sb[0:rows, c0 : c0 + cw], nl.multiply, eng)
+            src = dst
+        if b_sb is not None:
+            tt_split(dst, src, b_sb[0:rows, c0 : c0 + cw], nl.add, eng)
+    nisa.dma_copy(dst=yv, src=yt[0:rows, :, 0:cw])

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .rmsnorm_bwd import bwd_jobs
+from .rmsnorm_bwd import temp
 from .tiling import (
     P,
     col_chunks,
@@ -31,15 +31,20 @@ from .tiling import (
     colsum_store,
     issue_rows_load,
     load_row_vector,
-    mul_by,
+    pipeline_jobs,
+    prefetch_depth,
     prefetch_start,
     prefetch_take,
     ring_alloc,
     row_segments,
     rows_view,
+    run_pipeline,
     stat_tile,
     stat_view,
+    tt_split,
 )
+
+NSTAGES = 3  # A: loads, gradient terms, row sums; B: dx coefficients; C: dx and its store
 
 
 @nki.jit
@@ -53,8 +58,8 @@ def layer_norm_bwd(
     rows_per_partition: int = 1,
     chunk: int = 0,
     resident: bool = True,
-    bufs: int = 2,
-    mul_engine: str = "vector",
+    bufs: int = 4,
+    gpsimd_eighths: int = 0,
 ) -> Any:
     """LayerNorm backward: returns (dx, dw, db); dw / db are None when w / the bias is absent.
 
@@ -70,12 +75,12 @@ def layer_norm_bwd(
     n, hdim = x.shape
     c = hdim if chunk <= 0 else min(chunk, hdim)
     assert c == hdim or c % P == 0, f"chunk must be a multiple of {P} or H; got {chunk}"
-    assert rows_per_partition >= 1 and bufs >= 2
+    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
     dx = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     gdtype = w.dtype if w is not None else x.dtype
     dw = nl.ndarray((hdim,), dtype=gdtype, buffer=nl.shared_hbm) if w is not None else None
     db = nl.ndarray((hdim,), dtype=gdtype, buffer=nl.shared_hbm) if has_bias else None
-    plan = {"chunk": c, "resident": resident, "bufs": bufs, "mul_engine": mul_engine}
+    plan = {"chunk": c, "resident": resident, "bufs": bufs, "gpsimd_eighths": gpsimd_eighths}
     ctx = {
         "dx": dx,
         "plan": plan,
@@ -83,20 +88,14 @@ def layer_norm_bwd(
         "w_sb": load_row_vector(w, hdim) if w is not None else None,
         "acc_w": colsum_init(hdim) if w is not None else None,
         "acc_b": colsum_init(hdim) if has_bias else None,
-        "rings": {"x": [], "dy": [], "dx": []},
+        "rings": {"x": [], "dy": [], "dx": [], "t1": [], "t2": [], "t3": [], "t4": [], "t5": []},
+        "stats": (mean, rstd),
         "loads": (("x", x), ("dy", dy)),
     }
     segs = row_segments(n, rows_per_partition)
-    pf = prefetch_start(bwd_jobs(segs, ctx), bufs - 1, issue_rows_load, ctx)
-    for seg in segs:
-        st = (stat_tile(seg), stat_tile(seg))
-        for buf, src in zip(st, (mean, rstd)):
-            nisa.dma_copy(dst=buf[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(src, seg))
-        for t in seg["tiles"]:
-            if resident:
-                _ln_bwd_resident(ctx, t, prefetch_take(pf), st)
-            else:
-                _ln_bwd_streaming(ctx, t, pf, st)
+    jobs = pipeline_jobs(segs, NSTAGES, resident, ctx["chunks"])
+    ctx["pf"] = prefetch_start(jobs, prefetch_depth(resident, bufs, NSTAGES), issue_rows_load, ctx)
+    run_pipeline(ctx, segs, [_stage_a, _stage_b, _stage_c], _seg_begin, _seg_end)
     if ctx["acc_w"] is not None:
         colsum_store(ctx["acc_w"], dw)
     if ctx["acc_b"] is not None:
@@ -105,41 +104,69 @@ def layer_norm_bwd(
 
 
 # --- private helpers ---------------------------------------------------------------------
-def _cols(tile: Any, st: Any) -> tuple[Any, Any]:
+def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
+    st = (stat_tile(seg), stat_tile(seg))  # mean, rstd of the segment's rows
+    for buf, src in zip(st, ctx["stats"]):
+        nisa.dma_copy(dst=buf[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(src, seg))
+    return st
+
+
+def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], st: Any) -> None:
+    return None
+
+
+def _stage_a(ctx: dict[str, Any], tile: Any, stb: Any) -> dict[str, Any]:
+    """Load; per chunk: weight / bias gradient terms (TensorE column sums), row sums A, B."""
     rows, kk, off = tile[1], tile[2], tile[4]
-    return st[0][0:rows, off : off + kk], st[1][0:rows, off : off + kk]
-
-
-def _ln_bwd_resident(ctx: dict[str, Any], tile: Any, ld: dict[str, Any], st: Any) -> None:
-    rows, kk = tile[1], tile[2]
     chunks = ctx["chunks"]
-    mcol, rcol = _cols(tile, st)
+    cols = (stb[0][0:rows, off : off + kk], stb[1][0:rows, off : off + kk])
     sums = _sums_init(kk, len(chunks))
-    for ci, (c0, cw) in enumerate(chunks):
-        xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-        _pass1_chunk(ctx, tile, xc, dyc, c0, (mcol, rcol), sums, ci)
-    coefs = _dx_coefs(sums, mcol, rcol, rows, kk, ctx["dx"].shape[1])
-    for c0, cw in chunks:
-        xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-        _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coefs)
+    ld = None
+    if ctx["plan"]["resident"]:
+        ld = prefetch_take(ctx["pf"])
+        for ci, (c0, cw) in enumerate(chunks):
+            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
+            _pass1_chunk(ctx, tile, xc, dyc, c0, cols, sums, ci)
+    else:
+        for ci, (c0, cw) in enumerate(chunks):
+            _pass1_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, cols, sums, ci)
+    return {"tile": tile, "ld": ld, "cols": cols, "sums": sums}
 
 
-def _ln_bwd_streaming(ctx: dict[str, Any], tile: Any, pf: dict[str, Any], st: Any) -> None:
-    rows, kk = tile[1], tile[2]
-    chunks = ctx["chunks"]
-    mcol, rcol = _cols(tile, st)
-    sums = _sums_init(kk, len(chunks))
-    for ci, (c0, cw) in enumerate(chunks):
-        ld = prefetch_take(pf)
-        xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
-        _pass1_chunk(ctx, tile, xc, dyc, c0, (mcol, rcol), sums, ci)
-        ld = xc = dyc = None  # release the chunk's buffers before the next take
-    coefs = _dx_coefs(sums, mcol, rcol, rows, kk, ctx["dx"].shape[1])
-    for c0, cw in chunks:
-        ld = prefetch_take(pf)
-        xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
-        _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coefs)
-        ld = xc = dyc = None
+def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """The per-row coefficients c0, c1 of dx (VectorE, [rows, kk])."""
+    tile = st["tile"]
+    mcol, rcol = st["cols"]
+    st["coefs"] = _dx_coefs(st["sums"], mcol, rcol, tile[1], tile[2], ctx["dx"].shape[1])
+    return st
+
+
+def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """dx per chunk and its store (streaming: reloading x and dy)."""
+    tile, ld, rcol, coefs = st["tile"], st["ld"], st["cols"][1], st["coefs"]
+    rows = tile[1]
+    for c0, cw in ctx["chunks"]:
+        if ld is not None:
+            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
+            _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coefs)
+        else:
+            _pass2_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, coefs)
+    return st
+
+
+def _pass1_taken(
+    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, cols: Any, sums: Any, ci: int
+) -> None:
+    rows = tile[1]
+    xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
+    _pass1_chunk(ctx, tile, xc, dyc, c0, cols, sums, ci)
+
+
+def _pass2_taken(
+    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, rcol: Any, coefs: Any
+) -> None:
+    rows = tile[1]
+    _pass2_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw], c0, rcol, coefs)
 
 
 def _sums_init(kk: int, nch: int) -> tuple[Any, Any]:
@@ -168,11 +195,11 @@ def _pass1_chunk(
     rows, kk = tile[1], tile[2]
     cw = xc.shape[2]
     mcol, rcol = cols
-    w_sb, eng = ctx["w_sb"], ctx["plan"]["mul_engine"]
+    w_sb, eng = ctx["w_sb"], ctx["plan"]["gpsimd_eighths"]
     for j in range(kk):
-        dxm = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+        dxm = temp(ctx, "t1")
         nisa.scalar_tensor_tensor(
-            dst=dxm[0:rows, :],
+            dst=dxm[0:rows, 0:cw],
             data=xc[:, j, :],
             op0=nl.subtract,
             operand0=mcol[:, j : j + 1],
@@ -183,10 +210,10 @@ def _pass1_chunk(
             colsum_add(ctx["acc_b"], dyc[:, j, :], c0)
         a_col, b_col = sums[0][0:rows, j, ci : ci + 1], sums[1][0:rows, j, ci : ci + 1]
         if w_sb is None:
-            _row_sum(b_col, dxm[0:rows, :])
-            junk = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            _row_sum(b_col, dxm[0:rows, 0:cw])
+            junk = temp(ctx, "t2")
             nisa.activation(
-                dst=junk[0:rows, :],
+                dst=junk[0:rows, 0:cw],
                 op=nl.copy,
                 data=dyc[:, j, :],
                 reduce_op=nl.add,
@@ -195,13 +222,13 @@ def _pass1_chunk(
             )
             continue
         wc = w_sb[0:rows, c0 : c0 + cw]
-        colsum_add(ctx["acc_w"], dxm[0:rows, :], c0, rcol[:, j : j + 1])
-        p = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-        mul_by(p[0:rows, :], dxm[0:rows, :], wc, eng)
-        _row_sum(b_col, p[0:rows, :])
-        g = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-        mul_by(g[0:rows, :], dyc[:, j, :], wc, eng)
-        _row_sum(a_col, g[0:rows, :])
+        colsum_add(ctx["acc_w"], dxm[0:rows, 0:cw], c0, rcol[:, j : j + 1])
+        p = temp(ctx, "t2")
+        tt_split(p[0:rows, 0:cw], dxm[0:rows, 0:cw], wc, nl.multiply, eng)
+        _row_sum(b_col, p[0:rows, 0:cw])
+        g = temp(ctx, "t3")
+        tt_split(g[0:rows, 0:cw], dyc[:, j, :], wc, nl.multiply, eng)
+        _row_sum(a_col, g[0:rows, 0:cw])
 
 
 def _pass2_chunk(
@@ -212,16 +239,18 @@ def _pass2_chunk(
     cw = xc.shape[2]
     plan, w_sb, dx = ctx["plan"], ctx["w_sb"], ctx["dx"]
     c0_col, c1_col = coefs
-    dxt = ring_alloc(ctx["rings"]["dx"], plan["bufs"], (P, kk, plan["chunk"]), dx.dtype)
+    dxt = ring_alloc(ctx["rings"]["dx"], 2, (P, kk, plan["chunk"]), dx.dtype)
     for j in range(kk):
         g = dyc[:, j, :]
         if w_sb is not None:
-            gt = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-            mul_by(gt[0:rows, :], g, w_sb[0:rows, c0 : c0 + cw], plan["mul_engine"])
-            g = gt[0:rows, :]
-        xs = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            gt = temp(ctx, "t4")
+            tt_split(
+                gt[0:rows, 0:cw], g, w_sb[0:rows, c0 : c0 + cw], nl.multiply, plan["gpsimd_eighths"]
+            )
+            g = gt[0:rows, 0:cw]
+        xs = temp(ctx, "t5")
         nisa.activation(
-            dst=xs[0:rows, :],
+            dst=xs[0:rows, 0:cw],
             op=nl.copy,
             data=xc[:, j, :],
             scale=c1_col[0:rows, j : j + 1],
@@ -233,7 +262,7 @@ def _pass2_chunk(
             op0=nl.multiply,
             operand0=rcol[:, j : j + 1],
             op1=nl.add,
-            operand1=xs[0:rows, :],
+            operand1=xs[0:rows, 0:cw],
         )
     nisa.dma_copy(dst=rows_view(dx, tile)[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])
 

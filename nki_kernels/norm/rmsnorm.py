@@ -2,33 +2,31 @@
 
 Algorithm (per row of x [N, H], fp32 statistics):
     ssum  = sum_h x^2                      ScalarE: activation(square) with its add-reduce
-    rstd  = 1 / sqrt(ssum / H + eps)       ScalarE: one rsqrt activation per row tile
-    y     = x * rstd * w                   VectorE / ScalarE / GpSimd (config `scale_mode`)
+    rstd  = (ssum / H + eps) ^ -1/2        VectorE: two tensor_scalar on [rows, kk]
+    xn    = x * rstd                       VectorE tensor_scalar (bf16 perf mode) or ScalarE
+    y     = xn * w                         tensor_tensor, columns split VectorE / GpSimd
 The fused variant first forms h = x + residual (VectorE), writes h back to HBM as the new
-residual stream, and normalizes h -- one pass over memory: x and residual are read once,
-y and h written once.
+residual stream and normalizes h: x and residual are read once, y and h written once.
 
-Layout and loop nest:
-    rows are grouped into row tiles of `rows` partitions x `kk` rows per partition
-    (partition p holds rows r0 + p*kk .. r0 + p*kk + kk - 1: one contiguous HBM run of
-    kk*H elements per partition, so small-H problems still move >= 2 KiB per partition);
-    for each row tile (split across LNC programs):
-        pass 1, for each column chunk c (width `chunk`):
-            load x[tile, c] (DMA)                      [fused: load res, h = x + res, store h]
-            partial[:, j, c] = sum(x[:, j, c]^2)        ScalarE, one per row group j
-        rstd = rsqrt(sum_c partial / H + eps)          -> rstd[N] in HBM (for backward)
-        pass 2, for each column chunk c:
-            [streaming mode: reload x[tile, c]]
-            y[:, j, c] = x * rstd[:, j] * w[c]          -> store y[tile, c] (DMA)
-Resident mode keeps the whole row tile in SBUF between the passes (x read from HBM once);
-streaming mode (for rows too wide for SBUF) rereads it, costing one extra read of x.
-Tiles allocated inside the loops rotate through `bufs` buffers, so the DMA of the next
-tile overlaps the compute of the current one.
+Layout and loop nest (see tiling.py): partition p owns a contiguous block of rows and a
+row tile takes `rows_per_partition` (kk) of them per partition, one contiguous HBM run
+per partition; the tail (N % 128 rows) is one more tile of fewer partitions. Each row
+tile goes through a three-stage software pipeline (`tiling.run_pipeline`; step t runs
+A(t), B(t-1), C(t-2)):
+    A: load x [and residual; h = x + res; store h]; per chunk and row group:
+       partial sums of x^2 (ScalarE)
+    B: rstd from the partial sums (VectorE; into the segment's rstd buffer, stored to
+       HBM once per segment for the backward); xn = x * rstd in place
+    C: y = xn * w per chunk (VectorE + GpSimd); store y
+so ScalarE squares tile t while VectorE scales tile t-1 and VectorE / GpSimd weight tile
+t-2, and the loads run `bufs - 3` tiles ahead. Resident mode keeps each row tile in SBUF
+through the three stages (x read once); streaming mode (rows too wide for SBUF) loads
+column chunks in stage A for the sums and again in stage C (one extra read of x; the
+fused variant re-adds the residual, bit-identically).
 
-Limits: H >= 1 (any H; wide rows use streaming mode, chunk <= H); N >= 1 with a ragged
-last tile (by slicing); x, residual, w in fp32 / bf16 / fp16 (w may also be None); eps is
-a positive specialization-time float. The tile plan is checked by `config.validate`
-and, authoritatively, by the interpreter's SBUF accounting.
+Limits: any N >= 1 and H >= 1; x, residual, w in fp32 / bf16 / fp16 (w may be None); eps
+a positive specialization-time float; resident mode needs bufs >= 3, streaming >= 2.
+`config.validate` checks a plan against SBUF; the interpreter's accounting is the judge.
 """
 
 from __future__ import annotations
@@ -39,28 +37,33 @@ from ..nki import nisa, nki, nl
 from .tiling import (
     P,
     col_chunks,
-    const_column,
     issue_rows_load,
     load_row_vector,
-    mul_by,
+    pipeline_jobs,
+    prefetch_depth,
     prefetch_start,
     prefetch_take,
     programs,
     ring_alloc,
     row_segments,
     rows_view,
+    run_pipeline,
+    scratch,
     stat_tile,
     stat_view,
+    tt_split,
 )
 
 # --- schedule choices (values of the config fields) ------------------------------------
-# scale_mode: how y = x * rstd * w is formed
-SCALE_FUSED = "fused"  # VectorE scalar_tensor_tensor: (x * rstd) * w in one instruction
-SCALE_SCALAR = "scalar"  # ScalarE activation(copy, scale=rstd), then a tensor_tensor with w
-SCALE_VECTOR = "vector"  # VectorE tensor_scalar (bf16 perf mode), then a tensor_tensor with w
-SCALE_MODES = (SCALE_FUSED, SCALE_SCALAR, SCALE_VECTOR)
-# engines for the tensor_tensor multiply by w (after SCALE_SCALAR / SCALE_VECTOR)
-MUL_ENGINES = ("vector", "gpsimd", "split")
+# scale_mode: which engine forms xn = x * rstd
+SCALE_SCALAR = "scalar"  # ScalarE activation(copy, scale=rstd)
+SCALE_VECTOR = "vector"  # VectorE tensor_scalar (4x perf mode for bf16 / fp16)
+SCALE_MODES = (SCALE_SCALAR, SCALE_VECTOR)
+# gpsimd_eighths: eighths of each full-width tensor_tensor's columns that run on GpSimd
+# (the rest on VectorE); GpSimd is slower per element, so a share balances the engines.
+GPSIMD_EIGHTHS_MAX = 8
+# The pipeline's stages (A: load + sums, B: rstd + scale, C: weight + store).
+NSTAGES = 3
 
 
 @nki.jit
@@ -71,26 +74,25 @@ def rms_norm_fwd(
     rows_per_partition: int = 1,
     chunk: int = 0,
     resident: bool = True,
-    bufs: int = 2,
+    bufs: int = 4,
     scale_mode: str = SCALE_VECTOR,
-    mul_engine: str = "vector",
+    gpsimd_eighths: int = 0,
 ) -> Any:
     """RMSNorm forward: returns (y [N, H] in x.dtype, rstd [N] fp32).
 
     x: [N, H] in HBM; w: [H] in HBM or None; eps > 0. Schedule arguments (the fields of
-    `RMSNormConfig`): `rows_per_partition` row groups per partition per tile, `chunk`
-    columns per compute/DMA step (0 = H), `resident` keeps the row tile in SBUF across the
-    two passes, `bufs` rotating buffers per streamed tile, `scale_mode` / `mul_engine`
-    pick the engines that form y.
+    `RMSNormConfig`): `rows_per_partition` rows per partition per tile, `chunk` columns per
+    compute / DMA step (0 = H), `resident` keeps the row tile in SBUF through the stages,
+    `bufs` rotating buffers per loaded tile or chunk, `scale_mode` / `gpsimd_eighths` pick
+    the engines. Rows may be split across LNC programs (`rms_norm_fwd[2]`).
 
-        for tile in row tiles:                 # rows x kk rows, ragged tail sliced
-            ssum = sum(x^2) ; rstd = rsqrt(ssum/H + eps)
-            y = x * rstd * w
+        for tile in row tiles:
+            rstd = (sum(x^2) / H + eps) ^ -1/2 ; y = x * rstd * w
     """
     n, hdim = x.shape
     y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, mul_engine)
+    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
     _rms_rows(x, None, w, y, None, rstd, eps, plan)
     return y, rstd
 
@@ -104,9 +106,9 @@ def add_rms_norm_fwd(
     rows_per_partition: int = 1,
     chunk: int = 0,
     resident: bool = True,
-    bufs: int = 2,
+    bufs: int = 4,
     scale_mode: str = SCALE_VECTOR,
-    mul_engine: str = "vector",
+    gpsimd_eighths: int = 0,
 ) -> Any:
     """Fused residual add + RMSNorm: returns (y, h = x + residual, rstd [N] fp32).
 
@@ -114,16 +116,38 @@ def add_rms_norm_fwd(
     Same schedule arguments as `rms_norm_fwd`.
 
         for tile in row tiles:
-            h = x + res -> HBM ; ssum = sum(h^2) ; rstd = rsqrt(ssum/H + eps)
-            y = h * rstd * w
+            h = x + res -> HBM ; rstd = (sum(h^2) / H + eps) ^ -1/2 ; y = h * rstd * w
     """
     n, hdim = x.shape
     y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     h = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, mul_engine)
+    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
     _rms_rows(x, residual, w, y, h, rstd, eps, plan)
     return y, h, rstd
+
+
+@nki.jit
+def rms_norm_stats(
+    x: Any,
+    eps: float,
+    rows_per_partition: int = 1,
+    chunk: int = 0,
+    resident: bool = True,
+    bufs: int = 4,
+    scale_mode: str = SCALE_VECTOR,
+    gpsimd_eighths: int = 0,
+) -> Any:
+    """rstd [N] fp32 of x [N, H] alone: the statistics the backward recomputes.
+
+    Stages A and B of `rms_norm_fwd` (x read once, nothing else written); takes the same
+    schedule arguments so the forward's config applies.
+    """
+    n, hdim = x.shape
+    rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
+    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
+    _rms_rows(x, None, None, None, None, rstd, eps, plan)
+    return rstd
 
 
 # --- private helpers ---------------------------------------------------------------------
@@ -134,106 +158,140 @@ def _plan(
     resident: bool,
     bufs: int,
     scale_mode: str,
-    mul_engine: str,
+    gpsimd_eighths: int,
 ) -> dict[str, Any]:
     """Check the schedule arguments and resolve defaults (chunk 0 = the whole row)."""
     assert rows_per_partition >= 1, f"rows_per_partition must be >= 1; got {rows_per_partition}"
-    assert bufs >= 1, f"bufs must be >= 1; got {bufs}"
+    need = NSTAGES if resident else 2
+    assert bufs >= need, f"bufs: >= {need} (resident={resident}); got {bufs}"
     assert scale_mode in SCALE_MODES, f"scale_mode must be one of {SCALE_MODES}; got {scale_mode}"
-    assert mul_engine in MUL_ENGINES, f"mul_engine must be one of {MUL_ENGINES}; got {mul_engine}"
-    c = hdim if chunk <= 0 else min(chunk, hdim)
+    assert 0 <= gpsimd_eighths <= GPSIMD_EIGHTHS_MAX, f"gpsimd_eighths: 0..8; got {gpsimd_eighths}"
     return {
         "k": rows_per_partition,
-        "chunk": c,
+        "chunk": hdim if chunk <= 0 else min(chunk, hdim),
         "resident": resident,
         "bufs": bufs,
         "scale_mode": scale_mode,
-        "mul_engine": mul_engine,
+        "gpsimd_eighths": gpsimd_eighths,
     }
 
 
 def _rms_rows(
     x: Any, res: Any, w: Any, y: Any, h_out: Any, rstd_out: Any, eps: float, plan: dict[str, Any]
 ) -> None:
-    """All row tiles of this program, their loads issued `bufs - 1` jobs ahead."""
+    """All row tiles of this program, through the three-stage pipeline (y None: the
+    statistics only, stages A and B)."""
     n, hdim = x.shape
     pid, nprog = programs()
     segs = row_segments(n, plan["k"], pid, nprog)
     chunks = col_chunks(hdim, plan["chunk"])
-    jobs = []
-    for seg in segs:
-        for t in seg["tiles"]:
-            if plan["resident"]:
-                jobs.append((t, None))
-            else:
-                jobs.extend((t, ch) for _ in range(2) for ch in chunks)
     ctx = {
         "x": x,
-        "res": res,
         "y": y,
         "h": h_out,
+        "rstd": rstd_out,
+        "eps": eps,
         "plan": plan,
         "chunks": chunks,
         "w_sb": load_row_vector(w, hdim) if w is not None else None,
-        "eps_sb": const_column(eps),
-        "rings": {"x": [], "res": [], "y": [], "tmp": []},
+        "junk": scratch(plan["chunk"], x.dtype),
+        "rings": {"x": [], "res": [], "y": []},
+        "loads": (("x", x), ("res", res)),
     }
-    ctx["loads"] = (("x", x), ("res", res))
-    pf = prefetch_start(jobs, plan["bufs"] - 1, issue_rows_load, ctx)
-    for seg in segs:
-        rbuf = stat_tile(seg)
-        for t in seg["tiles"]:
-            if plan["resident"]:
-                _rms_resident(ctx, t, prefetch_take(pf), rbuf)
-            else:
-                _rms_streaming(ctx, t, pf, rbuf)
-        nisa.dma_copy(dst=stat_view(rstd_out, seg), src=rbuf[0 : seg["rows"], 0 : seg["cols"]])
+    stages = [_stage_a, _stage_b, _stage_c] if y is not None else [_stage_a, _stage_b]
+    jobs = pipeline_jobs(segs, len(stages), plan["resident"], chunks, y is not None)
+    ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
+    ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
+    run_pipeline(ctx, segs, stages, _seg_begin, _seg_end)
 
 
-def _rms_resident(ctx: dict[str, Any], tile: Any, ld: dict[str, Any], rbuf: Any) -> None:
-    """One row tile held in SBUF: statistics chunk by chunk, then the output chunks."""
+def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
+    return stat_tile(seg)  # rstd of the segment's rows
+
+
+def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], rbuf: Any) -> None:
+    nisa.dma_copy(dst=stat_view(ctx["rstd"], seg), src=rbuf[0 : seg["rows"], 0 : seg["cols"]])
+
+
+def _stage_a(ctx: dict[str, Any], tile: Any, rbuf: Any) -> dict[str, Any]:
+    """Load the tile (fused: add the residual, store h) and its partial sums of squares."""
     rows, kk = tile[1], tile[2]
     chunks = ctx["chunks"]
     part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
-    for ci, (c0, cw) in enumerate(chunks):
-        rc = ld["res"][0:rows, :, c0 : c0 + cw] if "res" in ld else None
-        _stats_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], rc, c0, part, ci)
-    rstd = _finish_rstd(ctx, tile, part, rbuf)
-    for c0, cw in chunks:
-        _out_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], rstd, c0)
+    ld = None
+    if ctx["plan"]["resident"]:
+        ld = prefetch_take(ctx["pf"])
+        for ci, (c0, cw) in enumerate(chunks):
+            rc = ld["res"][0:rows, :, c0 : c0 + cw] if "res" in ld else None
+            _sums_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], rc, c0, part, ci)
+    else:
+        for ci, (c0, cw) in enumerate(chunks):
+            _sums_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, part, ci)
+    return {"tile": tile, "ld": ld, "part": part, "rbuf": rbuf}
 
 
-def _rms_streaming(ctx: dict[str, Any], tile: Any, pf: dict[str, Any], rbuf: Any) -> None:
-    """One row tile streamed twice: chunk statistics, then reload (re-add) and output."""
-    kk = tile[2]
-    chunks = ctx["chunks"]
-    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
-    for ci, (c0, cw) in enumerate(chunks):
-        _stream_stats(ctx, tile, prefetch_take(pf), c0, cw, part, ci)
-    rstd = _finish_rstd(ctx, tile, part, rbuf)
-    for c0, cw in chunks:
-        _stream_out(ctx, tile, prefetch_take(pf), c0, cw, rstd)
+def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """rstd (VectorE) and, for a resident tile, xn = x * rstd in place."""
+    tile, ld = st["tile"], st["ld"]
+    rows, kk, off = tile[1], tile[2], tile[4]
+    rstd = st["rbuf"][0:rows, off : off + kk]
+    ssum = _total(st["part"], rows, kk)
+    nisa.tensor_scalar(
+        dst=rstd,
+        data=ssum,
+        op0=nl.multiply,
+        operand0=1.0 / ctx["x"].shape[1],
+        op1=nl.add,
+        operand1=float(ctx["eps"]),
+    )
+    nisa.tensor_scalar(dst=rstd, data=rstd, op0=nl.rsqrt, operand0=None)
+    if ld is not None and ctx["y"] is not None:
+        for c0, cw in ctx["chunks"]:
+            _scale(ctx, ld["x"][0:rows, :, c0 : c0 + cw], rstd)
+    return {"tile": tile, "ld": ld, "rstd": rstd}
 
 
-def _stream_stats(
+def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """y = xn * w per chunk and its store (streaming: reload, re-add, scale first)."""
+    tile, ld, rstd = st["tile"], st["ld"], st["rstd"]
+    rows = tile[1]
+    for c0, cw in ctx["chunks"]:
+        if ld is not None:
+            _weight_store(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], c0)
+        else:
+            _out_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rstd)
+    return st
+
+
+def _total(part: Any, rows: int, kk: int) -> Any:
+    """Sum of the per-chunk partial sums, [rows, kk] fp32."""
+    if part.shape[2] == 1:
+        return part[0:rows, :, 0]
+    total = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=total[0:rows, :], op=nl.add, data=part[0:rows, :, :], axis=(2,))
+    return total[0:rows, :]
+
+
+def _sums_taken(
     ctx: dict[str, Any], tile: Any, ld: dict[str, Any], c0: int, cw: int, part: Any, ci: int
 ) -> None:
     rows = tile[1]
     rc = ld["res"][0:rows, :, 0:cw] if "res" in ld else None
-    _stats_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], rc, c0, part, ci)
+    _sums_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], rc, c0, part, ci)
 
 
-def _stream_out(
+def _out_taken(
     ctx: dict[str, Any], tile: Any, ld: dict[str, Any], c0: int, cw: int, rstd: Any
 ) -> None:
     rows = tile[1]
     xc = ld["x"][0:rows, :, 0:cw]
-    if "res" in ld:  # h = x + residual again, bit-identical to the h stored in pass 1
+    if "res" in ld:  # h = x + residual again, bit-identical to the h stored in stage A
         nisa.tensor_tensor(dst=xc, data1=xc, data2=ld["res"][0:rows, :, 0:cw], op=nl.add)
-    _out_chunk(ctx, tile, xc, rstd, c0)
+    _scale(ctx, xc, rstd)
+    _weight_store(ctx, tile, xc, c0)
 
 
-def _stats_chunk(
+def _sums_chunk(
     ctx: dict[str, Any], tile: Any, xc: Any, rc: Any, c0: int, part: Any, ci: int
 ) -> None:
     """[fused: xc += rc, store h]; part[:, j, ci] = sum(xc[:, j, :]^2) per row group j."""
@@ -241,12 +299,11 @@ def _stats_chunk(
     cw = xc.shape[2]
     if rc is not None:
         nisa.tensor_tensor(dst=xc, data1=xc, data2=rc, op=nl.add)
-        hv = rows_view(ctx["h"], tile)
-        nisa.dma_copy(dst=hv[:, :, c0 : c0 + cw], src=xc)
-    junk = nl.ndarray((P, cw), dtype=xc.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rows_view(ctx["h"], tile)[:, :, c0 : c0 + cw], src=xc)
+    junk = ctx["junk"]
     for j in range(kk):
         nisa.activation(
-            dst=junk[0:rows, :],
+            dst=junk[0:rows, 0:cw],
             op=nl.square,
             data=xc[:, j, :],
             reduce_op=nl.add,
@@ -255,60 +312,32 @@ def _stats_chunk(
         )
 
 
-def _finish_rstd(ctx: dict[str, Any], tile: Any, part: Any, rbuf: Any) -> Any:
-    """rstd = rsqrt(sum of the chunk sums / H + eps), written into the segment buffer."""
-    rows, kk, off = tile[1], tile[2], tile[4]
-    hdim = ctx["x"].shape[1]
-    ssum = part
-    if part.shape[2] > 1:
-        ssum = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=ssum[0:rows, :], op=nl.add, data=part[0:rows, :, :], axis=(2,))
-    rstd = rbuf[0:rows, off : off + kk]
-    nisa.activation(
-        dst=rstd,
-        op=nl.rsqrt,
-        data=ssum[0:rows, :],
-        bias=ctx["eps_sb"][0:rows, :],
-        scale=1.0 / hdim,
-    )
-    return rstd
+def _scale(ctx: dict[str, Any], xc: Any, rstd: Any) -> None:
+    """xc[:, j, :] *= rstd[:, j] in place, on the engine `scale_mode` names."""
+    for j in range(xc.shape[1]):
+        col = rstd[:, j : j + 1]
+        if ctx["plan"]["scale_mode"] == SCALE_SCALAR:
+            nisa.activation(dst=xc[:, j, :], op=nl.copy, data=xc[:, j, :], scale=col)
+        else:
+            nisa.tensor_scalar(dst=xc[:, j, :], data=xc[:, j, :], op0=nl.multiply, operand0=col)
 
 
-def _out_chunk(ctx: dict[str, Any], tile: Any, xc: Any, rstd: Any, c0: int) -> None:
-    """y[tile, c0:c0+cw] = xc * rstd * w, then its store."""
+def _weight_store(ctx: dict[str, Any], tile: Any, xc: Any, c0: int) -> None:
+    """y[tile, c0:c0+cw] = xc * w (or xc without a weight), then its store."""
     rows, kk = tile[1], tile[2]
     cw = xc.shape[2]
-    plan = ctx["plan"]
-    yt = ring_alloc(ctx["rings"]["y"], plan["bufs"], (P, kk, plan["chunk"]), ctx["y"].dtype)
-    w_sb = ctx["w_sb"]
-    wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
+    plan, w_sb, y = ctx["plan"], ctx["w_sb"], ctx["y"]
+    yv = rows_view(y, tile)[:, :, c0 : c0 + cw]
+    if w_sb is None:
+        nisa.dma_copy(dst=yv, src=xc)
+        return
+    yt = ring_alloc(ctx["rings"]["y"], 2, (P, kk, plan["chunk"]), y.dtype)
     for j in range(kk):
-        scale_rows(yt[0:rows, j, 0:cw], xc[:, j, :], rstd[:, j : j + 1], wc, plan, ctx["rings"])
-    yv = rows_view(ctx["y"], tile)
-    nisa.dma_copy(dst=yv[:, :, c0 : c0 + cw], src=yt[0:rows, :, 0:cw])
-
-
-def scale_rows(
-    dst: Any, data: Any, col: Any, wc: Any, plan: dict[str, Any], rings: dict[str, list[Any]]
-) -> None:
-    """dst = data * col * wc (col: [rows, 1] fp32 per-row scale; wc: [rows, cw] or None)."""
-    mode = plan["scale_mode"]
-    if wc is None:
-        if mode == SCALE_SCALAR:
-            nisa.activation(dst=dst, op=nl.copy, data=data, scale=col)
-        else:
-            nisa.tensor_scalar(dst=dst, data=data, op0=nl.multiply, operand0=col)
-        return
-    if mode == SCALE_FUSED:
-        nisa.scalar_tensor_tensor(
-            dst=dst, data=data, op0=nl.multiply, operand0=col, op1=nl.multiply, operand1=wc
+        tt_split(
+            yt[0:rows, j, 0:cw],
+            xc[:, j, :],
+            w_sb[0:rows, c0 : c0 + cw],
+            nl.multiply,
+            plan["gpsimd_eighths"],
         )
-        return
-    rows, cw = dst.shape[0], dst.free_size
-    tmp = ring_alloc(rings["tmp"], 2, (P, cw), dst.dtype)
-    xn = tmp[0:rows, 0:cw]
-    if mode == SCALE_SCALAR:
-        nisa.activation(dst=xn, op=nl.copy, data=data, scale=col)
-    else:
-        nisa.tensor_scalar(dst=xn, data=data, op0=nl.multiply, operand0=col)
-    mul_by(dst, xn, wc, plan["mul_engine"])
+    nisa.dma_copy(dst=yv, src=yt[0:rows, :, 0:cw])

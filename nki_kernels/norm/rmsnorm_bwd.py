@@ -37,15 +37,20 @@ from .tiling import (
     colsum_store,
     issue_rows_load,
     load_row_vector,
-    mul_by,
+    pipeline_jobs,
+    prefetch_depth,
     prefetch_start,
     prefetch_take,
     ring_alloc,
     row_segments,
     rows_view,
+    run_pipeline,
     stat_tile,
     stat_view,
+    tt_split,
 )
+
+NSTAGES = 3  # A: loads, weight-gradient terms, row sums; B: coef; C: dx and its store
 
 
 @nki.jit
@@ -54,16 +59,21 @@ def rms_norm_bwd(
     x: Any,
     w: Any,
     rstd: Any,
+    dh: Any = None,
     rows_per_partition: int = 1,
     chunk: int = 0,
     resident: bool = True,
-    bufs: int = 2,
-    mul_engine: str = "vector",
+    bufs: int = 4,
+    gpsimd_eighths: int = 0,
 ) -> Any:
     """RMSNorm backward: returns (dx [N, H] in x.dtype, dw [H] in w.dtype), or dx if w is None.
 
+    With `dh` ([N, H], x.dtype) the kernel is the backward of the fused residual add +
+    RMSNorm (x is then h = x + residual, dh the gradient of the h output): dx + dh is the
+    gradient of both x and the residual.
+
     dy, x: [N, H] in HBM; w: [H] or None; rstd: [N] fp32 from `rms_norm_fwd`. Schedule
-    arguments as in `rms_norm_fwd` (`mul_engine` runs the tensor_tensor multiplies).
+    arguments as in `rms_norm_fwd` (`gpsimd_eighths` splits the tensor_tensor multiplies).
 
         for tile in row tiles:
             dxy = dy * x ; dw += colsum(dxy * rstd) ; s = rowsum(dxy * w)
@@ -72,29 +82,25 @@ def rms_norm_bwd(
     n, hdim = x.shape
     c = hdim if chunk <= 0 else min(chunk, hdim)
     assert c == hdim or c % P == 0, f"chunk must be a multiple of {P} or H; got {chunk}"
-    assert rows_per_partition >= 1 and bufs >= 2
+    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
     dx = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     dw = nl.ndarray((hdim,), dtype=w.dtype, buffer=nl.shared_hbm) if w is not None else None
-    plan = {"chunk": c, "resident": resident, "bufs": bufs, "mul_engine": mul_engine}
+    plan = {"chunk": c, "resident": resident, "bufs": bufs, "gpsimd_eighths": gpsimd_eighths}
+    chunks = col_chunks(hdim, c)
     ctx = {
         "dx": dx,
+        "rstd": rstd,
         "plan": plan,
-        "chunks": col_chunks(hdim, c),
+        "chunks": chunks,
         "w_sb": load_row_vector(w, hdim) if w is not None else None,
         "acc": colsum_init(hdim) if w is not None else None,
-        "rings": {"x": [], "dy": [], "dx": []},
-        "loads": (("x", x), ("dy", dy)),
+        "rings": {"x": [], "dy": [], "dh": [], "dx": [], "t1": [], "t2": [], "t3": [], "t4": []},
+        "loads": (("x", x), ("dy", dy), ("dh", dh)),
     }
     segs = row_segments(n, rows_per_partition)
-    pf = prefetch_start(bwd_jobs(segs, ctx), bufs - 1, issue_rows_load, ctx)
-    for seg in segs:
-        rt = stat_tile(seg)
-        nisa.dma_copy(dst=rt[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(rstd, seg))
-        for t in seg["tiles"]:
-            if resident:
-                _bwd_resident(ctx, t, prefetch_take(pf), rt)
-            else:
-                _bwd_streaming(ctx, t, pf, rt)
+    jobs = pipeline_jobs(segs, NSTAGES, resident, chunks)
+    ctx["pf"] = prefetch_start(jobs, prefetch_depth(resident, bufs, NSTAGES), issue_rows_load, ctx)
+    run_pipeline(ctx, segs, [_stage_a, _stage_b, _stage_c], _seg_begin, _seg_end)
     if w is None:
         return dx
     colsum_store(ctx["acc"], dw)
@@ -102,48 +108,75 @@ def rms_norm_bwd(
 
 
 # --- private helpers ---------------------------------------------------------------------
-def bwd_jobs(segs: list[dict[str, Any]], ctx: dict[str, Any]) -> list[Any]:
-    """Load jobs in consumption order: whole tiles, or every chunk once per pass."""
-    jobs = []
-    for seg in segs:
-        for t in seg["tiles"]:
-            if ctx["plan"]["resident"]:
-                jobs.append((t, None))
-            else:
-                jobs.extend((t, ch) for _ in range(2) for ch in ctx["chunks"])
-    return jobs
+def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
+    rt = stat_tile(seg)  # rstd of the segment's rows, one DMA
+    nisa.dma_copy(dst=rt[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(ctx["rstd"], seg))
+    return rt
 
 
-def _bwd_resident(ctx: dict[str, Any], tile: Any, ld: dict[str, Any], rt: Any) -> None:
+def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], rt: Any) -> None:
+    return None
+
+
+def temp(ctx: dict[str, Any], name: str) -> Any:
+    """A [P, chunk] fp32 temporary from its own two-buffer ring (stable addresses, so it
+    only ever waits on its own previous use)."""
+    return ring_alloc(ctx["rings"][name], 2, (P, ctx["plan"]["chunk"]), nl.float32)
+
+
+def _stage_a(ctx: dict[str, Any], tile: Any, rt: Any) -> dict[str, Any]:
+    """Load; per chunk: weight-gradient terms (column sums on TensorE) and row sums s."""
     rows, kk, off = tile[1], tile[2], tile[4]
     chunks = ctx["chunks"]
     rcol = rt[0:rows, off : off + kk]
     part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
-    for ci, (c0, cw) in enumerate(chunks):
-        xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-        _pass1_chunk(ctx, tile, xc, dyc, c0, rcol, part, ci)
-    coef = _coef(ctx, tile, part, rcol)
-    for c0, cw in chunks:
-        xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-        _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coef)
+    ld = None
+    if ctx["plan"]["resident"]:
+        ld = prefetch_take(ctx["pf"])
+        for ci, (c0, cw) in enumerate(chunks):
+            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
+            _pass1_chunk(ctx, tile, xc, dyc, c0, rcol, part, ci)
+    else:
+        for ci, (c0, cw) in enumerate(chunks):
+            _pass1_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, part, ci)
+    return {"tile": tile, "ld": ld, "part": part, "rcol": rcol}
 
 
-def _bwd_streaming(ctx: dict[str, Any], tile: Any, pf: dict[str, Any], rt: Any) -> None:
-    rows, kk, off = tile[1], tile[2], tile[4]
-    chunks = ctx["chunks"]
-    rcol = rt[0:rows, off : off + kk]
-    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
-    for ci, (c0, cw) in enumerate(chunks):
-        ld = prefetch_take(pf)
-        _pass1_chunk(
-            ctx, tile, ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw], c0, rcol, part, ci
-        )
-        ld = None  # release the chunk's buffers before the next take (double buffering)
-    coef = _coef(ctx, tile, part, rcol)
-    for c0, cw in chunks:
-        ld = prefetch_take(pf)
-        _pass2_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw], c0, rcol, coef)
-        ld = None
+def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """coef = -rstd^3 * s / H per row (VectorE, [rows, kk])."""
+    st["coef"] = _coef(ctx, st["tile"], st["part"], st["rcol"])
+    return st
+
+
+def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """dx per chunk and its store (streaming: reloading x and dy)."""
+    tile, ld, rcol, coef = st["tile"], st["ld"], st["rcol"], st["coef"]
+    rows = tile[1]
+    for c0, cw in ctx["chunks"]:
+        if ld is not None:
+            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
+            dhc = ld["dh"][0:rows, :, c0 : c0 + cw] if "dh" in ld else None
+            _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef)
+        else:
+            _pass2_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, coef)
+    return st
+
+
+def _pass1_taken(
+    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, rcol: Any, part: Any, ci: int
+) -> None:
+    rows = tile[1]
+    xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
+    _pass1_chunk(ctx, tile, xc, dyc, c0, rcol, part, ci)
+
+
+def _pass2_taken(
+    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, rcol: Any, coef: Any
+) -> None:
+    rows = tile[1]
+    xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
+    dhc = ld["dh"][0:rows, :, 0:cw] if "dh" in ld else None
+    _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef)
 
 
 def _pass1_chunk(
@@ -152,19 +185,21 @@ def _pass1_chunk(
     """dxy = dy * x; dw += colsum(dxy * rstd); part[:, j, ci] = sum(dxy * w)."""
     rows, kk = tile[1], tile[2]
     cw = xc.shape[2]
-    w_sb, eng = ctx["w_sb"], ctx["plan"]["mul_engine"]
+    w_sb, eng = ctx["w_sb"], ctx["plan"]["gpsimd_eighths"]
     for j in range(kk):
-        dxy = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-        mul_by(dxy[0:rows, :], dyc[:, j, :], xc[:, j, :], eng)
+        dxy = temp(ctx, "t1")
+        tt_split(dxy[0:rows, 0:cw], dyc[:, j, :], xc[:, j, :], nl.multiply, eng)
         red = dxy
         if w_sb is not None:
-            colsum_add(ctx["acc"], dxy[0:rows, :], c0, rcol[:, j : j + 1])
-            red = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-            mul_by(red[0:rows, :], dxy[0:rows, :], w_sb[0:rows, c0 : c0 + cw], eng)
+            colsum_add(ctx["acc"], dxy[0:rows, 0:cw], c0, rcol[:, j : j + 1])
+            red = temp(ctx, "t2")
+            tt_split(
+                red[0:rows, 0:cw], dxy[0:rows, 0:cw], w_sb[0:rows, c0 : c0 + cw], nl.multiply, eng
+            )
         nisa.activation(
-            dst=red[0:rows, :],
+            dst=red[0:rows, 0:cw],
             op=nl.copy,
-            data=red[0:rows, :],
+            data=red[0:rows, 0:cw],
             reduce_op=nl.add,
             reduce_res=part[0:rows, j, ci : ci + 1],
             reduce_cmd=nisa.reduce_cmd.reset_reduce,
@@ -196,30 +231,36 @@ def _coef(ctx: dict[str, Any], tile: Any, part: Any, rcol: Any) -> Any:
 
 
 def _pass2_chunk(
-    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, c0: int, rcol: Any, coef: Any
+    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, dhc: Any, c0: int, rcol: Any, coef: Any
 ) -> None:
-    """dx = dy * w * rstd + x * coef for one chunk, then its store."""
+    """dx = dy * w * rstd + x * coef [+ dh] for one chunk, then its store."""
     rows, kk = tile[1], tile[2]
     cw = xc.shape[2]
     plan, w_sb = ctx["plan"], ctx["w_sb"]
     dx = ctx["dx"]
-    dxt = ring_alloc(ctx["rings"]["dx"], plan["bufs"], (P, kk, plan["chunk"]), dx.dtype)
+    dxt = ring_alloc(ctx["rings"]["dx"], 2, (P, kk, plan["chunk"]), dx.dtype)
     for j in range(kk):
         g = dyc[:, j, :]
         if w_sb is not None:
-            gt = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-            mul_by(gt[0:rows, :], g, w_sb[0:rows, c0 : c0 + cw], plan["mul_engine"])
-            g = gt[0:rows, :]
-        xs = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            gt = temp(ctx, "t3")
+            tt_split(
+                gt[0:rows, 0:cw], g, w_sb[0:rows, c0 : c0 + cw], nl.multiply, plan["gpsimd_eighths"]
+            )
+            g = gt[0:rows, 0:cw]
+        xs = temp(ctx, "t4")
         nisa.activation(
-            dst=xs[0:rows, :], op=nl.copy, data=xc[:, j, :], scale=coef[0:rows, j : j + 1]
+            dst=xs[0:rows, 0:cw], op=nl.copy, data=xc[:, j, :], scale=coef[0:rows, j : j + 1]
         )
+        if dhc is not None:
+            tt_split(
+                xs[0:rows, 0:cw], xs[0:rows, 0:cw], dhc[:, j, :], nl.add, plan["gpsimd_eighths"]
+            )
         nisa.scalar_tensor_tensor(
             dst=dxt[0:rows, j, 0:cw],
             data=g,
             op0=nl.multiply,
             operand0=rcol[:, j : j + 1],
             op1=nl.add,
-            operand1=xs[0:rows, :],
+            operand1=xs[0:rows, 0:cw],
         )
     nisa.dma_copy(dst=rows_view(dx, tile)[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])

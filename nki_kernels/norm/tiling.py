@@ -123,6 +123,13 @@ def load_row_vector(v: Any, hdim: int) -> Any:
     return t
 
 
+def scratch(width: int, dtype: Any) -> Any:
+    """A [P, width] SBUF buffer for outputs that are discarded (an add-reduce's elementwise
+    result), allocated once per kernel: one engine writes it, so its reuse orders nothing
+    else, where a fresh allocation could land on a buffer another engine is still using."""
+    return nl.ndarray((P, width), dtype=dtype, buffer=nl.sbuf)
+
+
 def const_column(value: float) -> Any:
     """A [P, 1] fp32 SBUF column filled with `value` (activation bias on every NC version)."""
     t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -130,28 +137,25 @@ def const_column(value: float) -> Any:
     return t
 
 
-def mul_by(dst: Any, a: Any, b: Any, engine: str) -> None:
-    """dst = a * b element-wise on `engine` ('split': first half VectorE, rest GpSimd)."""
-    if engine == "split" and dst.free_size >= 2:
-        half = dst.free_size // 2
-        cw = dst.free_size
-        nisa.tensor_tensor(
-            dst=dst[:, 0:half],
-            data1=a[:, 0:half],
-            data2=b[:, 0:half],
-            op=nl.multiply,
-            engine=nisa.engine.vector,
-        )
-        nisa.tensor_tensor(
-            dst=dst[:, half:cw],
-            data1=a[:, half:cw],
-            data2=b[:, half:cw],
-            op=nl.multiply,
-            engine=nisa.engine.gpsimd,
-        )
+def tt_split(dst: Any, a: Any, b: Any, op: Any, gpsimd_eighths: int) -> None:
+    """dst = a op b element-wise, `gpsimd_eighths`/8 of the columns on GpSimd, the rest VectorE.
+
+    Both engines run tensor_tensor; splitting one instruction's columns between them lets
+    a kernel balance the two (VectorE is faster per element, GpSimd otherwise idle).
+    """
+    cw = dst.free_size
+    g = cw * gpsimd_eighths // 8
+    if g == 0 or g == cw:
+        eng = nisa.engine.gpsimd if g == cw else nisa.engine.vector
+        nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=eng)
         return
-    eng = nisa.engine.gpsimd if engine == "gpsimd" else nisa.engine.vector
-    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=nl.multiply, engine=eng)
+    v = cw - g
+    nisa.tensor_tensor(
+        dst=dst[:, 0:v], data1=a[:, 0:v], data2=b[:, 0:v], op=op, engine=nisa.engine.vector
+    )
+    nisa.tensor_tensor(
+        dst=dst[:, v:cw], data1=a[:, v:cw], data2=b[:, v:cw], op=op, engine=nisa.engine.gpsimd
+    )
 
 
 def colsum_init(hdim: int) -> dict[str, Any]:
@@ -259,3 +263,80 @@ def issue_rows_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
             nisa.dma_copy(dst=t[0:rows, :, d0 : d0 + cw], src=sv[:, :, c0 : c0 + cw])
         out[name] = t
     return out
+
+
+def pipeline_order(segs: list[dict[str, Any]], nstages: int) -> list[tuple[int, int]]:
+    """Program order (stage, tile index) of a software pipeline over the tiles of `segs`.
+
+    Step t runs stage 0 of tile t, stage 1 of tile t-1, ..., stage K-1 of tile t-K+1, in
+    that order. Each stage hands work to other engines that the next stage of the same
+    tile consumes one step later, so in every engine's in-order stream the instructions
+    of one step depend only on what earlier steps produced: no engine waits on another
+    within a step, and the engines overlap across tiles.
+    """
+    ntiles = sum(len(seg["tiles"]) for seg in segs)
+    order = []
+    for step in range(ntiles + nstages - 1):
+        for k in range(nstages):
+            i = step - k
+            if 0 <= i < ntiles:
+                order.append((k, i))
+    return order
+
+
+def pipeline_jobs(
+    segs: list[dict[str, Any]],
+    nstages: int,
+    resident: bool,
+    chunks: list[Any],
+    reload_last: bool = True,
+) -> list[Any]:
+    """Load jobs in the order `run_pipeline` takes them: a whole tile at stage 0 (resident),
+    or every column chunk at the first stage and, with `reload_last`, again at the last
+    (streaming)."""
+    tiles = [t for seg in segs for t in seg["tiles"]]
+    jobs: list[Any] = []
+    for k, i in pipeline_order(segs, nstages):
+        if resident:
+            if k == 0:
+                jobs.append((tiles[i], None))
+        elif k == 0 or (reload_last and k == nstages - 1):
+            jobs.extend((tiles[i], ch) for ch in chunks)
+    return jobs
+
+
+def prefetch_depth(resident: bool, bufs: int, nstages: int) -> int:
+    """Jobs loaded ahead: a resident tile is held through all `nstages` stages, a streamed
+    chunk only while one stage uses it."""
+    return bufs - nstages if resident else bufs - 1
+
+
+def run_pipeline(
+    ctx: dict[str, Any],
+    segs: list[dict[str, Any]],
+    stages: list[Any],
+    seg_begin: Any,
+    seg_end: Any,
+) -> None:
+    """Run the stages of every tile in `pipeline_order`.
+
+    stages[0](ctx, tile, seg_state) returns a tile state; stages[k](ctx, state) for k > 0
+    return the (updated) state. seg_begin(ctx, seg) -> seg_state runs before a segment's
+    first tile, seg_end(ctx, seg, seg_state) after the last stage of its last tile.
+    """
+    flat = [(si, t) for si, seg in enumerate(segs) for t in seg["tiles"]]
+    seg_states: dict[int, Any] = {}
+    states: dict[int, Any] = {}
+    last = len(stages) - 1
+    for k, i in pipeline_order(segs, len(stages)):
+        si, t = flat[i]
+        if k == 0:
+            if si not in seg_states:
+                seg_states[si] = seg_begin(ctx, segs[si])
+            states[i] = stages[0](ctx, t, seg_states[si])
+        else:
+            states[i] = stages[k](ctx, states[i])
+        if k == last:
+            states.pop(i)
+            if i + 1 == len(flat) or flat[i + 1][0] != si:
+                seg_end(ctx, segs[si], seg_states.pop(si))
