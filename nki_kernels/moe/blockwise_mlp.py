@@ -319,8 +319,8 @@ def _gate_up_h_outer(
     d: dict[str, Any], cfg: dict[str, Any], fetch: Any, xT: Any, icw: int, act: Any
 ) -> None:
     bsz, nit = d["B"], cdiv(icw, P)
-    g_ps = [nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum) for _ in range(nit)]
-    u_ps = [nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum) for _ in range(nit)]
+    acc = psum_accumulators(2 * nit, bsz)
+    g_ps, u_ps = acc[0::2], acc[1::2]
     for h0 in range(0, d["HT"], cfg["dma_h"]):
         wg, wu = fetch()
         for j in range(min(cfg["dma_h"], d["HT"] - h0)):
@@ -344,8 +344,7 @@ def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int
     bsz = d["B"]
     for it in range(cdiv(icw, P)):
         cw = min(P, icw - it * P)
-        g_ps = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum)
-        u_ps = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum)
+        g_ps, u_ps = psum_accumulators(2, bsz)
         for ht in range(d["HT"]):
             hr = tile_rows(d["H"], ht)
             for n0 in range(0, bsz, PSUM_FP32):
@@ -355,6 +354,23 @@ def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int
                 _mm2(g_ps[0:cw, n0 : n0 + nw], wg[0:hr, ht, cols], mov, ht != 0)
                 _mm2(u_ps[0:cw, n0 : n0 + nw], wu[0:hr, ht, cols], mov, ht != 0)
         _swiglu(d, g_ps, u_ps, act, it, cw)
+
+
+def psum_accumulators(n: int, bsz: int) -> list[Any]:
+    """n fp32 PSUM accumulators [128, bsz], packed 512 // bsz to a bank when bsz < 512.
+
+    Small blocks leave most of a bank unused otherwise; packing lets a gate/up pass keep
+    more I tiles in flight (wider weight DMA rows) in the same 8 banks.
+    """
+    if bsz >= PSUM_FP32:
+        return [nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum) for _ in range(n)]
+    per = PSUM_FP32 // bsz
+    views = []
+    for t0 in range(0, n, per):
+        tile = nl.ndarray((P, per, bsz), dtype=nl.float32, buffer=nl.psum)
+        for j in range(min(per, n - t0)):
+            views.append(tile[:, j, :])
+    return views
 
 
 def _mm2(dst: Any, stationary: Any, moving: Any, accumulate: bool) -> None:

@@ -11,7 +11,6 @@ interpreter's allocator reports for the same kernel, which tests check on real s
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -22,7 +21,7 @@ from ..targets import Target
 P = 128
 GRANULE = 64  # SBUF allocation granule (bytes per partition) of the interpreter's allocator
 BLOCK_SIZES = (128, 256, 512, 1024)
-TILE_I = (128, 256, 512)
+TILE_I = (128, 256, 512, 1024, 2048)
 LOOP_ORDERS = ("h_outer", "i_outer")
 DOWN_N = (256, 512)
 W_BUFS = (2, 3)
@@ -137,6 +136,44 @@ def _useful(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
     return below + above[:1]
 
 
+def block_order(problem: MoEProblem, target: Target) -> list[int]:
+    """Block sizes (128..512), best first, from a roofline estimate of the expert phase.
+
+    A block streams its expert's weights once (gate/up rows of min(I, 1024) columns and
+    down rows of H columns, each DMA descriptor priced by the cost model, capped by the HBM
+    bandwidth) and computes 2 * B * 3 * H * I FLOPs. Preferred: the largest B that is
+    compute-bound with an expected padding (E * B / 2 slots) of at most a quarter of the
+    assignments; otherwise the B minimizing n(B) * max(compute, weights) with expected
+    blocks n(B) = T*k / B + E / 2.
+    """
+    from ..perfmodel.costs import descriptor_ns
+
+    h, i, dsz = problem.hidden, problem.intermediate, problem.itemsize
+    peak = target.tensor_peak_flops_per_ns / (1 if dsz == 2 else 4)
+
+    def rate(row_bytes: int) -> float:
+        per_engine = row_bytes / descriptor_ns(row_bytes, target)
+        return min(target.hbm_bytes_per_ns, target.dma_engines * per_engine)
+
+    weights = 2 * h * i * dsz / rate(min(i, 1024) * dsz) + h * i * dsz / rate(h * dsz)
+
+    def compute(b: int) -> float:
+        return 2 * b * 3 * h * i / peak
+
+    def cost(b: int) -> float:
+        n = problem.assignments / b + problem.experts / 2
+        return n * max(compute(b), weights)
+
+    sizes = (512, 256, 128)
+    good = [
+        b
+        for b in sizes
+        if compute(b) >= weights and problem.experts * b / 2 <= problem.assignments / 4
+    ]
+    rest = sorted((b for b in sizes if b not in good), key=cost)
+    return good + rest
+
+
 @dataclass(frozen=True)
 class MoEMLPConfig(KernelConfig):
     """Forward blockwise expert MLP tunables (see blockwise_mlp.py for the loop nest).
@@ -175,16 +212,17 @@ class MoEMLPConfig(KernelConfig):
 
     @classmethod
     def heuristic(cls, problem: MoEProblem, target: Target) -> MoEMLPConfig:
-        """Largest block whose expected padding (E * B / 2 slots) stays under a quarter of
-        the assignments, the widest gate/up pass the PSUM holds, deep weight prefetch."""
-        blocks = [b for b in (512, 256) if problem.experts * b / 2 <= problem.assignments / 4]
+        """Block size by a roofline estimate (`block_order`); then the widest gate/up weight
+        rows that fit: i_outer strips of 1024 columns, else h_outer passes of up to 2048
+        columns (PSUM-packed for small blocks) with deep prefetch; first valid one wins."""
         space = cls.search_space(problem, target)
+        ti_max, dh_max = max(space["tile_i"]), max(space["dma_h"])
         prefs = []
-        for b in [*blocks, 128]:
-            for ti in (512, 256, 128):
+        for b in block_order(problem, target):
+            prefs.append(cls(b, min(1024, ti_max), "i_outer", 512, 2, 1))
+            for ti in (2048, 1024, 512, 256, 128):
                 for dh, wb in ((8, 3), (4, 3), (4, 2), (2, 2), (1, 2)):
-                    cand = cls(b, min(ti, max(space["tile_i"])), "h_outer", 512, wb, dh)
-                    prefs.append(dataclasses.replace(cand, dma_h=min(dh, max(space["dma_h"]))))
+                    prefs.append(cls(b, min(ti, ti_max), "h_outer", 512, wb, min(dh, dh_max)))
         for cand in prefs:
             if cand.is_valid(problem, target):
                 return cand
@@ -205,8 +243,13 @@ class MoEMLPConfig(KernelConfig):
         main = meta + xt + y + _tile(nit * h * dsz) + _tile(nit * b * dsz) + 2 * _tile(b * 4)
         combine = 2 * GRANULE + _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
         sbuf = max(prologue, main + units, combine)
-        acc = _banks(b * 4, target)
-        gate_up = 2 * (nit if self.loop_order == "h_outer" else 2) * acc
+        n_acc = 2 * (nit if self.loop_order == "h_outer" else 2)  # i_outer: 2 live pairs
+        if b >= 512:
+            gate_up = n_acc * _banks(b * 4, target)
+        else:  # packed 512 // B accumulators per bank (blockwise_mlp.psum_accumulators)
+            per = 512 // b
+            pairs = 1 if self.loop_order == "h_outer" else 2
+            gate_up = pairs * _cdiv(n_acc // pairs, per)
         psum = max(TRANSPOSE_PSUM_BANKS, gate_up, 2 * _banks(self.down_n * 4, target))
         return sbuf, psum
 
