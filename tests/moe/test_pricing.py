@@ -45,5 +45,5 @@ def test_layer_row_is_labeled_modeled() -> None:
     assert row["label"] == "modeled (cost model v1, trn2)"
     assert 0 < row["mfu_routed_pct"] < 100
     b = row["config"]["block_size"]
-    assert row["blocks"] == used_blocks(routing("uniform", 512, 4, 2), 4, b) == 1024 // b
+    assert row["blocks"] == used_blocks(routing("uniform", 512, 4, 2), 4, b) == 4 * -(-256 // b)
     assert row["latency_ms"] == pytest.approx(row["mlp_ms"] + row["router_ms"])
