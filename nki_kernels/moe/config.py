@@ -75,8 +75,8 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
         if isinstance(config, MoEMLPConfig):
             from .blockwise_mlp import moe_mlp_fwd
 
-            args = (TensorSpec((t, h), dt), *weights, *meta, TensorSpec((t, k), "float32"))
-            run(moe_mlp_fwd, *args, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
+            fwd = (TensorSpec((t, h), dt), *weights, *meta, TensorSpec((t, k), "float32"))
+            run(moe_mlp_fwd, *fwd, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
         else:
             from .blockwise_mlp_bwd import moe_mlp_bwd
 

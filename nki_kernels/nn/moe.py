@@ -92,11 +92,12 @@ class MoE(nn.Module):
     @torch.no_grad()
     def load_mixtral(self, block: nn.Module) -> MoE:
         """Copy the weights of a Mixtral-style sparse-MoE block (mapping in the module doc)."""
-        experts = list(block.experts)  # type: ignore[arg-type]
+        src: Any = block
+        experts = list(src.experts)
         e, i = self.num_experts, self.intermediate_size
         if len(experts) != e:
             raise ValueError(f"block.experts: expected {e} experts; got {len(experts)}")
-        gate_w = block.gate.weight  # type: ignore[union-attr]
+        gate_w = src.gate.weight
         if tuple(gate_w.shape) != (e, self.hidden_size):
             raise ValueError(
                 f"block.gate.weight: expected {(e, self.hidden_size)}; got {tuple(gate_w.shape)}"
@@ -123,9 +124,10 @@ class MoE(nn.Module):
     @classmethod
     def from_mixtral(cls, block: nn.Module, top_k: int, **kwargs: Any) -> MoE:
         """A new MoE (softmax scoring, renormalized top-k) holding `block`'s weights."""
-        gate_w = block.gate.weight  # type: ignore[union-attr]
+        src: Any = block
+        gate_w = src.gate.weight
         e, h = gate_w.shape
-        i = block.experts[0].w1.weight.shape[0]  # type: ignore[index]
+        i = src.experts[0].w1.weight.shape[0]
         kwargs.setdefault("dtype", gate_w.dtype)
         kwargs.setdefault("device", gate_w.device)
         return cls(h, i, e, top_k, **kwargs).load_mixtral(block)
