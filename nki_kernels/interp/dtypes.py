@@ -11,6 +11,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .errors import DtypeError
+
 bool_ = np.dtype(np.bool_)
 int8 = np.dtype(np.int8)
 int16 = np.dtype(np.int16)
@@ -78,13 +80,19 @@ _NAMES = {
 }
 
 
+_EXPECTED = "an NKI dtype (float32, bfloat16, float16, float8_*, (u)int8/16/32, bool)"
+
+
 def as_dtype(dtype: Any, arg: str = "dtype") -> np.dtype:
-    """Normalize a dtype given as an nl dtype, NumPy dtype, torch dtype or name."""
+    """Normalize a dtype given as an nl dtype, NumPy dtype, torch dtype or name.
+
+    Anything else raises `DtypeError` (rule DTYPE, also a TypeError) naming `arg`.
+    """
     if isinstance(dtype, np.dtype):
         d = dtype
     elif isinstance(dtype, str):
         if dtype not in _NAMES:
-            raise TypeError(f"{arg}: expected an NKI dtype name; got {dtype!r}")
+            raise DtypeError("DTYPE", f"{arg}: expected {_EXPECTED}; got {dtype!r}")
         d = _NAMES[dtype]
     elif str(dtype) in _TORCH_NAMES:
         d = _TORCH_NAMES[str(dtype)]
@@ -92,9 +100,9 @@ def as_dtype(dtype: Any, arg: str = "dtype") -> np.dtype:
         try:
             d = np.dtype(dtype)
         except TypeError:
-            raise TypeError(f"{arg}: expected an NKI dtype; got {dtype!r}") from None
+            raise DtypeError("DTYPE", f"{arg}: expected {_EXPECTED}; got {dtype!r}") from None
     if d not in ALL_DTYPES:
-        raise TypeError(f"{arg}: dtype {d} is not an NKI dtype")
+        raise DtypeError("DTYPE", f"{arg}: expected {_EXPECTED}; got {d.name}")
     return d
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -13,7 +14,7 @@ from . import dtypes as dt
 from . import ops
 from .enums import engine as engine_enum
 from .errors import fail
-from .state import Launch, _active, current
+from .state import _active, current
 from .tensor import NkiTensor, psum
 from .trace import Instr, Region
 
@@ -45,11 +46,8 @@ _DNAMES: dict[np.dtype, str] = {d: d.name for d in dt.ALL_DTYPES}
 PMAX = 128
 
 
-def launch() -> Launch:
-    return current()
-
-
 def tensor_arg(x: Any, arg: str, instr: str) -> NkiTensor:
+    """`x` itself when it is an NKI tensor (rule ARG otherwise)."""
     if type(x) is not NkiTensor:
         raise fail("ARG", f"{instr}: {arg} must be an NKI tensor; got {type(x).__name__}")
     return x
@@ -93,6 +91,74 @@ def same_free(instr: str, **operands: NkiTensor) -> int:
     return n
 
 
+def psum_in(*ts: NkiTensor) -> bool:
+    """Whether any of the operands is in PSUM (the cost model prices PSUM reads apart)."""
+    for t in ts:
+        if t._st.buffer is psum:
+            return True
+    return False
+
+
+def not_both_psum(instr: str, **two: NkiTensor) -> None:
+    """Two-input engines read at most one operand from PSUM (rule BUF)."""
+    (a, ta), (b, tb) = two.items()
+    if ta._st.buffer is psum and tb._st.buffer is psum:
+        raise fail("BUF", f"{instr}: {a} and {b} cannot both be in PSUM")
+
+
+def acc_lanes(t: NkiTensor) -> slice:
+    """The accumulator-register lanes an operand drives: its physical partitions."""
+    p0 = t.region()[2]
+    return slice(p0, p0 + t.shape[0])
+
+
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def int_arg(x: Any, arg: str, instr: str, lo: int = _INT32[0], hi: int = _INT32[1]) -> int:
+    """A compile-time integer argument within [lo, hi] (bools and floats are refused)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise fail("ARG", f"{instr}: {arg} must be a compile-time int; got {x!r}")
+    if not lo <= int(x) <= hi:
+        raise fail("ARG", f"{instr}: {arg}={int(x)} is outside [{lo}, {hi}]")
+    return int(x)
+
+
+def float_arg(x: Any, arg: str, instr: str) -> float:
+    """A compile-time number used as an fp32 immediate."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise fail("ARG", f"{instr}: {arg} must be a compile-time number; got {x!r}")
+    return float(np.float32(x))
+
+
+def flag(x: Any, arg: str, instr: str) -> bool:
+    """A boolean option (True / False; strings and numbers are refused)."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise fail("ARG", f"{instr}: {arg} must be True or False; got {x!r}")
+    return bool(x)
+
+
+def reduce_axes(axis: Any, ndim: int, instr: str) -> tuple[int, ...]:
+    """Normalized reduction axes: an int or a tuple of ints naming trailing free dims."""
+    raw = axis if isinstance(axis, (tuple, list)) else (axis,)
+    if not raw or any(isinstance(a, (bool, np.bool_)) for a in raw):
+        raise fail("ARG", f"{instr}: axis must be an int or a tuple of ints; got {axis!r}")
+    try:
+        idx = [operator.index(a) for a in raw]
+    except TypeError:
+        raise fail(
+            "ARG", f"{instr}: axis must be an int or a tuple of ints; got {axis!r}"
+        ) from None
+    axes = tuple(sorted(a + ndim if a < 0 else a for a in idx))
+    if 0 in axes or axes != tuple(range(ndim - len(axes), ndim)):
+        raise fail(
+            "REDUCE_AXIS",
+            f"{instr}: axis {axis} must name trailing free dims of a {ndim}-D tile "
+            f"(e.g. {(ndim - 1,)}); dim 0, the partition dim, cannot be reduced",
+        )
+    return axes
+
+
 def pick_engine(requested: Any, default: str, allowed: tuple[str, ...], instr: str) -> str:
     if requested is engine_enum.unknown:
         return default
@@ -128,18 +194,19 @@ def op_token(op: Any, arg: str, instr: str) -> ops.Op:
     raise fail("OP", f"{instr}: {arg} must be an nl op token such as nl.add; got {op!r}")
 
 
-def alu_op(op: Any, arg: str, instr: str, *, unary: bool = False) -> ops.Op:
-    """An ALU operator token (arithmetic or bitvec; unary ALU ops only when allowed)."""
+def alu_op(op: Any, arg: str, instr: str, *, unary: bool = False, bitvec: bool = True) -> ops.Op:
+    """An ALU operator token: arithmetic, bitvec (unless `bitvec=False`) and, when
+    `unary=True`, the unary ALU ops; newer-generation ops need their NeuronCore version."""
     o = op_token(op, arg, instr)
     name = o.name
-    if name in ALU_ARITH or name in ALU_BITVEC or (unary and name in ALU_UNARY):
+    if name in ALU_ARITH or (bitvec and name in ALU_BITVEC) or (unary and name in ALU_UNARY):
         if o.version > current().target.nc_version:
             raise fail(
                 "VERSION", f"{instr}: nl.{name} needs NC-v{o.version}+ ({current().target.name})"
             )
         return o
-    kinds = "an ALU operator" + (" (binary, bitvec or unary)" if unary else " (binary or bitvec)")
-    raise fail("OP", f"{instr}: {arg}=nl.{name} is not {kinds}")
+    kinds = ["binary"] + (["bitvec"] if bitvec else []) + (["unary"] if unary else [])
+    raise fail("OP", f"{instr}: {arg}=nl.{name} is not an ALU operator ({', '.join(kinds)})")
 
 
 def is_bitvec(o: ops.Op | None) -> bool:
@@ -385,8 +452,3 @@ def instruction(fn: F) -> F:
         return NO_INSTRUCTION if result is None else result
 
     return wrapper  # type: ignore[return-value]
-
-
-def check_kwargs(instr: str, kwargs: dict[str, Any]) -> None:
-    if kwargs:
-        raise fail("KWARG", f"{instr}() got unexpected keyword argument(s) {sorted(kwargs)}")

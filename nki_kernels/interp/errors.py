@@ -19,6 +19,10 @@ class MemoryPlanError(NkiValidationError):
     """An allocation does not fit in the target's SBUF or PSUM."""
 
 
+class DtypeError(NkiValidationError, TypeError):
+    """A dtype that is not an NKI dtype (rule DTYPE; also a TypeError, like NumPy's)."""
+
+
 def fail(rule: str, message: str) -> NkiValidationError:
     """Build the error for `rule`; callers write `raise fail(...)`."""
     return NkiValidationError(rule, message)

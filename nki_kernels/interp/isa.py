@@ -17,11 +17,9 @@ from .enums import (  # noqa: F401 - re-exported
     vector_engine,
 )
 from .errors import NkiValidationError  # noqa: F401
+from .isa_activation import activation, activation_reduce  # noqa: F401
 from .isa_dma import dma_copy, dma_transpose  # noqa: F401
 from .isa_elementwise import (  # noqa: F401
-    activation,
-    activation_reduce,
-    iota,
     memset,
     reciprocal,
     scalar_tensor_tensor,
@@ -44,7 +42,7 @@ def get_nc_sub_version() -> int:
 
 
 # GpSimd / VectorE instructions beyond the core set, device-loop registers.
-from .isa_gpsimd import affine_select, tensor_partition_reduce  # noqa: E402, F401
+from .isa_gpsimd import affine_select, iota, tensor_partition_reduce  # noqa: E402, F401
 from .isa_vector import (  # noqa: E402, F401
     bn_aggr,
     bn_stats,

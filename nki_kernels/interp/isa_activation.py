@@ -9,6 +9,7 @@ import numpy as np
 from . import dtypes as dt
 from . import ops
 from .engine import (
+    acc_lanes,
     emit,
     instruction,
     on_chip,
@@ -26,19 +27,6 @@ from .tensor import NkiTensor
 from .trace import Instr
 
 _HALF = frozenset({dt.bfloat16, dt.float16})
-
-
-def _lanes(t: NkiTensor) -> slice:
-    """Accumulator lanes an on-chip operand uses: its physical partitions."""
-    p0 = t.region()[2]
-    return slice(p0, p0 + t.shape[0])
-
-
-def _update_acc(acc: np.ndarray, lanes: slice, cmd: reduce_cmd_enum, row: np.ndarray) -> None:
-    if cmd is reduce_cmd_enum.reset or cmd is reduce_cmd_enum.reset_reduce:
-        acc[lanes] = 0.0
-    if cmd is reduce_cmd_enum.reduce or cmd is reduce_cmd_enum.reset_reduce:
-        acc[lanes] = (acc[lanes] + row).astype(np.float32)
 
 
 @instruction
@@ -110,14 +98,13 @@ def activation(
         if bias_v is not None:
             x = x + (np.float32(bias_v) if isinstance(bias_v, float) else bias_v)
         y = np.asarray(o.fn(x.astype(np.float32, copy=False)), dtype=np.float32)  # type: ignore[misc]
-        row = y.sum(axis=1, dtype=np.float32) if reduce_cmd is not reduce_cmd_enum.idle else None
     acc = launch.program.scalar_acc
-    lanes = _lanes(data)
+    lanes = acc_lanes(data)
     write(dst, y.reshape(dst.shape))
-    if row is not None:
-        _update_acc(acc, lanes, reduce_cmd, row)
-    elif reduce_cmd is reduce_cmd_enum.reset:
+    if reduce_cmd is reduce_cmd_enum.reset or reduce_cmd is reduce_cmd_enum.reset_reduce:
         acc[lanes] = 0.0
+    if reduce_cmd is reduce_cmd_enum.reduce or reduce_cmd is reduce_cmd_enum.reset_reduce:
+        acc[lanes] = (acc[lanes] + y.sum(axis=1, dtype=np.float32)).astype(np.float32)
     if reduce_res is not None:
         write(reduce_res, acc[lanes].reshape(reduce_res.shape))
     return ins

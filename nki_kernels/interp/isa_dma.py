@@ -205,6 +205,8 @@ def dma_transpose(
     if priority is not None:
         need_version(4, f"{instr}(priority=...)")
     default_axes = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}.get(src.ndim)
+    if axes is not None and not isinstance(axes, (tuple, list)):
+        raise fail("ARG", f"{instr}: axes must be a tuple of ints such as (1, 0); got {axes!r}")
     axes = tuple(axes) if axes is not None else default_axes
     if axes not in _TRANSPOSE_AXES or len(axes) != src.ndim:
         raise fail(

@@ -1,10 +1,8 @@
 """Element-wise instructions of VectorE / ScalarE / GpSimd.
 
-`tensor_copy`, `memset`, `iota`, `tensor_tensor`, `tensor_scalar`,
-`scalar_tensor_tensor`, `tensor_reduce`, `reciprocal` (`activation` lives in
-isa_activation and is re-exported here).
-Engines compute in fp32 and round on store; bitvec operators work on integer bit
-patterns.
+`tensor_copy`, `memset`, `tensor_tensor`, `tensor_scalar`, `scalar_tensor_tensor`,
+`tensor_reduce`, `reciprocal`. Engines compute in fp32 and round on store; bitvec
+operators work on integer bit patterns.
 """
 
 from __future__ import annotations
@@ -19,14 +17,18 @@ from .engine import (
     alu_op,
     convert,
     emit,
+    flag,
     instruction,
     is_bitvec,
     no_psum_on_gpsimd,
+    not_both_psum,
     on_chip,
     op_token,
     pick_engine,
+    psum_in,
     read,
     read_f32,
+    reduce_axes,
     same_free,
     same_partitions,
     scalar_or_column,
@@ -34,11 +36,8 @@ from .engine import (
 )
 from .enums import engine as engine_enum
 from .errors import fail
-
-# activation lives in its own module; isa.py imports both names from here
-from .isa_activation import activation, activation_reduce  # noqa: F401
 from .state import current
-from .tensor import NkiTensor, psum
+from .tensor import NkiTensor
 from .trace import Instr
 
 _VSG = ("vector", "scalar", "gpsimd")
@@ -53,13 +52,6 @@ def _all_bf16(*ts: NkiTensor) -> bool:
         if t.dtype not in _HALF:
             return False
     return True
-
-
-def _psum_in(*ts: NkiTensor) -> bool:
-    for t in ts:
-        if t._st.buffer is psum:
-            return True
-    return False
 
 
 @instruction
@@ -89,7 +81,7 @@ def tensor_copy(
         (src,),
         p,
         n,
-        attrs={"psum_in": _psum_in(src), "fast": _all_bf16(dst, src) and not _psum_in(src, dst)},
+        attrs={"psum_in": psum_in(src), "fast": _all_bf16(dst, src) and not psum_in(src, dst)},
         name=name,
     )
     if launch.trace_only:
@@ -120,63 +112,9 @@ def memset(
     ins = emit(eng, "memset", (dst,), (), dst.shape[0], dst.free_size, name=name)
     if current().trace_only:
         return ins
+    if is_int_value:  # an int literal beyond int64 saturates like any other int store
+        value = min(max(int(value), -(2**63)), 2**63 - 1)
     write(dst, np.full(dst.shape, value, dtype=np.float32 if is_float_value else np.int64))
-    return ins
-
-
-def _pattern(pattern: Any, t: NkiTensor, instr: str) -> list[tuple[int, int]]:
-    """Validate an iota-style pattern: 1..4 [step, num] pairs covering t's free size."""
-    try:
-        pairs = [(int(s), int(n)) for s, n in pattern]
-    except (TypeError, ValueError):
-        raise fail("ARG", f"{instr}: pattern must be [[step, num], ...]; got {pattern!r}") from None
-    if not 1 <= len(pairs) <= 4:
-        raise fail("ARG", f"{instr}: pattern needs 1 to 4 [step, num] pairs; got {len(pairs)}")
-    count = int(np.prod([n for _, n in pairs]))
-    if count != t.free_size:
-        raise fail(
-            "FREE",
-            f"{instr}: pattern covers {count} elements per partition but dst holds {t.free_size}",
-        )
-    return pairs
-
-
-def _affine(
-    pattern: Any, offset: int, channel_multiplier: int, t: NkiTensor, instr: str
-) -> np.ndarray:
-    """offset + p * channel_multiplier + sum(idx_d * step_d), int64, shaped like `t`."""
-    pairs = _pattern(pattern, t, instr)
-    val = np.zeros([n for _, n in pairs], dtype=np.int64) + offset
-    for d, (s, n) in enumerate(pairs):
-        shape = [1] * len(pairs)
-        shape[d] = n
-        val = val + (np.arange(n, dtype=np.int64) * s).reshape(shape)
-    p = t.shape[0]
-    out = val.reshape(1, -1) + (np.arange(p, dtype=np.int64) * channel_multiplier).reshape(p, 1)
-    return out.reshape(t.shape)
-
-
-@instruction
-def iota(
-    dst: NkiTensor,
-    pattern: Any,
-    offset: int = 0,
-    channel_multiplier: int = 0,
-    name: str | None = None,
-) -> Instr | None:
-    """GpSimd index generation: offset + p*channel_multiplier + sum(idx*step), int32 math."""
-    instr = "iota"
-    on_chip(dst, "dst", instr, sbuf_only=True)
-    for arg, v in (("offset", offset), ("channel_multiplier", channel_multiplier)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-            raise fail("ARG", f"{instr}: {arg} must be an int; got {v!r}")
-    _pattern(pattern, dst, instr)
-    ins = emit("gpsimd", "iota", (dst,), (), dst.shape[0], dst.free_size, name=name)
-    if current().trace_only:
-        return ins
-    vals = _affine(pattern, int(offset), int(channel_multiplier), dst, instr)
-    # int32 arithmetic wraps; the result is then converted to dst.dtype
-    write(dst, vals.astype(np.int32))
     return ins
 
 
@@ -214,10 +152,9 @@ def tensor_tensor(
     o = alu_op(op, "op", instr)
     for arg, t in (("dst", dst), ("data1", data1), ("data2", data2)):
         on_chip(t, arg, instr)
-    if data1._st.buffer is psum and data2._st.buffer is psum:
-        raise fail("BUF", "tensor_tensor: data1 and data2 cannot both be in PSUM")
+    not_both_psum(instr, data1=data1, data2=data2)
     exact = _int_exact(dst, data1, data2)
-    psum_used = _psum_in(dst, data1, data2)
+    psum_used = psum_in(dst, data1, data2)
     default = "gpsimd" if (o is ops.power or (exact and not psum_used)) else "vector"
     eng = pick_engine(engine, default, _VG, instr)
     if o is ops.power and eng != "gpsimd":
@@ -237,7 +174,7 @@ def tensor_tensor(
         n,
         attrs={
             "op": o.name,
-            "psum_in": _psum_in(data1, data2),
+            "psum_in": psum_in(data1, data2),
             "fast": _all_bf16(dst, data1, data2),
         },
         name=name,
@@ -324,6 +261,7 @@ def tensor_scalar(
     instr = "tensor_scalar"
     o0 = alu_op(op0, "op0", instr, unary=True)
     o1 = alu_op(op1, "op1", instr, unary=True) if op1 is not None else None
+    rev0, rev1 = flag(reverse0, "reverse0", instr), flag(reverse1, "reverse1", instr)
     on_chip(data, "data", instr)
     on_chip(dst, "dst", instr)
     bitvec = is_bitvec(o0)
@@ -356,7 +294,7 @@ def tensor_scalar(
         srcs,
         p,
         n,
-        attrs={"op": o0.name, "psum_in": _psum_in(data), "fast": _all_bf16(dst, data)},
+        attrs={"op": o0.name, "psum_in": psum_in(data), "fast": _all_bf16(dst, data)},
         name=name,
     )
     if launch.trace_only:
@@ -365,8 +303,8 @@ def tensor_scalar(
         x = read(data).astype(np.int64).reshape(p, n)
     else:
         x = read_f32(data).reshape(p, n)
-    y = _apply(o0, x, v0, bool(reverse0))
-    y = _apply(o1, y, v1, bool(reverse1))
+    y = _apply(o0, x, v0, rev0)
+    y = _apply(o1, y, v1, rev1)
     write(dst, _bits(y, dst.dtype).reshape(dst.shape) if bitvec else y.reshape(dst.shape))
     return ins
 
@@ -385,14 +323,12 @@ def scalar_tensor_tensor(
 ) -> Instr | None:
     """dst = (data op0 operand0) op1 operand1; operand0 scalar/(P,1), operand1 a full tile."""
     instr = "scalar_tensor_tensor"
-    o0, o1 = alu_op(op0, "op0", instr), alu_op(op1, "op1", instr)
-    for arg, o in (("op0", o0), ("op1", o1)):
-        if is_bitvec(o):
-            raise fail("OP", f"{instr}: {arg}=nl.{o.name} is bitvec; only arithmetic ops apply")
+    o0 = alu_op(op0, "op0", instr, bitvec=False)
+    o1 = alu_op(op1, "op1", instr, bitvec=False)
+    rev0, rev1 = flag(reverse0, "reverse0", instr), flag(reverse1, "reverse1", instr)
     for arg, t in (("dst", dst), ("data", data), ("operand1", operand1)):
         on_chip(t, arg, instr)
-    if data._st.buffer is psum and operand1._st.buffer is psum:
-        raise fail("BUF", f"{instr}: data and operand1 cannot both be in PSUM")
+    not_both_psum(instr, data=data, operand1=operand1)
     p = same_partitions(instr, dst=dst, data=data, operand1=operand1)
     n = same_free(instr, dst=dst, data=data, operand1=operand1)
     v0 = _scalar_operand(operand0, o0, p, "operand0", instr)
@@ -404,14 +340,14 @@ def scalar_tensor_tensor(
         srcs,
         p,
         n,
-        attrs={"op": o1.name, "psum_in": _psum_in(data, operand1), "fast": False},
+        attrs={"op": o1.name, "psum_in": psum_in(data, operand1), "fast": False},
         name=name,
     )
     if current().trace_only:
         return ins
     x = read_f32(data).reshape(p, n)
-    y = _apply(o0, x, v0, bool(reverse0))
-    y = _binary(o1, y, read_f32(operand1).reshape(p, n), bool(reverse1))
+    y = _apply(o0, x, v0, rev0)
+    y = _binary(o1, y, read_f32(operand1).reshape(p, n), rev1)
     write(dst, y.reshape(dst.shape))
     return ins
 
@@ -441,11 +377,6 @@ def reduce_token(op: Any, arg: str, instr: str) -> ops.Op:
     return o
 
 
-def _reduce_fn(o: ops.Op) -> Any:
-    """The NumPy ufunc of a legal reduce op (kept for the other instruction modules)."""
-    return _REDUCE_FNS[reduce_token(o, "op", "reduce").name]
-
-
 def reduce_values(o: ops.Op, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     fn = _REDUCE_FNS[o.name]
     if o.name.startswith("logical"):
@@ -470,20 +401,9 @@ def tensor_reduce(
     o = reduce_token(op, "op", instr)
     on_chip(data, "data", instr)
     on_chip(dst, "dst", instr)
-    try:
-        raw = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-        axes = tuple(sorted(int(a) + data.ndim if int(a) < 0 else int(a) for a in raw))
-    except TypeError:
-        raise fail(
-            "ARG", f"{instr}: axis must be an int or a tuple of ints; got {axis!r}"
-        ) from None
-    trailing = tuple(range(data.ndim - len(axes), data.ndim))
-    if not axes or 0 in axes or axes != trailing:
-        raise fail(
-            "REDUCE_AXIS",
-            f"{instr}: axis {axis} must name trailing free dims of a {data.ndim}-D tile "
-            f"(e.g. {(data.ndim - 1,)}); dim 0 cannot be reduced",
-        )
+    axes = reduce_axes(axis, data.ndim, instr)
+    negate = flag(negate, "negate", instr)
+    flag(keepdims, "keepdims", instr)  # dst's shape already says where the results go
     bitvec = is_bitvec(o)
     if bitvec:
         _need_int(o, instr, dst=dst, data=data)
@@ -502,7 +422,7 @@ def tensor_reduce(
         (data,),
         p,
         data.free_size,
-        attrs={"op": o.name, "psum_in": _psum_in(data), "fast": _all_bf16(data)},
+        attrs={"op": o.name, "psum_in": psum_in(data), "fast": _all_bf16(data)},
         name=name,
     )
     if current().trace_only:

@@ -1,5 +1,5 @@
-"""GpSimd instructions: `affine_select` (masks from an affine index) and
-`tensor_partition_reduce` (reduction across partitions).
+"""GpSimd instructions: `iota` (index generation), `affine_select` (masks from an affine
+index) and `tensor_partition_reduce` (reduction across partitions).
 
 GpSimd cannot reach PSUM, so every operand here lives in SBUF.
 """
@@ -14,9 +14,12 @@ from . import dtypes as dt
 from . import ops
 from .engine import (
     emit,
+    float_arg,
     instruction,
+    int_arg,
     no_psum_on_gpsimd,
     on_chip,
+    op_token,
     read,
     read_f32,
     same_free,
@@ -37,29 +40,11 @@ COMPARE_OPS = (
     ops.less_equal,
 )
 
-_INT32 = (-(2**31), 2**31 - 1)
-
-
-def int_arg(x: Any, arg: str, instr: str, lo: int = _INT32[0], hi: int = _INT32[1]) -> int:
-    """A compile-time integer argument within [lo, hi] (bools and floats are refused)."""
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise fail("ARG", f"{instr}: {arg} must be a compile-time int; got {x!r}")
-    if not lo <= int(x) <= hi:
-        raise fail("ARG", f"{instr}: {arg}={int(x)} is outside [{lo}, {hi}]")
-    return int(x)
-
-
-def float_arg(x: Any, arg: str, instr: str) -> float:
-    """A compile-time number used as an fp32 immediate."""
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise fail("ARG", f"{instr}: {arg} must be a compile-time number; got {x!r}")
-    return float(np.float32(x))
-
 
 def affine_pattern(pattern: Any, free_size: int, instr: str) -> list[tuple[int, int]]:
     """Validate an iota-style pattern [[step, num], ...] (1 to 4 pairs) against a tile."""
     try:
-        pairs = [(s, n) for s, n in pattern]
+        pairs = [(step, num) for step, num in pattern]
     except (TypeError, ValueError):
         raise fail(
             "ARG", f"{instr}: pattern must be a list of [step, num] pairs; got {pattern!r}"
@@ -92,6 +77,29 @@ def affine_values(pairs: list[tuple[int, int]], offset: int, multiplier: int, p:
 
 
 @instruction
+def iota(
+    dst: NkiTensor,
+    pattern: Any,
+    offset: int = 0,
+    channel_multiplier: int = 0,
+    name: str | None = None,
+) -> Any:
+    """GpSimd index generation: offset + p*channel_multiplier + sum(idx*step), int32 math."""
+    instr = "iota"
+    on_chip(dst, "dst", instr, sbuf_only=True)
+    pairs = affine_pattern(pattern, dst.free_size, instr)
+    off = int_arg(offset, "offset", instr)
+    mult = int_arg(channel_multiplier, "channel_multiplier", instr)
+    ins = emit("gpsimd", "iota", (dst,), (), dst.shape[0], dst.free_size, name=name)
+    if current().trace_only:
+        return ins
+    vals = affine_values(pairs, off, mult, dst.shape[0])
+    # int32 arithmetic wraps; the result is then converted to dst.dtype
+    write(dst, vals.astype(np.int32).reshape(dst.shape))
+    return ins
+
+
+@instruction
 def affine_select(
     dst: NkiTensor,
     pattern: Any,
@@ -108,7 +116,7 @@ def affine_select(
     Equal dtypes copy bit-exactly; otherwise the value goes through fp32.
     """
     instr = "affine_select"
-    o = ops.resolve(cmp_op, "cmp_op")
+    o = op_token(cmp_op, "cmp_op", instr)
     if o not in COMPARE_OPS:
         raise fail(
             "OP", f"{instr}: cmp_op must be a comparison (nl.equal, nl.less, ...); got nl.{o.name}"
@@ -167,7 +175,7 @@ def tensor_partition_reduce(
     are reduced in fp32; integer tiles exactly.
     """
     instr = "tensor_partition_reduce"
-    o = ops.resolve(op, "op")
+    o = op_token(op, "op", instr)
     if o.name not in _PARTITION_REDUCE:
         raise fail(
             "OP",

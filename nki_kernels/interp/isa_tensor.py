@@ -9,6 +9,7 @@ import numpy as np
 from . import dtypes as dt
 from .engine import (
     emit,
+    flag,
     instruction,
     mm_view,
     need_version,
@@ -100,7 +101,10 @@ def nc_matmul(
     if accumulate is not None and not isinstance(accumulate, (bool, np.bool_)):
         raise fail("ARG", f"nc_matmul: accumulate must be None, True or False; got {accumulate!r}")
     double_row = perf_mode is matmul_perf_mode.double_row
-    transpose = bool(is_transpose)
+    transpose = flag(is_transpose, "is_transpose", instr)
+    # the one/zero hints let the compiler pick a faster data path; results are the same
+    flag(is_stationary_onezero, "is_stationary_onezero", instr)
+    flag(is_moving_onezero, "is_moving_onezero", instr)
     if double_row:
         need_version(3, "nc_matmul(perf_mode=double_row)")
         if transpose or tile_position or tile_size:

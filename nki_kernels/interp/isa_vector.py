@@ -15,8 +15,13 @@ from . import dtypes as dt
 from . import ops
 from .engine import (
     emit,
+    flag,
+    float_arg,
     instruction,
+    not_both_psum,
     on_chip,
+    op_token,
+    psum_in,
     read,
     read_f32,
     same_free,
@@ -25,22 +30,12 @@ from .engine import (
     write,
 )
 from .errors import fail
-from .isa_gpsimd import float_arg
 from .state import current
-from .tensor import NkiTensor, psum
+from .tensor import NkiTensor
 
 BN_STATS_FMAX = 512  # nl.tile_size.bn_stats_fmax on every NeuronCore version
 TOPK_MIN, TOPK_MAX = 8, 16384
 _INDEX_DTYPES = (dt.uint16, dt.uint32)
-
-
-def _psum_in(*ts: NkiTensor) -> bool:
-    return any(t.buffer is psum for t in ts)
-
-
-def _not_both_psum(instr: str, a: tuple[str, NkiTensor], b: tuple[str, NkiTensor]) -> None:
-    if a[1].buffer is psum and b[1].buffer is psum:
-        raise fail("BUF", f"{instr}: {a[0]} and {b[0]} cannot both be in PSUM")
 
 
 # ---- statistics ---------------------------------------------------------------------
@@ -75,7 +70,7 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
         raise fail(
             "BN_SIZE", f"{instr}: dst must hold 6 elements per partition; got {dst.free_size}"
         )
-    ins = emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
+    ins = emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": psum_in(data)}, name=name)
     if current().trace_only:
         return ins
     x = read_f32(data).reshape(p, n)
@@ -102,7 +97,7 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
         raise fail(
             "BN_SIZE", f"{instr}: dst must hold 2 elements per partition; got {dst.free_size}"
         )
-    ins = emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": _psum_in(data)}, name=name)
+    ins = emit("vector", instr, (dst,), (data,), p, n, attrs={"psum_in": psum_in(data)}, name=name)
     if current().trace_only:
         return ins
     s = read_f32(data).reshape(p, n // 3, 3)
@@ -143,7 +138,7 @@ def max8(dst: NkiTensor, src: NkiTensor, name: str | None = None) -> Any:
     n = _topk_source(src, "src", instr)
     _eight(dst, "dst", instr)
     p = same_partitions(instr, dst=dst, src=src)
-    ins = emit("vector", instr, (dst,), (src,), p, n, attrs={"psum_in": _psum_in(src)}, name=name)
+    ins = emit("vector", instr, (dst,), (src,), p, n, attrs={"psum_in": psum_in(src)}, name=name)
     if current().trace_only:
         return ins
     x = read_f32(src).reshape(p, n)
@@ -194,7 +189,7 @@ def nc_find_index8(
     _index_dtype(dst, "dst", instr)
     p = same_partitions(instr, dst=dst, data=data, vals=vals)
     ins = emit(
-        "vector", instr, (dst,), (data, vals), p, n, attrs={"psum_in": _psum_in(data)}, name=name
+        "vector", instr, (dst,), (data, vals), p, n, attrs={"psum_in": psum_in(data)}, name=name
     )
     if current().trace_only:
         return ins
@@ -232,7 +227,7 @@ def nc_match_replace8(
         same_partitions(instr, dst=dst, dst_idx=dst_idx)
         dsts = (dst, dst_idx)
     ins = emit(
-        "vector", instr, dsts, (data, vals), p, n, attrs={"psum_in": _psum_in(data)}, name=name
+        "vector", instr, dsts, (data, vals), p, n, attrs={"psum_in": psum_in(data)}, name=name
     )
     if current().trace_only:
         return ins
@@ -246,7 +241,7 @@ def nc_match_replace8(
 
 # ---- scan and predicated copy -------------------------------------------------------
 def _arith(op: Any, arg: str, instr: str) -> ops.Op:
-    o = ops.resolve(op, arg)
+    o = op_token(op, arg, instr)
     if o.kind != "binary":
         raise fail("OP", f"{instr}: {arg} must be a binary arithmetic op; got nl.{o.name}")
     if o.version > current().target.nc_version:
@@ -274,9 +269,10 @@ def tensor_tensor_scan(
     """
     instr = "tensor_tensor_scan"
     o0, o1 = _arith(op0, "op0", instr), _arith(op1, "op1", instr)
+    reverse0, reverse1 = flag(reverse0, "reverse0", instr), flag(reverse1, "reverse1", instr)
     for arg, t in (("dst", dst), ("data0", data0), ("data1", data1)):
         on_chip(t, arg, instr)
-    _not_both_psum(instr, ("data0", data0), ("data1", data1))
+    not_both_psum(instr, data0=data0, data1=data1)
     p = same_partitions(instr, dst=dst, data0=data0, data1=data1)
     n = same_free(instr, dst=dst, data0=data0, data1=data1)
     init = scalar_or_column(initial, p, "initial", instr)
@@ -288,7 +284,7 @@ def tensor_tensor_scan(
         srcs,
         p,
         n,
-        attrs={"op0": o0.name, "op1": o1.name, "psum_in": _psum_in(data0, data1)},
+        attrs={"op0": o0.name, "op1": o1.name, "psum_in": psum_in(data0, data1)},
         name=name,
     )
     if current().trace_only:
@@ -322,6 +318,7 @@ def tensor_copy_predicated(
     """VectorE: dst = src where predicate != 0 (== 0 with reverse_pred); elsewhere dst
     keeps its contents. `src` is a tile of dst's dtype or a number."""
     instr = "tensor_copy_predicated"
+    reverse_pred = flag(reverse_pred, "reverse_pred", instr)
     on_chip(dst, "dst", instr)
     on_chip(predicate, "predicate", instr)
     if predicate.dtype not in _PREDICATE_DTYPES:
@@ -332,7 +329,7 @@ def tensor_copy_predicated(
     srcs: tuple[NkiTensor, ...] = (predicate,)
     if isinstance(src, NkiTensor):
         on_chip(src, "src", instr)
-        _not_both_psum(instr, ("src", src), ("predicate", predicate))
+        not_both_psum(instr, src=src, predicate=predicate)
         if src.dtype != dst.dtype:
             raise fail(
                 "DTYPE",
@@ -352,7 +349,7 @@ def tensor_copy_predicated(
         srcs,
         p,
         n,
-        attrs={"psum_in": _psum_in(*srcs), "scalar_src": not isinstance(src, NkiTensor)},
+        attrs={"psum_in": psum_in(*srcs), "scalar_src": not isinstance(src, NkiTensor)},
         name=name,
     )
     if current().trace_only:

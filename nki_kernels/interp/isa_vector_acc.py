@@ -16,9 +16,16 @@ import numpy as np
 from . import dtypes as dt
 from . import ops
 from .engine import (
+    acc_lanes,
+    alu_op,
     emit,
+    flag,
     instruction,
+    int_arg,
+    not_both_psum,
     on_chip,
+    op_token,
+    psum_in,
     read,
     read_f32,
     same_free,
@@ -28,9 +35,8 @@ from .engine import (
 )
 from .enums import reduce_cmd as reduce_cmd_enum
 from .errors import fail
-from .isa_gpsimd import int_arg
 from .state import current
-from .tensor import NkiTensor, psum
+from .tensor import NkiTensor
 
 FP32_MIN = float(np.finfo(np.float32).min)
 
@@ -46,13 +52,8 @@ _COMBINE = {
 _RANGE_CMP = (ops.equal, ops.less, ops.less_equal, ops.greater, ops.greater_equal)
 
 
-def acc_lanes(t: NkiTensor) -> slice:
-    """The accumulator lanes an operand drives: its physical partitions."""
-    p0 = t.region()[2]
-    return slice(p0, p0 + t.shape[0])
-
-
 def check_cmd(cmd: Any, allowed: tuple[reduce_cmd_enum, ...], instr: str) -> reduce_cmd_enum:
+    """`cmd` when it is one of the `allowed` reduce_cmd members (ARG / ACC_CMD otherwise)."""
     if not isinstance(cmd, reduce_cmd_enum):
         raise fail("ARG", f"{instr}: reduce_cmd must be an nisa.reduce_cmd member; got {cmd!r}")
     if cmd not in allowed:
@@ -94,13 +95,9 @@ def _reduce_res(t: NkiTensor | None, p: int, instr: str) -> None:
 
 
 def _max_only(reduce_op: Any, instr: str) -> None:
-    o = ops.resolve(reduce_op, "reduce_op")
+    o = op_token(reduce_op, "reduce_op", instr)
     if o not in (ops.maximum, ops.max_):
         raise fail("OP", f"{instr}: reduce_op must be nl.maximum; got nl.{o.name}")
-
-
-def _psum_in(*ts: NkiTensor) -> bool:
-    return any(t.buffer is psum for t in ts)
 
 
 @instruction
@@ -123,7 +120,7 @@ def range_select(
     instr = "range_select"
     if current().target.nc_version < 3:
         raise fail("VERSION", f"{instr} needs NC-v3+; target {current().target.name} is NC-v2")
-    c0, c1 = ops.resolve(comp_op0, "comp_op0"), ops.resolve(comp_op1, "comp_op1")
+    c0, c1 = op_token(comp_op0, "comp_op0", instr), op_token(comp_op1, "comp_op1", instr)
     for arg, c in (("comp_op0", c0), ("comp_op1", c1)):
         if c not in _RANGE_CMP:
             raise fail(
@@ -165,7 +162,7 @@ def range_select(
         (on_true_tile, bound0, bound1),
         p,
         n,
-        attrs={"reduce": cmd is not _RC.idle, "psum_in": _psum_in(on_true_tile)},
+        attrs={"reduce": cmd is not _RC.idle, "psum_in": psum_in(on_true_tile)},
         name=name,
     )
     if current().trace_only:
@@ -204,8 +201,8 @@ def select_reduce(
     cmd = check_cmd(reduce_cmd, (_RC.idle, _RC.reset, _RC.reduce, _RC.reset_reduce), instr)
     for arg, t in (("dst", dst), ("predicate", predicate), ("on_true", on_true)):
         on_chip(t, arg, instr)
-    if predicate.buffer is psum and on_true.buffer is psum:
-        raise fail("BUF", f"{instr}: predicate and on_true cannot both be in PSUM")
+    not_both_psum(instr, predicate=predicate, on_true=on_true)
+    reverse_pred = flag(reverse_pred, "reverse_pred", instr)
     if predicate.dtype not in _SELECT_PRED:
         raise fail(
             "DTYPE",
@@ -232,7 +229,7 @@ def select_reduce(
         srcs,
         p,
         n,
-        attrs={"reduce": cmd is not _RC.idle, "psum_in": _psum_in(predicate, on_true)},
+        attrs={"reduce": cmd is not _RC.idle, "psum_in": psum_in(predicate, on_true)},
         name=name,
     )
     if current().trace_only:
@@ -267,17 +264,16 @@ def tensor_scalar_reduce(
     """VectorE: dst = data op0 operand0, reduced over all free dims into the registers
     with reduce_op (add, multiply, maximum, minimum); reduce_res gets the registers."""
     instr = "tensor_scalar_reduce"
-    o = ops.resolve(op0, "op0")
-    if not (o.kind == "binary" or (o.is_unary and o.name in _ALU_UNARY)):
-        raise fail("OP", f"{instr}: op0 must be an arithmetic ALU op; got nl.{o.name}")
-    r = ops.resolve(reduce_op, "reduce_op")
+    o = alu_op(op0, "op0", instr, unary=True, bitvec=False)
+    r = op_token(reduce_op, "reduce_op", instr)
     if r.name not in _COMBINE:
         raise fail(
             "OP",
             f"{instr}: reduce_op must be nl.add, multiply, maximum or minimum; got nl.{r.name}",
         )
-    if reverse0:
+    if flag(reverse0, "reverse0", instr):
         raise fail("ARG", f"{instr}: reverse0=True is not supported yet (NKI 0.6)")
+    reduce_res_negate = flag(reduce_res_negate, "reduce_res_negate", instr)
     cmd = check_cmd(reduce_cmd, (_RC.reset_reduce, _RC.reduce, _RC.load_reduce), instr)
     if (cmd is _RC.load_reduce) != (reduce_init is not None):
         raise fail(
@@ -310,7 +306,7 @@ def tensor_scalar_reduce(
         srcs,
         p,
         n,
-        attrs={"op": o.name, "reduce_op": r.name, "psum_in": _psum_in(data)},
+        attrs={"op": o.name, "reduce_op": r.name, "psum_in": psum_in(data)},
         name=name,
     )
     if current().trace_only:
@@ -328,7 +324,3 @@ def tensor_scalar_reduce(
     if reduce_res is not None:
         write(reduce_res, (-regs if reduce_res_negate else regs).reshape(reduce_res.shape))
     return ins
-
-
-# Unary ops the VectorE ALU evaluates (other unary tokens are ScalarE activation functions).
-_ALU_UNARY = frozenset({"abs", "square", "relu", "rsqrt", "reciprocal", "negative"})

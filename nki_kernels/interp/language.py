@@ -129,6 +129,10 @@ def ndarray(
 def _filled(shape: Any, value: Any, dtype: Any, buffer: Buffer, name: str) -> NkiTensor:
     from . import isa_elementwise
 
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise _fail("ARG", f"fill value: expected a number; got {value!r}")
     t = _allocate(shape, dtype, buffer, name)
     if buffer.on_chip:
         v = int(value) if _dt.is_int(t.dtype) else float(value)
@@ -175,7 +179,7 @@ def empty_like(
 def shared_constant(constant: Any, dtype: Any = None) -> NkiTensor:
     """A constant array placed in shared HBM."""
     arr = np.asarray(constant)
-    d = _dt.as_dtype(dtype if dtype is not None else arr.dtype)
+    d = _dt.as_dtype(dtype if dtype is not None else arr.dtype, "shared_constant dtype")
     t = _allocate(arr.shape or (1,), d, shared_hbm, "const", data=None)
     if not _current().trace_only:
         data = t.storage.data
@@ -298,8 +302,10 @@ tile_size = _TileSize()
 # ---- load / store / copy ---------------------------------------------------------------
 def load(src: NkiTensor, dtype: Any = None) -> NkiTensor:
     """A new SBUF tile holding `src` (dim 0 becomes the partition dim)."""
+    from .engine import tensor_arg
     from .isa_dma import dma_copy
 
+    tensor_arg(src, "src", "nl.load")
     shape = src.shape if src.ndim >= 2 else (1, *src.shape) if src.ndim == 1 else (1, 1)
     t = _allocate(shape, dtype if dtype is not None else src.dtype, sbuf, "load")
     dma_copy(t, src)
@@ -308,17 +314,22 @@ def load(src: NkiTensor, dtype: Any = None) -> NkiTensor:
 
 def store(dst: NkiTensor, value: NkiTensor) -> None:
     """Write an SBUF tile to HBM (a PSUM value is not allowed)."""
+    from .engine import tensor_arg
     from .isa_dma import dma_copy
 
-    if isinstance(value, NkiTensor) and value.buffer is psum:
+    tensor_arg(dst, "dst", "nl.store")
+    tensor_arg(value, "value", "nl.store")
+    if value.buffer is psum:
         raise _fail("DMA_PSUM", "nl.store: value is in PSUM; copy it to SBUF first")
     dma_copy(dst, value)
 
 
 def _copy_call(x: NkiTensor, dtype: Any = None) -> NkiTensor:
     """`nl.copy(x)`: a new SBUF tile (VectorE tensor_copy), from SBUF or PSUM."""
+    from .engine import tensor_arg
     from .isa_elementwise import tensor_copy
 
+    tensor_arg(x, "x", "nl.copy")
     t = _allocate(x.shape, dtype if dtype is not None else x.dtype, sbuf, "copy")
     tensor_copy(t, x)
     return t

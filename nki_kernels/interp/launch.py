@@ -42,10 +42,7 @@ class TensorSpec:
             raise fail(
                 "LAUNCH", f"TensorSpec shape: expected a tuple of positive ints; got {self.shape!r}"
             )
-        try:
-            dtype = dt.as_dtype(self.dtype)
-        except TypeError as exc:
-            raise fail("LAUNCH", f"TensorSpec {exc}") from None
+        dtype = dt.as_dtype(self.dtype, "TensorSpec dtype")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
 

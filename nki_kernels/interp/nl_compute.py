@@ -25,10 +25,11 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ops
+from .engine import reduce_axes
 from .enums import reduce_cmd
 from .errors import fail
+from .isa_activation import activation
 from .isa_elementwise import (
-    activation,
     memset,
     reciprocal,
     tensor_copy,
@@ -129,20 +130,7 @@ def logical_not(x: Any, dtype: Any = None) -> NkiTensor:
 
 # ---- reductions ---------------------------------------------------------------------
 def _axes(x: NkiTensor, axis: Any, fn: str) -> tuple[int, ...]:
-    try:
-        raw = (axis,) if _is_number(axis) else tuple(axis)
-        axes = tuple(sorted(int(a) + x.ndim if int(a) < 0 else int(a) for a in raw))
-    except TypeError:
-        raise fail(
-            "ARG", f"nl.{fn}: axis must be an int or a tuple of ints; got {axis!r}"
-        ) from None
-    if not axes or 0 in axes or axes != tuple(range(x.ndim - len(axes), x.ndim)):
-        raise fail(
-            "REDUCE_AXIS",
-            f"nl.{fn}: axis {axis} must name the trailing free dims of a {x.ndim}-D tile "
-            "(dim 0, the partition dim, cannot be reduced)",
-        )
-    return axes
+    return reduce_axes(axis, x.ndim, f"nl.{fn}")
 
 
 def _reduced_shape(x: NkiTensor, axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:

@@ -94,7 +94,11 @@ class ViewMethods:
         return d + nd if d < 0 else d
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
+        """Elements start:end:step of dim `dim` (step >= 1, inside the dim)."""
         d = self._dim(dim, "slice")
+        start, end, step = (
+            _int_arg(v, a, "slice") for v, a in ((start, "start"), (end, "end"), (step, "step"))
+        )
         if step < 1 or not 0 <= start < end <= self.shape[d]:
             raise fail(
                 "IDX",
@@ -195,6 +199,8 @@ class ViewMethods:
         return self.reshape((*self.shape[:s], merged, *self.shape[e + 1 :]))
 
     def expand_dim(self, dim: int) -> NkiTensor:
+        """A size-1 dim inserted before dim `dim` (0..ndim; not before the partition dim)."""
+        dim = _int_arg(dim, "dim", "expand_dim")
         if not 0 <= dim <= self.ndim:
             raise fail("IDX", f"expand_dim({dim}) outside 0..{self.ndim} ('{self.name}')")
         if (self.on_chip or self.indirect is not None) and dim == 0:
@@ -277,7 +283,7 @@ class ViewMethods:
     def view(self, dtype: Any) -> NkiTensor:
         """Bit-level reinterpretation; the last dim is rescaled by the itemsize ratio."""
         self._no_indirect("view(dtype)")
-        new = dt.as_dtype(dtype)
+        new = dt.as_dtype(dtype, "view(dtype)")
         old_sz, new_sz = self.dtype.itemsize, new.itemsize
         if old_sz == new_sz:
             return self._new(self.shape, self.strides, self.offset, new)
@@ -316,7 +322,7 @@ class ViewMethods:
         `scalar_offset` moves the whole pattern by `index * strides[indirect_dim]`.
         """
         self._no_indirect(".ap()")
-        new_dtype = self.dtype if dtype is None else dt.as_dtype(dtype)
+        new_dtype = self.dtype if dtype is None else dt.as_dtype(dtype, ".ap(dtype)")
         try:
             pairs = [(_index(s), _index(n)) for s, n in pattern]
         except (TypeError, ValueError):
@@ -367,6 +373,13 @@ class ViewMethods:
         if ind is None:
             view.check_bounds()
         return view
+
+
+def _int_arg(value: Any, arg: str, what: str) -> int:
+    try:
+        return _index(value)
+    except TypeError:
+        raise fail("ARG", f"{what}: {arg} must be an int; got {value!r}") from None
 
 
 def _reshape_strides(

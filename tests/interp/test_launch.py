@@ -251,18 +251,18 @@ def test_unsupported_arguments_name_the_argument_and_the_problem(arg, message):
 
 
 @pytest.mark.parametrize(
-    ("shape", "dtype", "message"),
+    ("shape", "dtype", "rule", "message"),
     [
-        ((4, -2), "float32", "shape: expected a tuple of positive ints; got (4, -2)"),
-        ((), "float32", "shape: expected a tuple of positive ints; got ()"),
-        (("a", 3), "float32", "shape: expected a tuple of positive ints; got ('a', 3)"),
-        (7, "float32", "shape: expected a tuple of positive ints; got 7"),
-        ((2, 2), "float64", "dtype: expected an NKI dtype name; got 'float64'"),
-        ((2, 2), np.int64, "dtype: dtype int64 is not an NKI dtype"),
+        ((4, -2), "float32", "LAUNCH", "shape: expected a tuple of positive ints; got (4, -2)"),
+        ((), "float32", "LAUNCH", "shape: expected a tuple of positive ints; got ()"),
+        (("a", 3), "float32", "LAUNCH", "shape: expected a tuple of positive ints; got ('a', 3)"),
+        (7, "float32", "LAUNCH", "shape: expected a tuple of positive ints; got 7"),
+        ((2, 2), "float64", "DTYPE", "dtype: expected an NKI dtype"),
+        ((2, 2), np.int64, "DTYPE", "dtype: expected an NKI dtype"),
     ],
 )
-def test_tensor_spec_checks_its_fields(shape, dtype, message):
-    err = _raises("LAUNCH", TensorSpec, shape, dtype)
+def test_tensor_spec_checks_its_fields(shape, dtype, rule, message):
+    err = _raises(rule, TensorSpec, shape, dtype)
     assert str(err).startswith(f"TensorSpec {message}")
 
 

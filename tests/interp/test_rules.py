@@ -90,3 +90,102 @@ def test_validation_errors_are_not_numpy_tracebacks():
     with pytest.raises(NkiValidationError) as e:
         run(kernel, np.zeros((4, 4), np.float32))
     assert e.value.rule == "BUF" and "data1 must be in SBUF or PSUM" in str(e.value)
+
+
+def _s(shape=(8, 4), dtype=nl.float32, buffer=nl.sbuf):
+    return nl.ndarray(shape, dtype, buffer=buffer)
+
+
+def _hbm(shape=(8, 4), dtype=nl.float32):
+    return nl.ndarray(shape, dtype, buffer=nl.hbm)
+
+
+# Malformed arguments: each fails with the rule and a message naming the argument and the
+# value received, never with a NumPy / Python error from inside the interpreter.
+BAD_ARGUMENTS = [
+    ("DTYPE", lambda: _s(dtype=np.float64), "dtype: expected an NKI dtype", "float64"),
+    ("DTYPE", lambda: _s(dtype="float64"), "dtype: expected an NKI dtype", "'float64'"),
+    ("DTYPE", lambda: nl.zeros((8, 4), np.int64), "dtype: expected an NKI dtype", "int64"),
+    ("DTYPE", lambda: _s().view(np.float64), "view(dtype): expected", "float64"),
+    ("DTYPE", lambda: nl.shared_constant(np.zeros(3)), "shared_constant dtype", "float64"),
+    ("ARG", lambda: nl.full((8, 4), "x", nl.float32), "fill value: expected a number", "'x'"),
+    ("ARG", lambda: _s().slice(1, "a", 3), "slice: start must be an int", "'a'"),
+    ("ARG", lambda: _s().expand_dim("a"), "expand_dim: dim must be an int", "'a'"),
+    ("ARG", lambda: nl.load([1, 2]), "nl.load: src must be an NKI tensor", "list"),
+    ("ARG", lambda: nl.copy("x"), "nl.copy: x must be an NKI tensor", "str"),
+    ("ARG", lambda: nl.store(_hbm(), 5), "nl.store: value must be an NKI tensor", "int"),
+    ("ARG", lambda: nl.sum(_s(), axis="x"), "nl.sum: axis must be an int or a tuple", "'x'"),
+    (
+        "ARG",
+        lambda: nisa.tensor_reduce(_s((8, 1)), nl.add, _s(), axis="1"),
+        "tensor_reduce: axis must be an int or a tuple of ints",
+        "'1'",
+    ),
+    (
+        "ARG",
+        lambda: nisa.tensor_reduce(_s((8, 1)), nl.add, _s(), axis=["a"]),
+        "tensor_reduce: axis must be an int or a tuple of ints",
+        "['a']",
+    ),
+    (
+        "ARG",
+        lambda: nisa.tensor_reduce(_s((8, 1)), nl.add, _s(), axis=1, negate="yes"),
+        "tensor_reduce: negate must be True or False",
+        "'yes'",
+    ),
+    (
+        "ARG",
+        lambda: nisa.tensor_scalar(_s(), _s(), nl.add, 1.0, reverse0="no"),
+        "tensor_scalar: reverse0 must be True or False",
+        "'no'",
+    ),
+    (
+        "ARG",
+        lambda: nisa.nc_matmul(_s(buffer=nl.psum), _s((16, 8)), _s((16, 4)), is_transpose=1),
+        "nc_matmul: is_transpose must be True or False",
+        "1",
+    ),
+    (
+        "ARG",
+        lambda: nisa.dma_transpose(_s((4, 8), nl.bfloat16), _hbm((8, 4), nl.bfloat16), axes=5),
+        "dma_transpose: axes must be a tuple of ints",
+        "5",
+    ),
+    (
+        "ARG",
+        lambda: nisa.iota(_s(dtype=nl.int32), [[1, 4]], offset=2**40),
+        "iota: offset=1099511627776 is outside",
+        "2147483647",
+    ),
+    ("ARG", lambda: nisa.iota(_s(dtype=nl.int32), "abc"), "iota: pattern must be", "'abc'"),
+    (
+        "OP",
+        lambda: nisa.affine_select(_s(), [[1, 4]], 0, _s(), 0.0, cmp_op="equal"),
+        "affine_select: cmp_op must be an nl op token",
+        "'equal'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("rule", "call", "names", "received"), BAD_ARGUMENTS, ids=[c[2] for c in BAD_ARGUMENTS]
+)
+def test_bad_arguments_name_the_argument_and_the_value(rule, call, names, received):
+    def kernel():
+        call()
+
+    with pytest.raises(NkiValidationError) as e:
+        run(kernel)
+    assert e.value.rule == rule, str(e.value)
+    assert names in str(e.value) and received in str(e.value), str(e.value)
+
+
+def test_memset_of_an_int_beyond_int64_saturates_like_any_int_store():
+    def kernel():
+        t = _s(dtype=nl.int8)
+        nisa.memset(t, 10**20)
+        o = nl.ndarray((8, 4), nl.int8, buffer=nl.shared_hbm)
+        nisa.dma_copy(o, t)
+        return o
+
+    assert (run(kernel).outputs == 127).all()
