@@ -114,10 +114,6 @@ def is_int(dtype: np.dtype) -> bool:
     return dtype in INT_DTYPES
 
 
-def name(dtype: np.dtype) -> str:
-    return dtype.name
-
-
 def fresh_fill(dtype: np.dtype) -> Any:
     """The value fresh allocations start with: NaN for floats, a sentinel for integers."""
     return np.nan if is_float(dtype) else INT_SENTINEL

@@ -27,7 +27,6 @@ class FirstFit:
         self.free: list[list[int]] = [[0, capacity]]  # sorted [start, end) holes
         self.live = 0
         self.peak = 0
-        self.high_water = 0
 
     def round(self, nbytes: int) -> int:
         g = self.granule
@@ -48,8 +47,6 @@ class FirstFit:
                 live = self.live = self.live + size
                 if live > self.peak:
                     self.peak = live
-                if start + size > self.high_water:
-                    self.high_water = start + size
                 return start
         return None
 

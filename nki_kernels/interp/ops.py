@@ -211,10 +211,3 @@ TOKENS["bypass"] = bypass
 # (As callables they are the nl.max / nl.min reductions.)
 max_ = _def("max", _B, np.maximum, reduce=True)
 min_ = _def("min", _B, np.minimum, reduce=True)
-
-
-def resolve(op: Any, arg: str) -> Op:
-    """Check that `op` is an op token (raw ints, strings and NumPy ufuncs are refused)."""
-    if isinstance(op, Op):
-        return op
-    raise TypeError(f"{arg}: expected an nl op token such as nl.add or nl.exp; got {op!r}")

@@ -10,7 +10,7 @@ import numpy as np
 from ..targets import Target
 from .errors import NkiValidationError
 from .memory import OnChipMemory
-from .trace import Instr, Trace
+from .trace import Trace
 
 if TYPE_CHECKING:
     from .tensor import Storage
@@ -48,16 +48,10 @@ class Launch:
         self.shared_hbm: list[Storage] = []
         self.next_sid = 1
         self.warned: set[str] = set()
-        self.ended = False
 
     @property
     def program(self) -> Program:
         return self.programs[self.program_id]
-
-    def record(self, instr: Instr) -> Instr:
-        instr.program = self.program_id
-        self.trace.append(instr)
-        return instr
 
     def warn(self, key: str, message: str) -> None:
         """Warn once per launch about `key`."""
@@ -69,7 +63,6 @@ class Launch:
         for i, prog in enumerate(self.programs):
             self.trace.peak_sbuf_bytes[i] = prog.memory.peak_sbuf_bytes
             self.trace.peak_psum_banks[i] = prog.memory.peak_psum_banks
-        self.ended = True
 
 
 _active: list[Launch] = []

@@ -14,11 +14,8 @@ from typing import Any
 SBUF = 0
 PSUM = 1
 HBM = 2
-SPACE_NAMES = ("sbuf", "psum", "hbm")
 
 Region = tuple[int, int, int, int, int, int]
-
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
 
 class Instr:
@@ -117,9 +114,6 @@ class Trace:
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.instrs)
-
-    def for_program(self, program: int) -> list[Instr]:
-        return [i for i in self.instrs if i.program == program]
 
     def count(self, engine: str | None = None, opcode: str | None = None) -> int:
         """Number of instructions, optionally only of one engine and/or opcode."""
