@@ -319,6 +319,23 @@ def test_dma_transpose_permutes(shape, axes):
     assert rec.engine == "dma" and rec.attrs["descriptors"] == x.size
 
 
+def test_dma_transpose_of_a_ragged_hbm_window_into_an_sbuf_window():
+    x = rng.standard_normal((100, 60)).astype(BF16)
+
+    def kernel(h):
+        sb = nl.ndarray((128, 96), nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=sb[5:45, 2:79], src=h[13:90, 7:47])
+        o = nl.ndarray((128, 96), nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=sb)
+        return o
+
+    got = run(kernel, x).outputs.astype(np.float32)
+    np.testing.assert_array_equal(got[5:45, 2:79], x[13:90, 7:47].T.astype(np.float32))
+    untouched = np.ones_like(got, dtype=bool)
+    untouched[5:45, 2:79] = False
+    assert np.isnan(got[untouched]).all()
+
+
 def test_indirect_dma_transpose_with_2d_indices_reads_them_column_major():
     src = rng.standard_normal((40, 16)).astype(np.float16)
     idx = rng.integers(0, 40, size=(16, 2)).astype(np.uint32)

@@ -276,6 +276,79 @@ def test_reciprocal_is_fp32_and_rounds_on_store():
     np.testing.assert_array_equal(o16, bf16(F32(1) / x))
 
 
+# ---- every instruction on a partition window that does not start at 0 -------------------
+R = slice(13, 90)  # partitions 13..89: a ragged window away from partition 0
+RAGGED = [
+    (
+        "tensor_copy",
+        lambda x, y, c, o: nisa.tensor_copy(dst=o[R], src=x[R]),
+        lambda x, y, c: x[R],
+        24,
+    ),
+    ("memset", lambda x, y, c, o: nisa.memset(dst=o[R], value=1 / 3), lambda x, y, c: 1 / 3, 24),
+    (
+        "iota",
+        lambda x, y, c, o: nisa.iota(dst=o[R], pattern=[[3, 24]], offset=-5, channel_multiplier=7),
+        lambda x, y, c: -5 + 7 * np.arange(77)[:, None] + 3 * np.arange(24)[None, :],
+        24,
+    ),
+    (
+        "tensor_tensor",
+        lambda x, y, c, o: nisa.tensor_tensor(dst=o[R], data1=x[R], data2=y[R], op=nl.subtract),
+        lambda x, y, c: x[R] - y[R],
+        24,
+    ),
+    (
+        "tensor_scalar",
+        lambda x, y, c, o: nisa.tensor_scalar(
+            dst=o[R], data=x[R], op0=nl.multiply, operand0=c[R], op1=nl.add, operand1=-0.5
+        ),
+        lambda x, y, c: x[R] * c[R] - 0.5,
+        24,
+    ),
+    (
+        "scalar_tensor_tensor",
+        lambda x, y, c, o: nisa.scalar_tensor_tensor(
+            dst=o[R], data=x[R], op0=nl.maximum, operand0=c[R], op1=nl.multiply, operand1=y[R]
+        ),
+        lambda x, y, c: np.maximum(x[R], c[R]) * y[R],
+        24,
+    ),
+    (
+        "tensor_reduce",
+        lambda x, y, c, o: nisa.tensor_reduce(dst=o[R], op=nl.add, data=x[R], axis=1),
+        lambda x, y, c: x[R].sum(axis=1, keepdims=True),
+        1,
+    ),
+    (
+        "reciprocal",
+        lambda x, y, c, o: nisa.reciprocal(dst=o[R], data=y[R]),
+        lambda x, y, c: 1 / y[R],
+        24,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "ref", "cols"), [c[1:] for c in RAGGED], ids=[c[0] for c in RAGGED]
+)
+def test_ragged_partition_window_rounds_to_bf16_and_leaves_other_rows(call, ref, cols):
+    x, c = _x((128, 24)), _x((128, 1))
+    y = ((np.abs(_x((128, 24))) + 0.5) * np.sign(_x((128, 24)))).astype(F32)  # |y| >= 0.5
+
+    def body(a, b, col, out):
+        call(a, b, col, out)
+
+    got = outputs(body, [x, y, c], [((128, cols), nl.bfloat16)])
+    expect = np.broadcast_to(ref(x.astype(np.float64), y.astype(np.float64), c), (77, cols))
+    # fp32 engine math rounded once to bf16: within one bf16 ulp (2^-7 relative) of the
+    # fp64 value rounded to bf16; atol covers the fp32 rounding of a 24-term sum near 0
+    np.testing.assert_allclose(
+        got[R].astype(F32), bf16(expect).astype(F32), rtol=2**-7, atol=24 * 2**-23 * 4
+    )
+    assert np.isnan(got[:13].astype(F32)).all() and np.isnan(got[90:].astype(F32)).all()
+
+
 # ---- rules -------------------------------------------------------------------------------------
 _T = [((8, 4), nl.float32)]
 _I = [((8, 4), nl.int32)]

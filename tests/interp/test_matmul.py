@@ -294,6 +294,21 @@ def test_nc_transpose_vector_engine_sbuf_and_psum():
     assert engines == ["vector", "tensor", "vector"]
 
 
+def test_nc_transpose_of_a_ragged_window_fills_only_its_destination_window():
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+
+    def kernel(xh):
+        ps = nl.ndarray((64, 128), nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(dst=ps[3:43, 0:77], data=_sb(xh)[13:90, 10:50])
+        return _out(ps)
+
+    got = run(kernel, x).outputs
+    np.testing.assert_array_equal(got[3:43, 0:77], x[13:90, 10:50].T)
+    untouched = np.ones_like(got, dtype=bool)
+    untouched[3:43, 0:77] = False
+    assert np.isnan(got[untouched]).all()
+
+
 def _k_transpose(p, f, engine, src_buf=nl.sbuf, dst_buf=nl.psum, dst_dtype=nl.float32):
     def kernel():
         data = nl.ndarray((p, f), nl.float32, buffer=src_buf)
