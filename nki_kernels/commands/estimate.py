@@ -1,27 +1,74 @@
 """Model a kernel's latency on trn1/trn2/trn3 from its trace (the cost model; no hardware).
 
 `nki-kernels estimate <kernel> --shape ... --target trn2 [--timeline out.json]`; every
-figure printed is labeled "modeled (cost model vN, target)". The command itself lives in
-`nki_kernels.perfmodel.cli`.
+figure printed is labeled "modeled (cost model vN, target)". Kernels are looked up by
+name in `nki_kernels.perfmodel.registry`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 NAME = "estimate"
 HELP = "model a kernel's latency from its trace (cost model; no hardware)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `estimate` (see nki_kernels.perfmodel.cli.configure)."""
-    from ..perfmodel.cli import configure
-
-    configure(parser)
+    """Options of `estimate`."""
+    parser.add_argument("kernel", nargs="?", help="registered kernel name (see --list)")
+    parser.add_argument(
+        "--shape", help="sizes of the kernel's dims, e.g. 4096,8192,8192 or M=4096,..."
+    )
+    parser.add_argument("--dtype", default=None, help="input dtype (default: the kernel's)")
+    parser.add_argument("--target", default="trn2", help="trn1 | trn2 | trn3 (default trn2)")
+    parser.add_argument("--lnc", type=int, default=1, help="logical core size, 1 or 2")
+    parser.add_argument(
+        "--timeline", metavar="OUT.json", help="write a Chrome trace of the schedule"
+    )
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    parser.add_argument("--list", action="store_true", help="list the estimable kernels")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `estimate`; returns the exit status."""
-    from ..perfmodel.cli import run as run_estimate
+    """Price the kernel and print its summary (or JSON); returns the exit status."""
+    from ..interp.errors import NkiValidationError
+    from ..perfmodel import registry
+    from ..perfmodel.api import trace_kernel
+    from ..perfmodel.chrome_trace import write_chrome_trace
+    from ..perfmodel.estimate import build_estimate
+    from ..perfmodel.summary import summary
+    from ..perfmodel.timeline import schedule
+    from ..targets import get_target
 
-    return run_estimate(args)
+    if args.list or not args.kernel:
+        for name in registry.names():
+            entry = registry.get(name)
+            dims = ",".join(f"{d}={s}" for d, s in zip(entry.dims, entry.default_shape))
+            print(f"{name:24s} --shape {dims:28s} {entry.description}")
+        return 0 if args.list else 2
+    try:
+        entry = registry.get(args.kernel)
+        tgt = get_target(args.target)
+        shape = (
+            registry.parse_shape(args.shape, entry.dims)
+            if args.shape
+            else dict(zip(entry.dims, entry.default_shape))
+        )
+        pos, kw = entry.args(shape, args.dtype)
+        trace = trace_kernel(entry.kernel, *pos, target=tgt, lnc=args.lnc, **kw)
+    except (KeyError, ValueError, TypeError, NkiValidationError) as exc:
+        print(f"nki-kernels estimate: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    sched = schedule(trace, tgt, record=bool(args.timeline))
+    est = build_estimate(trace, sched)
+    title = f"{entry.name} " + " ".join(f"{d}={s}" for d, s in shape.items())
+    if args.json:
+        print(json.dumps({"kernel": entry.name, "shape": shape, **est.to_dict()}, indent=2))
+    else:
+        print(summary(est, title))
+    if args.timeline:
+        path = write_chrome_trace(args.timeline, trace, sched, name=entry.name)
+        print(f"timeline written to {path} ({est.label})", file=sys.stderr)
+    return 0

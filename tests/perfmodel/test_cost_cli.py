@@ -6,9 +6,14 @@ import json
 
 import pytest
 
+from nki_kernels.cli import main as cli_main
 from nki_kernels.perfmodel import registry
-from nki_kernels.perfmodel.cli import main
 from nki_kernels.perfmodel.summary import summary
+
+
+def main(argv: list[str]) -> int:
+    return cli_main(["estimate", *argv])
+
 
 SMALL = ["--shape", "2048,1024,1024"]  # M, K, N: one block of the fully blocked kernel
 
@@ -80,8 +85,11 @@ def test_summary_is_labeled():
     assert text.startswith("synthetic: modeled (cost model v1, trn2)")
 
 
-def test_the_project_cli_dispatches_estimate(capsys):
-    from nki_kernels.cli import main as cli_main
-
-    assert cli_main(["estimate", "matmul_tiled", "--shape", "128,128,512", "--target", "trn3"]) == 0
+def test_other_targets_are_labeled_with_their_name(capsys):
+    assert main(["matmul_tiled", "--shape", "128,128,512", "--target", "trn3"]) == 0
     assert "modeled (cost model v1, trn3)" in capsys.readouterr().out
+
+
+def test_no_kernel_lists_them_and_fails(capsys):
+    assert main([]) == 2
+    assert "matmul_tiled" in capsys.readouterr().out
