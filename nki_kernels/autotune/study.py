@@ -100,6 +100,7 @@ class TuneOptions:
     n_startup_trials: int | None = None
     stale_after_s: float = 3600.0
     dup_patience: int = 5
+    enqueue_default: bool = True  # False only for measuring search efficiency from scratch
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -303,7 +304,7 @@ class Tuner:
             }
             for k, v in attrs.items():
                 study.set_user_attr(k, v)
-        if not study.get_trials(deepcopy=False):
+        if self.options.enqueue_default and not study.get_trials(deepcopy=False):
             study.enqueue_trial(self.space.encode(heuristic), skip_if_exists=True)
         self._study = study
         return study

@@ -1,0 +1,93 @@
+"""The real kernel families through the tuner: measure, gate, export, runtime lookup."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from nki_kernels.autotune.export import export_best
+from nki_kernels.autotune.families import OPS, get
+from nki_kernels.autotune.gate import CorrectnessGate
+from nki_kernels.autotune.measure import CostModelMeasurer
+from nki_kernels.autotune.storage import open_storage
+from nki_kernels.autotune.study import OK, TuneOptions, Tuner
+from nki_kernels.runtime.config_store import ConfigStore, lookup_config
+from nki_kernels.targets import TRN2, TRN3
+
+
+def small_problem(op: str):
+    """Small problems of each family (odd sizes where the family allows them)."""
+    if op == "flash_attention":
+        from nki_kernels.attention.config import AttentionProblem
+
+        return AttentionProblem(seq_q=384, seq_k=1024, head_dim=64, q_heads=2, kv_heads=1,
+                                mask="causal")  # fmt: skip
+    if op == "moe_mlp":
+        from nki_kernels.moe.config import MoEProblem
+
+        return MoEProblem(tokens=256, hidden=256, intermediate=384, experts=4, top_k=2)
+    from nki_kernels.norm.config import NormProblem
+
+    affine = "wb" if op.startswith("layer") else "w"
+    return NormProblem(rows=300, hidden=1000, dtype="bfloat16", affine=affine)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_heuristic_default_is_priced_and_passes_the_gate(op):
+    tunable = get(op).make_tunable()
+    problem = small_problem(op)
+    config = tunable.heuristic(problem, TRN2)
+    m = CostModelMeasurer().measure(tunable, tunable.proxy(problem), config, TRN2)
+    assert m.latency_ns > 0 and m.label == "modeled (cost model v1, trn2)"
+    res = CorrectnessGate().check(tunable, problem, config, TRN2)
+    assert res.ok, res.reason
+
+
+def test_model_shape_problems_use_the_runtime_buckets():
+    p = get("rms_norm").make_problem("llama3-70b", 3000, "bfloat16")
+    assert (p.rows, p.hidden) == (4096, 8192)  # 3000 rows pad to the 4096 bucket
+    a = get("flash_attention").make_problem("llama3-8b", 5000, "bfloat16")
+    assert (a.seq_q, a.q_heads, a.kv_heads, a.mask) == (5120, 32, 8, "causal")
+    proxy = get("flash_attention").make_tunable().proxy(a)
+    assert (proxy.q_heads, proxy.kv_heads, proxy.seq_q, proxy.seq_k) == (4, 1, 2048, 5120)
+    m = get("moe_mlp").make_problem("mixtral-8x7b", 512, "bfloat16")
+    assert (m.tokens, m.experts, m.top_k, m.intermediate) == (512, 8, 2, 14336)
+    with pytest.raises(ValueError, match="shape: expected one of"):
+        get("rms_norm").make_problem("gpt-2", 512, "bfloat16")
+    with pytest.raises(ValueError, match="op: expected one of"):
+        get("conv2d")
+
+
+def test_tuned_norm_config_is_what_the_op_looks_up(tmp_path):
+    spec = get("rms_norm")
+    tunable = spec.make_tunable()
+    problem = small_problem("rms_norm")
+    tuner = Tuner(tunable, problem, TRN3, storage=open_storage("memory"),
+                  measurer=CostModelMeasurer(), options=TuneOptions(seed=0, gate="improving"))  # fmt: skip
+    report = tuner.run(n_trials=12)
+    assert report.best.outcome == OK
+    assert report.best.latency_ns <= report.heuristic.latency_ns
+    out = export_best(tuner, ConfigStore([tmp_path], tmp_path))
+    store = ConfigStore([tmp_path], None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither stale nor falling back
+        got = lookup_config("rms_norm", problem, tunable.kernels[0], target=TRN3, store=store)
+    assert got == out.config
+
+
+def test_attention_export_reprices_the_full_problem(tmp_path):
+    tunable = get("flash_attention").make_tunable()
+    from nki_kernels.attention.config import AttentionProblem
+
+    problem = AttentionProblem(seq_q=512, seq_k=512, head_dim=64, q_heads=4, kv_heads=2,
+                               mask="none")  # fmt: skip
+    tuner = Tuner(tunable, problem, TRN2, storage=open_storage("memory"),
+                  measurer=CostModelMeasurer(), options=TuneOptions(gate="improving"))  # fmt: skip
+    assert tuner.search_problem.kv_heads == 1 and tuner.search_problem.q_heads == 2
+    report = tuner.run(n_trials=4)
+    out = export_best(tuner, ConfigStore([tmp_path], tmp_path))
+    full = CostModelMeasurer().measure(tunable, problem, out.config, TRN2).latency_ns
+    assert out.provenance.latency_ns == pytest.approx(full)
+    # two KV groups cost more than the one-group proxy the trials measured
+    assert out.provenance.latency_ns > report.best.latency_ns
