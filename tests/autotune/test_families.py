@@ -63,8 +63,9 @@ def test_tuned_norm_config_is_what_the_op_looks_up(tmp_path):
     spec = get("rms_norm")
     tunable = spec.make_tunable()
     problem = small_problem("rms_norm")
+    opts = TuneOptions(seed=0, gate="improving")
     tuner = Tuner(tunable, problem, TRN3, storage=open_storage("memory"),
-                  measurer=CostModelMeasurer(), options=TuneOptions(seed=0, gate="improving"))  # fmt: skip
+                  measurer=CostModelMeasurer(), options=opts)  # fmt: skip
     report = tuner.run(n_trials=12)
     assert report.best.outcome == OK
     assert report.best.latency_ns <= report.heuristic.latency_ns
