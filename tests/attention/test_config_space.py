@@ -133,3 +133,20 @@ def test_bounds_rows_match_kernel_layout() -> None:
     plan, bounds, empty = _masks()
     assert bounds.shape == (B, 128, 2, 3) and not bool(empty.any())
     assert np.asarray(plan).shape == (B, 3, 9)
+
+
+def test_lnc2_splits_the_work_and_matches_lnc1() -> None:
+    """kernel[2]: the (batch, kv-head) pairs are split over two cores (shared HBM)."""
+    q, k, v = (t.detach() for t in make_inputs(2, 2, 1, 130, 200, 64, torch.bfloat16))
+    args = (q, k, v, None, D**-0.5, (), 512, 1, 0, 4)
+    one = run(flash_attention_fwd, *args, target=TARGET).outputs
+    two = run(flash_attention_fwd, *args, target=TARGET, lnc=2).outputs
+    for a, b in zip(one, two):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out, lse = one
+    g = torch.randn(out.shape).to(torch.bfloat16)
+    bargs = (q, k, v, out, g, lse, None, None, D**-0.5, (), 16, 0, 8)
+    grads1 = run(flash_attention_bwd, *bargs, target=TARGET).outputs
+    grads2 = run(flash_attention_bwd, *bargs, target=TARGET, lnc=2).outputs
+    for a, b in zip(grads1, grads2):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

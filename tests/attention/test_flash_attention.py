@@ -124,3 +124,23 @@ def test_return_lse_false_returns_the_output_only() -> None:
     q, k, v = make_inputs(1, 1, 1, 16, 16, 64, torch.float32)
     out = flash_attention(q, k, v)
     assert isinstance(out, torch.Tensor) and out.shape == q.shape
+
+
+def test_key_chunks_merge_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys beyond what one kernel call keeps resident are split and merged by lse; the
+    split is forced small here (the real limit is ~46 K bf16 keys on trn2)."""
+    import nki_kernels.ops.attention as op_module
+
+    monkeypatch.setattr(op_module, "max_resident_keys", lambda cfg, p, t: 1024)
+    _run(1, 2, 1, 200, 2500, 64, torch.bfloat16, causal=True)
+    _run(2, 1, 1, 150, 1500, 64, torch.float32, kv_lens=torch.tensor([1100, 700]))
+
+
+def test_decode_like_shapes() -> None:
+    _run(2, 4, 1, 1, 2049, 64, torch.bfloat16, causal=True)
+    _run(1, 2, 2, 3, 700, 64, torch.float16, sliding_window=100)
+
+
+def test_fp16_packed_segments_and_window() -> None:
+    seg = torch.tensor([[0] * 60 + [1] * 140])
+    _run(1, 2, 1, 200, 200, 64, torch.float16, segment_ids=seg, sliding_window=50)
