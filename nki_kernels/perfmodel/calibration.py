@@ -51,8 +51,18 @@ def _dims(lhsT: Any, rhs: Any, bm: int, bn: int, bk: int) -> tuple[int, int, int
     return k, m, n
 
 
+def _load_k_tiles(src: Any, col0: int, width: int) -> list[Any]:
+    """src[:, col0:col0+width] as one [TILE_K, width] SBUF tile per contraction tile."""
+    tiles = []
+    for ki in range(src.shape[0] // TILE_K):
+        t = nl.ndarray((TILE_K, width), dtype=src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src[ki * TILE_K : (ki + 1) * TILE_K, col0 : col0 + width])
+        tiles.append(t)
+    return tiles
+
+
 @nki.jit
-def matmul_tiled(lhsT, rhs):
+def matmul_tiled(lhsT: Any, rhs: Any) -> Any:
     """C = lhsT.T @ rhs, one output tile at a time; both operand tiles loaded per k step.
 
     lhsT: [K, M], rhs: [K, N] in HBM; K, M multiples of 128, N a multiple of 512.
@@ -80,7 +90,7 @@ def matmul_tiled(lhsT, rhs):
 
 
 @nki.jit
-def matmul_hoisted(lhsT, rhs):
+def matmul_hoisted(lhsT: Any, rhs: Any) -> Any:
     """C = lhsT.T @ rhs with the loads hoisted out of the k loop.
 
     For each 128-row output stripe the whole lhsT column ([K, 128]) is loaded once; for
@@ -92,29 +102,23 @@ def matmul_hoisted(lhsT, rhs):
     out = nl.ndarray((m, n), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     for mi in range(m // TILE_M):
         ms = slice(mi * TILE_M, (mi + 1) * TILE_M)
-        a_col = []
-        for ki in range(nk):
-            a = nl.ndarray((TILE_K, TILE_M), dtype=lhsT.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=a, src=lhsT[ki * TILE_K : (ki + 1) * TILE_K, ms])
-            a_col.append(a)
+        a_col = _load_k_tiles(lhsT, mi * TILE_M, TILE_M)
         for ni in range(n // TILE_N):
             ns = slice(ni * TILE_N, (ni + 1) * TILE_N)
-            b_col = []
-            for ki in range(nk):
-                b = nl.ndarray((TILE_K, TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b, src=rhs[ki * TILE_K : (ki + 1) * TILE_K, ns])
-                b_col.append(b)
+            b_col = _load_k_tiles(rhs, ni * TILE_N, TILE_N)
             acc = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for ki in range(nk):
                 nisa.nc_matmul(dst=acc, stationary=a_col[ki], moving=b_col[ki], accumulate=ki > 0)
             c = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=c, src=acc)
             nisa.dma_copy(dst=out[ms, ns], src=c)
+            del b_col  # its SBUF is free before the next rhs column loads
+        del a_col
     return out
 
 
 @nki.jit
-def matmul_block_free(lhsT, rhs, tiles_m=2, tiles_n=2):
+def matmul_block_free(lhsT: Any, rhs: Any, tiles_m: int = 2, tiles_n: int = 2) -> Any:
     """C = lhsT.T @ rhs with both free dims blocked (`tiles_m` x `tiles_n` output tiles).
 
     An M-block of lhsT ([K, 128 * tiles_m]) stays in SBUF while the rhs N-blocks
@@ -125,25 +129,9 @@ def matmul_block_free(lhsT, rhs, tiles_m=2, tiles_n=2):
     nk = k // TILE_K
     out = nl.ndarray((m, n), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     for mb in range(m // bm):
-        a_blk = []
-        for t in range(tiles_m):
-            m0 = mb * bm + t * TILE_M
-            col = []
-            for ki in range(nk):
-                a = nl.ndarray((TILE_K, TILE_M), dtype=lhsT.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=a, src=lhsT[ki * TILE_K : (ki + 1) * TILE_K, m0 : m0 + TILE_M])
-                col.append(a)
-            a_blk.append(col)
+        a_blk = [_load_k_tiles(lhsT, mb * bm + t * TILE_M, TILE_M) for t in range(tiles_m)]
         for nb in range(n // bn):
-            b_blk = []
-            for t in range(tiles_n):
-                n0 = nb * bn + t * TILE_N
-                col = []
-                for ki in range(nk):
-                    b = nl.ndarray((TILE_K, TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=b, src=rhs[ki * TILE_K : (ki + 1) * TILE_K, n0 : n0 + TILE_N])
-                    col.append(b)
-                b_blk.append(col)
+            b_blk = [_load_k_tiles(rhs, nb * bn + t * TILE_N, TILE_N) for t in range(tiles_n)]
             for tm in range(tiles_m):
                 for tn in range(tiles_n):
                     acc = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
@@ -158,11 +146,15 @@ def matmul_block_free(lhsT, rhs, tiles_m=2, tiles_n=2):
                     nisa.tensor_copy(dst=c, src=acc)
                     m0, n0 = mb * bm + tm * TILE_M, nb * bn + tn * TILE_N
                     nisa.dma_copy(dst=out[m0 : m0 + TILE_M, n0 : n0 + TILE_N], src=c)
+            del b_blk  # its SBUF is free before the next N-block loads
+        del a_blk
     return out
 
 
 @nki.jit
-def matmul_fully_blocked(lhsT, rhs, tiles_m=16, tiles_n=2, tiles_k=8):
+def matmul_fully_blocked(
+    lhsT: Any, rhs: Any, tiles_m: int = 16, tiles_n: int = 2, tiles_k: int = 8
+) -> Any:
     """C = lhsT.T @ rhs blocked on all three dims, accumulating K-blocks in SBUF.
 
     Loop nest: N-block (512 * tiles_n) -> K-block (128 * tiles_k) -> M-block
@@ -220,7 +212,7 @@ def matmul_fully_blocked(lhsT, rhs, tiles_m=16, tiles_n=2, tiles_k=8):
 
 
 @nki.jit
-def dma_sweep(src, bytes_per_partition, slots):
+def dma_sweep(src: Any, bytes_per_partition: int, slots: int) -> Any:
     """Copy `src` ([128, total]) HBM -> SBUF in [128, bytes_per_partition] DMAs.
 
     Destinations rotate over `slots` disjoint SBUF slices, so consecutive transfers are

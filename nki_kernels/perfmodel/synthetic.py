@@ -18,6 +18,34 @@ def _region(space: int, sid: int, b0: int, nbytes: int, p: int = 128) -> tuple:
     return (space, sid, 0, p, b0, b0 + nbytes)
 
 
+def _dma(
+    src: tuple, dst: tuple, n: int, row_bytes: int, dge: str, queue: str, to_sbuf: bool
+) -> Instr:
+    """A [128, row_bytes] bf16 transfer: HBM -> SBUF when `to_sbuf`, else SBUF -> HBM."""
+    nbytes = 128 * row_bytes
+    return Instr(
+        "dma",
+        "dma_copy",
+        128,
+        n,
+        "bfloat16",
+        ("bfloat16",),
+        (src,),
+        (dst,),
+        hbm_read=nbytes if to_sbuf else 0,
+        hbm_write=0 if to_sbuf else nbytes,
+        nbytes=nbytes,
+        attrs={
+            "descriptors": 128,
+            "descriptor_bytes": row_bytes,
+            "partitions": 128,
+            "dge": dge,
+            "queue": queue,
+            "dst_space": "sbuf" if to_sbuf else "hbm",
+        },
+    )
+
+
 def synthetic_trace(n_instructions: int, target: str = "trn2") -> Trace:
     """A trace of exactly `n_instructions` records (see the module docstring)."""
     if n_instructions < 0:
@@ -35,45 +63,23 @@ def synthetic_trace(n_instructions: int, target: str = "trn2") -> Trace:
         bank = (step % 4) * 2 * _KIB
         row = (step * 2 * _KIB) % (64 * 1024 * _KIB)
         recs = [
-            Instr(
-                "dma",
-                "dma_copy",
-                128,
+            _dma(
+                _region(HBM, k_in, row * 128, 2 * _KIB * 128, 1),
+                _region(SBUF, 0, k_tile, 2 * _KIB),
                 1024,
-                "bfloat16",
-                ("bfloat16",),
-                (_region(HBM, k_in, row * 128, 2 * _KIB * 128, 1),),
-                (_region(SBUF, 0, k_tile, 2 * _KIB),),
-                hbm_read=256 * _KIB,
-                nbytes=256 * _KIB,
-                attrs={
-                    "descriptors": 128,
-                    "descriptor_bytes": 2 * _KIB,
-                    "partitions": 128,
-                    "dge": "unknown",
-                    "queue": "sync",
-                    "dst_space": "sbuf",
-                },
+                2 * _KIB,
+                "unknown",
+                "sync",
+                to_sbuf=True,
             ),
-            Instr(
-                "dma",
-                "dma_copy",
-                128,
+            _dma(
+                _region(HBM, q_in, row * 128, 2 * _KIB * 128, 1),
+                _region(SBUF, 0, q_tile, 2 * _KIB),
                 1024,
-                "bfloat16",
-                ("bfloat16",),
-                (_region(HBM, q_in, row * 128, 2 * _KIB * 128, 1),),
-                (_region(SBUF, 0, q_tile, 2 * _KIB),),
-                hbm_read=256 * _KIB,
-                nbytes=256 * _KIB,
-                attrs={
-                    "descriptors": 128,
-                    "descriptor_bytes": 2 * _KIB,
-                    "partitions": 128,
-                    "dge": "hwdge",
-                    "queue": "act",
-                    "dst_space": "sbuf",
-                },
+                2 * _KIB,
+                "hwdge",
+                "act",
+                to_sbuf=True,
             ),
         ]
         for half in range(2):
@@ -144,25 +150,14 @@ def synthetic_trace(n_instructions: int, target: str = "trn2") -> Trace:
             )
         if step % 4 == 3:
             recs.append(
-                Instr(
-                    "dma",
-                    "dma_copy",
-                    128,
+                _dma(
+                    _region(SBUF, 0, o_tile, _KIB),
+                    _region(HBM, out, row * 64, _KIB * 128, 1),
                     512,
-                    "bfloat16",
-                    ("bfloat16",),
-                    (_region(SBUF, 0, o_tile, _KIB),),
-                    (_region(HBM, out, row * 64, _KIB * 128, 1),),
-                    hbm_write=128 * _KIB,
-                    nbytes=128 * _KIB,
-                    attrs={
-                        "descriptors": 128,
-                        "descriptor_bytes": _KIB,
-                        "partitions": 128,
-                        "dge": "unknown",
-                        "queue": "sync",
-                        "dst_space": "hbm",
-                    },
+                    _KIB,
+                    "unknown",
+                    "sync",
+                    to_sbuf=False,
                 )
             )
         for rec in recs:

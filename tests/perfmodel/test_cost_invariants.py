@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from nki_kernels.interp import TensorSpec
 from nki_kernels.perfmodel import COST_MODEL_VERSION, estimate, estimate_trace, schedule
 from nki_kernels.perfmodel.calibration import MATMULS
+from nki_kernels.perfmodel.estimate import build_estimate
 from nki_kernels.perfmodel.synthetic import synthetic_trace
 
 SMALL = {"M": 256, "K": 256, "N": 1024}
@@ -107,3 +108,12 @@ def test_random_traces_respect_the_roofline_and_grow_with_work(ops, target):
     assert prefix.latency_ns <= full.latency_ns
     extra = estimate_trace(make_trace(target, *[_instr(*op) for op in ops], _instr(*ops[0])))
     assert extra.latency_ns >= full.latency_ns
+
+
+def test_a_schedule_faster_than_its_roofline_is_refused():
+    tr = synthetic_trace(200)
+    sched = schedule(tr)
+    est = estimate_trace(tr)
+    broken = dataclasses.replace(sched, latency_ns=0.5 * est.roofline_ns)
+    with pytest.raises(AssertionError, match=r"cost model invariant broken: latency .* < roofline"):
+        build_estimate(tr, broken)
