@@ -97,11 +97,13 @@ def _block_slots(classes: Any, t: int, kb: int, nk: int) -> list:
     return slots
 
 
-def _runs(slots: list) -> list:
-    """Runs of consecutive sub-tiles: (slot0, u0, count, partial)."""
+def _runs(slots: list, split_masked: bool = False) -> list:
+    """Runs of consecutive sub-tiles: (slot0, u0, count, partial); with `split_masked`
+    PARTIAL and FULL sub-tiles never share a run (the mask covers only what needs it)."""
     runs: list[tuple[int, int, int, bool]] = []
     for ul, u, part in slots:
-        if runs and runs[-1][1] + runs[-1][2] == u:
+        same = not split_masked or (runs and runs[-1][3] == part)
+        if runs and same and runs[-1][1] + runs[-1][2] == u:
             r = runs[-1]
             runs[-1] = (r[0], r[1], r[2] + 1, r[3] or part)
         else:
@@ -380,7 +382,7 @@ def _stage_softmax(job, i, staged, rings, bnd, cfg, sk):
     rows, t = it["rows"], it["t"]
     s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
     p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
-    for ul, u, cnt, partial in _runs(job["slots"]):
+    for ul, u, cnt, partial in _runs(job["slots"], split_masked=True):
         c0, nc = _cols(ul, u, cnt, sk)
         s_view = s_ps[:rows, c0 : c0 + nc]
         if partial:

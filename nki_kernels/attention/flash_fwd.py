@@ -107,11 +107,16 @@ def _tile_steps(classes: Any, t: int, nk: int, n_sub: int) -> list:
     return steps
 
 
-def _runs(slots: list) -> list:
-    """Maximal runs of consecutive keys inside one PSUM bank: (slot0, u0, count, partial)."""
+def _runs(slots: list, split_masked: bool = False) -> list:
+    """Maximal runs of consecutive keys inside one PSUM bank: (slot0, u0, count, partial).
+
+    With `split_masked`, PARTIAL and FULL sub-tiles never share a run, so the mask
+    instruction (range_select, 2 cycles per element) covers only what needs it.
+    """
     runs: list[tuple[int, int, int, bool]] = []
     for j, u, part in slots:
-        if runs and runs[-1][1] + runs[-1][2] == u and runs[-1][0] // GROUP == j // GROUP:
+        same = not split_masked or (runs and runs[-1][3] == part)
+        if runs and same and runs[-1][1] + runs[-1][2] == u and runs[-1][0] // GROUP == j // GROUP:
             r = runs[-1]
             runs[-1] = (r[0], r[1], r[2] + 1, r[3] or part)
         else:
@@ -286,7 +291,7 @@ def _stage_softmax(job, i, tstate, rings, bnd, scale, cdt, sk):
     banks = rings["s"][i % 2]
     first = job["s"] == 0
     mu, r = _chain_scale(scale)
-    runs = _runs(job["slots"])
+    runs = _runs(job["slots"], split_masked=True)
     nb = _stat(rings, "m", i)
     for idx, (j0, u0, cnt, partial) in enumerate(runs):
         k0 = u0 * P
