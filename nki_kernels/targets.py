@@ -20,25 +20,31 @@ from dataclasses import dataclass
 KIB = 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Target:
-    """A NeuronCore generation: limits for the interpreter, figures for the cost model."""
+    """A NeuronCore generation: limits for the interpreter, figures for the cost model.
+
+    Fields with a default hold the same value on every generation; each target below
+    lists only what is its own.
+    """
 
     name: str
     nc_version: int  # gen2 = trn1/inf2 (NC-v2), gen3 = trn2 (NC-v3), gen4 = trn3 (NC-v4). H
 
     # --- on-chip memory ---------------------------------------------------------------
-    partitions: int  # 128 on every generation. H
+    partitions: int = 128  # on every generation. H
     sbuf_bytes_per_partition: int  # physical SBUF per partition. H
-    sbuf_reserved_bytes: int  # compiler DMA scratch; nki-library budgets 16 KiB + 264 B. M
-    psum_banks: int  # 8 banks per partition. H
-    psum_bank_bytes: int  # 2 KiB per bank = 512 fp32. H
+    # compiler DMA scratch: nki-library budgets 16 KiB + 264 B on trn2 (M); assumed the
+    # same on trn1 and trn3 (L)
+    sbuf_reserved_bytes: int = 16 * KIB + 264
+    psum_banks: int = 8  # banks per partition. H
+    psum_bank_bytes: int = 2 * KIB  # per bank = 512 fp32. H
 
     # --- TensorE limits -----------------------------------------------------------------
-    matmul_k_max: int  # contraction (partition) rows. H
-    matmul_m_max: int  # stationary free size = output partitions. H
-    matmul_n_max_fp32: int  # moving free size with an fp32 PSUM dst. H
-    matmul_n_max_bf16: int  # moving free size with a bf16 PSUM dst (NC-v4 only). H
+    matmul_k_max: int = 128  # contraction (partition) rows. H
+    matmul_m_max: int = 128  # stationary free size = output partitions. H
+    matmul_n_max_fp32: int = 512  # moving free size with an fp32 PSUM dst. H
+    matmul_n_max_bf16: int = 0  # ... with a bf16 PSUM dst (0: not before NC-v4). H
 
     # --- clocks (GHz = cycles per ns) ---------------------------------------------------
     tensor_ghz: float  # H
@@ -49,32 +55,32 @@ class Target:
     # --- engine throughput modifiers --------------------------------------------------
     vector_bf16_copy_speedup: float  # VectorE perf mode for bf16/fp16 copy/tensor_scalar. M
     vector_bf16_tt_speedup: float  # VectorE all-bf16 tensor_tensor. M
-    scalar_bf16_speedup: float  # ScalarE 2x for bf16 copy/tensor_scalar (NC-v4). M
+    scalar_bf16_speedup: float = 1.0  # ScalarE 2x for bf16 copy/tensor_scalar (NC-v4). M
     fp8_matmul_speedup: float  # double_row doubles the contraction per pass (NC-v3+). H
-    fp32_matmul_slowdown: float  # fp32 operands run at 1/4 rate. H
+    fp32_matmul_slowdown: float = 4.0  # fp32 operands run at 1/4 rate. H
     fp32_transpose_slowdown: float  # fp32 PE transpose: 4x on v2, 2x on v3+. H
     throttle_start_fraction: float  # TensorE starts at ~50% under power throttling (trn2+). M
     throttle_ramp_ns: float  # ...and reaches full rate over ~3 us of sustained use. M
 
     # --- instruction overheads (engine cycles) -------------------------------------
-    min_instr_cycles: int  # MIN_II floor of a Vector/Scalar/GpSimd instruction. H (NC-v2)
-    dependent_instr_cycles: int  # extra when it depends on the previous one on its engine. M
-    sbuf_access_cycles: int  # fixed cost of starting an SBUF/PSUM access. M
-    gpsimd_startup_cycles: int  # GpSimd instruction start-up. M
-    matmul_min_cycles: int  # MultiplyMoving floor: max(N, 64). H
-    semaphore_ns: float  # cross-engine semaphore signal latency (assumed ~50 ns). L
+    min_instr_cycles: int = 64  # MIN_II floor of a Vector/Scalar/GpSimd instruction. H (NC-v2)
+    dependent_instr_cycles: int = 100  # extra when it depends on its engine's previous one. M
+    sbuf_access_cycles: int = 60  # fixed cost of starting an SBUF/PSUM access. M
+    gpsimd_startup_cycles: int = 150  # GpSimd instruction start-up. M
+    matmul_min_cycles: int = 64  # MultiplyMoving floor: max(N, 64). H
+    semaphore_ns: float = 50.0  # cross-engine semaphore signal latency (assumed). L
 
     # --- DMA and HBM --------------------------------------------------------------------
-    dma_engines: int  # 16 queues per core. H
+    dma_engines: int = 16  # queues per core. H
     dma_engine_bytes_per_ns: float  # achieved per-engine rate. M
-    dma_fixed_ns: float  # trigger-to-start of a DMA (~1.3 us). M
+    dma_fixed_ns: float = 1300.0  # trigger-to-start of a DMA (~1.3 us). M
     dma_dge_ns: float  # per hardware-DGE instruction (trn2+, ~600 ns). M
     # Each descriptor (contiguous piece) costs max(bytes / engine rate, this floor); with
     # ~100 ns the trn2 efficiency-vs-size curve is reproduced within a few points. L
-    dma_descriptor_min_ns: float
+    dma_descriptor_min_ns: float = 100.0
     hbm_bytes_per_ns: float  # HBM bandwidth per core (chip / cores). M
 
-    # --- cost-model details (defaults shared by every generation unless a target says) -----
+    # --- cost-model details -----------------------------------------------------------
     # Each DMA engine serves 8 SBUF partitions (engine e <-> partitions 8e..8e+7), so a
     # transfer over fewer partitions uses fewer engines (nki-dma-overview). H
     dma_partitions_per_engine: int = 8
@@ -118,10 +124,6 @@ class Target:
         return self.sbuf_bytes_per_partition - self.sbuf_reserved_bytes
 
     @property
-    def psum_bytes_per_partition(self) -> int:
-        return self.psum_banks * self.psum_bank_bytes
-
-    @property
     def tensor_peak_flops_per_ns(self) -> float:
         """bf16 dense peak: 128 x 128 MACs per cycle, 2 FLOPs each."""
         return 2.0 * self.partitions * self.matmul_m_max * self.tensor_ghz
@@ -134,116 +136,53 @@ class Target:
 TRN1 = Target(
     name="trn1",
     nc_version=2,
-    partitions=128,
     sbuf_bytes_per_partition=192 * KIB,  # 24 MiB total. H
-    sbuf_reserved_bytes=16 * KIB + 264,  # same scratch as nki-library's trn2 budget. L
-    psum_banks=8,
-    psum_bank_bytes=2 * KIB,
-    matmul_k_max=128,
-    matmul_m_max=128,
-    matmul_n_max_fp32=512,
-    matmul_n_max_bf16=0,  # bf16 PSUM dst not supported before NC-v4. H
     tensor_ghz=2.8,  # 91.75 TFLOP/s bf16. H
     vector_ghz=1.12,
     scalar_ghz=1.4,
     gpsimd_ghz=1.4,
     vector_bf16_copy_speedup=1.0,  # no perf modes documented for NC-v2. M
     vector_bf16_tt_speedup=1.0,
-    scalar_bf16_speedup=1.0,
     fp8_matmul_speedup=1.0,  # fp8 runs at the bf16 rate on NC-v2. H
-    fp32_matmul_slowdown=4.0,
     fp32_transpose_slowdown=4.0,
     throttle_start_fraction=1.0,  # no throttling ramp documented for trn1. M
     throttle_ramp_ns=0.0,
-    min_instr_cycles=64,
-    dependent_instr_cycles=100,
-    sbuf_access_cycles=60,
-    gpsimd_startup_cycles=150,
-    matmul_min_cycles=64,
-    semaphore_ns=50.0,
-    dma_engines=16,
     dma_engine_bytes_per_ns=17.0,
-    dma_fixed_ns=1300.0,
     dma_dge_ns=0.0,  # hardware DGE arrived with trn2. M
     dge_instances=0,
     dma_transpose_efficiency=0.0,
-    dma_descriptor_min_ns=100.0,
     hbm_bytes_per_ns=410.0,  # ~820 GB/s per chip / 2 cores. M
 )
 
 TRN2 = Target(
     name="trn2",
     nc_version=3,
-    partitions=128,
     sbuf_bytes_per_partition=224 * KIB,  # 28 MiB total. H
-    sbuf_reserved_bytes=16 * KIB + 264,  # nki-library's trn2 budget. M
-    psum_banks=8,
-    psum_bank_bytes=2 * KIB,
-    matmul_k_max=128,
-    matmul_m_max=128,
-    matmul_n_max_fp32=512,
-    matmul_n_max_bf16=0,
     tensor_ghz=2.4,  # 78.6 TFLOP/s bf16. H
     vector_ghz=0.96,
     scalar_ghz=1.2,
     gpsimd_ghz=1.2,
     vector_bf16_copy_speedup=4.0,  # "up to 4x" for bf16/fp16 contiguous copy/tensor_scalar. M
     vector_bf16_tt_speedup=2.0,  # 2x tensor_tensor all-bf16. M
-    scalar_bf16_speedup=1.0,
     fp8_matmul_speedup=2.0,  # double_row (K = 256). H
-    fp32_matmul_slowdown=4.0,
     fp32_transpose_slowdown=2.0,
     throttle_start_fraction=0.5,
     throttle_ramp_ns=3000.0,
-    min_instr_cycles=64,
-    dependent_instr_cycles=100,
-    sbuf_access_cycles=60,
-    gpsimd_startup_cycles=150,
-    matmul_min_cycles=64,
-    semaphore_ns=50.0,
-    dma_engines=16,
     dma_engine_bytes_per_ns=23.0,  # measured: 32 KiB in 1,416 ns. M
-    dma_fixed_ns=1300.0,
     dma_dge_ns=600.0,  # "approximately 600 ns" per hwdge DMA instruction (nki-dge). H
-    dma_descriptor_min_ns=100.0,
     hbm_bytes_per_ns=363.0,  # 2.9 TB/s / 8 cores. M
 )
 
-TRN3 = Target(
+# trn3: trn2's engines and clocks except where noted.
+TRN3 = TRN2.replace(
     name="trn3",
     nc_version=4,
-    partitions=128,
     sbuf_bytes_per_partition=256 * KIB,  # 32 MiB total. H
-    sbuf_reserved_bytes=16 * KIB + 264,  # assumed equal to trn2's. L
-    psum_banks=8,
-    psum_bank_bytes=2 * KIB,
-    matmul_k_max=128,
-    matmul_m_max=128,
-    matmul_n_max_fp32=4096,
-    matmul_n_max_bf16=8192,
-    tensor_ghz=2.4,
+    matmul_n_max_fp32=4096,  # H
+    matmul_n_max_bf16=8192,  # H
     vector_ghz=1.2,
-    scalar_ghz=1.2,
-    gpsimd_ghz=1.2,
-    vector_bf16_copy_speedup=4.0,  # bf16/fp16/fp8 2-4x. M
-    vector_bf16_tt_speedup=2.0,
     scalar_bf16_speedup=2.0,  # 2x for bf16 copy/tensor_scalar. H
-    fp8_matmul_speedup=2.0,  # double_row; MXFP8 (4x) is a separate instruction. H
-    fp32_matmul_slowdown=4.0,
-    fp32_transpose_slowdown=2.0,
-    throttle_start_fraction=0.5,
-    throttle_ramp_ns=3000.0,
-    min_instr_cycles=64,
-    dependent_instr_cycles=100,
-    sbuf_access_cycles=60,
-    gpsimd_startup_cycles=150,
-    matmul_min_cycles=64,
-    semaphore_ns=50.0,
-    dma_engines=16,
     dma_engine_bytes_per_ns=33.0,
-    dma_fixed_ns=1300.0,
-    dma_dge_ns=600.0,
-    dma_descriptor_min_ns=100.0,
     hbm_bytes_per_ns=600.0,  # ~4.8 TB/s / 8 cores. M
 )
 

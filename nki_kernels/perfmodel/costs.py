@@ -64,7 +64,7 @@ def tensor_ideal_ns(instr: Instr, target: Target) -> float:
     """Time the instruction's FLOPs need at the TensorE peak of its dtype (roofline term)."""
     if not instr.flops:
         return 0.0
-    peak = 2.0 * target.partitions * target.matmul_m_max * target.tensor_ghz
+    peak = target.tensor_peak_flops_per_ns
     a = instr.attrs
     if a.get("fp32"):
         peak /= target.fp32_matmul_slowdown

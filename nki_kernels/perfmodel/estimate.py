@@ -136,7 +136,7 @@ def build_estimate(trace: Trace, sched: Schedule) -> Estimate:
     busy = dict(sched.busy_ns)
     span = latency * cores
     active = {k: (100.0 * v / span if span else 0.0) for k, v in busy.items()}
-    peak = 2.0 * tgt.partitions * tgt.matmul_m_max * tgt.tensor_ghz * span
+    peak = tgt.tensor_peak_flops_per_ns * span
     bw = tgt.hbm_bytes_per_ns * span
     bottleneck = max(busy, key=lambda k: busy[k]) if any(busy.values()) else "none"
     return Estimate(
