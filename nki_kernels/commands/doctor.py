@@ -166,6 +166,7 @@ def format_report(report: Report) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `doctor`: --require WHAT (repeatable) and --json."""
     parser.add_argument(
         "--require",
         action="append",
@@ -178,6 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the report; exit 1 when a --require is not met."""
     report = collect()
     if args.json:
         print(json.dumps(asdict(report), indent=2))

@@ -33,6 +33,7 @@ class TraceFigure:
 
     @property
     def per_second(self) -> float:
+        """Instructions traced per second of CPU time."""
         return self.instructions / self.cpu_seconds
 
 
@@ -48,6 +49,7 @@ class NumericFigure:
 
     @property
     def ratio(self) -> float:
+        """Interpreter time over numpy.matmul time."""
         return self.interpreter_seconds / self.numpy_seconds
 
 
@@ -153,6 +155,7 @@ def goals_met(trace: list[TraceFigure], numeric: NumericFigure | None) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `interp-bench`: --quick, --repeats, --check."""
     parser.add_argument(
         "--quick", action="store_true", help="small shapes and one repeat (a smoke run)"
     )
@@ -161,6 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the benchmark and print its report; with --check, exit 1 on a missed goal."""
     repeats = args.repeats or (1 if args.quick else 5)
     if args.quick:
         trace = trace_only_throughput((512, 512, 1024), (1024, 256), repeats)

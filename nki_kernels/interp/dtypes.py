@@ -107,10 +107,12 @@ def as_dtype(dtype: Any, arg: str = "dtype") -> np.dtype:
 
 
 def is_float(dtype: np.dtype) -> bool:
+    """Whether `dtype` is a floating-point NKI dtype (fp8 included)."""
     return dtype in FLOAT_DTYPES
 
 
 def is_int(dtype: np.dtype) -> bool:
+    """Whether `dtype` is an integer NKI dtype (bool included)."""
     return dtype in INT_DTYPES
 
 

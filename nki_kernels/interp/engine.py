@@ -160,6 +160,8 @@ def reduce_axes(axis: Any, ndim: int, instr: str) -> tuple[int, ...]:
 
 
 def pick_engine(requested: Any, default: str, allowed: tuple[str, ...], instr: str) -> str:
+    """The engine an instruction runs on: `default` for engine.unknown, else the requested
+    one if it is among `allowed` (rule ENGINE otherwise)."""
     if requested is engine_enum.unknown:
         return default
     if not isinstance(requested, engine_enum):
@@ -171,6 +173,7 @@ def pick_engine(requested: Any, default: str, allowed: tuple[str, ...], instr: s
 
 
 def no_psum_on_gpsimd(eng: str, instr: str, **operands: NkiTensor | None) -> None:
+    """GpSimd has no path to PSUM (rule GPSIMD_PSUM)."""
     if eng != "gpsimd":
         return
     for name, t in operands.items():
@@ -179,6 +182,7 @@ def no_psum_on_gpsimd(eng: str, instr: str, **operands: NkiTensor | None) -> Non
 
 
 def need_version(minimum: int, what: str) -> None:
+    """Refuse `what` on targets older than NeuronCore v`minimum` (rule VERSION)."""
     t = current().target
     if t.nc_version < minimum:
         raise fail(
@@ -210,6 +214,7 @@ def alu_op(op: Any, arg: str, instr: str, *, unary: bool = False, bitvec: bool =
 
 
 def is_bitvec(o: ops.Op | None) -> bool:
+    """Whether the op is a bitvec (integer bit-pattern) operator."""
     return o is not None and o.name in ALU_BITVEC
 
 
@@ -289,10 +294,13 @@ def read(t: NkiTensor, oob_skip: bool = False) -> np.ndarray:
 
 
 def read_f32(t: NkiTensor) -> np.ndarray:
+    """The tensor's values converted to fp32, as the engines compute."""
     return dt.to_f32(read(t))
 
 
 def mm_view(t: NkiTensor) -> np.ndarray | None:
+    """The PSUM 'written by a matmul' mask of a view (None outside PSUM or for a reinterpreted
+    view), used by accumulate=None."""
     st = t._st
     if st.mm_mask is None or t.dtype.itemsize != st.dtype.itemsize:
         return None

@@ -38,6 +38,7 @@ def get_nc_version() -> nc_version:
 
 
 def get_nc_sub_version() -> int:
+    """The NeuronCore sub-version (always 0 in the interpreter)."""
     return 0
 
 

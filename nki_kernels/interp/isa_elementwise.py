@@ -378,6 +378,8 @@ def reduce_token(op: Any, arg: str, instr: str) -> ops.Op:
 
 
 def reduce_values(o: ops.Op, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Reduce `x` over `axes` with the op's ufunc: fp32 for arithmetic, exact int64 for
+    bitvec, 0/1 for logical ops."""
     fn = _REDUCE_FNS[o.name]
     if o.name.startswith("logical"):
         return fn.reduce(x != 0, axis=axes).astype(np.float32)  # type: ignore[no-any-return]

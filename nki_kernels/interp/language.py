@@ -103,18 +103,22 @@ fp32_min = float(np.finfo(np.float32).min)
 
 # ---- buffers -------------------------------------------------------------------------
 def is_sbuf(buffer: Any) -> bool:
+    """Whether `buffer` is nl.sbuf."""
     return buffer is sbuf
 
 
 def is_psum(buffer: Any) -> bool:
+    """Whether `buffer` is nl.psum."""
     return buffer is psum
 
 
 def is_hbm(buffer: Any) -> bool:
+    """Whether `buffer` is an HBM buffer (nl.hbm / private_hbm or nl.shared_hbm)."""
     return buffer is hbm or buffer is shared_hbm
 
 
 def is_on_chip(buffer: Any) -> bool:
+    """Whether `buffer` is SBUF or PSUM."""
     return isinstance(buffer, Buffer) and buffer.on_chip
 
 
@@ -145,34 +149,40 @@ def _filled(shape: Any, value: Any, dtype: Any, buffer: Buffer, name: str) -> Nk
 
 
 def zeros(shape: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "") -> NkiTensor:
+    """A new tensor filled with 0 (on chip: a memset instruction)."""
     return _filled(shape, 0, dtype, buffer, name)
 
 
 def ones(shape: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "") -> NkiTensor:
+    """A new tensor filled with 1 (on chip: a memset instruction)."""
     return _filled(shape, 1, dtype, buffer, name)
 
 
 def full(
     shape: Any, fill_value: Any, dtype: Any, buffer: Buffer = sbuf, name: str = ""
 ) -> NkiTensor:
+    """A new tensor filled with `fill_value` (on chip: a memset instruction)."""
     return _filled(shape, fill_value, dtype, buffer, name)
 
 
 def zeros_like(
     a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
 ) -> NkiTensor:
+    """`nl.zeros` with `a`'s shape, and its dtype / buffer unless given."""
     return zeros(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
 def ones_like(
     a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
 ) -> NkiTensor:
+    """`nl.ones` with `a`'s shape, and its dtype / buffer unless given."""
     return ones(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
 def empty_like(
     a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
 ) -> NkiTensor:
+    """`nl.ndarray` with `a`'s shape, and its dtype / buffer unless given."""
     return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
@@ -221,18 +231,21 @@ def ds(start: int, size: int) -> slice:
 
 # ---- launch grid ----------------------------------------------------------------------
 def program_id(axis: int = 0) -> int:
+    """This program's index on launch axis 0 (0 or 1 under LNC2)."""
     if axis != 0:
         raise _fail("LAUNCH", f"program_id: only axis 0 exists; got {axis}")
     return _current().program_id
 
 
 def num_programs(axes: int = 0) -> int:
+    """Number of programs on launch axis 0 (the LNC size)."""
     if axes != 0:
         raise _fail("LAUNCH", f"num_programs: only axis 0 exists; got {axes}")
     return _current().lnc
 
 
 def program_ndim() -> int:
+    """1 for a `kernel[lnc](...)` launch, 0 for a plain call."""
     return 1 if _current().grid else 0
 
 
@@ -247,6 +260,7 @@ static_range = affine_range
 
 
 def device_print(prefix: str, x: Any) -> None:
+    """Print `prefix` and the tensor's values (numeric mode) or `x` itself."""
     from .engine import read
 
     if isinstance(x, NkiTensor) and not _current().trace_only:

@@ -302,6 +302,7 @@ class Kernel:
         return f"Kernel({self.fn.__module__}.{self.fn.__qualname__})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the kernel with this LNC count; returns its outputs."""
         return run(self, *args, **kwargs).outputs
 
     def __getitem__(self, lnc: Any) -> _Launcher:

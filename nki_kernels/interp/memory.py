@@ -29,6 +29,7 @@ class FirstFit:
         self.peak = 0
 
     def round(self, nbytes: int) -> int:
+        """`nbytes` rounded up to whole granules (at least one)."""
         g = self.granule
         return max(g, (nbytes + g - 1) // g * g)
 
@@ -110,8 +111,10 @@ class OnChipMemory:
 
     @property
     def peak_sbuf_bytes(self) -> int:
+        """High-water mark of live SBUF bytes per partition."""
         return self.sbuf.peak
 
     @property
     def peak_psum_banks(self) -> int:
+        """High-water mark of live PSUM banks."""
         return self.psum.peak // self.bank_bytes

@@ -106,16 +106,19 @@ class Op:
         return f"nl.{self.name}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The experimental nl compute call (`nl.add(x, y)`, `nl.exp(x)`, ...)."""
         if self._call is None:
             raise TypeError(f"nl.{self.name} is an op token only and cannot be called")
         return self._call(*args, **kwargs)
 
     @property
     def is_unary(self) -> bool:
+        """Whether the token is a unary ALU op or activation function."""
         return self.kind == "unary"
 
     @property
     def is_bitvec(self) -> bool:
+        """Whether the token is a bitvec (integer bit-pattern) operator."""
         return self.kind == "bitvec"
 
 

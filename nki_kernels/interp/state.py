@@ -51,6 +51,7 @@ class Launch:
 
     @property
     def program(self) -> Program:
+        """The program (LNC core) whose kernel body is running."""
         return self.programs[self.program_id]
 
     def warn(self, key: str, message: str) -> None:
@@ -60,6 +61,7 @@ class Launch:
             warnings.warn(message, InterpreterWarning, stacklevel=4)
 
     def finish(self) -> None:
+        """Record the memory high-water marks of every program in the trace."""
         for i, prog in enumerate(self.programs):
             self.trace.peak_sbuf_bytes[i] = prog.memory.peak_sbuf_bytes
             self.trace.peak_psum_banks[i] = prog.memory.peak_psum_banks
@@ -78,12 +80,15 @@ def current() -> Launch:
 
 
 def push(launch: Launch) -> None:
+    """Make `launch` the current launch."""
     _active.append(launch)
 
 
 def pop() -> None:
+    """End the current launch."""
     _active.pop()
 
 
 def active() -> Launch | None:
+    """The current launch, or None outside a kernel."""
     return _active[-1] if _active else None

@@ -135,6 +135,7 @@ class Storage:
                 self.mm_mask = np.zeros(size, dtype=np.bool_)
 
     def describe(self) -> str:
+        """'name' shape dtype, for error messages."""
         return f"'{self.name}' {self.shape} {self.dtype.name}"
 
     def __del__(self) -> None:
@@ -174,26 +175,32 @@ class NkiTensor(ViewMethods):
     # ---- attributes ------------------------------------------------------------------
     @property
     def buffer(self) -> Buffer:
+        """The buffer the storage lives in."""
         return self._st.buffer
 
     @property
     def name(self) -> str:
+        """The storage's name."""
         return self._st.name
 
     @property
     def ndim(self) -> int:
+        """Number of dims of the view."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """Number of elements of the view."""
         return _prod(self.shape)
 
     @property
     def storage(self) -> Storage:
+        """The allocation the view reads."""
         return self._st
 
     @property
     def on_chip(self) -> bool:
+        """Whether the view is in SBUF or PSUM."""
         return self._st.buffer.on_chip
 
     @property
@@ -232,9 +239,11 @@ class NkiTensor(ViewMethods):
         return True
 
     def is_indirect(self) -> bool:
+        """Whether the view carries a run-time index (.ap offsets, dynamic select)."""
         return self.indirect is not None
 
     def get_pattern(self) -> list[list[int]]:
+        """The access pattern [[stride, count], ...] of the view, dim 0 first."""
         return [[s, n] for n, s in zip(self.shape, self.strides)]
 
     # ---- indexing -------------------------------------------------------------------
@@ -381,6 +390,7 @@ class NkiTensor(ViewMethods):
         return st.size * st.dtype.itemsize // self.dtype.itemsize
 
     def check_bounds(self) -> None:
+        """Rule IDX unless every element of the view lies inside its storage."""
         lo, hi = self._extent()
         total = self.storage_elements()
         if self.size and (lo < 0 or hi >= total):

@@ -106,6 +106,7 @@ class Trace:
         self.peak_psum_banks: list[int] = [0] * lnc
 
     def append(self, instr: Instr) -> None:
+        """Add `instr` and give it the next index."""
         instr.index = len(self.instrs)
         self.instrs.append(instr)
 
@@ -125,12 +126,15 @@ class Trace:
 
     @property
     def flops(self) -> int:
+        """Total matmul FLOPs."""
         return sum(i.flops for i in self.instrs)
 
     @property
     def hbm_read_bytes(self) -> int:
+        """Total bytes read from HBM."""
         return sum(i.hbm_read for i in self.instrs)
 
     @property
     def hbm_write_bytes(self) -> int:
+        """Total bytes written to HBM."""
         return sum(i.hbm_write for i in self.instrs)

@@ -110,6 +110,8 @@ class ViewMethods:
         return self[tuple(key)]
 
     def select(self, dim: int, index: int | NkiTensor) -> NkiTensor:
+        """The view with dim `dim` fixed at `index` (an int; or a (1, 1) index tensor or register,
+        resolved at run time). On chip, dim 0 cannot be selected."""
         d = self._dim(dim, "select")
         if self.on_chip and d == 0:
             raise fail("VIEW", f"select on the partition dim of on-chip '{self.name}'")
@@ -130,6 +132,7 @@ class ViewMethods:
         return view
 
     def vector_select(self, dim: int, vector_offset: NkiTensor) -> NkiTensor:
+        """Rows of an HBM tensor picked by a (P, 1) on-chip index tensor (dim 0 only)."""
         if dim != 0:
             raise fail("VIEW", f"vector_select supports dim=0 only; got dim={dim}")
         if self.on_chip:
@@ -141,6 +144,8 @@ class ViewMethods:
         return self._new((p, *self.shape[1:]), (0, *self.strides[1:]), self.offset, self.dtype, ind)
 
     def reshape(self, *shape_args: Any) -> NkiTensor:
+        """The same elements with a new shape (no copy: the layout must allow it; on chip dim 0
+        stays)."""
         self._no_indirect("reshape")
         shape = shape_args[0] if len(shape_args) == 1 else shape_args
         try:
@@ -177,6 +182,7 @@ class ViewMethods:
         return self._derive(shape, strides)
 
     def reshape_dim(self, dim: int, shape: tuple[int, ...]) -> NkiTensor:
+        """Dim `dim` split into `shape` (one entry may be -1)."""
         d = self._dim(dim, "reshape_dim")
         shape = tuple(shape)
         if -1 in shape:
@@ -190,6 +196,7 @@ class ViewMethods:
         return self.reshape(self.shape[:d] + shape + self.shape[d + 1 :])
 
     def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
+        """Dims start_dim..end_dim merged into one (not the partition dim on chip)."""
         s, e = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
         if self.on_chip and s == 0:
             raise fail("VIEW", "flatten_dims cannot merge the partition dim of an on-chip tensor")
@@ -211,6 +218,7 @@ class ViewMethods:
         )
 
     def squeeze_dim(self, dim: int) -> NkiTensor:
+        """Size-1 dim `dim` removed (not the partition dim on chip)."""
         d = self._dim(dim, "squeeze_dim")
         if self.shape[d] != 1:
             raise fail("VIEW", f"squeeze_dim({dim}) of '{self.name}' {self.shape}: size is not 1")
@@ -221,6 +229,7 @@ class ViewMethods:
         )
 
     def broadcast(self, dim: int, size: int) -> NkiTensor:
+        """Size-1 dim `dim` repeated `size` times with stride 0 (not dim 0 on chip)."""
         d = self._dim(dim, "broadcast")
         if self.shape[d] != 1:
             raise fail(
@@ -236,6 +245,7 @@ class ViewMethods:
         )
 
     def permute(self, dims: tuple[int, ...] | list[int]) -> NkiTensor:
+        """The dims reordered (dim 0 stays first on chip)."""
         dims = tuple(dims)
         if sorted(dims) != list(range(self.ndim)):
             raise fail("VIEW", f"permute{dims} is not a permutation of {self.ndim} dims")

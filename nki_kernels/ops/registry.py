@@ -82,6 +82,7 @@ class NkiOp:
 
     @property
     def qualname(self) -> str:
+        """'nki::<name>'."""
         return f"{NAMESPACE}::{self.name}"
 
     @property
@@ -90,6 +91,7 @@ class NkiOp:
         return getattr(getattr(torch.ops, NAMESPACE), self.name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call `torch.ops.nki.<name>`."""
         return self.op(*args, **kwargs)
 
 

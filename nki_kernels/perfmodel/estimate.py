@@ -65,6 +65,7 @@ class Estimate:
 
     @property
     def latency_ms(self) -> float:
+        """Modeled latency in milliseconds."""
         return self.latency_ns / 1e6
 
     @property
@@ -74,6 +75,7 @@ class Estimate:
 
     @property
     def hbm_bytes(self) -> int:
+        """HBM bytes read plus written."""
         return self.hbm_read_bytes + self.hbm_write_bytes
 
     @property

@@ -81,10 +81,12 @@ class Provenance:
         return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
+        """Parse a stored provenance record (ValueError naming missing fields)."""
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in data]
         if missing:
@@ -210,6 +212,7 @@ class ConfigStore:
     # -- reading -----------------------------------------------------------------------
 
     def path(self, directory: Path, op: str, target: str | Target) -> Path:
+        """The JSON file of `op` on `target` under `directory`."""
         return directory / get_target(target).name / f"{op}.json"
 
     def _load(self, path: Path) -> dict[str, Any]:

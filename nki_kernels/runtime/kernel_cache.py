@@ -88,6 +88,7 @@ class Specialization:
                 )
 
     def __call__(self, *args: Any) -> Any:
+        """Run the specialized kernel on arguments of its key's shapes and dtypes."""
         self.check_args(args)
         self.calls += 1
         return self.runner(self.kernel, *args, target=self.target, lnc=self.key.lnc, **self.statics)
@@ -126,6 +127,7 @@ class KernelCache:
         return sum(1 for k in self._entries if k.kernel == name)
 
     def keys(self) -> list[CacheKey]:
+        """The cache keys, in creation order."""
         return list(self._entries)
 
     def get(
@@ -164,6 +166,7 @@ class KernelCache:
             return spec
 
     def clear(self) -> None:
+        """Drop every specialization and reset the counters."""
         with self._lock:
             self._entries.clear()
             self.hits = 0
