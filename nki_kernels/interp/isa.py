@@ -28,7 +28,25 @@ from .isa_elementwise import (  # noqa: F401
     tensor_scalar,
     tensor_tensor,
 )
+from .isa_gpsimd import affine_select, iota, tensor_partition_reduce  # noqa: F401
 from .isa_tensor import nc_matmul, nc_transpose  # noqa: F401
+from .isa_vector import (  # noqa: F401
+    bn_aggr,
+    bn_stats,
+    max8,
+    nc_find_index8,
+    nc_match_replace8,
+    tensor_copy_predicated,
+    tensor_tensor_scan,
+)
+from .isa_vector_acc import range_select, select_reduce, tensor_scalar_reduce  # noqa: F401
+from .loops import (  # noqa: F401
+    VirtualRegister,
+    register_alloc,
+    register_load,
+    register_move,
+    register_store,
+)
 from .state import current as _current
 
 
@@ -40,24 +58,3 @@ def get_nc_version() -> nc_version:
 def get_nc_sub_version() -> int:
     """The NeuronCore sub-version (always 0 in the interpreter)."""
     return 0
-
-
-# GpSimd / VectorE instructions beyond the core set, device-loop registers.
-from .isa_gpsimd import affine_select, iota, tensor_partition_reduce  # noqa: E402, F401
-from .isa_vector import (  # noqa: E402, F401
-    bn_aggr,
-    bn_stats,
-    max8,
-    nc_find_index8,
-    nc_match_replace8,
-    tensor_copy_predicated,
-    tensor_tensor_scan,
-)
-from .isa_vector_acc import range_select, select_reduce, tensor_scalar_reduce  # noqa: E402, F401
-from .loops import (  # noqa: E402, F401
-    VirtualRegister,
-    register_alloc,
-    register_load,
-    register_move,
-    register_store,
-)
