@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from .moe import MoE
+from .norm import LayerNorm, RMSNorm
 
-__all__ = ["MoE"]
+__all__ = ["LayerNorm", "MoE", "RMSNorm"]

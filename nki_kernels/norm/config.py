@@ -28,6 +28,7 @@ from ..targets import Target
 from .layernorm import (
     BN_FMAX,
     LN_MODES,
+    LN_SCALAR,
     LN_VECTOR,
     STATS_BN,
     STATS_MIXED,
@@ -40,13 +41,15 @@ from .tiling import COLSUM_MAX_H, SEG_COLS, P
 GRANULE = 64  # SBUF allocation granule per partition (interp.memory.SBUF_ALIGN)
 # Fraction of usable SBUF a plan may fill: the first-fit allocator can fragment.
 SBUF_HEADROOM = 0.95
-# DMA efficiency is ~99% from 8 KiB per partition up (HARDWARE.md): the heuristic groups
-# rows until a partition's share of one tile reaches this.
-TARGET_DMA_BYTES = 8192
+# DMA efficiency is ~99% from 8 KiB per partition up (HARDWARE.md); the heuristic groups
+# rows until a partition's share of one tile reaches 16 KiB, which also spreads each
+# tile's fixed per-row statistics instructions over more rows.
+TARGET_DMA_BYTES = 16384
 CHUNK_CANDIDATES = (512, 1024, 2048, 4096, 8192)
 ROWS_PER_PARTITION = (1, 2, 4, 8)
-GPSIMD_SHARES = (0, 2, 3, 4, 5, 6, 8)
-BUFS = (2, 3, 4, 5)
+# eighths of each tensor_tensor on GpSimd; the best modeled shares sit between 2 and 6
+GPSIMD_SHARES = (0, 2, 4, 6)
+BUFS = (2, 3, 4)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AFFINES = ("none", "w", "b", "wb")
 
@@ -163,7 +166,7 @@ class _NormConfig(KernelConfig):
         """The first valid plan in order of preference: whole row tiles in SBUF with one
         tile loading ahead, else streamed chunks loading ahead, else resident without a
         prefetch; within each, the largest chunk, then the largest row grouping up to the
-        DMA target (~8 KiB per partition)."""
+        DMA target (16 KiB per partition)."""
         row_bytes = problem.hidden * problem.itemsize
         kk = 1
         for k in _kks(problem.rows):
@@ -253,7 +256,7 @@ class RMSNormBwdConfig(_NormConfig):
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
-        return cls._pick(problem, target, gpsimd_eighths=4)
+        return cls._pick(problem, target, gpsimd_eighths=6)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -318,11 +321,13 @@ class LayerNormConfig(_NormConfig):
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> LayerNormConfig:
         stats = STATS_SCALAR if problem.dtype == "float32" else STATS_MIXED
-        return cls._pick(problem, target, scale_mode=LN_VECTOR, gpsimd_eighths=4, stats=stats)
+        return cls._pick(problem, target, scale_mode=LN_SCALAR, gpsimd_eighths=4, stats=stats)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
-        stats = tuple(s for s in STATS_MODES if s != STATS_BN or bn_stats_available())
+        # 'mixed' is refused for fp32; 'scalar' (two ScalarE passes) only pays for fp32
+        fast = STATS_SCALAR if problem.dtype == "float32" else STATS_MIXED
+        stats = tuple(s for s in (fast, STATS_BN) if s != STATS_BN or bn_stats_available())
         return {
             "rows_per_partition": _kks(problem.rows),
             "chunk": _chunks(problem.hidden),

@@ -1,0 +1,141 @@
+"""`RMSNorm` and `LayerNorm`: drop-in replacements for `torch.nn.RMSNorm` / `torch.nn.LayerNorm`.
+
+Same constructor arguments, parameters (`weight`, `bias`) and state_dict keys as the
+torch modules, so checkpoints load either way; the forward runs `torch.ops.nki.rms_norm`
+/ `torch.ops.nki.layer_norm` (NKI kernels, NKI backward). A multi-dim `normalized_shape`
+normalizes over the flattened trailing dims, exactly as torch does. Parameters in a
+different dtype than the input (e.g. fp32 master weights with bf16 activations) are cast
+to the input's dtype for the kernel; their gradients flow back in their own dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..ops import norm as _ops  # noqa: F401  (registers torch.ops.nki.* norm ops)
+
+_Shape = int | Sequence[int] | torch.Size
+
+
+def _shape(normalized_shape: _Shape) -> tuple[int, ...]:
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    shape = tuple(int(s) for s in normalized_shape)
+    if not shape or any(s < 1 for s in shape):
+        raise ValueError(f"normalized_shape: expected positive sizes; got {normalized_shape}")
+    return shape
+
+
+def _flatten(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """x [..., *shape] as [..., prod(shape)] (checking the trailing dims)."""
+    k = len(shape)
+    if x.dim() < k or tuple(x.shape[-k:]) != shape:
+        raise ValueError(
+            f"input: expected trailing dims {shape} (normalized_shape); got shape {tuple(x.shape)}"
+        )
+    return x.reshape(*x.shape[: x.dim() - k], math.prod(shape))
+
+
+def _param(p: Tensor | None, x: Tensor) -> Tensor | None:
+    if p is None:
+        return None
+    p = p.reshape(-1)
+    return p if p.dtype == x.dtype else p.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims.
+
+    `eps=None` uses `torch.finfo(x.dtype).eps` at each call, as `torch.nn.RMSNorm` does.
+    """
+
+    def __init__(
+        self,
+        normalized_shape: _Shape,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = _shape(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(
+                torch.empty(self.normalized_shape, device=device, dtype=dtype)
+            )
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        y = torch.ops.nki.rms_norm(_flatten(x, self.normalized_shape), _param(self.weight, x), eps)
+        return y.reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
+
+
+class LayerNorm(nn.Module):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over the trailing dims."""
+
+    def __init__(
+        self,
+        normalized_shape: _Shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = _shape(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            kw = {"device": device, "dtype": dtype}
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **kw))  # type: ignore[arg-type]
+            if bias:
+                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **kw))  # type: ignore[arg-type]
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.nki.layer_norm(
+            _flatten(x, self.normalized_shape),
+            _param(self.weight, x),
+            _param(self.bias, x),
+            float(self.eps),
+        )
+        return y.reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
+
+
+__all__ = ["LayerNorm", "RMSNorm"]

@@ -1,0 +1,209 @@
+"""The NKI norm kernels in the interpreter against the fp32 references.
+
+Forward and backward on aligned and odd shapes (rows not a multiple of 128, H not a
+multiple of 128 or 512, streaming and resident plans, several rows per partition),
+with each kernel's heuristic config and with hand-picked schedule variants.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from norm_helpers import (
+    EPS,
+    assert_within,
+    check_all,
+    ln_bwd_bounds,
+    ln_fwd_bound,
+    make,
+    rms_bwd_bounds,
+    rms_fwd_bound,
+)
+
+from nki_kernels.interp import run
+from nki_kernels.norm import config as C
+from nki_kernels.norm import reference as ref
+from nki_kernels.norm.layernorm import layer_norm_fwd, layer_norm_stats
+from nki_kernels.norm.layernorm_bwd import layer_norm_bwd
+from nki_kernels.norm.rmsnorm import add_rms_norm_fwd, rms_norm_fwd, rms_norm_stats
+from nki_kernels.norm.rmsnorm_bwd import rms_norm_bwd
+from nki_kernels.targets import get_target
+
+# Tolerance table: (u, tiny) per dtype -- unit roundoff (half an ulp at 1.0) and smallest
+# subnormal. norm_helpers builds elementwise bounds from them: u * |value| + tiny / 2 per
+# rounding to the dtype, plus the fp32 summation terms of the statistics and gradients.
+TOL = {
+    torch.float32: (2.0**-24, 2.0**-149),
+    torch.bfloat16: (2.0**-8, 2.0**-133),
+    torch.float16: (2.0**-11, 2.0**-24),
+}
+NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+TARGET = get_target("trn2")
+
+# (rows, hidden, dtype): odd and aligned; rows % 128 != 0; wide rows.
+SHAPES = [
+    (7, 1000, torch.float32),
+    (300, 256, torch.bfloat16),
+    (130, 1000, torch.float16),
+    (384, 512, torch.bfloat16),
+]
+
+
+def _cfg(cls: type, rows: int, hidden: int, dtype: torch.dtype, affine: str, **over: object):
+    problem = C.NormProblem(rows, hidden, NAMES[dtype], affine)
+    cfg = cls.heuristic(problem, TARGET)
+    cfg = C.replace(cfg, **over) if over else cfg
+    cfg.validate(problem, TARGET)
+    return cfg.to_dict()
+
+
+@pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_fwd(rows: int, hidden: int, dtype: torch.dtype, weighted: bool) -> None:
+    x = make((rows, hidden), dtype, 1)
+    w = make((hidden,), dtype, 2, loc=1.0) if weighted else None
+    cfg = _cfg(C.RMSNormConfig, rows, hidden, dtype, "w" if weighted else "none")
+    y, rstd = run(rms_norm_fwd, x, w, EPS, target=TARGET, **cfg).outputs
+    yr, bound = rms_fwd_bound(x, w, *TOL[dtype])
+    assert y.dtype == dtype
+    assert_within("y", y, yr, bound)
+    _, rr = ref.rms_norm_ref(x, None, EPS)
+    assert_within("rstd", rstd, rr, 2.0**-20 * rr)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"resident": False, "chunk": 384, "bufs": 2},
+        {"resident": False, "chunk": 512, "bufs": 3, "scale_mode": "scalar"},
+        {"rows_per_partition": 2, "gpsimd_eighths": 8},
+        {"chunk": 512, "bufs": 5, "gpsimd_eighths": 3},
+    ],
+)
+def test_rms_and_add_fwd_schedules(over: dict) -> None:
+    rows, hidden, dtype = 300, 1100, torch.bfloat16
+    x, r = make((rows, hidden), dtype, 3), make((rows, hidden), dtype, 4)
+    w = make((hidden,), dtype, 5, loc=1.0)
+    cfg = _cfg(C.RMSNormConfig, rows, hidden, dtype, "w", **over)
+    y, _ = run(rms_norm_fwd, x, w, EPS, target=TARGET, **cfg).outputs
+    assert_within("y", y, *rms_fwd_bound(x, w, *TOL[dtype]))
+    acfg = _cfg(C.AddRMSNormConfig, rows, hidden, dtype, "w", **over)
+    y, h, rstd = run(add_rms_norm_fwd, x, r, w, EPS, target=TARGET, **acfg).outputs
+    _, hr, rr = ref.add_rms_norm_ref(x, r, w, EPS)
+    assert torch.equal(h, hr), "h = x + residual must round exactly like the unfused add"
+    assert_within("y", y, *rms_fwd_bound(hr, w, *TOL[dtype]))
+    assert_within("rstd", rstd, rr, 2.0**-20 * rr)
+
+
+def test_rms_norm_wide_rows() -> None:
+    """H = 16384 with a ragged row count: the heuristic plan and a streaming plan."""
+    rows, hidden, dtype = 130, 16384, torch.bfloat16
+    x, w = make((rows, hidden), dtype, 6), make((hidden,), dtype, 7, loc=1.0)
+    yr, bound = rms_fwd_bound(x, w, *TOL[dtype])
+    for over in ({}, {"resident": False, "chunk": 4096, "bufs": 2}):
+        cfg = _cfg(C.RMSNormConfig, rows, hidden, dtype, "w", **over)
+        y, _ = run(rms_norm_fwd, x, w, EPS, target=TARGET, **cfg).outputs
+        assert_within(f"y {over}", y, yr, bound)
+
+
+@pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
+@pytest.mark.parametrize("affine", ["wb", "w", "b", "none"])
+def test_layer_norm_fwd(rows: int, hidden: int, dtype: torch.dtype, affine: str) -> None:
+    x = make((rows, hidden), dtype, 8, loc=3.0)  # an offset mean: the shifted sums matter
+    w = make((hidden,), dtype, 9, loc=1.0) if "w" in affine else None
+    b = make((hidden,), dtype, 10) if "b" in affine else None
+    cfg = _cfg(C.LayerNormConfig, rows, hidden, dtype, affine)
+    y, mean, rstd = run(layer_norm_fwd, x, w, b, 1e-5, target=TARGET, **cfg).outputs
+    yr, bound = ln_fwd_bound(x, w, b, *TOL[dtype])
+    assert_within("y", y, yr, bound)
+    _, mr, rr = ref.layer_norm_ref(x, None, None, 1e-5)
+    h = hidden
+    assert_within("mean", mean, mr, 4 * (h**0.5) * 2.0**-24 * x.float().abs().mean(-1))
+    assert_within("rstd", rstd, rr, 2.0**-16 * rr)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"stats": "scalar", "scale_mode": "scalar"},
+        {"stats": "bn", "resident": False, "chunk": 512, "bufs": 3},
+        {"stats": "mixed", "rows_per_partition": 2, "gpsimd_eighths": 4},
+    ],
+)
+def test_layer_norm_fwd_schedules(over: dict) -> None:
+    rows, hidden, dtype = 300, 1100, torch.bfloat16
+    x = make((rows, hidden), dtype, 11, loc=-2.0)
+    w, b = make((hidden,), dtype, 12, loc=1.0), make((hidden,), dtype, 13)
+    cfg = _cfg(C.LayerNormConfig, rows, hidden, dtype, "wb", **over)
+    y, _, _ = run(layer_norm_fwd, x, w, b, 1e-5, target=TARGET, **cfg).outputs
+    assert_within(f"y {over}", y, *ln_fwd_bound(x, w, b, *TOL[dtype]))
+
+
+def test_statistics_kernels() -> None:
+    """The backward's statistics recomputation matches the forward's saved statistics."""
+    x = make((300, 1000), torch.bfloat16, 14, loc=1.0)
+    _, rstd = rms_norm_fwd(x, None, EPS)
+    assert torch.equal(rms_norm_stats(x, EPS), rstd)
+    _, mean, rstd = layer_norm_fwd(x, None, None, 1e-5)
+    m2, r2 = layer_norm_stats(x, 1e-5)
+    assert torch.equal(m2, mean) and torch.equal(r2, rstd)
+
+
+@pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_bwd(rows: int, hidden: int, dtype: torch.dtype, weighted: bool) -> None:
+    x, dy = make((rows, hidden), dtype, 15), make((rows, hidden), dtype, 16)
+    w = make((hidden,), dtype, 17, loc=1.0) if weighted else None
+    _, rstd = ref.rms_norm_ref(x, None, EPS)
+    cfg = _cfg(C.RMSNormBwdConfig, rows, hidden, dtype, "w" if weighted else "none")
+    out = run(rms_norm_bwd, dy, x, w, rstd, target=TARGET, **cfg).outputs
+    dx, dw = out if weighted else (out, None)
+    want = rms_bwd_bounds(dy, x, w, *TOL[dtype])
+    check_all({"dx": dx, "dw": dw}, want, "rms_norm_bwd")
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"resident": False, "chunk": 512, "bufs": 2},
+        {"rows_per_partition": 2, "gpsimd_eighths": 6, "chunk": 512},
+    ],
+)
+def test_rms_norm_bwd_schedules_and_dh(over: dict) -> None:
+    rows, hidden, dtype = 300, 1100, torch.bfloat16
+    x, dy, dh = (make((rows, hidden), dtype, s) for s in (18, 19, 20))
+    w = make((hidden,), dtype, 21, loc=1.0)
+    _, rstd = ref.rms_norm_ref(x, None, EPS)
+    cfg = _cfg(C.AddRMSNormBwdConfig, rows, hidden, dtype, "w", **over)
+    dx, dw = run(rms_norm_bwd, dy, x, w, rstd, dh, target=TARGET, **cfg).outputs
+    want = rms_bwd_bounds(dy, x, w, *TOL[dtype])
+    rdx, bdx = want["dx"]
+    want["dx"] = (rdx + dh.float(), bdx + TOL[dtype][0] * dh.float().abs())
+    check_all({"dx": dx, "dw": dw}, want, f"rms_norm_bwd + dh {over}")
+
+
+@pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
+@pytest.mark.parametrize("affine", ["wb", "w", "b", "none"])
+def test_layer_norm_bwd(rows: int, hidden: int, dtype: torch.dtype, affine: str) -> None:
+    x, dy = make((rows, hidden), dtype, 22, loc=2.0), make((rows, hidden), dtype, 23)
+    w = make((hidden,), dtype, 24, loc=1.0) if "w" in affine else None
+    b = make((hidden,), dtype, 25) if "b" in affine else None
+    _, mean, rstd = ref.layer_norm_ref(x, None, None, 1e-5)
+    cfg = _cfg(C.LayerNormBwdConfig, rows, hidden, dtype, affine)
+    dx, dw, db = run(
+        layer_norm_bwd, dy, x, w, b is not None, mean, rstd, target=TARGET, **cfg
+    ).outputs
+    assert (dw is None) == (w is None) and (db is None) == (b is None)
+    want = ln_bwd_bounds(dy, x, w, b, *TOL[dtype])
+    check_all({"dx": dx, "dw": dw, "db": db}, want, "layer_norm_bwd")
+
+
+def test_backward_wide_rows_streaming() -> None:
+    """H = 16384 backward (the heuristic streams column chunks) with a ragged row count."""
+    rows, hidden, dtype = 130, 16384, torch.bfloat16
+    x, dy = make((rows, hidden), dtype, 26), make((rows, hidden), dtype, 27)
+    w = make((hidden,), dtype, 28, loc=1.0)
+    _, rstd = ref.rms_norm_ref(x, None, EPS)
+    cfg = _cfg(C.RMSNormBwdConfig, rows, hidden, dtype, "w")
+    dx, dw = run(rms_norm_bwd, dy, x, w, rstd, target=TARGET, **cfg).outputs
+    check_all({"dx": dx, "dw": dw}, rms_bwd_bounds(dy, x, w, *TOL[dtype]), "H=16384")
