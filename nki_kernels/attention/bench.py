@@ -118,7 +118,7 @@ def _specs(
         return flash_attention_fwd, args
     from .flash_bwd import flash_attention_bwd
 
-    lse = TensorSpec((batch, heads_q, seq), "float32")
+    lse = TensorSpec((batch, heads_q, 128, -(-seq // 128)), "float32")
     args = (
         q,
         kv,

@@ -121,7 +121,7 @@ def _bwd_dry_run(config: FlashBwdConfig, problem: AttentionProblem, target: Targ
     heads = max(1, -(-items // -(-sq // P)))
     q = TensorSpec((1, heads, sq, problem.head_dim), problem.dtype)
     kv = TensorSpec((1, 1, min(problem.seq_k, 2 * 512), problem.head_dim), problem.dtype)
-    lse = TensorSpec((1, heads, sq), "float32")
+    lse = TensorSpec((1, heads, P, -(-sq // P)), "float32")
     cfg = config.to_dict()
     args = (q, kv, kv, q, q, lse, None, None, 0.125, (), *(cfg[k] for k in BWD_ARGS))
     return _dry_run_error(flash_attention_bwd, args, target)

@@ -61,12 +61,13 @@ def flash_attention_bwd(
 ):
     """dq [B, Hq, Sq, D], dk, dv [B, Hkv, Sk, D] (input dtypes) of attention(q, k, v).
 
-    o, do: forward output and its gradient [B, Hq, Sq, D]; lse: fp32 [B, Hq, Sq]
-    (+inf on empty rows); dlse: None or the gradient of lse (fp32 [B, Hq, Sq]: it enters
-    as Delta - dlse); bounds / plan as in the forward; section: work items whose
-    operands stay resident; dma_quarters: of every 4 dS^T sub-tiles, how many the DMA
-    engines transpose (2-byte dtypes); scalar_evac: of every 4 PE-transposed sub-tiles,
-    how many ScalarE copies out of PSUM (the rest VectorE).
+    o, do: forward output and its gradient [B, Hq, Sq, D]; lse: fp32 [B, Hq, 128, nq],
+    partition-major as the forward writes it (+inf on empty rows); dlse: None or the
+    gradient of lse in the same layout (it enters as Delta - dlse); bounds / plan as in
+    the forward; section: work items whose operands stay resident; dma_quarters: of
+    every 4 dS^T sub-tiles, how many the DMA engines transpose (2-byte dtypes);
+    scalar_evac: eighths of the PE-transposed sub-tiles that ScalarE copies out of PSUM
+    (the rest VectorE).
     """
     batch, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -276,9 +277,18 @@ def _load_items(sec, ins, b, cdt, d, rings, si):
         nisa.dma_copy(dst=q_nat[:rows, x, :], src=q[b, h, t0 : t0 + rows, :])
         nisa.dma_copy(dst=do_nat[:rows, x, :], src=do[b, h, t0 : t0 + rows, :])
         nisa.dma_copy(dst=o_nat[:rows, x, :], src=o[b, h, t0 : t0 + rows, :])
-        nisa.dma_copy(dst=lse_c[:rows, x : x + 1], src=lse[b, h, t0 : t0 + rows])
+    # statistics: one DMA per run of consecutive query tiles of one head (a contiguous
+    # run of floats per partition in the partition-major layout)
+    x0 = 0
+    while x0 < n:
+        x1 = x0 + 1
+        while x1 < n and sec[x1]["h"] == sec[x0]["h"] and sec[x1]["t"] == sec[x1 - 1]["t"] + 1:
+            x1 += 1
+        h, ta, tb = sec[x0]["h"], sec[x0]["t"], sec[x1 - 1]["t"] + 1
+        nisa.dma_copy(dst=lse_c[:, x0:x1], src=lse[b, h, :, ta:tb])
         if dlse_c is not None:
-            nisa.dma_copy(dst=dlse_c[:rows, x : x + 1], src=dlse[b, h, t0 : t0 + rows])
+            nisa.dma_copy(dst=dlse_c[:, x0:x1], src=dlse[b, h, :, ta:tb])
+        x0 = x1
     return {"items": sec, "q": q_nat, "do": do_nat, "o": o_nat, "lse": lse_c, "dlse": dlse_c}
 
 

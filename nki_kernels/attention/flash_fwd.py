@@ -14,7 +14,7 @@ share g's K^T and V, staged once into SBUF):
             a   = exp(scale * (m - m'));  l = a * l + rs
             P^T = transpose(P) per 128-key sub-tile            # PE (+ PSUM evacuation) or DMA
             O   = a * O + P^T.T @ V[step]                      # TensorE accumulates in PSUM
-        out[b, h, t] = O / l;   lse[b, h, t] = scale * m + log(l)
+        out[b, h, t] = O / l;   lse[b, h, :, t] = scale * m + log(l)
 
 Layout: q, k, v arrive in SDPA layout [B, H, S, D] (HBM). Scores keep queries on the 128
 partitions so softmax statistics are per-partition scalars; keys sit on the free axis
@@ -69,7 +69,11 @@ OUT_RING = 6  # finalized tiles waiting for their store DMA
 def flash_attention_fwd(
     q, k, v, bounds, softmax_scale, plan, kv_tile, q_tiles, dma_quarters, scalar_evac
 ):
-    """out [B, Hq, Sq, D] (q.dtype), lse [B, Hq, Sq] fp32 = attention(q, k, v).
+    """out [B, Hq, Sq, D] (q.dtype), lse [B, Hq, 128, nq] fp32 = attention(q, k, v).
+
+    lse is partition-major: lse[b, h, p, t] belongs to query t * 128 + p, so one DMA per
+    head group stores it with a contiguous run per partition (a [Sq] row would need one
+    4-byte descriptor per query).
 
     q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D]; bounds: None or fp32 [B, 128, 2, nq];
     plan: () (no mask) or per-batch (or one shared) tuples of tile classes [nq][nk];
@@ -81,7 +85,8 @@ def flash_attention_fwd(
     batch, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     out = nl.ndarray((batch, hq, sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
-    lse = nl.ndarray((batch, hq, sq), dtype=nl.float32, buffer=nl.shared_hbm)
+    nq = (sq + P - 1) // P
+    lse = nl.ndarray((batch, hq, P, nq), dtype=nl.float32, buffer=nl.shared_hbm)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
     cfg = (softmax_scale, kv_tile, q_tiles, dma_quarters, scalar_evac)
     items = [(b, g) for b in range(batch) for g in range(hkv)]
@@ -132,6 +137,8 @@ def _head_group(q, k, v, bounds, out, lse, b, g, group, classes, cfg, sq, sk, d)
     kt = nl.ndarray((d, nk * P), dtype=cdt, buffer=nl.sbuf)
     vt = nl.ndarray((P, nk, d), dtype=cdt, buffer=nl.sbuf)
     bnd = load_bounds(bounds, b, nq) if len(classes) > 0 else None
+    lse_all = nl.ndarray((P, group, nq), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=lse_all, value=0.0, engine=nisa.engine.gpsimd)
 
     tiles = []  # (head, q tile, steps)
     for h in range(g * group, (g + 1) * group):
@@ -140,7 +147,7 @@ def _head_group(q, k, v, bounds, out, lse, b, g, group, classes, cfg, sq, sk, d)
     zeros = None
     for h, t, steps in tiles:
         if len(steps) == 0:
-            zeros = _store_empty_tile(out, lse, b, h, t, sq, d, zeros)
+            zeros = _store_empty_tile(out, b, h, t, sq, d, zeros)
     jobs = []
     tstate = []  # per query tile, in order of first appearance
     live = [x for x in tiles if len(x[2]) > 0]
@@ -177,7 +184,11 @@ def _head_group(q, k, v, bounds, out, lse, b, g, group, classes, cfg, sq, sk, d)
             _stage_transpose(jobs[i - 2], i - 2, tstate, rings, sk, cdt, cfg)
         if 0 <= i - 3 < n:
             _stage_pv(jobs[i - 3], i - 3, tstate, rings, vt, sk, d)
-            _stage_rescale(jobs[i - 3], i - 3, tstate, rings, out, lse, b, softmax_scale, d)
+            _stage_rescale(
+                jobs[i - 3], i - 3, tstate, rings, out, lse_all, b, g * group, softmax_scale, d
+            )
+    # one store for the group's statistics: partition p, head h -> nq contiguous floats
+    nisa.dma_copy(dst=lse[b, g * group : (g + 1) * group].permute((1, 0, 2)), src=lse_all)
 
 
 def _rings(n_sub, d, cdt, q_tiles):
@@ -200,19 +211,18 @@ def _rings(n_sub, d, cdt, q_tiles):
         "o_acc": [nl.ndarray((P, d), dtype=f32, buffer=sb) for _ in range(tile_ring)],
         "o_out": [nl.ndarray((P, d), dtype=cdt, buffer=sb) for _ in range(OUT_RING)],
     }
-    for name in ("m", "bias", "alpha", "rs", "l", "rl", "log_l", "lse"):
+    for name in ("m", "bias", "alpha", "rs", "l", "rl", "log_l"):
         r[name] = [nl.ndarray((P, 1), dtype=f32, buffer=sb) for _ in range(STAT_RING)]
     return r
 
 
-def _store_empty_tile(out, lse, b, h, t, sq, d, zeros):
-    """A query tile with no allowed key anywhere: write zeros (the op fixes lse)."""
+def _store_empty_tile(out, b, h, t, sq, d, zeros):
+    """A query tile with no allowed key anywhere: write zeros (lse stays 0; the op fixes both)."""
     if zeros is None:
         zeros = nl.ndarray((P, d), dtype=out.dtype, buffer=nl.sbuf)
         nisa.memset(dst=zeros, value=0.0)
     rows = min(P, sq - t * P)
     nisa.dma_copy(dst=out[b, h, t * P : t * P + rows, :], src=zeros[:rows, :])
-    nisa.dma_copy(dst=lse[b, h, t * P : t * P + rows], src=zeros[:rows, 0:1])
     return zeros
 
 
@@ -430,7 +440,7 @@ def _stage_pv(job, i, tstate, rings, vt, sk, d):
         )
 
 
-def _stage_rescale(job, i, tstate, rings, out, lse, b, scale, d):
+def _stage_rescale(job, i, tstate, rings, out, lse_all, b, h0, scale, d):
     """O = alpha * O + (P @ V)_step (fp32 SBUF); after the last step, finalize the tile."""
     ti = job["ti"]
     st = tstate[ti]
@@ -457,27 +467,24 @@ def _stage_rescale(job, i, tstate, rings, out, lse, b, scale, d):
         o_src = o_acc
     job["alpha"] = None
     if last:
-        _finalize(st, o_src, rings, ti, out, lse, b, rows, scale, d)
+        _finalize(st, o_src, rings, ti, out, lse_all, b, h0, rows, scale, d)
         tstate[ti] = None
 
 
-def _finalize(st, o_src, rings, ti, out, lse, b, rows, scale, d):
-    """out = O / l (cast on ScalarE), lse = scale * m + log(l); both DMA'd to HBM."""
+def _finalize(st, o_src, rings, ti, out, lse_all, b, h0, rows, scale, d):
+    """out = O / l (cast on ScalarE, DMA'd to HBM), lse = scale * m + log(l) (kept in the
+    group's SBUF statistics tile until its single store)."""
     h, t0 = st["h"], st["t"] * P
     rl = _stat(rings, "rl", ti)
     nisa.reciprocal(dst=rl[:rows, :], data=st["l"][:rows, :])
-    o_out = rings["o_out"][ti % OUT_RING]
-    if out.dtype != o_out.dtype:
-        o_out = o_out.view(out.dtype) if o_out.dtype.itemsize == out.dtype.itemsize else None
-    if o_out is None:
-        o_out = nl.ndarray((P, d), dtype=out.dtype, buffer=nl.sbuf)
+    o_out = rings["o_out"][ti % OUT_RING]  # compute dtype == out dtype
     nisa.activation(dst=o_out[:rows, :d], op=nl.copy, data=o_src[:rows, :d], scale=rl[:rows, :])
     nisa.dma_copy(dst=out[b, h, t0 : t0 + rows, :], src=o_out[:rows, :d])
     log_l = _stat(rings, "log_l", ti)
     nisa.activation(dst=log_l[:rows, :], op=nl.log, data=st["l"][:rows, :])
-    lse_t = _stat(rings, "lse", ti)
+    t = st["t"]
     nisa.tensor_scalar(
-        dst=lse_t[:rows, :],
+        dst=lse_all[:rows, h - h0, t : t + 1],
         data=st["nb"][:rows, :],
         op0=nl.multiply,
         operand0=-_chain_scale(scale)[1],
@@ -485,7 +492,6 @@ def _finalize(st, o_src, rings, ti, out, lse, b, rows, scale, d):
         operand1=log_l[:rows, :],
         engine=nisa.engine.gpsimd,
     )
-    nisa.dma_copy(dst=lse[b, h, t0 : t0 + rows], src=lse_t[:rows, :])
 
 
 __all__ = ["flash_attention_fwd"]

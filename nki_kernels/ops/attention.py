@@ -226,6 +226,7 @@ def _forward(
             config=cfg,
             target=target,
         )
+        lse_c = _lse_from_kernel(lse_c)
         empty = torch.from_numpy(clo >= chi).to(q.device)[:, None, :]
         parts.append((out_c, lse_c.masked_fill(empty, float("-inf"))))
     out, lse = parts[0] if len(parts) == 1 else _merge(parts)
@@ -235,6 +236,18 @@ def _forward(
         out = out.masked_fill(empty[..., None], 0.0)
         lse = lse.masked_fill(empty, float("-inf"))
     return out.contiguous(), lse.contiguous()
+
+
+def _lse_from_kernel(lse_pm: Tensor) -> Tensor:
+    """[B, H, 128, nq] partition-major (the kernels' layout) -> [B, H, nq * 128]."""
+    b, h, p, nq = lse_pm.shape
+    return lse_pm.transpose(2, 3).reshape(b, h, nq * p)
+
+
+def _lse_to_kernel(lse: Tensor) -> Tensor:
+    """[B, H, nq * 128] -> the kernels' partition-major [B, H, 128, nq] (contiguous)."""
+    b, h, s = lse.shape
+    return lse.reshape(b, h, s // 128, 128).transpose(2, 3).contiguous()
 
 
 def _merge(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
@@ -274,10 +287,10 @@ def _backward(
     lo, hi = _bounds(b, sqb, skb, sq, sk, causal, sliding_window, kv_lens, segment_ids)
     # rows without an allowed key (and padded rows) get lse = +inf: their P is exactly 0
     empty = torch.from_numpy(lo >= hi).to(q.device)[:, None, :]
-    lse_p = pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf"))
+    lse_p = _lse_to_kernel(pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf")))
     dlse = None
     if grad_lse is not None:
-        dlse = pad_dim(grad_lse.float(), 2, sqb).masked_fill(empty, 0.0).contiguous()
+        dlse = _lse_to_kernel(pad_dim(grad_lse.float(), 2, sqb).masked_fill(empty, 0.0))
     plan, bounds = _plan_and_bounds(lo, hi, skb, q.device)
     problem = _problem(q, k, sqb, skb, _mask_kind(causal, sliding_window, kv_lens, segment_ids))
     cfg = lookup_config("flash_attention_bwd", problem, flash_attention_bwd, target=target)
@@ -288,7 +301,7 @@ def _backward(
         vp,
         op.contiguous(),
         dop.contiguous(),
-        lse_p.contiguous(),
+        lse_p,
         dlse,
         bounds,
         scale,
