@@ -262,7 +262,7 @@ def matmul_step(a_t: Any, b: Any, out_dtype: Any) -> Any:
     _, n_dim = b.shape
     out = nl.ndarray((m_dim, n_dim), dtype=out_dtype, buffer=nl.shared_hbm)
     nk = (k_dim + P - 1) // P
-    kbt = MM_BLOCK_K_TILES
+    kbt = max(1, MM_BLOCK_K_TILES * 2 // b.dtype.itemsize)  # same bytes per block for fp32
     single_k_block = nk <= kbt
     for n0 in range(0, n_dim, MM_BLOCK_N):
         ns = min(MM_BLOCK_N, n_dim - n0)
@@ -277,8 +277,10 @@ def matmul_step(a_t: Any, b: Any, out_dtype: Any) -> Any:
                     res.append(r)
             for kb0 in range(0, nk, kbt):
                 kts = min(kbt, nk - kb0)
-                at = nl.ndarray((P, kbt, MM_BLOCK_M), dtype=a_t.dtype, buffer=nl.sbuf)
-                bt = nl.ndarray((P, kbt, MM_BLOCK_N), dtype=b.dtype, buffer=nl.sbuf)
+                # one allocation for both operands, so a block's buffer rotates as a unit
+                blk = nl.ndarray((P, kbt, MM_BLOCK_M + MM_BLOCK_N), dtype=b.dtype, buffer=nl.sbuf)
+                at = blk[:, :, 0:MM_BLOCK_M]
+                bt = blk[:, :, MM_BLOCK_M : MM_BLOCK_M + MM_BLOCK_N]
                 for t in range(kts):
                     k0 = (kb0 + t) * P
                     ks = min(P, k_dim - k0)
