@@ -54,23 +54,25 @@ def assert_within(name: str, got: Tensor, want: Tensor, bound: Tensor) -> None:
         )
 
 
-def rms_fwd_bound(x: Tensor, w: Tensor | None, u: float, tiny: float) -> tuple[Tensor, Tensor]:
+def rms_fwd_bound(
+    x: Tensor, w: Tensor | None, u: float, tiny: float, eps: float = EPS
+) -> tuple[Tensor, Tensor]:
     """(y_ref, bound): y = round(round(x * rstd) * w), rstd from an fp32 sum over H."""
-    y, _ = ref.rms_norm_ref(x, w, EPS)
+    y, _ = ref.rms_norm_ref(x, w, eps)
     rounds = 2 if w is not None else 1
     wmag = w.float().abs() if w is not None else 1.0
     return y, (rounds * u + acc(x.shape[-1])) * y.abs() + tiny * (1.0 + wmag)
 
 
 def ln_fwd_bound(
-    x: Tensor, w: Tensor | None, b: Tensor | None, u: float, tiny: float
+    x: Tensor, w: Tensor | None, b: Tensor | None, u: float, tiny: float, eps: float = 1e-5
 ) -> tuple[Tensor, Tensor]:
     """(y_ref, bound): xn = round((x - mean) * rstd); y = round(round(xn * w) + b).
 
     The statistics' fp32 error (relative acc(H) of the row's magnitude |x|) moves xn by
     acc(H) * max|x| * rstd; each rounding costs u of the value rounded.
     """
-    y, mean, rstd = ref.layer_norm_ref(x, w, b, 1e-5)
+    y, mean, rstd = ref.layer_norm_ref(x, w, b, eps)
     xf = x.float()
     xn = (xf - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
     wf = w.float() if w is not None else torch.ones(x.shape[-1])

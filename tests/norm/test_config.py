@@ -120,7 +120,7 @@ def test_every_valid_config_runs_correctly(op: str) -> None:
         (
             C.RMSNormConfig,
             (512, 32768, "float32"),
-            {"resident": True, "chunk": 32768, "bufs": 5},
+            {"resident": True, "chunk": 32768, "bufs": 4},
             "SBUF",
         ),
     ],

@@ -77,7 +77,7 @@ def test_rms_norm_fwd(rows: int, hidden: int, dtype: torch.dtype, weighted: bool
         {"resident": False, "chunk": 384, "bufs": 2},
         {"resident": False, "chunk": 512, "bufs": 3, "scale_mode": "scalar"},
         {"rows_per_partition": 2, "gpsimd_eighths": 8},
-        {"chunk": 512, "bufs": 5, "gpsimd_eighths": 3},
+        {"chunk": 512, "bufs": 4, "gpsimd_eighths": 2},
     ],
 )
 def test_rms_and_add_fwd_schedules(over: dict) -> None:
