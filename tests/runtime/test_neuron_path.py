@@ -82,4 +82,3 @@ def test_simulate_passes_numpy_arrays_and_returns_tensors(monkeypatch: pytest.Mo
     torch.testing.assert_close(out_x, x * 2)
     assert out_b.dtype == torch.bfloat16
     torch.testing.assert_close(out_b, b)
-
