@@ -50,7 +50,7 @@ WITHIN = 1.02
 CASES = (
     ("rms_norm", "llama3-8b", (2048, 8192, 32768)),
     ("flash_attention", "llama3-8b", (2048, 8192, 32768)),
-    ("moe_mlp", "fine-grained-64e", (512, 4096, 16384)),
+    ("moe_mlp", "fine-grained-64e", (512, 2048, 4096)),
 )
 
 

@@ -428,9 +428,11 @@ def run_buckets(args: argparse.Namespace) -> int:
     print(f"{dist.total} observed lengths ({len(dist.lengths)} distinct, max {dist.max_length}); "
           f"time model: {desc}")  # fmt: skip
     base = plans[1].expected_time if len(plans) > 2 else plans[-1].expected_time
-    print(f"{'plan':<34} {'buckets':>7} {'E[time]':>14} {'vs default':>10} {'padding':>8}")
+    unit = "E[t] us" if kind == "model" else "E[t]"
+    scale = 1e-3 if kind == "model" else 1.0
+    print(f"{'plan':<34} {'buckets':>7} {unit:>14} {'vs default':>10} {'padding':>8}")
     for p in plans:
-        print(f"{p.name:<34} {len(p.boundaries):>7} {p.expected_time:>14.6g} "
+        print(f"{p.name:<34} {len(p.boundaries):>7} {p.expected_time * scale:>14.6g} "
               f"{p.expected_time / base:>9.3f}x {p.padding_waste:>7.1%}")  # fmt: skip
     print("optimal boundaries: " + ",".join(str(b) for b in plans[0].boundaries))
     return 0
