@@ -132,6 +132,13 @@ def test_unknown_requirement_is_an_argparse_error(capsys):
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
+def test_interp_bench_repeats_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["interp-bench", "--repeats", "0"])
+    assert e.value.code == 2
+    assert "--repeats: expected an integer >= 1; got '0'" in capsys.readouterr().err
+
+
 def test_bench_quick_prints_measured_figures(capsys):
     assert cli.main(["bench", "--quick"]) == 0
     out = capsys.readouterr().out

@@ -154,12 +154,24 @@ def goals_met(trace: list[TraceFigure], numeric: NumericFigure | None) -> bool:
     return rate >= TRACE_GOAL and (numeric is None or numeric.ratio <= NUMERIC_GOAL)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `interp-bench`: --quick, --repeats, --check."""
     parser.add_argument(
         "--quick", action="store_true", help="small shapes and one repeat (a smoke run)"
     )
-    parser.add_argument("--repeats", type=int, default=None, help="repeats per figure (best of)")
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=None, help="repeats per figure (best of)"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a figure misses its goal")
 
 

@@ -63,6 +63,9 @@ def test_json_and_timeline(tmp_path, capsys):
         (["matmul_tiled", "--shape", "M=128,Q=1"], "unknown dimension"),
         (["matmul_tiled", "--target", "trn9"], "target"),
         (["matmul_fully_blocked", "--shape", "1024,2048,2048"], "multiple of 2048"),
+        (["matmul_tiled", "--shape", "0,128,512"], "shape: expected a tuple of positive ints"),
+        (["matmul_tiled", "--dtype", "float64"], "dtype: expected an NKI dtype"),
+        (["matmul_tiled", "--lnc", "3"], "lnc: expected 1 or 2; got 3"),
     ],
 )
 def test_bad_input_is_a_clear_error(argv, message, capsys):
