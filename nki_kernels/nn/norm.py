@@ -23,7 +23,7 @@ _Shape = int | Sequence[int] | torch.Size
 
 
 def _shape(normalized_shape: _Shape) -> tuple[int, ...]:
-    if isinstance(normalized_shape, numbers.Integral):
+    if isinstance(normalized_shape, (int, numbers.Integral)):
         return (int(normalized_shape),)
     shape = tuple(int(s) for s in normalized_shape)
     if not shape or any(s < 1 for s in shape):
