@@ -80,3 +80,23 @@ def test_every_instruction_appears_where_it_ran():
     for ev in events:
         idx = ev["args"]["index"]
         assert ev["name"] == trace.instrs[idx].opcode
+
+
+def test_lnc2_has_one_process_per_core_and_each_core_its_own_work():
+    from cost_fixtures import split_rows_copy
+
+    x = TensorSpec((512, 256), "bfloat16")
+    trace, sched, est = schedule_kernel(split_rows_copy, x, target="trn2", lnc=2)
+    doc = chrome_trace(trace, sched, name="copy")
+    validate(doc)
+    names = {
+        ev["pid"]: ev["args"]["name"] for ev in doc["traceEvents"] if ev["name"] == "process_name"
+    }
+    assert sorted(names) == [0, 1] and names[1].startswith("copy core 1 - modeled")
+    per_core = {pid: 0 for pid in (0, 1)}
+    for ev in doc["traceEvents"]:
+        if ev["ph"] == "X":
+            per_core[ev["pid"]] += 1
+    # each core: 2 row tiles x (load + store), each DMA split over 16 engine queues
+    assert per_core == {0: 2 * 2 * 16, 1: 2 * 2 * 16}
+    assert est.lnc == 2
