@@ -100,6 +100,7 @@ class _NormOp:
             "rms_norm": rmsnorm.rms_norm_fwd,
             "add_rms_norm": rmsnorm.add_rms_norm_fwd,
             "rms_norm_bwd": rmsnorm_bwd.rms_norm_bwd,
+            "add_rms_norm_bwd": rmsnorm_bwd.rms_norm_bwd,
             "layer_norm": layernorm.layer_norm_fwd,
             "layer_norm_bwd": layernorm_bwd.layer_norm_bwd,
         }[self.op]
@@ -124,6 +125,8 @@ class _NormOp:
         dy = t("dy", (n, h), d)
         if self.op == "rms_norm_bwd":
             return (dy, x, w, t("rstd", (n,), "float32"))
+        if self.op == "add_rms_norm_bwd":  # x is h = x + residual; dh its incoming gradient
+            return (dy, x, w, t("rstd", (n,), "float32"), t("res", (n, h), d))
         return (dy, x, w, p.has_bias, t("mean", (n,), "float32"), t("rstd", (n,), "float32"))
 
     def trace(self, p: Any, config: KernelConfig, target: Target) -> Any:
@@ -157,9 +160,12 @@ class _NormOp:
             expect = (y, hsum, rstd)
         elif self.op == "layer_norm":
             expect = ref.layer_norm_ref(x, w, b, EPS)
-        elif self.op == "rms_norm_bwd":
+        elif self.op in ("rms_norm_bwd", "add_rms_norm_bwd"):
             a["rstd"] = _np(ref.rms_norm_ref(x, None, EPS)[1])
-            expect = ref.rms_norm_bwd_ref(_torch(a["dy"]), x, w, EPS)
+            dx, dw = ref.rms_norm_bwd_ref(_torch(a["dy"]), x, w, EPS)
+            if self.op == "add_rms_norm_bwd":
+                dx = dx + _torch(a["res"])  # the residual stream's gradient passes through
+            expect = (dx, dw)
         else:
             _, mean, rstd = ref.layer_norm_ref(x, None, None, EPS)
             a["mean"], a["rstd"] = _np(mean), _np(rstd)
@@ -281,7 +287,10 @@ class _AttentionOp:
                        **config.to_dict()).outputs  # fmt: skip
         t = [torch.from_numpy(a.astype(np.float32)) for a in (q, k, v)]
         ref_out, ref_lse = attention_reference(*t, causal=p.mask == "causal", softmax_scale=scale)
-        got = [np.asarray(out, np.float64), np.asarray(lse, np.float64)]
+        from ..ops.attention import _lse_from_kernel  # the kernels' partition-major lse
+
+        lse = _lse_from_kernel(torch.from_numpy(np.asarray(lse, np.float32)))[:, :, : p.seq_q]
+        got = [np.asarray(out, np.float64), _np(lse).astype(np.float64)]
         return got, [_np(ref_out), _np(ref_lse)]
 
     def reduced(self, p: Any, config: KernelConfig, target: Target) -> Any:
@@ -487,6 +496,7 @@ OPS: dict[str, OpSpec] = {
         _norm_spec("add_rms_norm", "w"),
         _norm_spec("layer_norm", "wb"),
         _norm_spec("rms_norm_bwd", "w"),
+        _norm_spec("add_rms_norm_bwd", "w"),
         _norm_spec("layer_norm_bwd", "wb"),
         OpSpec(
             op="flash_attention",
