@@ -98,13 +98,16 @@ def activation(
         if bias_v is not None:
             x = x + (np.float32(bias_v) if isinstance(bias_v, float) else bias_v)
         y = np.asarray(o.fn(x.astype(np.float32, copy=False)), dtype=np.float32)  # type: ignore[misc]
+        # y may be a view of data (nl.copy): sum before the store can overwrite it
+        summing = reduce_cmd is reduce_cmd_enum.reduce or reduce_cmd is reduce_cmd_enum.reset_reduce
+        row = y.sum(axis=1, dtype=np.float32) if summing else None
     acc = launch.program.scalar_acc
     lanes = acc_lanes(data)
     write(dst, y.reshape(dst.shape))
     if reduce_cmd is reduce_cmd_enum.reset or reduce_cmd is reduce_cmd_enum.reset_reduce:
         acc[lanes] = 0.0
-    if reduce_cmd is reduce_cmd_enum.reduce or reduce_cmd is reduce_cmd_enum.reset_reduce:
-        acc[lanes] = (acc[lanes] + y.sum(axis=1, dtype=np.float32)).astype(np.float32)
+    if row is not None:
+        acc[lanes] = (acc[lanes] + row).astype(np.float32)
     if reduce_res is not None:
         write(reduce_res, acc[lanes].reshape(reduce_res.shape))
     return ins

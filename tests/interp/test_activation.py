@@ -178,6 +178,23 @@ def test_activation_reduce_uses_the_lanes_of_the_data_partitions():
     np.testing.assert_allclose(out[:64, 0], s[:64], rtol=1e-5, atol=1e-6)
 
 
+def test_reduction_sums_the_inputs_even_when_dst_overlaps_data():
+    x = _x((16, 9))
+
+    def body(t, out):
+        nisa.activation(
+            dst=t[:, 1:9],  # overwrites data shifted by one column
+            op=nl.copy,
+            data=t[:, 0:8],
+            reduce_op=nl.add,
+            reduce_cmd=nisa.reduce_cmd.reset_reduce,
+            reduce_res=out,
+        )
+
+    got = outputs(body, [x], [((16, 1), nl.float32)])
+    np.testing.assert_allclose(got[:, 0], x[:, 0:8].astype(np.float64).sum(axis=1), rtol=1e-6)
+
+
 def test_activation_reduce_res_may_alias_dst():
     x = _x((16, 1))
 
