@@ -101,8 +101,12 @@ def _fwd_dry_run(config: FlashFwdConfig, problem: AttentionProblem, target: Targ
     masked = problem.mask != "none"
     bounds = TensorSpec((1, P, 2, -(-sq // P)), "float32") if masked else None
     plan = _dense_plan(sq, problem.seq_k) if masked else ()
-    # the bounds tile grows with the real query length: 2 fp32 per query tile
-    extra = 8 * (-(-problem.seq_q // P) - -(-sq // P)) if masked else 0
+    # tiles that grow with the real query length and group size, beyond the dry run's:
+    # bounds (2 fp32 per query tile) and the group's lse statistics (1 fp32 per head and
+    # query tile)
+    nq_real, nq_dry = -(-problem.seq_q // P), -(-sq // P)
+    group = problem.q_heads // problem.kv_heads
+    extra = (8 * (nq_real - nq_dry) if masked else 0) + 4 * (group * nq_real - nq_dry)
     cfg = config.to_dict()
     args = (q, kv, kv, bounds, 0.125, plan, *(cfg[k] for k in FWD_ARGS))
     return _dry_run_error(flash_attention_fwd, args, target, extra_sbuf=extra)
@@ -261,9 +265,11 @@ def _max_keys(config: FlashFwdConfig, problem: AttentionProblem, target: Target)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         trial = AttentionProblem(
-            seq_q=min(problem.seq_q, 2 * P),
+            seq_q=problem.seq_q,
             seq_k=mid * 1024,
             head_dim=problem.head_dim,
+            q_heads=problem.q_heads,
+            kv_heads=problem.kv_heads,
             dtype=problem.dtype,
             mask=problem.mask,
         )
