@@ -207,3 +207,15 @@ def test_backward_wide_rows_streaming() -> None:
     cfg = _cfg(C.RMSNormBwdConfig, rows, hidden, dtype, "w")
     dx, dw = run(rms_norm_bwd, dy, x, w, rstd, target=TARGET, **cfg).outputs
     check_all({"dx": dx, "dw": dw}, rms_bwd_bounds(dy, x, w, *TOL[dtype]), "H=16384")
+
+
+def test_forward_kernels_split_rows_across_lnc2() -> None:
+    """kernel[2]: each core takes a contiguous range of row tiles (the tail on the last)."""
+    x = make((1000, 512), torch.bfloat16, 29)
+    w = make((512,), torch.bfloat16, 30, loc=1.0)
+    for one, two in (
+        (rms_norm_fwd(x, w, EPS), rms_norm_fwd[2](x, w, EPS)),
+        (layer_norm_fwd(x, w, w, 1e-5), layer_norm_fwd[2](x, w, w, 1e-5)),
+        (add_rms_norm_fwd(x, x, w, EPS), add_rms_norm_fwd[2](x, x, w, EPS)),
+    ):
+        assert all(torch.equal(a, b) for a, b in zip(one, two))
