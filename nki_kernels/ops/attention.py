@@ -206,8 +206,7 @@ def _forward(
     sqb, skb = qp.shape[2], kp.shape[2]
     lo, hi = _bounds(b, sqb, skb, sq, sk, causal, sliding_window, kv_lens, segment_ids)
     mask = _mask_kind(causal, sliding_window, kv_lens, segment_ids)
-    probe = _problem(q, k, sqb, skb, mask)
-    chunk = max_resident_keys(FlashFwdConfig.heuristic(probe, target), probe, target)
+    chunk = _key_chunk(q, k, sqb, skb, mask, target)
     parts = []
     for c0 in range(0, skb, chunk):
         c1 = min(skb, c0 + chunk)
@@ -236,6 +235,21 @@ def _forward(
         out = out.masked_fill(empty[..., None], 0.0)
         lse = lse.masked_fill(empty, float("-inf"))
     return out.contiguous(), lse.contiguous()
+
+
+def _key_chunk(q: Tensor, k: Tensor, sqb: int, skb: int, mask: str, target: Any) -> int:
+    """Keys per forward call: all of them, or the longest range whose K^T / V fit in
+    SBUF under the config that will run it (re-checked for the chunk's own config)."""
+    chunk = skb
+    for _ in range(4):
+        problem = _problem(q, k, sqb, chunk, mask)
+        cfg = lookup_config("flash_attention", problem, flash_attention_fwd, target=target)
+        assert isinstance(cfg, FlashFwdConfig)
+        limit = max_resident_keys(cfg, problem, target)
+        if limit >= chunk:
+            return chunk
+        chunk = limit
+    return chunk
 
 
 def _lse_from_kernel(lse_pm: Tensor) -> Tensor:
