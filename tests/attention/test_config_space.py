@@ -12,9 +12,9 @@ from nki_kernels.attention import masks
 from nki_kernels.attention.config import AttentionProblem, FlashBwdConfig, FlashFwdConfig
 from nki_kernels.attention.flash_bwd import flash_attention_bwd
 from nki_kernels.attention.flash_fwd import flash_attention_fwd
+from nki_kernels.attention.host import lse_from_kernel, lse_to_kernel
 from nki_kernels.interp import run
 from nki_kernels.kernel_config import InvalidConfig
-from nki_kernels.ops.attention import _lse_from_kernel, _lse_to_kernel
 from nki_kernels.targets import get_target
 
 # Sq = 260 (3 query tiles, the last ragged), Sk = 1100 (a 1024-key step plus a ragged
@@ -66,7 +66,7 @@ def test_every_valid_forward_config_is_correct(dtype: torch.dtype) -> None:
             target=TARGET,
         ).outputs
         assert_rel_close(out, ref_out, TOLERANCES[dtype][0], f"out {cfg}")
-        assert_lse_close(_lse_from_kernel(lse)[..., :SQ], ref_lse)
+        assert_lse_close(lse_from_kernel(lse)[..., :SQ], ref_lse)
     for cfg in configs:
         if cfg not in valid:
             with pytest.raises(InvalidConfig) as err:
@@ -83,7 +83,7 @@ def test_every_valid_backward_config_is_correct(dtype: torch.dtype) -> None:
     ref_out, ref_lse, ref_grads = reference_grads(q, k, v, g, causal=True)
     out = ref_out.to(dtype)
     lse = ref_lse.masked_fill(empty[:, None, :], float("inf"))
-    lse = _lse_to_kernel(torch.nn.functional.pad(lse, (0, 3 * 128 - SQ), value=float("inf")))
+    lse = lse_to_kernel(torch.nn.functional.pad(lse, (0, 3 * 128 - SQ), value=float("inf")))
     for cfg in valid:
         c = cfg.to_dict()
         grads = run(

@@ -129,9 +129,9 @@ def test_return_lse_false_returns_the_output_only() -> None:
 def test_key_chunks_merge_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys beyond what one kernel call keeps resident are split and merged by lse; the
     split is forced small here (the real limit is ~46 K bf16 keys on trn2)."""
-    import nki_kernels.ops.attention as op_module
+    import nki_kernels.attention.host as host
 
-    monkeypatch.setattr(op_module, "max_resident_keys", lambda cfg, p, t: 1024)
+    monkeypatch.setattr(host, "max_resident_keys", lambda cfg, p, t: 1024)
     _run(1, 2, 1, 200, 2500, 64, torch.bfloat16, causal=True)
     _run(2, 1, 1, 150, 1500, 64, torch.float32, kv_lens=torch.tensor([1100, 700]))
 
