@@ -251,6 +251,8 @@ class RMSNormBwdConfig(_NormConfig):
         total += 2 * d * _r(kk * (h if self.resident else c) * isz)  # x and dy tiles
         total += 2 * _r(kk * c * isz)  # dx chunks (ring of 2)
         total += 2 * self.temporaries * _r(c * 4)
+        if self.resident:
+            total += 2 * _r(kk * h * 4)  # x * coef for a whole tile, from stage B to C
         total += _r(4) + _r(-(-h // P) * 4) + _r(P * 4)  # ones; final column-sum copies
         return total + _small(problem, kk, -(-h // c), 6)
 

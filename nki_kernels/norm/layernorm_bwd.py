@@ -88,7 +88,17 @@ def layer_norm_bwd(
         "w_sb": load_row_vector(w, hdim) if w is not None else None,
         "acc_w": colsum_init(hdim) if w is not None else None,
         "acc_b": colsum_init(hdim) if has_bias else None,
-        "rings": {"x": [], "dy": [], "dx": [], "t1": [], "t2": [], "t3": [], "t4": [], "t5": []},
+        "rings": {
+            "x": [],
+            "dy": [],
+            "dx": [],
+            "xs": [],
+            "t1": [],
+            "t2": [],
+            "t3": [],
+            "t4": [],
+            "t5": [],
+        },
         "stats": (mean, rstd),
         "loads": (("x", x), ("dy", dy)),
     }
@@ -134,10 +144,26 @@ def _stage_a(ctx: dict[str, Any], tile: Any, stb: Any) -> dict[str, Any]:
 
 
 def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """The per-row coefficients c0, c1 of dx (VectorE, [rows, kk])."""
-    tile = st["tile"]
+    """The per-row coefficients c0, c1 of dx (VectorE, [rows, kk]); for a resident tile
+    also xs = x * c1 + c0 (ScalarE, fp32), one step before stage C adds it, so that
+    VectorE never waits on ScalarE within a step."""
+    tile, ld = st["tile"], st["ld"]
+    rows, kk = tile[1], tile[2]
     mcol, rcol = st["cols"]
-    st["coefs"] = _dx_coefs(st["sums"], mcol, rcol, tile[1], tile[2], ctx["dx"].shape[1])
+    hdim = ctx["dx"].shape[1]
+    c0_col, c1_col = _dx_coefs(st["sums"], mcol, rcol, rows, kk, hdim)
+    st["coefs"] = (c0_col, c1_col)
+    if ld is not None:
+        xs = ring_alloc(ctx["rings"]["xs"], 2, (P, kk, hdim), nl.float32)
+        for j in range(kk):
+            nisa.activation(
+                dst=xs[0:rows, j, :],
+                op=nl.copy,
+                data=ld["x"][0:rows, j, :],
+                scale=c1_col[0:rows, j : j + 1],
+                bias=c0_col[0:rows, j : j + 1],
+            )
+        st["xs"] = xs
     return st
 
 
@@ -148,7 +174,7 @@ def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
     for c0, cw in ctx["chunks"]:
         if ld is not None:
             xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-            _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coefs)
+            _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coefs, st["xs"][0:rows, :, c0 : c0 + cw])
         else:
             _pass2_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, coefs)
     return st
@@ -232,9 +258,17 @@ def _pass1_chunk(
 
 
 def _pass2_chunk(
-    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, c0: int, rcol: Any, coefs: Any
+    ctx: dict[str, Any],
+    tile: Any,
+    xc: Any,
+    dyc: Any,
+    c0: int,
+    rcol: Any,
+    coefs: Any,
+    xsc: Any = None,
 ) -> None:
-    """dx = g * rstd + (x * c1 + c0) for one chunk, then its store."""
+    """dx = g * rstd + (x * c1 + c0) for one chunk (xs given by stage B, or computed here),
+    then its store."""
     rows, kk = tile[1], tile[2]
     cw = xc.shape[2]
     plan, w_sb, dx = ctx["plan"], ctx["w_sb"], ctx["dx"]
@@ -248,21 +282,25 @@ def _pass2_chunk(
                 gt[0:rows, 0:cw], g, w_sb[0:rows, c0 : c0 + cw], nl.multiply, plan["gpsimd_eighths"]
             )
             g = gt[0:rows, 0:cw]
-        xs = temp(ctx, "t5")
-        nisa.activation(
-            dst=xs[0:rows, 0:cw],
-            op=nl.copy,
-            data=xc[:, j, :],
-            scale=c1_col[0:rows, j : j + 1],
-            bias=c0_col[0:rows, j : j + 1],
-        )
+        if xsc is not None:
+            xs = xsc[:, j, :]
+        else:
+            xst = temp(ctx, "t5")
+            xs = xst[0:rows, 0:cw]
+            nisa.activation(
+                dst=xs,
+                op=nl.copy,
+                data=xc[:, j, :],
+                scale=c1_col[0:rows, j : j + 1],
+                bias=c0_col[0:rows, j : j + 1],
+            )
         nisa.scalar_tensor_tensor(
             dst=dxt[0:rows, j, 0:cw],
             data=g,
             op0=nl.multiply,
             operand0=rcol[:, j : j + 1],
             op1=nl.add,
-            operand1=xs[0:rows, 0:cw],
+            operand1=xs,
         )
     nisa.dma_copy(dst=rows_view(dx, tile)[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])
 

@@ -94,7 +94,17 @@ def rms_norm_bwd(
         "chunks": chunks,
         "w_sb": load_row_vector(w, hdim) if w is not None else None,
         "acc": colsum_init(hdim) if w is not None else None,
-        "rings": {"x": [], "dy": [], "dh": [], "dx": [], "t1": [], "t2": [], "t3": [], "t4": []},
+        "rings": {
+            "x": [],
+            "dy": [],
+            "dh": [],
+            "dx": [],
+            "xs": [],
+            "t1": [],
+            "t2": [],
+            "t3": [],
+            "t4": [],
+        },
         "loads": (("x", x), ("dy", dy), ("dh", dh)),
     }
     segs = row_segments(n, rows_per_partition)
@@ -143,8 +153,24 @@ def _stage_a(ctx: dict[str, Any], tile: Any, rt: Any) -> dict[str, Any]:
 
 
 def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """coef = -rstd^3 * s / H per row (VectorE, [rows, kk])."""
-    st["coef"] = _coef(ctx, st["tile"], st["part"], st["rcol"])
+    """coef = -rstd^3 * s / H per row (VectorE, [rows, kk]); for a resident tile also
+    xs = x * coef (ScalarE, fp32), one step before stage C adds it, so that VectorE never
+    waits on ScalarE within a step."""
+    tile, ld = st["tile"], st["ld"]
+    coef = _coef(ctx, tile, st["part"], st["rcol"])
+    st["coef"] = coef
+    if ld is not None:
+        rows, kk = tile[1], tile[2]
+        hdim = ctx["dx"].shape[1]
+        xs = ring_alloc(ctx["rings"]["xs"], 2, (P, kk, hdim), nl.float32)
+        for j in range(kk):
+            nisa.activation(
+                dst=xs[0:rows, j, :],
+                op=nl.copy,
+                data=ld["x"][0:rows, j, :],
+                scale=coef[0:rows, j : j + 1],
+            )
+        st["xs"] = xs
     return st
 
 
@@ -156,7 +182,8 @@ def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
         if ld is not None:
             xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
             dhc = ld["dh"][0:rows, :, c0 : c0 + cw] if "dh" in ld else None
-            _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef)
+            xsc = st["xs"][0:rows, :, c0 : c0 + cw]
+            _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef, xsc)
         else:
             _pass2_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, coef)
     return st
@@ -231,7 +258,15 @@ def _coef(ctx: dict[str, Any], tile: Any, part: Any, rcol: Any) -> Any:
 
 
 def _pass2_chunk(
-    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, dhc: Any, c0: int, rcol: Any, coef: Any
+    ctx: dict[str, Any],
+    tile: Any,
+    xc: Any,
+    dyc: Any,
+    dhc: Any,
+    c0: int,
+    rcol: Any,
+    coef: Any,
+    xsc: Any = None,
 ) -> None:
     """dx = dy * w * rstd + x * coef [+ dh] for one chunk, then its store."""
     rows, kk = tile[1], tile[2]
@@ -247,20 +282,20 @@ def _pass2_chunk(
                 gt[0:rows, 0:cw], g, w_sb[0:rows, c0 : c0 + cw], nl.multiply, plan["gpsimd_eighths"]
             )
             g = gt[0:rows, 0:cw]
-        xs = temp(ctx, "t4")
-        nisa.activation(
-            dst=xs[0:rows, 0:cw], op=nl.copy, data=xc[:, j, :], scale=coef[0:rows, j : j + 1]
-        )
+        if xsc is not None:
+            xs = xsc[:, j, :]
+        else:
+            xst = temp(ctx, "t4")
+            xs = xst[0:rows, 0:cw]
+            nisa.activation(dst=xs, op=nl.copy, data=xc[:, j, :], scale=coef[0:rows, j : j + 1])
         if dhc is not None:
-            tt_split(
-                xs[0:rows, 0:cw], xs[0:rows, 0:cw], dhc[:, j, :], nl.add, plan["gpsimd_eighths"]
-            )
+            tt_split(xs, xs, dhc[:, j, :], nl.add, plan["gpsimd_eighths"])
         nisa.scalar_tensor_tensor(
             dst=dxt[0:rows, j, 0:cw],
             data=g,
             op0=nl.multiply,
             operand0=rcol[:, j : j + 1],
             op1=nl.add,
-            operand1=xs[0:rows, 0:cw],
+            operand1=xs,
         )
     nisa.dma_copy(dst=rows_view(dx, tile)[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])
