@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 
 from ..attention.host import backward, forward
+from ..attention.host import lse_from_kernel as _lse_from_kernel  # noqa: F401 (autotune uses it)
+from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
 from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
 from .registry import define_op
 
