@@ -1,5 +1,20 @@
-"""nki-kernels: hand-written NKI kernels for AWS Trainium as PyTorch custom ops."""
+"""nki-kernels: hand-written NKI kernels for AWS Trainium as PyTorch custom ops.
+
+Importing the package registers every op (`torch.ops.nki.rms_norm`, `layer_norm`,
+`add_rms_norm`, `flash_attention`, `moe_mlp`, `moe_route`, ...) for the `cpu` and
+`neuron` devices. The Python entry points are re-exported here; the modules are in
+`nki_kernels.nn`.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from . import ops as _ops
+
+_ops.load_all()
+
+from . import nn  # noqa: E402
+from .ops.attention import flash_attention, sdpa  # noqa: E402
+
+__all__ = ["__version__", "flash_attention", "nn", "sdpa"]

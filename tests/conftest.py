@@ -7,8 +7,15 @@ pass: the autograd engine sizes its per-device queues when it first runs.
 from __future__ import annotations
 
 import pytest
+import torch
+from threadpoolctl import threadpool_limits
 
 from nki_kernels.testing import neuron_device
+
+# The interpreter's matmuls are NumPy/BLAS calls on small tiles: on a 2-core machine a
+# multi-threaded BLAS spends more time spinning than computing. One thread each.
+threadpool_limits(1)
+torch.set_num_threads(1)
 
 EMULATED = neuron_device.install()
 
