@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 import threading
+import types
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,20 +35,47 @@ def kernel_name(kernel: Any) -> str:
 _hash_memo: dict[str, str] = {}
 
 
-def kernel_source_hash(kernel: Any) -> str:
-    """sha256 (first 16 hex digits) of the source file that defines `kernel`.
+def _kernel_modules(fn: Any) -> list[types.ModuleType]:
+    """The module defining `fn` and, transitively, the modules of its own package that it
+    takes names from (the kernel's helpers), sorted by name."""
+    root = inspect.getmodule(fn)
+    if root is None:
+        return []
+    pkg = root.__name__.rpartition(".")[0]
+    found = {root.__name__: root}
+    stack = [root]
+    while stack and pkg:
+        for value in vars(stack.pop()).values():
+            name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", "")
+            if isinstance(name, str) and name.startswith(pkg + ".") and name not in found:
+                module = sys.modules.get(name)
+                if module is not None:
+                    found[name] = module
+                    stack.append(module)
+    return [found[n] for n in sorted(found)]
 
-    The whole file is hashed, not only the function: kernels inline undecorated helpers
-    from their module, and a change to any of them changes what a tuned config measured.
+
+def kernel_source_hash(kernel: Any) -> str:
+    """sha256 (first 16 hex digits) of the source files that define `kernel`.
+
+    Whole files are hashed, not only the function: kernels inline undecorated helpers from
+    their module and from sibling modules of their package (tiling helpers, configs), and a
+    change to any of them changes what a tuned config measured.
     """
     fn = getattr(kernel, "fn", None) or getattr(kernel, "__wrapped__", None) or kernel
     name = kernel_name(kernel)
     if name not in _hash_memo:
+        digest = hashlib.sha256()
+        modules = _kernel_modules(fn)
         try:
-            src = inspect.getsource(inspect.getmodule(fn))  # type: ignore[arg-type]
+            for module in modules:
+                digest.update(module.__name__.encode())
+                digest.update(inspect.getsource(module).encode())
         except (OSError, TypeError):
-            src = inspect.getsource(fn)
-        _hash_memo[name] = hashlib.sha256(src.encode()).hexdigest()[:16]
+            modules = []
+        if not modules:
+            digest = hashlib.sha256(inspect.getsource(fn).encode())
+        _hash_memo[name] = digest.hexdigest()[:16]
     return _hash_memo[name]
 
 

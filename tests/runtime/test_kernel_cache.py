@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from kernels_for_tests import copy_kernel
 
+from nki_kernels.runtime import kernel_cache
 from nki_kernels.runtime.kernel_cache import KernelCache, kernel_name, kernel_source_hash
 from nki_kernels.runtime.launch import launch
 from nki_kernels.targets import get_target
@@ -46,3 +51,29 @@ def test_kernel_identity_and_source_hash() -> None:
     assert kernel_name(copy_kernel) == "kernels_for_tests.copy_kernel"
     h = kernel_source_hash(copy_kernel)
     assert len(h) == 16 and h == kernel_source_hash(copy_kernel)
+
+
+def test_source_hash_covers_helpers_in_sibling_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = tmp_path / "hashpkg_fixture"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("def tile():\n    return 128\n")
+    (pkg / "kern.py").write_text(
+        "from .helpers import tile\n\n\ndef kernel(x):\n    return tile() * x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(kernel_cache, "_hash_memo", {})
+    kern = importlib.import_module("hashpkg_fixture.kern")
+    before = kernel_source_hash(kern.kernel)
+    assert [m.__name__ for m in kernel_cache._kernel_modules(kern.kernel)] == [
+        "hashpkg_fixture.helpers",
+        "hashpkg_fixture.kern",
+    ]
+    (pkg / "helpers.py").write_text("def tile():\n    return 64\n")
+    importlib.reload(sys.modules["hashpkg_fixture.helpers"])
+    kernel_cache._hash_memo.clear()
+    assert kernel_source_hash(kern.kernel) != before
+    for name in [m for m in sys.modules if m.startswith("hashpkg_fixture")]:
+        monkeypatch.delitem(sys.modules, name)
