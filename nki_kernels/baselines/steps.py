@@ -113,33 +113,49 @@ def _load_row_tile(
 
 @nki.jit
 def reduce_rows(x: Any, square: bool, n_outputs: int) -> Any:
-    """A row reduction step: out[r, j] = sum_c f(x[r, c]) (f = square or identity), fp32.
+    """A row reduction step: out[r, j] = sum_c f_j(x[r, c]), fp32, one pass over x.
 
-    `n_outputs` (1 or 2) stand for sum-type statistics computed in the same pass
-    (e.g. mean and variance).
+    f_0 is x^2 when `square` else x; with `n_outputs` = 2, f_1 is x^2 (the sum and sum of
+    squares behind mean and variance). Chunk reductions alternate between ScalarE
+    (activation with its accumulator) and VectorE (square, then tensor_reduce), two to
+    one, so neither engine caps the HBM stream; chunk partial sums are added at the end.
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, n_outputs), dtype=nl.float32, buffer=nl.shared_hbm)
     fc = _chunk_cols(cols, x.dtype.itemsize)
+    nch = (cols + fc - 1) // fc
+    turn = 0
     for r0 in range(0, rows, P):
         rs = min(P, rows - r0)
+        parts = nl.ndarray((P, n_outputs, nch), dtype=nl.float32, buffer=nl.sbuf)
+        for ci in range(nch):
+            c0 = ci * fc
+            cs = min(fc, cols - c0)
+            xt = nl.ndarray((P, fc), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=xt[0:rs, 0:cs], src=x[r0 : r0 + rs, c0 : c0 + cs])
+            for j in range(n_outputs):
+                squared = square or j == 1
+                part = parts[0:rs, j, ci : ci + 1]
+                if turn % 3 == 2:
+                    src = xt[0:rs, 0:cs]
+                    if squared:
+                        sq = nl.ndarray((P, fc), dtype=x.dtype, buffer=nl.sbuf)
+                        nisa.tensor_tensor(dst=sq[0:rs, 0:cs], data1=src, data2=src, op=nl.multiply)
+                        src = sq[0:rs, 0:cs]
+                    nisa.tensor_reduce(dst=part, op=nl.add, data=src, axis=(1,))
+                else:
+                    junk = nl.ndarray((P, fc), dtype=x.dtype, buffer=nl.sbuf)
+                    nisa.activation(
+                        dst=junk[0:rs, 0:cs],
+                        op=nl.square if squared else nl.copy,
+                        data=xt[0:rs, 0:cs],
+                        reduce_op=nl.add,
+                        reduce_res=part,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+                    )
+                turn += 1
         stats = nl.ndarray((P, n_outputs), dtype=nl.float32, buffer=nl.sbuf)
-        for j in range(n_outputs):
-            for c0 in range(0, cols, fc):
-                cs = min(fc, cols - c0)
-                xt = nl.ndarray((P, fc), dtype=x.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=xt[0:rs, 0:cs], src=x[r0 : r0 + rs, c0 : c0 + cs])
-                junk = nl.ndarray((P, fc), dtype=nl.float32, buffer=nl.sbuf)
-                first, last = c0 == 0, c0 + cs >= cols
-                cmd = nisa.reduce_cmd.reset_reduce if first else nisa.reduce_cmd.reduce
-                nisa.activation(
-                    dst=junk[0:rs, 0:cs],
-                    op=nl.square if (square or j == 1) else nl.copy,
-                    data=xt[0:rs, 0:cs],
-                    reduce_op=nl.add,
-                    reduce_res=stats[0:rs, j : j + 1] if last else None,
-                    reduce_cmd=cmd,
-                )
+        nisa.tensor_reduce(dst=stats[0:rs, :], op=nl.add, data=parts[0:rs, :, :], axis=(2,))
         nisa.dma_copy(dst=out[r0 : r0 + rs, :], src=stats[0:rs, :])
     return out
 

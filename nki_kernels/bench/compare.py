@@ -44,6 +44,61 @@ def _native_row(
     )
 
 
+# ---- norms ------------------------------------------------------------------------------
+_NORM_NATIVE = {
+    ("rms_norm", "fwd"): native.rms_norm_fwd,
+    ("rms_norm", "bwd"): native.rms_norm_bwd,
+    ("add_rms_norm", "fwd"): native.add_rms_norm_fwd,
+    ("layer_norm", "fwd"): native.layer_norm_fwd,
+    ("layer_norm", "bwd"): native.layer_norm_bwd,
+}
+
+
+def norm_rows(
+    tokens: Iterable[int], hiddens: Iterable[int], targets: Iterable[str]
+) -> list[BenchRow]:
+    """Fused norms vs the reduction + element-wise composition, bf16, one NeuronCore.
+
+    The ops' backward is the statistics kernel (recomputing rstd / mean from x) plus the
+    backward kernel; both are counted. The native backward reuses the forward's saved
+    statistics (no recompute), which favours native.
+    """
+    from ..norm import bench as nb
+
+    rows = []
+    for target in targets:
+        for h in hiddens:
+            for n in tokens:
+                for (op, kind), build in _NORM_NATIVE.items():
+                    parts = [nb.price(op, kind, n, h, target)]
+                    if kind == "bwd":
+                        parts.append(nb.price(op, "stats", n, h, target))
+                    latency = sum(p.latency_us for p in parts)
+                    bound = parts[0].bound_us
+                    case = f"[{n}, {h}] bf16"
+                    name = f"{op} {kind}"
+                    rows.append(
+                        BenchRow(
+                            family="norm",
+                            op=name,
+                            case=case,
+                            target=parts[0].target,
+                            impl="nki",
+                            latency_us=latency,
+                            provenance=parts[0].label,
+                            hbm_fraction=bound / latency,
+                            bound_by=parts[0].busiest,
+                            extra={"kernels": [[p.kernel, p.latency_us] for p in parts]},
+                        )
+                    )
+                    rows.append(
+                        _native_row(
+                            "norm", name, case, parts[0].target, build(n, h, "bfloat16"), 0.0
+                        )
+                    )
+    return rows
+
+
 # ---- attention -----------------------------------------------------------------------
 def attention_rows(seqs: Iterable[int], targets: Iterable[str], backward: bool) -> list[BenchRow]:
     """Flash attention (Llama-3 8B heads, B = 1, bf16) vs S = QK^T, softmax, PV steps."""
@@ -158,7 +213,14 @@ def _moe_suite(full: bool) -> list[BenchRow]:
     return moe_rows((MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE), tokens, targets, routings)
 
 
+def _norm_suite(full: bool) -> list[BenchRow]:
+    tokens = (2048, 8192, 32768) if full else (16384,)
+    targets = ("trn2", "trn3") if full else ("trn2",)
+    return norm_rows(tokens, (4096, 8192), targets)
+
+
 SUITES: dict[str, Suite] = {
+    "norm": Suite("norm", _norm_suite),
     "attention": Suite("attention", _attention_suite),
     "moe": Suite("moe", _moe_suite),
 }
@@ -168,4 +230,4 @@ def label_note(target: str) -> str:
     return f"All figures {modeled_label(target)}; none is a hardware measurement."
 
 
-__all__ = ["SUITES", "Suite", "attention_rows", "label_note", "moe_rows"]
+__all__ = ["SUITES", "Suite", "attention_rows", "label_note", "moe_rows", "norm_rows"]
