@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(VPY) -m mypy nki_kernels
 
 bench: $(STAMP)
-	$(VPY) -m nki_kernels.cli bench
+	$(VPY) -m nki_kernels.cli bench --plot benchmarks/results/speedup.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info

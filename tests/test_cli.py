@@ -139,8 +139,8 @@ def test_interp_bench_repeats_must_be_positive(capsys):
     assert "--repeats: expected an integer >= 1; got '0'" in capsys.readouterr().err
 
 
-def test_bench_quick_prints_measured_figures(capsys):
-    assert cli.main(["bench", "--quick"]) == 0
+def test_interp_bench_quick_prints_measured_figures(capsys):
+    assert cli.main(["interp-bench", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "measured CPU times of the interpreter" in out
     assert "instructions/s measured" in out
