@@ -113,10 +113,15 @@ class Target:
         ("affine_select", 1.0, 150.0),  # GpSimd ~150 + N. H
     )
     activation_reduce_cycles: int = 64  # activation with a reduction adds ~64. H (NC-v2)
-    # DMA transpose: a fraction of a copy's throughput ("up to 90 %" on trn2,
-    # trainium2_arch). 0 = element-granular descriptors (NC-v2's load_transpose2d had "much
-    # lower DMA bandwidth"; assumed). H trn2, L trn1/trn3
-    dma_transpose_efficiency: float = 0.9
+    # DMA transpose throughput as a fraction of the DMA engines' copy rate, for
+    # hardware-friendly shapes (destination partitions a multiple of 128, inner free dim a
+    # multiple of 16; 2- and 4-byte dtypes): "up to 90 %" HBM -> SBUF and "up to 50 %"
+    # SBUF -> SBUF (trainium2_arch, "DMA Transpose"). H on trn2; trn3's guide has no DMA
+    # transpose section, assumed equal (L). 0 = no transpose hardware: every element is
+    # its own descriptor (trn1's guide documents none; the perf guide says its
+    # load_transpose2d DMA transposes "degrade DMA bandwidth significantly"). M
+    dma_transpose_hbm_efficiency: float = 0.9
+    dma_transpose_sbuf_efficiency: float = 0.5
 
     @property
     def sbuf_usable_bytes(self) -> int:
@@ -150,7 +155,8 @@ TRN1 = Target(
     dma_engine_bytes_per_ns=17.0,
     dma_dge_ns=0.0,  # hardware DGE arrived with trn2. M
     dge_instances=0,
-    dma_transpose_efficiency=0.0,
+    dma_transpose_hbm_efficiency=0.0,
+    dma_transpose_sbuf_efficiency=0.0,
     hbm_bytes_per_ns=410.0,  # ~820 GB/s per chip / 2 cores. M
 )
 

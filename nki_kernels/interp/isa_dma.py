@@ -179,7 +179,9 @@ def dma_transpose(
     oob_mode: oob_mode_enum = oob_mode_enum.error,
     name: str | None = None,
 ) -> Instr | None:
-    """Transpose through the DMA engines into SBUF; 2-byte elements only.
+    """Transpose through the DMA engines into SBUF (HBM -> SBUF or SBUF -> SBUF).
+
+    Elements are 2 bytes, or 4 bytes on NC-v3+ for direct transposes without hwdge.
 
     The permutation is (1,0) for 2-D, (2,1,0) for 3-D and (3,1,2,0) for 4-D sources. An
     indirect source (`.ap(vector_offset=...)` on HBM) gathers its rows first.
@@ -220,10 +222,15 @@ def dma_transpose(
         raise fail(
             "TRANSPOSE", f"{instr}: dst shape {dst.shape} must be {want} for src {src.shape}"
         )
-    if src.dtype.itemsize != 2 or dst.dtype != src.dtype:
+    # 4-byte elements: trn2's DMA transposes them too (trainium2_arch), but not the hardware
+    # DGE or indirect (gather) forms, and NC-v2 documents 2-byte transposes only
+    wide = current().target.nc_version >= 3 and not indirect and dge_mode is not dge_mode_enum.hwdge
+    if src.dtype.itemsize not in ((2, 4) if wide else (2,)) or dst.dtype != src.dtype:
+        sizes = "2- or 4-byte" if wide else "2-byte"
         raise fail(
             "DTYPE",
-            f"{instr} needs matching 2-byte dtypes; got src {src.dtype.name}, dst {dst.dtype.name}",
+            f"{instr} needs matching {sizes} dtypes; got src {src.dtype.name}, "
+            f"dst {dst.dtype.name}",
         )
     if src.shape[-1] > 128 and (indirect or dge_mode is dge_mode_enum.hwdge):
         raise fail("TRANSPOSE", f"{instr}: src.shape[-1] {src.shape[-1]} exceeds 128")
@@ -236,10 +243,15 @@ def dma_transpose(
             raise fail("TRANSPOSE", f"{instr}(hwdge): src shape {src.shape} not supported")
     if indirect:
         need_version(3, f"indirect {instr}")
+    isz = src.dtype.itemsize
     attrs = _dma_attrs(dst, src, dst.size, dge_mode, "sync")
-    attrs["descriptors"] = dst.size  # element-granular: every element is its own access
-    attrs["descriptor_bytes"] = 2
-    attrs["transpose"] = True
+    # the access pattern is element-granular; transposing hardware moves it in blocks of
+    # the destination (the cost model prices from the shape: partitions, inner size, kind)
+    attrs["descriptors"] = dst.size
+    attrs["descriptor_bytes"] = isz
+    attrs["transpose"] = "sbuf2sbuf" if src._st.buffer is sbuf else "hbm2sbuf"
+    attrs["transpose_inner"] = dst.shape[-1]
+    attrs["itemsize"] = isz
     ins = emit(
         "dma",
         instr,
@@ -247,7 +259,7 @@ def dma_transpose(
         (src,),
         dst.shape[0],
         dst.free_size,
-        nbytes=dst.size * 2,
+        nbytes=dst.size * isz,
         attrs=attrs,
         name=name,
     )

@@ -13,7 +13,8 @@ module only turns them into per-instruction costs:
   modes: bf16/fp16 SBUF copy and tensor_scalar (VectorE up to 4x on trn2+; ScalarE 2x on
   trn3), all-bf16 tensor_tensor (VectorE 2x on trn2+), tensor_tensor with a PSUM input
   N instead of 2N, bf16 add/max reductions N/2.
-- DMA: see `dma_plan`.
+- DMA: see `dma_plan`; transposes at their documented fraction of the copy rate (HBM ->
+  SBUF and SBUF -> SBUF differ), in whole [128, 16]-element destination blocks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ..targets import Target
 _FAST_REDUCE_OPS = frozenset({"add", "maximum", "max"})
 # all-bf16 tensor_tensor that the perf mode covers (HARDWARE.md). M
 _FAST_TT_OPS = frozenset({"add", "subtract", "multiply"})
+# DMA transposes write [128 partitions, 16 elements] destination blocks (trainium2_arch). H
+TRANSPOSE_BLOCK = 16
 
 
 def _opcode_table(target: Target) -> dict[str, tuple[float, float]]:
@@ -148,6 +151,35 @@ def descriptor_ns(nbytes: float, target: Target) -> float:
     return big * (1.0 + (min(data, floor) / big) ** k) ** (1.0 / k) if big else 0.0
 
 
+def transpose_efficiency(instr: Instr, target: Target) -> float:
+    """Throughput fraction of a DMA transpose on `target` (0: not a transpose, or a
+    target without transposing DMA hardware, priced per element-granular descriptor)."""
+    kind = instr.attrs.get("transpose")
+    if not kind:
+        return 0.0
+    if kind == "sbuf2sbuf":
+        return target.dma_transpose_sbuf_efficiency
+    return target.dma_transpose_hbm_efficiency
+
+
+def transpose_engine_ns(
+    instr: Instr, rows: int, engine_rows: int, eff: float, target: Target
+) -> float:
+    """One DMA engine's share of a transpose onto `rows` destination partitions, of
+    which the engine writes `engine_rows`: at `eff` of its copy rate, at least one
+    descriptor's floor.
+
+    The engines write the destination in [128, 16]-element blocks (trainium2_arch), so a
+    row's inner dimension is padded to a multiple of 16 elements; a destination on fewer
+    than 128 partitions uses fewer engines (the caller's engine range).
+    """
+    inner = int(instr.attrs.get("transpose_inner", TRANSPOSE_BLOCK)) or TRANSPOSE_BLOCK
+    padded_inner = -(-inner // TRANSPOSE_BLOCK) * TRANSPOSE_BLOCK
+    row_bytes = instr.nbytes / rows * padded_inner / inner
+    data = engine_rows * row_bytes / (target.dma_engine_bytes_per_ns * eff)
+    return max(data, target.dma_descriptor_min_ns)
+
+
 def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) -> DmaPlan:
     """Spread a DMA over the engines that serve its partitions and price each share.
 
@@ -161,12 +193,8 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
     nbytes = instr.nbytes
     desc = int(a.get("descriptors", 1)) or 1
     dbytes = float(a.get("descriptor_bytes", nbytes / desc if desc else nbytes))
-    slow = 1.0
     rows = chip_region[3] - chip_region[2] if chip_region is not None else 0
-    if a.get("transpose") and target.dma_transpose_efficiency > 0 and rows:
-        # the engines write [128, 16]-element blocks cooperatively: priced as a copy of
-        # the same rows at the transpose efficiency
-        desc, dbytes, slow = rows, nbytes / rows, 1.0 / target.dma_transpose_efficiency
+    eff = transpose_efficiency(instr, target) if rows else 0.0
     ppe = target.dma_partitions_per_engine
     if chip_region is not None:
         p0, p1 = chip_region[2], chip_region[3]
@@ -179,8 +207,11 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
             desc = max(desc, -(-nbytes // cap))
             dbytes = nbytes / desc
         engines = range(0, min(target.dma_engines, desc))
-    per_engine_desc = -(-desc // len(engines))
-    per_ns = per_engine_desc * descriptor_ns(dbytes, target) * slow
+    if eff > 0.0:
+        desc = rows
+        per_ns = transpose_engine_ns(instr, rows, -(-rows // len(engines)), eff, target)
+    else:
+        per_ns = -(-desc // len(engines)) * descriptor_ns(dbytes, target)
     hbm_bytes = instr.hbm_read + instr.hbm_write
     if hbm_bytes:
         # HBM bandwidth per core, shared evenly: no engine moves HBM bytes faster than
@@ -240,6 +271,8 @@ class Pricer:
             chip_region[3] if chip_region else -1,
             a.get("dge"),
             a.get("indirect"),
+            a.get("transpose"),
+            a.get("transpose_inner"),
             instr.nbytes,
             instr.hbm_read + instr.hbm_write,
         )

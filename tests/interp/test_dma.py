@@ -319,6 +319,27 @@ def test_dma_transpose_permutes(shape, axes):
     assert rec.engine == "dma" and rec.attrs["descriptors"] == x.size
 
 
+def test_dma_transpose_of_fp32_on_trn2_and_its_trace_record():
+    # trn2's DMA transposes 4-byte elements too; the record carries the transpose's shape
+    x = rng.standard_normal((24, 40)).astype(np.float32)
+
+    def kernel(h):
+        a = nl.ndarray((40, 24), nl.float32, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=a, src=h)
+        b = nl.ndarray((24, 40), nl.float32, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=b, src=a)
+        o = nl.ndarray((24, 40), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=b)
+        return o
+
+    res = run(kernel, x, target="trn2")
+    np.testing.assert_array_equal(res.outputs, x)
+    first, second = [i for i in res.trace if i.opcode == "dma_transpose"]
+    assert (first.attrs["transpose"], second.attrs["transpose"]) == ("hbm2sbuf", "sbuf2sbuf")
+    assert (first.p, first.attrs["transpose_inner"], first.attrs["itemsize"]) == (40, 24, 4)
+    assert first.nbytes == second.nbytes == 24 * 40 * 4
+
+
 def test_dma_transpose_of_a_ragged_hbm_window_into_an_sbuf_window():
     x = rng.standard_normal((100, 60)).astype(BF16)
 
@@ -407,6 +428,16 @@ def _k_transpose_fp32(h):
     nisa.dma_transpose(dst=sb, src=h)
 
 
+def _k_transpose_fp32_hwdge(h):
+    sb = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=sb, src=h, dge_mode=nisa.dge_mode.hwdge)
+
+
+def _k_transpose_fp32_to_bf16(h):
+    sb = nl.ndarray((4, 4), nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=sb, src=h)
+
+
 def _k_transpose_to_hbm(h):
     o = nl.ndarray((4, 4), nl.float32, buffer=nl.shared_hbm)
     nisa.dma_transpose(dst=o, src=h)
@@ -437,7 +468,9 @@ def _k_transpose_axes(h):
         (_k_raw_enum, "ARG", "trn2"),
         (_k_unknown_kwarg, "KWARG", "trn2"),
         (_k_priority, "VERSION", "trn2"),
-        (_k_transpose_fp32, "DTYPE", "trn2"),
+        (_k_transpose_fp32, "DTYPE", "trn1"),  # 4-byte transposes: NC-v3+ only
+        (_k_transpose_fp32_hwdge, "DTYPE", "trn2"),  # ... and not through the hardware DGE
+        (_k_transpose_fp32_to_bf16, "DTYPE", "trn2"),
         (_k_transpose_to_hbm, "BUF", "trn2"),
         (_k_transpose_shape, "TRANSPOSE", "trn2"),
         (_k_transpose_axes, "TRANSPOSE", "trn2"),

@@ -188,17 +188,6 @@ def test_trn2_tensor_engine_warms_up():
     assert sched.latency_ns == pytest.approx(40 * 512 / 2.4 + ramp_loss)
 
 
-def test_dma_transpose_runs_at_its_efficiency():
-    # [128, 1 KiB] transpose on trn2: priced as the copy of the same 128 rows at 90 %
-    # throughput; on trn1 every 2-byte element is its own descriptor (512 per row)
-    ins = load(1, sbuf(0, 1024), 1024)
-    ins.attrs.update(transpose=True, descriptors=128 * 512, descriptor_bytes=2)
-    copy = dma_plan(load(1, sbuf(0, 1024), 1024), sbuf(0, 1024), TRN2).per_engine_ns
-    assert dma_plan(ins, sbuf(0, 1024), TRN2).per_engine_ns == pytest.approx(copy / 0.9)
-    slow = dma_plan(ins, sbuf(0, 1024), TRN1).per_engine_ns
-    assert slow == pytest.approx(8 * 512 * descriptor_ns(2, TRN1))
-
-
 def test_fp8_double_row_doubles_flops_per_cycle():
     # double_row contracts 2K = 256 rows in the cycles of one pass: max(512, 64) cycles,
     # 2 * 256 * 128 * 512 FLOPs; its roofline term uses the 2x fp8 peak, so the ideal
