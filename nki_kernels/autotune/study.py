@@ -123,6 +123,7 @@ class TrialRecord:
     worker: str | None = None
     gate: str | None = None  # "passed" | "skipped" | "off" for outcome ok
     label: str | None = None  # the measurer's label ("modeled (cost model v1, trn2)")
+    key: str | None = None  # the config key (`KernelConfig.key()`)
 
     @property
     def evaluated(self) -> bool:
@@ -145,7 +146,7 @@ class StudyReport:
 
     @property
     def distinct_done(self) -> int:
-        return len({json.dumps(r.config, sort_keys=True) for r in self.records if r.evaluated})
+        return len({r.key for r in self.records if r.evaluated})
 
     @property
     def duplicates(self) -> int:
@@ -214,6 +215,7 @@ def record_of(t: FrozenTrial) -> TrialRecord:
         worker=worker.get("id") if isinstance(worker, dict) else None,
         gate=r.get("gate"),
         label=r.get("label"),
+        key=a.get("config"),
     )
 
 
@@ -250,6 +252,7 @@ class Tuner:
             tunable.source_hash(),
         )
         self._study: optuna.Study | None = None
+        self._done: dict[int, TrialRecord] = {}
         self._rng = random.Random(self.options.seed * 1000 + worker)
 
     # ----------------------------------------------------------------- study setup
@@ -311,7 +314,16 @@ class Tuner:
 
     # ----------------------------------------------------------------- bookkeeping
     def records(self) -> list[TrialRecord]:
-        return [record_of(t) for t in self.study().get_trials(deepcopy=False)]
+        """Every trial of the study (finished ones are parsed once and cached)."""
+        out = []
+        for t in self.study().get_trials(deepcopy=False):
+            rec = self._done.get(t.number)
+            if rec is None:
+                rec = record_of(t)
+                if t.state.is_finished():
+                    self._done[t.number] = rec
+            out.append(rec)
+        return out
 
     def report(self) -> StudyReport:
         """Counts, the best trial (outcome ok, lowest latency) and the heuristic's trial."""
@@ -320,10 +332,7 @@ class Tuner:
         ok = [r for r in recs if r.outcome == OK and r.evaluated and r.latency_ns is not None]
         best = min(ok, key=lambda r: (r.latency_ns, r.number), default=None)
         hkey = study.user_attrs.get("heuristic")
-        heur = next(
-            (r for r in recs if r.evaluated and r.config is not None and _key(r.config) == hkey),
-            None,
-        )
+        heur = next((r for r in recs if r.evaluated and r.key == hkey), None)
         return StudyReport(self.key.name, self.space.size, recs, best, heur)
 
     def _final_trial_with(self, key: str) -> FrozenTrial | None:
@@ -500,14 +509,10 @@ class Tuner:
     def _enqueue_unseen(self) -> None:
         """Queue a random config no trial has finished, so a converged sampler still
         makes progress towards the budget."""
-        seen = {_key(r.config) for r in self.records() if r.evaluated and r.config}
+        seen = {r.key for r in self.records() if r.evaluated}
         unseen = [c for c in self.space.configs() if c.key() not in seen]
         if unseen:
             self.study().enqueue_trial(self.space.encode(self._rng.choice(unseen)))
-
-
-def _key(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 # A stand-in owner for a claim whose winner has not recorded its trial number yet.

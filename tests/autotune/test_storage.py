@@ -127,8 +127,16 @@ def test_killed_run_resumes_without_rerunning_finished_trials(tmp_path):
     assert_each_config_evaluated_once(resumed)
 
 
-def run_two_workers(url: str, op: str) -> Counter:
-    procs = [start_worker(url, op, "--sleep", "0.03", "--worker", str(i)) for i in (0, 1)]
+def run_two_workers(url: str, op: str, go: Path) -> Counter:
+    procs = [
+        start_worker(url, op, "--sleep", "0.03", "--worker", str(i), "--go", str(go))
+        for i in (0, 1)
+    ]
+    for p in procs:  # both have imported everything and opened the study
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.strip() == "ready", p.communicate()[1]
+    go.touch()
     for p in procs:
         _out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
@@ -138,7 +146,7 @@ def run_two_workers(url: str, op: str) -> Counter:
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_two_workers_split_one_study_without_duplicates(tmp_path, kind):
     url = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else str(tmp_path / "s.log")
-    by_worker = run_two_workers(url, f"toy_split_{uuid.uuid4().hex[:8]}")
+    by_worker = run_two_workers(url, f"toy_split_{uuid.uuid4().hex[:8]}", tmp_path / "go")
     assert len(by_worker) == 2, by_worker  # both processes did part of the work
     assert min(by_worker.values()) >= 5
 
@@ -147,7 +155,7 @@ def test_two_workers_split_one_study_without_duplicates(tmp_path, kind):
     not os.environ.get(PG_ENV),
     reason=f"{PG_ENV} is unset: start a server with scripts/ci_postgres.sh and export its URL",
 )
-def test_postgresql_serves_a_two_worker_study():
+def test_postgresql_serves_a_two_worker_study(tmp_path):
     url = os.environ[PG_ENV]
-    by_worker = run_two_workers(url, f"toy_pg_{uuid.uuid4().hex[:8]}")
+    by_worker = run_two_workers(url, f"toy_pg_{uuid.uuid4().hex[:8]}", tmp_path / "go")
     assert len(by_worker) == 2, by_worker

@@ -1,7 +1,7 @@
 """A toy tuning worker process for the multi-process tests.
 
     python -m tests.autotune.toy_worker STORAGE_URL OP [--strategy grid] [--sleep S]
-        [--trials N] [--seed K] [--worker I]
+        [--trials N] [--seed K] [--worker I] [--go FILE]
 
 Prints one line per trial it finished ("trial <number> <outcome>").
 """
@@ -9,7 +9,9 @@ Prints one line per trial it finished ("trial <number> <outcome>").
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 from nki_kernels.autotune.storage import open_storage
 from nki_kernels.autotune.study import TuneOptions, Tuner
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", type=int, default=0)
+    ap.add_argument("--go", default=None, help="print 'ready', then wait for this file")
     args = ap.parse_args(argv)
     tuner = Tuner(
         make_toy(args.op),
@@ -43,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     def show(rec, _tuner):  # type: ignore[no-untyped-def]
         print(f"trial {rec.number} {rec.outcome}", flush=True)
 
+    tuner.study()
+    if args.go:  # start together with the other workers (imports take uneven time)
+        print("ready", flush=True)
+        while not os.path.exists(args.go):
+            time.sleep(0.01)
     tuner.run(n_trials=args.trials, on_trial=show)
     return 0
 
