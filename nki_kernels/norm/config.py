@@ -240,9 +240,7 @@ class RMSNormBwdConfig(_NormConfig):
     op_name: ClassVar[str] = "rms_norm_bwd"
     backward: ClassVar[bool] = True
 
-    temporaries: ClassVar[int] = (
-        4  # fp32 [P, chunk] rings of 2: dy*x, its product with w, g, x*coef
-    )
+    temporaries: ClassVar[int] = 3  # fp32 [P, chunk] rings of 2: dy*x, its product with w, g
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
@@ -251,14 +249,15 @@ class RMSNormBwdConfig(_NormConfig):
         total += 2 * d * _r(kk * (h if self.resident else c) * isz)  # x and dy tiles
         total += 2 * _r(kk * c * isz)  # dx chunks (ring of 2)
         total += 2 * self.temporaries * _r(c * 4)
-        if self.resident:
-            total += 2 * _r(kk * h * 4)  # x * coef for a whole tile, from stage B to C
+        total += 2 * _r(P * isz)  # identity (and the ones it is selected from)
         total += _r(4) + _r(-(-h // P) * 4) + _r(P * 4)  # ones; final column-sum copies
         return total + _small(problem, kk, -(-h // c), 6)
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
-        return cls._pick(problem, target, gpsimd_eighths=6)
+        # VectorE's share of the dy products reads dy from PSUM (1 cycle / element), so an
+        # even split balances VectorE and GpSimd (modeled, cost model v1, trn2)
+        return cls._pick(problem, target, gpsimd_eighths=4)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -351,7 +350,13 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         extra = _r(4) + _r(-(-problem.hidden // P) * 4) + _r(P * 4)  # the bias sums' copies
+        if self.resident:  # x * c1 + c0 for a whole tile, from stage B to C
+            extra += 2 * _r(self.rows_per_partition * problem.hidden * 4)
         return super().sbuf_bytes(problem) + extra + _small(problem, self.rows_per_partition, 1, 10)
+
+    @classmethod
+    def heuristic(cls, problem: NormProblem, target: Target) -> LayerNormBwdConfig:
+        return cls._pick(problem, target, gpsimd_eighths=6)
 
 
 def bn_stats_available() -> bool:

@@ -35,6 +35,7 @@ from .tiling import (
     colsum_add,
     colsum_init,
     colsum_store,
+    identity,
     issue_rows_load,
     load_row_vector,
     pipeline_jobs,
@@ -47,9 +48,14 @@ from .tiling import (
     run_pipeline,
     stat_tile,
     stat_view,
+    to_psum,
     tt_split,
+    tt_split_psum,
 )
 
+PSUM_COLS = 512  # fp32 columns of one PSUM bank
+PSUM_RING = 3  # PSUM banks x * coef rotates through (the column sums hold one more)
+TEMP_RING = 2  # buffers per fp32 temporary: engines chained through one run this far apart
 NSTAGES = 3  # A: loads, weight-gradient terms, row sums; B: coef; C: dx and its store
 
 
@@ -94,6 +100,7 @@ def rms_norm_bwd(
         "chunks": chunks,
         "w_sb": load_row_vector(w, hdim) if w is not None else None,
         "acc": colsum_init(hdim) if w is not None else None,
+        "eye": identity(dy.dtype) if dy.dtype != nl.float32 else None,
         "rings": {
             "x": [],
             "dy": [],
@@ -103,7 +110,8 @@ def rms_norm_bwd(
             "t1": [],
             "t2": [],
             "t3": [],
-            "t4": [],
+            "xp": [],
+            "dyp": [],
         },
         "loads": (("x", x), ("dy", dy), ("dh", dh)),
     }
@@ -131,7 +139,7 @@ def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], rt: Any) -> None:
 def temp(ctx: dict[str, Any], name: str) -> Any:
     """A [P, chunk] fp32 temporary from its own two-buffer ring (stable addresses, so it
     only ever waits on its own previous use)."""
-    return ring_alloc(ctx["rings"][name], 2, (P, ctx["plan"]["chunk"]), nl.float32)
+    return ring_alloc(ctx["rings"][name], TEMP_RING, (P, ctx["plan"]["chunk"]), nl.float32)
 
 
 def _stage_a(ctx: dict[str, Any], tile: Any, rt: Any) -> dict[str, Any]:
@@ -153,24 +161,8 @@ def _stage_a(ctx: dict[str, Any], tile: Any, rt: Any) -> dict[str, Any]:
 
 
 def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """coef = -rstd^3 * s / H per row (VectorE, [rows, kk]); for a resident tile also
-    xs = x * coef (ScalarE, fp32), one step before stage C adds it, so that VectorE never
-    waits on ScalarE within a step."""
-    tile, ld = st["tile"], st["ld"]
-    coef = _coef(ctx, tile, st["part"], st["rcol"])
-    st["coef"] = coef
-    if ld is not None:
-        rows, kk = tile[1], tile[2]
-        hdim = ctx["dx"].shape[1]
-        xs = ring_alloc(ctx["rings"]["xs"], 2, (P, kk, hdim), nl.float32)
-        for j in range(kk):
-            nisa.activation(
-                dst=xs[0:rows, j, :],
-                op=nl.copy,
-                data=ld["x"][0:rows, j, :],
-                scale=coef[0:rows, j : j + 1],
-            )
-        st["xs"] = xs
+    """coef = -rstd^3 * s / H per row (VectorE, [rows, kk])."""
+    st["coef"] = _coef(ctx, st["tile"], st["part"], st["rcol"])
     return st
 
 
@@ -182,8 +174,7 @@ def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
         if ld is not None:
             xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
             dhc = ld["dh"][0:rows, :, c0 : c0 + cw] if "dh" in ld else None
-            xsc = st["xs"][0:rows, :, c0 : c0 + cw]
-            _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef, xsc)
+            _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef)
         else:
             _pass2_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, coef)
     return st
@@ -215,13 +206,17 @@ def _pass1_chunk(
     w_sb, eng = ctx["w_sb"], ctx["plan"]["gpsimd_eighths"]
     for j in range(kk):
         dxy = temp(ctx, "t1")
-        tt_split(dxy[0:rows, 0:cw], dyc[:, j, :], xc[:, j, :], nl.multiply, eng)
+        _mul_dy(ctx, dxy[0:rows, 0:cw], dyc[:, j, :], xc[:, j, :])
         red = dxy
         if w_sb is not None:
             colsum_add(ctx["acc"], dxy[0:rows, 0:cw], c0, rcol[:, j : j + 1])
             red = temp(ctx, "t2")
             tt_split(
-                red[0:rows, 0:cw], dxy[0:rows, 0:cw], w_sb[0:rows, c0 : c0 + cw], nl.multiply, eng
+                red[0:rows, 0:cw],
+                dxy[0:rows, 0:cw],
+                w_sb[0:rows, c0 : c0 + cw],
+                nl.multiply,
+                eng,
             )
         nisa.activation(
             dst=red[0:rows, 0:cw],
@@ -230,6 +225,29 @@ def _pass1_chunk(
             reduce_op=nl.add,
             reduce_res=part[0:rows, j, ci : ci + 1],
             reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        )
+
+
+def _mul_dy(ctx: dict[str, Any], dst: Any, dy: Any, b: Any) -> None:
+    """dst = dy * b (fp32): VectorE's columns read dy from a PSUM copy made on TensorE."""
+    eng = ctx["plan"]["gpsimd_eighths"]
+    if ctx["eye"] is None:  # fp32 dy: a TensorE copy would run at the fp32 rate
+        tt_split(dst, dy, b, nl.multiply, eng)
+        return
+    rows, cw = dst.shape[0], dst.shape[1]
+    for s0 in range(0, cw, PSUM_COLS):
+        m = min(PSUM_COLS, cw - s0)
+        v = m - m * eng // 8
+        dyp = ring_alloc(ctx["rings"]["dyp"], 2, (P, PSUM_COLS), nl.float32, nl.psum)
+        if v:
+            to_psum(dyp[0:rows, 0:v], ctx["eye"], dy[:, s0 : s0 + v])
+        tt_split_psum(
+            dst[:, s0 : s0 + m],
+            dyp[0:rows, 0:m],
+            dy[:, s0 : s0 + m],
+            b[:, s0 : s0 + m],
+            nl.multiply,
+            eng,
         )
 
 
@@ -266,7 +284,6 @@ def _pass2_chunk(
     c0: int,
     rcol: Any,
     coef: Any,
-    xsc: Any = None,
 ) -> None:
     """dx = dy * w * rstd + x * coef [+ dh] for one chunk, then its store."""
     rows, kk = tile[1], tile[2]
@@ -278,24 +295,25 @@ def _pass2_chunk(
         g = dyc[:, j, :]
         if w_sb is not None:
             gt = temp(ctx, "t3")
-            tt_split(
-                gt[0:rows, 0:cw], g, w_sb[0:rows, c0 : c0 + cw], nl.multiply, plan["gpsimd_eighths"]
-            )
+            _mul_dy(ctx, gt[0:rows, 0:cw], g, w_sb[0:rows, c0 : c0 + cw])
             g = gt[0:rows, 0:cw]
-        if xsc is not None:
-            xs = xsc[:, j, :]
-        else:
-            xst = temp(ctx, "t4")
-            xs = xst[0:rows, 0:cw]
-            nisa.activation(dst=xs, op=nl.copy, data=xc[:, j, :], scale=coef[0:rows, j : j + 1])
-        if dhc is not None:
-            tt_split(xs, xs, dhc[:, j, :], nl.add, plan["gpsimd_eighths"])
-        nisa.scalar_tensor_tensor(
-            dst=dxt[0:rows, j, 0:cw],
-            data=g,
-            op0=nl.multiply,
-            operand0=rcol[:, j : j + 1],
-            op1=nl.add,
-            operand1=xs,
-        )
+        for s0 in range(0, cw, PSUM_COLS):
+            m = min(PSUM_COLS, cw - s0)
+            # x * coef lands in a PSUM bank so that the VectorE combine below reads one
+            # PSUM operand (half the cycles of two SBUF operands)
+            xs = ring_alloc(ctx["rings"]["xp"], PSUM_RING, (P, PSUM_COLS), nl.float32, nl.psum)
+            xsv = xs[0:rows, 0:m]
+            nisa.activation(
+                dst=xsv, op=nl.copy, data=xc[:, j, s0 : s0 + m], scale=coef[0:rows, j : j + 1]
+            )
+            if dhc is not None:
+                nisa.tensor_tensor(dst=xsv, data1=xsv, data2=dhc[:, j, s0 : s0 + m], op=nl.add)
+            nisa.scalar_tensor_tensor(
+                dst=dxt[0:rows, j, s0 : s0 + m],
+                data=g[:, s0 : s0 + m],
+                op0=nl.multiply,
+                operand0=rcol[:, j : j + 1],
+                op1=nl.add,
+                operand1=xsv,
+            )
     nisa.dma_copy(dst=rows_view(dx, tile)[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])

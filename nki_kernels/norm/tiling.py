@@ -103,15 +103,17 @@ def programs() -> tuple[int, int]:
     return nl.program_id(0), nl.num_programs(0)
 
 
-def ring_alloc(ring: list[Any], depth: int, shape: tuple[int, ...], dtype: Any) -> Any:
-    """Allocate an SBUF tile that rotates through `depth` buffers.
+def ring_alloc(
+    ring: list[Any], depth: int, shape: tuple[int, ...], dtype: Any, buffer: Any = None
+) -> Any:
+    """Allocate an SBUF (or `buffer`) tile that rotates through `depth` buffers.
 
     `ring` holds the tiles still in flight; the oldest is dropped first so its buffer can
     be reused (depth 1: one buffer, no overlap; depth 2: double buffering; ...).
     """
     while len(ring) >= depth:
         ring.pop(0)
-    t = nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+    t = nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf if buffer is None else buffer)
     ring.append(t)
     return t
 
@@ -156,6 +158,48 @@ def tt_split(dst: Any, a: Any, b: Any, op: Any, gpsimd_eighths: int) -> None:
     nisa.tensor_tensor(
         dst=dst[:, v:cw], data1=a[:, v:cw], data2=b[:, v:cw], op=op, engine=nisa.engine.gpsimd
     )
+
+
+def identity(dtype: Any) -> Any:
+    """A [P, P] identity matrix in SBUF (GpSimd affine_select on a ones tile), once per kernel.
+
+    As the stationary operand of a matmul it copies a bf16 / fp16 tile into PSUM exactly
+    (fp32 products of 1 and 0, one nonzero term per sum) at TensorE's bf16 rate.
+    """
+    ones = nl.ndarray((P, P), dtype=dtype, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    eye = nl.ndarray((P, P), dtype=dtype, buffer=nl.sbuf)
+    nisa.affine_select(
+        dst=eye, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=ones, on_false_value=0.0
+    )
+    return eye
+
+
+def to_psum(dst: Any, eye: Any, src: Any) -> None:
+    """dst ([rows, <= 512] fp32 PSUM) = src ([rows, same] SBUF, eye's dtype), on TensorE."""
+    rows = src.shape[0]
+    nisa.nc_matmul(dst=dst, stationary=eye[0:rows, 0:rows], moving=src)
+
+
+def tt_split_psum(dst: Any, a_psum: Any, a_sbuf: Any, b: Any, op: Any, gpsimd_eighths: int) -> None:
+    """`tt_split` where the VectorE share reads its first operand from PSUM (`a_psum`, one
+    cycle per element instead of two) and the GpSimd share, which cannot reach PSUM, reads
+    the same values from SBUF (`a_sbuf`)."""
+    cw = dst.free_size
+    g = cw * gpsimd_eighths // 8
+    v = cw - g
+    if v:
+        nisa.tensor_tensor(
+            dst=dst[:, 0:v], data1=a_psum[:, 0:v], data2=b[:, 0:v], op=op, engine=nisa.engine.vector
+        )
+    if g:
+        nisa.tensor_tensor(
+            dst=dst[:, v:cw],
+            data1=a_sbuf[:, v:cw],
+            data2=b[:, v:cw],
+            op=op,
+            engine=nisa.engine.gpsimd,
+        )
 
 
 def colsum_init(hdim: int) -> dict[str, Any]:
