@@ -135,12 +135,9 @@ class _NormOp:
         kw = config.to_dict()
         return run(self.kernel(), *self.args(p, None), target=target, trace_only=True, **kw).trace
 
-    def numeric(
-        self, p: Any, config: KernelConfig, target: Target, seed: int
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        from ..interp import run
-        from ..norm import reference as ref
-
+    def arrays(self, p: Any, seed: int) -> dict[str, np.ndarray]:
+        """Seeded inputs by name (the statistics inputs of the backward ops are
+        placeholders here; `numeric` replaces them with the reference's)."""
         rng = np.random.default_rng(seed)
         dt = _np_dtype(p.dtype)
         n, h = p.rows, p.hidden
@@ -150,6 +147,22 @@ class _NormOp:
 
         a = {"x": rnd(n, h, loc=0.3), "w": rnd(h, loc=1.0, scale=0.1), "b": rnd(h, scale=0.1)}
         a["res"], a["dy"] = rnd(n, h), rnd(n, h)
+        a["rstd"] = np.ones(n, np.float32)
+        a["mean"] = np.zeros(n, np.float32)
+        return a
+
+    def device_launcher(self, p: Any, config: KernelConfig, target: Target) -> Any:
+        from .device import device_runner
+
+        return device_runner(self.kernel(), self.args(p, self.arrays(p, 0)), config, target)
+
+    def numeric(
+        self, p: Any, config: KernelConfig, target: Target, seed: int
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        from ..interp import run
+        from ..norm import reference as ref
+
+        a = self.arrays(p, seed)
         x, w = _torch(a["x"]), _torch(a["w"]) if p.has_weight else None
         b = _torch(a["b"]) if p.has_bias else None
         expect: tuple[Any, ...]
@@ -195,6 +208,7 @@ class _NormOp:
             bucket_key=lambda p: f"rows{p.rows}-h{p.hidden}-{p.affine}",
             dtype=lambda p: p.dtype,
             kernels=(self.kernel(),),
+            device_launcher=self.device_launcher,
             describe=lambda p: f"rows={p.rows} hidden={p.hidden} {p.dtype} affine={p.affine}",
         )
 
@@ -276,15 +290,9 @@ class _AttentionOp:
         from ..attention.reference import attention_reference
         from ..interp import run
 
-        rng = np.random.default_rng(seed)
-        dt = _np_dtype(p.dtype)
-        q = rng.standard_normal((p.batch, p.q_heads, p.seq_q, p.head_dim)).astype(dt)
-        k = rng.standard_normal((p.batch, p.kv_heads, p.seq_k, p.head_dim)).astype(dt)
-        v = rng.standard_normal((p.batch, p.kv_heads, p.seq_k, p.head_dim)).astype(dt)
-        bounds, plan = self._mask(p)
-        scale = 1.0 / math.sqrt(p.head_dim)
-        out, lse = run(self.kernel(), q, k, v, bounds, scale, plan, target=target,
-                       **config.to_dict()).outputs  # fmt: skip
+        args = self.args(p, seed)
+        q, k, v, _, scale, _ = args
+        out, lse = run(self.kernel(), *args, target=target, **config.to_dict()).outputs
         t = [torch.from_numpy(a.astype(np.float32)) for a in (q, k, v)]
         ref_out, ref_lse = attention_reference(*t, causal=p.mask == "causal", softmax_scale=scale)
         from ..ops.attention import _lse_from_kernel  # the kernels' partition-major lse
@@ -292,6 +300,21 @@ class _AttentionOp:
         lse = _lse_from_kernel(torch.from_numpy(np.asarray(lse, np.float32)))[:, :, : p.seq_q]
         got = [np.asarray(out, np.float64), _np(lse).astype(np.float64)]
         return got, [_np(ref_out), _np(ref_lse)]
+
+    def args(self, p: Any, seed: int) -> tuple[Any, ...]:
+        """Seeded q, k, v and the mask operands: the kernel's positional arguments."""
+        rng = np.random.default_rng(seed)
+        dt = _np_dtype(p.dtype)
+        q = rng.standard_normal((p.batch, p.q_heads, p.seq_q, p.head_dim)).astype(dt)
+        k = rng.standard_normal((p.batch, p.kv_heads, p.seq_k, p.head_dim)).astype(dt)
+        v = rng.standard_normal((p.batch, p.kv_heads, p.seq_k, p.head_dim)).astype(dt)
+        bounds, plan = self._mask(p)
+        return (q, k, v, bounds, 1.0 / math.sqrt(p.head_dim), plan)
+
+    def device_launcher(self, p: Any, config: KernelConfig, target: Target) -> Any:
+        from .device import device_runner
+
+        return device_runner(self.kernel(), self.args(p, 0), config, target)
 
     def reduced(self, p: Any, config: KernelConfig, target: Target) -> Any:
         """Two query tiles per interleave group plus a ragged one; two key steps plus a
@@ -322,6 +345,7 @@ class _AttentionOp:
             ),
             dtype=lambda p: p.dtype,
             kernels=(self.kernel(),),
+            device_launcher=self.device_launcher,
             search_problem=_attn_proxy,
             describe=lambda p: (
                 f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Sq={p.seq_q} Sk={p.seq_k} "
@@ -412,8 +436,21 @@ class _MoEOp:
         import torch
 
         from ..interp import run
+        from ..moe.reference import moe_reference
+
+        args, logits = self.args(p, config, seed)
+        out = run(self.kernel(), *args, target=target, **config.to_dict()).outputs
+        t = [torch.from_numpy(a.astype(np.float32)) for a in args[:3]]
+        ref = moe_reference(t[0], torch.from_numpy(logits), t[1], t[2], p.top_k)
+        return [np.asarray(out, np.float64)], [_np(ref)]
+
+    def args(self, p: Any, config: KernelConfig, seed: int) -> tuple[tuple[Any, ...], Any]:
+        """(the kernel's positional arguments, the router logits) for seeded inputs routed
+        by the reference router and grouped by the op's block planner."""
+        import torch
+
         from ..moe.grouping import plan_blocks
-        from ..moe.reference import moe_reference, route_reference
+        from ..moe.reference import route_reference
 
         rng = np.random.default_rng(seed)
         dt = _np_dtype(p.dtype)
@@ -422,17 +459,17 @@ class _MoEOp:
         wgu = (rng.standard_normal((e, h, 2 * i)) / math.sqrt(h)).astype(dt)
         wd = (rng.standard_normal((e, i, h)) / math.sqrt(i)).astype(dt)
         logits = rng.standard_normal((p.tokens, e)).astype(np.float32)
-        lt = torch.from_numpy(logits)
-        weights, ids = route_reference(lt, p.top_k)
-        plan = plan_blocks(ids.numpy(), weights.numpy(), e, int(config.block_size))  # type: ignore[attr-defined]
-        out = run(
-            self.kernel(), x, wgu, wd, plan.slot_token, plan.block_expert, plan.block_count,
-            plan.token_slot, plan.token_weight, plan.static_blocks, plan.may_drop,
-            target=target, **config.to_dict(),
-        ).outputs  # fmt: skip
-        t = [torch.from_numpy(a.astype(np.float32)) for a in (x, wgu, wd)]
-        ref = moe_reference(t[0], lt, t[1], t[2], p.top_k)
-        return [np.asarray(out, np.float64)], [_np(ref)]
+        weights, ids = route_reference(torch.from_numpy(logits), p.top_k)
+        bs = int(config.block_size)  # type: ignore[attr-defined]
+        plan = plan_blocks(ids.numpy(), weights.numpy(), e, bs)
+        args = (x, wgu, wd, plan.slot_token, plan.block_expert, plan.block_count,
+                plan.token_slot, plan.token_weight, plan.static_blocks, plan.may_drop)  # fmt: skip
+        return args, logits
+
+    def device_launcher(self, p: Any, config: KernelConfig, target: Target) -> Any:
+        from .device import device_runner
+
+        return device_runner(self.kernel(), self.args(p, config, 0)[0], config, target)
 
     def reduced(self, p: Any, config: KernelConfig, target: Target) -> Any:
         """Two experts with two blocks each plus a ragged tail of tokens; hidden and
@@ -473,6 +510,7 @@ class _MoEOp:
             ),
             dtype=lambda p: p.dtype,
             kernels=(self.kernel(),),
+            device_launcher=self.device_launcher,
             describe=lambda p: (
                 f"T={p.tokens} H={p.hidden} I={p.intermediate} E={p.experts} k={p.top_k} "
                 f"{p.dtype} (balanced routing)"

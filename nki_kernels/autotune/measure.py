@@ -18,7 +18,6 @@ are present, else the cost model. Interpreter rule errors (`NkiValidationError`,
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from abc import ABC, abstractmethod
@@ -136,10 +135,11 @@ class HardwareMeasurer(Measurer):
 
 
 def hardware_available() -> bool:
-    """True when the real `nki` toolchain is importable and a neuron device node exists."""
-    from .. import nki as seam
+    """True when `neuron` tensors live on a real device driven by TorchNeuron (with the
+    real `nki` toolchain behind the seam), as `runtime.neuron_device` decides."""
+    from ..runtime.neuron_device import is_real_neuron
 
-    return seam.BACKEND == "neuron" and os.path.exists("/dev/neuron0")
+    return is_real_neuron()
 
 
 def select_measurer(kind: str = "auto") -> Measurer:
@@ -151,8 +151,8 @@ def select_measurer(kind: str = "auto") -> Measurer:
     if kind == "hardware":
         if not hardware_available():
             raise RuntimeError(
-                "measurer: 'hardware' needs the Neuron nki package and a neuron device "
-                "(/dev/neuron0); neither is present here -- use 'cost-model'"
+                "measurer: 'hardware' needs the Neuron nki package and a real neuron device "
+                "(TorchNeuron); neither is present here -- use 'cost-model'"
             )
         return HardwareMeasurer()
     raise ValueError(f"measurer: expected 'auto', 'cost-model' or 'hardware'; got {kind!r}")

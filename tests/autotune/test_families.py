@@ -92,3 +92,17 @@ def test_attention_export_reprices_the_full_problem(tmp_path):
     assert out.provenance.latency_ns == pytest.approx(full)
     # two KV groups cost more than the one-group proxy the trials measured
     assert out.provenance.latency_ns > report.best.latency_ns
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "flash_attention", "moe_mlp"])
+def test_device_launcher_runs_the_kernel_on_the_neuron_device(op, neuron):
+    """The hardware path on the emulated neuron device: inputs go to `neuron`, the kernel
+    runs through the runtime, and the measurer times it (wall time of the emulation --
+    only the plumbing is under test here)."""
+    from nki_kernels.autotune.measure import HardwareMeasurer
+
+    tunable = get(op).make_tunable()
+    problem = small_problem(op)
+    config = tunable.heuristic(problem, TRN2)
+    m = HardwareMeasurer(warmup=1, repeats=1).measure(tunable, problem, config, TRN2)
+    assert m.latency_ns > 0 and m.label == "measured (hardware)"
