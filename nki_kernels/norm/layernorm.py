@@ -34,20 +34,19 @@ from ..nki import nisa, nki, nl
 from .tiling import (
     P,
     col_chunks,
-    issue_rows_load,
+    each_chunk,
     load_row_vector,
-    pipeline_jobs,
-    prefetch_depth,
-    prefetch_start,
     prefetch_take,
     programs,
     ring_alloc,
+    rings,
+    row_plan,
     row_segments,
     rows_view,
-    run_pipeline,
+    run_rows,
     scratch,
-    stat_tile,
-    stat_view,
+    stats_alloc,
+    stats_store,
     tt_split,
 )
 
@@ -88,23 +87,12 @@ def layer_norm_fwd(
             mean, var = stats(x) ; rstd = (var + eps) ^ -1/2
             y = (x - mean) * rstd * w + b
     """
-    assert scale_mode in LN_MODES, f"scale_mode must be one of {LN_MODES}; got {scale_mode}"
-    assert stats in STATS_MODES, f"stats must be one of {STATS_MODES}; got {stats}"
-    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
     n, hdim = x.shape
+    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths, stats)
     y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    c = hdim if chunk <= 0 else min(chunk, hdim)
-    plan = {
-        "chunk": c,
-        "resident": resident,
-        "bufs": bufs,
-        "scale_mode": scale_mode,
-        "gpsimd_eighths": gpsimd_eighths,
-        "stats": stats,
-    }
-    _ln_rows(x, w, b, y, mean, rstd, eps, plan, rows_per_partition)
+    _ln_rows(x, w, b, y, mean, rstd, eps, plan)
     return y, mean, rstd
 
 
@@ -124,75 +112,69 @@ def layer_norm_stats(
 
     Stages A and B of `layer_norm_fwd` (x read once); same schedule arguments.
     """
-    assert stats in STATS_MODES, f"stats must be one of {STATS_MODES}; got {stats}"
-    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
     n, hdim = x.shape
+    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths, stats)
     mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    plan = {
-        "chunk": hdim if chunk <= 0 else min(chunk, hdim),
-        "resident": resident,
-        "bufs": bufs,
-        "scale_mode": scale_mode,
-        "gpsimd_eighths": gpsimd_eighths,
-        "stats": stats,
-    }
-    _ln_rows(x, None, None, None, mean, rstd, eps, plan, rows_per_partition)
+    _ln_rows(x, None, None, None, mean, rstd, eps, plan)
     return mean, rstd
 
 
 # --- private helpers ---------------------------------------------------------------------
+def _plan(
+    hdim: int,
+    rows_per_partition: int,
+    chunk: int,
+    resident: bool,
+    bufs: int,
+    scale_mode: str,
+    gpsimd_eighths: int,
+    stats: str,
+) -> dict[str, Any]:
+    """Check the schedule arguments and resolve defaults (chunk 0 = the whole row)."""
+    assert scale_mode in LN_MODES, f"scale_mode must be one of {LN_MODES}; got {scale_mode}"
+    assert stats in STATS_MODES, f"stats must be one of {STATS_MODES}; got {stats}"
+    return row_plan(
+        hdim,
+        rows_per_partition,
+        chunk,
+        resident,
+        bufs,
+        NSTAGES,
+        scale_mode=scale_mode,
+        gpsimd_eighths=gpsimd_eighths,
+        stats=stats,
+    )
+
+
 def _ln_rows(
-    x: Any, w: Any, b: Any, y: Any, mean: Any, rstd: Any, eps: float, plan: dict[str, Any], k: int
+    x: Any, w: Any, b: Any, y: Any, mean: Any, rstd: Any, eps: float, plan: dict[str, Any]
 ) -> None:
     """All row tiles of this program through the pipeline (y None: statistics only)."""
     n, hdim = x.shape
-    pid, nprog = programs()
-    segs = row_segments(n, k, pid, nprog)
-    chunks = col_chunks(hdim, plan["chunk"])
     ctx = {
         "x": x,
         "y": y,
-        "mean": mean,
-        "rstd": rstd,
+        "stats": (mean, rstd),
         "eps": eps,
         "plan": plan,
-        "chunks": chunks,
-        "w_sb": load_row_vector(w, hdim) if w is not None else None,
-        "b_sb": load_row_vector(b, hdim) if b is not None else None,
+        "chunks": col_chunks(hdim, plan["chunk"]),
+        "w_sb": load_row_vector(w, hdim),
+        "b_sb": load_row_vector(b, hdim),
         "junk": scratch(plan["chunk"], nl.float32),
-        "rings": {"x": [], "y": []},
+        "rings": rings(),
         "loads": (("x", x),),
     }
     stages = [_stage_a, _stage_b, _stage_c] if y is not None else [_stage_a, _stage_b]
-    jobs = pipeline_jobs(segs, len(stages), plan["resident"], chunks, y is not None)
-    ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
-    ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
-    run_pipeline(ctx, segs, stages, _seg_begin, _seg_end)
-
-
-def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
-    return stat_tile(seg), stat_tile(seg)  # mean, rstd of the segment's rows
-
-
-def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], sbufs: Any) -> None:
-    rows, cols = seg["rows"], seg["cols"]
-    nisa.dma_copy(dst=stat_view(ctx["mean"], seg), src=sbufs[0][0:rows, 0:cols])
-    nisa.dma_copy(dst=stat_view(ctx["rstd"], seg), src=sbufs[1][0:rows, 0:cols])
+    segs = row_segments(n, plan["k"], *programs())
+    run_rows(ctx, segs, stages, stats_alloc, stats_store, reload_last=y is not None)
 
 
 def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
     """Load the tile and accumulate its statistics' partial sums."""
-    rows = tile[1]
     acc = _sums_init(ctx, tile)
-    ld = None
-    if ctx["plan"]["resident"]:
-        ld = prefetch_take(ctx["pf"])
-        for ci, (c0, cw) in enumerate(ctx["chunks"]):
-            _sums_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], ci, acc)
-    else:
-        for ci, (_, cw) in enumerate(ctx["chunks"]):
-            _sums_taken(ctx, tile, prefetch_take(ctx["pf"]), cw, ci, acc)
+    ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
+    each_chunk(ctx, tile, ld, _sums_chunk, acc)
     return {"tile": tile, "ld": ld, "acc": acc, "sbufs": sbufs}
 
 
@@ -209,28 +191,17 @@ def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
 
 def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
     """y = xn * w + b per chunk and its store (streaming: reload and scale first)."""
-    tile, ld = st["tile"], st["ld"]
-    rows = tile[1]
-    for c0, cw in ctx["chunks"]:
-        if ld is not None:
-            _affine_store(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], c0)
-        else:
-            _out_taken(ctx, tile, prefetch_take(ctx["pf"]), cw, st["cols"], c0)
+    each_chunk(ctx, st["tile"], st["ld"], _out_chunk, st["cols"], st["ld"] is None)
     return st
 
 
-def _sums_taken(
-    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], cw: int, ci: int, acc: dict[str, Any]
+def _out_chunk(
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], cols: Any, streamed: bool
 ) -> None:
-    _sums_chunk(ctx, tile, ld["x"][0 : tile[1], :, 0:cw], ci, acc)
-
-
-def _out_taken(
-    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], cw: int, cols: Any, c0: int
-) -> None:
-    xc = ld["x"][0 : tile[1], :, 0:cw]
-    _scale(ctx, xc, cols)
-    _affine_store(ctx, tile, xc, c0)
+    """y for one chunk (streamed: scale it first), and its store."""
+    if streamed:
+        _scale(ctx, v["x"], cols)
+    _affine_store(ctx, tile, v["x"], c0)
 
 
 def _sums_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:
@@ -249,9 +220,12 @@ def _sums_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:
     }
 
 
-def _sums_chunk(ctx: dict[str, Any], tile: Any, xc: Any, ci: int, acc: dict[str, Any]) -> None:
-    """Statistics of one column chunk `xc` ([rows, kk, cw]) into the tile's accumulators."""
+def _sums_chunk(
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], acc: dict[str, Any]
+) -> None:
+    """Statistics of one column chunk of x ([rows, kk, cw]) into the tile's accumulators."""
     rows, kk = tile[1], tile[2]
+    xc = v["x"]
     cw = xc.shape[2]
     if "st" in acc:
         sub = acc["sub"][0]

@@ -22,25 +22,23 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .rmsnorm_bwd import temp
 from .tiling import (
     P,
     col_chunks,
     colsum_add,
     colsum_init,
     colsum_store,
-    issue_rows_load,
+    each_chunk,
     load_row_vector,
-    pipeline_jobs,
-    prefetch_depth,
-    prefetch_start,
     prefetch_take,
     ring_alloc,
+    rings,
+    row_plan,
     row_segments,
     rows_view,
-    run_pipeline,
-    stat_tile,
-    stat_view,
+    run_rows,
+    stats_load,
+    temp,
     tt_split,
 )
 
@@ -73,39 +71,32 @@ def layer_norm_bwd(
             dx = rstd * dy * w + c1 * x + c0
     """
     n, hdim = x.shape
-    c = hdim if chunk <= 0 else min(chunk, hdim)
-    assert c == hdim or c % P == 0, f"chunk must be a multiple of {P} or H; got {chunk}"
-    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
+    plan = row_plan(
+        hdim,
+        rows_per_partition,
+        chunk,
+        resident,
+        bufs,
+        NSTAGES,
+        aligned=True,
+        gpsimd_eighths=gpsimd_eighths,
+    )
     dx = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     gdtype = w.dtype if w is not None else x.dtype
     dw = nl.ndarray((hdim,), dtype=gdtype, buffer=nl.shared_hbm) if w is not None else None
     db = nl.ndarray((hdim,), dtype=gdtype, buffer=nl.shared_hbm) if has_bias else None
-    plan = {"chunk": c, "resident": resident, "bufs": bufs, "gpsimd_eighths": gpsimd_eighths}
     ctx = {
         "dx": dx,
         "plan": plan,
-        "chunks": col_chunks(hdim, c),
-        "w_sb": load_row_vector(w, hdim) if w is not None else None,
+        "chunks": col_chunks(hdim, plan["chunk"]),
+        "w_sb": load_row_vector(w, hdim),
         "acc_w": colsum_init(hdim) if w is not None else None,
         "acc_b": colsum_init(hdim) if has_bias else None,
-        "rings": {
-            "x": [],
-            "dy": [],
-            "dx": [],
-            "xs": [],
-            "t1": [],
-            "t2": [],
-            "t3": [],
-            "t4": [],
-            "t5": [],
-        },
+        "rings": rings(),
         "stats": (mean, rstd),
         "loads": (("x", x), ("dy", dy)),
     }
-    segs = row_segments(n, rows_per_partition)
-    jobs = pipeline_jobs(segs, NSTAGES, resident, ctx["chunks"])
-    ctx["pf"] = prefetch_start(jobs, prefetch_depth(resident, bufs, NSTAGES), issue_rows_load, ctx)
-    run_pipeline(ctx, segs, [_stage_a, _stage_b, _stage_c], _seg_begin, _seg_end)
+    run_rows(ctx, row_segments(n, plan["k"]), [_stage_a, _stage_b, _stage_c], stats_load)
     if ctx["acc_w"] is not None:
         colsum_store(ctx["acc_w"], dw)
     if ctx["acc_b"] is not None:
@@ -114,32 +105,13 @@ def layer_norm_bwd(
 
 
 # --- private helpers ---------------------------------------------------------------------
-def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
-    st = (stat_tile(seg), stat_tile(seg))  # mean, rstd of the segment's rows
-    for buf, src in zip(st, ctx["stats"]):
-        nisa.dma_copy(dst=buf[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(src, seg))
-    return st
-
-
-def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], st: Any) -> None:
-    return None
-
-
 def _stage_a(ctx: dict[str, Any], tile: Any, stb: Any) -> dict[str, Any]:
     """Load; per chunk: weight / bias gradient terms (TensorE column sums), row sums A, B."""
     rows, kk, off = tile[1], tile[2], tile[4]
-    chunks = ctx["chunks"]
     cols = (stb[0][0:rows, off : off + kk], stb[1][0:rows, off : off + kk])
-    sums = _sums_init(kk, len(chunks))
-    ld = None
-    if ctx["plan"]["resident"]:
-        ld = prefetch_take(ctx["pf"])
-        for ci, (c0, cw) in enumerate(chunks):
-            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-            _pass1_chunk(ctx, tile, xc, dyc, c0, cols, sums, ci)
-    else:
-        for ci, (c0, cw) in enumerate(chunks):
-            _pass1_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, cols, sums, ci)
+    sums = _sums_init(kk, len(ctx["chunks"]))
+    ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
+    each_chunk(ctx, tile, ld, _pass1_chunk, cols, sums)
     return {"tile": tile, "ld": ld, "cols": cols, "sums": sums}
 
 
@@ -169,30 +141,8 @@ def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
 
 def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
     """dx per chunk and its store (streaming: reloading x and dy)."""
-    tile, ld, rcol, coefs = st["tile"], st["ld"], st["cols"][1], st["coefs"]
-    rows = tile[1]
-    for c0, cw in ctx["chunks"]:
-        if ld is not None:
-            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-            _pass2_chunk(ctx, tile, xc, dyc, c0, rcol, coefs, st["xs"][0:rows, :, c0 : c0 + cw])
-        else:
-            _pass2_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, coefs)
+    each_chunk(ctx, st["tile"], st["ld"], _pass2_chunk, st["cols"][1], st["coefs"], st.get("xs"))
     return st
-
-
-def _pass1_taken(
-    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, cols: Any, sums: Any, ci: int
-) -> None:
-    rows = tile[1]
-    xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
-    _pass1_chunk(ctx, tile, xc, dyc, c0, cols, sums, ci)
-
-
-def _pass2_taken(
-    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, rcol: Any, coefs: Any
-) -> None:
-    rows = tile[1]
-    _pass2_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw], c0, rcol, coefs)
 
 
 def _sums_init(kk: int, nch: int) -> tuple[Any, Any]:
@@ -215,10 +165,11 @@ def _row_sum(dst_col: Any, t: Any) -> None:
 
 
 def _pass1_chunk(
-    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, c0: int, cols: Any, sums: Any, ci: int
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], cols: Any, sums: Any
 ) -> None:
     """Weight / bias gradient terms and the row sums A, B of one column chunk."""
     rows, kk = tile[1], tile[2]
+    xc, dyc = v["x"], v["dy"]
     cw = xc.shape[2]
     mcol, rcol = cols
     w_sb, eng = ctx["w_sb"], ctx["plan"]["gpsimd_eighths"]
@@ -260,17 +211,19 @@ def _pass1_chunk(
 def _pass2_chunk(
     ctx: dict[str, Any],
     tile: Any,
-    xc: Any,
-    dyc: Any,
+    ci: int,
     c0: int,
+    v: dict[str, Any],
     rcol: Any,
     coefs: Any,
-    xsc: Any = None,
+    xs_tile: Any,
 ) -> None:
-    """dx = g * rstd + (x * c1 + c0) for one chunk (xs given by stage B, or computed here),
-    then its store."""
+    """dx = g * rstd + (x * c1 + c0) for one chunk (xs from stage B's `xs_tile` for a
+    resident tile, else computed here), then its store."""
     rows, kk = tile[1], tile[2]
+    xc, dyc = v["x"], v["dy"]
     cw = xc.shape[2]
+    xsc = xs_tile[0:rows, :, c0 : c0 + cw] if xs_tile is not None else None
     plan, w_sb, dx = ctx["plan"], ctx["w_sb"], ctx["dx"]
     c0_col, c1_col = coefs
     dxt = ring_alloc(ctx["rings"]["dx"], 2, (P, kk, plan["chunk"]), dx.dtype)

@@ -37,20 +37,19 @@ from ..nki import nisa, nki, nl
 from .tiling import (
     P,
     col_chunks,
-    issue_rows_load,
+    each_chunk,
     load_row_vector,
-    pipeline_jobs,
-    prefetch_depth,
-    prefetch_start,
     prefetch_take,
     programs,
     ring_alloc,
+    rings,
+    row_plan,
     row_segments,
     rows_view,
-    run_pipeline,
+    run_rows,
     scratch,
-    stat_tile,
-    stat_view,
+    stats_alloc,
+    stats_store,
     tt_split,
 )
 
@@ -161,19 +160,18 @@ def _plan(
     gpsimd_eighths: int,
 ) -> dict[str, Any]:
     """Check the schedule arguments and resolve defaults (chunk 0 = the whole row)."""
-    assert rows_per_partition >= 1, f"rows_per_partition must be >= 1; got {rows_per_partition}"
-    need = NSTAGES if resident else 2
-    assert bufs >= need, f"bufs: >= {need} (resident={resident}); got {bufs}"
     assert scale_mode in SCALE_MODES, f"scale_mode must be one of {SCALE_MODES}; got {scale_mode}"
     assert 0 <= gpsimd_eighths <= GPSIMD_EIGHTHS_MAX, f"gpsimd_eighths: 0..8; got {gpsimd_eighths}"
-    return {
-        "k": rows_per_partition,
-        "chunk": hdim if chunk <= 0 else min(chunk, hdim),
-        "resident": resident,
-        "bufs": bufs,
-        "scale_mode": scale_mode,
-        "gpsimd_eighths": gpsimd_eighths,
-    }
+    return row_plan(
+        hdim,
+        rows_per_partition,
+        chunk,
+        resident,
+        bufs,
+        NSTAGES,
+        scale_mode=scale_mode,
+        gpsimd_eighths=gpsimd_eighths,
+    )
 
 
 def _rms_rows(
@@ -182,59 +180,38 @@ def _rms_rows(
     """All row tiles of this program, through the three-stage pipeline (y None: the
     statistics only, stages A and B)."""
     n, hdim = x.shape
-    pid, nprog = programs()
-    segs = row_segments(n, plan["k"], pid, nprog)
-    chunks = col_chunks(hdim, plan["chunk"])
     ctx = {
         "x": x,
         "y": y,
         "h": h_out,
-        "rstd": rstd_out,
+        "stats": (rstd_out,),
         "eps": eps,
         "plan": plan,
-        "chunks": chunks,
-        "w_sb": load_row_vector(w, hdim) if w is not None else None,
+        "chunks": col_chunks(hdim, plan["chunk"]),
+        "w_sb": load_row_vector(w, hdim),
         "junk": scratch(plan["chunk"], x.dtype),
-        "rings": {"x": [], "res": [], "y": []},
+        "rings": rings(),
         "loads": (("x", x), ("res", res)),
     }
     stages = [_stage_a, _stage_b, _stage_c] if y is not None else [_stage_a, _stage_b]
-    jobs = pipeline_jobs(segs, len(stages), plan["resident"], chunks, y is not None)
-    ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
-    ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
-    run_pipeline(ctx, segs, stages, _seg_begin, _seg_end)
+    segs = row_segments(n, plan["k"], *programs())
+    run_rows(ctx, segs, stages, stats_alloc, stats_store, reload_last=y is not None)
 
 
-def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
-    return stat_tile(seg)  # rstd of the segment's rows
-
-
-def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], rbuf: Any) -> None:
-    nisa.dma_copy(dst=stat_view(ctx["rstd"], seg), src=rbuf[0 : seg["rows"], 0 : seg["cols"]])
-
-
-def _stage_a(ctx: dict[str, Any], tile: Any, rbuf: Any) -> dict[str, Any]:
+def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
     """Load the tile (fused: add the residual, store h) and its partial sums of squares."""
-    rows, kk = tile[1], tile[2]
-    chunks = ctx["chunks"]
-    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
-    ld = None
-    if ctx["plan"]["resident"]:
-        ld = prefetch_take(ctx["pf"])
-        for ci, (c0, cw) in enumerate(chunks):
-            rc = ld["res"][0:rows, :, c0 : c0 + cw] if "res" in ld else None
-            _sums_chunk(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], rc, c0, part, ci)
-    else:
-        for ci, (c0, cw) in enumerate(chunks):
-            _sums_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, part, ci)
-    return {"tile": tile, "ld": ld, "part": part, "rbuf": rbuf}
+    kk = tile[2]
+    part = nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
+    ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
+    each_chunk(ctx, tile, ld, _sums_chunk, part)
+    return {"tile": tile, "ld": ld, "part": part, "rstd": sbufs[0]}
 
 
 def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
     """rstd (VectorE) and, for a resident tile, xn = x * rstd in place."""
     tile, ld = st["tile"], st["ld"]
     rows, kk, off = tile[1], tile[2], tile[4]
-    rstd = st["rbuf"][0:rows, off : off + kk]
+    rstd = st["rstd"][0:rows, off : off + kk]
     ssum = _total(st["part"], rows, kk)
     nisa.tensor_scalar(
         dst=rstd,
@@ -253,13 +230,7 @@ def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
 
 def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
     """y = xn * w per chunk and its store (streaming: reload, re-add, scale first)."""
-    tile, ld, rstd = st["tile"], st["ld"], st["rstd"]
-    rows = tile[1]
-    for c0, cw in ctx["chunks"]:
-        if ld is not None:
-            _weight_store(ctx, tile, ld["x"][0:rows, :, c0 : c0 + cw], c0)
-        else:
-            _out_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rstd)
+    each_chunk(ctx, st["tile"], st["ld"], _out_chunk, st["rstd"], st["ld"] is None)
     return st
 
 
@@ -272,30 +243,24 @@ def _total(part: Any, rows: int, kk: int) -> Any:
     return total[0:rows, :]
 
 
-def _sums_taken(
-    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], c0: int, cw: int, part: Any, ci: int
+def _out_chunk(
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], rstd: Any, streamed: bool
 ) -> None:
-    rows = tile[1]
-    rc = ld["res"][0:rows, :, 0:cw] if "res" in ld else None
-    _sums_chunk(ctx, tile, ld["x"][0:rows, :, 0:cw], rc, c0, part, ci)
-
-
-def _out_taken(
-    ctx: dict[str, Any], tile: Any, ld: dict[str, Any], c0: int, cw: int, rstd: Any
-) -> None:
-    rows = tile[1]
-    xc = ld["x"][0:rows, :, 0:cw]
-    if "res" in ld:  # h = x + residual again, bit-identical to the h stored in stage A
-        nisa.tensor_tensor(dst=xc, data1=xc, data2=ld["res"][0:rows, :, 0:cw], op=nl.add)
-    _scale(ctx, xc, rstd)
+    """y for one chunk (streamed: re-add the residual and scale it first), and its store."""
+    xc = v["x"]
+    if streamed:
+        if "res" in v:  # h = x + residual again, bit-identical to the h stored in stage A
+            nisa.tensor_tensor(dst=xc, data1=xc, data2=v["res"], op=nl.add)
+        _scale(ctx, xc, rstd)
     _weight_store(ctx, tile, xc, c0)
 
 
 def _sums_chunk(
-    ctx: dict[str, Any], tile: Any, xc: Any, rc: Any, c0: int, part: Any, ci: int
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], part: Any
 ) -> None:
-    """[fused: xc += rc, store h]; part[:, j, ci] = sum(xc[:, j, :]^2) per row group j."""
+    """[fused: x += res, store h]; part[:, j, ci] = sum(x[:, j, :]^2) per row group j."""
     rows, kk = tile[1], tile[2]
+    xc, rc = v["x"], v.get("res")
     cw = xc.shape[2]
     if rc is not None:
         nisa.tensor_tensor(dst=xc, data1=xc, data2=rc, op=nl.add)

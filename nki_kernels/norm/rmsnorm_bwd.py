@@ -35,19 +35,18 @@ from .tiling import (
     colsum_add,
     colsum_init,
     colsum_store,
+    each_chunk,
     identity,
-    issue_rows_load,
     load_row_vector,
-    pipeline_jobs,
-    prefetch_depth,
-    prefetch_start,
     prefetch_take,
     ring_alloc,
+    rings,
+    row_plan,
     row_segments,
     rows_view,
-    run_pipeline,
-    stat_tile,
-    stat_view,
+    run_rows,
+    stats_load,
+    temp,
     to_psum,
     tt_split,
     tt_split_psum,
@@ -55,7 +54,6 @@ from .tiling import (
 
 PSUM_COLS = 512  # fp32 columns of one PSUM bank
 PSUM_RING = 3  # PSUM banks x * coef rotates through (the column sums hold one more)
-TEMP_RING = 2  # buffers per fp32 temporary: engines chained through one run this far apart
 NSTAGES = 3  # A: loads, weight-gradient terms, row sums; B: coef; C: dx and its store
 
 
@@ -86,39 +84,30 @@ def rms_norm_bwd(
             dx = dy * w * rstd - x * rstd^3 * s / H
     """
     n, hdim = x.shape
-    c = hdim if chunk <= 0 else min(chunk, hdim)
-    assert c == hdim or c % P == 0, f"chunk must be a multiple of {P} or H; got {chunk}"
-    assert rows_per_partition >= 1 and bufs >= (NSTAGES if resident else 2)
+    plan = row_plan(
+        hdim,
+        rows_per_partition,
+        chunk,
+        resident,
+        bufs,
+        NSTAGES,
+        True,
+        gpsimd_eighths=gpsimd_eighths,
+    )
     dx = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     dw = nl.ndarray((hdim,), dtype=w.dtype, buffer=nl.shared_hbm) if w is not None else None
-    plan = {"chunk": c, "resident": resident, "bufs": bufs, "gpsimd_eighths": gpsimd_eighths}
-    chunks = col_chunks(hdim, c)
     ctx = {
         "dx": dx,
-        "rstd": rstd,
+        "stats": (rstd,),
         "plan": plan,
-        "chunks": chunks,
-        "w_sb": load_row_vector(w, hdim) if w is not None else None,
+        "chunks": col_chunks(hdim, plan["chunk"]),
+        "w_sb": load_row_vector(w, hdim),
         "acc": colsum_init(hdim) if w is not None else None,
         "eye": identity(dy.dtype) if dy.dtype != nl.float32 else None,
-        "rings": {
-            "x": [],
-            "dy": [],
-            "dh": [],
-            "dx": [],
-            "xs": [],
-            "t1": [],
-            "t2": [],
-            "t3": [],
-            "xp": [],
-            "dyp": [],
-        },
+        "rings": rings(),
         "loads": (("x", x), ("dy", dy), ("dh", dh)),
     }
-    segs = row_segments(n, rows_per_partition)
-    jobs = pipeline_jobs(segs, NSTAGES, resident, chunks)
-    ctx["pf"] = prefetch_start(jobs, prefetch_depth(resident, bufs, NSTAGES), issue_rows_load, ctx)
-    run_pipeline(ctx, segs, [_stage_a, _stage_b, _stage_c], _seg_begin, _seg_end)
+    run_rows(ctx, row_segments(n, plan["k"]), [_stage_a, _stage_b, _stage_c], stats_load)
     if w is None:
         return dx
     colsum_store(ctx["acc"], dw)
@@ -126,37 +115,13 @@ def rms_norm_bwd(
 
 
 # --- private helpers ---------------------------------------------------------------------
-def _seg_begin(ctx: dict[str, Any], seg: dict[str, Any]) -> Any:
-    rt = stat_tile(seg)  # rstd of the segment's rows, one DMA
-    nisa.dma_copy(dst=rt[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(ctx["rstd"], seg))
-    return rt
-
-
-def _seg_end(ctx: dict[str, Any], seg: dict[str, Any], rt: Any) -> None:
-    return None
-
-
-def temp(ctx: dict[str, Any], name: str) -> Any:
-    """A [P, chunk] fp32 temporary from its own two-buffer ring (stable addresses, so it
-    only ever waits on its own previous use)."""
-    return ring_alloc(ctx["rings"][name], TEMP_RING, (P, ctx["plan"]["chunk"]), nl.float32)
-
-
-def _stage_a(ctx: dict[str, Any], tile: Any, rt: Any) -> dict[str, Any]:
+def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
     """Load; per chunk: weight-gradient terms (column sums on TensorE) and row sums s."""
     rows, kk, off = tile[1], tile[2], tile[4]
-    chunks = ctx["chunks"]
-    rcol = rt[0:rows, off : off + kk]
-    part = nl.ndarray((P, kk, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
-    ld = None
-    if ctx["plan"]["resident"]:
-        ld = prefetch_take(ctx["pf"])
-        for ci, (c0, cw) in enumerate(chunks):
-            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-            _pass1_chunk(ctx, tile, xc, dyc, c0, rcol, part, ci)
-    else:
-        for ci, (c0, cw) in enumerate(chunks):
-            _pass1_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, part, ci)
+    rcol = sbufs[0][0:rows, off : off + kk]
+    part = nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
+    ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
+    each_chunk(ctx, tile, ld, _pass1_chunk, rcol, part)
     return {"tile": tile, "ld": ld, "part": part, "rcol": rcol}
 
 
@@ -168,40 +133,16 @@ def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
 
 def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
     """dx per chunk and its store (streaming: reloading x and dy)."""
-    tile, ld, rcol, coef = st["tile"], st["ld"], st["rcol"], st["coef"]
-    rows = tile[1]
-    for c0, cw in ctx["chunks"]:
-        if ld is not None:
-            xc, dyc = ld["x"][0:rows, :, c0 : c0 + cw], ld["dy"][0:rows, :, c0 : c0 + cw]
-            dhc = ld["dh"][0:rows, :, c0 : c0 + cw] if "dh" in ld else None
-            _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef)
-        else:
-            _pass2_taken(ctx, tile, prefetch_take(ctx["pf"]), c0, cw, rcol, coef)
+    each_chunk(ctx, st["tile"], st["ld"], _pass2_chunk, st["rcol"], st["coef"])
     return st
 
 
-def _pass1_taken(
-    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, rcol: Any, part: Any, ci: int
-) -> None:
-    rows = tile[1]
-    xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
-    _pass1_chunk(ctx, tile, xc, dyc, c0, rcol, part, ci)
-
-
-def _pass2_taken(
-    ctx: dict[str, Any], tile: Any, ld: Any, c0: int, cw: int, rcol: Any, coef: Any
-) -> None:
-    rows = tile[1]
-    xc, dyc = ld["x"][0:rows, :, 0:cw], ld["dy"][0:rows, :, 0:cw]
-    dhc = ld["dh"][0:rows, :, 0:cw] if "dh" in ld else None
-    _pass2_chunk(ctx, tile, xc, dyc, dhc, c0, rcol, coef)
-
-
 def _pass1_chunk(
-    ctx: dict[str, Any], tile: Any, xc: Any, dyc: Any, c0: int, rcol: Any, part: Any, ci: int
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], rcol: Any, part: Any
 ) -> None:
     """dxy = dy * x; dw += colsum(dxy * rstd); part[:, j, ci] = sum(dxy * w)."""
     rows, kk = tile[1], tile[2]
+    xc, dyc = v["x"], v["dy"]
     cw = xc.shape[2]
     w_sb, eng = ctx["w_sb"], ctx["plan"]["gpsimd_eighths"]
     for j in range(kk):
@@ -276,17 +217,11 @@ def _coef(ctx: dict[str, Any], tile: Any, part: Any, rcol: Any) -> Any:
 
 
 def _pass2_chunk(
-    ctx: dict[str, Any],
-    tile: Any,
-    xc: Any,
-    dyc: Any,
-    dhc: Any,
-    c0: int,
-    rcol: Any,
-    coef: Any,
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], rcol: Any, coef: Any
 ) -> None:
     """dx = dy * w * rstd + x * coef [+ dh] for one chunk, then its store."""
     rows, kk = tile[1], tile[2]
+    xc, dyc, dhc = v["x"], v["dy"], v.get("dh")
     cw = xc.shape[2]
     plan, w_sb = ctx["plan"], ctx["w_sb"]
     dx = ctx["dx"]

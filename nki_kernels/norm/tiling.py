@@ -14,6 +14,7 @@ result leaves in contiguous 512 B rows.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 from ..nki import nisa, nl
@@ -25,6 +26,36 @@ COLSUM_MAX_H = P * 512
 # Rows per partition per statistics segment: 8 KiB of fp32 per partition, large enough
 # that the statistics move in efficient DMAs, small next to the data tiles.
 SEG_COLS = 2048
+# Buffers per fp32 temporary: engines chained through one run this far apart.
+TEMP_RING = 2
+
+
+def row_plan(
+    hdim: int,
+    rows_per_partition: int,
+    chunk: int,
+    resident: bool,
+    bufs: int,
+    nstages: int,
+    aligned: bool = False,
+    **fields: Any,
+) -> dict[str, Any]:
+    """Check the schedule arguments every row-tile kernel takes and resolve chunk 0 (the
+    whole row); `aligned` requires chunks to start at multiples of 128 (column sums);
+    `fields` (engine choices) are kept as given."""
+    assert rows_per_partition >= 1, f"rows_per_partition must be >= 1; got {rows_per_partition}"
+    need = nstages if resident else 2
+    assert bufs >= need, f"bufs: >= {need} (resident={resident}); got {bufs}"
+    c = hdim if chunk <= 0 else min(chunk, hdim)
+    assert not aligned or c == hdim or c % P == 0, (
+        f"chunk must be a multiple of {P} or H; got {chunk}"
+    )
+    return {"k": rows_per_partition, "chunk": c, "resident": resident, "bufs": bufs, **fields}
+
+
+def rings() -> dict[str, list[Any]]:
+    """Named buffer rings for `ring_alloc`, each created empty on first use."""
+    return defaultdict(list)
 
 
 def row_segments(
@@ -119,10 +150,38 @@ def ring_alloc(
 
 
 def load_row_vector(v: Any, hdim: int) -> Any:
-    """A [H] HBM vector broadcast to every partition: [P, H] in SBUF (one DMA)."""
+    """A [H] HBM vector broadcast to every partition: [P, H] in SBUF (one DMA); None
+    for None (an absent weight or bias)."""
+    if v is None:
+        return None
     t = nl.ndarray((P, hdim), dtype=v.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=v.reshape((1, hdim)).broadcast(0, P))
     return t
+
+
+def temp(ctx: dict[str, Any], name: str) -> Any:
+    """A [P, chunk] fp32 temporary from its own TEMP_RING-buffer ring (stable addresses, so
+    it only ever waits on its own previous use)."""
+    return ring_alloc(ctx["rings"][name], TEMP_RING, (P, ctx["plan"]["chunk"]), nl.float32)
+
+
+def stats_alloc(ctx: dict[str, Any], seg: dict[str, Any]) -> tuple[Any, ...]:
+    """One `stat_tile` per per-row statistic in ctx["stats"] ([N] HBM vectors)."""
+    return tuple(stat_tile(seg) for _ in ctx["stats"])
+
+
+def stats_load(ctx: dict[str, Any], seg: dict[str, Any]) -> tuple[Any, ...]:
+    """A segment's entries of each ctx["stats"] vector, loaded (one DMA each)."""
+    bufs = stats_alloc(ctx, seg)
+    for buf, src in zip(bufs, ctx["stats"]):
+        nisa.dma_copy(dst=buf[0 : seg["rows"], 0 : seg["cols"]], src=stat_view(src, seg))
+    return bufs
+
+
+def stats_store(ctx: dict[str, Any], seg: dict[str, Any], bufs: tuple[Any, ...]) -> None:
+    """Store a segment's statistics buffers to the ctx["stats"] vectors (one DMA each)."""
+    for buf, dst in zip(bufs, ctx["stats"]):
+        nisa.dma_copy(dst=stat_view(dst, seg), src=buf[0 : seg["rows"], 0 : seg["cols"]])
 
 
 def scratch(width: int, dtype: Any) -> Any:
@@ -309,6 +368,28 @@ def issue_rows_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
     return out
 
 
+def each_chunk(
+    ctx: dict[str, Any], tile: Any, ld: dict[str, Any] | None, fn: Any, *args: Any
+) -> None:
+    """fn(ctx, tile, ci, c0, views, *args) per column chunk ci = (c0, cw) of ctx["chunks"],
+    `views` {name: [rows, kk, cw] SBUF view} of the resident tile `ld` or, with `ld` None,
+    of the next streamed chunk, taken from ctx["pf"] only when its turn comes.
+
+    Nothing here outlives `fn`: a streamed chunk's buffer must be unreferenced before the
+    next take reuses its ring slot (a live reference would move the next allocation).
+    """
+    rows = tile[1]
+    for ci, (c0, cw) in enumerate(ctx["chunks"]):
+        if ld is not None:
+            fn(ctx, tile, ci, c0, _chunk_views(ld, rows, c0, cw), *args)
+        else:
+            fn(ctx, tile, ci, c0, _chunk_views(prefetch_take(ctx["pf"]), rows, 0, cw), *args)
+
+
+def _chunk_views(ld: dict[str, Any], rows: int, d0: int, cw: int) -> dict[str, Any]:
+    return {name: t[0:rows, :, d0 : d0 + cw] for name, t in ld.items()}
+
+
 def pipeline_order(segs: list[dict[str, Any]], nstages: int) -> list[tuple[int, int]]:
     """Program order (stage, tile index) of a software pipeline over the tiles of `segs`.
 
@@ -355,18 +436,36 @@ def prefetch_depth(resident: bool, bufs: int, nstages: int) -> int:
     return bufs - nstages if resident else bufs - 1
 
 
+def run_rows(
+    ctx: dict[str, Any],
+    segs: list[dict[str, Any]],
+    stages: list[Any],
+    seg_begin: Any,
+    seg_end: Any = None,
+    reload_last: bool = True,
+) -> None:
+    """Run a row-tile kernel: its loads (ctx["loads"], see `issue_rows_load`) issued ahead
+    through ctx["pf"], and `stages` over the tiles of `segs` (see `run_pipeline`)."""
+    plan = ctx["plan"]
+    jobs = pipeline_jobs(segs, len(stages), plan["resident"], ctx["chunks"], reload_last)
+    ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
+    ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
+    run_pipeline(ctx, segs, stages, seg_begin, seg_end)
+
+
 def run_pipeline(
     ctx: dict[str, Any],
     segs: list[dict[str, Any]],
     stages: list[Any],
     seg_begin: Any,
-    seg_end: Any,
+    seg_end: Any = None,
 ) -> None:
     """Run the stages of every tile in `pipeline_order`.
 
     stages[0](ctx, tile, seg_state) returns a tile state; stages[k](ctx, state) for k > 0
     return the (updated) state. seg_begin(ctx, seg) -> seg_state runs before a segment's
-    first tile, seg_end(ctx, seg, seg_state) after the last stage of its last tile.
+    first tile, seg_end(ctx, seg, seg_state) (if given) after the last stage of its last
+    tile.
     """
     flat = [(si, t) for si, seg in enumerate(segs) for t in seg["tiles"]]
     seg_states: dict[int, Any] = {}
@@ -383,4 +482,7 @@ def run_pipeline(
         if k == last:
             states.pop(i)
             if i + 1 == len(flat) or flat[i + 1][0] != si:
-                seg_end(ctx, segs[si], seg_states.pop(si))
+                if seg_end is None:
+                    seg_states.pop(si)
+                else:
+                    seg_end(ctx, segs[si], seg_states.pop(si))
