@@ -25,6 +25,14 @@ from torch import Tensor
 from nki_kernels.norm import reference as ref
 
 EPS = 1e-6
+# Tolerance table of every norm test module: (u, tiny) per dtype -- unit roundoff (half an
+# ulp at 1.0) and smallest subnormal. The bounds below take them as u * |value| + tiny / 2
+# per rounding to the dtype, plus the fp32 summation terms of the statistics and gradients.
+TOL = {
+    torch.float32: (2.0**-24, 2.0**-149),
+    torch.bfloat16: (2.0**-8, 2.0**-133),
+    torch.float16: (2.0**-11, 2.0**-24),
+}
 
 
 def acc(n: int) -> float:

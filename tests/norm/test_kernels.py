@@ -11,6 +11,7 @@ import pytest
 import torch
 from norm_helpers import (
     EPS,
+    TOL,
     assert_within,
     check_all,
     ln_bwd_bounds,
@@ -29,14 +30,6 @@ from nki_kernels.norm.rmsnorm import add_rms_norm_fwd, rms_norm_fwd, rms_norm_st
 from nki_kernels.norm.rmsnorm_bwd import rms_norm_bwd
 from nki_kernels.targets import get_target
 
-# Tolerance table: (u, tiny) per dtype -- unit roundoff (half an ulp at 1.0) and smallest
-# subnormal. norm_helpers builds elementwise bounds from them: u * |value| + tiny / 2 per
-# rounding to the dtype, plus the fp32 summation terms of the statistics and gradients.
-TOL = {
-    torch.float32: (2.0**-24, 2.0**-149),
-    torch.bfloat16: (2.0**-8, 2.0**-133),
-    torch.float16: (2.0**-11, 2.0**-24),
-}
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 TARGET = get_target("trn2")
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from norm_helpers import (
     EPS,
+    TOL,
     assert_within,
     check_all,
     ln_bwd_bounds,
@@ -30,8 +31,6 @@ from nki_kernels.norm.rmsnorm import add_rms_norm_fwd, rms_norm_fwd
 from nki_kernels.norm.rmsnorm_bwd import rms_norm_bwd
 from nki_kernels.targets import get_target
 
-# Tolerance table (see norm_helpers): (unit roundoff, smallest subnormal) of bf16.
-TOL = {torch.bfloat16: (2.0**-8, 2.0**-133)}
 DTYPE = torch.bfloat16
 TARGET = get_target("trn2")
 # 260 rows: two rows per partition possible plus a 4-row tail; 640 columns: a 512 chunk

@@ -10,6 +10,7 @@ import pytest
 import torch
 from norm_helpers import (
     EPS,
+    TOL,
     assert_within,
     check_all,
     ln_bwd_bounds,
@@ -28,12 +29,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
 )
 
-# Tolerance table (see norm_helpers): (unit roundoff, smallest subnormal) per dtype.
-TOL = {
-    torch.float32: (2.0**-24, 2.0**-149),
-    torch.bfloat16: (2.0**-8, 2.0**-133),
-    torch.float16: (2.0**-11, 2.0**-24),
-}
 
 CASES = [
     ((1, 7, 1000), torch.float32),
