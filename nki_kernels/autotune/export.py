@@ -85,12 +85,10 @@ def export_best(
     latency, label = float(best.latency_ns), best.label or tuner.measurer.name  # type: ignore[arg-type]
     if tuner.search_problem != tuner.problem:
         # trials measured a cheaper proxy problem: price both configs on the real one
-        m = tuner.measurer.measure(tuner.tunable, tuner.problem, config, tuner.target)
-        latency, label = m.latency_ns, m.label
+        latency, label = _full_price(tuner, config)
         if not math.isnan(default_latency):
             heur_cfg = tuner.tunable.heuristic(tuner.problem, tuner.target)
-            d = tuner.measurer.measure(tuner.tunable, tuner.problem, heur_cfg, tuner.target)
-            default_latency = d.latency_ns
+            default_latency, _ = _full_price(tuner, heur_cfg)
     prov = Provenance(
         kernel_hash=tuner.key.kernel_hash,
         measurer=label,
@@ -106,6 +104,17 @@ def export_best(
     return Exported(
         tuner.tunable.op, tuner.target.name, problem_key(tuner.problem), config, prov, path
     )
+
+
+def _full_price(tuner: Tuner, config: KernelConfig) -> tuple[float, str]:
+    """Latency of `config` on the tuner's full problem, and its label."""
+    unit, n = tuner.problem, 1
+    if tuner.tunable.repricing is not None:
+        unit, n = tuner.tunable.repricing(tuner.problem)
+    m = tuner.measurer.measure(tuner.tunable, unit, config, tuner.target)
+    if n == 1:
+        return m.latency_ns, m.label
+    return m.latency_ns * n, f"{m.label.rstrip(')')}; one of {n} identical units, x{n})"
 
 
 def describe_entry(entry: dict[str, Any]) -> str:

@@ -347,6 +347,7 @@ class _AttentionOp:
             kernels=(self.kernel(),),
             device_launcher=self.device_launcher,
             search_problem=_attn_proxy,
+            repricing=_attn_units,
             describe=lambda p: (
                 f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Sq={p.seq_q} Sk={p.seq_k} "
                 f"D={p.head_dim} {p.dtype} mask={p.mask}"
@@ -366,6 +367,13 @@ def _attn_proxy(p: Any) -> Any:
         kv_heads=1,
         seq_q=min(p.seq_q, ATTN_PROXY_QUERIES),
     )
+
+
+def _attn_units(p: Any) -> tuple[Any, int]:
+    """One (sequence, KV-head group) pair at full length, and how many pairs there are:
+    the kernel runs the pairs one after another with the same schedule."""
+    unit = replace(p, batch=1, q_heads=p.q_heads // p.kv_heads, kv_heads=1)
+    return unit, p.batch * p.kv_heads
 
 
 def _config_cls(op: str) -> type[KernelConfig]:

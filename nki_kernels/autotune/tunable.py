@@ -46,7 +46,10 @@ class Tunable:
       zero-argument callable that runs the compiled kernel once on the device and waits;
     - `search_problem(problem)`: optional, a cheaper problem on which configs rank the
       same way (e.g. one KV-head group of attention); trials measure it, and the export
-      re-measures the best config and the default on the full problem.
+      re-measures the best config and the default on the full problem;
+    - `repricing(problem)`: optional, `(unit, n)` when the full problem is `n` identical
+      independent units run one after another (attention: KV-head groups x batch); the
+      export then prices one unit and multiplies, saying so in the label.
     """
 
     op: str
@@ -60,6 +63,7 @@ class Tunable:
     kernels: tuple[Any, ...]
     device_launcher: Callable[[Any, KernelConfig, Target], Callable[[], None]] | None = None
     search_problem: Callable[[Any], Any] | None = None
+    repricing: Callable[[Any], tuple[Any, int]] | None = None
     describe: Callable[[Any], str] = field(default=repr)
 
     def proxy(self, problem: Any) -> Any:
