@@ -1,28 +1,43 @@
 """Blockwise grouped expert MLP (SwiGLU), backward: dgrad, per-expert wgrad, routing grads.
 
-Same block plan as the forward. With do = dout rows of the block's tokens (unweighted),
-w = the slots' routing weights and, per intermediate chunk (I-major, [chunk, B]):
+Same block plan as the forward. With x / do the block's token rows (do unweighted), w the
+slots' routing weights, per intermediate chunk (I-major tiles [chunk, tokens]):
 
     gT, uT   = Wg^T xT, Wu^T xT                  recomputed (gate/up are not saved)
     gaT      = Wd doT                            dL/d(act) before the routing weight
     actT     = silu(gT) * uT
     dws     += sum over I of actT * gaT          dL/d(weight) per slot (ones-vector matmul)
-    dgT      = gaT * w * uT * silu'(gT),  duT = gaT * w * silu(gT)
-    dWd[e]  += act (w * do)                      contraction over the block's tokens
-    dWg[e]  += x^T dg,  dWu[e] += x^T du         contraction over the block's tokens
-    dx      += dg Wg^T + du Wu^T                 contraction over I (fp32 SBUF over chunks)
+    dg'T     = gaT * uT * silu'(gT),  du'T = gaT * silu(gT)      (w not applied yet)
+    dx'     += dg' Wg^T + du' Wu^T               contraction over I (fp32 SBUF over chunks)
+    dx       = w * dx'                           per token, at the store
 
-Contractions over I need I on partitions, so the chunk's Wd is transposed to H-major and
-Wg / Wu to I-major on the PE; token-major act / dg / du come from PE transposes too.
+Phase A (`_bwd_block`; per block, in sub-blocks of `sub_block` tokens, chunks of `tile_i`
+intermediate columns): each chunk's Wg / Wu columns are loaded once, I on partitions
+(`tiles.load_weight_cols`: DMA transposes for 2-byte dtypes), into two strips [I, H]
+that serve the dgrad directly; the recompute needs H on partitions and gets each 128-row
+H tile by PE transposes of the strips, one tile ahead of its matmuls. Wd streams in units
+of `dma_h` H tiles, also column-loaded, `w_bufs` units in flight. gT, uT, gaT accumulate
+over H in PSUM (3 * tile_i/128 accumulators of [128, sub_block]). The next chunk's strip
+pieces load behind the dgrad, which walks H in order. The chunk's act, dg', du' are
+PE-transposed to token-major and stored, with the token rows w * x and w * do, to
+slot-ordered HBM scratch.
 
-Weight gradients: every block adds its [rows, cols] partial into the fp32 HBM
-accumulators `dw_gate_up` / `dw_down` (read-modify-write by DMA with the expert picked by
-`.ap(scalar_offset=expert)`). They are kernel *inputs written in place*: the caller passes
-zeros (or gradients to accumulate into), so experts without tokens keep exact zeros.
-Blocks run in order, so the accumulation order is fixed (deterministic).
+Phase B (`wgrad.weight_grads`): the per-expert weight gradients as grouped matmuls over
+that scratch, contracted over tokens, weight-panel outer and blocks inner, accumulated on
+chip in fp32 across all blocks of an expert and never read back (see wgrad.py):
+
+    dW_gate_up[e] = (w x)^T [dg' | du'],   dW_down[e] = act^T (w do)
 
 dx per slot goes to an HBM scratch; the combine sums each token's k slots (j ascending)
 into dhidden and gathers d_weights[t, j] = dws[slot(t, j)] (0 for dropped assignments).
+
+Blocks [0, static_blocks) are a static loop, the rest device loops up to `block_count`
+(`tiles.block_loop`); both issue the same instructions (block indices as registers).
+
+Limits: block_size in {128, 256, 512, 1024}, sub_block in {128, 256} (<= block_size);
+H, I any size (ragged tiles sliced; the SBUF/PSUM fit is checked by config.validate);
+bf16 or fp32 (fp32 column loads are natural loads + PE transposes). Tunables:
+config.MoEMLPBwdConfig.
 """
 
 from __future__ import annotations
@@ -30,19 +45,25 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .blockwise_mlp import (
+from .tiles import (
     PSUM_FP32,
     P,
+    block_ap,
+    block_loop,
     block_meta,
+    block_row0,
     cdiv,
+    device_bounds,
     gather_rows,
-    load_weight_rows,
+    load_weight_cols,
+    matmul,
+    psum_accumulators,
+    slot_tiles,
     tile_rows,
     transpose_into,
 )
+from .wgrad import weight_grads
 
-RMW_COLS = 2048  # dw_down columns per read-modify-write DMA (8 KiB fp32 rows)
-WGRAD_H = 4  # 128-row H tiles per dw_gate_up read-modify-write DMA
 COMBINE_COLS = 2048  # hidden columns per combine step
 
 
@@ -54,8 +75,8 @@ def moe_mlp_bwd(
     dout,
     slot_token,
     slot_weight,
-    slot_weight_row,
     block_expert,
+    block_keep,
     block_count,
     token_slot,
     dw_gate_up,
@@ -63,343 +84,365 @@ def moe_mlp_bwd(
     static_blocks,
     may_drop,
     block_size,
+    sub_block,
     tile_i,
+    dma_h,
+    w_bufs,
+    wgrad_tiles,
+    wgrad_cols,
 ):
-    """(dhidden [T, H], d_weights [T, k] fp32); dw_gate_up / dw_down (fp32) += wgrads.
+    """(dhidden [T, H], d_weights [T, k] fp32); writes dw_gate_up / dw_down in place.
 
-    Shapes as in `moe_mlp_fwd`, plus dout [T, H], slot_weight [NB, 128, B/128] fp32 and
-    slot_weight_row [NB, B] fp32 (the same weights in slot order).
+    Shapes as in `moe_mlp_fwd`, plus dout [T, H], slot_weight [NB, 128, B/128] fp32,
+    and block_keep [NB, 1]
+    fp32 (0 for the first block of each expert, else 1). dw_gate_up [E, H, 2I] and
+    dw_down [E, I, H] (fp32 or the weights' dtype) get every expert that has a block;
+    the others are left as passed (the caller passes zeros).
     """
     t_count, h = hidden.shape
     nb, parts, ns = slot_token.shape
+    i = w_gate_up.shape[2] // 2
     assert parts == P and block_size == P * ns, "moe_mlp_bwd: block_size does not match"
+    assert sub_block in (128, 256) and block_size % sub_block == 0, "moe_mlp_bwd: sub_block"
     assert dw_gate_up.shape == w_gate_up.shape and dw_down.shape == w_down.shape
-    k = token_slot.shape[1]
+    dt = hidden.dtype
     d = {
         "T": t_count,
         "H": h,
-        "I": w_gate_up.shape[2] // 2,
+        "I": i,
         "NB": nb,
         "NS": ns,
         "B": block_size,
+        "SB": sub_block,
         "HT": cdiv(h, P),
-        "K": k,
-        "dt": hidden.dtype,
+        "K": token_slot.shape[1],
+        "dt": dt,
         "TI": tile_i,
+        "DH": dma_h,
+        "WB": w_bufs,
     }
-    dhidden = nl.ndarray((t_count, h), dtype=hidden.dtype, buffer=nl.shared_hbm)
-    d_weights = nl.ndarray((t_count, k), dtype=nl.float32, buffer=nl.shared_hbm)
-    dx_slots = nl.ndarray((nb * block_size, h), dtype=hidden.dtype, buffer=nl.hbm)
+    dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
+    d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)
+    dx_slots = nl.ndarray((nb * block_size, h), dtype=dt, buffer=nl.hbm)
     dws_slots = nl.ndarray((nb * block_size, 1), dtype=nl.float32, buffer=nl.hbm)
-    ws = (hidden, w_gate_up, w_down, dout, slot_token, slot_weight, slot_weight_row)
-    ws = (*ws, block_expert, dw_gate_up, dw_down, dx_slots, dws_slots)
+    # token-major rows for the wgrad, one spare block for its prefetch past the last block
+    scratch = {
+        "x": nl.ndarray((nb + 1, block_size, h), dtype=dt, buffer=nl.hbm),
+        "dy": nl.ndarray((nb + 1, block_size, h), dtype=dt, buffer=nl.hbm),
+        "act": nl.ndarray((nb + 1, block_size, i), dtype=dt, buffer=nl.hbm),
+        "gu": nl.ndarray((nb + 1, block_size, 2 * i), dtype=dt, buffer=nl.hbm),
+        "dx": dx_slots,
+        "dws": dws_slots,
+    }
+    ws = (hidden, w_gate_up, w_down, dout, slot_token, slot_weight, block_expert, scratch)
 
-    for b in range(min(static_blocks, nb)):
-        _bwd_block(d, ws, b)
-    if static_blocks < nb:
-        count = nisa.register_alloc()
-        nisa.register_load(count, block_count)
-
-        def body(i):
-            _bwd_block(d, ws, i)
-
-        nl.fori_loop(static_blocks, count, body)
+    bounds = device_bounds(block_count, static_blocks) if static_blocks < nb else None
+    block_loop(lambda addr, parity, first: _bwd_block(d, ws, addr), static_blocks, nb, bounds)
+    grads = (
+        (dw_gate_up, scratch["x"], scratch["gu"]),
+        (dw_down, scratch["act"], scratch["dy"]),
+    )
+    panel = (wgrad_tiles, wgrad_cols)
+    weight_grads(d, grads, block_expert, block_keep, panel, (static_blocks, nb, bounds))
     _combine_grads(d, dhidden, d_weights, dx_slots, dws_slots, token_slot, may_drop)
     return dhidden, d_weights
 
 
-def _bwd_block(d: dict[str, Any], ws: tuple[Any, ...], b: Any) -> None:
-    hidden, w_gate_up, w_down, dout, slot_token, slot_weight, slot_weight_row = ws[:7]
-    block_expert, dw_gate_up, dw_down, dx_slots, dws_slots = ws[7:]
-    h, ns, bsz = d["H"], d["NS"], d["B"]
-    tok, exp = block_meta(d, slot_token, block_expert, b)
+# ---- phase A: one block ------------------------------------------------------------------
+def _bwd_block(d: dict[str, Any], ws: tuple[Any, ...], addr: Any) -> None:
+    w_down, slot_token, slot_weight, block_expert = ws[2], ws[4], ws[5], ws[6]
+    ns, bsz = d["NS"], d["B"]
+    tok, exp = block_meta(ns, slot_token, block_expert, addr)
     wsl = nl.ndarray((P, ns), dtype=nl.float32, buffer=nl.sbuf)
-    w_bc = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.sbuf)
-    if isinstance(b, int):
-        nisa.dma_copy(dst=wsl, src=slot_weight[b])
-        nisa.dma_copy(dst=w_bc, src=slot_weight_row[b : b + 1, :].broadcast(0, P))
-    else:
-        pat = [[ns, P], [1, ns]]
-        nisa.dma_copy(dst=wsl, src=slot_weight.ap(pat, offset=0, scalar_offset=b, indirect_dim=0))
-        bc = slot_weight_row.ap([[0, P], [1, bsz]], offset=0, scalar_offset=b, indirect_dim=0)
-        nisa.dma_copy(dst=w_bc, src=bc)
-
-    x_tok, dy_tok, xT, doT = _load_block_rows(d, hidden, dout, tok, wsl)
-
-    dx = [nl.ndarray((P, h), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ns)]
-    dws = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.psum)
+    nisa.dma_copy(dst=wsl, src=block_ap(slot_weight, addr, [[ns, P], [1, ns]]))
+    row0 = block_row0(addr, bsz)
     ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    tensors = (w_gate_up, w_down, dw_gate_up, dw_down, exp)
-    acts = (x_tok, xT, doT, dy_tok, w_bc, ones, dws, dx)
+    fetch = _weight_stream(d, w_down, exp)
+    blk = {"addr": addr, "row0": row0, "exp": exp, "tok": tok, "wsl": wsl}
+    blk["ones"] = ones
+    for s in range(bsz // d["SB"]):
+        _sub_block(d, ws, blk, fetch, s)
+
+
+def _wd_units(d: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(chunk, first H tile, H tiles) of every Wd unit of one sub-block, in order."""
+    units = []
     for ic in range(cdiv(d["I"], d["TI"])):
-        _bwd_chunk(d, tensors, acts, ic)
-
-    dws_sb = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=dws_sb, src=dws)
-    if isinstance(b, int):
-        r0 = b * bsz
-        nisa.dma_copy(dst=dws_slots[r0 : r0 + bsz, :], src=dws_sb)
-        for c in range(ns):
-            nisa.dma_copy(dst=dx_slots[r0 + c * P : r0 + (c + 1) * P, :], src=dx[c])
-    else:
-        row0 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.register_store(row0, b)
-        nisa.tensor_scalar(dst=row0, data=row0, op0=nl.multiply, operand0=bsz)
-        view = dws_slots.ap([[1, 1], [1, bsz]], offset=0, scalar_offset=row0, indirect_dim=0)
-        nisa.dma_copy(dst=view, src=dws_sb)
-        for c in range(ns):
-            pat = [[h, P], [1, h]]
-            view = dx_slots.ap(pat, offset=c * P * h, scalar_offset=row0, indirect_dim=0)
-            nisa.dma_copy(dst=view, src=dx[c])
+        for h0 in range(0, d["HT"], d["DH"]):
+            units.append((ic, h0, min(d["DH"], d["HT"] - h0)))
+    return units
 
 
-def _load_block_rows(
-    d: dict[str, Any], hidden: Any, dout: Any, tok: Any, wsl: Any
-) -> tuple[list[Any], list[Any], Any, Any]:
-    """Token rows x and w * dout ([128, H] per sub-tile) and the transposes xT, doT."""
-    h, dt, bsz = d["H"], d["dt"], d["B"]
-    x_tok, dy_tok, do_tok = [], [], []
-    xT = nl.ndarray((P, d["HT"], bsz), dtype=dt, buffer=nl.sbuf)
-    doT = nl.ndarray((P, d["HT"], bsz), dtype=dt, buffer=nl.sbuf)
-    for c in range(d["NS"]):
-        x_tok.append(nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf))
-        gather_rows(hidden, tok[:, c : c + 1], x_tok[c], h)
-        do_tok.append(nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf))
-        gather_rows(dout, tok[:, c : c + 1], do_tok[c], h)
-        dy_tok.append(nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf))
-        w_col = wsl[:, c : c + 1]
-        nisa.tensor_scalar(dst=dy_tok[c], data=do_tok[c], op0=nl.multiply, operand0=w_col)
+def _weight_stream(d: dict[str, Any], w_down: Any, exp: Any) -> Any:
+    """A `fetch()` returning the next Wd unit with H on partitions, `w_bufs - 1` ahead.
+
+    The units of all sub-blocks of the block form one stream, so the first units of a
+    chunk or sub-block load while the previous one finishes. A unit dies when its
+    consumer drops it: at most `w_bufs` are live (buffers rotate through the allocator).
+    """
+    units = _wd_units(d) * (d["B"] // d["SB"])
+    depth = max(1, d["WB"] - 1)
+    loaded: dict[str, Any] = {}
+    state = {"next": 0}
+
+    def issue(u: int) -> None:
+        if u >= len(units):
+            return
+        ic, h0, nh = units[u]
+        i0 = ic * d["TI"]
+        icw = min(d["TI"], d["I"] - i0)
+        nrows = min(nh * P, d["H"] - h0 * P)
+        wdT = nl.ndarray((P, nh, d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
+        load_weight_cols(w_down, exp, i0, icw, h0 * P, nrows, wdT)
+        loaded[str(u)] = wdT
+
+    for u in range(depth):
+        issue(u)
+
+    def fetch() -> Any:
+        u = state["next"]
+        state["next"] = u + 1
+        issue(u + depth)
+        return loaded.pop(str(u))
+
+    return fetch
+
+
+def _sub_block(
+    d: dict[str, Any], ws: tuple[Any, ...], blk: dict[str, Any], fetch: Any, s: int
+) -> None:
+    """Sub-block s (tokens s*SB .. s*SB + SB of the block): all chunks, dx and dws."""
+    hidden, w_gate_up, dout = ws[0], ws[1], ws[3]
+    scr = ws[7]
+    h, sb, ti, dt = d["H"], d["SB"], d["TI"], d["dt"]
+    nsa, nti = sb // P, cdiv(ti, P)
+    xT, doT = _load_rows(d, hidden, dout, scr, blk, s)
+    dx = [nl.ndarray((P, h), dtype=nl.float32, buffer=nl.sbuf) for _ in range(nsa)]
+    dws = nl.ndarray((1, sb), dtype=nl.float32, buffer=nl.sbuf)
+    # [I rows, H, I tile]: one H piece of the strip is one contiguous range per partition
+    strips = [nl.ndarray((P, h, nti), dtype=dt, buffer=nl.sbuf) for _ in range(2)]
+    _load_strips(d, w_gate_up, blk["exp"], 0, strips)
+    nic = cdiv(d["I"], ti)
+    for ic in range(nic):
+        i0 = ic * ti
+        icw = min(ti, d["I"] - i0)
+        nit = cdiv(icw, P)
+        acc = psum_accumulators(3 * nit, sb)
+        _gate_up_ga(d, fetch, xT, doT, icw, acc, strips)
+        acts = [nl.ndarray((P, nti, sb), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+        prod = nl.ndarray((P, nti, sb), dtype=nl.float32, buffer=nl.sbuf)
+        for it in range(nit):
+            _pointwise(d, acc[3 * it : 3 * it + 3], prod, it, icw, acts)
+        del acc
+        _dws(d, blk["ones"], prod, icw, ic == 0, dws)
+        del prod
+        _dgrad(d, acts[1], acts[2], strips, icw, ic, dx)
+        # indirect DMAs get their descriptors in program order (software DGE): the
+        # strip loads, ready as the dgrad passes, go before the stores that wait for it
+        if ic + 1 < nic:
+            _load_strips(d, w_gate_up, blk["exp"], ic + 1, strips)
+        _store_acts(d, scr, blk["addr"], acts, s, i0, icw)
+        del acts
+    _store_dx(d, scr, blk, dx, dws, s)
+
+
+def _load_rows(
+    d: dict[str, Any], hidden: Any, dout: Any, scr: dict[str, Any], blk: dict[str, Any], s: int
+) -> tuple[Any, Any]:
+    """Gather x and do for the sub-block, store x and w * do to scratch, return xT, doT."""
+    h, dt, sb = d["H"], d["dt"], d["SB"]
+    nsa = sb // P
+    xT = nl.ndarray((P, d["HT"], sb), dtype=dt, buffer=nl.sbuf)
+    doT = nl.ndarray((P, d["HT"], sb), dtype=dt, buffer=nl.sbuf)
+    x_tok, do_tok = [], []
+    for c in range(nsa):
+        col = s * nsa + c
+        xr = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
+        gather_rows(hidden, blk["tok"][:, col : col + 1], xr, h)
+        dr = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
+        gather_rows(dout, blk["tok"][:, col : col + 1], dr, h)
+        w_col = blk["wsl"][:, col : col + 1]
+        r0 = col * P
+        for src, name in ((xr, "x"), (dr, "dy")):
+            wrow = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
+            nisa.activation(dst=wrow, op=nl.copy, data=src, scale=w_col)
+            nisa.dma_copy(dst=slot_tiles(scr[name], blk["addr"], r0, 1, 0, h), src=wrow)
+        x_tok.append(xr)
+        do_tok.append(dr)
     parity = 0
     for t in range(d["HT"]):
-        tr = tile_rows(h, t)
-        cols = slice(t * P, t * P + tr)
+        cols = slice(t * P, t * P + tile_rows(h, t))
         parity = transpose_into(dt, [r[:, cols] for r in x_tok], xT[:, t, :], parity)
         parity = transpose_into(dt, [r[:, cols] for r in do_tok], doT[:, t, :], parity)
-    return x_tok, dy_tok, xT, doT
+    return xT, doT
 
 
-def _bwd_chunk(d: dict[str, Any], tensors: tuple[Any, ...], acts: tuple[Any, ...], ic: int) -> None:
-    w_gate_up, w_down, dw_gate_up, dw_down, exp = tensors
-    x_tok, xT, doT, dy_tok, w_bc, ones, dws, dx = acts
-    h, ht, bsz, dt, ti = d["H"], d["HT"], d["B"], d["dt"], d["TI"]
+def _load_strips(d: dict[str, Any], w_gate_up: Any, exp: Any, ic: int, strips: list[Any]) -> None:
+    """strips[c, h, it] = chunk ic of Wg and Wu with I on partitions (I = it*128 + c).
+
+    Loaded in pieces of `dma_h` H tiles into the same buffers the previous chunk used:
+    a piece waits only for the dgrad matmuls that read its columns, which run in H order.
+    """
+    ti, h = d["TI"], d["H"]
     i0 = ic * ti
     icw = min(ti, d["I"] - i0)
-    nit = cdiv(icw, P)
-
-    # chunk phases keep at most three weight copies live: Wd -> H-major WdT, then the
-    # recompute with Wg / Wu (H-major), then Wg / Wu -> I-major for dx
-    wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
-    load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
-    wdT = _h_major(d, wd, icw)
-    del wd
-    wg = nl.ndarray((P, ht, ti), dtype=dt, buffer=nl.sbuf)
-    wu = nl.ndarray((P, ht, ti), dtype=dt, buffer=nl.sbuf)
-    load_weight_rows(w_gate_up, exp, 0, h, i0, icw, wg)
-    load_weight_rows(w_gate_up, exp, 0, h, d["I"] + i0, icw, wu)
-
-    dgT = nl.ndarray((P, nit, bsz), dtype=dt, buffer=nl.sbuf)
-    duT = nl.ndarray((P, nit, bsz), dtype=dt, buffer=nl.sbuf)
-    actT = nl.ndarray((P, nit, bsz), dtype=dt, buffer=nl.sbuf)
-    for it in range(nit):
-        ins = (wg, wu, wdT, xT, doT, w_bc, ones, dws)
-        _pointwise(d, ins, it, _cw(icw, it), ic == 0 and it == 0, (dgT, duT, actT))
-        del ins
-    del wdT
-    wgT = _i_major(d, wg, icw)
-    del wg
-    wuT = _i_major(d, wu, icw)
-    del wu
-
-    # token-major act / dg / du for the weight gradients (contraction over tokens)
-    act_tok = _token_major(d, actT, icw)
-    del actT
-    dg_tok = _token_major(d, dgT, icw)
-    du_tok = _token_major(d, duT, icw)
-
-    _wgrad_down(d, dw_down, exp, act_tok, dy_tok, i0, icw)
-    _wgrad_gate_up(d, dw_gate_up, exp, x_tok, dg_tok, i0, icw)
-    _wgrad_gate_up(d, dw_gate_up, exp, x_tok, du_tok, d["I"] + i0, icw)
-    _dgrad(d, dgT, duT, wgT, wuT, icw, ic, dx)
+    for h0 in range(0, d["HT"], d["DH"]):
+        r0, nrows = h0 * P, min(d["DH"] * P, h - h0 * P)
+        for strip, c0 in zip(strips, (i0, d["I"] + i0)):
+            piece = strip[:, r0 : r0 + nrows, :].permute((0, 2, 1))
+            load_weight_cols(w_gate_up, exp, r0, nrows, c0, icw, piece)
 
 
-def _h_major(d: dict[str, Any], wd: Any, icw: int) -> Any:
-    """The chunk's Wd rows [I rows, nit, H] transposed to [H rows, HT, tile_i] (PE)."""
-    h, dt = d["H"], d["dt"]
-    nit = cdiv(icw, P)
-    wdT = nl.ndarray((P, d["HT"], d["TI"]), dtype=dt, buffer=nl.sbuf)
-    parity = 0
-    for t in range(d["HT"]):
+def _gate_up_ga(
+    d: dict[str, Any], fetch: Any, xT: Any, doT: Any, icw: int, acc: list[Any], strips: Any
+) -> None:
+    """acc[3it + (0, 1, 2)] = (gT, uT, gaT) of the chunk's I tile it, contracted over H.
+
+    Wg / Wu H tiles (H on partitions) are PE transposes of the I-major strips, made one
+    tile ahead so their evacuating copies overlap the previous tile's matmuls.
+    """
+    h, ht, nit = d["H"], d["HT"], cdiv(icw, P)
+    nxt = _h_major(d, strips, 0, icw, 0)
+    wdT: Any = None
+    j = 0
+    for t in range(ht):
+        cur = nxt
+        if t + 1 < ht:
+            nxt = _h_major(d, strips, t + 1, icw, t + 1)
+        if t % d["DH"] == 0:
+            wdT, j = fetch(), 0
         tr = tile_rows(h, t)
-        srcs = [wd[0 : _cw(icw, it), it, t * P : t * P + tr] for it in range(nit)]
-        parity = transpose_into(dt, srcs, wdT[0:tr, t, 0:icw], parity)
-    return wdT
+        wg, wu = cur
+        for it in range(nit):
+            cw = min(P, icw - it * P)
+            cols = slice(it * P, it * P + cw)
+            matmul(acc[3 * it][0:cw, :], wg[0:tr, cols], xT[0:tr, t, :], t != 0)
+            matmul(acc[3 * it + 1][0:cw, :], wu[0:tr, cols], xT[0:tr, t, :], t != 0)
+            matmul(acc[3 * it + 2][0:cw, :], wdT[0:tr, j, cols], doT[0:tr, t, :], t != 0)
+        j += 1
+        del cur, wg, wu
 
 
-def _i_major(d: dict[str, Any], w: Any, icw: int) -> Any:
-    """A chunk of Wg or Wu [H rows, HT, tile_i] transposed to [I rows, nit, H] (PE)."""
-    h, dt = d["H"], d["dt"]
-    nit = cdiv(icw, P)
-    wT = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
-    parity = 0
-    for it in range(nit):
-        cw = _cw(icw, it)
-        srcs = [w[0 : tile_rows(h, t), t, it * P : it * P + cw] for t in range(d["HT"])]
-        parity = transpose_into(dt, srcs, wT[0:cw, it, :], parity)
-    return wT
-
-
-def _token_major(d: dict[str, Any], src: Any, icw: int) -> Any:
-    """[128 tokens, NS, tile_i] transposes of an I-major [I rows, nit, B] chunk tile."""
-    dst = nl.ndarray((P, d["NS"], d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
-    parity = 1
-    for c in range(d["NS"]):
-        srcs = [src[0 : _cw(icw, it), it, c * P : (c + 1) * P] for it in range(cdiv(icw, P))]
-        parity = transpose_into(d["dt"], srcs, dst[:, c, 0:icw], parity)
-    return dst
-
-
-def _cw(icw: int, it: int) -> int:
-    return min(P, icw - it * P)
+def _h_major(d: dict[str, Any], strips: list[Any], t: int, icw: int, parity: int) -> list[Any]:
+    """H tile t of the chunk's Wg and Wu, [H rows, icw] each: PE transposes of the strips
+    (one PSUM group per weight; VectorE and ScalarE take turns evacuating)."""
+    tr, nit = tile_rows(d["H"], t), cdiv(icw, P)
+    out = []
+    for k, strip in enumerate(strips):
+        tp = nl.ndarray((P, d["TI"]), dtype=d["dt"], buffer=nl.psum)
+        for it in range(nit):
+            cw = min(P, icw - it * P)
+            src = strip[0:cw, t * P : t * P + tr, it]
+            nisa.nc_transpose(dst=tp[0:tr, it * P : it * P + cw], data=src)
+        w = nl.ndarray((P, d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
+        eng = nisa.engine.vector if (parity + k) % 2 == 0 else nisa.engine.scalar
+        nisa.tensor_copy(dst=w[0:tr, 0:icw], src=tp[0:tr, 0:icw], engine=eng)
+        out.append(w)
+    return out
 
 
 def _pointwise(
-    d: dict[str, Any], ins: tuple[Any, ...], it: int, cw: int, first: bool, outs: tuple[Any, ...]
+    d: dict[str, Any], acc: list[Any], prod: Any, it: int, icw: int, acts: list[Any]
 ) -> None:
-    """Recompute gT / uT, form gaT and the SwiGLU derivatives for one 128-row I tile."""
-    wg, wu, wdT, xT, doT, w_bc, ones, dws = ins
-    dgT, duT, actT = outs
-    h, bsz = d["H"], d["B"]
-    g_ps = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum)
-    u_ps = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum)
-    ga_ps = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum)
-    cols = slice(it * P, it * P + cw)
-    for t in range(d["HT"]):
-        tr = tile_rows(h, t)
-        for n0 in range(0, bsz, PSUM_FP32):
-            nw = min(PSUM_FP32, bsz - n0)
-            n = slice(n0, n0 + nw)
-            _mm(g_ps[0:cw, n], wg[0:tr, t, cols], xT[0:tr, t, n], t != 0)
-            _mm(u_ps[0:cw, n], wu[0:tr, t, cols], xT[0:tr, t, n], t != 0)
-            _mm(ga_ps[0:cw, n], wdT[0:tr, t, cols], doT[0:tr, t, n], t != 0)
-    f32 = nl.float32
-    sg = nl.ndarray((P, bsz), dtype=f32, buffer=nl.sbuf)
-    sd = nl.ndarray((P, bsz), dtype=f32, buffer=nl.sbuf)
-    ga = nl.ndarray((P, bsz), dtype=f32, buffer=nl.sbuf)
-    tmp = nl.ndarray((P, bsz), dtype=f32, buffer=nl.sbuf)
-    r = slice(0, cw)
+    """SwiGLU derivatives of one 128-row I tile from its PSUM (g, u, ga) accumulators.
+
+    act = silu(g) u; dg' = ga u silu'(g); du' = ga silu(g) (the routing weight is applied
+    to the token rows instead: w * x in the wgrad scratch, w * dx at the store).
+    ScalarE evaluates silu / silu' and rounds act; every VectorE op reads PSUM.
+    """
+    g_ps, u_ps, ga_ps = acc
+    act_t, dg_t, du_t = acts
+    sb, f32 = d["SB"], nl.float32
+    r = slice(0, min(P, icw - it * P))
+    sg = nl.ndarray((P, sb), dtype=f32, buffer=nl.sbuf)
+    sd = nl.ndarray((P, sb), dtype=f32, buffer=nl.sbuf)
+    au = nl.ndarray((P, sb), dtype=f32, buffer=nl.sbuf)
     nisa.activation(dst=sg[r], op=nl.silu, data=g_ps[r])
     nisa.activation(dst=sd[r], op=nl.silu_dx, data=g_ps[r])
-    nisa.tensor_copy(dst=ga[r], src=ga_ps[r])
-    # actT = silu(g) * u ; dws += ones^T (actT * ga)  (fp32 sum over the I rows)
-    nisa.tensor_tensor(dst=actT[r, it, :], data1=sg[r], data2=u_ps[r], op=nl.multiply)
-    nisa.tensor_tensor(dst=tmp[r], data1=sg[r], data2=u_ps[r], op=nl.multiply)
-    nisa.tensor_tensor(dst=tmp[r], data1=tmp[r], data2=ga[r], op=nl.multiply)
-    for n0 in range(0, bsz, PSUM_FP32):
-        nw = min(PSUM_FP32, bsz - n0)
-        _mm(dws[:, n0 : n0 + nw], ones[r], tmp[r, n0 : n0 + nw], not first)
-    # dg = ga * w * u * silu'(g) ; du = ga * w * silu(g)
-    nisa.tensor_tensor(dst=ga[r], data1=ga[r], data2=w_bc[r], op=nl.multiply)
-    nisa.tensor_tensor(dst=duT[r, it, :], data1=ga[r], data2=sg[r], op=nl.multiply)
-    nisa.tensor_tensor(dst=tmp[r], data1=ga[r], data2=u_ps[r], op=nl.multiply)
-    nisa.tensor_tensor(dst=dgT[r, it, :], data1=tmp[r], data2=sd[r], op=nl.multiply)
+    nisa.tensor_tensor(dst=au[r], data1=sg[r], data2=u_ps[r], op=nl.multiply)
+    nisa.tensor_copy(dst=act_t[r, it, :], src=au[r], engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=prod[r, it, :], data1=au[r], data2=ga_ps[r], op=nl.multiply)
+    nisa.tensor_tensor(dst=du_t[r, it, :], data1=sg[r], data2=ga_ps[r], op=nl.multiply)
+    nisa.tensor_tensor(dst=sd[r], data1=sd[r], data2=u_ps[r], op=nl.multiply)
+    nisa.tensor_tensor(dst=dg_t[r, it, :], data1=sd[r], data2=ga_ps[r], op=nl.multiply)
 
 
-def _mm(dst: Any, stationary: Any, moving: Any, accumulate: bool) -> None:
-    nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, accumulate=accumulate)
-
-
-def _wgrad_down(
-    d: dict[str, Any], dw_down: Any, exp: Any, act_tok: Any, dy_tok: list[Any], i0: int, icw: int
-) -> None:
-    """dw_down[e, i0 + r, :] += sum over the block's tokens of act[tok, r] * dy[tok, :]."""
-    h, ns = d["H"], d["NS"]
-    for it in range(cdiv(icw, P)):
-        cw = _cw(icw, it)
-        for c0 in range(0, h, RMW_COLS):
-            rw = min(RMW_COLS, h - c0)
-            acc = nl.ndarray((P, 1, RMW_COLS), dtype=nl.float32, buffer=nl.sbuf)
-            weight_rows_dma(dw_down, exp, i0 + it * P, cw, c0, rw, acc, store=False)
-            for n0 in range(c0, c0 + rw, PSUM_FP32):
-                nw = min(PSUM_FP32, c0 + rw - n0)
-                ps = nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum)
-                for c in range(ns):
-                    stat = act_tok[:, c, it * P : it * P + cw]
-                    _mm(ps[0:cw, 0:nw], stat, dy_tok[c][:, n0 : n0 + nw], c != 0)
-                a = acc[0:cw, 0, n0 - c0 : n0 - c0 + nw]
-                nisa.tensor_tensor(dst=a, data1=a, data2=ps[0:cw, 0:nw], op=nl.add)
-            weight_rows_dma(dw_down, exp, i0 + it * P, cw, c0, rw, acc, store=True)
-
-
-def _wgrad_gate_up(
-    d: dict[str, Any], dw_gate_up: Any, exp: Any, x_tok: list[Any], dg_tok: Any, col0: int, icw: int
-) -> None:
-    """dw_gate_up[e, :, col0 : col0 + icw] += x^T dg over the block's tokens (fp32 RMW)."""
-    h, ht, ns, ti = d["H"], d["HT"], d["NS"], d["TI"]
-    for t0 in range(0, ht, WGRAD_H):
-        nt = min(WGRAD_H, ht - t0)
-        nrows = min(nt * P, h - t0 * P)
-        acc = nl.ndarray((P, WGRAD_H, ti), dtype=nl.float32, buffer=nl.sbuf)
-        weight_rows_dma(dw_gate_up, exp, t0 * P, nrows, col0, icw, acc, store=False)
-        for j in range(nt):
-            t = t0 + j
-            tr = tile_rows(h, t)
-            for n0 in range(0, icw, PSUM_FP32):
-                nw = min(PSUM_FP32, icw - n0)
-                ps = nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum)
-                for c in range(ns):
-                    stat = x_tok[c][:, t * P : t * P + tr]
-                    _mm(ps[0:tr, 0:nw], stat, dg_tok[:, c, n0 : n0 + nw], c != 0)
-                a = acc[0:tr, j, n0 : n0 + nw]
-                nisa.tensor_tensor(dst=a, data1=a, data2=ps[0:tr, 0:nw], op=nl.add)
-        weight_rows_dma(dw_gate_up, exp, t0 * P, nrows, col0, icw, acc, store=True)
-
-
-def weight_rows_dma(
-    w: Any, exp: Any, row0: int, nrows: int, col0: int, ncols: int, tile: Any, store: bool
-) -> None:
-    """Move w[exp, row0 + j*128 + p, col0 : col0 + ncols] <-> tile[p, j, :ncols]."""
-    width = w.shape[2]
-    full = nrows // P
-    pieces = []
-    if full:
-        pat = [[width, P], [P * width, full], [1, ncols]]
-        pieces.append((pat, row0 * width + col0, tile[:, 0:full, 0:ncols]))
-    rest = nrows - full * P
-    if rest:
-        pat = [[width, rest], [1, ncols]]
-        pieces.append((pat, (row0 + full * P) * width + col0, tile[0:rest, full, 0:ncols]))
-    for pat, off, part in pieces:
-        view = w.ap(pat, offset=off, scalar_offset=exp, indirect_dim=0)
-        if store:
-            nisa.dma_copy(dst=view, src=part)
-        else:
-            nisa.dma_copy(dst=part, src=view)
+def _dws(d: dict[str, Any], ones: Any, prod: Any, icw: int, first: bool, dws: Any) -> None:
+    """dws (+)= sum over the chunk's I rows of act * ga (ones-vector matmuls, fp32)."""
+    ps = nl.ndarray((1, d["SB"]), dtype=nl.float32, buffer=nl.psum)
+    nit = cdiv(icw, P)
+    for it in range(nit):
+        cw = min(P, icw - it * P)
+        matmul(ps, ones[0:cw, :], prod[0:cw, it, :], it != 0)
+    if first:
+        nisa.tensor_copy(dst=dws, src=ps)
+    else:
+        nisa.tensor_tensor(dst=dws, data1=dws, data2=ps, op=nl.add)
 
 
 def _dgrad(
-    d: dict[str, Any], dgT: Any, duT: Any, wgT: Any, wuT: Any, icw: int, ic: int, dx: list[Any]
+    d: dict[str, Any], dgT: Any, duT: Any, strips: Any, icw: int, ic: int, dx: list[Any]
 ) -> None:
-    """dx[c] (+)= dg Wg^T + du Wu^T over this chunk's I tiles (fp32 SBUF across chunks)."""
-    h = d["H"]
-    nit = cdiv(icw, P)
-    for c in range(d["NS"]):
-        tok = slice(c * P, (c + 1) * P)
-        for n0 in range(0, h, PSUM_FP32):
-            nw = min(PSUM_FP32, h - n0)
+    """dx[c] (+)= dg Wg^T + du Wu^T over this chunk's I tiles (fp32 SBUF across chunks).
+
+    H columns outer: the strips are read in H order, so the next chunk's pieces can
+    replace them behind the dgrad.
+    """
+    wgT, wuT = strips
+    h, nit = d["H"], cdiv(icw, P)
+    for n0 in range(0, h, PSUM_FP32):
+        nw = min(PSUM_FP32, h - n0)
+        n = slice(n0, n0 + nw)
+        for c in range(d["SB"] // P):
+            tok = slice(c * P, (c + 1) * P)
             ps = nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum)
             for it in range(nit):
-                cw = _cw(icw, it)
-                n = slice(n0, n0 + nw)
-                _mm(ps[:, 0:nw], dgT[0:cw, it, tok], wgT[0:cw, it, n], it != 0)
-                _mm(ps[:, 0:nw], duT[0:cw, it, tok], wuT[0:cw, it, n], True)
-            dst = dx[c][:, n0 : n0 + nw]
+                cw = min(P, icw - it * P)
+                matmul(ps[:, 0:nw], dgT[0:cw, it, tok], wgT[0:cw, n, it], it != 0)
+                matmul(ps[:, 0:nw], duT[0:cw, it, tok], wuT[0:cw, n, it], True)
+            dst = dx[c][:, n]
             if ic == 0:
                 nisa.tensor_copy(dst=dst, src=ps[:, 0:nw], engine=nisa.engine.scalar)
             else:
                 nisa.tensor_tensor(dst=dst, data1=dst, data2=ps[:, 0:nw], op=nl.add)
 
 
+def _store_acts(
+    d: dict[str, Any], scr: dict[str, Any], addr: Any, acts: list[Any], s: int, i0: int, icw: int
+) -> None:
+    """Token-major act, dg, du of the chunk -> scratch act[:, i0:], gu[:, i0:], gu[:, I+i0:]."""
+    sb, ti, dt = d["SB"], d["TI"], d["dt"]
+    nsa, nit = sb // P, cdiv(icw, P)
+    dests = ((scr["act"], i0), (scr["gu"], i0), (scr["gu"], d["I"] + i0))
+    parity = 1
+    tms = [nl.ndarray((P, nsa, ti), dtype=dt, buffer=nl.sbuf) for _ in acts]
+    for src, tm, (dst, c0) in zip(acts, tms, dests):
+        for c in range(nsa):
+            srcs = [src[0 : min(P, icw - it * P), it, c * P : (c + 1) * P] for it in range(nit)]
+            parity = transpose_into(dt, srcs, tm[:, c, 0:icw], parity)
+        view = slot_tiles(dst, addr, s * sb, nsa, c0, icw)
+        nisa.dma_copy(dst=view, src=tm[:, :, 0:icw])
+
+
+def _store_dx(
+    d: dict[str, Any], scr: dict[str, Any], blk: dict[str, Any], dx: list[Any], dws: Any, s: int
+) -> None:
+    h, sb = d["H"], d["SB"]
+    r0 = blk["addr"][1] * d["B"] + s * sb  # rows past (register) * B
+    view = scr["dws"].ap([[1, 1], [1, sb]], offset=r0, scalar_offset=blk["row0"])
+    nisa.dma_copy(dst=view, src=dws)
+    nsa = sb // P
+    for c in range(nsa):
+        out = nl.ndarray((P, h), dtype=d["dt"], buffer=nl.sbuf)
+        w_col = blk["wsl"][:, s * nsa + c : s * nsa + c + 1]
+        nisa.activation(dst=out, op=nl.copy, data=dx[c], scale=w_col)
+        off = (r0 + c * P) * h
+        view = scr["dx"].ap([[h, P], [1, h]], offset=off, scalar_offset=blk["row0"])
+        nisa.dma_copy(dst=view, src=out)
+
+
+# ---- combine ------------------------------------------------------------------------------
 def _combine_grads(
     d: dict[str, Any],
     dhidden: Any,

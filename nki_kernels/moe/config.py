@@ -80,10 +80,11 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
         else:
             from .blockwise_mlp_bwd import moe_mlp_bwd
 
-            slot_w = (TensorSpec((1, P, b // P), "float32"), TensorSpec((1, b), "float32"))
-            grads = (TensorSpec((e, h, 2 * i), "float32"), TensorSpec((e, i, h), "float32"))
-            tok = (TensorSpec((t, h), dt), *weights, TensorSpec((t, h), dt), meta[0], *slot_w)
-            args = (*tok, *meta[1:], *grads)
+            slot_w = TensorSpec((1, P, b // P), "float32")
+            keep = TensorSpec((1, 1), "float32")
+            grads = (TensorSpec((e, h, 2 * i), dt), TensorSpec((e, i, h), dt))
+            tok = (TensorSpec((t, h), dt), *weights, TensorSpec((t, h), dt), meta[0], slot_w)
+            args = (*tok, meta[1], keep, *meta[2:], *grads)
             run(moe_mlp_bwd, *args, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
     except NkiValidationError as err:
         return str(err)
@@ -281,72 +282,119 @@ class MoEMLPConfig(KernelConfig):
             raise InvalidConfig(f"dry run of one block on {target.name}: {err}")
 
 
-BWD_BLOCK_SIZES = (128, 256, 512)
-BWD_TILE_I = (128, 256)
-RMW_COLS = 2048  # blockwise_mlp_bwd.RMW_COLS
-WGRAD_H = 4  # blockwise_mlp_bwd.WGRAD_H
+BWD_BLOCK_SIZES = (128, 256, 512, 1024)
+SUB_BLOCKS = (128, 256)
+BWD_TILE_I = (256, 512, 1024)
+WGRAD_TILES = (4, 8, 16)
+WGRAD_COLS = (512, 1024, 2048)
+PHASE_A_PSUM_BANKS = 6  # gate/up/ga accumulators; two more hold the Wg / Wu H-tile transposes
 
 
 @dataclass(frozen=True)
 class MoEMLPBwdConfig(KernelConfig):
-    """Backward blockwise expert MLP tunables (see blockwise_mlp_bwd.py).
+    """Backward blockwise expert MLP tunables (see blockwise_mlp_bwd.py and wgrad.py).
 
-    block_size: token slots per block (the backward plans its own blocks).
-    tile_i: intermediate columns per chunk; each chunk holds its Wg / Wu / Wd slices and
-      their PE transposes on chip.
+    block_size: token slots per block (the backward plans its own blocks); the weight
+      gradients are stored once per block, so larger blocks store less.
+    sub_block: tokens per phase-A pass (the weights stream once per pass).
+    tile_i: intermediate columns per phase-A chunk: 3 * tile_i/128 fp32 accumulators of
+      [128, sub_block] stay in PSUM while H is contracted.
+    dma_h: 128-row H tiles per Wd unit and per Wg / Wu strip piece (DMA size).
+    w_bufs: Wd units in flight (prefetch depth w_bufs - 1).
+    wgrad_tiles, wgrad_cols: weight-gradient panel, (128 * wgrad_tiles) rows x wgrad_cols
+      columns of fp32 accumulators in SBUF; the token rows are re-read once per panel.
     """
 
     op_name: ClassVar[str] = "moe_mlp_bwd"
 
-    block_size: int = 256
-    tile_i: int = 128
+    block_size: int = 512
+    sub_block: int = 256
+    tile_i: int = 512
+    dma_h: int = 4
+    w_bufs: int = 3
+    wgrad_tiles: int = 16
+    wgrad_cols: int = 2048
 
     @classmethod
     def search_space(cls, problem: MoEProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        ht = _cdiv(problem.hidden, P)
+        rows = _cdiv(max(problem.hidden, problem.intermediate), P)
         return {
             "block_size": _useful(BWD_BLOCK_SIZES, _pow2_at_least(problem.assignments)),
+            "sub_block": SUB_BLOCKS,
             "tile_i": _useful(BWD_TILE_I, problem.intermediate),
+            "dma_h": _useful(DMA_H, ht),
+            "w_bufs": W_BUFS,
+            "wgrad_tiles": _useful(WGRAD_TILES, rows),
+            "wgrad_cols": _useful(WGRAD_COLS, max(problem.hidden, 2 * problem.intermediate)),
         }
 
     @classmethod
     def heuristic(cls, problem: MoEProblem, target: Target) -> MoEMLPBwdConfig:
-        """Largest block with little expected padding, then the widest chunk that fits."""
-        blocks = [b for b in (512, 256) if problem.experts * b / 2 <= problem.assignments / 4]
-        for b in [*blocks, 128]:
-            for ti in (256, 128):
-                cand = cls(b, ti)
-                if cand.is_valid(problem, target):
-                    return cand
+        """Block size by a roofline estimate (`bwd_block_order`); sub-blocks of 256 with
+        512-column chunks (128 with 1024 when that does not fit), then the largest
+        weight-gradient panel that fits; first valid one wins."""
+        space = cls.search_space(problem, target)
+        ti_max = max(space["tile_i"])
+        panels = ((16, 2048), (16, 1024), (8, 2048), (8, 1024), (4, 1024), (4, 512))
+        prefs = []
+        for b in bwd_block_order(problem, target):
+            for sb, ti in ((256, 512), (128, 1024), (128, 512), (128, 256)):
+                if sb > b:
+                    continue
+                for tiles, cols in panels:
+                    prefs.append(cls(b, sb, min(ti, ti_max), 4, 3, tiles, cols))
+        for cand in prefs:
+            if cand.is_valid(problem, target):
+                return cand
         raise InvalidConfig(f"no backward MoE config fits {problem} on {target.name}")
 
     def usage(self, problem: MoEProblem, target: Target) -> tuple[int, int]:
         """(peak SBUF bytes per partition, peak PSUM banks) of the kernel's tile plan."""
-        dsz, h, b, ti = problem.itemsize, problem.hidden, self.block_size, self.tile_i
-        ht, ns = _cdiv(h, P), b // P
-        nit = _cdiv(min(ti, problem.intermediate), P)
-        small = 6 * GRANULE + _tile(b * 4)
-        rows, cols_t = _tile(h * dsz), _tile(ht * b * dsz)
-        prologue = small + 3 * ns * rows + 2 * cols_t
-        block = small + 2 * ns * rows + 2 * cols_t + ns * _tile(h * 4)
-        w_h, w_i = _tile(ht * ti * dsz), _tile(nit * h * dsz)
-        act_i = _tile(nit * b * dsz)
-        pointwise = 3 * w_h + 3 * act_i + 4 * _tile(b * 4)
-        transposes = max(w_h + w_i, w_h + w_i + w_h) + 3 * act_i  # WdT | Wg, Wu -> WgT, WuT
-        pointwise = max(pointwise, transposes, 2 * w_i + w_h + 2 * act_i)
-        wgrad = 2 * w_i + 2 * act_i + 3 * _tile(ns * ti * dsz)
-        wgrad += 2 * max(_tile(RMW_COLS * 4), _tile(WGRAD_H * ti * 4))
-        sbuf = max(prologue, block + max(pointwise, wgrad))
-        dws = _banks(b * 4, target)
-        psum = dws + max(TRANSPOSE_PSUM_BANKS, 3 * _banks(b * 4, target))
-        return sbuf, psum
+        dsz, h, i = problem.itemsize, problem.hidden, problem.intermediate
+        b, sb, ti = self.block_size, self.sub_block, min(self.tile_i, problem.intermediate)
+        ht, ns, nsa, nti = _cdiv(h, P), b // P, sb // P, _cdiv(ti, P)
+        block = 5 * GRANULE
+        rows_t = 2 * _tile(ht * sb * dsz)  # xT, doT
+        prologue = block + rows_t + 2 * nsa * _tile(h * dsz) + _tile(h * dsz)
+        resident = block + rows_t + nsa * _tile(h * 4) + _tile(sb * 4)
+        resident += 2 * _tile(h * nti * dsz)  # Wg / Wu strips
+        fp32_tmp = 0 if dsz == 2 else _tile(self.dma_h * ti * 4)  # column loads via PE
+        chunk = self.w_bufs * _tile(self.dma_h * ti * dsz) + 3 * 2 * _tile(ti * dsz)
+        chunk += 3 * _tile(nti * sb * dsz) + _tile(nti * sb * 4) + 3 * _tile(sb * 4)
+        chunk += 3 * _tile(nsa * ti * dsz) + _tile(h * dsz) + fp32_tmp
+        phase_a = max(prologue, resident + chunk)
+        lt = _tile(ns * min(self.wgrad_tiles * P, max(h, i)) * dsz)
+        rt = _tile(ns * min(self.wgrad_cols, max(h, 2 * i)) * dsz)
+        acc_rows = min(self.wgrad_tiles, _cdiv(max(h, i), P))
+        acc = _tile(acc_rows * min(self.wgrad_cols, max(h, 2 * i)) * 4)
+        phase_b = 2 * (lt + rt + 2 * GRANULE) + acc
+        combine = 2 * GRANULE + 2 * _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
+        sbuf = max(phase_a, phase_b, combine)
+        if sb >= 512:
+            acc_banks = 3 * nti
+        else:
+            acc_banks = _cdiv(3 * nti, 512 // sb)
+        psum = acc_banks + 2 * _banks(ti * dsz, target)
+        return sbuf, max(psum, TRANSPOSE_PSUM_BANKS)
 
     def validate(self, problem: MoEProblem, target: Target) -> None:
-        if self.block_size not in BWD_BLOCK_SIZES:
+        for name, allowed in (
+            ("block_size", BWD_BLOCK_SIZES),
+            ("sub_block", SUB_BLOCKS),
+            ("tile_i", BWD_TILE_I),
+            ("dma_h", DMA_H),
+            ("w_bufs", W_BUFS),
+            ("wgrad_tiles", WGRAD_TILES),
+            ("wgrad_cols", WGRAD_COLS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise InvalidConfig(f"{name}: expected one of {allowed}; got {value}")
+        if self.sub_block > self.block_size:
             raise InvalidConfig(
-                f"block_size: expected one of {BWD_BLOCK_SIZES}; got {self.block_size}"
+                f"sub_block: expected <= block_size ({self.block_size}); got {self.sub_block}"
             )
-        if self.tile_i not in BWD_TILE_I:
-            raise InvalidConfig(f"tile_i: expected one of {BWD_TILE_I}; got {self.tile_i}")
         sbuf, psum = self.usage(problem, target)
         if sbuf > target.sbuf_usable_bytes:
             raise InvalidConfig(
@@ -360,3 +408,36 @@ class MoEMLPBwdConfig(KernelConfig):
         err = dry_run(self, problem, target)
         if err is not None:
             raise InvalidConfig(f"dry run of one block on {target.name}: {err}")
+
+
+def bwd_block_order(problem: MoEProblem, target: Target) -> list[int]:
+    """Backward block sizes (128..512), best first, by a roofline estimate per block.
+
+    Phase A (per sub-block of <= 256 tokens): TensorE does 5 matmul passes of SB x H x I
+    plus the Wg / Wu H-tile transposes, the DMA moves the weights once (DMA transposes).
+    Phase B (per block): TensorE does 3 passes of B x H x I, VectorE one fp32 update per
+    128 x 512 gradient tile, the DMA stores the expert's gradient. Each phase costs its
+    busiest resource; blocks n(B) = E * ceil(T*k / (E * B)) (balanced routing: per-block
+    costs that do not shrink with B, the weight-gradient updates and stores, make fewer,
+    larger blocks pay once an expert's tokens fill them).
+    """
+    h, i, dsz = problem.hidden, problem.intermediate, problem.itemsize
+    hi = h * i
+    pe_rate = P * P * target.tensor_ghz / (1 if dsz == 2 else 4)  # MACs per ns
+    bw = target.hbm_bytes_per_ns
+    eff = max(target.dma_transpose_hbm_efficiency, 0.05)
+
+    def block_ns(b: int) -> float:
+        sb = min(b, 256)
+        subs = b // sb
+        phase_a = max((5 * sb * hi + 2 * hi * P) / pe_rate, 3 * hi * dsz / (eff * bw)) * subs
+        dve = 3 * hi / (P * target.vector_ghz)
+        phase_b = max(3 * b * hi / pe_rate, 3 * hi * dsz / bw, dve)
+        return phase_a + phase_b
+
+    per_expert = _cdiv(problem.assignments, problem.experts)
+
+    def cost(b: int) -> float:
+        return problem.experts * _cdiv(per_expert, b) * block_ns(b)
+
+    return sorted((512, 256, 128), key=cost)

@@ -13,6 +13,8 @@ expert, so each block is one dense [B, H] x [H, 2I] problem. The plan holds:
 - `slot_weight[b, p, c]` = that assignment's routing weight (0 for padding);
 - `block_expert[b, 0]`, the expert of block b (0 for unused trailing blocks);
 - `block_count[0, 0]`, the number of blocks in use (the kernels' device-loop bound);
+- `block_keep[b, 0]` = 0.0 when block b is the first block of its expert, else 1.0 (the
+  backward's on-chip weight-gradient sums restart there);
 - `token_slot[t, j]` = the slot of token t's j-th assignment, or NB * B when capacity
   dropped it (the combine's gather skips it);
 - `num_blocks` = NB, a static worst case, so metadata shapes depend only on (T, k, E, B,
@@ -57,6 +59,7 @@ class BlockPlan:
     slot_weight: np.ndarray  # [NB, 128, B/128] float32
     block_expert: np.ndarray  # [NB, 1] int32
     block_count: np.ndarray  # [1, 1] int32
+    block_keep: np.ndarray  # [NB, 1] float32
     token_slot: np.ndarray  # [T, k] int32
     token_weight: np.ndarray  # [T, k] float32
     expert_counts: np.ndarray  # [E] int64: kept assignments per expert
@@ -168,6 +171,8 @@ def plan_blocks(
     token_weight[:t_count] = weights
     block_expert = np.zeros((nb, 1), dtype=np.int32)
     block_expert[:used, 0] = np.repeat(np.arange(num_experts), blocks_per_expert)
+    block_keep = np.zeros((nb, 1), dtype=np.float32)
+    block_keep[1:used, 0] = block_expert[1:used, 0] == block_expert[: used - 1, 0]
 
     def _blocked(a: np.ndarray) -> np.ndarray:
         # slot s = b*B + c*128 + p  ->  [b, p, c]
@@ -182,6 +187,7 @@ def plan_blocks(
         slot_weight=_blocked(slot_weight_flat),
         block_expert=block_expert,
         block_count=np.array([[used]], dtype=np.int32),
+        block_keep=block_keep,
         token_slot=token_slot,
         token_weight=token_weight,
         expert_counts=counts,

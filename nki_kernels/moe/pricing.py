@@ -1,23 +1,39 @@
-"""Modeled cost of the MoE layer on real shapes: trace-only pricing by representative blocks.
+"""Modeled cost of the MoE kernels on real shapes: trace-only pricing by representative blocks.
 
-A Mixtral-size forward runs ~13k instructions per block and T = 16384 tokens make 64+
-blocks, so the full trace would take minutes to interpret and price. Every block of the
-blockwise kernel issues the same instruction sequence (shapes are static; only the run-time
-expert id and token indices differ, and neither changes a trace record's cost), so the
-kernel's latency is
+Entry point for tools (the autotuner, benchmarks):
 
-    lat(n blocks) = prologue + combine(T) + n * per-block steady-state time,
+    price_kernel(kind, problem, config, target, routing="uniform", may_drop=True)
+        -> BlockPricing  (latency_ns, per-engine busy_ns, roofline terms, the check)
 
-exact once the software pipeline reaches its periodic regime. `price_blocks` interprets
-the kernel (trace-only, the full T for the combine) with n0, n0 + 1 and n0 + 2 static
-blocks, takes the last increment as the per-block time and extrapolates to the routing's
-used blocks; the two increments are reported so the reader sees how close to periodic
-the schedule is (`extrapolation_check`: |d2 - d1| / d2). Used blocks <= n0 + 2 are priced
-exactly. Routing (uniform, skewed) only changes the number of used blocks.
+prices one launch of the forward ('fwd', `blockwise_mlp.moe_mlp_fwd`, with its combine)
+or backward ('bwd', `blockwise_mlp_bwd.moe_mlp_bwd`, with its weight gradients and
+combine) expert kernel for `problem` (a bucketed `MoEProblem`, whose `tokens` is the
+padded token count the kernel sees) under `config` on `target`. `routing` is 'uniform'
+(exactly balanced; the autotuner's "balanced routing"), 'skewed' (see `routing`), or an
+int: the number of used blocks. `may_drop` is the flag the kernel is launched with; the
+op always passes True (padded tokens and capacity drops have no slot), so that is the
+default. Router kernels are not included (`price_router`, `price_router_bwd`).
+
+Method. A Mixtral-size forward runs ~13k instructions per block (the backward ~50k) and
+T = 16384 tokens make 64+ blocks, so the full trace would take minutes to interpret and
+price. Every block of the blockwise kernels issues the same instruction sequence (shapes
+are static; only the run-time expert id and token indices differ, and neither changes a
+trace record's cost), so a kernel's latency is
+
+    lat(n blocks) = fixed part (prologue, combine over T, per-panel setup) + sum of the
+                    blocks' steady-state increments,
+
+exact once the software pipeline reaches its periodic regime. The backward alternates two
+buffer sets between consecutive blocks, so its increments may have period 2. `price_blocks`
+interprets the kernel (trace-only, the full T) with n0 .. n0 + 3 blocks (n0 = 2 forward,
+1 backward), takes the last increment of each parity and extrapolates to the routing's
+used blocks; `extrapolation_check` = |d3 - d1| / d3 compares the two increments of the
+same parity, so the reader sees how close to periodic the schedule is. Used blocks
+<= n0 + 3 are priced exactly. Routing (uniform, skewed) only changes the used blocks.
 
 The blocks are priced as a static loop; in the op, blocks past the static lower bound run
-in a device loop whose body is the same instruction sequence with run-time (register)
-offsets for the metadata and the y_slots store.
+in device loops whose bodies are the same instruction sequences (block indices are
+registers in both).
 
 Every figure is "modeled (cost model vN, target)"; nothing here is a measurement.
 """
@@ -38,12 +54,15 @@ from .blockwise_mlp import moe_mlp_fwd
 from .blockwise_mlp_bwd import moe_mlp_bwd
 from .config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from .grouping import plan_blocks
-from .router import moe_router_fwd
+from .router import moe_router_bwd, moe_router_fwd
 
-REPRESENTATIVE_BLOCKS = 2  # n0: blocks before the first measured increment
+# n0: blocks before the first measured increment (the forward's first block has no
+# weight prefetch ahead of it; the backward is periodic from its first block)
+REPRESENTATIVE_BLOCKS = {"fwd": 2, "bwd": 1}
+KINDS = ("fwd", "bwd")
 
 
-def routing(kind: str, tokens: int, experts: int, top_k: int) -> np.ndarray:
+def routing_ids(kind: str, tokens: int, experts: int, top_k: int) -> np.ndarray:
     """Expert ids [T, k]: 'uniform' (exactly balanced) or 'skewed' (every token's first
     choice is expert 0, the other choices balanced over the remaining experts)."""
     t = np.arange(tokens)[:, None]
@@ -54,6 +73,9 @@ def routing(kind: str, tokens: int, experts: int, top_k: int) -> np.ndarray:
         rest = 1 + (t * (top_k - 1) + j - 1) % (experts - 1)
         return np.where(j == 0, 0, rest)
     raise ValueError(f"kind: expected 'uniform' or 'skewed'; got {kind!r}")
+
+
+routing = routing_ids  # the benchmark's name for it
 
 
 def used_blocks(ids: np.ndarray, experts: int, block_size: int) -> int:
@@ -85,17 +107,19 @@ def _bwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
         TensorSpec((t, h), dt),
         TensorSpec((nb, 128, block // 128), "int32"),
         TensorSpec((nb, 128, block // 128), "float32"),
-        TensorSpec((nb, block), "float32"),
         TensorSpec((nb, 1), "int32"),
+        TensorSpec((nb, 1), "float32"),
         TensorSpec((1, 1), "int32"),
         TensorSpec((t, k), "int32"),
-        TensorSpec((e, h, 2 * i), "float32"),
-        TensorSpec((e, i, h), "float32"),
+        TensorSpec((e, h, 2 * i), dt),
+        TensorSpec((e, i, h), dt),
     )
 
 
 @functools.lru_cache(maxsize=256)
-def _price(kind: str, p: MoEProblem, cfg: Any, nb: int, target: Target) -> Estimate:
+def _price(
+    kind: str, p: MoEProblem, cfg: Any, nb: int, target: Target, may_drop: bool = True
+) -> Estimate:
     if kind == "fwd":
         specs = _fwd_specs(p, nb, cfg.block_size)
         kernel = moe_mlp_fwd
@@ -103,20 +127,20 @@ def _price(kind: str, p: MoEProblem, cfg: Any, nb: int, target: Target) -> Estim
         specs = _bwd_specs(p, nb, cfg.block_size)
         kernel = moe_mlp_bwd
     fields = cfg.to_dict()
-    trace = trace_kernel(kernel, *specs, nb, True, *fields.values(), target=target)
+    trace = trace_kernel(kernel, *specs, nb, may_drop, *fields.values(), target=target)
     return estimate_trace(trace, target)
 
 
 @dataclass(frozen=True)
 class BlockPricing:
-    """Latency of the blockwise kernel for `blocks` used blocks (extrapolated or exact).
+    """Latency of a blockwise kernel for `blocks` used blocks (extrapolated or exact).
 
     Engine busy times and the roofline terms are extrapolated the same way as latency.
     """
 
     latency_ns: float
     per_block_ns: float
-    extrapolation_check: float  # |d2 - d1| / d2 of the last two increments (0 if exact)
+    extrapolation_check: float  # |d3 - d1| / d3 of same-parity increments (0 if exact)
     exact: bool
     busy_ns: dict[str, float]
     compute_bound_ns: float
@@ -135,44 +159,87 @@ class BlockPricing:
         return "tensor" if self.compute_bound_ns >= self.memory_bound_ns else "hbm"
 
 
-def price_blocks(kind: str, p: MoEProblem, cfg: Any, blocks: int, target: Target) -> BlockPricing:
+def price_blocks(
+    kind: str, p: MoEProblem, cfg: Any, blocks: int, target: Target, may_drop: bool = True
+) -> BlockPricing:
     """Modeled latency of the forward ('fwd') or backward ('bwd') kernel with `blocks` used."""
-    n0 = REPRESENTATIVE_BLOCKS
-    if blocks <= n0 + 2:
-        e = _price(kind, p, cfg, blocks, target)
-        busy = dict(e.busy_ns)
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}; got {kind!r}")
+    if not isinstance(blocks, int) or blocks < 1:
+        raise ValueError(f"blocks: expected a positive int; got {blocks!r}")
+    n0 = REPRESENTATIVE_BLOCKS[kind]
+    if blocks <= n0 + 3:
+        e = _price(kind, p, cfg, blocks, target, may_drop)
         return BlockPricing(
             e.latency_ns,
             e.latency_ns / blocks,
             0.0,
             True,
-            busy,
+            dict(e.busy_ns),
             e.compute_bound_ns,
             e.memory_bound_ns,
         )
-    e0, e1, e2 = (_price(kind, p, cfg, n, target) for n in (n0, n0 + 1, n0 + 2))
-    extra = blocks - n0 - 2
+    est = [_price(kind, p, cfg, n0 + j, target, may_drop) for j in range(4)]
+    # blocks n0+3 .. blocks-1 remain: the first has the parity of increment d2 (block
+    # n0+1), then they alternate with d3's (block n0+2)
+    rest = blocks - (n0 + 3)
+    n_d2, n_d3 = (rest + 1) // 2, rest // 2
 
-    def ext(a1: float, a2: float) -> float:
-        return a2 + extra * (a2 - a1)
+    def ext(vals: list[float]) -> float:
+        d2, d3 = vals[2] - vals[1], vals[3] - vals[2]
+        return vals[3] + n_d2 * d2 + n_d3 * d3
 
-    d1, d2 = e1.latency_ns - e0.latency_ns, e2.latency_ns - e1.latency_ns
-    busy = {k: ext(e1.busy_ns[k], e2.busy_ns[k]) for k in e2.busy_ns}
+    lat = [e.latency_ns for e in est]
+    d1, d3 = lat[1] - lat[0], lat[3] - lat[2]
+    busy = {k: ext([e.busy_ns[k] for e in est]) for k in est[3].busy_ns}
     return BlockPricing(
-        ext(e1.latency_ns, e2.latency_ns),
-        d2,
-        abs(d2 - d1) / d2 if d2 else 0.0,
+        ext(lat),
+        (lat[3] - lat[1]) / 2,
+        abs(d3 - d1) / d3 if d3 else 0.0,
         False,
         busy,
-        ext(e1.compute_bound_ns, e2.compute_bound_ns),
-        ext(e1.memory_bound_ns, e2.memory_bound_ns),
+        ext([e.compute_bound_ns for e in est]),
+        ext([e.memory_bound_ns for e in est]),
     )
+
+
+def price_kernel(
+    kind: str,
+    problem: MoEProblem,
+    config: Any,
+    target: str | Target,
+    routing: str | int = "uniform",
+    may_drop: bool = True,
+) -> BlockPricing:
+    """Modeled cost of one launch of the forward or backward expert kernel (see module doc).
+
+    `routing`: 'uniform', 'skewed' or the number of used blocks; `may_drop`: the kernel's
+    flag (True, as the op launches it). Cost: 4 trace-only runs of 2..5 (forward) or
+    1..4 (backward) blocks, cached per (kind, problem, config, blocks, target, may_drop).
+    """
+    tgt = get_target(target)
+    block = config.block_size
+    if isinstance(routing, str):
+        ids = routing_ids(routing, problem.tokens, problem.experts, problem.top_k)
+        blocks = used_blocks(ids, problem.experts, block)
+    else:
+        blocks = routing
+    return price_blocks(kind, problem, config, blocks, tgt, may_drop)
 
 
 def price_router(p: MoEProblem, target: Target, logits_dtype: str = "bfloat16") -> Estimate:
     """Modeled cost of the NKI router on [T, E] logits (softmax, renormalized top-k)."""
     logits = TensorSpec((p.tokens, p.experts), logits_dtype)
     trace = trace_kernel(moe_router_fwd, logits, p.top_k, "softmax", True, target=target)
+    return estimate_trace(trace, target)
+
+
+def price_router_bwd(p: MoEProblem, target: Target, logits_dtype: str = "bfloat16") -> Estimate:
+    """Modeled cost of the NKI router backward (d logits from d weights, softmax)."""
+    logits = TensorSpec((p.tokens, p.experts), logits_dtype)
+    ids = TensorSpec((p.tokens, p.top_k), "int32")
+    dw = TensorSpec((p.tokens, p.top_k), "float32")
+    trace = trace_kernel(moe_router_bwd, logits, ids, dw, "softmax", True, target=target)
     return estimate_trace(trace, target)
 
 
@@ -184,11 +251,13 @@ def layer_row(
     dtype: str = "bfloat16",
     backward: bool = False,
 ) -> dict[str, Any]:
-    """One benchmark row: modeled forward (router + experts + combine) of one MoE layer."""
+    """One benchmark row: modeled forward (router + experts + combine) of one MoE layer;
+    with `backward`, also the op's backward: router recompute + expert backward (dgrad,
+    weight gradients, combine) + router backward."""
     tgt = get_target(target)
     p = MoEProblem(tokens, shape.hidden, shape.intermediate, shape.num_experts, shape.top_k, dtype)
     cfg = MoEMLPConfig.heuristic(p, tgt)
-    ids = routing(kind, tokens, shape.num_experts, shape.top_k)
+    ids = routing_ids(kind, tokens, shape.num_experts, shape.top_k)
     blocks = used_blocks(ids, shape.num_experts, cfg.block_size)
     mlp = price_blocks("fwd", p, cfg, blocks, tgt)
     router = price_router(p, tgt)
@@ -220,10 +289,16 @@ def layer_row(
         bcfg = MoEMLPBwdConfig.heuristic(p, tgt)
         bblocks = used_blocks(ids, shape.num_experts, bcfg.block_size)
         bwd = price_blocks("bwd", p, bcfg, bblocks, tgt)
+        routers = router.latency_ns + price_router_bwd(p, tgt).latency_ns
+        bwd_ns = bwd.latency_ns + routers
         row["bwd_config"] = bcfg.to_dict()
-        row["bwd_ms"] = bwd.latency_ns / 1e6
-        row["bwd_mfu_routed_pct"] = 100.0 * 2 * routed_flops / (bwd.latency_ns * peak)
+        row["bwd_blocks"] = bblocks
+        row["bwd_ms"] = bwd_ns / 1e6
+        row["bwd_mlp_ms"] = bwd.latency_ns / 1e6
+        row["bwd_mfu_routed_pct"] = 100.0 * 2 * routed_flops / (bwd_ns * peak)
         row["bwd_busiest_engine"] = bwd.busiest
+        row["bwd_active_pct"] = {k: round(v, 1) for k, v in bwd.active_pct.items()}
+        row["bwd_extrapolation_check"] = bwd.extrapolation_check
     return row
 
 

@@ -9,7 +9,8 @@ Both differentiate (hidden, router_logits, w_gate_up, w_down) with NKI backward 
 A call runs: pad T to its bucket (padded tokens route nowhere) -> NKI router -> host
 block plan (grouping.py) -> config lookup per bucket -> NKI blockwise MLP -> unpad.
 The backward recomputes the routing from the logits (cheap, deterministic) instead of
-saving it, plans its own blocks and accumulates the weight gradients in fp32.
+saving it, plans its own blocks and accumulates the weight gradients on chip in fp32
+(one rounding to the weights' dtype).
 """
 
 from __future__ import annotations
@@ -126,12 +127,11 @@ def _meta(plan: BlockPlan, device: torch.device) -> dict[str, Tensor]:
     def put(a: Any) -> Tensor:
         return torch.from_numpy(a).to(device)
 
-    row = plan.slot_weight.transpose(0, 2, 1).reshape(plan.num_blocks, -1).copy()
     return {
         "slot_token": put(plan.slot_token),
         "slot_weight": put(plan.slot_weight),
-        "slot_weight_row": put(row),
         "block_expert": put(plan.block_expert),
+        "block_keep": put(plan.block_keep),
         "block_count": put(plan.block_count),
         "token_slot": put(plan.token_slot),
         "token_weight": put(plan.token_weight),
@@ -391,8 +391,9 @@ def moe_mlp_backward(
     assert isinstance(cfg, MoEMLPBwdConfig)
     plan = _plan(weights, ids, t, e, cfg.block_size, capacity_factor)
     m = _meta(plan, hidden.device)
-    dgu = torch.zeros(w_gate_up.shape, dtype=torch.float32, device=hidden.device)
-    dd = torch.zeros(w_down.shape, dtype=torch.float32, device=hidden.device)
+    # written in place for every expert with a block (fp32 sums on chip, one rounding)
+    dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hidden.device)
+    dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hidden.device)
     dh, dw = launch(
         moe_mlp_bwd,
         hp,
@@ -401,8 +402,8 @@ def moe_mlp_backward(
         gp,
         m["slot_token"],
         m["slot_weight"],
-        m["slot_weight_row"],
         m["block_expert"],
+        m["block_keep"],
         m["block_count"],
         m["token_slot"],
         dgu,
@@ -417,6 +418,6 @@ def moe_mlp_backward(
     return (
         unpad(dh, 0, t).contiguous(),
         unpad(dl, 0, t).contiguous(),
-        dgu.to(w_gate_up.dtype),
-        dd.to(w_down.dtype),
+        dgu,
+        dd,
     )

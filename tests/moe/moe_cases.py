@@ -100,13 +100,28 @@ def fwd_kernel(layer: dict[str, torch.Tensor], plan: BlockPlan, **cfg: object) -
     return res.outputs
 
 
+BWD_DEFAULTS = {
+    "sub_block": 128,
+    "tile_i": 256,
+    "dma_h": 1,
+    "w_bufs": 2,
+    "wgrad_tiles": 1,
+    "wgrad_cols": 512,
+}
+
+
 def bwd_kernel(
-    layer: dict[str, torch.Tensor], plan: BlockPlan, tile_i: int = 128
+    layer: dict[str, torch.Tensor], plan: BlockPlan, dw_dtype: torch.dtype | None = None, **cfg: int
 ) -> tuple[torch.Tensor, ...]:
+    """Run the backward kernel; dw_gate_up / dw_down start as zeros of `dw_dtype`
+    (default: the weights' dtype)."""
     e, h, i2 = layer["w_gate_up"].shape
-    dgu = torch.zeros(e, h, i2)
-    dd = torch.zeros(e, i2 // 2, h)
-    row = plan.slot_weight.transpose(0, 2, 1).reshape(plan.num_blocks, -1).copy()
+    wdt = dw_dtype or layer["w_gate_up"].dtype
+    dgu = torch.zeros(e, h, i2, dtype=wdt)
+    dd = torch.zeros(e, i2 // 2, h, dtype=wdt)
+    args = dict(BWD_DEFAULTS)
+    args.update(cfg)
+    args["sub_block"] = min(args["sub_block"], plan.block_size)
     t = torch.from_numpy
     res = run(
         moe_mlp_bwd,
@@ -116,8 +131,8 @@ def bwd_kernel(
         layer["dout"],
         t(plan.slot_token),
         t(plan.slot_weight),
-        t(row),
         t(plan.block_expert),
+        t(plan.block_keep),
         t(plan.block_count),
         t(plan.token_slot),
         dgu,
@@ -125,7 +140,7 @@ def bwd_kernel(
         plan.static_blocks,
         plan.may_drop,
         plan.block_size,
-        tile_i,
+        *args.values(),
     )
     dx, dw = res.outputs
     return dx, dw, dgu, dd

@@ -45,6 +45,17 @@ CASES = {
     "multi-chunk": (130, 64, 640, 4, 2, 128, BF16, "random", None, {"tile_i": 256, "w_bufs": 3}),
 }
 
+# backward tunables per case (others: moe_cases.BWD_DEFAULTS): ragged H / I tiles in weight
+# units and strip pieces, chunks and wgrad panels; sub-blocks of 128 and 256 tokens
+BWD_CASES: dict[str, dict[str, int]] = {
+    "ragged-fp32": {"dma_h": 2, "wgrad_tiles": 2},
+    "ragged-bf16": {"dma_h": 2, "wgrad_tiles": 2, "w_bufs": 3},
+    "top8": {"sub_block": 256, "tile_i": 512},
+    "capacity": {"sub_block": 128, "wgrad_cols": 1024},
+    "big-block-i-outer": {"sub_block": 256, "tile_i": 512, "dma_h": 2, "wgrad_tiles": 2},
+    "multi-chunk": {"tile_i": 256, "w_bufs": 3, "wgrad_cols": 1024},
+}
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_forward_and_backward_match_reference(name: str) -> None:
@@ -69,9 +80,7 @@ def test_forward_and_backward_match_reference(name: str) -> None:
     assert_close_scaled(out, ref, dtype, f"{name}: out")
 
     ref.backward(layer["dout"].float())
-    dx, dw, dgu, dd = bwd_kernel(
-        layer, plan, tile_i=cfg.get("tile_i", 128) if cfg.get("tile_i", 128) <= 256 else 256
-    )
+    dx, dw, dgu, dd = bwd_kernel(layer, plan, **BWD_CASES.get(name, {}))
     assert_close_scaled(dx, x.grad, dtype, f"{name}: d hidden")
     assert_close_scaled(dgu, wgu.grad, dtype, f"{name}: d w_gate_up")
     assert_close_scaled(dd, wd.grad, dtype, f"{name}: d w_down")

@@ -58,11 +58,15 @@ def test_every_valid_forward_config_is_correct(walk_case) -> None:
 
 def test_every_valid_backward_config_is_correct(walk_case) -> None:
     layer, ids, w, _, grads = walk_case
-    valid = [c for c in MoEMLPBwdConfig.space(WALK, TRN2) if c.is_valid(WALK, TRN2)]
-    assert len(valid) == 6
+    space = list(MoEMLPBwdConfig.space(WALK, TRN2))
+    valid = [c for c in space if c.is_valid(WALK, TRN2)]
+    # blocks 128..1024 x sub-blocks 128, 256 x w_bufs 2, 3 (one useful value for the other
+    # fields at H = 100, I = 200); sub_block 256 > block 128 is invalid twice
+    assert len(space) == 16 and len(valid) == 14
     for cfg in valid:
         plan = plan_for(ids, w, E, cfg.block_size)
-        got = bwd_kernel(layer, plan, tile_i=cfg.tile_i)
+        fields = {k: v for k, v in cfg.to_dict().items() if k != "block_size"}
+        got = bwd_kernel(layer, plan, **fields)
         for name, a, r in zip(("dx", "dw", "dgu", "dd"), got, grads):
             assert_close_scaled(a, r, torch.float32, f"{cfg}: {name}")
 
@@ -123,6 +127,6 @@ def test_validate_rejects_with_reasons() -> None:
     with pytest.raises(
         InvalidConfig, match=r"SBUF: the tile plan needs \d+ B per partition; trn2 has 212728"
     ):
-        MoEMLPBwdConfig(block_size=512, tile_i=256).validate(p, TRN2)
+        MoEMLPBwdConfig(block_size=1024, sub_block=256, tile_i=1024).validate(p, TRN2)
     with pytest.raises(InvalidConfig, match="no backward MoE config fits"):
         MoEMLPBwdConfig.heuristic(MoEProblem(128, 8192, 16384, 8, 2, "float32"), TRN2)
