@@ -26,11 +26,14 @@ DTYPES = ("bfloat16", "float16", "float32")
 MASKS = ("none", "causal", "window", "data")
 KV_TILES = (512, 1024)
 Q_TILES = (1, 2)
-DMA_QUARTERS = (0, 2, 4)
+DMA_QUARTERS = (0, 2, 3, 4)
 FWD_SCALAR_EVAC = (3, 4, 5, 6)
 BWD_SECTIONS = (16, 32, 64)
 BWD_SCALAR_EVAC = (4, 6, 8)
 DRY_RUN_Q_TILES = 2  # query tiles in a forward dry run (SBUF use does not grow with Sq)
+# keys per query row x DMA bytes/ns from which the forward heuristic DMA-transposes 3 of
+# every 4 P^T sub-tiles (trn2: 4 K keys; trn3: 2 K)
+_DQ3_KEY_BYTES = 2048 * 33
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,8 @@ class FlashFwdConfig(KernelConfig):
     q_tiles: 128-row query tiles whose steps are interleaved (1 or 2): more independent
       work between a tile's dependent steps.
     dma_quarters: of every 4 P^T sub-tiles, how many the DMA engines transpose
-      SBUF -> SBUF (0 = all on TensorE + PSUM evacuation); 2-byte dtypes only.
+      SBUF -> SBUF (0 = all on TensorE + PSUM evacuation); 2-byte dtypes (an fp32
+      forward is TensorE-bound: fp32 matmuls run at 1/4 rate).
     scalar_evac: eighths of the PE-transposed sub-tiles that ScalarE copies out of PSUM
       (the rest VectorE); balances the two engines around the max / exp passes.
     """
@@ -159,18 +163,27 @@ class FlashFwdConfig(KernelConfig):
 
     kv_tile: int = 1024
     q_tiles: int = 2
-    dma_quarters: int = 0
-    scalar_evac: int = 5
+    dma_quarters: int = 3
+    scalar_evac: int = 6
 
     @classmethod
     def heuristic(cls, problem: AttentionProblem, target: Target) -> FlashFwdConfig:
         kv = 1024 if problem.itemsize == 2 and problem.seq_k > 512 else 512
         qt = 2 if problem.seq_q > P or problem.q_heads > problem.kv_heads else 1
-        # trn3's VectorE runs at 1.2 GHz (trn2: 0.96): it takes a larger share there
-        evac = 5 if target.vector_ghz < target.scalar_ghz else 4
-        cfg = cls(kv_tile=kv, q_tiles=qt, dma_quarters=0, scalar_evac=evac)
+        # Of every 4 P^T sub-tiles the DMA engines take 3 when each query tile's fixed
+        # DMA work (its Q^T load and 256-byte-row output store) is spread over enough
+        # keys -- about 4 K keys per row at trn2's DMA rate (masks: half the keys) --
+        # else 2 (the modeled optimum on trn2 / trn3 at 2 K and 8 K keys).
+        dq = 0
+        if problem.itemsize == 2:
+            keys = problem.seq_k if problem.mask == "none" else problem.seq_k // 2
+            dq = 3 if keys * target.dma_engine_bytes_per_ns >= _DQ3_KEY_BYTES else 2
+        # trn2's VectorE (0.96 GHz) is the busier engine: ScalarE takes most
+        # evacuations; trn3's VectorE runs at 1.2 GHz and takes half
+        evac = 6 if target.vector_ghz < target.scalar_ghz else 4
+        cfg = cls(kv_tile=kv, q_tiles=qt, dma_quarters=dq, scalar_evac=evac)
         if not cfg.is_valid(problem, target):
-            cfg = cls(kv_tile=512, q_tiles=1, dma_quarters=0, scalar_evac=evac)
+            cfg = cls(kv_tile=512, q_tiles=1, dma_quarters=dq, scalar_evac=evac)
         return cfg
 
     @classmethod
@@ -193,11 +206,14 @@ class FlashFwdConfig(KernelConfig):
             raise InvalidConfig(f"scalar_evac: expected 0..8; got {self.scalar_evac}")
         if problem.itemsize == 4 and self.kv_tile > 512:
             raise InvalidConfig(
-                "kv_tile: fp32 P^T of a 1024-key step needs 2 PSUM banks per buffer "
-                "(double-buffered: 4) on top of 4 score banks; only 512 fits in 8 banks"
+                "kv_tile: fp32 P^T of a 1024-key step takes 4 of the 8 PSUM banks (two "
+                "jobs' worth), leaving fewer than two steps of score banks; only 512 fits"
             )
         if problem.itemsize == 4 and self.dma_quarters:
-            raise InvalidConfig("dma_quarters: DMA transposes need a 2-byte dtype; got float32")
+            raise InvalidConfig(
+                "dma_quarters: the forward DMA-transposes P for 2-byte dtypes only "
+                "(an fp32 forward is TensorE-bound); got float32"
+            )
         err = _fwd_dry_run(self, problem, target)
         if err is not None:
             raise InvalidConfig(f"does not fit on {target.name}: {err}")

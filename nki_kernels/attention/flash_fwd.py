@@ -4,35 +4,47 @@ Algorithm (per batch b and key/value head g; the G = Hq / Hkv query heads of the
 share g's K^T and V, staged once into SBUF):
 
     for each query head h of the group, each 128-row query tile t:
-        Q^T_t = PE-transpose(q[b, h, t])                       # D on partitions
+        Q^T_t = DMA-transpose(q[b, h, t])                      # D on partitions
         m = -inf, l = 0, O = 0
         for each step of `kv_tile` keys (only the sub-tiles the mask does not rule out):
             S   = Q^T_t.T @ K^T[:, step]                       # TensorE -> PSUM fp32
             S   = range_select(S, lo_t <= key < hi_t)          # partial sub-tiles only
-            m'  = max(m, rowmax(S))                            # VectorE, accumulator chain
+            S'  = mu * S -> SBUF, m' = max(m, rowmax(S))       # VectorE, accumulator chain
             P   = exp(scale * S - scale * m'), rs = rowsum(P)  # ScalarE, sum for free
             a   = exp(scale * (m - m'));  l = a * l + rs
-            P^T = transpose(P) per 128-key sub-tile            # PE (+ PSUM evacuation) or DMA
+            P^T = transpose(P) per 128-key sub-tile            # DMA, or PE + PSUM evacuation
             O   = a * O + P^T.T @ V[step]                      # TensorE accumulates in PSUM
         out[b, h, t] = O / l;   lse[b, h, :, t] = scale * m + log(l)
 
 Layout: q, k, v arrive in SDPA layout [B, H, S, D] (HBM). Scores keep queries on the 128
 partitions so softmax statistics are per-partition scalars; keys sit on the free axis
-(up to 512 fp32 columns per PSUM bank). P @ V contracts over keys, so P is transposed per
-128-key sub-tile: by TensorE (then copied out of PSUM by ScalarE or VectorE) or by the
-DMA engines SBUF -> SBUF (`dma_quarters` of every 4 sub-tiles; 2-byte dtypes only).
+(512 fp32 columns per PSUM bank). K^T and Q^T come straight from HBM through DMA
+transposes (no TensorE work, no PSUM evacuation); V is staged with keys on partitions.
+P @ V contracts over keys, so P is transposed per 128-key sub-tile: `dma_quarters` of
+every 4 by the DMA engines SBUF -> SBUF, the rest by TensorE into PSUM, copied out by
+ScalarE (`scalar_evac` eighths) and VectorE.
 
-Schedule: the steps of all query tiles form a job list (`q_tiles` tiles interleaved) run
-as a three-stage software pipeline in issue order -- QK^T of job i, softmax of job i - 1,
-transposes / P @ V / rescale of job i - 2 -- so TensorE computes the next scores while
-VectorE / ScalarE work on the previous ones. PSUM: two score steps (kv_tile / 512 banks
-each) + P^T + O + one staging bank <= 8 banks for kv_tile <= 1024.
+Why this shape: per 512 keys of one query tile TensorE needs 0.43 us (trn2), but VectorE
+must read all scores once for the maximum (0.53 us) and ScalarE once for the exponential
+(0.48 us); PE-transposing P would add a PSUM evacuation of the same size to one of them.
+The DMA engines take most of the transposes instead, and VectorE copies the scores out of
+PSUM into SBUF during its max pass, so a score bank is free again as soon as it is read
+and steps can span up to 2048 keys (one O rescale per 2048 keys).
+
+Schedule: the steps of all query tiles form a job list (`q_tiles` tiles interleaved),
+run as a software pipeline in issue order: in iteration i TensorE computes the scores of
+job i, VectorE the max of job i - 1, ScalarE the exponential of job i - 2, the
+transposes of job i - 3 are issued, and P @ V and the O rescale run for job i - L (L
+covers the DMA transposes' ~1.3 us trigger latency and transfer). Every buffer comes from
+a ring, so an in-order engine never waits for a recent reader of the memory it is about
+to overwrite.
 
 Masks arrive as per-query key bounds (`bounds`, fp32 [B, 128, 2, nq]: lo, hi of query
 t * 128 + p) and a static plan (`plan[b][t][u]` SKIP / PARTIAL / FULL per 128 x 128
 tile, see masks.py); SKIP tiles issue no instruction at all. Rows whose interval is empty
 produce unspecified values (the op replaces them). Statistics are fp32; matmul operands
-are the input dtype (fp32 inputs run fp32 matmuls). Needs NeuronCore-v3+ (range_select).
+are the input dtype (fp32 inputs run fp32 matmuls). Needs NeuronCore-v3+ (range_select,
+DMA transposes of the 4-byte dtype).
 
 Limits: D <= 128; K^T and V of one head stay resident: 4 * Sk * itemsize bytes per
 partition (`config.py` checks the SBUF fit; the op splits longer key ranges).
@@ -43,25 +55,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from ._staging import (
-    GROUP,
-    P,
-    compute_dtype,
-    copy_engine,
-    load_bounds,
-    load_kt_group,
-    stage_rows,
-    transpose_kt_group,
-    transpose_rows,
-)
+from ._staging import GROUP, P, compute_dtype, copy_engine, load_bounds, stage_rows
 
 BANK_COLS = 512  # fp32 score columns per PSUM bank (one matmul's N limit on trn2)
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
-Q_PREFETCH = 3  # jobs ahead that a query tile's DMA load is issued (hides DMA latency)
-# Ring depths: a buffer is rewritten only this many jobs (query tiles, finalized tiles)
-# after it was last used, so its next writer does not wait on a recent reader.
-JOB_RING = 3  # P and P^T of a step (written in stage 2 / 3, read in stage 3 / 4)
-STAT_RING = 8  # [128, 1] statistics: a tile's m, l are read q_tiles jobs later
+PSUM_BANKS = 8
+O_SLOTS = 4  # [128, D <= 128] fp32 P @ V results per PSUM bank
+# Pipeline: iterations behind the scores of job i at which each stage runs.
+MAX_LAG = 1  # VectorE max pass (scores PSUM -> SBUF)
+EXP_LAG = 2  # ScalarE exponential and row sums
+TP_LAG = 3  # P^T: DMA transposes issued, PE transposes + evacuation
+DMA_KEYS_IN_FLIGHT = 4096  # keys of P^T the DMA engines are given time for before P @ V
+Q_PREFETCH = 4  # jobs ahead that a query tile's Q^T DMA is issued
 OUT_RING = 6  # finalized tiles waiting for their store DMA
 
 
@@ -77,7 +82,7 @@ def flash_attention_fwd(
 
     q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D]; bounds: None or fp32 [B, 128, 2, nq];
     plan: () (no mask) or per-batch (or one shared) tuples of tile classes [nq][nk];
-    kv_tile: keys per online-softmax step (512 or 1024); q_tiles: query tiles
+    kv_tile: keys per online-softmax step (512, 1024 or 2048); q_tiles: query tiles
     interleaved (1 or 2); dma_quarters: of every 4 P^T sub-tiles, how many the DMA
     engines transpose (0..4); scalar_evac: eighths of the PE-transposed sub-tiles that
     ScalarE copies out of PSUM (the rest VectorE).
@@ -113,7 +118,7 @@ def _tile_steps(classes: Any, t: int, nk: int, n_sub: int) -> list:
 
 
 def _runs(slots: list, split_masked: bool = False) -> list:
-    """Maximal runs of consecutive keys inside one PSUM bank: (slot0, u0, count, partial).
+    """Maximal runs of consecutive keys inside one 512-slot group: (slot0, u0, count, partial).
 
     With `split_masked`, PARTIAL and FULL sub-tiles never share a run, so the mask
     instruction (range_select, 2 cycles per element) covers only what needs it.
@@ -129,8 +134,16 @@ def _runs(slots: list, split_masked: bool = False) -> list:
     return runs
 
 
+def _split(n_slots: int, n_full: int, dma_quarters: int) -> int:
+    """How many leading slots of a step the DMA engines transpose (the rest: TensorE).
+
+    Only full 128-key sub-tiles (the first `n_full` slots) go to the DMA engines.
+    """
+    return min(n_full, (n_slots * dma_quarters + 2) // 4)
+
+
 def _head_group(q, k, v, bounds, out, lse, b, g, group, classes, cfg, sq, sk, d):
-    softmax_scale, kv_tile, q_tiles = cfg[0], cfg[1], cfg[2]
+    kv_tile, q_tiles = cfg[1], cfg[2]
     cdt = compute_dtype(q.dtype)
     nq, nk = (sq + P - 1) // P, (sk + P - 1) // P
     n_sub = kv_tile // P
@@ -161,58 +174,60 @@ def _head_group(q, k, v, bounds, out, lse, b, g, group, classes, cfg, sq, sk, d)
                 if s < len(steps):
                     jobs.append({"ti": c0 + a, "s": s, "slots": steps[s]})
 
-    rings = _rings(n_sub, d, cdt, q_tiles)
-    staged = [False] * ((nk + GROUP - 1) // GROUP)
+    pv_lag = TP_LAG + 1 + (-(-DMA_KEYS_IN_FLIGHT // kv_tile) if cfg[3] > 0 else 0)
+    rings = _rings(n_sub, d, cdt, q_tiles, pv_lag, cfg[3])
+    staged = [False] * ((nk * P + kv_tile - 1) // kv_tile)
     n = len(jobs)
-    # A four-stage software pipeline, in issue order per iteration i: scores of job i
-    # (TensorE), softmax of job i - 1 (VectorE max chain, ScalarE exp), P^T of job i - 2
-    # (TensorE transposes + evacuation), P @ V and the O rescale of job i - 3. Every
-    # cross-engine dependency then spans at least one iteration except max -> exp, and
-    # each buffer comes from a ring, so it is rewritten only several jobs after its
-    # last reader: in-order engines do not stall each other on write-after-read.
-    for i in range(n + 3):
+    for i in range(n + pv_lag):
         if i < n:
-            if i == 0:
-                for a in range(min(Q_PREFETCH, n)):
-                    _prefetch_q(q, jobs, a, tstate, rings, b, d, cdt)
-            _prefetch_q(q, jobs, i + Q_PREFETCH, tstate, rings, b, d, cdt)
-            _stage_kv(k, v, jobs[i], staged, kt, vt, rings, b, g, sk, d, cdt)
-            _stage_qk(jobs[i], i, tstate, rings, kt, sk, d, cdt)
-        if 0 <= i - 1 < n:
-            _stage_softmax(jobs[i - 1], i - 1, tstate, rings, bnd, softmax_scale, cdt, sk)
-        if 0 <= i - 2 < n:
-            _stage_transpose(jobs[i - 2], i - 2, tstate, rings, sk, cdt, cfg)
-        if 0 <= i - 3 < n:
-            _stage_pv(jobs[i - 3], i - 3, tstate, rings, vt, sk, d)
-            _stage_rescale(
-                jobs[i - 3], i - 3, tstate, rings, out, lse_all, b, g * group, softmax_scale, d
-            )
+            for a in range(0 if i == 0 else Q_PREFETCH, min(Q_PREFETCH, n - i - 1) + 1):
+                _prefetch_q(q, jobs, i + a, tstate, rings, b, d)
+                _stage_kv(k, v, jobs[i + a], staged, kt, vt, b, g, sk, kv_tile)
+            _stage_qk(jobs[i], i, tstate, rings, kt, sk, d)
+        j = i - MAX_LAG
+        if 0 <= j < n:
+            _stage_max(jobs[j], j, tstate, rings, bnd, cfg[0], sk)
+        j = i - EXP_LAG
+        if 0 <= j < n:
+            _stage_exp(jobs[j], j, tstate, rings, cfg[0], sk)
+        j = i - TP_LAG
+        if 0 <= j < n:
+            _stage_transpose(jobs[j], j, tstate, rings, sk, cdt, cfg)
+        j = i - pv_lag
+        if 0 <= j < n:
+            _stage_pv(jobs[j], j, tstate, rings, vt, sk, d)
+            _stage_rescale(jobs[j], j, tstate, rings, out, lse_all, b, g * group, cfg[0], d)
     # one store for the group's statistics: partition p, head h -> nq contiguous floats
     nisa.dma_copy(dst=lse[b, g * group : (g + 1) * group].permute((1, 0, 2)), src=lse_all)
 
 
-def _rings(n_sub, d, cdt, q_tiles):
-    """Buffers rotated by job (or query-tile) index; see the ring sizes above."""
+def _rings(n_sub, d, cdt, q_tiles, pv_lag, dma_quarters):
+    """Buffers rotated by job (or query-tile) index, sized from the pipeline lags.
+
+    PSUM: one bank of P @ V slots, the PE-transposed P^T of two jobs, and every other
+    bank a ring of 512-column score banks.
+    """
     f32, sb, ps = nl.float32, nl.sbuf, nl.psum
-    nbank = (n_sub + GROUP - 1) // GROUP
+    n_pe = n_sub - _split(n_sub, n_sub, dma_quarters)
+    itemsize = 4 if cdt == nl.float32 else 2
+    tp_banks = -(-2 * max(n_pe, 1) * P * itemsize // (BANK_COLS * 4))
+    score_banks = PSUM_BANKS - 1 - tp_banks
     tile_ring = 2 * q_tiles + 2
     r = {
-        "s": [
-            [nl.ndarray((P, BANK_COLS), dtype=f32, buffer=ps) for _ in range(nbank)]
-            for _ in range(2)
-        ],
-        "tp": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=ps) for _ in range(2)],
-        "o_ps": nl.ndarray((P, 2, d), dtype=f32, buffer=ps),
-        "stage_ps": nl.ndarray((P, GROUP, P), dtype=cdt, buffer=ps),
-        "p": [nl.ndarray((P, n_sub * P), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "pt": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "q_nat": [nl.ndarray((P, d), dtype=cdt, buffer=sb) for _ in range(Q_PREFETCH + tile_ring)],
-        "qt": [nl.ndarray((d, P), dtype=cdt, buffer=sb) for _ in range(tile_ring)],
+        "s": [nl.ndarray((P, BANK_COLS), dtype=f32, buffer=ps) for _ in range(score_banks)],
+        "tp": nl.ndarray((P, 2, max(n_pe, 1), P), dtype=cdt, buffer=ps),
+        "o_ps": nl.ndarray((P, O_SLOTS, d), dtype=f32, buffer=ps),
+        "s_sb": [nl.ndarray((P, n_sub * P), dtype=f32, buffer=sb) for _ in range(3)],
+        "p": [nl.ndarray((P, n_sub * P), dtype=cdt, buffer=sb) for _ in range(pv_lag - EXP_LAG)],
+        "pt": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=sb) for _ in range(pv_lag - TP_LAG + 1)],
+        "qt": [nl.ndarray((d, P), dtype=cdt, buffer=sb) for _ in range(Q_PREFETCH + tile_ring)],
         "o_acc": [nl.ndarray((P, d), dtype=f32, buffer=sb) for _ in range(tile_ring)],
         "o_out": [nl.ndarray((P, d), dtype=cdt, buffer=sb) for _ in range(OUT_RING)],
+        "bank": 0,  # next score bank of the ring
     }
+    stat_ring = pv_lag + 2 * q_tiles + 2  # a tile's m, l are read until its last P @ V
     for name in ("m", "bias", "alpha", "rs", "l", "rl", "log_l"):
-        r[name] = [nl.ndarray((P, 1), dtype=f32, buffer=sb) for _ in range(STAT_RING)]
+        r[name] = [nl.ndarray((P, 1), dtype=f32, buffer=sb) for _ in range(stat_ring)]
     return r
 
 
@@ -226,43 +241,41 @@ def _store_empty_tile(out, b, h, t, sq, d, zeros):
     return zeros
 
 
-def _prefetch_q(q, jobs, i, tstate, rings, b, d, cdt):
-    """DMA-load the query tile of job i (first step only) ahead of its use."""
+def _prefetch_q(q, jobs, i, tstate, rings, b, d):
+    """Q^T of job i's query tile (first step only), transposed by the DMA engines."""
     if i >= len(jobs) or jobs[i]["s"] != 0:
         return
     ti = jobs[i]["ti"]
     st = tstate[ti]
     rows, t0 = st["rows"], st["t"] * P
-    q_nat = rings["q_nat"][ti % len(rings["q_nat"])]
-    nisa.dma_copy(dst=q_nat[:rows, :], src=q[b, st["h"], t0 : t0 + rows, :])
-    st["q_nat"] = q_nat
+    qt = rings["qt"][ti % len(rings["qt"])]
+    nisa.dma_transpose(dst=qt[:d, :rows], src=q[b, st["h"], t0 : t0 + rows, :])
+    st["qt"] = qt
 
 
-def _stage_kv(k, v, job, staged, kt, vt, rings, b, g, sk, d, cdt):
-    """Stage (once) the 512-key groups of K^T and V that job touches."""
+def _stage_kv(k, v, job, staged, kt, vt, b, g, sk, kv_tile):
+    """Stage (once) the kv_tile-key blocks of K^T (DMA transpose) and V the job touches."""
     for _, u, _ in job["slots"]:
-        grp = u // GROUP
-        if staged[grp]:
+        blk = u * P // kv_tile
+        if staged[blk]:
             continue
-        staged[grp] = True
-        k0 = grp * GROUP * P
-        n = min(GROUP * P, sk - k0)
-        raw = load_kt_group(k[b, g], k0, n, d, cdt)
-        transpose_kt_group(raw, kt, k0, n, d, cdt, grp % 2 == 0, tp=rings["stage_ps"])
+        staged[blk] = True
+        k0 = blk * kv_tile
+        n = min(kv_tile, sk - k0)
+        nisa.dma_transpose(dst=kt[:, k0 : k0 + n], src=k[b, g, k0 : k0 + n, :])
         stage_rows(v[b, g], vt, k0, n)
 
 
-def _stage_qk(job, i, tstate, rings, kt, sk, d, cdt):
-    """TensorE: scores of one step into PSUM (one bank per 4 slots)."""
-    ti = job["ti"]
-    st = tstate[ti]
+def _stage_qk(job, i, tstate, rings, kt, sk, d):
+    """TensorE: scores of one step into the next score banks (one per 4 slots)."""
+    st = tstate[job["ti"]]
     rows = st["rows"]
-    if job["s"] == 0:
-        qt = rings["qt"][ti % len(rings["qt"])]
-        tp = rings["stage_ps"][:, 0, :]
-        transpose_rows(st["q_nat"], rows, d, qt, cdt, st["t"] % 2 == 1, tp=tp)
-        st["qt"] = qt
-    banks = rings["s"][i % 2]
+    ring = rings["s"]
+    banks = []
+    for _ in range((len(job["slots"]) + GROUP - 1) // GROUP):
+        banks.append(ring[rings["bank"] % len(ring)])
+        rings["bank"] += 1
+    job["banks"] = banks
     for j0, u0, cnt, _ in _runs(job["slots"]):
         k0 = u0 * P
         ncols = min(cnt * P, sk - k0)
@@ -281,26 +294,30 @@ def _stat(rings, name, i):
 
 
 def _chain_scale(scale: float) -> tuple[float, float]:
-    """(mu, r): the max chain stores S' = mu * S in place (mu = -min(scale, 1), finite
-    even for the FP32_MIN mask fill) and softmax uses scale * S = -r * S'."""
+    """(mu, r): the max chain stores S' = mu * S (mu = -min(scale, 1), finite even for the
+    FP32_MIN mask fill) and softmax uses scale * S = -r * S'."""
     mu = -min(scale, 1.0)
     return mu, scale / -mu
 
 
-def _stage_softmax(job, i, tstate, rings, bnd, scale, cdt, sk):
-    """VectorE max chain (+ masks), ScalarE exp with row sums, GpSimd l update.
+def _ncols(slots, sk):
+    """Score columns of a step: full sub-tiles except possibly a ragged last one."""
+    return (len(slots) - 1) * P + min(P, sk - slots[-1][1] * P)
 
-    The chain runs as a min over S' = mu * S (mu < 0), so its result is directly
+
+def _stage_max(job, i, tstate, rings, bnd, scale, sk):
+    """VectorE: masks, then S' = mu * S copied out to SBUF with the running max.
+
+    The chain runs as a min over S' (mu < 0), so its result is directly
     nb = mu * max(S) -- with r = 1 (scale <= 1) the exp bias -- and
     P = exp(-r * S' + r * nb). The first chain instruction loads the previous nb, so
     the running maximum needs no separate merge.
     """
     st = tstate[job["ti"]]
-    rows = st["rows"]
-    t = st["t"]
-    banks = rings["s"][i % 2]
-    first = job["s"] == 0
-    mu, r = _chain_scale(scale)
+    rows, t = st["rows"], st["t"]
+    banks = job["banks"]
+    s_sb = _stat(rings, "s_sb", i)
+    mu, _ = _chain_scale(scale)
     runs = _runs(job["slots"], split_masked=True)
     nb = _stat(rings, "m", i)
     for idx, (j0, u0, cnt, partial) in enumerate(runs):
@@ -320,12 +337,12 @@ def _stage_softmax(job, i, tstate, rings, bnd, scale, cdt, sk):
                 range_start=k0,
                 on_false_value=FP32_MIN,
             )
-        if idx == 0 and not first:
+        if idx == 0 and job["s"] != 0:
             cmd, init = nisa.reduce_cmd.load_reduce, st["nb"][:rows, :]
         else:
             cmd, init = (nisa.reduce_cmd.reset_reduce if idx == 0 else nisa.reduce_cmd.reduce), None
         nisa.tensor_scalar_reduce(
-            dst=s_view,
+            dst=s_sb[:rows, j0 * P : j0 * P + ncols],
             data=s_view,
             op0=nl.multiply,
             operand0=mu,
@@ -334,33 +351,44 @@ def _stage_softmax(job, i, tstate, rings, bnd, scale, cdt, sk):
             reduce_cmd=cmd,
             reduce_init=init,
         )
+    job["nb_prev"] = st.get("nb")
+    st["nb"] = nb
+
+
+def _stage_exp(job, i, tstate, rings, scale, sk):
+    """ScalarE exp of the whole step with row sums; the rescale factor; GpSimd l update."""
+    st = tstate[job["ti"]]
+    rows = st["rows"]
+    _, r = _chain_scale(scale)
+    nb = _stat(rings, "m", i)
     bias = nb
     if r != 1.0:
         bias = _stat(rings, "bias", i)
         nisa.activation(dst=bias[:rows, :], op=nl.copy, data=nb[:rows, :], scale=r)
+    first = job["s"] == 0
     if not first:
         alpha = _stat(rings, "alpha", i)
         nisa.activation(
-            dst=alpha[:rows, :], op=nl.exp, data=st["nb"][:rows, :], bias=bias[:rows, :], scale=-r
-        )
-    slots = job["slots"]
-    p_sb = rings["p"][i % JOB_RING]
-    rs = _stat(rings, "rs", i)
-    nbank = (len(slots) + GROUP - 1) // GROUP
-    for c in range(nbank):
-        j0 = c * GROUP
-        j1 = min(len(slots), j0 + GROUP)
-        ncols = (j1 - j0 - 1) * P + min(P, sk - slots[j1 - 1][1] * P)
-        nisa.activation(
-            dst=p_sb[:rows, j0 * P : j0 * P + ncols],
+            dst=alpha[:rows, :],
             op=nl.exp,
-            data=banks[c][:rows, 0:ncols],
+            data=job["nb_prev"][:rows, :],
             bias=bias[:rows, :],
             scale=-r,
-            reduce_op=nl.add,
-            reduce_res=rs[:rows, :] if c == nbank - 1 else None,
-            reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce,
         )
+        job["alpha"] = alpha
+    ncols = _ncols(job["slots"], sk)
+    p_sb = _stat(rings, "p", i)
+    rs = _stat(rings, "rs", i)
+    nisa.activation(
+        dst=p_sb[:rows, :ncols],
+        op=nl.exp,
+        data=_stat(rings, "s_sb", i)[:rows, :ncols],
+        bias=bias[:rows, :],
+        scale=-r,
+        reduce_op=nl.add,
+        reduce_res=rs[:rows, :],
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+    )
     if first:
         st["l"] = rs
     else:
@@ -375,61 +403,49 @@ def _stage_softmax(job, i, tstate, rings, bnd, scale, cdt, sk):
             engine=nisa.engine.gpsimd,
         )
         st["l"] = l_new
-        job["alpha"] = alpha
-    st["nb"] = nb
 
 
 def _stage_transpose(job, i, tstate, rings, sk, cdt, cfg):
-    """P^T per 128-key sub-tile: PE transpose + PSUM evacuation, or DMA transpose.
-
-    Of every 4 sub-tiles the last `dma_quarters` go through the DMA engines (2-byte
-    dtypes, full sub-tiles); of the PE-transposed ones the first `scalar_evac` eighths
-    are copied out of PSUM by ScalarE and the rest by VectorE.
-    """
+    """P^T per 128-key sub-tile: the DMA engines take the first slots (one instruction),
+    TensorE the rest into PSUM, copied out by ScalarE (first `scalar_evac` eighths) and
+    VectorE."""
     dma_quarters, scalar_evac = cfg[3], cfg[4]
     rows = tstate[job["ti"]]["rows"]
     slots = job["slots"]
-    p_sb = rings["p"][i % JOB_RING]
-    pt = rings["pt"][i % JOB_RING]
-    tp = rings["tp"][i % 2]
+    p_sb = _stat(rings, "p", i)
+    pt = _stat(rings, "pt", i)
+    n_full = len(slots) if min(P, sk - slots[-1][1] * P) == P else len(slots) - 1
+    n_dma = _split(len(slots), n_full, dma_quarters)
+    if n_dma > 0:
+        src = p_sb[:rows, : n_dma * P].reshape((rows, n_dma, P))
+        nisa.dma_transpose(dst=pt[:, 0:n_dma, :rows], src=src, axes=(2, 1, 0))
+    tp = rings["tp"][:, i % 2]
     pe = []
-    for c0 in range(0, len(slots), GROUP):
-        grp = slots[c0 : c0 + GROUP]
-        full = min(P, sk - grp[-1][1] * P) == P
-        n_dma = min(dma_quarters, len(grp)) if cdt != nl.float32 and full else 0
-        n_pe = len(grp) - n_dma
-        for j, u, _ in grp[:n_pe]:
-            kr = min(P, sk - u * P)
-            nisa.nc_transpose(dst=tp[:kr, j, :rows], data=p_sb[:rows, j * P : j * P + kr])
-            pe.append((j, kr))
-        if n_dma > 0:
-            j0 = grp[n_pe][0]
-            src = p_sb[:rows, j0 * P : (j0 + n_dma) * P].reshape((rows, n_dma, P))
-            nisa.dma_transpose(dst=pt[:, j0 : j0 + n_dma, :rows], src=src, axes=(2, 1, 0))
+    for j, u, _ in slots[n_dma:]:
+        kr = min(P, sk - u * P)
+        nisa.nc_transpose(dst=tp[:kr, j - n_dma, :rows], data=p_sb[:rows, j * P : j * P + kr])
+        pe.append((j, kr))
     n_s = (len(pe) * scalar_evac + 4) // 8
     for on_scalar, part in ((True, pe[:n_s]), (False, pe[n_s:])):
-        a = 0
-        while a < len(part):
-            b = a
-            while (
-                b + 1 < len(part)
-                and part[b + 1][0] == part[b][0] + 1
-                and part[b][1] == P
-                and part[b + 1][1] == P
-            ):
-                b += 1
-            j0, j1, kr = part[a][0], part[b][0] + 1, part[b][1]
+        if len(part) == 0:
+            continue
+        full = [x for x in part if x[1] == P]
+        for grp in (full, [x for x in part if x[1] != P]):
+            if len(grp) == 0:
+                continue
+            j0, j1, kr = grp[0][0], grp[-1][0] + 1, grp[0][1]
             nisa.tensor_copy(
-                dst=pt[:kr, j0:j1, :rows], src=tp[:kr, j0:j1, :rows], engine=copy_engine(on_scalar)
+                dst=pt[:kr, j0:j1, :rows],
+                src=tp[:kr, j0 - n_dma : j1 - n_dma, :rows],
+                engine=copy_engine(on_scalar),
             )
-            a = b + 1
 
 
 def _stage_pv(job, i, tstate, rings, vt, sk, d):
-    """This step's P @ V, accumulated over its sub-tiles in one PSUM tile."""
+    """This step's P @ V, accumulated over its sub-tiles in one PSUM slot."""
     rows = tstate[job["ti"]]["rows"]
-    pt = rings["pt"][i % JOB_RING]
-    o_ps = rings["o_ps"][:, i % 2, :]
+    pt = _stat(rings, "pt", i)
+    o_ps = rings["o_ps"][:, i % O_SLOTS, :]
     for idx, (j, u, _) in enumerate(job["slots"]):
         kr = min(P, sk - u * P)
         nisa.nc_matmul(
@@ -445,7 +461,7 @@ def _stage_rescale(job, i, tstate, rings, out, lse_all, b, h0, scale, d):
     ti = job["ti"]
     st = tstate[ti]
     rows = st["rows"]
-    o_ps = rings["o_ps"][:, i % 2, :]
+    o_ps = rings["o_ps"][:, i % O_SLOTS, :]
     last = job["s"] == st["n"] - 1
     if job["s"] == 0 and last:
         o_src = o_ps

@@ -121,7 +121,7 @@ def test_fp32_restrictions_are_explained() -> None:
     p = _problem(torch.float32)
     with pytest.raises(InvalidConfig, match="fp32 P\\^T"):
         FlashFwdConfig(kv_tile=1024).validate(p, TARGET)
-    with pytest.raises(InvalidConfig, match="DMA transposes need a 2-byte dtype"):
+    with pytest.raises(InvalidConfig, match="2-byte dtypes only"):
         FlashFwdConfig(kv_tile=512, dma_quarters=2).validate(p, TARGET)
 
 
