@@ -224,8 +224,9 @@ def softmax_rows(x: Any, scale: float, out_dtype: Any) -> Any:
             c0 = ci * fc
             cs = min(fc, cols - c0)
             yt = nl.ndarray((P, fc), dtype=out_dtype, buffer=nl.sbuf)
-            if resident:
-                src = exps[ci][0:rs, 0:cs]
+            et = exps[ci]
+            if et is not None:
+                src = et[0:rs, 0:cs]
             else:
                 src = nl.ndarray((P, fc), dtype=out_dtype, buffer=nl.sbuf)[0:rs, 0:cs]
                 nisa.dma_copy(dst=src, src=out[r0 : r0 + rs, c0 : c0 + cs])
