@@ -256,6 +256,7 @@ def add_configs_arguments(p: argparse.ArgumentParser) -> None:
     show.add_argument("--target", default=None)
     show.add_argument("--op", default=None)
     show.add_argument("--config-dir", default=None, help="a user dir (default: env + shipped)")
+    show.add_argument("--markdown", action="store_true", help="one markdown table row per entry")
     diff = sub.add_parser("diff", help="compare two config directories ('shipped' = packaged)")
     diff.add_argument("a")
     diff.add_argument("b")
@@ -302,15 +303,22 @@ def run_configs(args: argparse.Namespace) -> int:
         from .export import describe_entry
 
         found = False
+        if args.markdown:
+            print("| op | target | bucketed problem | default (us) | tuned (us) | speedup | "
+                  "tuned config | measurer |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
         for d in _dirs(args.config_dir):
             for (t, o), path in _files(d, args.target, args.op).items():
                 found = True
                 current = _current_hash(o)
-                print(f"{path}  ({t}, {o})")
-                for key, entry in sorted(_entries(path).items()):
+                if not args.markdown:
+                    print(f"{path}  ({t}, {o})")
+                for key, entry in sorted(_entries(path).items(), key=_natural):
                     h = entry.get("provenance", {}).get("kernel_hash")
                     stale = "" if current is None or h == current else "  STALE (kernel changed)"
-                    print(f"  {key}\n    {describe_entry(entry)}{stale}")
+                    if args.markdown:
+                        print(_markdown_row(o, t, key, entry, stale))
+                    else:
+                        print(f"  {key}\n    {describe_entry(entry)}{stale}")
         if not found:
             print("no stored configs", file=sys.stderr)
         return 0
@@ -327,6 +335,25 @@ def run_configs(args: argparse.Namespace) -> int:
                 print(f"{to[0]}/{to[1]} {key}: {line}")
     print(f"{changes} difference(s)")
     return 0
+
+
+def _natural(item: tuple[str, Any]) -> list[tuple[str, int, str]]:
+    """Sort key of a problem key: numeric fields compare as numbers."""
+    out = []
+    for part in item[0].split(","):
+        name, _, value = part.partition("=")
+        out.append((name, int(value), "") if value.isdigit() else (name, -1, value))
+    return out
+
+
+def _markdown_row(op: str, target: str, key: str, entry: dict[str, Any], stale: str) -> str:
+    prov = entry.get("provenance", {})
+    lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+    cfg = ", ".join(f"{k}={v}" for k, v in entry.get("config", {}).items())
+    return (
+        f"| {op} | {target} | {key} | {dflt / 1e3:.1f} | {lat / 1e3:.1f} | "
+        f"{dflt / lat:.3f}x | {cfg} | {prov.get('measurer', '?')}{stale} |"
+    )
 
 
 def _diff_line(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
