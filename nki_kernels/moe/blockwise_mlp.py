@@ -11,21 +11,30 @@ expert. Per block b with expert e (slot layout s = b*B + c*128 + p):
         y   += actT^T @ Wd_e[chunk, :]              [B, H] (fp32 SBUF across chunks)
     y_slots[b*B : (b+1)*B] = y                       unweighted expert outputs (HBM scratch)
 
-then the combine, per 128-token tile: out[t] = sum_j token_weight[t, j] * y_slots[token_slot
-[t, j]] (gathers by slot, fp32 sums, one rounding). Summation order is fixed (j ascending),
-so results are deterministic; dropped assignments (slot out of range) are skipped.
+then the combine (combine.py, on TensorE), per 128-token tile: out[t] = sum_j
+token_weight[t, j] * y_slots[token_slot[t, j]] (fp32 sums, j ascending, one rounding), so
+results are deterministic; dropped assignments point at y_slots' zero row.
 
 Weights stream from HBM once per block: `.ap(scalar_offset=expert)` picks the expert's
 slice at run time. Loop orders for the gate/up projections (config `loop_order`):
-- "h_outer": weight tiles [128 H-rows x dma_h, tile_i] stream in H order; all 2*tile_i/128
-  accumulators of the chunk stay in PSUM while H is contracted;
-- "i_outer": the chunk's whole [H, tile_i] gate and up strips are loaded, then each
-  128-column I tile is contracted over H with only 2 accumulators live.
-`w_bufs` weight units are in flight (prefetch depth w_bufs - 1, across chunk boundaries).
+- "h_outer": weight units [128 H-rows x dma_h, tile_i] stream in H order; all
+  2*tile_i/128 accumulators of the chunk stay in PSUM while H is contracted;
+- "i_outer": the chunk's whole [H, tile_i] gate and up strips are loaded (rows of
+  tile_i * itemsize bytes), then each 128-column I tile is contracted over H with only 2
+  accumulators live.
+`w_bufs` weight units are in flight (prefetch depth w_bufs - 1, across chunk boundaries);
+units of a ragged last chunk are sized to it.
 
-Blocks [0, static_blocks) are a static loop (every routing uses them); the rest run in a
-device loop (`nl.fori_loop`) up to `block_count`, so a kernel is specialized on shapes
-only, never on the routing. Ragged H / I (not multiples of 128) are sliced.
+Across blocks: persistent "head" buffers hold the next block's slot tokens, expert id,
+gathered token rows and first gate/up unit. A block takes its expert id, transposes its
+rows out of the head and starts on the head unit; the head is refilled for block b+1 as
+soon as each part is consumed (rows after the transposes, the unit when the block moves
+to its second unit), so the next block starts without waiting for its gathers or weights.
+
+Blocks [0, static_blocks) are a static loop (every routing uses them); the rest run in
+device loops up to `block_count` (`tiles.block_loop`), so a kernel is specialized on shapes
+only, never on the routing; both issue the same instructions (block indices are
+registers). Ragged H / I (not multiples of 128) are sliced.
 
 Limits: B in {128, 256, 512, 1024}; H, I any size (SBUF/PSUM fit is checked by
 config.validate); dtype bf16 or fp32 for hidden and weights alike.
@@ -36,17 +45,21 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-
-# ---- limits ---------------------------------------------------------------------------
-P = 128  # partitions: tokens per sub-tile, contraction rows per matmul
-PSUM_FP32 = 512  # fp32 elements per PSUM bank row: the matmul N limit with an fp32 dst
-# ---- tile sizes -----------------------------------------------------------------------
-TRANSPOSE_GROUP = 4  # PE transposes evacuated by one copy: [128, 4 x 128] fits one bank
-COMBINE_COLS = 2048  # hidden columns per combine step (bounds its SBUF use)
-
-
-def cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
+from .combine import combine, zero_row
+from .tiles import (
+    PSUM_FP32,
+    P,
+    block_ap,
+    block_loop,
+    block_row0,
+    cdiv,
+    device_bounds,
+    gather_rows,
+    load_weight_rows,
+    psum_accumulators,
+    tile_rows,
+    transpose_into,
+)
 
 
 @nki.jit
@@ -85,20 +98,21 @@ def moe_mlp_fwd(
     cfg = {"tile_i": tile_i, "loop_order": loop_order, "down_n": down_n, "w_bufs": w_bufs}
     cfg["dma_h"] = dma_h
     out = nl.ndarray((t_count, h), dtype=hidden.dtype, buffer=nl.shared_hbm)
-    y_slots = nl.ndarray((nb * block_size, h), dtype=hidden.dtype, buffer=nl.hbm)
+    # + one row for dropped assignments (combine.zero_row)
+    y_slots = nl.ndarray((nb * block_size + 1, h), dtype=hidden.dtype, buffer=nl.hbm)
     ws = (hidden, w_gate_up, w_down, slot_token, block_expert, y_slots)
 
-    for b in range(min(static_blocks, nb)):
-        _fwd_block(d, cfg, ws, b)
-    if static_blocks < nb:
-        count = nisa.register_alloc()
-        nisa.register_load(count, block_count)
-
-        def body(i):
-            _fwd_block(d, cfg, ws, i)
-
-        nl.fori_loop(static_blocks, count, body)
-    _combine(d, out, y_slots, token_slot, token_weight, may_drop)
+    head = _head_buffers(d, cfg)
+    first = (nisa.register_alloc(0), 0)
+    _prefetch_meta(d, ws, head, first)
+    _prefetch_rows(d, hidden, head)
+    _prefetch_unit(d, cfg, w_gate_up, head)
+    bounds = device_bounds(block_count, static_blocks) if static_blocks < nb else None
+    _run_blocks(d, cfg, ws, head, (static_blocks, nb, bounds))
+    del head  # the combine reuses its SBUF
+    if may_drop:
+        zero_row(y_slots)
+    combine(out, y_slots, token_slot, token_weight)
     return out
 
 
@@ -118,120 +132,85 @@ def _dims(hidden: Any, w_gate_up: Any, slot_token: Any, token_slot: Any) -> dict
     }
 
 
-def tile_rows(total: int, tile: int) -> int:
-    """Rows of tile `tile` (0-based, 128-row tiles) of a dimension of size `total`."""
-    return min(P, total - tile * P)
+# ---- cross-block prefetch -----------------------------------------------------------------
+def _head_buffers(d: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Persistent buffers the next block's metadata, token rows and first gate/up weight
+    unit are loaded into while the current block computes (one set: each is consumed
+    early in a block and then refilled for the next one)."""
+    _, _, nh = _weight_units(d, cfg)[0]
+    ns, dt, ti = d["NS"], d["dt"], cfg["tile_i"]
+    return {
+        "tok": nl.ndarray((P, ns), dtype=nl.int32, buffer=nl.sbuf),
+        "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+        "x": nl.ndarray((P, ns, d["H"]), dtype=dt, buffer=nl.sbuf),
+        "wg": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
+        "wu": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
+    }
 
 
-# ---- per-block pieces (shared with the backward kernel) ---------------------------------
-def block_meta(d: dict[str, Any], slot_token: Any, block_expert: Any, b: Any) -> tuple[Any, Any]:
-    """Load block b's slot tokens [128, NS] and expert id [1, 1] (b: int or register)."""
-    ns = d["NS"]
-    tok = nl.ndarray((P, ns), dtype=nl.int32, buffer=nl.sbuf)
-    exp = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    if isinstance(b, int):
-        nisa.dma_copy(dst=tok, src=slot_token[b])
-        nisa.dma_copy(dst=exp, src=block_expert[b : b + 1, :])
-    else:
-        pat = [[ns, P], [1, ns]]
-        nisa.dma_copy(dst=tok, src=slot_token.ap(pat, offset=0, scalar_offset=b, indirect_dim=0))
-        one = [[1, 1], [1, 1]]
-        nisa.dma_copy(dst=exp, src=block_expert.ap(one, offset=0, scalar_offset=b, indirect_dim=0))
-    return tok, exp
+def _prefetch_meta(d: dict[str, Any], ws: tuple[Any, ...], head: dict[str, Any], addr: Any) -> None:
+    """head tok / exp <- block addr's slot tokens and expert (past the last block: skipped,
+    the old values stay and the prefetches below reload the current block's data)."""
+    slot_token, block_expert = ws[3], ws[4]
+    ns, skip = d["NS"], nisa.oob_mode.skip
+    tok = block_ap(slot_token, addr, [[ns, P], [1, ns]])
+    nisa.dma_copy(dst=head["tok"], src=tok, oob_mode=skip)
+    exp = block_ap(block_expert, addr, [[1, 1], [1, 1]])
+    nisa.dma_copy(dst=head["exp"], src=exp, oob_mode=skip)
 
 
-def gather_rows(src: Any, index_col: Any, dst: Any, cols: int) -> None:
-    """dst[p, :cols] = src[index_col[p], :cols]; out-of-range rows (padding) give zeros."""
-    nisa.memset(dst=dst[:, 0:cols], value=0.0)
-    view = src.ap([[cols, P], [1, cols]], offset=0, vector_offset=index_col, indirect_dim=0)
-    nisa.dma_copy(dst=dst[:, 0:cols], src=view, oob_mode=nisa.oob_mode.skip)
+def _prefetch_rows(d: dict[str, Any], hidden: Any, head: dict[str, Any]) -> None:
+    """head x <- the token rows of head tok (padding slots read zeros)."""
+    for c in range(d["NS"]):
+        gather_rows(hidden, head["tok"][:, c : c + 1], head["x"][:, c, :], d["H"])
 
 
-def transpose_into(dt: Any, srcs: list[Any], dst: Any, parity: int = 0) -> int:
-    """dst[:, sum(p_<j) + q] = srcs[j][q, :]^T: PE transposes of [p_j, f] views side by side.
-
-    `dst` is an SBUF view [f, sum p_j]; only the last source may have p_j < 128. Groups of
-    TRANSPOSE_GROUP transposes share one PSUM bank and one evacuating copy, alternating
-    VectorE / ScalarE (starting from `parity`). Returns the parity for the next call.
-    """
-    f = srcs[0].shape[1] if len(srcs[0].shape) == 2 else srcs[0].free_size
-    col = 0
-    for g0 in range(0, len(srcs), TRANSPOSE_GROUP):
-        group = srcs[g0 : g0 + TRANSPOSE_GROUP]
-        tp = nl.ndarray((P, TRANSPOSE_GROUP * P), dtype=dt, buffer=nl.psum)
-        width = 0
-        for src in group:
-            p = src.shape[0]
-            nisa.nc_transpose(dst=tp[0:f, width : width + p], data=src)
-            width += p
-        eng = nisa.engine.vector if parity % 2 == 0 else nisa.engine.scalar
-        nisa.tensor_copy(dst=dst[0:f, col : col + width], src=tp[0:f, 0:width], engine=eng)
-        parity += 1
-        col += width
-    return parity
-
-
-def load_weight_rows(
-    w: Any, exp: Any, row0: int, nrows: int, col0: int, ncols: int, dst: Any
+def _prefetch_unit(
+    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, head: dict[str, Any]
 ) -> None:
-    """dst[0:128, j, 0:ncols] = w[exp, row0 + j*128 + p, col0 : col0 + ncols] (one DMA).
-
-    `nrows` rows are loaded as ceil(nrows/128) stacked 128-row tiles; a ragged last tile
-    gets its own DMA (only its first rows exist).
-    """
-    width = w.shape[2]
-    full = nrows // P
-    if full:
-        pat = [[width, P], [P * width, full], [1, ncols]]
-        src = w.ap(pat, offset=row0 * width + col0, scalar_offset=exp, indirect_dim=0)
-        nisa.dma_copy(dst=dst[:, 0:full, 0:ncols], src=src)
-    rest = nrows - full * P
-    if rest:
-        pat = [[width, rest], [1, ncols]]
-        off = (row0 + full * P) * width + col0
-        src = w.ap(pat, offset=off, scalar_offset=exp, indirect_dim=0)
-        nisa.dma_copy(dst=dst[0:rest, full, 0:ncols], src=src)
+    """head wg / wu <- the first gate/up weight unit of expert head exp."""
+    _load_gate_up(d, cfg, w_gate_up, head["exp"], _weight_units(d, cfg)[0], head)
 
 
 # ---- forward block ------------------------------------------------------------------------
-def _fwd_block(d: dict[str, Any], cfg: dict[str, Any], ws: tuple[Any, ...], b: Any) -> None:
-    hidden, w_gate_up, w_down, slot_token, block_expert, y_slots = ws
+def _run_blocks(
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    ws: tuple[Any, ...],
+    head: dict[str, Any],
+    blocks: tuple[int, int, Any],
+) -> None:
+    static_blocks, nb, bounds = blocks
+
+    def body(addr: Any, parity: int, first: bool) -> None:
+        _fwd_block(d, cfg, ws, head, addr)
+
+    block_loop(body, static_blocks, nb, bounds)
+
+
+def _fwd_block(
+    d: dict[str, Any], cfg: dict[str, Any], ws: tuple[Any, ...], head: dict[str, Any], addr: Any
+) -> None:
+    hidden, w_gate_up, w_down, y_slots = ws[0], ws[1], ws[2], ws[5]
     h, ns, dt = d["H"], d["NS"], d["dt"]
-    tok, exp = block_meta(d, slot_token, block_expert, b)
+    exp = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=exp, src=head["exp"])
+    reg, extra = addr
+    _prefetch_meta(d, ws, head, (reg, extra + 1))
+    fetch = _weight_stream(d, cfg, w_gate_up, exp, head)
     xT = nl.ndarray((P, d["HT"], d["B"]), dtype=dt, buffer=nl.sbuf)
-    _load_xT(d, hidden, tok, xT)
-    y = _expert_mlp(d, cfg, w_gate_up, w_down, exp, xT)
-    if not isinstance(b, int):
-        row0 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.register_store(row0, b)
-        nisa.tensor_scalar(dst=row0, data=row0, op0=nl.multiply, operand0=d["B"])
-    for c in range(ns):
-        if isinstance(b, int):
-            r0 = b * d["B"] + c * P
-            nisa.dma_copy(dst=y_slots[r0 : r0 + P, :], src=y[c])
-        else:
-            view = y_slots.ap(
-                [[h, P], [1, h]], offset=c * P * h, scalar_offset=row0, indirect_dim=0
-            )
-            nisa.dma_copy(dst=view, src=y[c])
-
-
-def _load_xT(d: dict[str, Any], hidden: Any, tok: Any, xT: Any) -> None:
-    """Gather the block's token rows and transpose them: xT[:, t, s] = hidden[tok[s], t*128 + :].
-
-    Column tile t of every sub-tile is transposed before tile t+1, so the first matmul
-    (contracting tile 0) can start after one group of transposes.
-    """
-    rows = []
-    for c in range(d["NS"]):
-        x_tok = nl.ndarray((P, d["H"]), dtype=d["dt"], buffer=nl.sbuf)
-        gather_rows(hidden, tok[:, c : c + 1], x_tok, d["H"])
-        rows.append(x_tok)
     parity = 0
     for t in range(d["HT"]):
-        tr = tile_rows(d["H"], t)
-        srcs = [r[:, t * P : t * P + tr] for r in rows]
-        parity = transpose_into(d["dt"], srcs, xT[:, t, :], parity)
+        cols = slice(t * P, t * P + tile_rows(h, t))
+        srcs = [head["x"][:, c, cols] for c in range(ns)]
+        parity = transpose_into(dt, srcs, xT[:, t, :], parity)
+    _prefetch_rows(d, hidden, head)
+    y = _expert_mlp(d, cfg, w_down, exp, xT, fetch)
+    row0 = block_row0(addr, d["B"])
+    for c in range(ns):
+        off = (extra * d["B"] + c * P) * h
+        view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0, indirect_dim=0)
+        nisa.dma_copy(dst=view, src=y[c])
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -248,40 +227,58 @@ def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int
 
 
 def _load_gate_up(
-    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, exp: Any, unit: tuple[int, int, int]
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    w_gate_up: Any,
+    exp: Any,
+    unit: tuple[int, int, int],
+    into: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
+    """A gate/up weight unit, H on partitions: [128, H tiles, chunk columns] each (into
+    `into` wg / wu, else fresh tiles sized to the chunk)."""
     ic, h0, nh = unit
     ti = cfg["tile_i"]
     i0 = ic * ti
     icw = min(ti, d["I"] - i0)
     nrows = min(nh * P, d["H"] - h0 * P)
-    wg = nl.ndarray((P, nh, ti), dtype=d["dt"], buffer=nl.sbuf)
-    wu = nl.ndarray((P, nh, ti), dtype=d["dt"], buffer=nl.sbuf)
+    if into is None:
+        wg = nl.ndarray((P, nh, icw), dtype=d["dt"], buffer=nl.sbuf)
+        wu = nl.ndarray((P, nh, icw), dtype=d["dt"], buffer=nl.sbuf)
+    else:
+        wg, wu = into["wg"], into["wu"]
     load_weight_rows(w_gate_up, exp, h0 * P, nrows, i0, icw, wg)
     load_weight_rows(w_gate_up, exp, h0 * P, nrows, d["I"] + i0, icw, wu)
     return wg, wu
 
 
-def _weight_stream(d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, exp: Any) -> Any:
-    """A `fetch()` returning the next gate/up weight unit, `w_bufs - 1` loads ahead.
+def _weight_stream(
+    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, exp: Any, head: dict[str, Any]
+) -> Any:
+    """A `fetch()` returning the block's next gate/up weight unit, `w_bufs - 1` loads ahead.
 
-    A unit dies when its consumer drops it, so at most `w_bufs` units are live: the one in
-    use and the prefetched ones (on-chip buffers rotate through the allocator).
+    Unit 0 is the head unit (prefetched by the previous block); when the block fetches
+    unit 1 (unit 0 consumed), or `fetch(last=True)` ends the stream, the head unit is
+    refilled with the next block's first unit. Other units die when their consumer drops
+    them: at most `w_bufs` are live (buffers rotate through the allocator).
     """
     units = _weight_units(d, cfg)
     depth = max(1, cfg["w_bufs"] - 1)
-    loaded: dict[str, Any] = {}
+    loaded: dict[str, Any] = {"0": (head["wg"], head["wu"])}
     state = {"next": 0}
 
     def issue(u: int) -> None:
-        if u < len(units):
+        if 0 < u < len(units):
             loaded[str(u)] = _load_gate_up(d, cfg, w_gate_up, exp, units[u])
 
-    for u in range(depth):
+    for u in range(1, depth):  # unit 0 is the head; fetch(u) issues unit u + depth
         issue(u)
 
-    def fetch() -> Any:
+    def fetch(last: bool = False) -> Any:
         u = state["next"]
+        if u == 1 or (last and u <= 1):
+            _prefetch_unit(d, cfg, w_gate_up, head)
+        if last:
+            return None
         state["next"] = u + 1
         issue(u + depth)
         return loaded.pop(str(u))
@@ -290,12 +287,11 @@ def _weight_stream(d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, exp: 
 
 
 def _expert_mlp(
-    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, w_down: Any, exp: Any, xT: Any
+    d: dict[str, Any], cfg: dict[str, Any], w_down: Any, exp: Any, xT: Any, fetch: Any
 ) -> list[Any]:
     """The block's unweighted expert outputs, NS tiles [128 tokens, H] in dtype."""
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
     nic = cdiv(d["I"], ti)
-    fetch = _weight_stream(d, cfg, w_gate_up, exp)
     # one chunk: results go straight to dtype; several: fp32 sums, cast by the store DMA
     y_dt = dt if nic == 1 else nl.float32
     y = [nl.ndarray((P, h), dtype=y_dt, buffer=nl.sbuf) for _ in range(ns)]
@@ -310,6 +306,8 @@ def _expert_mlp(
             _gate_up_h_outer(d, cfg, fetch, xT, icw, act)
         else:
             _gate_up_i_outer(d, fetch(), xT, icw, act)
+        if ic == nic - 1:
+            fetch(last=True)
         _down_proj(d, cfg, act, wd, icw, ic, y)
         del act, wd
     return y
@@ -356,23 +354,6 @@ def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int
         _swiglu(d, g_ps, u_ps, act, it, cw)
 
 
-def psum_accumulators(n: int, bsz: int) -> list[Any]:
-    """n fp32 PSUM accumulators [128, bsz], packed 512 // bsz to a bank when bsz < 512.
-
-    Small blocks leave most of a bank unused otherwise; packing lets a gate/up pass keep
-    more I tiles in flight (wider weight DMA rows) in the same 8 banks.
-    """
-    if bsz >= PSUM_FP32:
-        return [nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.psum) for _ in range(n)]
-    per = PSUM_FP32 // bsz
-    views = []
-    for t0 in range(0, n, per):
-        tile = nl.ndarray((P, per, bsz), dtype=nl.float32, buffer=nl.psum)
-        for j in range(min(per, n - t0)):
-            views.append(tile[:, j, :])
-    return views
-
-
 def _mm2(dst: Any, stationary: Any, moving: Any, accumulate: bool) -> None:
     nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, accumulate=accumulate)
 
@@ -407,52 +388,3 @@ def _down_proj(
                 nisa.tensor_copy(dst=dst, src=ps[:, 0:nw], engine=nisa.engine.scalar)
             else:
                 nisa.tensor_tensor(dst=dst, data1=dst, data2=ps[:, 0:nw], op=nl.add)
-
-
-# ---- combine ------------------------------------------------------------------------------
-def _combine(
-    d: dict[str, Any], out: Any, y_slots: Any, token_slot: Any, token_weight: Any, may_drop: bool
-) -> None:
-    """out[t] = sum_j token_weight[t, j] * y_slots[token_slot[t, j]] (fp32, j ascending)."""
-    h, k, dt = d["H"], d["K"], d["dt"]
-    skip = nisa.oob_mode.skip if may_drop else nisa.oob_mode.error
-    for t0 in range(0, d["T"], P):
-        rows = min(P, d["T"] - t0)
-        sl = nl.ndarray((P, k), dtype=nl.int32, buffer=nl.sbuf)
-        wt = nl.ndarray((P, k), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=sl[0:rows, :], src=token_slot[t0 : t0 + rows, :])
-        nisa.dma_copy(dst=wt[0:rows, :], src=token_weight[t0 : t0 + rows, :])
-        for c0 in range(0, h, COMBINE_COLS):
-            cw = min(COMBINE_COLS, h - c0)
-            acc = nl.ndarray((P, COMBINE_COLS), dtype=nl.float32, buffer=nl.sbuf)
-            res = nl.ndarray((P, COMBINE_COLS), dtype=dt, buffer=nl.sbuf)
-            for j in range(k):
-                yj = nl.ndarray((P, COMBINE_COLS), dtype=dt, buffer=nl.sbuf)
-                if may_drop:
-                    nisa.memset(dst=yj[0:rows, 0:cw], value=0.0)
-                view = y_slots.ap(
-                    [[h, rows], [1, cw]],
-                    offset=c0,
-                    vector_offset=sl[0:rows, j : j + 1],
-                    indirect_dim=0,
-                )
-                nisa.dma_copy(dst=yj[0:rows, 0:cw], src=view, oob_mode=skip)
-                dst = res if j == k - 1 else acc
-                w_col = wt[0:rows, j : j + 1]
-                if j == 0:
-                    nisa.tensor_scalar(
-                        dst=dst[0:rows, 0:cw],
-                        data=yj[0:rows, 0:cw],
-                        op0=nl.multiply,
-                        operand0=w_col,
-                    )
-                else:
-                    nisa.scalar_tensor_tensor(
-                        dst=dst[0:rows, 0:cw],
-                        data=yj[0:rows, 0:cw],
-                        op0=nl.multiply,
-                        operand0=w_col,
-                        op1=nl.add,
-                        operand1=acc[0:rows, 0:cw],
-                    )
-            nisa.dma_copy(dst=out[t0 : t0 + rows, c0 : c0 + cw], src=res[0:rows, 0:cw])

@@ -28,8 +28,9 @@ chip in fp32 across all blocks of an expert and never read back (see wgrad.py):
 
     dW_gate_up[e] = (w x)^T [dg' | du'],   dW_down[e] = act^T (w do)
 
-dx per slot goes to an HBM scratch; the combine sums each token's k slots (j ascending)
-into dhidden and gathers d_weights[t, j] = dws[slot(t, j)] (0 for dropped assignments).
+dx per slot goes to an HBM scratch; the combine (combine.py, on TensorE) sums each
+token's k slots (j ascending) into dhidden and gathers d_weights[t, j] = dws[slot(t, j)]
+(0 for dropped assignments, which point at the scratch's zero row).
 
 Blocks [0, static_blocks) are a static loop, the rest device loops up to `block_count`
 (`tiles.block_loop`); both issue the same instructions (block indices as registers).
@@ -45,6 +46,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
+from .combine import combine, zero_row
 from .tiles import (
     PSUM_FP32,
     P,
@@ -63,8 +65,6 @@ from .tiles import (
     transpose_into,
 )
 from .wgrad import weight_grads
-
-COMBINE_COLS = 2048  # hidden columns per combine step
 
 
 @nki.jit
@@ -123,8 +123,9 @@ def moe_mlp_bwd(
     }
     dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
     d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)
-    dx_slots = nl.ndarray((nb * block_size, h), dtype=dt, buffer=nl.hbm)
-    dws_slots = nl.ndarray((nb * block_size, 1), dtype=nl.float32, buffer=nl.hbm)
+    # + one row for dropped assignments (combine.zero_row)
+    dx_slots = nl.ndarray((nb * block_size + 1, h), dtype=dt, buffer=nl.hbm)
+    dws_slots = nl.ndarray((nb * block_size + 1, 1), dtype=nl.float32, buffer=nl.hbm)
     # token-major rows for the wgrad, one spare block for its prefetch past the last block
     scratch = {
         "x": nl.ndarray((nb + 1, block_size, h), dtype=dt, buffer=nl.hbm),
@@ -452,39 +453,20 @@ def _combine_grads(
     token_slot: Any,
     may_drop: bool,
 ) -> None:
-    """dhidden[t] = sum_j dx_slots[slot(t, j)]; d_weights[t, j] = dws_slots[slot(t, j)]."""
-    h, k, dt = d["H"], d["K"], d["dt"]
-    skip = nisa.oob_mode.skip if may_drop else nisa.oob_mode.error
+    """d_weights[t, j] = dws_slots[slot(t, j)] (0 when dropped); dhidden[t] = sum_j
+    dx_slots[slot(t, j)] (`combine.combine`, identity stationaries)."""
+    k = d["K"]
+    if may_drop:
+        zero_row(dx_slots)
+        zero_row(dws_slots)
     for t0 in range(0, d["T"], P):
         rows = min(P, d["T"] - t0)
         sl = nl.ndarray((P, k), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=sl[0:rows, :], src=token_slot[t0 : t0 + rows, :])
         dwt = nl.ndarray((P, k), dtype=nl.float32, buffer=nl.sbuf)
-        if may_drop:
-            nisa.memset(dst=dwt[0:rows, :], value=0.0)
         for j in range(k):
             idx = sl[0:rows, j : j + 1]
             view = dws_slots.ap([[1, rows], [1, 1]], offset=0, vector_offset=idx, indirect_dim=0)
-            nisa.dma_copy(dst=dwt[0:rows, j : j + 1], src=view, oob_mode=skip)
+            nisa.dma_copy(dst=dwt[0:rows, j : j + 1], src=view)
         nisa.dma_copy(dst=d_weights[t0 : t0 + rows, :], src=dwt[0:rows, :])
-        for c0 in range(0, h, COMBINE_COLS):
-            cw = min(COMBINE_COLS, h - c0)
-            acc = nl.ndarray((P, COMBINE_COLS), dtype=nl.float32, buffer=nl.sbuf)
-            res = nl.ndarray((P, COMBINE_COLS), dtype=dt, buffer=nl.sbuf)
-            for j in range(k):
-                yj = nl.ndarray((P, COMBINE_COLS), dtype=dt, buffer=nl.sbuf)
-                if may_drop:
-                    nisa.memset(dst=yj[0:rows, 0:cw], value=0.0)
-                idx = sl[0:rows, j : j + 1]
-                view = dx_slots.ap(
-                    [[h, rows], [1, cw]], offset=c0, vector_offset=idx, indirect_dim=0
-                )
-                nisa.dma_copy(dst=yj[0:rows, 0:cw], src=view, oob_mode=skip)
-                dst = res[0:rows, 0:cw] if j == k - 1 else acc[0:rows, 0:cw]
-                if j == 0:
-                    nisa.tensor_copy(dst=dst, src=yj[0:rows, 0:cw])
-                else:
-                    nisa.tensor_tensor(
-                        dst=dst, data1=acc[0:rows, 0:cw], data2=yj[0:rows, 0:cw], op=nl.add
-                    )
-            nisa.dma_copy(dst=dhidden[t0 : t0 + rows, c0 : c0 + cw], src=res[0:rows, 0:cw])
+    combine(dhidden, dx_slots, token_slot, None)

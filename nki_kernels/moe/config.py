@@ -12,6 +12,7 @@ interpreter's allocator reports for the same kernel, which tests check on real s
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,7 +25,7 @@ BLOCK_SIZES = (128, 256, 512, 1024)
 TILE_I = (128, 256, 512, 1024, 2048)
 LOOP_ORDERS = ("h_outer", "i_outer")
 DOWN_N = (256, 512)
-W_BUFS = (2, 3)
+W_BUFS = (2, 3, 4)
 DMA_H = (1, 2, 4, 8)
 DTYPES = ("bfloat16", "float32")
 TRANSPOSE_PSUM_BANKS = 2  # transpose groups in flight (one bank each)
@@ -137,15 +138,33 @@ def _useful(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
     return below + above[:1]
 
 
+def expected_blocks(problem: MoEProblem, block: int) -> float:
+    """Expected blocks of `block` slots when each of the T*k assignments picks an expert
+    uniformly at random: E * E[ceil(N / B)], N ~ Binomial(T*k, 1/E) (normal
+    approximation with continuity correction; exact ceil for balanced counts N = T*k/E)."""
+    n, e = problem.assignments, problem.experts
+    mean = n / e
+    sd = math.sqrt(n * (1 / e) * (1 - 1 / e))
+    if sd == 0.0:
+        return float(e * _cdiv(n // e, block))
+    # E[ceil(N / B)] = sum over m >= 0 of P(N > m * B)
+    total, m = 0.0, 0
+    while m * block <= mean + 8 * sd:
+        z = (m * block + 0.5 - mean) / sd
+        total += 0.5 * math.erfc(z / math.sqrt(2))
+        m += 1
+    return e * total
+
+
 def block_order(problem: MoEProblem, target: Target) -> list[int]:
     """Block sizes (128..512), best first, from a roofline estimate of the expert phase.
 
-    A block streams its expert's weights once (gate/up rows of min(I, 1024) columns and
-    down rows of H columns, each DMA descriptor priced by the cost model, capped by the HBM
-    bandwidth) and computes 2 * B * 3 * H * I FLOPs. Preferred: the largest B that is
-    compute-bound with an expected padding (E * B / 2 slots) of at most a quarter of the
-    assignments; otherwise the B minimizing n(B) * max(compute, weights) with expected
-    blocks n(B) = T*k / B + E / 2.
+    A block streams its expert's weights once (gate/up rows of 1024-column chunks, the
+    last one ragged, and down rows of H columns, each DMA descriptor priced by the cost
+    model, capped by the HBM bandwidth) and computes 2 * B * 3 * H * I FLOPs. Preferred:
+    the largest B that is compute-bound with an expected padding of at most a quarter of
+    the assignments; otherwise the B minimizing `expected_blocks(B)` * max(compute,
+    weights).
     """
     from ..perfmodel.costs import descriptor_ns
 
@@ -156,22 +175,23 @@ def block_order(problem: MoEProblem, target: Target) -> list[int]:
         per_engine = row_bytes / descriptor_ns(row_bytes, target)
         return min(target.hbm_bytes_per_ns, target.dma_engines * per_engine)
 
-    weights = 2 * h * i * dsz / rate(min(i, 1024) * dsz) + h * i * dsz / rate(h * dsz)
+    gate_up = sum(
+        2 * h * min(1024, i - i0) * dsz / rate(min(1024, i - i0) * dsz) for i0 in range(0, i, 1024)
+    )
+    weights = gate_up + h * i * dsz / rate(h * dsz)
 
     def compute(b: int) -> float:
         return 2 * b * 3 * h * i / peak
 
     def cost(b: int) -> float:
-        n = problem.assignments / b + problem.experts / 2
-        return n * max(compute(b), weights)
+        return expected_blocks(problem, b) * max(compute(b), weights)
+
+    def padding(b: int) -> float:
+        return expected_blocks(problem, b) * b - problem.assignments
 
     sizes = (512, 256, 128)
-    good = [
-        b
-        for b in sizes
-        if compute(b) >= weights and problem.experts * b / 2 <= problem.assignments / 4
-    ]
-    rest = sorted((b for b in sizes if b not in good), key=cost)
+    good = [b for b in sizes if compute(b) >= weights and padding(b) <= problem.assignments / 4]
+    rest = sorted((b for b in sizes if b not in good), key=lambda b: (round(cost(b), 6), -b))
     return good + rest
 
 
@@ -222,7 +242,7 @@ class MoEMLPConfig(KernelConfig):
         for b in block_order(problem, target):
             prefs.append(cls(b, min(1024, ti_max), "i_outer", 512, 2, 1))
             for ti in (2048, 1024, 512, 256, 128):
-                for dh, wb in ((8, 3), (4, 3), (4, 2), (2, 2), (1, 2)):
+                for dh, wb in ((8, 3), (4, 4), (4, 3), (4, 2), (2, 2), (1, 2)):
                     prefs.append(cls(b, min(ti, ti_max), "h_outer", 512, wb, min(dh, dh_max)))
         for cand in prefs:
             if cand.is_valid(problem, target):
@@ -231,19 +251,23 @@ class MoEMLPConfig(KernelConfig):
 
     def usage(self, problem: MoEProblem, target: Target) -> tuple[int, int]:
         """(peak SBUF bytes per partition, peak PSUM banks) of the kernel's tile plan."""
-        dsz, h, b = problem.itemsize, problem.hidden, self.block_size
+        dsz, h, b, k = problem.itemsize, problem.hidden, self.block_size, problem.top_k
         ht, ns = _cdiv(h, P), b // P
         icw = min(self.tile_i, problem.intermediate)
         nic, nit = _cdiv(problem.intermediate, self.tile_i), _cdiv(icw, P)
-        meta = 3 * GRANULE
-        xt = _tile(ht * b * dsz)
-        prologue = meta + xt + ns * _tile(h * dsz)
-        y = ns * _tile(h * (dsz if nic == 1 else 4))
         unit_h = ht if self.loop_order == "i_outer" else min(self.dma_h, ht)
-        units = self.w_bufs * 2 * _tile(unit_h * self.tile_i * dsz)
-        main = meta + xt + y + _tile(nit * h * dsz) + _tile(nit * b * dsz) + 2 * _tile(b * 4)
-        combine = 2 * GRANULE + _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
-        sbuf = max(prologue, main + units, combine)
+        head_unit = 2 * _tile(unit_h * self.tile_i * dsz)
+        # head buffers (next block's tokens, expert, rows, first unit) + this block's
+        head = 2 * GRANULE + _tile(ns * h * dsz) + head_unit
+        xt = _tile(ht * b * dsz)
+        block = head + 2 * GRANULE + xt
+        y = ns * _tile(h * (dsz if nic == 1 else 4))
+        units = self._stream_peak(problem)
+        main = block + y + units + _tile(nit * h * dsz) + _tile(nit * b * dsz) + _tile(b * 4)
+        cols = min(h, max(512, 4096 // dsz))
+        combine = 3 * GRANULE + _tile(P * 4) + 2 * k * 2 * _tile(P * dsz)
+        combine += 2 * k * _tile(cols * dsz) + 2 * _tile(cols * dsz)
+        sbuf = max(block, main, combine)
         n_acc = 2 * (nit if self.loop_order == "h_outer" else 2)  # i_outer: 2 live pairs
         if b >= 512:
             gate_up = n_acc * _banks(b * 4, target)
@@ -253,6 +277,24 @@ class MoEMLPConfig(KernelConfig):
             gate_up = pairs * _cdiv(n_acc // pairs, per)
         psum = max(TRANSPOSE_PSUM_BANKS, gate_up, 2 * _banks(self.down_n * 4, target))
         return sbuf, psum
+
+    def _stream_peak(self, problem: MoEProblem) -> int:
+        """Most bytes the non-head gate/up weight units in flight hold at once (units are
+        sized to their chunk; `w_bufs` of them are live once the head is consumed)."""
+        dsz, i, ti = problem.itemsize, problem.intermediate, self.tile_i
+        ht = _cdiv(problem.hidden, P)
+        sizes = []
+        for i0 in range(0, i, ti):
+            icw = min(ti, i - i0)
+            hs = (
+                [ht]
+                if self.loop_order == "i_outer"
+                else [min(self.dma_h, ht - h0) for h0 in range(0, ht, self.dma_h)]
+            )
+            sizes += [2 * _tile(nh * icw * dsz) for nh in hs]
+        regular = sizes[1:]
+        w = self.w_bufs
+        return max((sum(regular[j : j + w]) for j in range(len(regular))), default=0)
 
     def validate(self, problem: MoEProblem, target: Target) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -416,10 +458,11 @@ def bwd_block_order(problem: MoEProblem, target: Target) -> list[int]:
     Phase A (per sub-block of <= 256 tokens): TensorE does 5 matmul passes of SB x H x I
     plus the Wg / Wu H-tile transposes, the DMA moves the weights once (DMA transposes).
     Phase B (per block): TensorE does 3 passes of B x H x I, VectorE one fp32 update per
-    128 x 512 gradient tile, the DMA stores the expert's gradient. Each phase costs its
-    busiest resource; blocks n(B) = E * ceil(T*k / (E * B)) (balanced routing: per-block
-    costs that do not shrink with B, the weight-gradient updates and stores, make fewer,
-    larger blocks pay once an expert's tokens fill them).
+    128 x 512 gradient tile (each waits for its tile's matmuls, so it is added), the DMA
+    stores the expert's gradient. Phase A costs its busiest resource. Blocks n(B) =
+    `expected_blocks(B)` (random routing): per-block costs that do not shrink with B, the
+    weight-gradient updates and stores, make fewer, larger blocks pay once an expert's
+    tokens fill them.
     """
     h, i, dsz = problem.hidden, problem.intermediate, problem.itemsize
     hi = h * i
@@ -432,12 +475,10 @@ def bwd_block_order(problem: MoEProblem, target: Target) -> list[int]:
         subs = b // sb
         phase_a = max((5 * sb * hi + 2 * hi * P) / pe_rate, 3 * hi * dsz / (eff * bw)) * subs
         dve = 3 * hi / (P * target.vector_ghz)
-        phase_b = max(3 * b * hi / pe_rate, 3 * hi * dsz / bw, dve)
+        phase_b = max(3 * b * hi / pe_rate, 3 * hi * dsz / bw) + dve
         return phase_a + phase_b
 
-    per_expert = _cdiv(problem.assignments, problem.experts)
-
     def cost(b: int) -> float:
-        return problem.experts * _cdiv(per_expert, b) * block_ns(b)
+        return expected_blocks(problem, b) * block_ns(b)
 
-    return sorted((512, 256, 128), key=cost)
+    return sorted((512, 256, 128), key=lambda b: (round(cost(b), 6), -b))

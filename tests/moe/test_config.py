@@ -19,6 +19,7 @@ from moe_cases import (
 from nki_kernels.interp import TensorSpec, run
 from nki_kernels.kernel_config import InvalidConfig
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
+from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
 from nki_kernels.moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from nki_kernels.targets import TRN2, TRN3
 
@@ -46,7 +47,8 @@ def test_every_valid_forward_config_is_correct(walk_case) -> None:
     layer, ids, w, ref, _ = walk_case
     space = list(MoEMLPConfig.space(WALK, TRN2))
     valid = [c for c in space if c.is_valid(WALK, TRN2)]
-    assert len(space) == 32 and len(valid) == 32
+    # blocks 128..1024 x tile_i 128, 256 x loop orders x down_n 256 x w_bufs 2..4 x dma_h 1
+    assert len(space) == 48 and len(valid) == 48
     assert {c.block_size for c in valid} == {128, 256, 512, 1024}
     plans = {}
     for cfg in valid:
@@ -60,9 +62,9 @@ def test_every_valid_backward_config_is_correct(walk_case) -> None:
     layer, ids, w, _, grads = walk_case
     space = list(MoEMLPBwdConfig.space(WALK, TRN2))
     valid = [c for c in space if c.is_valid(WALK, TRN2)]
-    # blocks 128..1024 x sub-blocks 128, 256 x w_bufs 2, 3 (one useful value for the other
-    # fields at H = 100, I = 200); sub_block 256 > block 128 is invalid twice
-    assert len(space) == 16 and len(valid) == 14
+    # blocks 128..1024 x sub-blocks 128, 256 x w_bufs 2..4 (one useful value for the other
+    # fields at H = 100, I = 200); sub_block 256 > block 128 is invalid three times
+    assert len(space) == 24 and len(valid) == 21
     for cfg in valid:
         plan = plan_for(ids, w, E, cfg.block_size)
         fields = {k: v for k, v in cfg.to_dict().items() if k != "block_size"}
@@ -93,7 +95,8 @@ def test_mixtral_heuristic_and_plan_estimate_is_an_upper_bound() -> None:
     p = PROBLEMS[0]
     cfg = MoEMLPConfig.heuristic(p, TRN2)
     assert (cfg.block_size, cfg.tile_i, cfg.loop_order) == (512, 512, "h_outer")
-    for c in (cfg, dataclasses.replace(cfg, loop_order="i_outer", tile_i=256, w_bufs=2)):
+    i_outer = dataclasses.replace(cfg, block_size=256, loop_order="i_outer", tile_i=256, w_bufs=2)
+    for c in (cfg, i_outer):
         est_sbuf, est_psum = c.usage(p, TRN2)
         spec = [
             TensorSpec((256, p.hidden), "bfloat16"),
@@ -111,6 +114,25 @@ def test_mixtral_heuristic_and_plan_estimate_is_an_upper_bound() -> None:
         ]
         r = run(moe_mlp_fwd, *spec, 1, False, *c.to_dict().values(), trace_only=True, target=TRN2)
         assert r.peak_sbuf_bytes <= est_sbuf <= r.peak_sbuf_bytes * 1.05
+        assert r.peak_psum_banks <= est_psum
+
+
+def test_backward_plan_estimate_is_an_upper_bound() -> None:
+    p = PROBLEMS[0]
+    cfg = MoEMLPBwdConfig.heuristic(p, TRN2)
+    assert (cfg.block_size, cfg.sub_block, cfg.tile_i) == (512, 256, 512)
+    small = dataclasses.replace(cfg, block_size=256, sub_block=128, tile_i=256, wgrad_tiles=8)
+    for c, slack in ((cfg, 1.05), (small, 1.2)):
+        t, b, e, h, i, dt = 256, c.block_size, p.experts, p.hidden, p.intermediate, p.dtype
+        spec = [TensorSpec((t, h), dt), TensorSpec((e, h, 2 * i), dt), TensorSpec((e, i, h), dt)]
+        spec += [TensorSpec((t, h), dt), TensorSpec((1, 128, b // 128), "int32")]
+        spec += [TensorSpec((1, 128, b // 128), "float32"), TensorSpec((1, 1), "int32")]
+        spec += [TensorSpec((1, 1), "float32"), TensorSpec((1, 1), "int32")]
+        spec += [TensorSpec((t, p.top_k), "int32"), TensorSpec((e, h, 2 * i), dt)]
+        spec += [TensorSpec((e, i, h), dt)]
+        r = run(moe_mlp_bwd, *spec, 1, False, *c.to_dict().values(), trace_only=True, target=TRN2)
+        est_sbuf, est_psum = c.usage(p, TRN2)
+        assert r.peak_sbuf_bytes <= est_sbuf <= r.peak_sbuf_bytes * slack
         assert r.peak_psum_banks <= est_psum
 
 
