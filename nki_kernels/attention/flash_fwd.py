@@ -26,10 +26,10 @@ ScalarE (`scalar_evac` eighths) and VectorE.
 
 Why this shape: per 512 keys of one query tile TensorE needs 0.43 us (trn2), but VectorE
 must read all scores once for the maximum (0.53 us) and ScalarE once for the exponential
-(0.48 us); PE-transposing P would add a PSUM evacuation of the same size to one of them.
+(0.45 us); PE-transposing P would add a PSUM evacuation of the same size to one of them.
 The DMA engines take most of the transposes instead, and VectorE copies the scores out of
 PSUM into SBUF during its max pass, so a score bank is free again as soon as it is read
-and steps can span up to 2048 keys (one O rescale per 2048 keys).
+(the score banks form one ring, whatever the step size).
 
 Schedule: the steps of all query tiles form a job list (`q_tiles` tiles interleaved),
 run as a software pipeline in issue order: in iteration i TensorE computes the scores of
@@ -82,7 +82,7 @@ def flash_attention_fwd(
 
     q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D]; bounds: None or fp32 [B, 128, 2, nq];
     plan: () (no mask) or per-batch (or one shared) tuples of tile classes [nq][nk];
-    kv_tile: keys per online-softmax step (512, 1024 or 2048); q_tiles: query tiles
+    kv_tile: keys per online-softmax step (a multiple of 512); q_tiles: query tiles
     interleaved (1 or 2); dma_quarters: of every 4 P^T sub-tiles, how many the DMA
     engines transpose (0..4); scalar_evac: eighths of the PE-transposed sub-tiles that
     ScalarE copies out of PSUM (the rest VectorE).
