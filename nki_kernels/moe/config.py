@@ -326,7 +326,7 @@ class MoEMLPConfig(KernelConfig):
 
 BWD_BLOCK_SIZES = (128, 256, 512, 1024)
 SUB_BLOCKS = (128, 256)
-BWD_TILE_I = (256, 512, 1024)
+BWD_TILE_I = (128, 256, 512, 1024)
 WGRAD_TILES = (4, 8, 16)
 WGRAD_COLS = (512, 1024, 2048)
 PHASE_A_PSUM_BANKS = 6  # gate/up/ga accumulators; two more hold the Wg / Wu H-tile transposes
@@ -381,7 +381,7 @@ class MoEMLPBwdConfig(KernelConfig):
         panels = ((16, 2048), (16, 1024), (8, 2048), (8, 1024), (4, 1024), (4, 512))
         prefs = []
         for b in bwd_block_order(problem, target):
-            for sb, ti in ((256, 512), (128, 1024), (128, 512), (128, 256)):
+            for sb, ti in ((256, 512), (128, 1024), (128, 512), (128, 256), (128, 128)):
                 if sb > b:
                     continue
                 for tiles, cols in panels:

@@ -78,7 +78,9 @@ def mlp_with_routing(
     return out
 
 
-def fwd_kernel(layer: dict[str, torch.Tensor], plan: BlockPlan, **cfg: object) -> torch.Tensor:
+def fwd_kernel(
+    layer: dict[str, torch.Tensor], plan: BlockPlan, static_blocks: int | None = None, **cfg: object
+) -> torch.Tensor:
     args = {"tile_i": 256, "loop_order": "h_outer", "down_n": 512, "w_bufs": 2, "dma_h": 1}
     args.update(cfg)
     t = torch.from_numpy
@@ -92,7 +94,7 @@ def fwd_kernel(layer: dict[str, torch.Tensor], plan: BlockPlan, **cfg: object) -
         t(plan.block_count),
         t(plan.token_slot),
         t(plan.token_weight),
-        plan.static_blocks,
+        plan.static_blocks if static_blocks is None else static_blocks,
         plan.may_drop,
         plan.block_size,
         *args.values(),
@@ -111,10 +113,14 @@ BWD_DEFAULTS = {
 
 
 def bwd_kernel(
-    layer: dict[str, torch.Tensor], plan: BlockPlan, dw_dtype: torch.dtype | None = None, **cfg: int
+    layer: dict[str, torch.Tensor],
+    plan: BlockPlan,
+    dw_dtype: torch.dtype | None = None,
+    static_blocks: int | None = None,
+    **cfg: int,
 ) -> tuple[torch.Tensor, ...]:
     """Run the backward kernel; dw_gate_up / dw_down start as zeros of `dw_dtype`
-    (default: the weights' dtype)."""
+    (default: the weights' dtype); `static_blocks` overrides the plan's."""
     e, h, i2 = layer["w_gate_up"].shape
     wdt = dw_dtype or layer["w_gate_up"].dtype
     dgu = torch.zeros(e, h, i2, dtype=wdt)
@@ -137,7 +143,7 @@ def bwd_kernel(
         t(plan.token_slot),
         dgu,
         dd,
-        plan.static_blocks,
+        plan.static_blocks if static_blocks is None else static_blocks,
         plan.may_drop,
         plan.block_size,
         *args.values(),

@@ -62,9 +62,9 @@ def test_every_valid_backward_config_is_correct(walk_case) -> None:
     layer, ids, w, _, grads = walk_case
     space = list(MoEMLPBwdConfig.space(WALK, TRN2))
     valid = [c for c in space if c.is_valid(WALK, TRN2)]
-    # blocks 128..1024 x sub-blocks 128, 256 x w_bufs 2..4 (one useful value for the other
-    # fields at H = 100, I = 200); sub_block 256 > block 128 is invalid three times
-    assert len(space) == 24 and len(valid) == 21
+    # blocks 128..1024 x sub-blocks 128, 256 x tile_i 128, 256 x w_bufs 2..4 (one useful
+    # value for the other fields at H = 100, I = 200); sub_block 256 > block 128: 6 invalid
+    assert len(space) == 48 and len(valid) == 42
     for cfg in valid:
         plan = plan_for(ids, w, E, cfg.block_size)
         fields = {k: v for k, v in cfg.to_dict().items() if k != "block_size"}

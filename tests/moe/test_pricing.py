@@ -7,7 +7,14 @@ import pytest
 
 from nki_kernels.model_shapes import MoEShape
 from nki_kernels.moe.config import MoEMLPConfig, MoEProblem
-from nki_kernels.moe.pricing import _price, layer_row, price_blocks, routing, used_blocks
+from nki_kernels.moe.pricing import (
+    _price,
+    layer_row,
+    price_blocks,
+    price_kernel,
+    routing,
+    used_blocks,
+)
 from nki_kernels.targets import TRN2
 
 
@@ -47,3 +54,20 @@ def test_layer_row_is_labeled_modeled() -> None:
     b = row["config"]["block_size"]
     assert row["blocks"] == used_blocks(routing("uniform", 512, 4, 2), 4, b) == 4 * -(-256 // b)
     assert row["latency_ms"] == pytest.approx(row["mlp_ms"] + row["router_ms"])
+
+
+def test_price_kernel_prices_the_ops_launch() -> None:
+    # the autotuner's entry point: the block extrapolation, balanced routing, and the
+    # may_drop flag the op launches with (True); without drops no zero row is written
+    p = MoEProblem(1024, 256, 512, 4, 2)
+    cfg = MoEMLPConfig(128, 256, "h_outer", 256, 2, 2)
+    got = price_kernel("fwd", p, cfg, "trn2")
+    blocks = used_blocks(routing("uniform", 1024, 4, 2), 4, 128)
+    assert blocks == 16 and not got.exact
+    assert got == price_blocks("fwd", p, cfg, blocks, TRN2, True)
+    dropless = price_kernel("fwd", p, cfg, TRN2, routing=blocks, may_drop=False)
+    assert dropless.latency_ns < got.latency_ns
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        price_kernel("fwd2", p, cfg, TRN2)
+    with pytest.raises(ValueError, match="blocks: expected a positive int; got 0"):
+        price_kernel("bwd", p, cfg, TRN2, routing=0)
