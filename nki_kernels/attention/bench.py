@@ -114,6 +114,7 @@ def _specs(
             c["q_tiles"],
             c["dma_quarters"],
             c["scalar_evac"],
+            c["kv_buffers"],
         )
         return flash_attention_fwd, args
     from .flash_bwd import flash_attention_bwd

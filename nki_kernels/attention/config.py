@@ -15,7 +15,7 @@ an SBUF or PSUM overflow it reports is exactly what the full problem would hit.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..kernel_config import InvalidConfig, KernelConfig
@@ -27,6 +27,7 @@ MASKS = ("none", "causal", "window", "data")
 KV_TILES = (512, 1024)
 Q_TILES = (1, 2)
 DMA_QUARTERS = (0, 2, 3, 4)
+KV_BUFFERS = (1, 2)
 FWD_SCALAR_EVAC = (3, 4, 5, 6)
 BWD_SECTIONS = (16, 32, 64)
 BWD_SCALAR_EVAC = (4, 6, 8)
@@ -109,7 +110,8 @@ def _fwd_dry_run(config: FlashFwdConfig, problem: AttentionProblem, target: Targ
     # query tile)
     nq_real, nq_dry = -(-problem.seq_q // P), -(-sq // P)
     group = problem.q_heads // problem.kv_heads
-    extra = (8 * (nq_real - nq_dry) if masked else 0) + 4 * (group * nq_real - nq_dry)
+    per_set = (8 * (nq_real - nq_dry) if masked else 0) + 4 * (group * nq_real - nq_dry)
+    extra = per_set * config.kv_buffers
     cfg = config.to_dict()
     args = (q, kv, kv, bounds, 0.125, plan, *(cfg[k] for k in FWD_ARGS))
     return _dry_run_error(flash_attention_fwd, args, target, extra_sbuf=extra)
@@ -140,7 +142,7 @@ def _dense_plan(sq: int, sk: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
     return (tuple(tuple(1 for _ in range(nk)) for _ in range(nq)),)
 
 
-FWD_ARGS = ("kv_tile", "q_tiles", "dma_quarters", "scalar_evac")
+FWD_ARGS = ("kv_tile", "q_tiles", "dma_quarters", "scalar_evac", "kv_buffers")
 BWD_ARGS = ("section", "dma_quarters", "scalar_evac")
 
 
@@ -157,6 +159,9 @@ class FlashFwdConfig(KernelConfig):
       forward is TensorE-bound: fp32 matmuls run at 1/4 rate).
     scalar_evac: eighths of the PE-transposed sub-tiles that ScalarE copies out of PSUM
       (the rest VectorE); balances the two engines around the max / exp passes.
+    kv_buffers: K/V buffer sets (1 or 2); with 2 a program's (batch, kv-head) groups
+      run as one pipeline, the next group's K/V staged while the current one finishes
+      (twice the resident K/V in SBUF).
     """
 
     op_name: ClassVar[str] = "flash_attention"
@@ -165,6 +170,7 @@ class FlashFwdConfig(KernelConfig):
     q_tiles: int = 2
     dma_quarters: int = 3
     scalar_evac: int = 6
+    kv_buffers: int = 1
 
     @classmethod
     def heuristic(cls, problem: AttentionProblem, target: Target) -> FlashFwdConfig:
@@ -184,6 +190,10 @@ class FlashFwdConfig(KernelConfig):
         cfg = cls(kv_tile=kv, q_tiles=qt, dma_quarters=dq, scalar_evac=evac)
         if not cfg.is_valid(problem, target):
             cfg = cls(kv_tile=512, q_tiles=1, dma_quarters=dq, scalar_evac=evac)
+        # a second K/V set when there is a next group to stage and it fits
+        two = replace(cfg, kv_buffers=2)
+        if problem.batch * problem.kv_heads > 1 and two.is_valid(problem, target):
+            cfg = two
         return cfg
 
     @classmethod
@@ -193,9 +203,12 @@ class FlashFwdConfig(KernelConfig):
             "q_tiles": Q_TILES,
             "dma_quarters": DMA_QUARTERS if problem.itemsize == 2 else (0,),
             "scalar_evac": FWD_SCALAR_EVAC,
+            "kv_buffers": KV_BUFFERS,
         }
 
     def validate(self, problem: AttentionProblem, target: Target) -> None:
+        if self.kv_buffers not in KV_BUFFERS:
+            raise InvalidConfig(f"kv_buffers: expected one of {KV_BUFFERS}; got {self.kv_buffers}")
         if self.kv_tile not in KV_TILES:
             raise InvalidConfig(f"kv_tile: expected one of {KV_TILES}; got {self.kv_tile}")
         if self.q_tiles not in Q_TILES:

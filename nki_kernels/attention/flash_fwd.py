@@ -55,7 +55,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from ._staging import GROUP, P, compute_dtype, copy_engine, load_bounds, stage_rows
+from ._staging import GROUP, P, compute_dtype, copy_engine, stage_rows
 
 BANK_COLS = 512  # fp32 score columns per PSUM bank (one matmul's N limit on trn2)
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
@@ -72,7 +72,7 @@ OUT_RING = 6  # finalized tiles waiting for their store DMA
 
 @nki.jit
 def flash_attention_fwd(
-    q, k, v, bounds, softmax_scale, plan, kv_tile, q_tiles, dma_quarters, scalar_evac
+    q, k, v, bounds, softmax_scale, plan, kv_tile, q_tiles, dma_quarters, scalar_evac, kv_buffers=1
 ):
     """out [B, Hq, Sq, D] (q.dtype), lse [B, Hq, 128, nq] fp32 = attention(q, k, v).
 
@@ -85,20 +85,20 @@ def flash_attention_fwd(
     kv_tile: keys per online-softmax step (a multiple of 512); q_tiles: query tiles
     interleaved (1 or 2); dma_quarters: of every 4 P^T sub-tiles, how many the DMA
     engines transpose (0..4); scalar_evac: eighths of the PE-transposed sub-tiles that
-    ScalarE copies out of PSUM (the rest VectorE).
+    ScalarE copies out of PSUM (the rest VectorE); kv_buffers: K/V (and statistics)
+    buffer sets -- with 2 the (batch, kv-head) groups of a program run as one pipeline,
+    the next group's K/V staged while the current one finishes.
     """
     batch, hq, sq, d = q.shape
-    hkv, sk = k.shape[1], k.shape[2]
+    hkv = k.shape[1]
     out = nl.ndarray((batch, hq, sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
     nq = (sq + P - 1) // P
     lse = nl.ndarray((batch, hq, P, nq), dtype=nl.float32, buffer=nl.shared_hbm)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
     cfg = (softmax_scale, kv_tile, q_tiles, dma_quarters, scalar_evac)
     items = [(b, g) for b in range(batch) for g in range(hkv)]
-    for i in range(pid, len(items), nprog):
-        b, g = items[i]
-        classes = plan[b if len(plan) > 1 else 0] if len(plan) > 0 else ()
-        _head_group(q, k, v, bounds, out, lse, b, g, hq // hkv, classes, cfg, sq, sk, d)
+    mine = [items[i] for i in range(pid, len(items), nprog)]
+    _run_groups(q, k, v, bounds, out, lse, plan, mine, cfg, kv_buffers)
     return out, lse
 
 
@@ -142,63 +142,118 @@ def _split(n_slots: int, n_full: int, dma_quarters: int) -> int:
     return min(n_full, (n_slots * dma_quarters + 2) // 4)
 
 
-def _head_group(q, k, v, bounds, out, lse, b, g, group, classes, cfg, sq, sk, d):
+def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers):
+    """Plan the jobs of every (batch, kv-head) group, then run them through the pipeline.
+
+    With `kv_buffers` = 2 the groups alternate between two K/V buffer sets and form one
+    continuous job list, so the pipeline never drains between groups. That is safe in
+    issue order only when every middle group has at least pv_lag + Q_PREFETCH jobs (a
+    group's buffers are restaged only after the last P @ V of the group two back);
+    otherwise each group runs as its own pipeline, as with one buffer set.
+    """
+    _, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    group = hq // hkv
     kv_tile, q_tiles = cfg[1], cfg[2]
     cdt = compute_dtype(q.dtype)
     nq, nk = (sq + P - 1) // P, (sk + P - 1) // P
     n_sub = kv_tile // P
-    kt = nl.ndarray((d, nk * P), dtype=cdt, buffer=nl.sbuf)
-    vt = nl.ndarray((P, nk, d), dtype=cdt, buffer=nl.sbuf)
-    bnd = load_bounds(bounds, b, nq) if len(classes) > 0 else None
-    lse_all = nl.ndarray((P, group, nq), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=lse_all, value=0.0, engine=nisa.engine.gpsimd)
-
-    tiles = []  # (head, q tile, steps)
-    for h in range(g * group, (g + 1) * group):
-        for t in range(nq):
-            tiles.append((h, t, _tile_steps(classes, t, nk, n_sub)))
-    zeros = None
-    for h, t, steps in tiles:
-        if len(steps) == 0:
-            zeros = _store_empty_tile(out, b, h, t, sq, d, zeros)
-    jobs = []
-    tstate = []  # per query tile, in order of first appearance
-    live = [x for x in tiles if len(x[2]) > 0]
-    for c0 in range(0, len(live), q_tiles):
-        chunk = live[c0 : c0 + q_tiles]
-        for h, t, steps in chunk:
-            tstate.append({"h": h, "t": t, "rows": min(P, sq - t * P), "n": len(steps)})
-        longest = max(len(c[2]) for c in chunk)
-        for s in range(longest):
-            for a, (_, _, steps) in enumerate(chunk):
-                if s < len(steps):
-                    jobs.append({"ti": c0 + a, "s": s, "slots": steps[s]})
+    masked = len(plan) > 0
+    sets = []
+    for _ in range(kv_buffers):
+        st = {
+            "kt": nl.ndarray((d, nk * P), dtype=cdt, buffer=nl.sbuf),
+            "vt": nl.ndarray((P, nk, d), dtype=cdt, buffer=nl.sbuf),
+            "lse": nl.ndarray((P, group, nq), dtype=nl.float32, buffer=nl.sbuf),
+        }
+        if masked:
+            st["bnd"] = nl.ndarray((P, 2, nq), dtype=nl.float32, buffer=nl.sbuf)
+        sets.append(st)
+    ctxs, jobs, tstate = [], [], []
+    for gi, (b, g) in enumerate(groups):
+        classes = plan[b if len(plan) > 1 else 0] if masked else ()
+        ctx = {"b": b, "g": g, "h0": g * group, "set": sets[gi % kv_buffers], "open": False}
+        ctx["staged"] = [False] * ((nk * P + kv_tile - 1) // kv_tile)
+        tiles = []  # (head, q tile, steps)
+        for h in range(g * group, (g + 1) * group):
+            for t in range(nq):
+                tiles.append((h, t, _tile_steps(classes, t, nk, n_sub)))
+        ctx["empty"] = [(h, t) for h, t, steps in tiles if len(steps) == 0]
+        ctx["first"] = len(jobs)
+        live = [x for x in tiles if len(x[2]) > 0]
+        for c0 in range(0, len(live), q_tiles):
+            chunk = live[c0 : c0 + q_tiles]
+            base = len(tstate)
+            for h, t, steps in chunk:
+                tstate.append({"h": h, "t": t, "rows": min(P, sq - t * P), "n": len(steps)})
+            longest = max(len(c[2]) for c in chunk)
+            for s in range(longest):
+                for a, (_, _, steps) in enumerate(chunk):
+                    if s < len(steps):
+                        jobs.append({"ti": base + a, "s": s, "slots": steps[s], "grp": ctx})
+        ctx["last"] = len(jobs) - 1
+        ctxs.append(ctx)
 
     pv_lag = TP_LAG + 1 + (-(-DMA_KEYS_IN_FLIGHT // kv_tile) if cfg[3] > 0 else 0)
+    sizes = [c["last"] - c["first"] + 1 for c in ctxs]
+    continuous = (
+        kv_buffers > 1
+        and len(ctxs) > 1
+        and min(sizes) > 0
+        and all(n >= pv_lag + Q_PREFETCH for n in sizes[1:-1])
+    )
+    segments = [(0, len(jobs))] if continuous else [(c["first"], c["last"] + 1) for c in ctxs]
     rings = _rings(n_sub, d, cdt, q_tiles, pv_lag, cfg[3])
-    staged = [False] * ((nk * P + kv_tile - 1) // kv_tile)
-    n = len(jobs)
-    for i in range(n + pv_lag):
-        if i < n:
-            for a in range(0 if i == 0 else Q_PREFETCH, min(Q_PREFETCH, n - i - 1) + 1):
-                _prefetch_q(q, jobs, i + a, tstate, rings, b, d)
-                _stage_kv(k, v, jobs[i + a], staged, kt, vt, b, g, sk, kv_tile)
-            _stage_qk(jobs[i], i, tstate, rings, kt, sk, d)
-        j = i - MAX_LAG
-        if 0 <= j < n:
-            _stage_max(jobs[j], j, tstate, rings, bnd, cfg[0], sk)
-        j = i - EXP_LAG
-        if 0 <= j < n:
-            _stage_exp(jobs[j], j, tstate, rings, cfg[0], sk)
-        j = i - TP_LAG
-        if 0 <= j < n:
-            _stage_transpose(jobs[j], j, tstate, rings, sk, cdt, cfg)
-        j = i - pv_lag
-        if 0 <= j < n:
-            _stage_pv(jobs[j], j, tstate, rings, vt, sk, d)
-            _stage_rescale(jobs[j], j, tstate, rings, out, lse_all, b, g * group, cfg[0], d)
-    # one store for the group's statistics: partition p, head h -> nq contiguous floats
-    nisa.dma_copy(dst=lse[b, g * group : (g + 1) * group].permute((1, 0, 2)), src=lse_all)
+    io = (q, k, v, bounds, out, lse, sq, sk, d, kv_tile)
+    for si, (j0, j1) in enumerate(segments):
+        if not continuous:
+            _open_group(ctxs[si], io, rings)
+        n = j1 - j0
+        for i in range(n + pv_lag):
+            if i < n:
+                for a in range(0 if i == 0 else Q_PREFETCH, min(Q_PREFETCH, n - i - 1) + 1):
+                    job = jobs[j0 + i + a]
+                    if not job["grp"]["open"]:
+                        _open_group(job["grp"], io, rings)
+                    _prefetch_q(q, jobs, j0 + i + a, tstate, rings, d)
+                    _stage_kv(k, v, job, sk, kv_tile)
+                _stage_qk(jobs[j0 + i], j0 + i, tstate, rings, sk, d)
+            j = i - MAX_LAG
+            if 0 <= j < n:
+                _stage_max(jobs[j0 + j], j0 + j, tstate, rings, cfg[0], sk)
+            j = i - EXP_LAG
+            if 0 <= j < n:
+                _stage_exp(jobs[j0 + j], j0 + j, tstate, rings, cfg[0], sk)
+            j = i - TP_LAG
+            if 0 <= j < n:
+                _stage_transpose(jobs[j0 + j], j0 + j, tstate, rings, sk, cdt, cfg)
+            j = i - pv_lag
+            if 0 <= j < n:
+                job = jobs[j0 + j]
+                _stage_pv(job, j0 + j, tstate, rings, sk, d)
+                _stage_rescale(job, j0 + j, tstate, rings, out, cfg[0], d)
+                if j0 + j == job["grp"]["last"]:
+                    _close_group(job["grp"], lse, group)
+        if not continuous and n == 0:
+            _close_group(ctxs[si], lse, group)
+
+
+def _open_group(ctx, io, rings):
+    """A group's first instructions: its bounds, zeroed statistics, empty tiles' zeros."""
+    _, _, _, bounds, out, _, sq, _, d, _ = io
+    ctx["open"] = True
+    st = ctx["set"]
+    if "bnd" in st:
+        nisa.dma_copy(dst=st["bnd"], src=bounds[ctx["b"]])
+    nisa.memset(dst=st["lse"], value=0.0, engine=nisa.engine.gpsimd)
+    for h, t in ctx["empty"]:
+        rings["zeros"] = _store_empty_tile(out, ctx["b"], h, t, sq, d, rings.get("zeros"))
+
+
+def _close_group(ctx, lse, group):
+    """One store for the group's statistics: partition p, head h -> nq contiguous floats."""
+    b, h0 = ctx["b"], ctx["h0"]
+    nisa.dma_copy(dst=lse[b, h0 : h0 + group].permute((1, 0, 2)), src=ctx["set"]["lse"])
 
 
 def _rings(n_sub, d, cdt, q_tiles, pv_lag, dma_quarters):
@@ -241,11 +296,11 @@ def _store_empty_tile(out, b, h, t, sq, d, zeros):
     return zeros
 
 
-def _prefetch_q(q, jobs, i, tstate, rings, b, d):
+def _prefetch_q(q, jobs, i, tstate, rings, d):
     """Q^T of job i's query tile (first step only), transposed by the DMA engines."""
     if i >= len(jobs) or jobs[i]["s"] != 0:
         return
-    ti = jobs[i]["ti"]
+    ti, b = jobs[i]["ti"], jobs[i]["grp"]["b"]
     st = tstate[ti]
     rows, t0 = st["rows"], st["t"] * P
     qt = rings["qt"][ti % len(rings["qt"])]
@@ -253,8 +308,10 @@ def _prefetch_q(q, jobs, i, tstate, rings, b, d):
     st["qt"] = qt
 
 
-def _stage_kv(k, v, job, staged, kt, vt, b, g, sk, kv_tile):
+def _stage_kv(k, v, job, sk, kv_tile):
     """Stage (once) the kv_tile-key blocks of K^T (DMA transpose) and V the job touches."""
+    ctx = job["grp"]
+    staged, kt, vt, b, g = ctx["staged"], ctx["set"]["kt"], ctx["set"]["vt"], ctx["b"], ctx["g"]
     for _, u, _ in job["slots"]:
         blk = u * P // kv_tile
         if staged[blk]:
@@ -266,8 +323,9 @@ def _stage_kv(k, v, job, staged, kt, vt, b, g, sk, kv_tile):
         stage_rows(v[b, g], vt, k0, n)
 
 
-def _stage_qk(job, i, tstate, rings, kt, sk, d):
+def _stage_qk(job, i, tstate, rings, sk, d):
     """TensorE: scores of one step into the next score banks (one per 4 slots)."""
+    kt = job["grp"]["set"]["kt"]
     st = tstate[job["ti"]]
     rows = st["rows"]
     ring = rings["s"]
@@ -305,7 +363,7 @@ def _ncols(slots, sk):
     return (len(slots) - 1) * P + min(P, sk - slots[-1][1] * P)
 
 
-def _stage_max(job, i, tstate, rings, bnd, scale, sk):
+def _stage_max(job, i, tstate, rings, scale, sk):
     """VectorE: masks, then S' = mu * S copied out to SBUF with the running max.
 
     The chain runs as a min over S' (mu < 0), so its result is directly
@@ -315,6 +373,7 @@ def _stage_max(job, i, tstate, rings, bnd, scale, sk):
     """
     st = tstate[job["ti"]]
     rows, t = st["rows"], st["t"]
+    bnd = job["grp"]["set"].get("bnd")
     banks = job["banks"]
     s_sb = _stat(rings, "s_sb", i)
     mu, _ = _chain_scale(scale)
@@ -441,8 +500,9 @@ def _stage_transpose(job, i, tstate, rings, sk, cdt, cfg):
             )
 
 
-def _stage_pv(job, i, tstate, rings, vt, sk, d):
+def _stage_pv(job, i, tstate, rings, sk, d):
     """This step's P @ V, accumulated over its sub-tiles in one PSUM slot."""
+    vt = job["grp"]["set"]["vt"]
     rows = tstate[job["ti"]]["rows"]
     pt = _stat(rings, "pt", i)
     o_ps = rings["o_ps"][:, i % O_SLOTS, :]
@@ -456,7 +516,7 @@ def _stage_pv(job, i, tstate, rings, vt, sk, d):
         )
 
 
-def _stage_rescale(job, i, tstate, rings, out, lse_all, b, h0, scale, d):
+def _stage_rescale(job, i, tstate, rings, out, scale, d):
     """O = alpha * O + (P @ V)_step (fp32 SBUF); after the last step, finalize the tile."""
     ti = job["ti"]
     st = tstate[ti]
@@ -483,18 +543,33 @@ def _stage_rescale(job, i, tstate, rings, out, lse_all, b, h0, scale, d):
         o_src = o_acc
     job["alpha"] = None
     if last:
-        _finalize(st, o_src, rings, ti, out, lse_all, b, h0, rows, scale, d)
+        in_psum = job["s"] == 0
+        _finalize(st, o_src, in_psum, rings, ti, out, job["grp"], rows, scale, d)
         tstate[ti] = None
 
 
-def _finalize(st, o_src, rings, ti, out, lse_all, b, h0, rows, scale, d):
-    """out = O / l (cast on ScalarE, DMA'd to HBM), lse = scale * m + log(l) (kept in the
-    group's SBUF statistics tile until its single store)."""
+def _finalize(st, o_src, in_psum, rings, ti, out, ctx, rows, scale, d):
+    """out = O / l (DMA'd to HBM), lse = scale * m + log(l) (kept in the group's SBUF
+    statistics tile until its single store).
+
+    O * (1 / l) runs on the otherwise idle GpSimd when O is in SBUF (tiles of several
+    steps); a one-step tile's O is still in PSUM, which GpSimd cannot read: ScalarE.
+    """
+    b, h0, lse_all = ctx["b"], ctx["h0"], ctx["set"]["lse"]
     h, t0 = st["h"], st["t"] * P
+    o_out = rings["o_out"][ti % OUT_RING]  # compute dtype == out dtype
     rl = _stat(rings, "rl", ti)
     nisa.reciprocal(dst=rl[:rows, :], data=st["l"][:rows, :])
-    o_out = rings["o_out"][ti % OUT_RING]  # compute dtype == out dtype
-    nisa.activation(dst=o_out[:rows, :d], op=nl.copy, data=o_src[:rows, :d], scale=rl[:rows, :])
+    if in_psum:
+        nisa.activation(dst=o_out[:rows, :d], op=nl.copy, data=o_src[:rows, :d], scale=rl[:rows, :])
+    else:
+        nisa.tensor_scalar(
+            dst=o_out[:rows, :d],
+            data=o_src[:rows, :d],
+            op0=nl.multiply,
+            operand0=rl[:rows, :],
+            engine=nisa.engine.gpsimd,
+        )
     nisa.dma_copy(dst=out[b, h, t0 : t0 + rows, :], src=o_out[:rows, :d])
     log_l = _stat(rings, "log_l", ti)
     nisa.activation(dst=log_l[:rows, :], op=nl.log, data=st["l"][:rows, :])

@@ -9,11 +9,17 @@ import torch
 from _helpers import TOLERANCES, assert_lse_close, assert_rel_close, make_inputs, reference_grads
 
 from nki_kernels.attention import masks
-from nki_kernels.attention.config import AttentionProblem, FlashBwdConfig, FlashFwdConfig
+from nki_kernels.attention.config import (
+    FWD_ARGS,
+    AttentionProblem,
+    FlashBwdConfig,
+    FlashFwdConfig,
+)
 from nki_kernels.attention.flash_bwd import flash_attention_bwd
 from nki_kernels.attention.flash_fwd import flash_attention_fwd
 from nki_kernels.attention.host import lse_from_kernel, lse_to_kernel
 from nki_kernels.interp import run
+from nki_kernels.interp.trace import HBM
 from nki_kernels.kernel_config import InvalidConfig
 from nki_kernels.targets import get_target
 
@@ -59,10 +65,7 @@ def test_every_valid_forward_config_is_correct(dtype: torch.dtype) -> None:
             bounds,
             D**-0.5,
             plan,
-            c["kv_tile"],
-            c["q_tiles"],
-            c["dma_quarters"],
-            c["scalar_evac"],
+            *(c[name] for name in FWD_ARGS),
             target=TARGET,
         ).outputs
         assert_rel_close(out, ref_out, TOLERANCES[dtype][0], f"out {cfg}")
@@ -135,6 +138,36 @@ def test_bounds_rows_match_kernel_layout() -> None:
     plan, bounds, empty = _masks()
     assert bounds.shape == (B, 128, 2, 3) and not bool(empty.any())
     assert np.asarray(plan).shape == (B, 3, 9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_kv_buffers_run_the_groups_as_one_pipeline(causal: bool) -> None:
+    """kv_buffers=2: the four (batch, kv-head) groups form one pipeline -- the second
+    group's first scores are issued before the first group's last P @ V -- and the
+    results are bit-identical to one buffer set (groups one after the other)."""
+    b, hq, hkv, sq, sk = 2, 4, 2, 520, 1100
+    q, k, v = (t.detach() for t in make_inputs(b, hq, hkv, sq, sk, D, torch.bfloat16))
+    plan, bounds = (), None
+    if causal:
+        lo, hi = masks.query_bounds(b, sq, sk, causal=True)
+        plan = masks.tile_plan(masks.classify_tiles(lo, hi, sk))
+        bounds = torch.from_numpy(masks.kernel_bounds(lo, hi))
+    res = [
+        run(flash_attention_fwd, q, k, v, bounds, D**-0.5, plan, 512, 2, 3, 6, kvb, target=TARGET)
+        for kvb in (1, 2)
+    ]
+    for one, two in zip(res[0].outputs, res[1].outputs):
+        torch.testing.assert_close(one, two, rtol=0, atol=0)
+    ref_out, ref_lse, _ = reference_grads(q, k, v, torch.zeros_like(q), causal=causal)
+    assert_rel_close(res[1].outputs[0], ref_out, TOLERANCES[torch.bfloat16][0], "out")
+    assert_lse_close(lse_from_kernel(res[1].outputs[1])[..., :sq], ref_lse)
+    for r, interleaved in zip(res, (False, True)):
+        qk = [i.index for i in r.trace if i.opcode == "nc_matmul" and i.attrs["N"] != D]
+        stores = [i.index for i in r.trace if i.opcode == "dma_copy" and i.dtype == "float32"]
+        first_lse_store = next(x for x in stores if r.trace.instrs[x].writes[0][0] == HBM)
+        before = sum(1 for x in qk if x < first_lse_store)
+        # one buffer set: exactly group 0's scores precede its statistics store
+        assert (before > len(qk) // 4) == interleaved, (before, len(qk))
 
 
 def test_lnc2_splits_the_work_and_matches_lnc1() -> None:
