@@ -37,7 +37,8 @@ job i, VectorE the max of job i - 1, ScalarE the exponential of job i - 2, the
 transposes of job i - 3 are issued, and P @ V and the O rescale run for job i - L (L
 covers the DMA transposes' ~1.3 us trigger latency and transfer). Every buffer comes from
 a ring, so an in-order engine never waits for a recent reader of the memory it is about
-to overwrite.
+to overwrite. With `kv_buffers` = 2 the jobs of all (batch, kv-head) groups of a program
+form one list over two K/V buffer sets, so the pipeline does not drain between groups.
 
 Masks arrive as per-query key bounds (`bounds`, fp32 [B, 128, 2, nq]: lo, hi of query
 t * 128 + p) and a static plan (`plan[b][t][u]` SKIP / PARTIAL / FULL per 128 x 128
@@ -47,7 +48,8 @@ are the input dtype (fp32 inputs run fp32 matmuls). Needs NeuronCore-v3+ (range_
 DMA transposes of the 4-byte dtype).
 
 Limits: D <= 128; K^T and V of one head stay resident: 4 * Sk * itemsize bytes per
-partition (`config.py` checks the SBUF fit; the op splits longer key ranges).
+partition per buffer set (`config.py` checks the SBUF fit; the op splits longer key
+ranges).
 """
 
 from __future__ import annotations
