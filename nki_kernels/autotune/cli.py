@@ -108,7 +108,9 @@ def _tuner(job: dict[str, Any], storage_url: str | None, options: Any, worker: i
 def _options(args: argparse.Namespace) -> Any:
     from .study import TuneOptions
 
-    return TuneOptions(strategy=args.strategy, seed=args.seed, gate=args.gate)
+    # no --trials means the whole space: enumerate it rather than sample it
+    strategy = "grid" if args.strategy == "auto" and args.trials is None else args.strategy
+    return TuneOptions(strategy=strategy, seed=args.seed, gate=args.gate)
 
 
 def _spawn_worker(
@@ -129,7 +131,10 @@ def worker_main(payload: str) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     job = json.loads(payload)
-    opts = TuneOptions(strategy=job["strategy"], seed=job["seed"], gate=job["gate"])
+    strategy = job["strategy"]
+    if strategy == "auto" and job["trials"] is None:
+        strategy = "grid"
+    opts = TuneOptions(strategy=strategy, seed=job["seed"], gate=job["gate"])
     tuner = _tuner(job, job["storage"], opts, worker=job["worker"])
     tuner.run(n_trials=job["trials"], timeout=job["timeout"])
     return 0
@@ -222,7 +227,9 @@ def run_tune(args: argparse.Namespace) -> int:
                 print(f"  not exported: {e}", file=sys.stderr)
                 status = 1
             else:
-                print(f"  exported to {out.path} [{out.key}]")
+                p = out.provenance
+                print(f"  exported to {out.path} [{out.key}]: {p.latency_ns / 1e3:.2f} us "
+                      f"(default {p.default_latency_ns / 1e3:.2f} us) {p.measurer}")  # fmt: skip
         if deadline is not None and time.monotonic() >= deadline:
             print("tune: --timeout reached", file=sys.stderr)
             break
@@ -239,6 +246,8 @@ def _summary(tuner: Any, report: Any) -> str:
         f"{report.count(INVALID)} invalid, {report.count(REJECTED)} rejected (wrong output), "
         f"{report.count(ERROR)} errors, {report.duplicates} duplicate proposals"
     ]
+    if tuner.search_problem != tuner.problem:
+        lines.append(f"  trials priced {tuner.tunable.describe(tuner.search_problem)}")
     if best is None:
         return lines[0] + "\n  no valid config"
     lines.append(f"  best      {best.latency_ns / 1e3:10.2f} us {label}  {best.config}")
