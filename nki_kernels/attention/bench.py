@@ -26,7 +26,7 @@ from ..interp import TensorSpec
 from ..model_shapes import LLAMA3_8B_ATTN, AttentionShape
 from ..targets import get_target
 from . import masks
-from .config import AttentionProblem, FlashBwdConfig, FlashFwdConfig
+from .config import AttentionProblem, FlashBwdConfig, FlashFwdConfig, with_kv_overlap
 
 DEFAULT_SEQS = (2048, 8192, 32768)
 DEFAULT_TARGETS = ("trn2", "trn3")
@@ -166,6 +166,8 @@ def price(
     )
     cls = FlashFwdConfig if op == "fwd" else FlashBwdConfig
     cfg = config if config is not None else cls.heuristic(problem, tgt)
+    if isinstance(cfg, FlashFwdConfig) and config is None:
+        cfg = with_kv_overlap(cfg, problem, tgt)  # as the op launches it
     pairs = batch * shape.num_kv_heads
     units = (seq // 128) * (seq // 512) * shape.num_heads * batch * (0.5 if causal else 1.0)
     full = units * _INSTR_PER_UNIT[op] <= max_instructions

@@ -161,7 +161,9 @@ class FlashFwdConfig(KernelConfig):
       (the rest VectorE); balances the two engines around the max / exp passes.
     kv_buffers: K/V buffer sets (1 or 2); with 2 a program's (batch, kv-head) groups
       run as one pipeline, the next group's K/V staged while the current one finishes
-      (twice the resident K/V in SBUF).
+      (twice the resident K/V in SBUF). Neither searched nor set by the heuristic: the
+      autotuner prices one group (where it changes nothing) and scales by the groups;
+      the op applies `with_kv_overlap` to whichever config it runs.
     """
 
     op_name: ClassVar[str] = "flash_attention"
@@ -190,10 +192,6 @@ class FlashFwdConfig(KernelConfig):
         cfg = cls(kv_tile=kv, q_tiles=qt, dma_quarters=dq, scalar_evac=evac)
         if not cfg.is_valid(problem, target):
             cfg = cls(kv_tile=512, q_tiles=1, dma_quarters=dq, scalar_evac=evac)
-        # a second K/V set when there is a next group to stage and it fits
-        two = replace(cfg, kv_buffers=2)
-        if problem.batch * problem.kv_heads > 1 and two.is_valid(problem, target):
-            cfg = two
         return cfg
 
     @classmethod
@@ -203,7 +201,6 @@ class FlashFwdConfig(KernelConfig):
             "q_tiles": Q_TILES,
             "dma_quarters": DMA_QUARTERS if problem.itemsize == 2 else (0,),
             "scalar_evac": FWD_SCALAR_EVAC,
-            "kv_buffers": KV_BUFFERS,
         }
 
     def validate(self, problem: AttentionProblem, target: Target) -> None:
@@ -279,6 +276,20 @@ class FlashBwdConfig(KernelConfig):
             raise InvalidConfig(f"does not fit on {target.name}: {err}")
 
 
+def with_kv_overlap(
+    config: FlashFwdConfig, problem: AttentionProblem, target: Target
+) -> FlashFwdConfig:
+    """`config` with a second K/V buffer set when `problem` has more than one (batch,
+    kv-head) group to overlap and the second set fits in SBUF; else `config` unchanged.
+
+    The op applies it to the config it looked up (tuned or heuristic) before launching.
+    """
+    if config.kv_buffers != 1 or problem.batch * problem.kv_heads < 2:
+        return config
+    two = replace(config, kv_buffers=2)
+    return two if two.is_valid(problem, target) else config
+
+
 def max_resident_keys(config: FlashFwdConfig, problem: AttentionProblem, target: Target) -> int:
     """Longest key length (a multiple of 1024) the forward keeps resident for `problem`.
 
@@ -314,4 +325,5 @@ __all__ = [
     "FlashBwdConfig",
     "FlashFwdConfig",
     "max_resident_keys",
+    "with_kv_overlap",
 ]

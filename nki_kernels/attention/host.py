@@ -16,7 +16,7 @@ from torch import Tensor
 from ..runtime import launch, lookup_config, pad_dim, pad_to_bucket
 from ..targets import get_target
 from . import masks
-from .config import AttentionProblem, FlashFwdConfig, max_resident_keys
+from .config import AttentionProblem, FlashFwdConfig, max_resident_keys, with_kv_overlap
 from .flash_bwd import flash_attention_bwd
 from .flash_fwd import flash_attention_fwd
 
@@ -128,6 +128,8 @@ def forward(
         plan, bounds = _plan_and_bounds(clo, chi, c1 - c0, q.device)
         problem = _problem(q, k, sqb, c1 - c0, mask)
         cfg = lookup_config("flash_attention", problem, flash_attention_fwd, target=target)
+        assert isinstance(cfg, FlashFwdConfig)
+        cfg = with_kv_overlap(cfg, problem, target)
         out_c, lse_c = launch(
             flash_attention_fwd,
             qp,
