@@ -14,6 +14,7 @@ from nki_kernels.attention.config import (
     AttentionProblem,
     FlashBwdConfig,
     FlashFwdConfig,
+    with_kv_overlap,
 )
 from nki_kernels.attention.flash_bwd import flash_attention_bwd
 from nki_kernels.attention.flash_fwd import flash_attention_fwd
@@ -168,6 +169,17 @@ def test_two_kv_buffers_run_the_groups_as_one_pipeline(causal: bool) -> None:
         before = sum(1 for x in qk if x < first_lse_store)
         # one buffer set: exactly group 0's scores precede its statistics store
         assert (before > len(qk) // 4) == interleaved, (before, len(qk))
+
+
+def test_kv_overlap_needs_several_groups_and_room_for_a_second_kv_set() -> None:
+    cfg = FlashFwdConfig(kv_tile=1024, q_tiles=2, dma_quarters=3, scalar_evac=6)
+    several = AttentionProblem(8192, 8192, 128, 32, 8, 1, "bfloat16", "none")
+    assert with_kv_overlap(cfg, several, TARGET).kv_buffers == 2
+    one_group = AttentionProblem(8192, 8192, 128, 4, 1, 1, "bfloat16", "none")
+    assert with_kv_overlap(cfg, one_group, TARGET) == cfg
+    # 32 K keys: one K^T + V set is 4 * 32768 * 2 B = 128 KiB per partition; two do not fit
+    long = AttentionProblem(8192, 32768, 128, 32, 8, 1, "bfloat16", "none")
+    assert cfg.is_valid(long, TARGET) and with_kv_overlap(cfg, long, TARGET) == cfg
 
 
 def test_lnc2_splits_the_work_and_matches_lnc1() -> None:
