@@ -84,7 +84,8 @@ def flash_attention_fwd(
 
     q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D]; bounds: None or fp32 [B, 128, 2, nq];
     plan: () (no mask) or per-batch (or one shared) tuples of tile classes [nq][nk];
-    kv_tile: keys per online-softmax step (a multiple of 512); q_tiles: query tiles
+    kv_tile: keys per online-softmax step (a multiple of 512 whose scores fit the PSUM
+    banks left over; the config offers 512 and 1024); q_tiles: query tiles
     interleaved (1 or 2); dma_quarters: of every 4 P^T sub-tiles, how many the DMA
     engines transpose (0..4); scalar_evac: eighths of the PE-transposed sub-tiles that
     ScalarE copies out of PSUM (the rest VectorE); kv_buffers: K/V (and statistics)
@@ -269,6 +270,11 @@ def _rings(n_sub, d, cdt, q_tiles, pv_lag, dma_quarters):
     itemsize = 4 if cdt == nl.float32 else 2
     tp_banks = -(-2 * max(n_pe, 1) * P * itemsize // (BANK_COLS * 4))
     score_banks = PSUM_BANKS - 1 - tp_banks
+    if score_banks < -(-n_sub // GROUP):
+        raise ValueError(
+            f"kv_tile: the scores of {n_sub * P} keys need {-(-n_sub // GROUP)} PSUM banks; "
+            f"{score_banks} are left (use a smaller kv_tile or more dma_quarters)"
+        )
     tile_ring = 2 * q_tiles + 2
     r = {
         "s": [nl.ndarray((P, BANK_COLS), dtype=f32, buffer=ps) for _ in range(score_banks)],

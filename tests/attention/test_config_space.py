@@ -182,6 +182,14 @@ def test_kv_overlap_needs_several_groups_and_room_for_a_second_kv_set() -> None:
     assert cfg.is_valid(long, TARGET) and with_kv_overlap(cfg, long, TARGET) == cfg
 
 
+def test_kernel_refuses_a_step_whose_scores_do_not_fit_psum() -> None:
+    # 2048 keys all PE-transposed: P^T of two jobs takes 4 banks, O one, 3 left < 4
+    q = torch.zeros(1, 1, 128, D, dtype=torch.bfloat16)
+    kv = torch.zeros(1, 1, 2048, D, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_tile: the scores of 2048 keys need 4 PSUM banks"):
+        run(flash_attention_fwd, q, kv, kv, None, 0.125, (), 2048, 1, 0, 6, target=TARGET)
+
+
 def test_lnc2_splits_the_work_and_matches_lnc1() -> None:
     """kernel[2]: the (batch, kv-head) pairs are split over two cores (shared HBM)."""
     q, k, v = (t.detach() for t in make_inputs(2, 2, 1, 130, 200, 64, torch.bfloat16))
