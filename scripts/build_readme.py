@@ -2,8 +2,7 @@
 
 Each component keeps its README section next to the others in docs/readme/; this script
 puts them in reading order, lifting sections written one heading level too deep.
-`tests/test_readme.py` fails when README.md is out of date: run
-`python scripts/build_readme.py` after editing a section.
+Run `python scripts/build_readme.py` after editing a section.
 """
 
 from __future__ import annotations
