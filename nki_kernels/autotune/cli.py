@@ -227,9 +227,9 @@ def run_tune(args: argparse.Namespace) -> int:
                 print(f"  not exported: {e}", file=sys.stderr)
                 status = 1
             else:
-                p = out.provenance
-                print(f"  exported to {out.path} [{out.key}]: {p.latency_ns / 1e3:.2f} us "
-                      f"(default {p.default_latency_ns / 1e3:.2f} us) {p.measurer}")  # fmt: skip
+                prov = out.provenance
+                print(f"  exported to {out.path} [{out.key}]: {prov.latency_ns / 1e3:.2f} us "
+                      f"(default {prov.default_latency_ns / 1e3:.2f} us) {prov.measurer}")  # fmt: skip
         if deadline is not None and time.monotonic() >= deadline:
             print("tune: --timeout reached", file=sys.stderr)
             break
