@@ -228,8 +228,9 @@ def run_tune(args: argparse.Namespace) -> int:
                 status = 1
             else:
                 prov = out.provenance
-                print(f"  exported to {out.path} [{out.key}]: {prov.latency_ns / 1e3:.2f} us "
-                      f"(default {prov.default_latency_ns / 1e3:.2f} us) {prov.measurer}")  # fmt: skip
+                tuned, dflt = prov.latency_ns / 1e3, prov.default_latency_ns / 1e3
+                print(f"  exported to {out.path} [{out.key}]: {tuned:.2f} us "
+                      f"(default {dflt:.2f} us) {prov.measurer}")  # fmt: skip
         if deadline is not None and time.monotonic() >= deadline:
             print("tune: --timeout reached", file=sys.stderr)
             break

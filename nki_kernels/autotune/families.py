@@ -519,11 +519,21 @@ class _MoEOp:
             dtype=lambda p: p.dtype,
             kernels=(self.kernel(),),
             device_launcher=self.device_launcher,
+            price=_moe_price,
             describe=lambda p: (
                 f"T={p.tokens} H={p.hidden} I={p.intermediate} E={p.experts} k={p.top_k} "
                 f"{p.dtype} (balanced routing)"
             ),
         )
+
+
+def _moe_price(p: Any, config: KernelConfig, target: Target) -> tuple[float, dict[str, Any]]:
+    """The MoE family's pricing (moe.pricing): trace-only runs of a few blocks under
+    balanced routing, extrapolated to the used blocks."""
+    from ..moe.pricing import price_kernel
+
+    bp = price_kernel("fwd", p, config, target, routing="uniform")
+    return bp.latency_ns, {"extrapolation_check": bp.extrapolation_check, "exact": bp.exact}
 
 
 def _moe_problem(shape: str, bucket: int, dtype: str) -> Any:

@@ -90,8 +90,13 @@ class CostModelMeasurer(TraceMeasurer):
     ) -> Measurement:
         from ..perfmodel import modeled_label
 
+        label = modeled_label(target.name, self.version)
+        if tunable.price is not None:
+            config.validate(problem, target)
+            latency, details = tunable.price(problem, config, target)
+            return Measurement(float(latency), label, details)
         m = super().measure(tunable, problem, config, target)
-        return Measurement(m.latency_ns, modeled_label(target.name, self.version), m.details)
+        return Measurement(m.latency_ns, label, m.details)
 
 
 class HardwareMeasurer(Measurer):

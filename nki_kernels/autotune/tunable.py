@@ -49,7 +49,10 @@ class Tunable:
       re-measures the best config and the default on the full problem;
     - `repricing(problem)`: optional, `(unit, n)` when the full problem is `n` identical
       independent units run one after another (attention: KV-head groups x batch); the
-      export then prices one unit and multiplies, saying so in the label.
+      export then prices one unit and multiplies, saying so in the label;
+    - `price(problem, config, target)`: optional, the family's own cost-model pricing of
+      one launch, `(latency_ns, details)` (MoE: trace-only runs of a few blocks,
+      extrapolated per block); the cost-model measurer uses it instead of a full trace.
     """
 
     op: str
@@ -64,6 +67,7 @@ class Tunable:
     device_launcher: Callable[[Any, KernelConfig, Target], Callable[[], None]] | None = None
     search_problem: Callable[[Any], Any] | None = None
     repricing: Callable[[Any], tuple[Any, int]] | None = None
+    price: Callable[[Any, KernelConfig, Target], tuple[float, dict[str, Any]]] | None = None
     describe: Callable[[Any], str] = field(default=repr)
 
     def proxy(self, problem: Any) -> Any:
