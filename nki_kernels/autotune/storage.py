@@ -86,20 +86,42 @@ def _prepare_sqlite(url: str) -> None:
     con = sqlite3.connect(path, timeout=60)
     try:
         # WAL lets readers proceed while one worker writes; it persists in the file.
-        con.execute("PRAGMA journal_mode=WAL")
+        # Switching needs an exclusive lock and SQLite does not wait for it (no busy
+        # handler), so a worker starting while another writes retries.
+        for attempt in range(300):
+            try:
+                if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    con.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError:
+                if attempt == 299:
+                    raise
+                time.sleep(0.1)
     finally:
         con.close()
 
 
-def _fast_commits(storage: RDBStorage) -> None:
-    """synchronous=NORMAL: in WAL mode a commit survives the process being killed (only
-    an OS crash can lose the last ones), without an fsync per trial attribute."""
+def _sqlite_session_rules(storage: RDBStorage) -> None:
+    """Per-connection rules for SQLite.
 
-    def pragmas(dbapi_con: Any, _record: Any) -> None:
+    synchronous=NORMAL: in WAL mode a commit survives the process being killed (only an
+    OS crash can lose the last ones), without an fsync per trial attribute.
+
+    BEGIN IMMEDIATE: SQLite ignores SELECT ... FOR UPDATE, so Optuna's read-check-write
+    when a worker takes a queued trial (WAITING -> RUNNING) is not atomic by default and
+    two workers can both take the same trial. Taking the write lock when each transaction
+    begins serializes those read-check-writes, as row locks do on PostgreSQL."""
+
+    def on_connect(dbapi_con: Any, _record: Any) -> None:
+        dbapi_con.isolation_level = None  # the driver must not issue its own BEGIN
         dbapi_con.execute("PRAGMA synchronous=NORMAL")
 
-    sqlalchemy.event.listen(storage.engine, "connect", pragmas)
-    storage.engine.dispose()  # reconnect with the pragma
+    def on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    sqlalchemy.event.listen(storage.engine, "connect", on_connect)
+    sqlalchemy.event.listen(storage.engine, "begin", on_begin)
+    storage.engine.dispose()  # reconnect under these rules
 
 
 def open_storage(
@@ -125,7 +147,7 @@ def open_storage(
         try:
             storage = RDBStorage(canon, engine_kwargs=engine_kwargs)
             if canon.startswith("sqlite:"):
-                _fast_commits(storage)
+                _sqlite_session_rules(storage)
             return storage
         except sqlalchemy.exc.DBAPIError:
             # workers that start together race to create the schema on a fresh database;

@@ -502,7 +502,13 @@ class Tuner:
                 self._enqueue_unseen()
                 dups = 0
             trial = study.ask()
-            rec = self.evaluate(trial)
+            try:
+                rec = self.evaluate(trial)
+            except UpdateFinishedTrialError:
+                # a storage without atomic row locks handed this trial to another worker
+                # too, and that worker finished it first: it is theirs, take the next one
+                dups += 1
+                continue
             dups = dups + 1 if not rec.evaluated else 0
             if on_trial is not None:
                 on_trial(rec, self)
