@@ -261,12 +261,17 @@ def _summary(tuner: Any, report: Any) -> str:
 # ---------------------------------------------------------------------------- configs
 def add_configs_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `nki-kernels configs`."""
-    sub = p.add_subparsers(dest="configs_cmd", metavar="show|diff", required=True)
+    sub = p.add_subparsers(dest="configs_cmd", metavar="show|summary|diff", required=True)
     show = sub.add_parser("show", help="list stored tuned configs with their provenance")
     show.add_argument("--target", default=None)
     show.add_argument("--op", default=None)
     show.add_argument("--config-dir", default=None, help="a user dir (default: env + shipped)")
     show.add_argument("--markdown", action="store_true", help="one markdown table row per entry")
+    summ = sub.add_parser(
+        "summary", help="markdown table: tuned vs default latency per op, bucket and target"
+    )
+    summ.add_argument("--op", default=None)
+    summ.add_argument("--config-dir", default="shipped", help="default: the packaged configs")
     diff = sub.add_parser("diff", help="compare two config directories ('shipped' = packaged)")
     diff.add_argument("a")
     diff.add_argument("b")
@@ -307,8 +312,51 @@ def _current_hash(op: str) -> str | None:
         return None
 
 
+def _compact_problem(key: str) -> str:
+    """A problem key without the fields every shipped entry shares (bf16, weighted)."""
+    parts = [p for p in key.split(",") if p not in ("dtype=bfloat16", "affine=w", "batch=1")]
+    return ", ".join(parts)
+
+
+def _summary(directory: Path, op: str | None) -> list[str]:
+    files = _files(directory, None, op)
+    targets = sorted({t for t, _ in files})
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    speedups: list[float] = []
+    for (t, o), path in files.items():
+        current = _current_hash(o)
+        for key, entry in _entries(path).items():
+            prov = entry.get("provenance", {})
+            lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+            stale = "" if current is None or prov.get("kernel_hash") == current else " STALE"
+            speedups.append(dflt / lat)
+            cell = f"{dflt / 1e3:.1f} → {lat / 1e3:.1f} (x{dflt / lat:.2f}){stale}"
+            rows.setdefault((o, key), {})[t] = cell
+    head = ["op", "bucketed problem", *(f"{t}: default → tuned, us" for t in targets)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (o, key), cells in sorted(rows.items(), key=lambda kv: (kv[0][0], _natural((kv[0][1], 0)))):
+        out.append(
+            f"| {o} | {_compact_problem(key)} | "
+            + " | ".join(cells.get(t, "–") for t in targets)
+            + " |"
+        )
+    if speedups:
+        gm = math.exp(sum(math.log(x) for x in speedups) / len(speedups))
+        out.append("")
+        out.append(
+            f"{len(speedups)} entries; speedup geomean x{gm:.3f}, max x{max(speedups):.2f}, "
+            f"min x{min(speedups):.2f}. Latencies as recorded in each entry's provenance "
+            "(the measurer named there)."
+        )
+    return out
+
+
 def run_configs(args: argparse.Namespace) -> int:
-    """`nki-kernels configs show|diff`."""
+    """`nki-kernels configs show|summary|diff`."""
+    if args.configs_cmd == "summary":
+        lines = _summary(_dirs(args.config_dir)[0], args.op)
+        print("\n".join(lines) if len(lines) > 2 else "no stored configs")
+        return 0
     if args.configs_cmd == "show":
         from .export import describe_entry
 

@@ -55,6 +55,32 @@ def test_configs_diff_reports_changed_entries(tmp_path, capsys):
     assert "2 difference(s)" in out
 
 
+def test_configs_summary_puts_targets_side_by_side(tmp_path, capsys):
+    for target, lat in (("trn2", 1500.0), ("trn3", 1000.0)):
+        d = tmp_path / target
+        d.mkdir()
+        entry = {
+            "config": {"chunk": 512},
+            "provenance": {"latency_ns": lat, "default_latency_ns": 2000.0},
+        }
+        entries = {"affine=w,dtype=bfloat16,hidden=64,rows=256": entry}
+        (d / "toy_op.json").write_text(json.dumps({"format": 1, "entries": entries}))
+    assert main(["configs", "summary", "--config-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| op | bucketed problem | trn2: default → tuned, us | trn3: default → tuned, us |" in out
+    assert "| toy_op | hidden=64, rows=256 | 2.0 → 1.5 (x1.33) | 2.0 → 1.0 (x2.00) |" in out
+    assert "2 entries; speedup geomean x1.633, max x2.00, min x1.33" in out
+
+
+def test_shipped_configs_match_the_current_kernels(capsys):
+    # a kernel change without re-running scripts/tune_shipped_configs.py makes lookup
+    # refuse the shipped entries; this keeps the packaged files in step with the kernels
+    assert main(["configs", "summary"]) == 0
+    out = capsys.readouterr().out
+    assert "entries; speedup geomean" in out
+    assert "STALE" not in out, [line for line in out.splitlines() if "STALE" in line]
+
+
 def test_buckets_command_compares_with_the_defaults(tmp_path, capsys):
     f = tmp_path / "lengths.txt"
     f.write_text("\n".join(f"{n} {c}" for n, c in [(100, 50), (700, 30), (3000, 5), (9000, 1)]))
