@@ -24,10 +24,27 @@ out[t] = sum over kept j of weights[t, j] * y_{ids[t, j]}(hidden[t]).
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class MoERouting:
+    """The MoE layer's routing options: the keyword arguments of `torch.ops.nki.moe_mlp`,
+    `nn.MoE` and `moe_reference` (one definition; defaults as documented above)."""
+
+    top_k: int
+    renormalize: bool = True
+    scoring: str = "softmax"
+    capacity_factor: float | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """{'top_k': ..., 'renormalize': ..., 'scoring': ..., 'capacity_factor': ...}."""
+        return asdict(self)
 
 
 def capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
@@ -79,17 +96,18 @@ def moe_reference(
     w_gate_up: Tensor,
     w_down: Tensor,
     top_k: int,
-    renormalize: bool = True,
-    scoring: str = "softmax",
-    capacity_factor: float | None = None,
+    **opts: Any,
 ) -> Tensor:
-    """The MoE layer's output [T, H] in fp32 (differentiable in every float input)."""
+    """The MoE layer's output [T, H] in fp32 (differentiable in every float input).
+
+    `opts`: the other `MoERouting` fields (renormalize, scoring, capacity_factor).
+    """
+    r = MoERouting(top_k, **opts)
     t_count, h = hidden.shape
     num_experts = router_logits.shape[1]
-    weights, ids = route_reference(router_logits, top_k, scoring, renormalize)
-    cap = (
-        None if capacity_factor is None else capacity(t_count, num_experts, top_k, capacity_factor)
-    )
+    weights, ids = route_reference(router_logits, top_k, r.scoring, r.renormalize)
+    cf = r.capacity_factor
+    cap = None if cf is None else capacity(t_count, num_experts, top_k, cf)
     keep = capacity_keep(ids, num_experts, cap)
     out = torch.zeros(t_count, h, dtype=torch.float32)
     for e in range(num_experts):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..moe.reference import MoERouting
 from ..ops import moe as _moe_ops  # noqa: F401  (registers torch.ops.nki.moe_*)
 
 
@@ -42,21 +43,18 @@ class MoE(nn.Module):
         num_experts: int,
         top_k: int,
         *,
-        renormalize: bool = True,
-        scoring: str = "softmax",
-        capacity_factor: float | None = None,
         device: Any = None,
         dtype: torch.dtype | None = None,
+        **routing: Any,
     ) -> None:
+        """`routing`: renormalize (True), scoring ('softmax'), capacity_factor (None), as
+        in `torch.ops.nki.moe_mlp` (`moe.reference.MoERouting`)."""
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.num_experts = num_experts
-        self.top_k = top_k
-        self.renormalize = renormalize
-        self.scoring = scoring
-        self.capacity_factor = capacity_factor
+        self.routing = MoERouting(top_k, **routing)
         self.gate = nn.Linear(hidden_size, num_experts, bias=False, **factory)
         self.w_gate_up = nn.Parameter(
             torch.empty(num_experts, hidden_size, 2 * intermediate_size, **factory)
@@ -82,10 +80,7 @@ class MoE(nn.Module):
             logits,
             self.w_gate_up,
             self.w_down,
-            top_k=self.top_k,
-            renormalize=self.renormalize,
-            scoring=self.scoring,
-            capacity_factor=self.capacity_factor,
+            **self.routing.kwargs(),
         )
         return y.reshape(x.shape)
 
@@ -135,6 +130,5 @@ class MoE(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-            f"num_experts={self.num_experts}, top_k={self.top_k}, scoring={self.scoring}, "
-            f"renormalize={self.renormalize}, capacity_factor={self.capacity_factor}"
+            f"num_experts={self.num_experts}, {self.routing}"
         )

@@ -24,6 +24,7 @@ from ..moe.blockwise_mlp import moe_mlp_fwd
 from ..moe.blockwise_mlp_bwd import moe_mlp_bwd
 from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from ..moe.grouping import BlockPlan, plan_blocks
+from ..moe.reference import MoERouting
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
 from ..runtime import DEFAULT_POLICY, launch, lookup_config, pad_to_bucket, unpad
 from ..targets import get_target
@@ -63,12 +64,9 @@ def _check_mlp(
     router_logits: Tensor,
     w_gate_up: Tensor,
     w_down: Tensor,
-    top_k: Any,
-    renormalize: Any,
-    scoring: Any,
-    capacity_factor: Any,
+    r: MoERouting,
 ) -> None:
-    e = _check_routing(router_logits, top_k, renormalize, scoring)
+    e = _check_routing(router_logits, r.top_k, r.renormalize, r.scoring)
     check_tensor("hidden", hidden, dtypes=HIDDEN_DTYPES, min_dim=2)
     if hidden.dim() != 2:
         raise ValueError(f"hidden: expected 2 dims [T, H]; got {tuple(hidden.shape)}")
@@ -97,8 +95,8 @@ def _check_mlp(
             f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
             f"{tuple(w_down.shape)}"
         )
-    if capacity_factor is not None:
-        check_positive("capacity_factor", capacity_factor)
+    if r.capacity_factor is not None:
+        check_positive("capacity_factor", r.capacity_factor)
 
 
 # ---- host plumbing -----------------------------------------------------------------------
@@ -141,6 +139,20 @@ def _meta(plan: BlockPlan, device: torch.device) -> dict[str, Tensor]:
 def _problem(tb: int, w_gate_up: Tensor, top_k: int) -> MoEProblem:
     e, h, i2 = w_gate_up.shape
     return MoEProblem(tb, h, i2 // 2, e, top_k, _dtype_name(w_gate_up))
+
+
+def _routed_plan(
+    op: str, kernel: Any, hidden: Tensor, lp: Tensor, w_gate_up: Tensor, r: MoERouting
+) -> tuple[Any, BlockPlan, dict[str, Tensor], Tensor]:
+    """Route the padded logits `lp`, look up `op`'s config for the bucket and plan its
+    blocks: (config, plan, plan tensors on hidden's device, expert ids)."""
+    weights, ids = _route(lp, r.top_k, r.scoring, r.renormalize)
+    problem = _problem(lp.shape[0], w_gate_up, r.top_k)
+    cfg = lookup_config(op, problem, kernel, target=get_target(None))
+    t, e = hidden.shape[0], w_gate_up.shape[0]
+    assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
+    plan = _plan(weights, ids, t, e, cfg.block_size, r.capacity_factor)
+    return cfg, plan, _meta(plan, hidden.device), ids
 
 
 # ---- moe_route ------------------------------------------------------------------------------
@@ -230,40 +242,22 @@ def moe_route_backward(
 
 
 # ---- moe_mlp -------------------------------------------------------------------------------
-def _mlp_fake(
-    hidden: Tensor,
-    router_logits: Tensor,
-    w_gate_up: Tensor,
-    w_down: Tensor,
-    *,
-    top_k: int,
-    renormalize: bool = True,
-    scoring: str = "softmax",
-    capacity_factor: float | None = None,
-) -> Tensor:
+def _mlp_fake(hidden: Tensor, *args: Any, **kw: Any) -> Tensor:
     return torch.empty_like(hidden)
 
 
 def _mlp_validate(
     hidden: Tensor, router_logits: Tensor, w_gate_up: Tensor, w_down: Tensor, **kw: Any
 ) -> None:
-    _check_mlp(
-        hidden,
-        router_logits,
-        w_gate_up,
-        w_down,
-        kw.get("top_k"),
-        kw.get("renormalize", True),
-        kw.get("scoring", "softmax"),
-        kw.get("capacity_factor"),
-    )
+    r = MoERouting(**{"top_k": None, **kw})  # a missing top_k fails the check by name
+    _check_mlp(hidden, router_logits, w_gate_up, w_down, r)
 
 
 def _mlp_setup(
     ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Tensor
 ) -> None:
     ctx.save_for_backward(*inputs)
-    ctx.opts = dict(keyword_only_inputs)
+    ctx.opts = MoERouting(**keyword_only_inputs).kwargs()
 
 
 def _mlp_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
@@ -312,16 +306,13 @@ def moe_mlp(
     capacity_factor: float | None = None,
 ) -> Tensor:
     """SwiGLU mixture of experts: sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) (NKI)."""
+    routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
     target = get_target(None)
     t = hidden.shape[0]
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    weights, ids = _route(lp, top_k, scoring, renormalize)
-    problem = _problem(hp.shape[0], w_gate_up, top_k)
-    cfg = lookup_config("moe_mlp", problem, moe_mlp_fwd, target=target)
+    cfg, plan, m, _ = _routed_plan("moe_mlp", moe_mlp_fwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPConfig)
-    plan = _plan(weights, ids, t, w_gate_up.shape[0], cfg.block_size, capacity_factor)
-    m = _meta(plan, hidden.device)
     out = launch(
         moe_mlp_fwd,
         hp,
@@ -363,7 +354,8 @@ def _mlp_bwd_fake(
         hidden, router_logits, w_gate_up, w_down, **kw
     ),
     examples=lambda: [
-        ((torch.randn(a[0].shape), *(x.detach() for x in a)), kw) for a, kw in mlp_examples()[:1]
+        ((torch.randn(a[0].shape), *(x.detach() for x in a)), MoERouting(**kw).kwargs())
+        for a, kw in mlp_examples()[:1]
     ],
 )
 def moe_mlp_backward(
@@ -374,23 +366,19 @@ def moe_mlp_backward(
     w_down: Tensor,
     *,
     top_k: int,
-    renormalize: bool = True,
-    scoring: str = "softmax",
-    capacity_factor: float | None = None,
+    renormalize: bool,
+    scoring: str,
+    capacity_factor: float | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(d hidden, d router_logits, d w_gate_up, d w_down) of `moe_mlp` (NKI kernels)."""
+    routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
     target = get_target(None)
     t = hidden.shape[0]
-    e = w_gate_up.shape[0]
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    weights, ids = _route(lp, top_k, scoring, renormalize)
-    problem = _problem(hp.shape[0], w_gate_up, top_k)
-    cfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=target)
+    cfg, plan, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPBwdConfig)
-    plan = _plan(weights, ids, t, e, cfg.block_size, capacity_factor)
-    m = _meta(plan, hidden.device)
     # written in place for every expert with a block (fp32 sums on chip, one rounding)
     dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hidden.device)
     dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hidden.device)
