@@ -240,7 +240,8 @@ class RMSNormBwdConfig(_NormConfig):
     op_name: ClassVar[str] = "rms_norm_bwd"
     backward: ClassVar[bool] = True
 
-    temporaries: ClassVar[int] = 3  # fp32 [P, chunk] rings of 2: dy*x, its product with w, g
+    # fp32 [P, chunk] rings of 2 (resident, streamed): p, g (stage C); streamed also p * w
+    temporaries: ClassVar[tuple[int, int]] = (2, 3)
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
@@ -248,16 +249,20 @@ class RMSNormBwdConfig(_NormConfig):
         total = _r(h * isz) if problem.has_weight else 0
         total += 2 * d * _r(kk * (h if self.resident else c) * isz)  # x and dy tiles
         total += 2 * _r(kk * c * isz)  # dx chunks (ring of 2)
-        total += 2 * self.temporaries * _r(c * 4)
+        temps = self.temporaries[0 if self.resident else 1]
+        total += 2 * temps * _r(c * 4)
+        if self.resident:  # row-sum operands of a tile, stage A to B (ring of 2)
+            total += 2 * _r(kk * h * 4)
         total += 2 * _r(P * isz)  # identity (and the ones it is selected from)
         total += _r(4) + _r(-(-h // P) * 4) + _r(P * 4)  # ones; final column-sum copies
         return total + _small(problem, kk, -(-h // c), 6)
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
-        # VectorE's share of the dy products reads dy from PSUM (1 cycle / element), so an
-        # even split balances VectorE and GpSimd (modeled, cost model v1, trn2)
-        return cls._pick(problem, target, gpsimd_eighths=4)
+        # VectorE's share of the dy products reads dy from PSUM (1 cycle / element) and
+        # GpSimd also takes all of p * w: a quarter of the dy products balances the two
+        # (modeled, cost model v1, trn2)
+        return cls._pick(problem, target, gpsimd_eighths=2)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -346,12 +351,14 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
 
     op_name: ClassVar[str] = "layer_norm_bwd"
 
-    temporaries: ClassVar[int] = 5  # (x - mean) * dy, its product with w, g (twice), x*c1
+    # resident: p (g kept); streamed: p, p * w, g twice
+    temporaries: ClassVar[tuple[int, int]] = (1, 4)
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         extra = _r(4) + _r(-(-problem.hidden // P) * 4) + _r(P * 4)  # the bias sums' copies
-        if self.resident:  # x * c1 + c0 for a whole tile, from stage B to C
-            extra += 2 * _r(self.rows_per_partition * problem.hidden * 4)
+        extra += _r(self.chunk * problem.itemsize)  # discarded copy (sum of dy, no weight)
+        if self.resident and problem.has_weight:  # g of each tile in flight, stage A to C
+            extra += NSTAGES * _r(self.rows_per_partition * problem.hidden * 4)
         return super().sbuf_bytes(problem) + extra + _small(problem, self.rows_per_partition, 1, 10)
 
     @classmethod

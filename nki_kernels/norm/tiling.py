@@ -390,19 +390,24 @@ def _chunk_views(ld: dict[str, Any], rows: int, d0: int, cw: int) -> dict[str, A
     return {name: t[0:rows, :, d0 : d0 + cw] for name, t in ld.items()}
 
 
-def pipeline_order(segs: list[dict[str, Any]], nstages: int) -> list[tuple[int, int]]:
+def pipeline_order(
+    segs: list[dict[str, Any]], nstages: int, step_order: tuple[int, ...] = ()
+) -> list[tuple[int, int]]:
     """Program order (stage, tile index) of a software pipeline over the tiles of `segs`.
 
     Step t runs stage 0 of tile t, stage 1 of tile t-1, ..., stage K-1 of tile t-K+1, in
-    that order. Each stage hands work to other engines that the next stage of the same
-    tile consumes one step later, so in every engine's in-order stream the instructions
-    of one step depend only on what earlier steps produced: no engine waits on another
-    within a step, and the engines overlap across tiles.
+    that order or in `step_order` (a permutation of the stage indices). Each stage hands
+    work to other engines that the next stage of the same tile consumes one step later,
+    so in every engine's in-order stream the instructions of one step depend only on what
+    earlier steps produced: no engine waits on another across stages within a step, and
+    the engines overlap across tiles.
     """
     ntiles = sum(len(seg["tiles"]) for seg in segs)
     order = []
+    ks = step_order or tuple(range(nstages))
+    assert sorted(ks) == list(range(nstages)), f"step_order: a permutation; got {ks}"
     for step in range(ntiles + nstages - 1):
-        for k in range(nstages):
+        for k in ks:
             i = step - k
             if 0 <= i < ntiles:
                 order.append((k, i))
@@ -415,13 +420,14 @@ def pipeline_jobs(
     resident: bool,
     chunks: list[Any],
     reload_last: bool = True,
+    step_order: tuple[int, ...] = (),
 ) -> list[Any]:
     """Load jobs in the order `run_pipeline` takes them: a whole tile at stage 0 (resident),
     or every column chunk at the first stage and, with `reload_last`, again at the last
     (streaming)."""
     tiles = [t for seg in segs for t in seg["tiles"]]
     jobs: list[Any] = []
-    for k, i in pipeline_order(segs, nstages):
+    for k, i in pipeline_order(segs, nstages, step_order):
         if resident:
             if k == 0:
                 jobs.append((tiles[i], None))
@@ -443,14 +449,16 @@ def run_rows(
     seg_begin: Any,
     seg_end: Any = None,
     reload_last: bool = True,
+    step_order: tuple[int, ...] = (),
 ) -> None:
     """Run a row-tile kernel: its loads (ctx["loads"], see `issue_rows_load`) issued ahead
     through ctx["pf"], and `stages` over the tiles of `segs` (see `run_pipeline`)."""
     plan = ctx["plan"]
-    jobs = pipeline_jobs(segs, len(stages), plan["resident"], ctx["chunks"], reload_last)
-    ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
+    n = len(stages)
+    jobs = pipeline_jobs(segs, n, plan["resident"], ctx["chunks"], reload_last, step_order)
+    ahead = prefetch_depth(plan["resident"], plan["bufs"], n)
     ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
-    run_pipeline(ctx, segs, stages, seg_begin, seg_end)
+    run_pipeline(ctx, segs, stages, seg_begin, seg_end, step_order)
 
 
 def run_pipeline(
@@ -459,6 +467,7 @@ def run_pipeline(
     stages: list[Any],
     seg_begin: Any,
     seg_end: Any = None,
+    step_order: tuple[int, ...] = (),
 ) -> None:
     """Run the stages of every tile in `pipeline_order`.
 
@@ -471,7 +480,7 @@ def run_pipeline(
     seg_states: dict[int, Any] = {}
     states: dict[int, Any] = {}
     last = len(stages) - 1
-    for k, i in pipeline_order(segs, len(stages)):
+    for k, i in pipeline_order(segs, len(stages), step_order):
         si, t = flat[i]
         if k == 0:
             if si not in seg_states:

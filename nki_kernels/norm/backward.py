@@ -1,0 +1,361 @@
+"""The backward pipeline shared by the RMSNorm and LayerNorm backward kernels (inlined).
+
+Per row (stats saved by the forward; RMSNorm is the case mean = 0 without A and db;
+g = dy * w, H = hidden size):
+    p     = (x - mean) * dy                  VectorE (LayerNorm: one scalar_tensor_tensor)
+                                             or VectorE + GpSimd (RMSNorm: tensor_tensor)
+    dw   += sum_rows(p * rstd)               TensorE: p block^T @ rstd column (PSUM)
+    db   += sum_rows(dy)                     TensorE: dy block^T @ ones column (PSUM)
+    B     = sum_h(p * w)                     GpSimd product, ScalarE add-reduce
+    A     = sum_h(g)                         ScalarE add-reduce (LayerNorm)
+    c1    = -rstd^3 * B / H ;  c0 = -rstd * A / H - c1 * mean       per row (VectorE)
+    dx    = g * rstd + (x * c1 + c0)         ScalarE into PSUM, then one VectorE STT
+Engines: the VectorE shares of the products with dy read dy from a PSUM copy made on
+TensorE (an identity matmul, exact for bf16 / fp16): a VectorE instruction with a PSUM
+operand costs 1 cycle per element instead of 2. GpSimd, which cannot read PSUM, takes
+`gpsimd_eighths` / 8 of those products from SBUF and all of p * w (two SBUF operands: as
+slow on VectorE, and VectorE has the PSUM-fed work). x * c1 + c0 goes to a PSUM bank
+(ScalarE), so the final combine reads one PSUM operand as well. Every intermediate is
+fp32 (bf16 * bf16 products are exact there); dx is rounded once.
+
+Pipeline (tiling.run_rows; step t runs A(t), B(t-1), C(t-2)):
+    A: loads; per chunk and row group: p, the column sums, the row sums (LayerNorm
+       also g, kept for C when the tile is resident)
+    B: c1, c0
+    C: [g again: RMSNorm, or streamed tiles]; x * c1 + c0; dx; store
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..nki import nisa, nl
+from .tiling import (
+    P,
+    col_chunks,
+    colsum_add,
+    colsum_init,
+    each_chunk,
+    identity,
+    load_row_vector,
+    prefetch_take,
+    ring_alloc,
+    rings,
+    row_segments,
+    rows_view,
+    run_rows,
+    scratch,
+    stats_load,
+    temp,
+    tt_split,
+)
+
+PSUM_COLS = 512  # fp32 columns of one PSUM bank
+PSUM_RING = 3  # PSUM banks x * c1 + c0 rotates through
+DY_RING = 2  # PSUM banks the dy copies rotate through (with the column sums: <= 7 of 8)
+NSTAGES = 3  # A: loads, gradient terms, row sums; B: dx coefficients; C: dx and its store
+
+
+def bwd_rows(
+    dy: Any,
+    x: Any,
+    w: Any,
+    stats: tuple[Any, ...],
+    plan: dict[str, Any],
+    dh: Any = None,
+    has_bias: bool = False,
+) -> dict[str, Any]:
+    """Run the backward over every row tile; returns the context: ctx["dx"] ([N, H] HBM),
+    ctx["acc_w"] / ctx["acc_b"] (column-sum accumulators of dw / db, or None).
+
+    `stats` is (rstd,) for RMSNorm or (mean, rstd) for LayerNorm ([N] fp32 HBM each);
+    `dh` (RMSNorm only) is added to dx.
+    """
+    n, hdim = x.shape
+    ln = len(stats) == 2
+    ctx = {
+        "dx": nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm),
+        "ln": ln,
+        "plan": plan,
+        "chunks": col_chunks(hdim, plan["chunk"]),
+        "w_sb": load_row_vector(w, hdim),
+        "acc_w": colsum_init(hdim) if w is not None else None,
+        "acc_b": colsum_init(hdim) if has_bias else None,
+        "eye": identity(dy.dtype) if dy.dtype != nl.float32 else None,
+        "junk": scratch(plan["chunk"], x.dtype) if ln and w is None else None,
+        # a resident tile's row sums are taken one step later (stage B), from fp32 tiles
+        # kept in SBUF, and LayerNorm keeps g = dy * w for dx; a streamed tile (wide rows)
+        # sums each chunk at once and recomputes g in stage C
+        "defer": plan["resident"],
+        "keep_g": ln and w is not None and plan["resident"],
+        "rings": rings(),
+        "stats": stats,
+        "loads": (("x", x), ("dy", dy), ("dh", dh)),
+    }
+    stages = [_stage_a, _stage_b, _stage_c]
+    # per step: dx of tile t-2, the products of tile t, the row sums of tile t-1, so that
+    # each engine's share of one stage never waits on another engine's of the same step
+    order = (2, 0, 1)
+    run_rows(ctx, row_segments(n, plan["k"]), stages, stats_load, step_order=order)
+    return ctx
+
+
+# --- stages ----------------------------------------------------------------------------
+def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
+    """Load; per chunk: p, the column sums (TensorE), g and the row-sum operands."""
+    rows, kk, off = tile[1], tile[2], tile[4]
+    hdim = ctx["dx"].shape[1]
+    st = {
+        "tile": tile,
+        "cols": tuple(s[0:rows, off : off + kk] for s in sbufs),
+        "sums": tuple(
+            nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
+            for _ in range(2 if ctx["ln"] else 1)
+        ),
+        # operands of the row sums, reduced one step later (stage B) so that ScalarE never
+        # waits for this tile's products within a step; g is also dx's (stage C)
+        "q": None,
+        "g": None,
+    }
+    if ctx["defer"]:
+        st["q"] = ring_alloc(ctx["rings"]["q"], 2, (P, kk, hdim), nl.float32)
+    if ctx["keep_g"]:
+        st["g"] = ring_alloc(ctx["rings"]["g"], NSTAGES, (P, kk, hdim), nl.float32)
+    st["ld"] = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
+    each_chunk(ctx, tile, st["ld"], _pass1_chunk, st)
+    return st
+
+
+def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """The row sums (ScalarE) and the per-row coefficients of dx (VectorE, [rows, kk])."""
+    rows, kk = st["tile"][1], st["tile"][2]
+    for ci, (c0, cw) in enumerate(ctx["chunks"] if ctx["defer"] else ()):
+        for j in range(kk):
+            col = (slice(0, rows), j, slice(ci, ci + 1))
+            _row_sum(st["sums"][0][col], st["q"][0:rows, j, c0 : c0 + cw])
+            if st["g"] is not None:
+                _row_sum(st["sums"][1][col], st["g"][0:rows, j, c0 : c0 + cw])
+    st["coefs"] = _coefs(ctx, st["tile"], st["sums"], st["cols"])
+    return st
+
+
+def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """dx per chunk and its store (streaming: reloading x and dy)."""
+    each_chunk(ctx, st["tile"], st["ld"], _pass2_chunk, st)
+    return st
+
+
+# --- pass 1: gradient terms ------------------------------------------------------------
+def _pass1_chunk(
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], st: dict[str, Any]
+) -> None:
+    rows, kk = tile[1], tile[2]
+    xc, dyc = v["x"], v["dy"]
+    cw = xc.shape[2]
+    ln, w_sb, cols = ctx["ln"], ctx["w_sb"], st["cols"]
+    wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
+    gpsimd = 8 if ctx["plan"]["gpsimd_eighths"] > 0 else 0
+    rcol, (vw, blocks) = cols[-1], _split(ctx, cw)
+    for j in range(kk):
+        q = st["q"][0:rows, j, c0 : c0 + cw] if ctx["defer"] else temp(ctx, "q")[0:rows, 0:cw]
+        p = temp(ctx, "p")[0:rows, 0:cw] if w_sb is not None else q
+        gj = None
+        if st["g"] is not None:
+            gj = st["g"][0:rows, j, c0 : c0 + cw]
+        elif ln and w_sb is not None:
+            gj = temp(ctx, "g")[0:rows, 0:cw]
+        mcol = cols[0][:, j : j + 1] if ln else None
+        xj, dyj = xc[:, j, :], dyc[:, j, :]
+        _gpsimd_products(None if ln else p, gj, xj, dyj, wc, vw)
+        # per PSUM bank of columns, what consumes block b-1 is issued after the products
+        # of block b: TensorE copies dy ahead of the column sums, which wait for p
+        for b in range(len(blocks) + 1):
+            if b < len(blocks):
+                _products(ctx, p, gj, xj, dyj, wc, mcol, blocks[b], vw)
+            if b == 0:
+                continue
+            s0, m = blocks[b - 1]
+            sl = slice(s0, s0 + m)
+            if ctx["acc_b"] is not None:
+                colsum_add(ctx["acc_b"], dyj[:, sl], c0 + s0)
+            if w_sb is not None:
+                colsum_add(ctx["acc_w"], p[:, sl], c0 + s0, rcol[:, j : j + 1])
+        if w_sb is not None:
+            tt_split(q, p, wc, nl.multiply, gpsimd)
+        col = (slice(0, rows), j, slice(ci, ci + 1))
+        if not ctx["defer"]:
+            _row_sum(st["sums"][0][col], q)
+            if gj is not None:
+                _row_sum(st["sums"][1][col], gj)
+        if ln and w_sb is None:  # no weight: A = sum(dy) now (the copy is discarded)
+            _row_sum(st["sums"][1][col], dyj, ctx["junk"][0:rows, 0:cw])
+
+
+def _split(ctx: dict[str, Any], cw: int) -> tuple[int, list[tuple[int, int]]]:
+    """(vw, blocks) for a chunk of cw columns: VectorE takes the products with dy on
+    columns [0, vw), GpSimd on [vw, cw) (`gpsimd_eighths` / 8 of them, in whole 128-column
+    blocks, one instruction per operand: its 150-cycle start-up is paid once per row);
+    `blocks` are the PSUM-bank column blocks of [0, vw), then those of [vw, cw)."""
+    e = ctx["plan"]["gpsimd_eighths"]
+    vw = cw if cw <= P else min(cw, (cw * (8 - e) // 8 + P // 2) // P * P)
+    tail = [(vw + s0, m) for s0, m in col_chunks(cw - vw, PSUM_COLS)] if cw > vw else []
+    return vw, (col_chunks(vw, PSUM_COLS) if vw else []) + tail
+
+
+def _gpsimd_products(p: Any, g: Any, xj: Any, dyj: Any, wc: Any, vw: int) -> None:
+    """GpSimd's columns [vw, cw) of p = x * dy and g = dy * w (either may be None)."""
+    cw = dyj.shape[1]
+    if vw == cw:
+        return
+    sl = slice(vw, cw)
+    for dst, other in ((p, xj), (g, wc)):
+        if dst is not None:
+            nisa.tensor_tensor(
+                dst=dst[:, sl],
+                data1=dyj[:, sl],
+                data2=other[:, sl],
+                op=nl.multiply,
+                engine=nisa.engine.gpsimd,
+            )
+
+
+def _products(
+    ctx: dict[str, Any], p: Any, g: Any, xj: Any, dyj: Any, wc: Any, mcol: Any, block: Any, vw: int
+) -> None:
+    """VectorE's share of p = (x - mean) * dy (p None: skipped; mean None: x * dy) and of
+    g = dy * w (g None: skipped) on the columns `block` = (s0, m), m <= one PSUM bank,
+    reading dy from a TensorE copy in PSUM. LayerNorm's p (a scalar_tensor_tensor, which
+    GpSimd lacks) is VectorE's on every block; the rest only on blocks below vw."""
+    rows = dyj.shape[0]
+    s0, m = block
+    sl = slice(s0, s0 + m)
+    ln_p = p is not None and mcol is not None
+    if s0 >= vw and not ln_p:
+        return
+    dy_v = dyj[:, sl]
+    if ctx["eye"] is not None:
+        dyp = ring_alloc(ctx["rings"]["dyp"], DY_RING, (P, PSUM_COLS), nl.float32, nl.psum)
+        dy_v = dyp[0:rows, 0:m]
+        nisa.nc_matmul(dst=dy_v, stationary=ctx["eye"][0:rows, 0:rows], moving=dyj[:, sl])
+    if ln_p:
+        nisa.scalar_tensor_tensor(
+            dst=p[:, sl],
+            data=xj[:, sl],
+            op0=nl.subtract,
+            operand0=mcol,
+            op1=nl.multiply,
+            operand1=dy_v,
+        )
+    if s0 >= vw:
+        return
+    for dst, other in ((None if ln_p else p, xj), (g, wc)):
+        if dst is not None:
+            nisa.tensor_tensor(dst=dst[:, sl], data1=dy_v, data2=other[:, sl], op=nl.multiply)
+
+
+def _row_sum(dst_col: Any, t: Any, out: Any = None) -> None:
+    """dst_col = the sum of t over its free dim (ScalarE copy with add-reduce, written
+    back over t -- the same fp32 values -- or into `out`)."""
+    nisa.activation(
+        dst=t if out is None else out,
+        op=nl.copy,
+        data=t,
+        reduce_op=nl.add,
+        reduce_res=dst_col,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+    )
+
+
+def _coefs(ctx: dict[str, Any], tile: Any, sums: Any, cols: Any) -> tuple[Any, Any]:
+    """(c0 or None, c1) as [P, kk] fp32: c1 = -rstd^3 * B / H; LayerNorm:
+    c0 = -rstd * A / H - c1 * mean."""
+    rows, kk = tile[1], tile[2]
+    hdim = ctx["dx"].shape[1]
+    rcol = cols[-1]
+    tot = []
+    for s in sums:
+        if s.shape[2] == 1:
+            tot.append(s[0:rows, :, 0])
+            continue
+        t = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=t[0:rows, :], op=nl.add, data=s[0:rows, :, :], axis=(2,))
+        tot.append(t[0:rows, :])
+    c1 = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(
+        dst=c1[0:rows, :],
+        data=rcol,
+        op0=nl.multiply,
+        operand0=-1.0 / hdim,
+        op1=nl.multiply,
+        operand1=rcol,
+    )  # -rstd^2 / H
+    nisa.tensor_tensor(dst=c1[0:rows, :], data1=c1[0:rows, :], data2=rcol, op=nl.multiply)
+    nisa.tensor_tensor(dst=c1[0:rows, :], data1=c1[0:rows, :], data2=tot[0], op=nl.multiply)
+    if not ctx["ln"]:
+        return None, c1
+    mcol = cols[0]
+    c0 = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(
+        dst=c0[0:rows, :],
+        data=tot[1],
+        op0=nl.multiply,
+        operand0=-1.0 / hdim,
+        op1=nl.multiply,
+        operand1=rcol,
+    )  # -rstd * A / H
+    cm = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=cm[0:rows, :], data1=c1[0:rows, :], data2=mcol, op=nl.multiply)
+    nisa.tensor_tensor(dst=c0[0:rows, :], data1=c0[0:rows, :], data2=cm[0:rows, :], op=nl.subtract)
+    return c0, c1
+
+
+# --- pass 2: dx ------------------------------------------------------------------------
+def _pass2_chunk(
+    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], st: dict[str, Any]
+) -> None:
+    """dx = g * rstd + (x * c1 + c0) [+ dh] for one chunk, then its store."""
+    rows, kk = tile[1], tile[2]
+    xc, dyc, dhc = v["x"], v["dy"], v.get("dh")
+    cw = xc.shape[2]
+    w_sb, dx = ctx["w_sb"], ctx["dx"]
+    c0_col, c1_col = st["coefs"]
+    rcol = st["cols"][-1]
+    dxt = ring_alloc(ctx["rings"]["dx"], 2, (P, kk, ctx["plan"]["chunk"]), dx.dtype)
+    vw, blocks = _split(ctx, cw)
+    for j in range(kk):
+        gj, recompute = dyc[:, j, :], False
+        if st["g"] is not None:
+            gj = st["g"][0:rows, j, c0 : c0 + cw]
+        elif w_sb is not None:
+            gj, recompute = temp(ctx, "g2")[0:rows, 0:cw], True
+            wc = w_sb[0:rows, c0 : c0 + cw]
+            _gpsimd_products(None, gj, None, dyc[:, j, :], wc, vw)
+        bias = c0_col[0:rows, j : j + 1] if c0_col is not None else None
+        for b in range(len(blocks) + 1):
+            if recompute and b < len(blocks):  # g one block ahead of its use
+                _products(ctx, None, gj, None, dyc[:, j, :], wc, None, blocks[b], vw)
+            if b == 0:
+                continue
+            s0, m = blocks[b - 1]
+            # x * c1 + c0 lands in a PSUM bank so that the VectorE combine below reads one
+            # PSUM operand (half the cycles of two SBUF operands)
+            xs = ring_alloc(ctx["rings"]["xs"], PSUM_RING, (P, PSUM_COLS), nl.float32, nl.psum)
+            xsv = xs[0:rows, 0:m]
+            nisa.activation(
+                dst=xsv,
+                op=nl.copy,
+                data=xc[:, j, s0 : s0 + m],
+                scale=c1_col[0:rows, j : j + 1],
+                bias=bias,
+            )
+            if dhc is not None:
+                nisa.tensor_tensor(dst=xsv, data1=xsv, data2=dhc[:, j, s0 : s0 + m], op=nl.add)
+            nisa.scalar_tensor_tensor(
+                dst=dxt[0:rows, j, s0 : s0 + m],
+                data=gj[:, s0 : s0 + m],
+                op0=nl.multiply,
+                operand0=rcol[:, j : j + 1],
+                op1=nl.add,
+                operand1=xsv,
+            )
+    nisa.dma_copy(dst=rows_view(dx, tile)[:, :, c0 : c0 + cw], src=dxt[0:rows, :, 0:cw])
