@@ -53,7 +53,13 @@ from .tiling import (
 PSUM_COLS = 512  # fp32 columns of one PSUM bank
 PSUM_RING = 3  # PSUM banks x * c1 + c0 rotates through
 DY_RING = 2  # PSUM banks the dy copies rotate through (with the column sums: <= 7 of 8)
-NSTAGES = 3  # A: loads, gradient terms, row sums; B: dx coefficients; C: dx and its store
+NSTAGES = 3  # A: loads, gradient terms; R: row sums; D: dx coefficients, dx, its store
+
+
+def bwd_stages(ln: bool, resident: bool, has_weight: bool) -> int:
+    """Pipeline stages of a backward plan: RMSNorm with a weight and resident tiles adds a
+    stage Q (p * w on GpSimd) between A and R; every resident tile is held through all."""
+    return NSTAGES + (not ln and resident and has_weight)
 
 
 def bwd_rows(
@@ -88,14 +94,18 @@ def bwd_rows(
         # sums each chunk at once and recomputes g in stage C
         "defer": plan["resident"],
         "keep_g": ln and w is not None and plan["resident"],
+        "split_q": bwd_stages(ln, plan["resident"], w is not None) > NSTAGES,
         "rings": rings(),
         "stats": stats,
         "loads": (("x", x), ("dy", dy), ("dh", dh)),
     }
-    stages = [_stage_a, _stage_b, _stage_c]
-    # per step: dx of tile t-2, the products of tile t, the row sums of tile t-1, so that
-    # each engine's share of one stage never waits on another engine's of the same step
-    order = (2, 0, 1)
+    # per step: dx of the oldest tile, the products of the newest, then the rest, so that
+    # each engine's share of one stage waits on other engines only for work of earlier
+    # steps (or, within dx, for the few coefficient instructions VectorE issues first)
+    stages = [_stage_a, _stage_r, _stage_d]
+    if ctx["split_q"]:
+        stages.insert(1, _stage_q)
+    order = (len(stages) - 1, *range(len(stages) - 1))
     run_rows(ctx, row_segments(n, plan["k"]), stages, stats_load, step_order=order)
     return ctx
 
@@ -117,17 +127,28 @@ def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
         "q": None,
         "g": None,
     }
-    if ctx["defer"]:
-        st["q"] = ring_alloc(ctx["rings"]["q"], 2, (P, kk, hdim), nl.float32)
+    if ctx["defer"]:  # held until stage R
+        depth = 4 if ctx["split_q"] else 2
+        st["q"] = ring_alloc(ctx["rings"]["q"], depth, (P, kk, hdim), nl.float32)
     if ctx["keep_g"]:
-        st["g"] = ring_alloc(ctx["rings"]["g"], NSTAGES, (P, kk, hdim), nl.float32)
+        st["g"] = ring_alloc(ctx["rings"]["g"], NSTAGES, (P, kk, hdim), nl.float32)  # to D
     st["ld"] = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
     each_chunk(ctx, tile, st["ld"], _pass1_chunk, st)
     return st
 
 
-def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """The row sums (ScalarE) and the per-row coefficients of dx (VectorE, [rows, kk])."""
+def _stage_q(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """q = p * w in place (RMSNorm, resident): GpSimd, one instruction per row group."""
+    rows, kk = st["tile"][1], st["tile"][2]
+    eng = 8 if ctx["plan"]["gpsimd_eighths"] > 0 else 0
+    for j in range(kk):
+        q = st["q"][0:rows, j, :]
+        tt_split(q, q, ctx["w_sb"][0:rows, :], nl.multiply, eng)
+    return st
+
+
+def _stage_r(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """The row sums of a resident tile (ScalarE)."""
     rows, kk = st["tile"][1], st["tile"][2]
     for ci, (c0, cw) in enumerate(ctx["chunks"] if ctx["defer"] else ()):
         for j in range(kk):
@@ -135,12 +156,13 @@ def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
             _row_sum(st["sums"][0][col], st["q"][0:rows, j, c0 : c0 + cw])
             if st["g"] is not None:
                 _row_sum(st["sums"][1][col], st["g"][0:rows, j, c0 : c0 + cw])
-    st["coefs"] = _coefs(ctx, st["tile"], st["sums"], st["cols"])
     return st
 
 
-def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """dx per chunk and its store (streaming: reloading x and dy)."""
+def _stage_d(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """The per-row coefficients of dx (VectorE, [rows, kk]), then dx per chunk and its
+    store (streaming: reloading x and dy)."""
+    st["coefs"] = _coefs(ctx, st["tile"], st["sums"], st["cols"])
     each_chunk(ctx, st["tile"], st["ld"], _pass2_chunk, st)
     return st
 
@@ -158,7 +180,8 @@ def _pass1_chunk(
     rcol, (vw, blocks) = cols[-1], _split(ctx, cw)
     for j in range(kk):
         q = st["q"][0:rows, j, c0 : c0 + cw] if ctx["defer"] else temp(ctx, "q")[0:rows, 0:cw]
-        p = temp(ctx, "p")[0:rows, 0:cw] if w_sb is not None else q
+        # p: its own row-sum operand without a weight, and stage Q's (in place)
+        p = q if w_sb is None or ctx["split_q"] else temp(ctx, "p")[0:rows, 0:cw]
         gj = None
         if st["g"] is not None:
             gj = st["g"][0:rows, j, c0 : c0 + cw]
@@ -180,7 +203,7 @@ def _pass1_chunk(
                 colsum_add(ctx["acc_b"], dyj[:, sl], c0 + s0)
             if w_sb is not None:
                 colsum_add(ctx["acc_w"], p[:, sl], c0 + s0, rcol[:, j : j + 1])
-        if w_sb is not None:
+        if w_sb is not None and not ctx["split_q"]:
             tt_split(q, p, wc, nl.multiply, gpsimd)
         col = (slice(0, rows), j, slice(ci, ci + 1))
         if not ctx["defer"]:
@@ -236,7 +259,9 @@ def _products(
     if ctx["eye"] is not None:
         dyp = ring_alloc(ctx["rings"]["dyp"], DY_RING, (P, PSUM_COLS), nl.float32, nl.psum)
         dy_v = dyp[0:rows, 0:m]
-        nisa.nc_matmul(dst=dy_v, stationary=ctx["eye"][0:rows, 0:rows], moving=dyj[:, sl])
+        nisa.nc_matmul(
+            dst=dy_v, stationary=ctx["eye"][0:rows, 0:rows], moving=dyj[:, sl], accumulate=False
+        )
     if ln_p:
         nisa.scalar_tensor_tensor(
             dst=p[:, sl],

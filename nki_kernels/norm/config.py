@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
+from .backward import bwd_stages
 from .layernorm import (
     BN_FMAX,
     LN_MODES,
@@ -47,8 +48,8 @@ SBUF_HEADROOM = 0.95
 TARGET_DMA_BYTES = 16384
 CHUNK_CANDIDATES = (512, 1024, 2048, 4096, 8192)
 ROWS_PER_PARTITION = (1, 2, 4, 8)
-# eighths of each tensor_tensor on GpSimd; the best modeled shares sit between 2 and 6
-GPSIMD_SHARES = (0, 2, 4, 6)
+# eighths of the split products on GpSimd; the best modeled shares sit between 2 and 6
+GPSIMD_SHARES = (0, 2, 3, 4, 6)
 BUFS = (2, 3, 4)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AFFINES = ("none", "w", "b", "wb")
@@ -95,11 +96,11 @@ def _chunks(hidden: int) -> tuple[int, ...]:
     return (*(c for c in CHUNK_CANDIDATES if c < hidden), hidden)
 
 
-def _small(problem: NormProblem, kk: int, nch: int, per_tile: int) -> int:
+def _small(problem: NormProblem, kk: int, nch: int, per_tile: int, stages: int = NSTAGES) -> int:
     """Per-row statistics and accumulators: `per_tile` [P, kk]-sized tiles (plus the
     [P, kk, nch] partial sums) for each of the pipeline's tiles in flight, two statistics
     buffers for each of two segments, slack for a few more granules."""
-    tiles = (NSTAGES + 1) * (per_tile * _r(kk * 4) + 2 * _r(kk * nch * 4))
+    tiles = (stages + 1) * (per_tile * _r(kk * 4) + 2 * _r(kk * nch * 4))
     seg_cols = min(max(1, problem.rows // P), SEG_COLS)
     return tiles + 4 * _r(seg_cols * 4) + 8 * GRANULE
 
@@ -121,6 +122,11 @@ class _NormConfig(KernelConfig):
     backward: ClassVar[bool] = False
 
     # --- SBUF plan -------------------------------------------------------------------
+    def stages(self, problem: NormProblem) -> int:
+        """Pipeline stages of the kernel under this plan (a resident tile is held through
+        all of them)."""
+        return NSTAGES
+
     def sbuf_bytes(self, problem: NormProblem) -> int:
         """Peak SBUF bytes per partition of this plan (an upper bound of the kernel's)."""
         raise NotImplementedError
@@ -130,10 +136,11 @@ class _NormConfig(KernelConfig):
             raise InvalidConfig(f"rows_per_partition: expected >= 1; got {self.rows_per_partition}")
         if not 1 <= self.chunk <= problem.hidden:
             raise InvalidConfig(f"chunk: expected 1..{problem.hidden} (hidden); got {self.chunk}")
-        if self.bufs not in BUFS or (self.resident and self.bufs < NSTAGES):
+        stages = self.stages(problem)
+        if self.bufs not in BUFS or (self.resident and self.bufs < stages):
             raise InvalidConfig(
-                f"bufs: expected one of {BUFS}, >= {NSTAGES} when resident (a tile is held "
-                f"through the {NSTAGES} pipeline stages); got {self.bufs} "
+                f"bufs: expected one of {BUFS}, >= {stages} when resident (a tile is held "
+                f"through the {stages} pipeline stages); got {self.bufs} "
                 f"(resident={self.resident})"
             )
         if not 0 <= self.gpsimd_eighths <= GPSIMD_EIGHTHS_MAX:
@@ -172,7 +179,8 @@ class _NormConfig(KernelConfig):
         for k in _kks(problem.rows):
             if k * row_bytes <= TARGET_DMA_BYTES or k == 1:
                 kk = k
-        for resident, bufs in ((True, NSTAGES + 1), (False, 3), (False, 2), (True, NSTAGES)):
+        plans = ((True, NSTAGES + 1), (False, 3), (False, 2), (True, NSTAGES))
+        for resident, bufs in plans:
             for chunk in sorted(_chunks(problem.hidden), reverse=True):
                 for k in sorted({kk, 1}, reverse=True):
                     cfg = cls(
@@ -240,8 +248,14 @@ class RMSNormBwdConfig(_NormConfig):
     op_name: ClassVar[str] = "rms_norm_bwd"
     backward: ClassVar[bool] = True
 
-    # fp32 [P, chunk] rings of 2 (resident, streamed): p, g (stage C); streamed also p * w
-    temporaries: ClassVar[tuple[int, int]] = (2, 3)
+    def stages(self, problem: NormProblem) -> int:
+        return bwd_stages(False, self.resident, problem.has_weight)
+
+    # fp32 [P, chunk] rings of 2 (resident, streamed): g (stage D); streamed also p, p * w
+    temporaries: ClassVar[tuple[int, int]] = (1, 3)
+    # [P, kk, H] fp32 row-sum operands held from stage A to R (resident; with a weight,
+    # p * w has its own stage Q, the tile is held one more step and one more is in flight)
+    held: ClassVar[tuple[int, int]] = (2, 4)
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
@@ -251,18 +265,19 @@ class RMSNormBwdConfig(_NormConfig):
         total += 2 * _r(kk * c * isz)  # dx chunks (ring of 2)
         temps = self.temporaries[0 if self.resident else 1]
         total += 2 * temps * _r(c * 4)
-        if self.resident:  # row-sum operands of a tile, stage A to B (ring of 2)
-            total += 2 * _r(kk * h * 4)
+        if self.resident:  # row-sum operands of the tiles in flight, stage A to R
+            total += self.held[problem.has_weight] * _r(kk * h * 4)
         total += 2 * _r(P * isz)  # identity (and the ones it is selected from)
         total += _r(4) + _r(-(-h // P) * 4) + _r(P * 4)  # ones; final column-sum copies
-        return total + _small(problem, kk, -(-h // c), 6)
+        return total + _small(problem, kk, -(-h // c), 6, self.stages(problem))
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
         # VectorE's share of the dy products reads dy from PSUM (1 cycle / element) and
-        # GpSimd also takes all of p * w: a quarter of the dy products balances the two
-        # (modeled, cost model v1, trn2)
-        return cls._pick(problem, target, gpsimd_eighths=2)
+        # GpSimd also takes all of p * w: 3/8 of the dy products balance the two where
+        # VectorE is the slower clock (trn2), 2/8 where they match (trn3) (modeled, cost
+        # model v1)
+        return cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 3))
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -351,8 +366,12 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
 
     op_name: ClassVar[str] = "layer_norm_bwd"
 
+    def stages(self, problem: NormProblem) -> int:
+        return bwd_stages(True, self.resident, problem.has_weight)
+
     # resident: p (g kept); streamed: p, p * w, g twice
     temporaries: ClassVar[tuple[int, int]] = (1, 4)
+    held: ClassVar[tuple[int, int]] = (2, 2)
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         extra = _r(4) + _r(-(-problem.hidden // P) * 4) + _r(P * 4)  # the bias sums' copies
@@ -363,7 +382,15 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> LayerNormBwdConfig:
-        return cls._pick(problem, target, gpsimd_eighths=6)
+        # VectorE also runs every (x - mean) * dy (scalar_tensor_tensor): GpSimd takes most
+        # of g = dy * w (modeled, cost model v1)
+        return cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 6))
+
+
+def _gpsimd_share(target: Target, eighths: int) -> int:
+    """GpSimd's share of the split products: `eighths` where VectorE's clock is below
+    GpSimd's, two eighths less where it is not (VectorE then does more of the work)."""
+    return eighths if target.vector_ghz < target.gpsimd_ghz else eighths - 2
 
 
 def bn_stats_available() -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nki, nl
-from .backward import NSTAGES, bwd_rows
+from .backward import bwd_rows, bwd_stages
 from .tiling import colsum_store, row_plan
 
 
@@ -61,7 +61,7 @@ def rms_norm_bwd(
         chunk,
         resident,
         bufs,
-        NSTAGES,
+        bwd_stages(False, resident, w is not None),
         True,
         gpsimd_eighths=gpsimd_eighths,
     )

@@ -53,9 +53,9 @@ def row_plan(
     return {"k": rows_per_partition, "chunk": c, "resident": resident, "bufs": bufs, **fields}
 
 
-def rings() -> dict[str, list[Any]]:
+def rings() -> dict[str, dict[str, Any]]:
     """Named buffer rings for `ring_alloc`, each created empty on first use."""
-    return defaultdict(list)
+    return defaultdict(dict)
 
 
 def row_segments(
@@ -135,17 +135,28 @@ def programs() -> tuple[int, int]:
 
 
 def ring_alloc(
-    ring: list[Any], depth: int, shape: tuple[int, ...], dtype: Any, buffer: Any = None
+    ring: dict[str, Any], depth: int, shape: tuple[int, ...], dtype: Any, buffer: Any = None
 ) -> Any:
-    """Allocate an SBUF (or `buffer`) tile that rotates through `depth` buffers.
+    """A tile of a ring of `depth` buffers allocated once and handed out in rotation
+    (depth 1: one buffer, no overlap; depth 2: double buffering; ...).
 
-    `ring` holds the tiles still in flight; the oldest is dropped first so its buffer can
-    be reused (depth 1: one buffer, no overlap; depth 2: double buffering; ...).
+    Each slot keeps its address for the whole kernel, so a tile only ever waits for the
+    readers of the tile `depth` allocations earlier, never for an unrelated buffer that a
+    fresh allocation could land on. A slot asked for another shape is reallocated.
     """
-    while len(ring) >= depth:
-        ring.pop(0)
-    t = nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf if buffer is None else buffer)
-    ring.append(t)
+    slots = ring.setdefault("slots", [])
+    i = ring.get("next", 0)
+    ring["next"] = (i + 1) % depth
+    buf = nl.sbuf if buffer is None else buffer
+    if i < len(slots):
+        t = slots[i]
+        if tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.buffer == buf:
+            return t
+    t = nl.ndarray(shape, dtype=dtype, buffer=buf)
+    if i < len(slots):
+        slots[i] = t
+    else:
+        slots.append(t)
     return t
 
 
@@ -232,33 +243,6 @@ def identity(dtype: Any) -> Any:
         dst=eye, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=ones, on_false_value=0.0
     )
     return eye
-
-
-def to_psum(dst: Any, eye: Any, src: Any) -> None:
-    """dst ([rows, <= 512] fp32 PSUM) = src ([rows, same] SBUF, eye's dtype), on TensorE."""
-    rows = src.shape[0]
-    nisa.nc_matmul(dst=dst, stationary=eye[0:rows, 0:rows], moving=src)
-
-
-def tt_split_psum(dst: Any, a_psum: Any, a_sbuf: Any, b: Any, op: Any, gpsimd_eighths: int) -> None:
-    """`tt_split` where the VectorE share reads its first operand from PSUM (`a_psum`, one
-    cycle per element instead of two) and the GpSimd share, which cannot reach PSUM, reads
-    the same values from SBUF (`a_sbuf`)."""
-    cw = dst.free_size
-    g = cw * gpsimd_eighths // 8
-    v = cw - g
-    if v:
-        nisa.tensor_tensor(
-            dst=dst[:, 0:v], data1=a_psum[:, 0:v], data2=b[:, 0:v], op=op, engine=nisa.engine.vector
-        )
-    if g:
-        nisa.tensor_tensor(
-            dst=dst[:, v:cw],
-            data1=a_sbuf[:, v:cw],
-            data2=b[:, v:cw],
-            op=op,
-            engine=nisa.engine.gpsimd,
-        )
 
 
 def colsum_init(hdim: int) -> dict[str, Any]:
