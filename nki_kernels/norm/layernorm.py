@@ -31,24 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .tiling import (
-    P,
-    col_chunks,
-    each_chunk,
-    load_row_vector,
-    prefetch_take,
-    programs,
-    ring_alloc,
-    rings,
-    row_plan,
-    row_segments,
-    rows_view,
-    run_rows,
-    scratch,
-    stats_alloc,
-    stats_store,
-    tt_split,
-)
+from .forward import fwd_rows
+from .tiling import P, row_plan
 
 # --- schedule choices -------------------------------------------------------------------
 # stats: how the per-row mean and variance are formed
@@ -62,6 +46,7 @@ LN_VECTOR = "vector"  # VectorE tensor_scalar (subtract, multiply; bf16 perf mod
 LN_MODES = (LN_SCALAR, LN_VECTOR)
 BN_FMAX = 512  # bn_stats reads at most 512 elements per partition (nl.tile_size.bn_stats_fmax)
 NSTAGES = 3  # A: load + sums, B: statistics + scale, C: weight / bias + store
+F32 = nl.float32  # the statistics passes' discarded outputs (fp32: x - K is not bf16-exact)
 
 
 @nki.jit
@@ -92,7 +77,7 @@ def layer_norm_fwd(
     y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    _ln_rows(x, w, b, y, mean, rstd, eps, plan)
+    fwd_rows(HOOKS, x, {"y": y, "stats": (mean, rstd)}, plan, eps, w=w, b=b, junk_dtype=F32)
     return y, mean, rstd
 
 
@@ -116,7 +101,7 @@ def layer_norm_stats(
     plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths, stats)
     mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    _ln_rows(x, None, None, None, mean, rstd, eps, plan)
+    fwd_rows(HOOKS, x, {"stats": (mean, rstd)}, plan, eps, junk_dtype=F32)
     return mean, rstd
 
 
@@ -145,63 +130,6 @@ def _plan(
         gpsimd_eighths=gpsimd_eighths,
         stats=stats,
     )
-
-
-def _ln_rows(
-    x: Any, w: Any, b: Any, y: Any, mean: Any, rstd: Any, eps: float, plan: dict[str, Any]
-) -> None:
-    """All row tiles of this program through the pipeline (y None: statistics only)."""
-    n, hdim = x.shape
-    ctx = {
-        "x": x,
-        "y": y,
-        "stats": (mean, rstd),
-        "eps": eps,
-        "plan": plan,
-        "chunks": col_chunks(hdim, plan["chunk"]),
-        "w_sb": load_row_vector(w, hdim),
-        "b_sb": load_row_vector(b, hdim),
-        "junk": scratch(plan["chunk"], nl.float32),
-        "rings": rings(),
-        "loads": (("x", x),),
-    }
-    stages = [_stage_a, _stage_b, _stage_c] if y is not None else [_stage_a, _stage_b]
-    segs = row_segments(n, plan["k"], *programs())
-    run_rows(ctx, segs, stages, stats_alloc, stats_store, reload_last=y is not None)
-
-
-def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
-    """Load the tile and accumulate its statistics' partial sums."""
-    acc = _sums_init(ctx, tile)
-    ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
-    each_chunk(ctx, tile, ld, _sums_chunk, acc)
-    return {"tile": tile, "ld": ld, "acc": acc, "sbufs": sbufs}
-
-
-def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """mean and rstd; for a resident tile also xn = (x - mean) * rstd in place."""
-    tile, ld = st["tile"], st["ld"]
-    rows = tile[1]
-    cols = _finish_stats(ctx, tile, st["acc"], st["sbufs"])
-    if ld is not None and ctx["y"] is not None:
-        for c0, cw in ctx["chunks"]:
-            _scale(ctx, ld["x"][0:rows, :, c0 : c0 + cw], cols)
-    return {"tile": tile, "ld": ld, "cols": cols}
-
-
-def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """y = xn * w + b per chunk and its store (streaming: reload and scale first)."""
-    each_chunk(ctx, st["tile"], st["ld"], _out_chunk, st["cols"], st["ld"] is None)
-    return st
-
-
-def _out_chunk(
-    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], cols: Any, streamed: bool
-) -> None:
-    """y for one chunk (streamed: scale it first), and its store."""
-    if streamed:
-        _scale(ctx, v["x"], cols)
-    _affine_store(ctx, tile, v["x"], c0)
 
 
 def _sums_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:
@@ -363,22 +291,4 @@ def _scale(ctx: dict[str, Any], xc: Any, cols: tuple[Any, Any, Any]) -> None:
             )
 
 
-def _affine_store(ctx: dict[str, Any], tile: Any, xc: Any, c0: int) -> None:
-    """y[tile, c0:c0+cw] = xc * w + b (either may be absent), then its store."""
-    rows, kk = tile[1], tile[2]
-    cw = xc.shape[2]
-    plan, w_sb, b_sb, y = ctx["plan"], ctx["w_sb"], ctx["b_sb"], ctx["y"]
-    yv = rows_view(y, tile)[:, :, c0 : c0 + cw]
-    if w_sb is None and b_sb is None:
-        nisa.dma_copy(dst=yv, src=xc)
-        return
-    eng = plan["gpsimd_eighths"]
-    yt = ring_alloc(ctx["rings"]["y"], 2, (P, kk, plan["chunk"]), y.dtype)
-    for j in range(kk):
-        dst, src = yt[0:rows, j, 0:cw], xc[:, j, :]
-        if w_sb is not None:
-            tt_split(dst, src, w_sb[0:rows, c0 : c0 + cw], nl.multiply, eng)
-            src = dst
-        if b_sb is not None:
-            tt_split(dst, src, b_sb[0:rows, c0 : c0 + cw], nl.add, eng)
-    nisa.dma_copy(dst=yv, src=yt[0:rows, :, 0:cw])
+HOOKS = {"init": _sums_init, "chunk": _sums_chunk, "finish": _finish_stats, "scale": _scale}

@@ -34,24 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .tiling import (
-    P,
-    col_chunks,
-    each_chunk,
-    load_row_vector,
-    prefetch_take,
-    programs,
-    ring_alloc,
-    rings,
-    row_plan,
-    row_segments,
-    rows_view,
-    run_rows,
-    scratch,
-    stats_alloc,
-    stats_store,
-    tt_split,
-)
+from .forward import fwd_rows
+from .tiling import P, row_plan, rows_view
 
 # --- schedule choices (values of the config fields) ------------------------------------
 # scale_mode: which engine forms xn = x * rstd
@@ -92,7 +76,7 @@ def rms_norm_fwd(
     y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
     plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
-    _rms_rows(x, None, w, y, None, rstd, eps, plan)
+    fwd_rows(HOOKS, x, {"y": y, "stats": (rstd,)}, plan, eps, w=w)
     return y, rstd
 
 
@@ -122,7 +106,7 @@ def add_rms_norm_fwd(
     h = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
     plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
-    _rms_rows(x, residual, w, y, h, rstd, eps, plan)
+    fwd_rows(HOOKS, x, {"y": y, "h": h, "stats": (rstd,)}, plan, eps, res=residual, w=w)
     return y, h, rstd
 
 
@@ -145,7 +129,7 @@ def rms_norm_stats(
     n, hdim = x.shape
     rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
     plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
-    _rms_rows(x, None, None, None, None, rstd, eps, plan)
+    fwd_rows(HOOKS, x, {"stats": (rstd,)}, plan, eps)
     return rstd
 
 
@@ -174,64 +158,25 @@ def _plan(
     )
 
 
-def _rms_rows(
-    x: Any, res: Any, w: Any, y: Any, h_out: Any, rstd_out: Any, eps: float, plan: dict[str, Any]
-) -> None:
-    """All row tiles of this program, through the three-stage pipeline (y None: the
-    statistics only, stages A and B)."""
-    n, hdim = x.shape
-    ctx = {
-        "x": x,
-        "y": y,
-        "h": h_out,
-        "stats": (rstd_out,),
-        "eps": eps,
-        "plan": plan,
-        "chunks": col_chunks(hdim, plan["chunk"]),
-        "w_sb": load_row_vector(w, hdim),
-        "junk": scratch(plan["chunk"], x.dtype),
-        "rings": rings(),
-        "loads": (("x", x), ("res", res)),
-    }
-    stages = [_stage_a, _stage_b, _stage_c] if y is not None else [_stage_a, _stage_b]
-    segs = row_segments(n, plan["k"], *programs())
-    run_rows(ctx, segs, stages, stats_alloc, stats_store, reload_last=y is not None)
+def _init(ctx: dict[str, Any], tile: Any) -> Any:
+    """Per-chunk partial sums of squares, [P, kk, chunks] fp32."""
+    return nl.ndarray((P, tile[2], len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
 
 
-def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
-    """Load the tile (fused: add the residual, store h) and its partial sums of squares."""
-    kk = tile[2]
-    part = nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
-    ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
-    each_chunk(ctx, tile, ld, _sums_chunk, part)
-    return {"tile": tile, "ld": ld, "part": part, "rstd": sbufs[0]}
-
-
-def _stage_b(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """rstd (VectorE) and, for a resident tile, xn = x * rstd in place."""
-    tile, ld = st["tile"], st["ld"]
+def _finish(ctx: dict[str, Any], tile: Any, part: Any, sbufs: Any) -> Any:
+    """rstd = (sum / H + eps) ^ -1/2 (VectorE) into the segment buffer, as [rows, kk]."""
     rows, kk, off = tile[1], tile[2], tile[4]
-    rstd = st["rstd"][0:rows, off : off + kk]
-    ssum = _total(st["part"], rows, kk)
+    rstd = sbufs[0][0:rows, off : off + kk]
     nisa.tensor_scalar(
         dst=rstd,
-        data=ssum,
+        data=_total(part, rows, kk),
         op0=nl.multiply,
         operand0=1.0 / ctx["x"].shape[1],
         op1=nl.add,
         operand1=float(ctx["eps"]),
     )
     nisa.tensor_scalar(dst=rstd, data=rstd, op0=nl.rsqrt, operand0=None)
-    if ld is not None and ctx["y"] is not None:
-        for c0, cw in ctx["chunks"]:
-            _scale(ctx, ld["x"][0:rows, :, c0 : c0 + cw], rstd)
-    return {"tile": tile, "ld": ld, "rstd": rstd}
-
-
-def _stage_c(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """y = xn * w per chunk and its store (streaming: reload, re-add, scale first)."""
-    each_chunk(ctx, st["tile"], st["ld"], _out_chunk, st["rstd"], st["ld"] is None)
-    return st
+    return rstd
 
 
 def _total(part: Any, rows: int, kk: int) -> Any:
@@ -241,18 +186,6 @@ def _total(part: Any, rows: int, kk: int) -> Any:
     total = nl.ndarray((P, kk), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=total[0:rows, :], op=nl.add, data=part[0:rows, :, :], axis=(2,))
     return total[0:rows, :]
-
-
-def _out_chunk(
-    ctx: dict[str, Any], tile: Any, ci: int, c0: int, v: dict[str, Any], rstd: Any, streamed: bool
-) -> None:
-    """y for one chunk (streamed: re-add the residual and scale it first), and its store."""
-    xc = v["x"]
-    if streamed:
-        if "res" in v:  # h = x + residual again, bit-identical to the h stored in stage A
-            nisa.tensor_tensor(dst=xc, data1=xc, data2=v["res"], op=nl.add)
-        _scale(ctx, xc, rstd)
-    _weight_store(ctx, tile, xc, c0)
 
 
 def _sums_chunk(
@@ -287,22 +220,4 @@ def _scale(ctx: dict[str, Any], xc: Any, rstd: Any) -> None:
             nisa.tensor_scalar(dst=xc[:, j, :], data=xc[:, j, :], op0=nl.multiply, operand0=col)
 
 
-def _weight_store(ctx: dict[str, Any], tile: Any, xc: Any, c0: int) -> None:
-    """y[tile, c0:c0+cw] = xc * w (or xc without a weight), then its store."""
-    rows, kk = tile[1], tile[2]
-    cw = xc.shape[2]
-    plan, w_sb, y = ctx["plan"], ctx["w_sb"], ctx["y"]
-    yv = rows_view(y, tile)[:, :, c0 : c0 + cw]
-    if w_sb is None:
-        nisa.dma_copy(dst=yv, src=xc)
-        return
-    yt = ring_alloc(ctx["rings"]["y"], 2, (P, kk, plan["chunk"]), y.dtype)
-    for j in range(kk):
-        tt_split(
-            yt[0:rows, j, 0:cw],
-            xc[:, j, :],
-            w_sb[0:rows, c0 : c0 + cw],
-            nl.multiply,
-            plan["gpsimd_eighths"],
-        )
-    nisa.dma_copy(dst=yv, src=yt[0:rows, :, 0:cw])
+HOOKS = {"init": _init, "chunk": _sums_chunk, "finish": _finish, "scale": _scale}
