@@ -26,6 +26,7 @@ from ..interp import TensorSpec
 from ..model_shapes import LLAMA3_8B_ATTN, AttentionShape
 from ..targets import get_target
 from . import masks
+from ._bwd_plan import bwd_row_order
 from .config import AttentionProblem, FlashBwdConfig, FlashFwdConfig, with_kv_overlap
 
 DEFAULT_SEQS = (2048, 8192, 32768)
@@ -96,6 +97,9 @@ def _specs(
     bounds = None
     if causal:
         lo, hi = masks.query_bounds(1, seq, seq, causal=True)
+        if op == "bwd":  # the backward's tiles are its own row order (_bwd_plan)
+            perm = bwd_row_order(seq)
+            lo, hi = lo[:, perm], hi[:, perm]
         plan = masks.tile_plan(masks.classify_tiles(lo, hi, seq))
         bounds = TensorSpec((batch, 128, 2, -(-seq // 128)), "float32")
     c = config.to_dict()

@@ -4,55 +4,46 @@ Math (scale s, row statistics from the forward): P = exp(s * Q K^T - lse),
 dV = P^T dO, dP = dO V^T, Delta = rowsum(dO * O) - dlse, dS = P * (dP - Delta),
 dQ = s * dS K, dK = s * dS^T Q (dlse: gradient w.r.t. the returned lse, usually 0).
 
-Layout: scores keep queries on partitions (as in the forward), so every product but one
-needs no transpose: P and dS [q, k] are directly the stationary operands of
-dV += P^T dO and dK += dS^T Q (TensorE contracts over the query partitions), and
+Layout: scores keep queries on partitions (as in the forward), so P and dS [q, k] are
+directly the stationary operands of dV += P^T dO and dK += dS^T Q, and
 exp(s * S - lse) takes -lse as a per-partition bias. Only dQ = dS K contracts over keys:
-dS is transposed per 128-key sub-tile (PE + PSUM evacuation, or DMA for 2-byte dtypes).
+dS^T is transposed per 128-key slot (PE + PSUM evacuation, or DMA for 2-byte dtypes).
+
+DMA shape (see _bwd_plan.py): queries come in 512-row units and keys in 512-key blocks,
+both staged interleaved (partition p holds 4 consecutive rows: 1 KiB descriptors for
+bf16 D = 128 instead of 256 B), so the query tiles of a full unit are strided row sets
+(the host supplies lse, bounds and the tile plan in that row order) and dK / dV / dS^T
+slot j of a full key block holds keys k0 + 4p + j. dQ of a unit goes back with one
+1 KiB-descriptor DMA as soon as its last key block is done.
 
 Loops, per batch b and key/value head g (program = (b, g); LNC splits the list):
 
-    work items = (query head h of g's group, 128-row query tile t), in sections of
-    `section` items whose Q, dO, Q^T, dO^T, -lse, Delta and fp32 dQ stay in SBUF
-    for each section:
-        for each 512-key block kb (K^T, V^T, K staged; DMA prefetched one block ahead):
-            dK, dV accumulators for kb in PSUM, shared by all G heads: the GQA
-            reduction happens on chip, in the matmul accumulation
-            for each item whose tile plan touches kb (4-stage software pipeline:
-            S/dP matmuls | mask, exp, dS | dV, dK, dS^T | dQ, accumulate):
-                ...
-            dK, dV of kb -> HBM (single section), or fp32 partial sums accumulated
-            through an HBM scratch across sections
-        dQ of the section's items -> HBM
+    sections of units (Q, dO, Q^T, dO^T, -lse, Delta, fp32 dQ resident in SBUF); the next
+    section's units are loaded spread over the current section's key blocks
+    for each section: one software pipeline over all jobs (key block kb, query tile):
+        stage 1: S = Q K^T, dP = dO V^T        (Q^T / dO^T of a tile transposed 2 jobs ahead)
+        stage 2: mask, P = exp(s S - lse) (ScalarE), dS = P (dP - Delta) (VectorE)
+        stage 3: dV += P^T dO, dK += dS^T Q in PSUM (the GQA heads of g accumulate
+                 together), dS^T transposes; after a block's last job its dK, dV go out
+                 (directly, or as fp32 partial sums through an HBM scratch across sections)
+        stage 4: dQ += dS K (PSUM, then fp32 SBUF); a finished unit's dQ -> HBM
 
-PSUM: S and dP double-buffered (4 banks), dK and dV (2), dS^T (1), dQ (1) = 8 banks.
-Masks: the same bounds / static tile plan as the forward; SKIP tiles issue nothing.
+PSUM: S and dP double-buffered (4 banks), dK and dV (2), dS^T transposes (1), dQ and
+the Q^T / dO^T transposes (1) = 8 banks. SKIP tiles issue nothing.
 `lse` must hold +inf for rows without any allowed key (their P is then exactly 0).
 Needs NeuronCore-v3+ (range_select). D <= 128.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..nki import nisa, nki, nl
-from ._staging import (
-    GROUP,
-    P,
-    compute_dtype,
-    copy_engine,
-    load_bounds,
-    load_kt_group,
-    stage_rows,
-    transpose_kt_group,
-    transpose_rows,
-)
+from ._bwd_plan import GROUP, UNIT, P, head_group_plan, runs
+from ._staging import compute_dtype, copy_engine, load_bounds, load_kt_group, transpose_kt_group
 
-BLOCK = GROUP * P  # keys per block: one fp32 PSUM bank of scores
 BANK_F32 = 512  # fp32 elements per partition in one 2 KiB PSUM bank
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
 JOB_RING = 3  # P, dS, dS^T buffers rotate over 3 jobs (written stage 2/3, read stage 3/4)
-OUT_RING = 4  # dQ tiles waiting for their store DMA
+PREP_AHEAD = 2  # a tile's Q^T / dO^T are transposed this many jobs before its scores
 
 
 @nki.jit
@@ -62,12 +53,12 @@ def flash_attention_bwd(
     """dq [B, Hq, Sq, D], dk, dv [B, Hkv, Sk, D] (input dtypes) of attention(q, k, v).
 
     o, do: forward output and its gradient [B, Hq, Sq, D]; lse: fp32 [B, Hq, 128, nq],
-    partition-major as the forward writes it (+inf on empty rows); dlse: None or the
-    gradient of lse in the same layout (it enters as Delta - dlse); bounds / plan as in
-    the forward; section: work items whose operands stay resident; dma_quarters: of
-    every 4 dS^T sub-tiles, how many the DMA engines transpose (2-byte dtypes);
-    scalar_evac: eighths of the PE-transposed sub-tiles that ScalarE copies out of PSUM
-    (the rest VectorE).
+    partition-major in the backward's row order (`_bwd_plan.bwd_row_order`; +inf on
+    empty rows); dlse: None or the gradient of lse in the same layout (it enters as
+    Delta - dlse); bounds / plan: as in the forward, in the same row order; section:
+    query tiles whose operands stay resident (whole 4-tile units); dma_quarters: of
+    every 4 dS^T slots, how many the DMA engines transpose (2-byte dtypes); scalar_evac:
+    eighths of the PE-transposed slots that ScalarE copies out of PSUM (the rest VectorE).
     """
     batch, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -75,150 +66,88 @@ def flash_attention_bwd(
     dk = nl.ndarray((batch, hkv, sk, d), dtype=k.dtype, buffer=nl.shared_hbm)
     dv = nl.ndarray((batch, hkv, sk, d), dtype=v.dtype, buffer=nl.shared_hbm)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
-    cfg = (softmax_scale, section, dma_quarters, scalar_evac)
-    ins = (q, k, v, o, do, lse, dlse, bounds)
-    outs = (dq, dk, dv)
-    pairs = [(b, g) for b in range(batch) for g in range(hkv)]
+    pairs = [(bb, gg) for bb in range(batch) for gg in range(hkv)]
     for i in range(pid, len(pairs), nprog):
         b, g = pairs[i]
         classes = plan[b if len(plan) > 1 else 0] if len(plan) > 0 else ()
-        _head_group(ins, outs, b, g, hq // hkv, classes, cfg, sq, sk, d)
+        ctx = {
+            "ins": (q, k, v, o, do, lse, dlse),
+            "dq": dq[b],
+            "dk": dk[b, g],
+            "dv": dv[b, g],
+            "b": b,
+            "g": g,
+            "cfg": (softmax_scale, section, dma_quarters, scalar_evac),
+            "cdt": compute_dtype(q.dtype),
+            "sq": sq,
+            "sk": sk,
+            "d": d,
+        }
+        _head_group(ctx, classes, bounds, hq // hkv)
     return dq, dk, dv
 
 
-def _block_slots(classes: Any, t: int, kb: int, nk: int) -> list:
-    """Sub-tiles of key block kb that query tile t computes: (slot, u, partial)."""
-    slots = []
-    for ul in range(GROUP):
-        u = kb * GROUP + ul
-        if u < nk:
-            c = classes[t][u] if len(classes) > 0 else 2
-            if c != 0:
-                slots.append((ul, u, c == 1))
-    return slots
-
-
-def _runs(slots: list, split_masked: bool = False) -> list:
-    """Runs of consecutive sub-tiles: (slot0, u0, count, partial); with `split_masked`
-    PARTIAL and FULL sub-tiles never share a run (the mask covers only what needs it)."""
-    runs: list[tuple[int, int, int, bool]] = []
-    for ul, u, part in slots:
-        same = not split_masked or (runs and runs[-1][3] == part)
-        if runs and same and runs[-1][1] + runs[-1][2] == u:
-            r = runs[-1]
-            runs[-1] = (r[0], r[1], r[2] + 1, r[3] or part)
-        else:
-            runs.append((ul, u, 1, part))
-    return runs
-
-
-def _head_group(ins, outs, b, g, group, classes, cfg, sq, sk, d):
-    q, k, v, _, _, _, _, bounds = ins
-    dq, dk, dv = outs
-    section = cfg[1]
-    cdt = compute_dtype(q.dtype)
-    nq, nk = (sq + P - 1) // P, (sk + P - 1) // P
-    nkb = (nk + GROUP - 1) // GROUP
-    bnd = load_bounds(bounds, b, nq) if len(classes) > 0 else None
-    items = []
-    zero_rows = []
-    for h in range(g * group, (g + 1) * group):
-        for t in range(nq):
-            per_kb = [_block_slots(classes, t, kb, nk) for kb in range(nkb)]
-            if any(len(s) > 0 for s in per_kb):
-                items.append({"h": h, "t": t, "rows": min(P, sq - t * P), "kb": per_kb})
-            else:
-                zero_rows.append((h, t))
-    sections = [items[s0 : s0 + section] for s0 in range(0, len(items), section)]
-    touch = [[[] for _ in range(GROUP)] for _ in range(nkb)]
-    for si, sec in enumerate(sections):
-        for it in sec:
-            for kb in range(nkb):
-                for ul, _, _ in it["kb"][kb]:
-                    if len(touch[kb][ul]) == 0 or touch[kb][ul][-1] != si:
-                        touch[kb][ul].append(si)
-    _write_zeros(dq, dk, dv, b, g, zero_rows, touch, sq, sk, d)
-    scratch = None
+def _head_group(ctx, classes, bounds, group):
+    g, sq, sk, d = ctx["g"], ctx["sq"], ctx["sk"], ctx["d"]
+    hp = head_group_plan(classes, range(g * group, (g + 1) * group), sq, sk, ctx["cfg"][1] // GROUP)
+    units, sections = hp["units"], hp["sections"]
+    ctx["bnd"] = load_bounds(bounds, ctx["b"], -(-sq // P)) if len(classes) > 0 else None
+    ctx["touch"] = hp["touch"]
+    _write_zeros(ctx, hp["zero_tiles"])
+    ctx["scratch"] = None
     if len(sections) > 1:
-        scratch = (
+        ctx["scratch"] = (
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
         )
-    rings = _rings(cdt, d, dk.dtype)
-    jc = 0  # jobs issued so far: ring slots rotate on it across block boundaries
-    bc = 0  # key blocks staged so far
-    loaded = _load_items(sections[0], ins, b, cdt, d, rings, 0) if len(sections) > 0 else None
-    for si, sec in enumerate(sections):
-        staged = loaded
-        _prep_items(staged, rings, cdt, d)
+    ctx["rings"] = _rings(ctx["cdt"], d, ctx["dk"].dtype)
+    ctx["counters"] = {"prep": 0, "out": 0, "blk": 0, "kv": 0}
+    if len(sections) == 0:
+        return
+    staged = _load_section_stats([units[u] for u in sections[0]], ctx)
+    for unit in staged["units"]:
+        _load_unit(unit, ctx)
+    for si in range(len(sections)):
+        cur = staged
+        nxt = None
         if si + 1 < len(sections):
-            loaded = _load_items(sections[si + 1], ins, b, cdt, d, rings, si + 1)
-        dq_acc = nl.ndarray((P, len(sec), d), dtype=nl.float32, buffer=nl.sbuf)
-        started = [False] * len(sec)
-        active = [kb for kb in range(nkb) if any(len(it["kb"][kb]) > 0 for it in sec)]
-        kv_next = None
-        if len(active) > 0:
-            kv_next = _load_kv(k, v, b, g, active[0], sk, d, cdt, rings, bc)
-        for a, kb in enumerate(active):
-            kv_raw = kv_next
-            if a + 1 < len(active):
-                kv_next = _load_kv(k, v, b, g, active[a + 1], sk, d, cdt, rings, bc + 1)
-            kv = _prep_kv(kv_raw, rings, bc, d, cdt)
-            bc += 1
-            written = [False] * GROUP
-            jobs = []
-            for idx, it in enumerate(sec):
-                if len(it["kb"][kb]) > 0:
-                    jobs.append({"idx": idx, "slots": it["kb"][kb]})
-            n = len(jobs)
-            # Four-stage software pipeline in issue order per iteration i: S and dP of
-            # job i; mask, exp and dS of job i - 1; dV, dK and the dS^T transposes of
-            # job i - 2; dQ of job i - 3 (its transposes were evacuated an iteration ago).
-            for i in range(n + 3):
-                if i < n:
-                    _stage_scores(jobs[i], jc + i, staged, rings, kv, sk, d)
-                if 0 <= i - 1 < n:
-                    _stage_softmax(jobs[i - 1], jc + i - 1, staged, rings, bnd, cfg, sk)
-                if 0 <= i - 2 < n:
-                    _stage_grads(jobs[i - 2], jc + i - 2, staged, rings, written, cfg, cdt, sk, d)
-                if 0 <= i - 3 < n:
-                    _stage_dq(jobs[i - 3], jc + i - 3, staged, rings, kv, dq_acc, started, sk, d)
-            jc += n
-            _finish_block(
-                rings, bc, written, touch[kb], si, kb, dk[b, g], dv[b, g], scratch, cfg[0], sk, d
-            )
-        for idx, it in enumerate(sec):
-            rows = it["rows"]
-            out_t = rings["dq_out"][idx % OUT_RING]
-            nisa.activation(
-                dst=out_t[:rows, :], op=nl.copy, data=dq_acc[:rows, idx, :], scale=cfg[0]
-            )
-            t0 = it["t"] * P
-            nisa.dma_copy(dst=dq[b, it["h"], t0 : t0 + rows, :], src=out_t[:rows, :])
+            nxt = _load_section_stats([units[u] for u in sections[si + 1]], ctx)
+        _run_section(ctx, si, cur, nxt)
+        staged = nxt
     return None
 
 
-def _write_zeros(dq, dk, dv, b, g, zero_rows, touch, sq, sk, d):
-    """Query tiles and key sub-tiles that no allowed pair touches get zero gradients."""
-    nkb = len(touch)
-    empty_keys = [
-        (kb, ul)
-        for kb in range(nkb)
-        for ul in range(GROUP)
-        if (kb * GROUP + ul) * P < sk and len(touch[kb][ul]) == 0
-    ]
-    if len(zero_rows) == 0 and len(empty_keys) == 0:
+def _write_zeros(ctx, zero_tiles):
+    """Query tiles and key slots that no allowed pair touches get zero gradients."""
+    sk, d = ctx["sk"], ctx["d"]
+    touch = ctx["touch"]
+    empty_keys = []
+    for kb in range(len(touch)):
+        k0 = kb * UNIT
+        if k0 + UNIT <= sk:
+            if all(len(touch[kb][j]) == 0 for j in range(GROUP)):
+                empty_keys.append((k0, UNIT))
+        else:
+            for ul in range(GROUP):
+                s0 = k0 + ul * P
+                if s0 < sk and len(touch[kb][ul]) == 0:
+                    empty_keys.append((s0, min(P, sk - s0)))
+    if len(zero_tiles) == 0 and len(empty_keys) == 0:
         return
-    zeros = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+    zeros = nl.ndarray((P, GROUP, d), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=zeros, value=0.0)
-    for h, t in zero_rows:
-        rows = min(P, sq - t * P)
-        nisa.dma_copy(dst=dq[b, h, t * P : t * P + rows, :], src=zeros[:rows, :])
-    for kb, ul in empty_keys:
-        k0 = (kb * GROUP + ul) * P
-        kr = min(P, sk - k0)
-        nisa.dma_copy(dst=dk[b, g, k0 : k0 + kr, :], src=zeros[:kr, :])
-        nisa.dma_copy(dst=dv[b, g, k0 : k0 + kr, :], src=zeros[:kr, :])
+    for h, t, j, il, r0, rows in zero_tiles:
+        if il:
+            dst = ctx["dq"][h, r0 : r0 + UNIT, :].reshape((P, GROUP, d))[:, j, :]
+        else:
+            dst = ctx["dq"][h, t * P : t * P + rows, :]
+        nisa.dma_copy(dst=dst, src=zeros[:rows, 0, :])
+    for s0, n in empty_keys:
+        for out in (ctx["dk"], ctx["dv"]):
+            if n == UNIT:
+                nisa.dma_copy(dst=out[s0 : s0 + n, :].reshape((P, GROUP, d)), src=zeros)
+            else:
+                nisa.dma_copy(dst=out[s0 : s0 + n, :], src=zeros[:n, 0, :])
 
 
 def _rings(cdt, d, kv_dtype):
@@ -226,173 +155,304 @@ def _rings(cdt, d, kv_dtype):
     its last reader (in-order engines then never wait on write-after-read)."""
     f32, sb, ps = nl.float32, nl.sbuf, nl.psum
     r = {
-        "s": [nl.ndarray((P, BLOCK), dtype=f32, buffer=ps) for _ in range(2)],
-        "dp": [nl.ndarray((P, BLOCK), dtype=f32, buffer=ps) for _ in range(2)],
+        "s": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(2)],
+        "dp": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(2)],
         "dk": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
         "dv": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
-        # two banks shared by the dS^T transposes and dQ (2-byte dtypes: both in one bank,
-        # double-buffered; fp32: bank 0 transposes, bank 1 dQ)
+        # bank 0: dS^T / K^T / V^T transposes (2-byte: two job slots); bank 1: dQ (2-byte:
+        # two job slots) and the Q^T / dO^T transposes
         "aux": [nl.ndarray((P, BANK_F32), dtype=f32, buffer=ps) for _ in range(2)],
-        "p": [nl.ndarray((P, BLOCK), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "ds": [nl.ndarray((P, BLOCK), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
+        "p": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
+        "ds": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
         "dst": [nl.ndarray((P, GROUP, P), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "kt": [nl.ndarray((d, BLOCK), dtype=cdt, buffer=sb) for _ in range(2)],
-        "vt": [nl.ndarray((d, BLOCK), dtype=cdt, buffer=sb) for _ in range(2)],
-        "kn": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
-        "k_raw": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
-        "v_raw": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
+        "kt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
+        "vt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
         "blk": [nl.ndarray((P, GROUP, d), dtype=f32, buffer=sb) for _ in range(2)],
         "blk_out": [nl.ndarray((P, GROUP, d), dtype=kv_dtype, buffer=sb) for _ in range(4)],
-        "dq_out": [nl.ndarray((P, d), dtype=cdt, buffer=sb) for _ in range(OUT_RING)],
+        "dq_out": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
     }
     r["two_byte"] = cdt != f32
     return r
 
 
 def _tp_view(rings, slot, cdt):
-    """A [128, 4, 128] cdt view of aux bank `slot` for PE transposes."""
-    bank = rings["aux"][slot % 2] if rings["two_byte"] else rings["aux"][0]
+    """A [128, 4, 128] cdt view of the transpose bank for job slot `slot`."""
+    bank = rings["aux"][0]
     if rings["two_byte"]:
-        return bank[:, 0 : BANK_F32 // 2].view(cdt).reshape((P, GROUP, P))
+        h = BANK_F32 // 2
+        return bank[:, (slot % 2) * h : (slot % 2 + 1) * h].view(cdt).reshape((P, GROUP, P))
     return bank.reshape((P, GROUP, P))
 
 
 def _dq_view(rings, slot, d):
     if rings["two_byte"]:
-        return rings["aux"][slot % 2][:, BANK_F32 // 2 : BANK_F32 // 2 + d]
+        return rings["aux"][1][:, (slot % 2) * P : (slot % 2) * P + d]
     return rings["aux"][1][:, 0:d]
 
 
-def _load_items(sec, ins, b, cdt, d, rings, si):
-    """DMA the per-item operands of a section (issued one section ahead)."""
-    q, _, _, o, do, lse, dlse, _ = ins
-    n = len(sec)
-    q_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
-    do_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
-    o_nat = nl.ndarray((P, n, d), dtype=cdt, buffer=nl.sbuf)
+def _prep_view(rings, slot, cdt):
+    """A [128, 2, 128] cdt view for the Q^T and dO^T transposes of one tile."""
+    bank = rings["aux"][1]
+    if rings["two_byte"]:
+        c0 = 2 * P + (slot % 2) * P
+        return bank[:, c0 : c0 + P].view(cdt).reshape((P, 2, P))
+    return bank[:, P : 3 * P].reshape((P, 2, P))
+
+
+def _load_section_stats(units, ctx):
+    """A section's buffers and its lse / dlse loads (one DMA per run of consecutive query
+    tiles of one head: a contiguous run of floats per partition)."""
+    lse, dlse = ctx["ins"][5], ctx["ins"][6]
+    n = GROUP * len(units)
     lse_c = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     dlse_c = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf) if dlse is not None else None
-    for x, it in enumerate(sec):
-        rows, t0, h = it["rows"], it["t"] * P, it["h"]
-        nisa.dma_copy(dst=q_nat[:rows, x, :], src=q[b, h, t0 : t0 + rows, :])
-        nisa.dma_copy(dst=do_nat[:rows, x, :], src=do[b, h, t0 : t0 + rows, :])
-        nisa.dma_copy(dst=o_nat[:rows, x, :], src=o[b, h, t0 : t0 + rows, :])
-    # statistics: one DMA per run of consecutive query tiles of one head (a contiguous
-    # run of floats per partition in the partition-major layout)
-    x0 = 0
-    while x0 < n:
-        x1 = x0 + 1
-        while x1 < n and sec[x1]["h"] == sec[x0]["h"] and sec[x1]["t"] == sec[x1 - 1]["t"] + 1:
-            x1 += 1
-        h, ta, tb = sec[x0]["h"], sec[x0]["t"], sec[x1 - 1]["t"] + 1
-        nisa.dma_copy(dst=lse_c[:, x0:x1], src=lse[b, h, :, ta:tb])
+    tiles = []
+    for pos, unit in enumerate(units):
+        for j in range(unit["ntiles"]):
+            tiles.append((GROUP * pos + j, unit["h"], unit["r0"] // P + j))
+    a = 0
+    while a < len(tiles):
+        e = a + 1
+        while e < len(tiles) and _next_tile(tiles[e - 1], tiles[e]):
+            e += 1
+        x0, h, t0 = tiles[a]
+        cnt = e - a
+        nisa.dma_copy(dst=lse_c[:, x0 : x0 + cnt], src=lse[ctx["b"], h, :, t0 : t0 + cnt])
         if dlse_c is not None:
-            nisa.dma_copy(dst=dlse_c[:, x0:x1], src=dlse[b, h, :, ta:tb])
-        x0 = x1
-    return {"items": sec, "q": q_nat, "do": do_nat, "o": o_nat, "lse": lse_c, "dlse": dlse_c}
+            nisa.dma_copy(dst=dlse_c[:, x0 : x0 + cnt], src=dlse[ctx["b"], h, :, t0 : t0 + cnt])
+        a = e
+    for pos, unit in enumerate(units):
+        unit["x0"] = GROUP * pos
+    return {"units": units, "lse": lse_c, "dlse": dlse_c}
 
 
-def _prep_items(staged, rings, cdt, d):
-    """Q^T, dO^T (PE transposes), -lse and Delta = rowsum(dO * O) of a section."""
-    sec = staged["items"]
-    n = len(sec)
-    qt = nl.ndarray((d, n, P), dtype=cdt, buffer=nl.sbuf)
-    dot = nl.ndarray((d, n, P), dtype=cdt, buffer=nl.sbuf)
-    delta = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    nlse = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    for x, it in enumerate(sec):
-        rows = it["rows"]
-        tp = _tp_view(rings, x, cdt)
-        transpose_rows(staged["q"][:, x, :], rows, d, qt[:, x, :], cdt, True, tp=tp[:, 0, :])
-        transpose_rows(staged["do"][:, x, :], rows, d, dot[:, x, :], cdt, False, tp=tp[:, 1, :])
-        prod = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+def _next_tile(prev, cur):
+    return cur[1] == prev[1] and cur[0] == prev[0] + 1 and cur[2] == prev[2] + 1
+
+
+def _load_unit(unit, ctx):
+    """DMA Q, dO, O of a unit: one interleaved [128, 4, D] DMA each for a full unit."""
+    q, o, do = ctx["ins"][0], ctx["ins"][3], ctx["ins"][4]
+    b, d, cdt, sq = ctx["b"], ctx["d"], ctx["cdt"], ctx["sq"]
+    h, r0 = unit["h"], unit["r0"]
+    bufs = {}
+    for name, src in (("q", q), ("do", do), ("o", o)):
+        buf = nl.ndarray((P, GROUP, d), dtype=cdt, buffer=nl.sbuf)
+        if unit["il"]:
+            nisa.dma_copy(dst=buf, src=src[b, h, r0 : r0 + UNIT, :].reshape((P, GROUP, d)))
+        else:
+            n = sq - r0
+            full = n // P
+            if full > 0:
+                view = src[b, h, r0 : r0 + full * P, :].reshape((full, P, d)).permute((1, 0, 2))
+                nisa.dma_copy(dst=buf[:, 0:full, :], src=view)
+            if n > full * P:
+                rest = n - full * P
+                nisa.dma_copy(dst=buf[:rest, full, :], src=src[b, h, r0 + full * P : sq, :])
+        bufs[name] = buf
+    unit.update(bufs)
+    unit["delta"] = None
+
+
+def _unit_stats(unit, staged, ctx):
+    """Delta = rowsum(dO * O) - dlse and -lse of a unit's tiles (O is dropped after)."""
+    if unit["delta"] is not None:
+        return
+    nt, x0, d = unit["ntiles"], unit["x0"], ctx["d"]
+    delta = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
+    nlse = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
+    prod = nl.ndarray((P, GROUP, d), dtype=nl.float32, buffer=nl.sbuf)
+    r0, sq = unit["r0"], ctx["sq"]
+    parts = [(0, nt, P)] if unit["il"] else [(j, j + 1, min(P, sq - r0 - j * P)) for j in range(nt)]
+    for j0, j1, rows in parts:
         nisa.tensor_tensor(
-            dst=prod[:rows, :],
-            data1=staged["do"][:rows, x, :],
-            data2=staged["o"][:rows, x, :],
+            dst=prod[:rows, j0:j1, :],
+            data1=unit["do"][:rows, j0:j1, :],
+            data2=unit["o"][:rows, j0:j1, :],
             op=nl.multiply,
             engine=nisa.engine.gpsimd,
         )
-        nisa.tensor_reduce(dst=delta[:rows, x : x + 1], op=nl.add, data=prod[:rows, :], axis=1)
+        nisa.tensor_reduce(dst=delta[:rows, j0:j1], op=nl.add, data=prod[:rows, j0:j1, :], axis=2)
         if staged["dlse"] is not None:
             nisa.tensor_tensor(
-                dst=delta[:rows, x : x + 1],
-                data1=delta[:rows, x : x + 1],
-                data2=staged["dlse"][:rows, x : x + 1],
+                dst=delta[:rows, j0:j1],
+                data1=delta[:rows, j0:j1],
+                data2=staged["dlse"][:rows, x0 + j0 : x0 + j1],
                 op=nl.subtract,
                 engine=nisa.engine.gpsimd,
             )
         nisa.tensor_scalar(
-            dst=nlse[:rows, x : x + 1],
-            data=staged["lse"][:rows, x : x + 1],
+            dst=nlse[:rows, j0:j1],
+            data=staged["lse"][:rows, x0 + j0 : x0 + j1],
             op0=nl.multiply,
             operand0=-1.0,
             engine=nisa.engine.gpsimd,
         )
-    staged["qt"], staged["dot"], staged["delta"], staged["nlse"] = qt, dot, delta, nlse
-    staged["o"] = None
-    staged["lse"] = None
+    unit["delta"], unit["nlse"], unit["o"] = delta, nlse, None
 
 
-def _load_kv(k, v, b, g, kb, sk, d, cdt, rings, slot):
-    """DMA the K (twice: for K^T and natural) and V rows of key block kb."""
-    k0 = kb * BLOCK
-    n = min(BLOCK, sk - k0)
-    kn = rings["kn"][slot % 2]
-    stage_rows(k[b, g], kn, k0, n, t0=0)
-    if n == BLOCK:
-        k_raw, v_raw = rings["k_raw"][slot % 2], rings["v_raw"][slot % 2]
+def _prep_item(it, unit, staged, ctx):
+    """Q^T and dO^T of one query tile (PE transposes into the prep slots of PSUM)."""
+    if it.get("prepped"):
+        return
+    it["prepped"] = True
+    _unit_stats(unit, staged, ctx)
+    if "qt" not in unit:
+        unit["qt"] = nl.ndarray((ctx["d"], GROUP, P), dtype=ctx["cdt"], buffer=nl.sbuf)
+        unit["dot"] = nl.ndarray((ctx["d"], GROUP, P), dtype=ctx["cdt"], buffer=nl.sbuf)
+        unit["dq_acc"] = nl.ndarray((P, GROUP, ctx["d"]), dtype=nl.float32, buffer=nl.sbuf)
+        unit["left"] = len(unit["items"])
+    c = ctx["counters"]
+    tp = _prep_view(ctx["rings"], c["prep"], ctx["cdt"])
+    c["prep"] += 1
+    rows, j, d = it["rows"], it["j"], ctx["d"]
+    nisa.nc_transpose(dst=tp[:d, 0, :rows], data=unit["q"][:rows, j, :d])
+    nisa.nc_transpose(dst=tp[:d, 1, :rows], data=unit["do"][:rows, j, :d])
+    nisa.tensor_copy(dst=unit["qt"][:d, j, :rows], src=tp[:d, 0, :rows], engine=copy_engine(True))
+    nisa.tensor_copy(dst=unit["dot"][:d, j, :rows], src=tp[:d, 1, :rows], engine=copy_engine(False))
+
+
+def _load_kv(ctx, kb, slot):
+    """DMA the K and V rows of key block kb (interleaved when the block is full)."""
+    k, v = ctx["ins"][1], ctx["ins"][2]
+    b, g, sk, d, cdt = ctx["b"], ctx["g"], ctx["sk"], ctx["d"], ctx["cdt"]
+    k0 = kb * UNIT
+    n = min(UNIT, sk - k0)
+    if n == UNIT:
+        # fresh tiles: the previous block's dQ matmuls may still be unissued
+        k_raw = nl.ndarray((P, GROUP, d), dtype=cdt, buffer=nl.sbuf)
+        v_raw = nl.ndarray((P, GROUP, d), dtype=cdt, buffer=nl.sbuf)
         nisa.dma_copy(dst=k_raw, src=k[b, g][k0 : k0 + n, :].reshape((P, GROUP, d)))
         nisa.dma_copy(dst=v_raw, src=v[b, g][k0 : k0 + n, :].reshape((P, GROUP, d)))
     else:
         k_raw = load_kt_group(k[b, g], k0, n, d, cdt)
         v_raw = load_kt_group(v[b, g], k0, n, d, cdt)
-    return {"k_raw": k_raw, "v_raw": v_raw, "kn": kn, "n": n}
+    return {"k_raw": k_raw, "v_raw": v_raw, "n": n, "slot": slot, "kb": kb}
 
 
-def _prep_kv(raw, rings, slot, d, cdt):
-    """K^T and V^T of the block through PE transposes."""
-    n = raw["n"]
-    kt, vt = rings["kt"][slot % 2], rings["vt"][slot % 2]
-    transpose_kt_group(raw["k_raw"], kt, 0, n, d, cdt, True, tp=_tp_view(rings, 0, cdt))
-    transpose_kt_group(raw["v_raw"], vt, 0, n, d, cdt, False, tp=_tp_view(rings, 1, cdt))
-    return {"kt": kt, "vt": vt, "kn": raw["kn"]}
+def _prep_kv(kv, ctx):
+    """K^T and V^T (natural key order) of the block through PE transposes."""
+    rings, cdt, d, n = ctx["rings"], ctx["cdt"], ctx["d"], kv["n"]
+    kt, vt = rings["kt"][kv["slot"] % 2], rings["vt"][kv["slot"] % 2]
+    transpose_kt_group(kv["k_raw"], kt, 0, n, d, cdt, True, tp=_tp_view(rings, 0, cdt))
+    transpose_kt_group(kv["v_raw"], vt, 0, n, d, cdt, False, tp=_tp_view(rings, 1, cdt))
+    kv["kt"], kv["vt"] = kt, vt
+
+
+def _run_section(ctx, si, cur, nxt):
+    """One software pipeline over every (key block, query tile) job of a section."""
+    units = cur["units"]
+    nkb = len(ctx["touch"])
+    active = [
+        kb
+        for kb in range(nkb)
+        if any(it["work"][kb] is not None for u in units for it in u["items"])
+    ]
+    jobs = []
+    for a, kb in enumerate(active):
+        for unit in units:
+            for it in unit["items"]:
+                if it["work"][kb] is not None:
+                    jobs.append({"a": a, "kb": kb, "unit": unit, "it": it, "w": it["work"][kb]})
+    for i, job in enumerate(jobs):
+        job["i"] = i
+        job["it"]["last"] = i
+        job["first"] = i == 0 or jobs[i - 1]["a"] != job["a"]
+        job["last_in_block"] = i + 1 == len(jobs) or jobs[i + 1]["a"] != job["a"]
+    pending = list(nxt["units"]) if nxt is not None else []
+    loaded: list = []
+    kvs: dict = {}
+    if len(active) > 0:
+        kvs[0] = _load_kv(ctx, active[0], ctx["counters"]["kv"])
+    n = len(jobs)
+    for i in range(n + 3):
+        if i < n:
+            job = jobs[i]
+            if job["first"]:
+                a = job["a"]
+                _prep_kv(kvs[a], ctx)
+                if a + 1 < len(active):
+                    kvs[a + 1] = _load_kv(ctx, active[a + 1], ctx["counters"]["kv"] + a + 1)
+                # the next section's operands: stats of the units loaded one block ago,
+                # then this block's share of the loads
+                for unit in loaded:
+                    _unit_stats(unit, nxt, ctx)
+                share = -(-len(pending) // (len(active) - a))
+                loaded = pending[:share]
+                pending = pending[share:]
+                for unit in loaded:
+                    _load_unit(unit, ctx)
+                job["written"] = [False] * GROUP
+            else:
+                job["written"] = jobs[i - 1]["written"]
+            for jj in range(i, min(n, i + PREP_AHEAD + 1)):
+                _prep_item(jobs[jj]["it"], jobs[jj]["unit"], cur, ctx)
+            _stage_scores(job, kvs[job["a"]], ctx)
+        if 0 <= i - 1 < n:
+            _stage_softmax(jobs[i - 1], ctx)
+        if 0 <= i - 2 < n:
+            job = jobs[i - 2]
+            _stage_grads(job, ctx)
+            if job["last_in_block"]:
+                _finish_block(ctx, job["written"], si, job["kb"])
+        if 0 <= i - 3 < n:
+            job = jobs[i - 3]
+            _stage_dq(job, kvs[job["a"]], ctx)
+            if job["last_in_block"]:
+                del kvs[job["a"]]  # frees the block's K / V rows (read by stage 4 only)
+            if job["it"]["last"] == job["i"]:
+                job["unit"]["left"] -= 1
+                if job["unit"]["left"] == 0:
+                    _store_dq(job["unit"], ctx)
+    for unit in pending:
+        _load_unit(unit, ctx)
+    ctx["counters"]["kv"] += len(active)
+    for unit in units:
+        for name in ("q", "do", "qt", "dot", "dq_acc", "delta", "nlse"):
+            unit.pop(name, None)
+
+
+def _col_view(t, rows, ul, kr, il):
+    """Score columns of slot ul: keys k0 + 4p + ul (interleaved) or ul*128 + p."""
+    if il:
+        return t[:rows, 0:UNIT].reshape((rows, P, GROUP))[:, :, ul]
+    return t[:rows, ul * P : ul * P + kr]
 
 
 def _cols(ul, u, cnt, sk):
-    c0 = ul * P
-    return c0, min(cnt * P, sk - u * P)
+    return ul * P, min(cnt * P, sk - u * P)
 
 
-def _stage_scores(job, i, staged, rings, kv, sk, d):
-    """TensorE: S = Q K^T and dP = dO V^T for the job's sub-tiles."""
-    x = job["idx"]
-    rows = staged["items"][x]["rows"]
+def _stage_scores(job, kv, ctx):
+    """TensorE: S = Q K^T and dP = dO V^T for the job's score columns."""
+    unit, it, i = job["unit"], job["it"], job["i"]
+    rows, j, d, sk = it["rows"], it["j"], ctx["d"], ctx["sk"]
+    rings = ctx["rings"]
     s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
-    for ul, u, cnt, _ in _runs(job["slots"]):
+    for ul, u, cnt, _ in runs(job["w"]["subs"]):
         c0, nc = _cols(ul, u, cnt, sk)
         nisa.nc_matmul(
             dst=s_ps[:rows, c0 : c0 + nc],
-            stationary=staged["qt"][:d, x, :rows],
+            stationary=unit["qt"][:d, j, :rows],
             moving=kv["kt"][:d, c0 : c0 + nc],
             accumulate=False,
         )
         nisa.nc_matmul(
             dst=dp_ps[:rows, c0 : c0 + nc],
-            stationary=staged["dot"][:d, x, :rows],
+            stationary=unit["dot"][:d, j, :rows],
             moving=kv["vt"][:d, c0 : c0 + nc],
             accumulate=False,
         )
 
 
-def _stage_softmax(job, i, staged, rings, bnd, cfg, sk):
+def _stage_softmax(job, ctx):
     """Mask partial runs, P = exp(s * S - lse) (ScalarE), dS = P * (dP - Delta) (VectorE)."""
-    x = job["idx"]
-    it = staged["items"][x]
-    rows, t = it["rows"], it["t"]
+    unit, it, i = job["unit"], job["it"], job["i"]
+    rows, j, t, sk = it["rows"], it["j"], it["t"], ctx["sk"]
+    rings, bnd = ctx["rings"], ctx["bnd"]
     s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
     p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
-    for ul, u, cnt, partial in _runs(job["slots"], split_masked=True):
+    for ul, u, cnt, partial in runs(job["w"]["subs"], split_masked=True):
         c0, nc = _cols(ul, u, cnt, sk)
         s_view = s_ps[:rows, c0 : c0 + nc]
         if partial:
@@ -411,57 +471,66 @@ def _stage_softmax(job, i, staged, rings, bnd, cfg, sk):
             dst=p_sb[:rows, c0 : c0 + nc],
             op=nl.exp,
             data=s_view,
-            bias=staged["nlse"][:rows, x : x + 1],
-            scale=cfg[0],
+            bias=unit["nlse"][:rows, j : j + 1],
+            scale=ctx["cfg"][0],
         )
         nisa.scalar_tensor_tensor(
             dst=ds_sb[:rows, c0 : c0 + nc],
             data=dp_ps[:rows, c0 : c0 + nc],
             op0=nl.subtract,
-            operand0=staged["delta"][:rows, x : x + 1],
+            operand0=unit["delta"][:rows, j : j + 1],
             op1=nl.multiply,
             operand1=p_sb[:rows, c0 : c0 + nc],
         )
 
 
-def _stage_grads(job, i, staged, rings, written, cfg, cdt, sk, d):
+def _stage_grads(job, ctx):
     """dV += P^T dO, dK += dS^T Q (PSUM accumulation), dS^T by PE or DMA transposes."""
-    dma_quarters, scalar_evac = cfg[2], cfg[3]
-    x = job["idx"]
-    rows = staged["items"][x]["rows"]
+    dma_quarters, scalar_evac = ctx["cfg"][2], ctx["cfg"][3]
+    unit, it, i = job["unit"], job["it"], job["i"]
+    rows, j, d, cdt = it["rows"], it["j"], ctx["d"], ctx["cdt"]
+    rings = ctx["rings"]
+    written = job["written"]
     p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
-    slots = job["slots"]
-    for ul, u, _ in slots:
-        kr = min(P, sk - u * P)
-        cols = slice(ul * P, ul * P + kr)
+    slots = job["w"]["slots"]
+    for ul, kr, il in slots:
         nisa.nc_matmul(
             dst=rings["dv"][:kr, ul, :d],
-            stationary=p_sb[:rows, cols],
-            moving=staged["do"][:rows, x, :d],
+            stationary=_col_view(p_sb, rows, ul, kr, il),
+            moving=unit["do"][:rows, j, :d],
             accumulate=written[ul],
         )
         nisa.nc_matmul(
             dst=rings["dk"][:kr, ul, :d],
-            stationary=ds_sb[:rows, cols],
-            moving=staged["q"][:rows, x, :d],
+            stationary=_col_view(ds_sb, rows, ul, kr, il),
+            moving=unit["q"][:rows, j, :d],
             accumulate=written[ul],
         )
         written[ul] = True
     dst_sb = rings["dst"][i % JOB_RING]
-    full = all(min(P, sk - u * P) == P for _, u, _ in slots)
+    full = all(kr == P for _, kr, _ in slots)
+    contiguous = all(slots[x + 1][0] == slots[x][0] + 1 for x in range(len(slots) - 1))
     n_dma = 0
-    if rings["two_byte"] and full and _contiguous(slots):
+    if rings["two_byte"] and full and contiguous:
         n_dma = min(dma_quarters, len(slots))
     pe = slots[: len(slots) - n_dma]
     if len(pe) > 0:
         tp = _tp_view(rings, i, cdt)
-        for ul, u, _ in pe:
-            kr = min(P, sk - u * P)
-            nisa.nc_transpose(dst=tp[:kr, ul, :rows], data=ds_sb[:rows, ul * P : ul * P + kr])
+        for ul, kr, il in pe:
+            nisa.nc_transpose(dst=tp[:kr, ul, :rows], data=_col_view(ds_sb, rows, ul, kr, il))
         n_s = (len(pe) * scalar_evac + 4) // 8
         for on_scalar, part in ((True, pe[:n_s]), (False, pe[n_s:])):
-            for ul, u, _ in part:
-                kr = min(P, sk - u * P)
+            if len(part) == 0:
+                continue
+            u0, u1 = part[0][0], part[-1][0] + 1
+            if all(kr == P for _, kr, _ in part) and u1 - u0 == len(part):
+                nisa.tensor_copy(
+                    dst=dst_sb[:, u0:u1, :rows],
+                    src=tp[:, u0:u1, :rows],
+                    engine=copy_engine(on_scalar),
+                )
+                continue
+            for ul, kr, _ in part:
                 nisa.tensor_copy(
                     dst=dst_sb[:kr, ul, :rows],
                     src=tp[:kr, ul, :rows],
@@ -469,68 +538,117 @@ def _stage_grads(job, i, staged, rings, written, cfg, cdt, sk, d):
                 )
     if n_dma > 0:
         ul0 = slots[len(pe)][0]
-        src = ds_sb[:rows, ul0 * P : (ul0 + n_dma) * P].reshape((rows, n_dma, P))
+        if slots[0][2]:
+            src = ds_sb[:rows, 0:UNIT].reshape((rows, P, GROUP)).permute((0, 2, 1))
+            src = src[:, ul0 : ul0 + n_dma, :]
+        else:
+            src = ds_sb[:rows, ul0 * P : (ul0 + n_dma) * P].reshape((rows, n_dma, P))
         nisa.dma_transpose(dst=dst_sb[:, ul0 : ul0 + n_dma, :rows], src=src, axes=(2, 1, 0))
 
 
-def _contiguous(slots: list) -> bool:
-    return all(slots[i + 1][0] == slots[i][0] + 1 for i in range(len(slots) - 1))
-
-
-def _stage_dq(job, i, staged, rings, kv, dq_acc, started, sk, d):
-    """dQ_block = dS K over the block's sub-tiles (PSUM), accumulated into fp32 SBUF."""
-    x = job["idx"]
-    rows = staged["items"][x]["rows"]
+def _stage_dq(job, kv, ctx):
+    """dQ_block = dS K over the job's slots (PSUM), accumulated into fp32 SBUF."""
+    unit, it, i = job["unit"], job["it"], job["i"]
+    rows, j, d = it["rows"], it["j"], ctx["d"]
+    rings = ctx["rings"]
     dq_ps = _dq_view(rings, i, d)
     dst_sb = rings["dst"][i % JOB_RING]
-    for a, (ul, u, _) in enumerate(job["slots"]):
-        kr = min(P, sk - u * P)
+    for a, (ul, kr, _) in enumerate(job["w"]["slots"]):
         nisa.nc_matmul(
             dst=dq_ps[:rows, :d],
             stationary=dst_sb[:kr, ul, :rows],
-            moving=kv["kn"][:kr, ul, :d],
+            moving=kv["k_raw"][:kr, ul, :d],
             accumulate=a > 0,
         )
-    if started[x]:
-        nisa.tensor_tensor(
-            dst=dq_acc[:rows, x, :], data1=dq_acc[:rows, x, :], data2=dq_ps[:rows, :d], op=nl.add
+    acc = unit["dq_acc"][:rows, j, :]
+    if it.get("dq_started"):
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=dq_ps[:rows, :d], op=nl.add)
+    else:
+        nisa.activation(dst=acc, op=nl.copy, data=dq_ps[:rows, :d])
+        it["dq_started"] = True
+
+
+def _store_dq(unit, ctx):
+    """s * dQ of a finished unit -> HBM (one interleaved DMA for a complete full unit)."""
+    d, h, r0 = ctx["d"], unit["h"], unit["r0"]
+    c = ctx["counters"]
+    out_t = ctx["rings"]["dq_out"][c["out"] % 2]
+    c["out"] += 1
+    items = unit["items"]
+    if unit["il"] and len(items) == GROUP:
+        nisa.activation(dst=out_t, op=nl.copy, data=unit["dq_acc"], scale=ctx["cfg"][0])
+        nisa.dma_copy(dst=ctx["dq"][h, r0 : r0 + UNIT, :].reshape((P, GROUP, d)), src=out_t)
+        return
+    for it in items:
+        rows, j = it["rows"], it["j"]
+        nisa.activation(
+            dst=out_t[:rows, j, :],
+            op=nl.copy,
+            data=unit["dq_acc"][:rows, j, :],
+            scale=ctx["cfg"][0],
+        )
+        if unit["il"]:
+            dst = ctx["dq"][h, r0 : r0 + UNIT, :].reshape((P, GROUP, d))[:, j, :]
+        else:
+            dst = ctx["dq"][h, it["t"] * P : it["t"] * P + rows, :]
+        nisa.dma_copy(dst=dst, src=out_t[:rows, j, :])
+
+
+def _finish_block(ctx, written, si, kb):
+    """Write dK, dV of a block: directly, or through the fp32 HBM scratch across sections."""
+    sk, d, scale = ctx["sk"], ctx["d"], ctx["cfg"][0]
+    rings, touch = ctx["rings"], ctx["touch"][kb]
+    c = ctx["counters"]
+    k0 = kb * UNIT
+    il = k0 + UNIT <= sk
+    # (slot range, key row view): one piece for an interleaved block, else per sub-tile
+    pieces = []
+    if il:
+        pieces.append(
+            (0, GROUP, P, touch[0], lambda t: t[k0 : k0 + UNIT, :].reshape((P, GROUP, d)))
         )
     else:
-        nisa.activation(dst=dq_acc[:rows, x, :], op=nl.copy, data=dq_ps[:rows, :d])
-        started[x] = True
-
-
-def _finish_block(rings, bc, written, touch_kb, si, kb, dk_bg, dv_bg, scratch, scale, sk, d):
-    """Write dK, dV of the block: directly, or through the fp32 HBM scratch across sections."""
-    for w, dst in ((0, dk_bg), (1, dv_bg)):
+        for ul in range(GROUP):
+            if written[ul]:
+                s0 = k0 + ul * P
+                kr = min(P, sk - s0)
+                pieces.append((ul, ul + 1, kr, touch[ul], _rows_view(s0, kr)))
+    for w, dst_hbm in ((0, ctx["dk"]), (1, ctx["dv"])):
         ps = rings["dk"] if w == 0 else rings["dv"]
         sc = scale if w == 0 else 1.0
-        out_t = rings["blk_out"][(2 * bc + w) % 4]
-        cur = rings["blk"][(2 * bc + w) % 2]
-        for ul in range(GROUP):
-            if not written[ul]:
-                continue
-            k0 = (kb * GROUP + ul) * P
-            kr = min(P, sk - k0)
-            secs = touch_kb[ul]
+        out_t = rings["blk_out"][c["blk"] % 4]
+        cur = rings["blk"][c["blk"] % 2]
+        c["blk"] += 1
+        for u0, u1, kr, secs, view in pieces:
             first, last = secs[0] == si, secs[-1] == si
+            src_ps = ps[:kr, u0:u1, :]
             if first and last:
-                nisa.activation(dst=out_t[:kr, ul, :], op=nl.copy, data=ps[:kr, ul, :], scale=sc)
-                nisa.dma_copy(dst=dst[k0 : k0 + kr, :], src=out_t[:kr, ul, :])
+                nisa.activation(dst=out_t[:kr, u0:u1, :], op=nl.copy, data=src_ps, scale=sc)
+                nisa.dma_copy(dst=view(dst_hbm), src=_flat(out_t, kr, u0, u1))
                 continue
-            acc = scratch[w]
+            acc = view(ctx["scratch"][w])
+            cur_v = cur[:kr, u0:u1, :]
             if first:
-                nisa.tensor_copy(dst=cur[:kr, ul, :], src=ps[:kr, ul, :], engine=nisa.engine.scalar)
+                nisa.tensor_copy(dst=cur_v, src=src_ps, engine=nisa.engine.scalar)
             else:
-                nisa.dma_copy(dst=cur[:kr, ul, :], src=acc[k0 : k0 + kr, :])
-                nisa.tensor_tensor(
-                    dst=cur[:kr, ul, :], data1=cur[:kr, ul, :], data2=ps[:kr, ul, :], op=nl.add
-                )
+                nisa.dma_copy(dst=_flat(cur, kr, u0, u1), src=acc)
+                nisa.tensor_tensor(dst=cur_v, data1=cur_v, data2=src_ps, op=nl.add)
             if last:
-                nisa.activation(dst=out_t[:kr, ul, :], op=nl.copy, data=cur[:kr, ul, :], scale=sc)
-                nisa.dma_copy(dst=dst[k0 : k0 + kr, :], src=out_t[:kr, ul, :])
+                nisa.activation(dst=out_t[:kr, u0:u1, :], op=nl.copy, data=cur_v, scale=sc)
+                nisa.dma_copy(dst=view(dst_hbm), src=_flat(out_t, kr, u0, u1))
             else:
-                nisa.dma_copy(dst=acc[k0 : k0 + kr, :], src=cur[:kr, ul, :])
+                nisa.dma_copy(dst=acc, src=_flat(cur, kr, u0, u1))
+
+
+def _rows_view(s0, kr):
+    return lambda t: t[s0 : s0 + kr, :]
+
+
+def _flat(t, kr, u0, u1):
+    """[kr, u1 - u0, D] slice of a slot tile, 2-D when it is one slot (an HBM row block)."""
+    if u1 - u0 == 1:
+        return t[:kr, u0, :]
+    return t[:kr, u0:u1, :]
 
 
 __all__ = ["flash_attention_bwd"]

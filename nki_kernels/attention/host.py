@@ -16,6 +16,7 @@ from torch import Tensor
 from ..runtime import launch, lookup_config, pad_dim, pad_to_bucket
 from ..targets import get_target
 from . import masks
+from ._bwd_plan import bwd_row_order
 from .config import AttentionProblem, FlashFwdConfig, max_resident_keys, with_kv_overlap
 from .flash_bwd import flash_attention_bwd
 from .flash_fwd import flash_attention_fwd
@@ -191,6 +192,20 @@ def _merge(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
     return out.to(parts[0][0].dtype), lse
 
 
+def bwd_kernel_rows(
+    lo: np.ndarray, hi: np.ndarray, sk: int, lse: Tensor, dlse: Tensor | None = None
+) -> tuple[Any, Tensor | None, Tensor, Tensor | None]:
+    """The backward kernel's row-indexed operands from natural-order ones: tile plan,
+    bounds and partition-major lse / dlse, all in `bwd_row_order` (lo, hi: [B, Sq]
+    key bounds; lse, dlse: [B, H, Sq] fp32 with Sq a multiple of 128)."""
+    perm = np.asarray(bwd_row_order(lo.shape[1]), dtype=np.int64)
+    plan, bounds = _plan_and_bounds(lo[:, perm], hi[:, perm], sk, lse.device)
+    index = torch.from_numpy(perm).to(lse.device)
+    lse_k = lse_to_kernel(lse.index_select(2, index))
+    dlse_k = lse_to_kernel(dlse.index_select(2, index)) if dlse is not None else None
+    return plan, bounds, lse_k, dlse_k
+
+
 def backward(
     grad_out: Tensor,
     grad_lse: Tensor | None,
@@ -217,11 +232,11 @@ def backward(
     lo, hi = _bounds(b, sqb, skb, sq, sk, causal, sliding_window, kv_lens, segment_ids)
     # rows without an allowed key (and padded rows) get lse = +inf: their P is exactly 0
     empty = torch.from_numpy(lo >= hi).to(q.device)[:, None, :]
-    lse_p = lse_to_kernel(pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf")))
+    lse_p = pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf"))
     dlse = None
     if grad_lse is not None:
-        dlse = lse_to_kernel(pad_dim(grad_lse.float(), 2, sqb).masked_fill(empty, 0.0))
-    plan, bounds = _plan_and_bounds(lo, hi, skb, q.device)
+        dlse = pad_dim(grad_lse.float(), 2, sqb).masked_fill(empty, 0.0)
+    plan, bounds, lse_p, dlse = bwd_kernel_rows(lo, hi, skb, lse_p, dlse)
     problem = _problem(q, k, sqb, skb, _mask_kind(causal, sliding_window, kv_lens, segment_ids))
     cfg = lookup_config("flash_attention_bwd", problem, flash_attention_bwd, target=target)
     dq, dk, dv = launch(
@@ -242,4 +257,11 @@ def backward(
     return dq[:, :, :sq].contiguous(), dk[:, :, :sk].contiguous(), dv[:, :, :sk].contiguous()
 
 
-__all__ = ["backward", "check_data", "forward", "lse_from_kernel", "lse_to_kernel"]
+__all__ = [
+    "backward",
+    "bwd_kernel_rows",
+    "check_data",
+    "forward",
+    "lse_from_kernel",
+    "lse_to_kernel",
+]
