@@ -11,16 +11,22 @@ slots' routing weights, per intermediate chunk (I-major tiles [chunk, tokens]):
     dx'     += dg' Wg^T + du' Wu^T               contraction over I (fp32 SBUF over chunks)
     dx       = w * dx'                           per token, at the store
 
-Phase A (`_bwd_block`; per block, in sub-blocks of `sub_block` tokens, chunks of `tile_i`
-intermediate columns): each chunk's Wg / Wu columns are loaded once, I on partitions
-(`tiles.load_weight_cols`: DMA transposes for 2-byte dtypes), into two strips [I, H]
-that serve the dgrad directly; the recompute needs H on partitions and gets each 128-row
-H tile by PE transposes of the strips, one tile ahead of its matmuls. Wd streams in units
-of `dma_h` H tiles, also column-loaded, `w_bufs` units in flight. gT, uT, gaT accumulate
-over H in PSUM (3 * tile_i/128 accumulators of [128, sub_block]). The next chunk's strip
-pieces load behind the dgrad, which walks H in order. The chunk's act, dg', du' are
-PE-transposed to token-major and stored, with the token rows w * x and w * do, to
-slot-ordered HBM scratch.
+Phase A (`_bwd_block`; per block, in units of `sub_block` tokens, chunks of `tile_i`
+intermediate columns). Each chunk's Wg / Wu columns are loaded once with I on partitions
+(DMA transposes for 2-byte dtypes) into strips [I, H] that serve the dgrad directly; the
+recompute needs H on partitions and gets each 128-row H tile by PE transposes of the
+strips, one tile ahead of its matmuls. Wd streams in units of `dma_h` H tiles, `w_bufs - 1`
+ahead (weights_bwd.py). gT, uT, gaT accumulate over H in PSUM (3 * tile_i/128
+accumulators of [128, sub_block]). The chunk loop is software-pipelined by one chunk:
+TensorE issues chunk c's recompute, then chunk c-1's dgrad and act / dg / du transposes,
+so ScalarE / VectorE evaluate chunk c's SwiGLU derivatives meanwhile; `strip_bufs` strip
+sets rotate (3: chunk c+1's strips load during chunk c's recompute). Transposes go through
+rings of PSUM banks (rows_bwd.ring_transpose) so a group waits for the evacuation of an
+older group, not the previous one; act / dg / du are stored to slot-ordered HBM scratch
+in runs of >= 2 KiB (several chunks per DMA), and the token rows as w * x and w * do.
+With `prefetch_rows` (rows_bwd.py) the next unit's rows are gathered and transposed, the
+next block's metadata loaded, and the next unit's first strips / Wd units loaded, while
+the current unit computes, so a unit does not start by waiting on DMAs.
 
 Phase B (`wgrad.weight_grads`): the per-expert weight gradients as grouped matmuls over
 that scratch, contracted over tokens, weight-panel outer and blocks inner, accumulated on
@@ -35,7 +41,7 @@ token's k slots (j ascending) into dhidden and gathers d_weights[t, j] = dws[slo
 Blocks [0, static_blocks) are a static loop, the rest device loops up to `block_count`
 (`tiles.block_loop`); both issue the same instructions (block indices as registers).
 
-Limits: block_size in {128, 256, 512, 1024}, sub_block in {128, 256} (<= block_size);
+Limits: block_size in {128, 256, 512, 1024}, sub_block in {128, 256, 512} (<= block_size);
 H, I any size (ragged tiles sliced; the SBUF/PSUM fit is checked by config.validate);
 bf16 or fp32 (fp32 column loads are natural loads + PE transposes). Tunables:
 config.MoEMLPBwdConfig.
@@ -47,23 +53,33 @@ from typing import Any
 
 from ..nki import nisa, nki, nl
 from .combine import combine, zero_row
+from .config import STORE_RUN_BYTES
+from .rows_bwd import (
+    ACT_RING,
+    block_start,
+    gather_unit,
+    load_meta,
+    prefetch_next,
+    psum_ring,
+    ring_transpose,
+    row_sets,
+    store_scaled_rows,
+    transpose_next,
+    transposed_rows,
+)
 from .tiles import (
     PSUM_FP32,
     P,
-    block_ap,
     block_loop,
-    block_meta,
     block_row0,
     cdiv,
     device_bounds,
-    gather_rows,
-    load_weight_cols,
     matmul,
     psum_accumulators,
     slot_tiles,
     tile_rows,
-    transpose_into,
 )
+from .weights_bwd import load_strips, load_wd_head, new_strips, wd_head, weight_stream
 from .wgrad import weight_grads
 
 
@@ -90,6 +106,8 @@ def moe_mlp_bwd(
     w_bufs,
     wgrad_tiles,
     wgrad_cols,
+    strip_bufs,
+    prefetch_rows,
 ):
     """(dhidden [T, H], d_weights [T, k] fp32); writes dw_gate_up / dw_down in place.
 
@@ -103,7 +121,7 @@ def moe_mlp_bwd(
     nb, parts, ns = slot_token.shape
     i = w_gate_up.shape[2] // 2
     assert parts == P and block_size == P * ns, "moe_mlp_bwd: block_size does not match"
-    assert sub_block in (128, 256) and block_size % sub_block == 0, "moe_mlp_bwd: sub_block"
+    assert sub_block in (128, 256, 512) and block_size % sub_block == 0, "moe_mlp_bwd: sub_block"
     assert dw_gate_up.shape == w_gate_up.shape and dw_down.shape == w_down.shape
     dt = hidden.dtype
     d = {
@@ -120,6 +138,8 @@ def moe_mlp_bwd(
         "TI": tile_i,
         "DH": dma_h,
         "WB": w_bufs,
+        "STB": strip_bufs,
+        "PF": prefetch_rows,
     }
     dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
     d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -138,7 +158,24 @@ def moe_mlp_bwd(
     ws = (hidden, w_gate_up, w_down, dout, slot_token, slot_weight, block_expert, scratch)
 
     bounds = device_bounds(block_count, static_blocks) if static_blocks < nb else None
-    block_loop(lambda addr, parity, first: _bwd_block(d, ws, addr), static_blocks, nb, bounds)
+    # phase-A row and metadata sets; they die before phase B (state.clear())
+    state = {"sets": row_sets(d)}
+    if prefetch_rows:  # block 0's metadata, first chunk's weights and rows; see rows_bwd
+        sets = state["sets"]
+        sets["head_strips"], sets["wd_head"] = new_strips(d), wd_head(d)
+        meta0 = sets["meta"][0]
+        load_meta(d, ws, meta0, (nisa.register_alloc(0), 0))
+        load_strips(d, w_gate_up, meta0["exp"], 0, sets["head_strips"])
+        load_wd_head(d, w_down, meta0["exp"], sets["wd_head"])
+        gather_unit(d, ws, meta0, sets["rows"], 0)
+        transpose_next(d, sets)
+        del sets, meta0
+
+    def body(addr: Any, parity: int, first: bool) -> None:
+        _bwd_block(d, ws, state["sets"], addr, parity)
+
+    block_loop(body, static_blocks, nb, bounds)
+    state.clear()
     grads = (
         (dw_gate_up, scratch["x"], scratch["gu"]),
         (dw_down, scratch["act"], scratch["dy"]),
@@ -150,85 +187,70 @@ def moe_mlp_bwd(
 
 
 # ---- phase A: one block ------------------------------------------------------------------
-def _bwd_block(d: dict[str, Any], ws: tuple[Any, ...], addr: Any) -> None:
-    w_down, slot_token, slot_weight, block_expert = ws[2], ws[4], ws[5], ws[6]
-    ns, bsz = d["NS"], d["B"]
-    tok, exp = block_meta(ns, slot_token, block_expert, addr)
-    wsl = nl.ndarray((P, ns), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=wsl, src=block_ap(slot_weight, addr, [[ns, P], [1, ns]]))
-    row0 = block_row0(addr, bsz)
+def _bwd_block(
+    d: dict[str, Any], ws: tuple[Any, ...], sets: dict[str, Any], addr: Any, parity: int
+) -> None:
+    w_down = ws[2]
+    meta = block_start(d, ws, sets, addr, parity)
+    row0 = block_row0(addr, d["B"])
     ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    fetch = _weight_stream(d, w_down, exp)
-    blk = {"addr": addr, "row0": row0, "exp": exp, "tok": tok, "wsl": wsl}
+    fetch = weight_stream(d, w_down, meta["exp"], sets.get("wd_head"))
+    blk = {"addr": addr, "row0": row0, "exp": meta["exp"], "meta": meta, "parity": parity}
     blk["ones"] = ones
-    for s in range(bsz // d["SB"]):
-        _sub_block(d, ws, blk, fetch, s)
-
-
-def _wd_units(d: dict[str, Any]) -> list[tuple[int, int, int]]:
-    """(chunk, first H tile, H tiles) of every Wd unit of one sub-block, in order."""
-    units = []
-    for ic in range(cdiv(d["I"], d["TI"])):
-        for h0 in range(0, d["HT"], d["DH"]):
-            units.append((ic, h0, min(d["DH"], d["HT"] - h0)))
-    return units
-
-
-def _weight_stream(d: dict[str, Any], w_down: Any, exp: Any) -> Any:
-    """A `fetch()` returning the next Wd unit with H on partitions, `w_bufs - 1` ahead.
-
-    The units of all sub-blocks of the block form one stream, so the first units of a
-    chunk or sub-block load while the previous one finishes. A unit dies when its
-    consumer drops it: at most `w_bufs` are live (buffers rotate through the allocator).
-    """
-    units = _wd_units(d) * (d["B"] // d["SB"])
-    depth = max(1, d["WB"] - 1)
-    loaded: dict[str, Any] = {}
-    state = {"next": 0}
-
-    def issue(u: int) -> None:
-        if u >= len(units):
-            return
-        ic, h0, nh = units[u]
-        i0 = ic * d["TI"]
-        icw = min(d["TI"], d["I"] - i0)
-        nrows = min(nh * P, d["H"] - h0 * P)
-        wdT = nl.ndarray((P, nh, d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
-        load_weight_cols(w_down, exp, i0, icw, h0 * P, nrows, wdT)
-        loaded[str(u)] = wdT
-
-    for u in range(depth):
-        issue(u)
-
-    def fetch() -> Any:
-        u = state["next"]
-        state["next"] = u + 1
-        issue(u + depth)
-        return loaded.pop(str(u))
-
-    return fetch
+    for s in range(d["B"] // d["SB"]):
+        _sub_block(d, ws, sets, blk, fetch, s)
 
 
 def _sub_block(
-    d: dict[str, Any], ws: tuple[Any, ...], blk: dict[str, Any], fetch: Any, s: int
+    d: dict[str, Any],
+    ws: tuple[Any, ...],
+    sets: dict[str, Any],
+    blk: dict[str, Any],
+    fetch: Any,
+    s: int,
 ) -> None:
-    """Sub-block s (tokens s*SB .. s*SB + SB of the block): all chunks, dx and dws."""
-    hidden, w_gate_up, dout = ws[0], ws[1], ws[3]
-    scr = ws[7]
-    h, sb, ti, dt = d["H"], d["SB"], d["TI"], d["dt"]
+    """Sub-block s (tokens s*SB .. s*SB + SB of the block): all chunks, dx and dws.
+
+    Software-pipelined by one chunk: TensorE runs chunk c's recompute, then chunk c-1's
+    dgrad and transposes, while ScalarE / VectorE evaluate chunk c's SwiGLU derivatives
+    from its PSUM accumulators (which chunk c+1's recompute overwrites only after that).
+    Strip sets (`strip_bufs`) rotate: with three, chunk c+1's strips load while chunk c
+    recomputes and chunk c-1's dgrad reads its own; with two, they load behind chunk
+    c-1's dgrad (piece by piece, in its H order).
+    """
+    w_gate_up, scr = ws[1], ws[7]
+    h, sb, ti, dt, nsets = d["H"], d["SB"], d["TI"], d["dt"], d["STB"]
     nsa, nti = sb // P, cdiv(ti, P)
-    xT, doT = _load_rows(d, hidden, dout, scr, blk, s)
+    xT, doT, rows = transposed_rows(d, ws, blk, sets, s)
+    if not d["PF"]:  # the rows die before the strips exist (else after their scaled copies)
+        store_scaled_rows(d, ws, blk, rows, s)
+        del rows
     dx = [nl.ndarray((P, h), dtype=nl.float32, buffer=nl.sbuf) for _ in range(nsa)]
     dws = nl.ndarray((1, sb), dtype=nl.float32, buffer=nl.sbuf)
-    # [I rows, H, I tile]: one H piece of the strip is one contiguous range per partition
-    strips = [nl.ndarray((P, h, nti), dtype=dt, buffer=nl.sbuf) for _ in range(2)]
-    _load_strips(d, w_gate_up, blk["exp"], 0, strips)
+    local = [new_strips(d) for _ in range(nsets)]
     nic = cdiv(d["I"], ti)
+
+    def strip_set(ic: int) -> list[Any]:  # with prefetching chunk 0 uses the head set
+        if d["PF"]:
+            return sets["head_strips"] if ic == 0 else local[(ic - 1) % nsets]
+        return local[ic % nsets]
+
+    def load_next(ic: int) -> None:
+        if ic + 1 < nic:
+            load_strips(d, w_gate_up, blk["exp"], ic + 1, strip_set(ic + 1))
+
+    if not d["PF"]:
+        load_strips(d, w_gate_up, blk["exp"], 0, strip_set(0))
+    prev: tuple[Any, ...] | None = None
+    grp: dict[str, Any] = {}  # the act / dg / du store group being filled
     for ic in range(nic):
         i0 = ic * ti
         icw = min(ti, d["I"] - i0)
         nit = cdiv(icw, P)
+        strips = strip_set(ic)
+        if nsets > 2:
+            load_next(ic)
         acc = psum_accumulators(3 * nit, sb)
         _gate_up_ga(d, fetch, xT, doT, icw, acc, strips)
         acts = [nl.ndarray((P, nti, sb), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
@@ -236,63 +258,43 @@ def _sub_block(
         for it in range(nit):
             _pointwise(d, acc[3 * it : 3 * it + 3], prod, it, icw, acts)
         del acc
+        if d["PF"] and ic == nic // 2:  # scaled rows feed phase B only; then gather next
+            store_scaled_rows(d, ws, blk, rows, s)
+            del rows
+            prefetch_next(d, ws, blk, sets, s)
+        if ic == nic - 1:  # the last reader of xT / doT is queued
+            transpose_next(d, sets)
+        if prev is not None:
+            _dgrad(d, prev[0][1], prev[0][2], prev[1], prev[4], prev[2], dx)
+        # indirect DMAs get their descriptors in program order (software DGE): the strip
+        # loads go before the stores that wait for the transposes
+        if nsets == 2:
+            load_next(ic)
+        if prev is not None:
+            _store_acts(d, scr, blk["addr"], prev, s, grp)
         _dws(d, blk["ones"], prod, icw, ic == 0, dws)
         del prod
-        _dgrad(d, acts[1], acts[2], strips, icw, ic, dx)
-        # indirect DMAs get their descriptors in program order (software DGE): the
-        # strip loads, ready as the dgrad passes, go before the stores that wait for it
-        if ic + 1 < nic:
-            _load_strips(d, w_gate_up, blk["exp"], ic + 1, strips)
-        _store_acts(d, scr, blk["addr"], acts, s, i0, icw)
-        del acts
+        prev = (acts, strips, ic, i0, icw)
+        del acts, strips
+    assert prev is not None
+    _dgrad(d, prev[0][1], prev[0][2], prev[1], prev[4], prev[2], dx)
+    if d["PF"]:  # the head strips' last reader is queued: the next unit's first chunk
+        _load_heads(d, ws, sets, blk, s)
+    _store_acts(d, scr, blk["addr"], prev, s, grp)
     _store_dx(d, scr, blk, dx, dws, s)
 
 
-def _load_rows(
-    d: dict[str, Any], hidden: Any, dout: Any, scr: dict[str, Any], blk: dict[str, Any], s: int
-) -> tuple[Any, Any]:
-    """Gather x and do for the sub-block, store x and w * do to scratch, return xT, doT."""
-    h, dt, sb = d["H"], d["dt"], d["SB"]
-    nsa = sb // P
-    xT = nl.ndarray((P, d["HT"], sb), dtype=dt, buffer=nl.sbuf)
-    doT = nl.ndarray((P, d["HT"], sb), dtype=dt, buffer=nl.sbuf)
-    x_tok, do_tok = [], []
-    for c in range(nsa):
-        col = s * nsa + c
-        xr = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
-        gather_rows(hidden, blk["tok"][:, col : col + 1], xr, h)
-        dr = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
-        gather_rows(dout, blk["tok"][:, col : col + 1], dr, h)
-        w_col = blk["wsl"][:, col : col + 1]
-        r0 = col * P
-        for src, name in ((xr, "x"), (dr, "dy")):
-            wrow = nl.ndarray((P, h), dtype=dt, buffer=nl.sbuf)
-            nisa.activation(dst=wrow, op=nl.copy, data=src, scale=w_col)
-            nisa.dma_copy(dst=slot_tiles(scr[name], blk["addr"], r0, 1, 0, h), src=wrow)
-        x_tok.append(xr)
-        do_tok.append(dr)
-    parity = 0
-    for t in range(d["HT"]):
-        cols = slice(t * P, t * P + tile_rows(h, t))
-        parity = transpose_into(dt, [r[:, cols] for r in x_tok], xT[:, t, :], parity)
-        parity = transpose_into(dt, [r[:, cols] for r in do_tok], doT[:, t, :], parity)
-    return xT, doT
-
-
-def _load_strips(d: dict[str, Any], w_gate_up: Any, exp: Any, ic: int, strips: list[Any]) -> None:
-    """strips[c, h, it] = chunk ic of Wg and Wu with I on partitions (I = it*128 + c).
-
-    Loaded in pieces of `dma_h` H tiles into the same buffers the previous chunk used:
-    a piece waits only for the dgrad matmuls that read its columns, which run in H order.
-    """
-    ti, h = d["TI"], d["H"]
-    i0 = ic * ti
-    icw = min(ti, d["I"] - i0)
-    for h0 in range(0, d["HT"], d["DH"]):
-        r0, nrows = h0 * P, min(d["DH"] * P, h - h0 * P)
-        for strip, c0 in zip(strips, (i0, d["I"] + i0)):
-            piece = strip[:, r0 : r0 + nrows, :].permute((0, 2, 1))
-            load_weight_cols(w_gate_up, exp, r0, nrows, c0, icw, piece)
+def _load_heads(
+    d: dict[str, Any], ws: tuple[Any, ...], sets: dict[str, Any], blk: dict[str, Any], s: int
+) -> None:
+    """Chunk 0's strips of the next unit (and, at the end of a block, the next block's
+    first Wd units) into the head buffers."""
+    if s + 1 < d["B"] // d["SB"]:
+        load_strips(d, ws[1], blk["exp"], 0, sets["head_strips"])
+        return
+    exp = sets["meta"][1 - blk["parity"]]["exp"]  # prefetched with the next block's rows
+    load_strips(d, ws[1], exp, 0, sets["head_strips"])
+    load_wd_head(d, ws[2], exp, sets["wd_head"])
 
 
 def _gate_up_ga(
@@ -327,18 +329,19 @@ def _gate_up_ga(
 
 def _h_major(d: dict[str, Any], strips: list[Any], t: int, icw: int, parity: int) -> list[Any]:
     """H tile t of the chunk's Wg and Wu, [H rows, icw] each: PE transposes of the strips
-    (one PSUM group per weight; VectorE and ScalarE take turns evacuating)."""
-    tr, nit = tile_rows(d["H"], t), cdiv(icw, P)
+    into one PSUM tile (one bank while 2 * tile_i fits); VectorE and ScalarE take turns
+    evacuating."""
+    tr, nit, ti = tile_rows(d["H"], t), cdiv(icw, P), d["TI"]
+    tp = nl.ndarray((P, 2, ti), dtype=d["dt"], buffer=nl.psum)
     out = []
     for k, strip in enumerate(strips):
-        tp = nl.ndarray((P, d["TI"]), dtype=d["dt"], buffer=nl.psum)
         for it in range(nit):
             cw = min(P, icw - it * P)
             src = strip[0:cw, t * P : t * P + tr, it]
-            nisa.nc_transpose(dst=tp[0:tr, it * P : it * P + cw], data=src)
-        w = nl.ndarray((P, d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
+            nisa.nc_transpose(dst=tp[0:tr, k, it * P : it * P + cw], data=src)
+        w = nl.ndarray((P, ti), dtype=d["dt"], buffer=nl.sbuf)
         eng = nisa.engine.vector if (parity + k) % 2 == 0 else nisa.engine.scalar
-        nisa.tensor_copy(dst=w[0:tr, 0:icw], src=tp[0:tr, 0:icw], engine=eng)
+        nisa.tensor_copy(dst=w[0:tr, 0:icw], src=tp[0:tr, k, 0:icw], engine=eng)
         out.append(w)
     return out
 
@@ -409,21 +412,41 @@ def _dgrad(
                 nisa.tensor_tensor(dst=dst, data1=dst, data2=ps[:, 0:nw], op=nl.add)
 
 
+def _store_group(d: dict[str, Any]) -> int:
+    """Chunks whose token-major act / dg / du rows are stored by one DMA each."""
+    per = d["TI"] * d["dt"].itemsize
+    return max(1, min(cdiv(d["I"], d["TI"]), STORE_RUN_BYTES // per))
+
+
 def _store_acts(
-    d: dict[str, Any], scr: dict[str, Any], addr: Any, acts: list[Any], s: int, i0: int, icw: int
+    d: dict[str, Any], scr: dict[str, Any], addr: Any, chunk: tuple[Any, ...], s: int, grp: Any
 ) -> None:
-    """Token-major act, dg, du of the chunk -> scratch act[:, i0:], gu[:, i0:], gu[:, I+i0:]."""
+    """Token-major act, dg, du of the chunk (PE transposes) into the store group's tiles;
+    the group's last chunk stores them to scratch act[:, i0:], gu[:, i0:], gu[:, I+i0:].
+
+    A group of `_store_group` chunks is stored as one DMA per array, so each token row
+    is one run of group * tile_i elements instead of tile_i.
+    """
+    acts, _, ic, i0, icw = chunk
     sb, ti, dt = d["SB"], d["TI"], d["dt"]
-    nsa, nit = sb // P, cdiv(icw, P)
-    dests = ((scr["act"], i0), (scr["gu"], i0), (scr["gu"], d["I"] + i0))
-    parity = 1
-    tms = [nl.ndarray((P, nsa, ti), dtype=dt, buffer=nl.sbuf) for _ in acts]
-    for src, tm, (dst, c0) in zip(acts, tms, dests):
+    nsa, nit, k = sb // P, cdiv(icw, P), _store_group(d)
+    if ic % k == 0:
+        grp["base"] = i0
+        grp["tms"] = [nl.ndarray((P, nsa, k * ti), dtype=dt, buffer=nl.sbuf) for _ in acts]
+    off, tms = i0 - grp["base"], grp["tms"]
+    ring = psum_ring(dt, ACT_RING)
+    for src, tm in zip(acts, tms):
         for c in range(nsa):
             srcs = [src[0 : min(P, icw - it * P), it, c * P : (c + 1) * P] for it in range(nit)]
-            parity = transpose_into(dt, srcs, tm[:, c, 0:icw], parity)
-        view = slot_tiles(dst, addr, s * sb, nsa, c0, icw)
-        nisa.dma_copy(dst=view, src=tm[:, :, 0:icw])
+            ring_transpose(ring, srcs, tm[:, c, off : off + icw])
+    if ic % k != k - 1 and i0 + icw < d["I"]:
+        return
+    base, width = grp["base"], off + icw
+    dests = ((scr["act"], base), (scr["gu"], base), (scr["gu"], d["I"] + base))
+    for tm, (dst, c0) in zip(tms, dests):
+        view = slot_tiles(dst, addr, s * sb, nsa, c0, width)
+        nisa.dma_copy(dst=view, src=tm[:, :, 0:width])
+    grp.clear()
 
 
 def _store_dx(
@@ -436,7 +459,7 @@ def _store_dx(
     nsa = sb // P
     for c in range(nsa):
         out = nl.ndarray((P, h), dtype=d["dt"], buffer=nl.sbuf)
-        w_col = blk["wsl"][:, s * nsa + c : s * nsa + c + 1]
+        w_col = blk["meta"]["wsl"][:, s * nsa + c : s * nsa + c + 1]
         nisa.activation(dst=out, op=nl.copy, data=dx[c], scale=w_col)
         off = (r0 + c * P) * h
         view = scr["dx"].ap([[h, P], [1, h]], offset=off, scalar_offset=blk["row0"])

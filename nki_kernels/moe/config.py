@@ -325,10 +325,24 @@ class MoEMLPConfig(KernelConfig):
 
 
 BWD_BLOCK_SIZES = (128, 256, 512, 1024)
-SUB_BLOCKS = (128, 256)
+SUB_BLOCKS = (128, 256, 512)
 BWD_TILE_I = (128, 256, 512, 1024)
 WGRAD_TILES = (4, 8, 16)
 WGRAD_COLS = (512, 1024, 2048)
+STRIP_BUFS = (2, 3)
+STORE_RUN_BYTES = 2048  # blockwise_mlp_bwd's act / dg / du store runs (bytes per row)
+# heuristic phase-A plans, best first: (sub_block, tile_i, strip_bufs, prefetch_rows, w_bufs)
+BWD_PHASE_A_PLANS = (
+    (512, 256, 2, 1, 4),
+    (256, 256, 3, 1, 4),
+    (256, 512, 2, 1, 4),
+    (256, 256, 2, 1, 3),
+    (256, 256, 2, 0, 3),
+    (128, 1024, 2, 0, 3),
+    (128, 512, 2, 0, 3),
+    (128, 256, 2, 0, 3),
+    (128, 128, 2, 0, 3),
+)
 PHASE_A_PSUM_BANKS = 6  # gate/up/ga accumulators; two more hold the Wg / Wu H-tile transposes
 
 
@@ -345,6 +359,10 @@ class MoEMLPBwdConfig(KernelConfig):
     w_bufs: Wd units in flight (prefetch depth w_bufs - 1).
     wgrad_tiles, wgrad_cols: weight-gradient panel, (128 * wgrad_tiles) rows x wgrad_cols
       columns of fp32 accumulators in SBUF; the token rows are re-read once per panel.
+    strip_bufs: I-major Wg / Wu strip sets in the chunk pipeline (3 loads the next chunk's
+      strips one chunk earlier; 2 needs less SBUF).
+    prefetch_rows: 1 gathers the next sub-block's token rows (and the next block's
+      metadata) while the current one computes (rows_bwd.py); 0 at its start.
     """
 
     op_name: ClassVar[str] = "moe_mlp_bwd"
@@ -356,6 +374,8 @@ class MoEMLPBwdConfig(KernelConfig):
     w_bufs: int = 3
     wgrad_tiles: int = 16
     wgrad_cols: int = 2048
+    strip_bufs: int = 3
+    prefetch_rows: int = 1
 
     @classmethod
     def search_space(cls, problem: MoEProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -369,23 +389,26 @@ class MoEMLPBwdConfig(KernelConfig):
             "w_bufs": W_BUFS,
             "wgrad_tiles": _useful(WGRAD_TILES, rows),
             "wgrad_cols": _useful(WGRAD_COLS, max(problem.hidden, 2 * problem.intermediate)),
+            "strip_bufs": STRIP_BUFS,
+            "prefetch_rows": (0, 1),
         }
 
     @classmethod
     def heuristic(cls, problem: MoEProblem, target: Target) -> MoEMLPBwdConfig:
-        """Block size by a roofline estimate (`bwd_block_order`); sub-blocks of 256 with
-        512-column chunks (128 with 1024 when that does not fit), then the largest
-        weight-gradient panel that fits; first valid one wins."""
+        """Block size by a roofline estimate (`bwd_block_order`); then the phase-A plans of
+        `BWD_PHASE_A_PLANS` in order (long sub-blocks first: the weights and their
+        transposes are paid once per sub-block), then the largest weight-gradient panel
+        that fits; first valid one wins."""
         space = cls.search_space(problem, target)
         ti_max = max(space["tile_i"])
         panels = ((16, 2048), (16, 1024), (8, 2048), (8, 1024), (4, 1024), (4, 512))
         prefs = []
         for b in bwd_block_order(problem, target):
-            for sb, ti in ((256, 512), (128, 1024), (128, 512), (128, 256), (128, 128)):
+            for sb, ti, strips, pf, wb in BWD_PHASE_A_PLANS:
                 if sb > b:
                     continue
                 for tiles, cols in panels:
-                    prefs.append(cls(b, sb, min(ti, ti_max), 4, 3, tiles, cols))
+                    prefs.append(cls(b, sb, min(ti, ti_max), 4, wb, tiles, cols, strips, pf))
         for cand in prefs:
             if cand.is_valid(problem, target):
                 return cand
@@ -398,13 +421,31 @@ class MoEMLPBwdConfig(KernelConfig):
         ht, ns, nsa, nti = _cdiv(h, P), b // P, sb // P, _cdiv(ti, P)
         block = 5 * GRANULE
         rows_t = 2 * _tile(ht * sb * dsz)  # xT, doT
-        prologue = block + rows_t + 2 * nsa * _tile(h * dsz) + _tile(h * dsz)
-        resident = block + rows_t + nsa * _tile(h * 4) + _tile(sb * 4)
-        resident += 2 * _tile(h * nti * dsz)  # Wg / Wu strips
+        rows = 2 * _tile(nsa * h * dsz)  # gathered x, do
+        strips = 2 * _tile(h * nti * dsz)  # one Wg / Wu strip set
+        depth = min(max(1, self.w_bufs - 1), _cdiv(i, ti) * _cdiv(ht, self.dma_h))
+        unit = _tile(self.dma_h * ti * dsz)  # one Wd unit
+        # two metadata sets; with prefetching, also the rows, xT / doT and the head
+        # buffers (first chunk's strips, first Wd units) live through phase A
+        sets = 2 * (2 * _tile(ns * 4) + GRANULE)
+        if self.prefetch_rows:
+            sets += rows + rows_t + strips + depth * unit
+            prologue = sets + block + 2 * _tile(h * dsz)
+            resident = sets + block
+        else:
+            prologue = sets + block + rows_t + rows + 2 * _tile(h * dsz)
+            resident = sets + block + rows_t
+        resident += nsa * _tile(h * 4) + _tile(sb * 4) + self.strip_bufs * strips
         fp32_tmp = 0 if dsz == 2 else _tile(self.dma_h * ti * 4)  # column loads via PE
-        chunk = self.w_bufs * _tile(self.dma_h * ti * dsz) + 3 * 2 * _tile(ti * dsz)
-        chunk += 3 * _tile(nti * sb * dsz) + _tile(nti * sb * 4) + 3 * _tile(sb * 4)
-        chunk += 3 * _tile(nsa * ti * dsz) + _tile(h * dsz) + fp32_tmp
+        # Wd units, two chunks' act / dg / du (the pipeline's current and previous one),
+        # one chunk's act * ga, the store group's token-major tiles; then the larger of
+        # the scaled-row / dx-store rows and the pointwise temporaries + Wg / Wu H tiles
+        group = max(1, min(_cdiv(i, ti), STORE_RUN_BYTES // (ti * dsz)))
+        live_units = self.w_bufs - 1 if self.prefetch_rows else self.w_bufs  # + the head
+        chunk = live_units * unit + 6 * _tile(nti * sb * dsz) + _tile(nti * sb * 4)
+        chunk += 3 * _tile(nsa * group * ti * dsz) + fp32_tmp
+        temps = 3 * _tile(sb * 4) + 4 * _tile(ti * dsz)
+        chunk += max(2 * _tile(h * dsz), temps) if self.prefetch_rows else temps
         phase_a = max(prologue, resident + chunk)
         lt = _tile(ns * min(self.wgrad_tiles * P, max(h, i)) * dsz)
         rt = _tile(ns * min(self.wgrad_cols, max(h, 2 * i)) * dsz)
@@ -417,7 +458,9 @@ class MoEMLPBwdConfig(KernelConfig):
             acc_banks = 3 * nti
         else:
             acc_banks = _cdiv(3 * nti, 512 // sb)
-        psum = acc_banks + 2 * _banks(ti * dsz, target)
+        # recompute: + the Wg / Wu H-tile transposes (one tile); after the accumulators
+        # die: the dgrad's two accumulators and two transpose groups
+        psum = max(acc_banks + _banks(2 * ti * dsz, target), 4)
         return sbuf, max(psum, TRANSPOSE_PSUM_BANKS)
 
     def validate(self, problem: MoEProblem, target: Target) -> None:
@@ -429,6 +472,8 @@ class MoEMLPBwdConfig(KernelConfig):
             ("w_bufs", W_BUFS),
             ("wgrad_tiles", WGRAD_TILES),
             ("wgrad_cols", WGRAD_COLS),
+            ("strip_bufs", STRIP_BUFS),
+            ("prefetch_rows", (0, 1)),
         ):
             value = getattr(self, name)
             if value not in allowed:

@@ -109,6 +109,8 @@ BWD_DEFAULTS = {
     "w_bufs": 2,
     "wgrad_tiles": 1,
     "wgrad_cols": 512,
+    "strip_bufs": 3,
+    "prefetch_rows": 1,
 }
 
 

@@ -46,14 +46,15 @@ CASES = {
 }
 
 # backward tunables per case (others: moe_cases.BWD_DEFAULTS): ragged H / I tiles in weight
-# units and strip pieces, chunks and wgrad panels; sub-blocks of 128 and 256 tokens
+# units and strip pieces, chunks and wgrad panels; sub-blocks of 128, 256 and 512 tokens;
+# two or three strip sets; rows gathered ahead or at the sub-block start
 BWD_CASES: dict[str, dict[str, int]] = {
-    "ragged-fp32": {"dma_h": 2, "wgrad_tiles": 2},
-    "ragged-bf16": {"dma_h": 2, "wgrad_tiles": 2, "w_bufs": 3},
+    "ragged-fp32": {"dma_h": 2, "wgrad_tiles": 2, "prefetch_rows": 0},
+    "ragged-bf16": {"dma_h": 2, "wgrad_tiles": 2, "w_bufs": 3, "strip_bufs": 2, "tile_i": 128},
     "top8": {"sub_block": 256, "tile_i": 512},
-    "capacity": {"sub_block": 128, "wgrad_cols": 1024},
-    "big-block-i-outer": {"sub_block": 256, "tile_i": 512, "dma_h": 2, "wgrad_tiles": 2},
-    "multi-chunk": {"tile_i": 256, "w_bufs": 3, "wgrad_cols": 1024},
+    "capacity": {"sub_block": 128, "wgrad_cols": 1024, "strip_bufs": 2, "prefetch_rows": 0},
+    "big-block-i-outer": {"sub_block": 512, "tile_i": 512, "dma_h": 2, "wgrad_tiles": 2},
+    "multi-chunk": {"tile_i": 128, "w_bufs": 3, "wgrad_cols": 1024},
 }
 
 

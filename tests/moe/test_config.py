@@ -62,9 +62,10 @@ def test_every_valid_backward_config_is_correct(walk_case) -> None:
     layer, ids, w, _, grads = walk_case
     space = list(MoEMLPBwdConfig.space(WALK, TRN2))
     valid = [c for c in space if c.is_valid(WALK, TRN2)]
-    # blocks 128..1024 x sub-blocks 128, 256 x tile_i 128, 256 x w_bufs 2..4 (one useful
-    # value for the other fields at H = 100, I = 200); sub_block 256 > block 128: 6 invalid
-    assert len(space) == 48 and len(valid) == 42
+    # blocks 128..1024 x sub-blocks 128..512 x tile_i 128, 256 x w_bufs 2..4 x strip_bufs
+    # 2, 3 x prefetch_rows 0, 1 (one useful value for the other fields at H = 100,
+    # I = 200); sub_block > block: 72 invalid
+    assert len(space) == 288 and len(valid) == 216
     for cfg in valid:
         plan = plan_for(ids, w, E, cfg.block_size)
         fields = {k: v for k, v in cfg.to_dict().items() if k != "block_size"}
@@ -120,9 +121,12 @@ def test_mixtral_heuristic_and_plan_estimate_is_an_upper_bound() -> None:
 def test_backward_plan_estimate_is_an_upper_bound() -> None:
     p = PROBLEMS[0]
     cfg = MoEMLPBwdConfig.heuristic(p, TRN2)
-    assert (cfg.block_size, cfg.sub_block, cfg.tile_i) == (512, 256, 512)
+    assert (cfg.block_size, cfg.sub_block, cfg.tile_i) == (512, 256, 256)
+    assert (cfg.strip_bufs, cfg.prefetch_rows) == (2, 0)
     small = dataclasses.replace(cfg, block_size=256, sub_block=128, tile_i=256, wgrad_tiles=8)
-    for c, slack in ((cfg, 1.05), (small, 1.2)):
+    # the prefetching plan keeps rows, xT / doT and the head buffers through phase A
+    ahead = dataclasses.replace(small, tile_i=128, prefetch_rows=1)
+    for c, slack in ((cfg, 1.05), (small, 1.2), (ahead, 1.05)):
         t, b, e, h, i, dt = 256, c.block_size, p.experts, p.hidden, p.intermediate, p.dtype
         spec = [TensorSpec((t, h), dt), TensorSpec((e, h, 2 * i), dt), TensorSpec((e, i, h), dt)]
         spec += [TensorSpec((t, h), dt), TensorSpec((1, 128, b // 128), "int32")]

@@ -1,0 +1,114 @@
+"""Expert weights of the MoE backward's phase A: the Wd stream and the Wg / Wu strips.
+
+Per sub-block the chunks of `tile_i` intermediate columns each need
+
+- Wd^T in units of `dma_h` 128-row H tiles ([128, dma_h, tile_i], H on partitions), one
+  stream over all chunks and sub-blocks of a block, `w_bufs - 1` units ahead;
+- Wg and Wu with I on partitions ("strips", [128, H, tile_i / 128] each), loaded in
+  pieces of `dma_h` H tiles (a piece waits only for the dgrad matmuls that read it, which
+  run in H order).
+
+Both column loads are DMA transposes for 2-byte dtypes (`tiles.load_weight_cols`).
+
+With `prefetch_rows` the next unit's first chunk is loaded ahead too, into buffers that
+live through phase A ("heads"): its strips right after the current unit's last dgrad, and
+at the end of a block the next block's first Wd units (its expert id is already on chip).
+So a unit's first recompute does not wait for the previous unit's stores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..nki import nl
+from .tiles import P, cdiv, load_weight_cols
+
+
+def wd_units(d: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(chunk, first H tile, H tiles) of every Wd unit of one sub-block, in order."""
+    units = []
+    for ic in range(cdiv(d["I"], d["TI"])):
+        for h0 in range(0, d["HT"], d["DH"]):
+            units.append((ic, h0, min(d["DH"], d["HT"] - h0)))
+    return units
+
+
+def stream_depth(d: dict[str, Any]) -> int:
+    """Wd units loaded ahead of their use."""
+    return max(1, d["WB"] - 1)
+
+
+def load_wd_unit(d: dict[str, Any], w_down: Any, exp: Any, unit: Any, dst: Any) -> None:
+    """dst[p, j, i] = Wd[exp, i0 + i, (h0 + j) * 128 + p] for one Wd unit."""
+    ic, h0, nh = unit
+    i0 = ic * d["TI"]
+    icw = min(d["TI"], d["I"] - i0)
+    nrows = min(nh * P, d["H"] - h0 * P)
+    load_weight_cols(w_down, exp, i0, icw, h0 * P, nrows, dst)
+
+
+def wd_head(d: dict[str, Any]) -> list[Any]:
+    """Buffers for the first `stream_depth` Wd units of a block (phase-A lifetime)."""
+    n = min(stream_depth(d), len(wd_units(d)))
+    return [nl.ndarray((P, d["DH"], d["TI"]), dtype=d["dt"], buffer=nl.sbuf) for _ in range(n)]
+
+
+def load_wd_head(d: dict[str, Any], w_down: Any, exp: Any, head: list[Any]) -> None:
+    """The first Wd units of a block of expert `exp` into `head`."""
+    for unit, dst in zip(wd_units(d), head):
+        load_wd_unit(d, w_down, exp, unit, dst)
+
+
+def weight_stream(d: dict[str, Any], w_down: Any, exp: Any, head: list[Any] | None) -> Any:
+    """A `fetch()` returning the block's next Wd unit, `stream_depth` units ahead.
+
+    The units of all sub-blocks of the block form one stream, so the first units of a
+    chunk or sub-block load while the previous one finishes. A unit dies when its
+    consumer drops it: at most `w_bufs` are live (buffers rotate through the allocator).
+    `head`: the first units, already loaded (`load_wd_head`); else they are loaded now.
+    """
+    units = wd_units(d) * (d["B"] // d["SB"])
+    depth = stream_depth(d)
+    loaded: dict[str, Any] = {}
+    state = {"next": 0}
+
+    def issue(u: int) -> None:
+        if u >= len(units):
+            return
+        if head is not None and u < len(head):
+            loaded[str(u)] = head[u]
+            return
+        wdT = nl.ndarray((P, units[u][2], d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
+        load_wd_unit(d, w_down, exp, units[u], wdT)
+        loaded[str(u)] = wdT
+
+    for u in range(depth):
+        issue(u)
+
+    def fetch() -> Any:
+        u = state["next"]
+        state["next"] = u + 1
+        issue(u + depth)
+        return loaded.pop(str(u))
+
+    return fetch
+
+
+def new_strips(d: dict[str, Any]) -> list[Any]:
+    """One strip set: Wg and Wu of a chunk, [128 I rows, H, tile_i / 128] each (one H
+    piece is one contiguous range per partition)."""
+    shape = (P, d["H"], cdiv(d["TI"], P))
+    return [nl.ndarray(shape, dtype=d["dt"], buffer=nl.sbuf) for _ in range(2)]
+
+
+def load_strips(d: dict[str, Any], w_gate_up: Any, exp: Any, ic: int, strips: list[Any]) -> None:
+    """strips[c, h, it] = chunk ic of Wg and Wu with I on partitions (I = it*128 + c),
+    in pieces of `dma_h` H tiles."""
+    ti, h = d["TI"], d["H"]
+    i0 = ic * ti
+    icw = min(ti, d["I"] - i0)
+    for h0 in range(0, d["HT"], d["DH"]):
+        r0, nrows = h0 * P, min(d["DH"] * P, h - h0 * P)
+        for strip, c0 in zip(strips, (i0, d["I"] + i0)):
+            piece = strip[:, r0 : r0 + nrows, :].permute((0, 2, 1))
+            load_weight_cols(w_gate_up, exp, r0, nrows, c0, icw, piece)
