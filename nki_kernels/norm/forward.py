@@ -29,6 +29,7 @@ from .tiling import (
     programs,
     ring_alloc,
     rings,
+    row_plan,
     row_segments,
     rows_view,
     run_rows,
@@ -38,31 +39,60 @@ from .tiling import (
     tt_split,
 )
 
+NSTAGES = 3  # A: load + sums, B: statistics + normalization, C: affine + store
+
+
+def fwd_plan(
+    hdim: int,
+    rows_per_partition: int,
+    chunk: int,
+    resident: bool,
+    bufs: int,
+    gpsimd_eighths: int,
+    **choices: tuple[str, tuple[str, ...]],
+) -> dict[str, Any]:
+    """Check a forward kernel's schedule arguments (`choices`: name=(value, allowed)) and
+    resolve the defaults (chunk 0 = the whole row)."""
+    assert 0 <= gpsimd_eighths <= 8, f"gpsimd_eighths: 0..8; got {gpsimd_eighths}"
+    for name, (value, allowed) in choices.items():
+        assert value in allowed, f"{name} must be one of {allowed}; got {value}"
+    fields: dict[str, Any] = {name: value for name, (value, _) in choices.items()}
+    fields["gpsimd_eighths"] = gpsimd_eighths
+    return row_plan(hdim, rows_per_partition, chunk, resident, bufs, NSTAGES, **fields)
+
 
 def fwd_rows(
     hooks: dict[str, Any],
     x: Any,
-    outs: dict[str, Any],
     plan: dict[str, Any],
     eps: float,
+    nstats: int,
+    y: bool = False,
     res: Any = None,
     w: Any = None,
     b: Any = None,
     junk_dtype: Any = None,
-) -> None:
-    """Every row tile of this program through the pipeline.
-
-    `outs`: "y" ([N, H] HBM, or None for the statistics alone: stages A and B), "h" (the
-    fused residual sum, or None) and "stats" (the per-row [N] fp32 HBM vectors `finish`
-    fills, in its order). `junk_dtype` is the dtype of the discarded outputs of the
-    statistics passes (default x's).
+) -> dict[str, Any]:
+    """Every row tile of this program through the pipeline; returns the outputs:
+    "stats" (`nstats` per-row [N] fp32 HBM vectors, filled by the `finish` hook in its
+    order), "y" ([N, H] in x's dtype, when `y`; else stages A and B only) and "h" (x + res,
+    when `res` is given). `junk_dtype` is the dtype of the statistics passes' discarded
+    outputs (default x's).
     """
     n, hdim = x.shape
-    y = outs.get("y")
+    outs: dict[str, Any] = {
+        "stats": tuple(
+            nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm) for _ in range(nstats)
+        ),
+        "y": nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm) if y else None,
+        "h": nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
+        if res is not None
+        else None,
+    }
     ctx = {
         "x": x,
-        "y": y,
-        "h": outs.get("h"),
+        "y": outs["y"],
+        "h": outs["h"],
         "stats": outs["stats"],
         "eps": eps,
         "plan": plan,
@@ -74,9 +104,10 @@ def fwd_rows(
         "loads": (("x", x), ("res", res)),
         "hooks": hooks,
     }
-    stages = [_stage_a, _stage_b, _stage_c] if y is not None else [_stage_a, _stage_b]
+    stages = [_stage_a, _stage_b, _stage_c] if y else [_stage_a, _stage_b]
     segs = row_segments(n, plan["k"], *programs())
-    run_rows(ctx, segs, stages, stats_alloc, stats_store, reload_last=y is not None)
+    run_rows(ctx, segs, stages, stats_alloc, stats_store, reload_last=y)
+    return outs
 
 
 def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:

@@ -31,8 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .forward import fwd_rows
-from .tiling import P, row_plan
+from .forward import fwd_plan, fwd_rows
+from .tiling import P
 
 # --- schedule choices -------------------------------------------------------------------
 # stats: how the per-row mean and variance are formed
@@ -45,7 +45,6 @@ LN_SCALAR = "scalar"  # ScalarE activation(copy, scale=rstd, bias=-mean*rstd)
 LN_VECTOR = "vector"  # VectorE tensor_scalar (subtract, multiply; bf16 perf mode)
 LN_MODES = (LN_SCALAR, LN_VECTOR)
 BN_FMAX = 512  # bn_stats reads at most 512 elements per partition (nl.tile_size.bn_stats_fmax)
-NSTAGES = 3  # A: load + sums, B: statistics + scale, C: weight / bias + store
 F32 = nl.float32  # the statistics passes' discarded outputs (fp32: x - K is not bf16-exact)
 
 
@@ -72,13 +71,9 @@ def layer_norm_fwd(
             mean, var = stats(x) ; rstd = (var + eps) ^ -1/2
             y = (x - mean) * rstd * w + b
     """
-    n, hdim = x.shape
-    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths, stats)
-    y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
-    mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    fwd_rows(HOOKS, x, {"y": y, "stats": (mean, rstd)}, plan, eps, w=w, b=b, junk_dtype=F32)
-    return y, mean, rstd
+    plan = _plan(x, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths, stats)
+    o = fwd_rows(HOOKS, x, plan, eps, 2, y=True, w=w, b=b, junk_dtype=F32)
+    return o["y"], o["stats"][0], o["stats"][1]
 
 
 @nki.jit
@@ -97,39 +92,17 @@ def layer_norm_stats(
 
     Stages A and B of `layer_norm_fwd` (x read once); same schedule arguments.
     """
-    n, hdim = x.shape
-    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths, stats)
-    mean = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    fwd_rows(HOOKS, x, {"stats": (mean, rstd)}, plan, eps, junk_dtype=F32)
+    plan = _plan(x, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths, stats)
+    mean, rstd = fwd_rows(HOOKS, x, plan, eps, 2, junk_dtype=F32)["stats"]
     return mean, rstd
 
 
 # --- private helpers ---------------------------------------------------------------------
 def _plan(
-    hdim: int,
-    rows_per_partition: int,
-    chunk: int,
-    resident: bool,
-    bufs: int,
-    scale_mode: str,
-    gpsimd_eighths: int,
-    stats: str,
-) -> dict[str, Any]:
-    """Check the schedule arguments and resolve defaults (chunk 0 = the whole row)."""
-    assert scale_mode in LN_MODES, f"scale_mode must be one of {LN_MODES}; got {scale_mode}"
-    assert stats in STATS_MODES, f"stats must be one of {STATS_MODES}; got {stats}"
-    return row_plan(
-        hdim,
-        rows_per_partition,
-        chunk,
-        resident,
-        bufs,
-        NSTAGES,
-        scale_mode=scale_mode,
-        gpsimd_eighths=gpsimd_eighths,
-        stats=stats,
-    )
+    x: Any, k: int, chunk: int, resident: bool, bufs: int, mode: str, eng: int, stats: str
+) -> Any:
+    modes = {"scale_mode": (mode, LN_MODES), "stats": (stats, STATS_MODES)}
+    return fwd_plan(x.shape[1], k, chunk, resident, bufs, eng, **modes)
 
 
 def _sums_init(ctx: dict[str, Any], tile: Any) -> dict[str, Any]:

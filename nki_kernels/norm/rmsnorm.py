@@ -34,8 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .forward import fwd_rows
-from .tiling import P, row_plan, rows_view
+from .forward import NSTAGES, fwd_plan, fwd_rows
+from .tiling import P, rows_view
 
 # --- schedule choices (values of the config fields) ------------------------------------
 # scale_mode: which engine forms xn = x * rstd
@@ -45,8 +45,7 @@ SCALE_MODES = (SCALE_SCALAR, SCALE_VECTOR)
 # gpsimd_eighths: eighths of each full-width tensor_tensor's columns that run on GpSimd
 # (the rest on VectorE); GpSimd is slower per element, so a share balances the engines.
 GPSIMD_EIGHTHS_MAX = 8
-# The pipeline's stages (A: load + sums, B: rstd + scale, C: weight + store).
-NSTAGES = 3
+__all__ = ["NSTAGES", "add_rms_norm_fwd", "rms_norm_fwd", "rms_norm_stats"]
 
 
 @nki.jit
@@ -72,12 +71,9 @@ def rms_norm_fwd(
         for tile in row tiles:
             rstd = (sum(x^2) / H + eps) ^ -1/2 ; y = x * rstd * w
     """
-    n, hdim = x.shape
-    y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
-    rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
-    fwd_rows(HOOKS, x, {"y": y, "stats": (rstd,)}, plan, eps, w=w)
-    return y, rstd
+    plan = _plan(x, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
+    o = fwd_rows(HOOKS, x, plan, eps, 1, y=True, w=w)
+    return o["y"], o["stats"][0]
 
 
 @nki.jit
@@ -101,13 +97,9 @@ def add_rms_norm_fwd(
         for tile in row tiles:
             h = x + res -> HBM ; rstd = (sum(h^2) / H + eps) ^ -1/2 ; y = h * rstd * w
     """
-    n, hdim = x.shape
-    y = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
-    h = nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
-    rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
-    fwd_rows(HOOKS, x, {"y": y, "h": h, "stats": (rstd,)}, plan, eps, res=residual, w=w)
-    return y, h, rstd
+    plan = _plan(x, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
+    o = fwd_rows(HOOKS, x, plan, eps, 1, y=True, res=residual, w=w)
+    return o["y"], o["h"], o["stats"][0]
 
 
 @nki.jit
@@ -126,36 +118,13 @@ def rms_norm_stats(
     Stages A and B of `rms_norm_fwd` (x read once, nothing else written); takes the same
     schedule arguments so the forward's config applies.
     """
-    n, hdim = x.shape
-    rstd = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm)
-    plan = _plan(hdim, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
-    fwd_rows(HOOKS, x, {"stats": (rstd,)}, plan, eps)
-    return rstd
+    plan = _plan(x, rows_per_partition, chunk, resident, bufs, scale_mode, gpsimd_eighths)
+    return fwd_rows(HOOKS, x, plan, eps, 1)["stats"][0]
 
 
 # --- private helpers ---------------------------------------------------------------------
-def _plan(
-    hdim: int,
-    rows_per_partition: int,
-    chunk: int,
-    resident: bool,
-    bufs: int,
-    scale_mode: str,
-    gpsimd_eighths: int,
-) -> dict[str, Any]:
-    """Check the schedule arguments and resolve defaults (chunk 0 = the whole row)."""
-    assert scale_mode in SCALE_MODES, f"scale_mode must be one of {SCALE_MODES}; got {scale_mode}"
-    assert 0 <= gpsimd_eighths <= GPSIMD_EIGHTHS_MAX, f"gpsimd_eighths: 0..8; got {gpsimd_eighths}"
-    return row_plan(
-        hdim,
-        rows_per_partition,
-        chunk,
-        resident,
-        bufs,
-        NSTAGES,
-        scale_mode=scale_mode,
-        gpsimd_eighths=gpsimd_eighths,
-    )
+def _plan(x: Any, k: int, chunk: int, resident: bool, bufs: int, mode: str, eng: int) -> Any:
+    return fwd_plan(x.shape[1], k, chunk, resident, bufs, eng, scale_mode=(mode, SCALE_MODES))
 
 
 def _init(ctx: dict[str, Any], tile: Any) -> Any:

@@ -7,19 +7,9 @@ with each kernel's heuristic config and with hand-picked schedule variants.
 
 from __future__ import annotations
 
+import norm_helpers as nh
 import pytest
 import torch
-from norm_helpers import (
-    EPS,
-    TOL,
-    assert_within,
-    check_all,
-    ln_bwd_bounds,
-    ln_fwd_bound,
-    make,
-    rms_bwd_bounds,
-    rms_fwd_bound,
-)
 
 from nki_kernels.interp import run
 from nki_kernels.norm import config as C
@@ -53,15 +43,15 @@ def _cfg(cls: type, rows: int, hidden: int, dtype: torch.dtype, affine: str, **o
 @pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
 @pytest.mark.parametrize("weighted", [True, False])
 def test_rms_norm_fwd(rows: int, hidden: int, dtype: torch.dtype, weighted: bool) -> None:
-    x = make((rows, hidden), dtype, 1)
-    w = make((hidden,), dtype, 2, loc=1.0) if weighted else None
+    x = nh.make((rows, hidden), dtype, 1)
+    w = nh.make((hidden,), dtype, 2, loc=1.0) if weighted else None
     cfg = _cfg(C.RMSNormConfig, rows, hidden, dtype, "w" if weighted else "none")
-    y, rstd = run(rms_norm_fwd, x, w, EPS, target=TARGET, **cfg).outputs
-    yr, bound = rms_fwd_bound(x, w, *TOL[dtype])
+    y, rstd = run(rms_norm_fwd, x, w, nh.EPS, target=TARGET, **cfg).outputs
+    yr, bound = nh.rms_fwd_bound(x, w, *nh.TOL[dtype])
     assert y.dtype == dtype
-    assert_within("y", y, yr, bound)
-    _, rr = ref.rms_norm_ref(x, None, EPS)
-    assert_within("rstd", rstd, rr, 2.0**-20 * rr)
+    nh.assert_within("y", y, yr, bound)
+    _, rr = ref.rms_norm_ref(x, None, nh.EPS)
+    nh.assert_within("rstd", rstd, rr, 2.0**-20 * rr)
 
 
 @pytest.mark.parametrize(
@@ -75,44 +65,44 @@ def test_rms_norm_fwd(rows: int, hidden: int, dtype: torch.dtype, weighted: bool
 )
 def test_rms_and_add_fwd_schedules(over: dict) -> None:
     rows, hidden, dtype = 300, 1100, torch.bfloat16
-    x, r = make((rows, hidden), dtype, 3), make((rows, hidden), dtype, 4)
-    w = make((hidden,), dtype, 5, loc=1.0)
+    x, r = nh.make((rows, hidden), dtype, 3), nh.make((rows, hidden), dtype, 4)
+    w = nh.make((hidden,), dtype, 5, loc=1.0)
     cfg = _cfg(C.RMSNormConfig, rows, hidden, dtype, "w", **over)
-    y, _ = run(rms_norm_fwd, x, w, EPS, target=TARGET, **cfg).outputs
-    assert_within("y", y, *rms_fwd_bound(x, w, *TOL[dtype]))
+    y, _ = run(rms_norm_fwd, x, w, nh.EPS, target=TARGET, **cfg).outputs
+    nh.assert_within("y", y, *nh.rms_fwd_bound(x, w, *nh.TOL[dtype]))
     acfg = _cfg(C.AddRMSNormConfig, rows, hidden, dtype, "w", **over)
-    y, h, rstd = run(add_rms_norm_fwd, x, r, w, EPS, target=TARGET, **acfg).outputs
-    _, hr, rr = ref.add_rms_norm_ref(x, r, w, EPS)
+    y, h, rstd = run(add_rms_norm_fwd, x, r, w, nh.EPS, target=TARGET, **acfg).outputs
+    _, hr, rr = ref.add_rms_norm_ref(x, r, w, nh.EPS)
     assert torch.equal(h, hr), "h = x + residual must round exactly like the unfused add"
-    assert_within("y", y, *rms_fwd_bound(hr, w, *TOL[dtype]))
-    assert_within("rstd", rstd, rr, 2.0**-20 * rr)
+    nh.assert_within("y", y, *nh.rms_fwd_bound(hr, w, *nh.TOL[dtype]))
+    nh.assert_within("rstd", rstd, rr, 2.0**-20 * rr)
 
 
 def test_rms_norm_wide_rows() -> None:
     """H = 16384 with a ragged row count: the heuristic plan and a streaming plan."""
     rows, hidden, dtype = 130, 16384, torch.bfloat16
-    x, w = make((rows, hidden), dtype, 6), make((hidden,), dtype, 7, loc=1.0)
-    yr, bound = rms_fwd_bound(x, w, *TOL[dtype])
+    x, w = nh.make((rows, hidden), dtype, 6), nh.make((hidden,), dtype, 7, loc=1.0)
+    yr, bound = nh.rms_fwd_bound(x, w, *nh.TOL[dtype])
     for over in ({}, {"resident": False, "chunk": 4096, "bufs": 2}):
         cfg = _cfg(C.RMSNormConfig, rows, hidden, dtype, "w", **over)
-        y, _ = run(rms_norm_fwd, x, w, EPS, target=TARGET, **cfg).outputs
-        assert_within(f"y {over}", y, yr, bound)
+        y, _ = run(rms_norm_fwd, x, w, nh.EPS, target=TARGET, **cfg).outputs
+        nh.assert_within(f"y {over}", y, yr, bound)
 
 
 @pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
 @pytest.mark.parametrize("affine", ["wb", "w", "b", "none"])
 def test_layer_norm_fwd(rows: int, hidden: int, dtype: torch.dtype, affine: str) -> None:
-    x = make((rows, hidden), dtype, 8, loc=3.0)  # an offset mean: the shifted sums matter
-    w = make((hidden,), dtype, 9, loc=1.0) if "w" in affine else None
-    b = make((hidden,), dtype, 10) if "b" in affine else None
+    x = nh.make((rows, hidden), dtype, 8, loc=3.0)  # an offset mean: the shifted sums matter
+    w = nh.make((hidden,), dtype, 9, loc=1.0) if "w" in affine else None
+    b = nh.make((hidden,), dtype, 10) if "b" in affine else None
     cfg = _cfg(C.LayerNormConfig, rows, hidden, dtype, affine)
     y, mean, rstd = run(layer_norm_fwd, x, w, b, 1e-5, target=TARGET, **cfg).outputs
-    yr, bound = ln_fwd_bound(x, w, b, *TOL[dtype])
-    assert_within("y", y, yr, bound)
+    yr, bound = nh.ln_fwd_bound(x, w, b, *nh.TOL[dtype])
+    nh.assert_within("y", y, yr, bound)
     _, mr, rr = ref.layer_norm_ref(x, None, None, 1e-5)
     h = hidden
-    assert_within("mean", mean, mr, 4 * (h**0.5) * 2.0**-24 * x.float().abs().mean(-1))
-    assert_within("rstd", rstd, rr, 2.0**-16 * rr)
+    nh.assert_within("mean", mean, mr, 4 * (h**0.5) * 2.0**-24 * x.float().abs().mean(-1))
+    nh.assert_within("rstd", rstd, rr, 2.0**-16 * rr)
 
 
 @pytest.mark.parametrize(
@@ -125,18 +115,18 @@ def test_layer_norm_fwd(rows: int, hidden: int, dtype: torch.dtype, affine: str)
 )
 def test_layer_norm_fwd_schedules(over: dict) -> None:
     rows, hidden, dtype = 300, 1100, torch.bfloat16
-    x = make((rows, hidden), dtype, 11, loc=-2.0)
-    w, b = make((hidden,), dtype, 12, loc=1.0), make((hidden,), dtype, 13)
+    x = nh.make((rows, hidden), dtype, 11, loc=-2.0)
+    w, b = nh.make((hidden,), dtype, 12, loc=1.0), nh.make((hidden,), dtype, 13)
     cfg = _cfg(C.LayerNormConfig, rows, hidden, dtype, "wb", **over)
     y, _, _ = run(layer_norm_fwd, x, w, b, 1e-5, target=TARGET, **cfg).outputs
-    assert_within(f"y {over}", y, *ln_fwd_bound(x, w, b, *TOL[dtype]))
+    nh.assert_within(f"y {over}", y, *nh.ln_fwd_bound(x, w, b, *nh.TOL[dtype]))
 
 
 def test_statistics_kernels() -> None:
     """The backward's statistics recomputation matches the forward's saved statistics."""
-    x = make((300, 1000), torch.bfloat16, 14, loc=1.0)
-    _, rstd = rms_norm_fwd(x, None, EPS)
-    assert torch.equal(rms_norm_stats(x, EPS), rstd)
+    x = nh.make((300, 1000), torch.bfloat16, 14, loc=1.0)
+    _, rstd = rms_norm_fwd(x, None, nh.EPS)
+    assert torch.equal(rms_norm_stats(x, nh.EPS), rstd)
     _, mean, rstd = layer_norm_fwd(x, None, None, 1e-5)
     m2, r2 = layer_norm_stats(x, 1e-5)
     assert torch.equal(m2, mean) and torch.equal(r2, rstd)
@@ -145,14 +135,14 @@ def test_statistics_kernels() -> None:
 @pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
 @pytest.mark.parametrize("weighted", [True, False])
 def test_rms_norm_bwd(rows: int, hidden: int, dtype: torch.dtype, weighted: bool) -> None:
-    x, dy = make((rows, hidden), dtype, 15), make((rows, hidden), dtype, 16)
-    w = make((hidden,), dtype, 17, loc=1.0) if weighted else None
-    _, rstd = ref.rms_norm_ref(x, None, EPS)
+    x, dy = nh.make((rows, hidden), dtype, 15), nh.make((rows, hidden), dtype, 16)
+    w = nh.make((hidden,), dtype, 17, loc=1.0) if weighted else None
+    _, rstd = ref.rms_norm_ref(x, None, nh.EPS)
     cfg = _cfg(C.RMSNormBwdConfig, rows, hidden, dtype, "w" if weighted else "none")
     out = run(rms_norm_bwd, dy, x, w, rstd, target=TARGET, **cfg).outputs
     dx, dw = out if weighted else (out, None)
-    want = rms_bwd_bounds(dy, x, w, *TOL[dtype])
-    check_all({"dx": dx, "dw": dw}, want, "rms_norm_bwd")
+    want = nh.rms_bwd_bounds(dy, x, w, *nh.TOL[dtype])
+    nh.check_all({"dx": dx, "dw": dw}, want, "rms_norm_bwd")
 
 
 @pytest.mark.parametrize(
@@ -164,51 +154,51 @@ def test_rms_norm_bwd(rows: int, hidden: int, dtype: torch.dtype, weighted: bool
 )
 def test_rms_norm_bwd_schedules_and_dh(over: dict) -> None:
     rows, hidden, dtype = 300, 1100, torch.bfloat16
-    x, dy, dh = (make((rows, hidden), dtype, s) for s in (18, 19, 20))
-    w = make((hidden,), dtype, 21, loc=1.0)
-    _, rstd = ref.rms_norm_ref(x, None, EPS)
+    x, dy, dh = (nh.make((rows, hidden), dtype, s) for s in (18, 19, 20))
+    w = nh.make((hidden,), dtype, 21, loc=1.0)
+    _, rstd = ref.rms_norm_ref(x, None, nh.EPS)
     cfg = _cfg(C.AddRMSNormBwdConfig, rows, hidden, dtype, "w", **over)
     dx, dw = run(rms_norm_bwd, dy, x, w, rstd, dh, target=TARGET, **cfg).outputs
-    want = rms_bwd_bounds(dy, x, w, *TOL[dtype])
+    want = nh.rms_bwd_bounds(dy, x, w, *nh.TOL[dtype])
     rdx, bdx = want["dx"]
-    want["dx"] = (rdx + dh.float(), bdx + TOL[dtype][0] * dh.float().abs())
-    check_all({"dx": dx, "dw": dw}, want, f"rms_norm_bwd + dh {over}")
+    want["dx"] = (rdx + dh.float(), bdx + nh.TOL[dtype][0] * dh.float().abs())
+    nh.check_all({"dx": dx, "dw": dw}, want, f"rms_norm_bwd + dh {over}")
 
 
 @pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
 @pytest.mark.parametrize("affine", ["wb", "w", "b", "none"])
 def test_layer_norm_bwd(rows: int, hidden: int, dtype: torch.dtype, affine: str) -> None:
-    x, dy = make((rows, hidden), dtype, 22, loc=2.0), make((rows, hidden), dtype, 23)
-    w = make((hidden,), dtype, 24, loc=1.0) if "w" in affine else None
-    b = make((hidden,), dtype, 25) if "b" in affine else None
+    x, dy = nh.make((rows, hidden), dtype, 22, loc=2.0), nh.make((rows, hidden), dtype, 23)
+    w = nh.make((hidden,), dtype, 24, loc=1.0) if "w" in affine else None
+    b = nh.make((hidden,), dtype, 25) if "b" in affine else None
     _, mean, rstd = ref.layer_norm_ref(x, None, None, 1e-5)
     cfg = _cfg(C.LayerNormBwdConfig, rows, hidden, dtype, affine)
     dx, dw, db = run(
         layer_norm_bwd, dy, x, w, b is not None, mean, rstd, target=TARGET, **cfg
     ).outputs
     assert (dw is None) == (w is None) and (db is None) == (b is None)
-    want = ln_bwd_bounds(dy, x, w, b, *TOL[dtype])
-    check_all({"dx": dx, "dw": dw, "db": db}, want, "layer_norm_bwd")
+    want = nh.ln_bwd_bounds(dy, x, w, b, *nh.TOL[dtype])
+    nh.check_all({"dx": dx, "dw": dw, "db": db}, want, "layer_norm_bwd")
 
 
 def test_backward_wide_rows_streaming() -> None:
     """H = 16384 backward (the heuristic streams column chunks) with a ragged row count."""
     rows, hidden, dtype = 130, 16384, torch.bfloat16
-    x, dy = make((rows, hidden), dtype, 26), make((rows, hidden), dtype, 27)
-    w = make((hidden,), dtype, 28, loc=1.0)
-    _, rstd = ref.rms_norm_ref(x, None, EPS)
+    x, dy = nh.make((rows, hidden), dtype, 26), nh.make((rows, hidden), dtype, 27)
+    w = nh.make((hidden,), dtype, 28, loc=1.0)
+    _, rstd = ref.rms_norm_ref(x, None, nh.EPS)
     cfg = _cfg(C.RMSNormBwdConfig, rows, hidden, dtype, "w")
     dx, dw = run(rms_norm_bwd, dy, x, w, rstd, target=TARGET, **cfg).outputs
-    check_all({"dx": dx, "dw": dw}, rms_bwd_bounds(dy, x, w, *TOL[dtype]), "H=16384")
+    nh.check_all({"dx": dx, "dw": dw}, nh.rms_bwd_bounds(dy, x, w, *nh.TOL[dtype]), "H=16384")
 
 
 def test_forward_kernels_split_rows_across_lnc2() -> None:
     """kernel[2]: each core takes a contiguous range of row tiles (the tail on the last)."""
-    x = make((1000, 512), torch.bfloat16, 29)
-    w = make((512,), torch.bfloat16, 30, loc=1.0)
+    x = nh.make((1000, 512), torch.bfloat16, 29)
+    w = nh.make((512,), torch.bfloat16, 30, loc=1.0)
     for one, two in (
-        (rms_norm_fwd(x, w, EPS), rms_norm_fwd[2](x, w, EPS)),
+        (rms_norm_fwd(x, w, nh.EPS), rms_norm_fwd[2](x, w, nh.EPS)),
         (layer_norm_fwd(x, w, w, 1e-5), layer_norm_fwd[2](x, w, w, 1e-5)),
-        (add_rms_norm_fwd(x, x, w, EPS), add_rms_norm_fwd[2](x, x, w, EPS)),
+        (add_rms_norm_fwd(x, x, w, nh.EPS), add_rms_norm_fwd[2](x, x, w, nh.EPS)),
     ):
         assert all(torch.equal(a, b) for a, b in zip(one, two))

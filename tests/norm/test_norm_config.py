@@ -6,19 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import norm_helpers as nh
 import pytest
 import torch
-from norm_helpers import (
-    EPS,
-    TOL,
-    assert_within,
-    check_all,
-    ln_bwd_bounds,
-    ln_fwd_bound,
-    make,
-    rms_bwd_bounds,
-    rms_fwd_bound,
-)
 
 from nki_kernels.interp import TensorSpec, run
 from nki_kernels.interp.errors import MemoryPlanError
@@ -39,38 +29,38 @@ ROWS, HIDDEN = 260, 640
 
 
 def _inputs() -> dict[str, Any]:
-    x = make((ROWS, HIDDEN), DTYPE, 1, loc=0.5)
+    x = nh.make((ROWS, HIDDEN), DTYPE, 1, loc=0.5)
     return {
         "x": x,
-        "r": make((ROWS, HIDDEN), DTYPE, 2),
-        "dy": make((ROWS, HIDDEN), DTYPE, 3),
-        "w": make((HIDDEN,), DTYPE, 4, loc=1.0),
-        "b": make((HIDDEN,), DTYPE, 5),
+        "r": nh.make((ROWS, HIDDEN), DTYPE, 2),
+        "dy": nh.make((ROWS, HIDDEN), DTYPE, 3),
+        "w": nh.make((HIDDEN,), DTYPE, 4, loc=1.0),
+        "b": nh.make((HIDDEN,), DTYPE, 5),
     }
 
 
 def _case(op: str, a: dict[str, Any]) -> tuple[Any, tuple[Any, ...], Any]:
     """(kernel, positional args, checker(outputs)) of one op on the inputs `a`."""
     x, w, b, dy = a["x"], a["w"], a["b"], a["dy"]
-    tol = TOL[DTYPE]
+    tol = nh.TOL[DTYPE]
     if op == "rms_norm":
-        yr, bound = rms_fwd_bound(x, w, *tol)
-        return rms_norm_fwd, (x, w, EPS), lambda o: assert_within("y", o[0], yr, bound)
+        yr, bound = nh.rms_fwd_bound(x, w, *tol)
+        return rms_norm_fwd, (x, w, nh.EPS), lambda o: nh.assert_within("y", o[0], yr, bound)
     if op == "add_rms_norm":
-        _, hr, _ = ref.add_rms_norm_ref(x, a["r"], w, EPS)
-        yr, bound = rms_fwd_bound(hr, w, *tol)
+        _, hr, _ = ref.add_rms_norm_ref(x, a["r"], w, nh.EPS)
+        yr, bound = nh.rms_fwd_bound(hr, w, *tol)
 
         def check_add(o: Any) -> None:
             assert torch.equal(o[1], hr)
-            assert_within("y", o[0], yr, bound)
+            nh.assert_within("y", o[0], yr, bound)
 
-        return add_rms_norm_fwd, (x, a["r"], w, EPS), check_add
+        return add_rms_norm_fwd, (x, a["r"], w, nh.EPS), check_add
     if op == "layer_norm":
-        yr, bound = ln_fwd_bound(x, w, b, *tol)
-        return layer_norm_fwd, (x, w, b, 1e-5), lambda o: assert_within("y", o[0], yr, bound)
+        yr, bound = nh.ln_fwd_bound(x, w, b, *tol)
+        return layer_norm_fwd, (x, w, b, 1e-5), lambda o: nh.assert_within("y", o[0], yr, bound)
     if op in ("rms_norm_bwd", "add_rms_norm_bwd"):
-        _, rstd = ref.rms_norm_ref(x, None, EPS)
-        want = rms_bwd_bounds(dy, x, w, *tol)
+        _, rstd = ref.rms_norm_ref(x, None, nh.EPS)
+        want = nh.rms_bwd_bounds(dy, x, w, *tol)
         dh = a["r"] if op == "add_rms_norm_bwd" else None
         if dh is not None:
             rdx, bdx = want["dx"]
@@ -78,14 +68,14 @@ def _case(op: str, a: dict[str, Any]) -> tuple[Any, tuple[Any, ...], Any]:
         return (
             rms_norm_bwd,
             (dy, x, w, rstd, dh),
-            lambda o: check_all({"dx": o[0], "dw": o[1]}, want, op),
+            lambda o: nh.check_all({"dx": o[0], "dw": o[1]}, want, op),
         )
     _, mean, rstd = ref.layer_norm_ref(x, None, None, 1e-5)
-    want = ln_bwd_bounds(dy, x, w, b, *tol)
+    want = nh.ln_bwd_bounds(dy, x, w, b, *tol)
     return (
         layer_norm_bwd,
         (dy, x, w, True, mean, rstd),
-        lambda o: check_all({"dx": o[0], "dw": o[1], "db": o[2]}, want, op),
+        lambda o: nh.check_all({"dx": o[0], "dw": o[1], "db": o[2]}, want, op),
     )
 
 
@@ -135,8 +125,8 @@ def _specs(op: str, p: C.NormProblem) -> tuple[Any, tuple[Any, ...]]:
     n, h, d = p.rows, p.hidden, p.dtype
     x, w, f = TensorSpec((n, h), d), TensorSpec((h,), d), TensorSpec((n,), "float32")
     return {
-        "rms_norm": (rms_norm_fwd, (x, w, EPS)),
-        "add_rms_norm": (add_rms_norm_fwd, (x, x, w, EPS)),
+        "rms_norm": (rms_norm_fwd, (x, w, nh.EPS)),
+        "add_rms_norm": (add_rms_norm_fwd, (x, x, w, nh.EPS)),
         "rms_norm_bwd": (rms_norm_bwd, (x, x, w, f)),
         "add_rms_norm_bwd": (rms_norm_bwd, (x, x, w, f, x)),
         "layer_norm": (layer_norm_fwd, (x, w, w, 1e-5)),
