@@ -26,7 +26,7 @@ from ..interp import TensorSpec
 from ..model_shapes import LLAMA3_8B_ATTN, AttentionShape
 from ..targets import get_target
 from . import masks
-from ._bwd_plan import bwd_row_order
+from ._bwd_plan import bwd_row_order, mark_diagonal
 from .config import AttentionProblem, FlashBwdConfig, FlashFwdConfig, with_kv_overlap
 
 DEFAULT_SEQS = (2048, 8192, 32768)
@@ -100,7 +100,10 @@ def _specs(
         if op == "bwd":  # the backward's tiles are its own row order (_bwd_plan)
             perm = bwd_row_order(seq)
             lo, hi = lo[:, perm], hi[:, perm]
-        plan = masks.tile_plan(masks.classify_tiles(lo, hi, seq))
+        classes = masks.classify_tiles(lo, hi, seq)
+        if op == "bwd":
+            mark_diagonal(classes, lo, hi, seq)
+        plan = masks.tile_plan(classes)
         bounds = TensorSpec((batch, 128, 2, -(-seq // 128)), "float32")
     c = config.to_dict()
     args: tuple[Any, ...]

@@ -37,13 +37,14 @@ Needs NeuronCore-v3+ (range_select). D <= 128.
 from __future__ import annotations
 
 from ..nki import nisa, nki, nl
-from ._bwd_plan import GROUP, UNIT, P, head_group_plan, runs
+from ._bwd_plan import DIAG, GROUP, SELECT, UNIT, P, head_group_plan, runs
 from ._staging import compute_dtype, copy_engine, load_bounds, load_kt_group, transpose_kt_group
 
 BANK_F32 = 512  # fp32 elements per partition in one 2 KiB PSUM bank
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
 JOB_RING = 3  # P, dS, dS^T buffers rotate over 3 jobs (written stage 2/3, read stage 3/4)
 PREP_AHEAD = 2  # a tile's Q^T / dO^T are transposed this many jobs before its scores
+DIAG_FILL = -1.0e30  # bias of the keys above the causal diagonal (bf16: exp(s * S) = 0)
 
 
 @nki.jit
@@ -67,6 +68,11 @@ def flash_attention_bwd(
     dv = nl.ndarray((batch, hkv, sk, d), dtype=v.dtype, buffer=nl.shared_hbm)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
     pairs = [(bb, gg) for bb in range(batch) for gg in range(hkv)]
+    # causal-diagonal sub-tiles are masked by adding a constant bias to the scores on
+    # TensorE (bf16: -1e30 is exact and vanishes in exp for any positive scale)
+    diag = None
+    if compute_dtype(q.dtype) == nl.bfloat16 and softmax_scale > 0 and _has_diag(plan):
+        diag = _diag_tiles(nl.bfloat16)
     for i in range(pid, len(pairs), nprog):
         b, g = pairs[i]
         classes = plan[b if len(plan) > 1 else 0] if len(plan) > 0 else ()
@@ -79,6 +85,7 @@ def flash_attention_bwd(
             "g": g,
             "cfg": (softmax_scale, section, dma_quarters, scalar_evac),
             "cdt": compute_dtype(q.dtype),
+            "diag": diag,
             "sq": sq,
             "sk": sk,
             "d": d,
@@ -87,9 +94,45 @@ def flash_attention_bwd(
     return dq, dk, dv
 
 
+def _has_diag(plan) -> bool:
+    return any(c == DIAG for per_b in plan for row in per_b for c in row)
+
+
+def _diag_tiles(cdt):
+    """An identity [128, 128] and, per tile j of a unit, the bias [128, 512] that is 0 for
+    block columns c <= 4p + j and DIAG_FILL above (GpSimd, once per kernel)."""
+    ones = nl.ndarray((P, P), dtype=cdt, buffer=nl.sbuf)
+    zeros = nl.ndarray((P, UNIT), dtype=cdt, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    nisa.memset(dst=zeros, value=0.0)
+    ident = nl.ndarray((P, P), dtype=cdt, buffer=nl.sbuf)
+    nisa.affine_select(
+        dst=ident,
+        pattern=[[-1, P]],
+        channel_multiplier=1,
+        on_true_tile=ones,
+        on_false_value=0.0,
+        cmp_op=nl.equal,
+    )
+    bias = nl.ndarray((P, GROUP, UNIT), dtype=cdt, buffer=nl.sbuf)
+    for j in range(GROUP):
+        nisa.affine_select(
+            dst=bias[:, j, :],
+            pattern=[[-1, UNIT]],
+            channel_multiplier=GROUP,
+            on_true_tile=zeros,
+            on_false_value=DIAG_FILL,
+            cmp_op=nl.greater_equal,
+            offset=j,
+        )
+    return {"ident": ident, "bias": bias}
+
+
 def _head_group(ctx, classes, bounds, group):
     g, sq, sk, d = ctx["g"], ctx["sq"], ctx["sk"], ctx["d"]
-    hp = head_group_plan(classes, range(g * group, (g + 1) * group), sq, sk, ctx["cfg"][1] // GROUP)
+    heads = range(g * group, (g + 1) * group)
+    per = ctx["cfg"][1] // GROUP
+    hp = head_group_plan(classes, heads, sq, sk, per, ctx["diag"] is not None)
     units, sections = hp["units"], hp["sections"]
     ctx["bnd"] = load_bounds(bounds, ctx["b"], -(-sq // P)) if len(classes) > 0 else None
     ctx["touch"] = hp["touch"]
@@ -443,6 +486,15 @@ def _stage_scores(job, kv, ctx):
             moving=kv["vt"][:d, c0 : c0 + nc],
             accumulate=False,
         )
+    for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
+        if kind == DIAG:
+            c0, nc = _cols(ul, u, cnt, sk)
+            nisa.nc_matmul(
+                dst=s_ps[:rows, c0 : c0 + nc],
+                stationary=ctx["diag"]["ident"][:rows, :rows],
+                moving=ctx["diag"]["bias"][:rows, j, c0 : c0 + nc],
+                accumulate=True,
+            )
 
 
 def _stage_softmax(job, ctx):
@@ -452,10 +504,10 @@ def _stage_softmax(job, ctx):
     rings, bnd = ctx["rings"], ctx["bnd"]
     s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
     p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
-    for ul, u, cnt, partial in runs(job["w"]["subs"], split_masked=True):
+    for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
         c0, nc = _cols(ul, u, cnt, sk)
         s_view = s_ps[:rows, c0 : c0 + nc]
-        if partial:
+        if kind == SELECT:
             nisa.range_select(
                 dst=s_view,
                 on_true_tile=s_view,

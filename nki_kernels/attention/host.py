@@ -16,7 +16,7 @@ from torch import Tensor
 from ..runtime import launch, lookup_config, pad_dim, pad_to_bucket
 from ..targets import get_target
 from . import masks
-from ._bwd_plan import bwd_row_order
+from ._bwd_plan import bwd_row_order, mark_diagonal
 from .config import AttentionProblem, FlashFwdConfig, max_resident_keys, with_kv_overlap
 from .flash_bwd import flash_attention_bwd
 from .flash_fwd import flash_attention_fwd
@@ -75,12 +75,15 @@ def _bounds(
 
 
 def _plan_and_bounds(
-    lo: np.ndarray, hi: np.ndarray, sk: int, device: torch.device
+    lo: np.ndarray, hi: np.ndarray, sk: int, device: torch.device, diagonal: bool = False
 ) -> tuple[Any, Tensor | None]:
-    """Static tile plan (() when every tile is FULL) and the kernels' bounds operand."""
+    """Static tile plan (() when every tile is FULL) and the kernels' bounds operand;
+    `diagonal`: mark the backward's causal-diagonal sub-tiles (`_bwd_plan.DIAG`)."""
     classes = masks.classify_tiles(lo, hi, sk)
     if (classes == masks.FULL).all():
         return (), None
+    if diagonal:
+        mark_diagonal(classes, lo, hi, sk)
     if (classes == classes[:1]).all():
         classes = classes[:1]  # the same plan for every batch row: one shared table
     bounds = torch.from_numpy(masks.kernel_bounds(lo, hi)).to(device)
@@ -199,7 +202,7 @@ def bwd_kernel_rows(
     bounds and partition-major lse / dlse, all in `bwd_row_order` (lo, hi: [B, Sq]
     key bounds; lse, dlse: [B, H, Sq] fp32 with Sq a multiple of 128)."""
     perm = np.asarray(bwd_row_order(lo.shape[1]), dtype=np.int64)
-    plan, bounds = _plan_and_bounds(lo[:, perm], hi[:, perm], sk, lse.device)
+    plan, bounds = _plan_and_bounds(lo[:, perm], hi[:, perm], sk, lse.device, diagonal=True)
     index = torch.from_numpy(perm).to(lse.device)
     lse_k = lse_to_kernel(lse.index_select(2, index))
     dlse_k = lse_to_kernel(dlse.index_select(2, index)) if dlse is not None else None
