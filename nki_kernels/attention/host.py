@@ -7,6 +7,7 @@ torch ops on top of `forward` / `backward`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,37 +37,76 @@ def softmax_scale_of(q: Tensor, softmax_scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
 
 
-def _mask_kind(causal: bool, window: int | None, kv_lens: Any, segment_ids: Any) -> str:
-    if kv_lens is not None or segment_ids is not None:
-        return "data"
-    if window is not None:
-        return "window"
-    return "causal" if causal else "none"
+@dataclass(frozen=True)
+class MaskArgs:
+    """The op's mask and scale options (its keyword arguments and optional tensors)."""
+
+    causal: bool = False
+    softmax_scale: float | None = None
+    sliding_window: int | None = None
+    kv_lens: Tensor | None = None
+    segment_ids: Tensor | None = None
+
+    @property
+    def kind(self) -> str:
+        """The mask kind a config is chosen for (`AttentionProblem.mask`)."""
+        if self.kv_lens is not None or self.segment_ids is not None:
+            return "data"
+        if self.sliding_window is not None:
+            return "window"
+        return "causal" if self.causal else "none"
+
+
+@dataclass(frozen=True)
+class _Padded:
+    """Inputs padded to their length buckets, with the per-query key bounds."""
+
+    qp: Tensor
+    kp: Tensor
+    vp: Tensor
+    sq: int
+    sk: int
+    lo: np.ndarray
+    hi: np.ndarray
+    scale: float
+    target: Any
+
+    @property
+    def sqb(self) -> int:
+        return int(self.qp.shape[2])
+
+    @property
+    def skb(self) -> int:
+        return int(self.kp.shape[2])
+
+
+def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> _Padded:
+    """The prologue of both directions: data checks, bucket padding, key bounds."""
+    sk = k.shape[2]
+    check_data(m.kv_lens, m.segment_ids, sk)
+    qp, _ = pad_to_bucket(q, dim=2)
+    kp, _ = pad_to_bucket(k, dim=2)
+    lo, hi = _bounds(q.shape[0], qp.shape[2], kp.shape[2], q.shape[2], sk, m)
+    scale = softmax_scale_of(q, m.softmax_scale)
+    vp = pad_dim(v, 2, kp.shape[2])
+    return _Padded(qp, kp, vp, q.shape[2], sk, lo, hi, scale, get_target(None))
 
 
 def _bounds(
-    b: int,
-    sqb: int,
-    skb: int,
-    sq: int,
-    sk: int,
-    causal: bool,
-    window: int | None,
-    kv_lens: Tensor | None,
-    segment_ids: Tensor | None,
+    b: int, sqb: int, skb: int, sq: int, sk: int, m: MaskArgs
 ) -> tuple[np.ndarray, np.ndarray]:
     seg = None
-    if segment_ids is not None:
-        s = segment_ids.detach().cpu().numpy().astype(np.int64)
+    if m.segment_ids is not None:
+        s = m.segment_ids.detach().cpu().numpy().astype(np.int64)
         fill = int(s.min()) - 1 if s.size else 0  # padded positions: a document of their own
         seg = np.concatenate([s, np.full((b, sqb - sq), fill, dtype=np.int64)], axis=1)
-    kl = kv_lens.detach().cpu().numpy() if kv_lens is not None else None
+    kl = m.kv_lens.detach().cpu().numpy() if m.kv_lens is not None else None
     return masks.query_bounds(
         b,
         sqb,
         skb,
-        causal=causal,
-        sliding_window=window,
+        causal=m.causal,
+        sliding_window=m.sliding_window,
         kv_lens=kl,
         segment_ids=seg,
         sq_valid=sq,
@@ -103,27 +143,11 @@ def _problem(q: Tensor, k: Tensor, sqb: int, skb: int, mask: str) -> AttentionPr
     )
 
 
-def forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    causal: bool,
-    softmax_scale: float | None,
-    sliding_window: int | None,
-    kv_lens: Tensor | None,
-    segment_ids: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    b, _, sq, _ = q.shape
-    sk = k.shape[2]
-    check_data(kv_lens, segment_ids, sk)
-    scale = softmax_scale_of(q, softmax_scale)
-    target = get_target(None)
-    qp, _ = pad_to_bucket(q, dim=2)
-    kp, _ = pad_to_bucket(k, dim=2)
-    vp = pad_dim(v, 2, kp.shape[2])
-    sqb, skb = qp.shape[2], kp.shape[2]
-    lo, hi = _bounds(b, sqb, skb, sq, sk, causal, sliding_window, kv_lens, segment_ids)
-    mask = _mask_kind(causal, sliding_window, kv_lens, segment_ids)
+def forward(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> tuple[Tensor, Tensor]:
+    """(out, lse [B, Hq, Sq]) of the op: padded, chunked over keys, merged, unpadded."""
+    x = _pad(q, k, v, m)
+    sq, sqb, skb, lo, hi, target = x.sq, x.sqb, x.skb, x.lo, x.hi, x.target
+    qp, kp, vp, scale, mask = x.qp, x.kp, x.vp, x.scale, m.kind
     chunk = _key_chunk(q, k, sqb, skb, mask, target)
     parts = []
     for c0 in range(0, skb, chunk):
@@ -217,22 +241,12 @@ def backward(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
-    causal: bool,
-    softmax_scale: float | None,
-    sliding_window: int | None,
-    kv_lens: Tensor | None,
-    segment_ids: Tensor | None,
+    m: MaskArgs,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    b, _, sq, _ = q.shape
-    sk = k.shape[2]
-    scale = softmax_scale_of(q, softmax_scale)
-    target = get_target(None)
-    qp, _ = pad_to_bucket(q, dim=2)
-    kp, _ = pad_to_bucket(k, dim=2)
-    sqb, skb = qp.shape[2], kp.shape[2]
-    vp = pad_dim(v, 2, skb)
+    """(dq, dk, dv) of the op from its saved output and lse (and their gradients)."""
+    x = _pad(q, k, v, m)
+    sq, sk, sqb, skb, lo, hi = x.sq, x.sk, x.sqb, x.skb, x.lo, x.hi
     op, dop = pad_dim(out, 2, sqb), pad_dim(grad_out.to(q.dtype), 2, sqb)
-    lo, hi = _bounds(b, sqb, skb, sq, sk, causal, sliding_window, kv_lens, segment_ids)
     # rows without an allowed key (and padded rows) get lse = +inf: their P is exactly 0
     empty = torch.from_numpy(lo >= hi).to(q.device)[:, None, :]
     lse_p = pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf"))
@@ -240,27 +254,28 @@ def backward(
     if grad_lse is not None:
         dlse = pad_dim(grad_lse.float(), 2, sqb).masked_fill(empty, 0.0)
     plan, bounds, lse_p, dlse = bwd_kernel_rows(lo, hi, skb, lse_p, dlse)
-    problem = _problem(q, k, sqb, skb, _mask_kind(causal, sliding_window, kv_lens, segment_ids))
-    cfg = lookup_config("flash_attention_bwd", problem, flash_attention_bwd, target=target)
+    problem = _problem(q, k, sqb, skb, m.kind)
+    cfg = lookup_config("flash_attention_bwd", problem, flash_attention_bwd, target=x.target)
     dq, dk, dv = launch(
         flash_attention_bwd,
-        qp,
-        kp,
-        vp,
+        x.qp,
+        x.kp,
+        x.vp,
         op.contiguous(),
         dop.contiguous(),
         lse_p,
         dlse,
         bounds,
-        scale,
+        x.scale,
         plan,
         config=cfg,
-        target=target,
+        target=x.target,
     )
     return dq[:, :, :sq].contiguous(), dk[:, :, :sk].contiguous(), dv[:, :, :sk].contiguous()
 
 
 __all__ = [
+    "MaskArgs",
     "backward",
     "bwd_kernel_rows",
     "check_data",

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..attention.host import backward, forward
+from ..attention.host import MaskArgs, backward, forward
 from ..attention.host import lse_from_kernel as _lse_from_kernel  # noqa: F401 (autotune uses it)
 from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
 from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
@@ -36,16 +36,11 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 # ---- argument checks (metadata only: they also run on FakeTensors) ------------------------
-def _check(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    causal: Any = False,
-    softmax_scale: Any = None,
-    sliding_window: Any = None,
-    kv_lens: Any = None,
-    segment_ids: Any = None,
-) -> None:
+def _check(q: Tensor, k: Tensor, v: Tensor, kv_lens: Any, segment_ids: Any, kw: Any) -> None:
+    """Checks of the inputs and options both ops take (`kw`: their keyword arguments)."""
+    causal = kw.get("causal", False)
+    softmax_scale = kw.get("softmax_scale")
+    sliding_window = kw.get("sliding_window")
     for arg, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(arg, t, dtypes=FLOAT_DTYPES, min_dim=4)
         if t.dim() != 4:
@@ -113,16 +108,7 @@ def _fwd_fake(
 def _fwd_validate(
     q: Tensor, k: Tensor, v: Tensor, kv_lens: Any = None, segment_ids: Any = None, **kw: Any
 ) -> None:
-    _check(
-        q,
-        k,
-        v,
-        kw.get("causal", False),
-        kw.get("softmax_scale"),
-        kw.get("sliding_window"),
-        kv_lens,
-        segment_ids,
-    )
+    _check(q, k, v, kv_lens, segment_ids, kw)
     if not isinstance(kw.get("return_lse", False), bool):
         raise TypeError(f"return_lse: expected a bool; got {type(kw['return_lse']).__name__}")
 
@@ -178,7 +164,7 @@ def _flash_attention_op(
     return_lse: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(scale * q k^T + mask) v; see the module docstring."""
-    return forward(q, k, v, causal, softmax_scale, sliding_window, kv_lens, segment_ids)
+    return forward(q, k, v, MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids))
 
 
 def _bwd_fake(
@@ -187,10 +173,7 @@ def _bwd_fake(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    kv_lens: Any = None,
-    segment_ids: Any = None,
+    *args: Any,
     **kw: Any,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -208,16 +191,7 @@ def _bwd_validate(
     segment_ids: Any = None,
     **kw: Any,
 ) -> None:
-    _check(
-        q,
-        k,
-        v,
-        kw.get("causal", False),
-        kw.get("softmax_scale"),
-        kw.get("sliding_window"),
-        kv_lens,
-        segment_ids,
-    )
+    _check(q, k, v, kv_lens, segment_ids, kw)
     for arg, t in (("grad_out", grad_out), ("out", out)):
         check_tensor(arg, t, min_dim=4)
         if tuple(t.shape) != tuple(q.shape):
@@ -260,20 +234,8 @@ def _flash_attention_backward_op(
     sliding_window: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of flash_attention from its saved output and log-sum-exp."""
-    return backward(
-        grad_out,
-        grad_lse,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        causal,
-        softmax_scale,
-        sliding_window,
-        kv_lens,
-        segment_ids,
-    )
+    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids)
+    return backward(grad_out, grad_lse, q, k, v, out, lse, m)
 
 
 # ---- Python API ------------------------------------------------------------------------------
