@@ -56,10 +56,21 @@ DY_RING = 2  # PSUM banks the dy copies rotate through (with the column sums: <=
 NSTAGES = 3  # A: loads, gradient terms; R: row sums; D: dx coefficients, dx, its store
 
 
-def bwd_stages(ln: bool, resident: bool, has_weight: bool) -> int:
-    """Pipeline stages of a backward plan: RMSNorm with a weight and resident tiles adds a
-    stage Q (p * w on GpSimd) between A and R; every resident tile is held through all."""
-    return NSTAGES + (not ln and resident and has_weight)
+# A resident tile's row sums are deferred to stage R (from fp32 [P, kk, H] tiles kept in
+# SBUF, LayerNorm also keeping g) when one such tile takes at most this many bytes per
+# partition; wider tiles take their row sums chunk by chunk in stage A, g is recomputed.
+DEFER_MAX_BYTES = 16384
+
+
+def bwd_defer(resident: bool, kk: int, hdim: int) -> bool:
+    """Whether a plan defers its row sums to stage R (see DEFER_MAX_BYTES)."""
+    return resident and kk * hdim * 4 <= DEFER_MAX_BYTES
+
+
+def bwd_stages(ln: bool, resident: bool, has_weight: bool, kk: int, hdim: int) -> int:
+    """Pipeline stages of a backward plan: RMSNorm with a weight and deferred row sums adds
+    a stage Q (p * w on GpSimd) between A and R; every resident tile is held through all."""
+    return NSTAGES + (not ln and has_weight and bwd_defer(resident, kk, hdim))
 
 
 def bwd_rows(
@@ -89,12 +100,10 @@ def bwd_rows(
         "acc_b": colsum_init(hdim) if has_bias else None,
         "eye": identity(dy.dtype) if dy.dtype != nl.float32 else None,
         "junk": scratch(plan["chunk"], x.dtype) if ln and w is None else None,
-        # a resident tile's row sums are taken one step later (stage B), from fp32 tiles
-        # kept in SBUF, and LayerNorm keeps g = dy * w for dx; a streamed tile (wide rows)
-        # sums each chunk at once and recomputes g in stage C
-        "defer": plan["resident"],
-        "keep_g": ln and w is not None and plan["resident"],
-        "split_q": bwd_stages(ln, plan["resident"], w is not None) > NSTAGES,
+        # row sums one step later (stage R) from kept tiles, or chunk by chunk in A
+        "defer": bwd_defer(plan["resident"], plan["k"], hdim),
+        "keep_g": ln and w is not None and bwd_defer(plan["resident"], plan["k"], hdim),
+        "split_q": bwd_stages(ln, plan["resident"], w is not None, plan["k"], hdim) > NSTAGES,
         "rings": rings(),
         "stats": stats,
         "loads": (("x", x), ("dy", dy), ("dh", dh)),
@@ -176,7 +185,10 @@ def _pass1_chunk(
     cw = xc.shape[2]
     ln, w_sb, cols = ctx["ln"], ctx["w_sb"], st["cols"]
     wc = w_sb[0:rows, c0 : c0 + cw] if w_sb is not None else None
-    gpsimd = 8 if ctx["plan"]["gpsimd_eighths"] > 0 else 0
+    # p * w: all on GpSimd when deferred (stage R waits a step for it); else split like
+    # the dy products, so that this chunk's row sums (ScalarE) follow at once
+    eng = ctx["plan"]["gpsimd_eighths"]
+    gpsimd = (8 if eng > 0 else 0) if ctx["defer"] else eng
     rcol, (vw, blocks) = cols[-1], _split(ctx, cw)
     for j in range(kk):
         q = st["q"][0:rows, j, c0 : c0 + cw] if ctx["defer"] else temp(ctx, "q")[0:rows, 0:cw]

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
-from .backward import bwd_stages
+from .backward import bwd_defer, bwd_stages
 from .layernorm import (
     BN_FMAX,
     LN_MODES,
@@ -49,7 +49,7 @@ TARGET_DMA_BYTES = 16384
 CHUNK_CANDIDATES = (512, 1024, 2048, 4096, 8192)
 ROWS_PER_PARTITION = (1, 2, 4, 8)
 # eighths of the split products on GpSimd; the best modeled shares sit between 2 and 6
-GPSIMD_SHARES = (0, 2, 3, 4, 6)
+GPSIMD_SHARES = (0, 2, 3, 4, 5, 6)
 BUFS = (2, 3, 4)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AFFINES = ("none", "w", "b", "wb")
@@ -170,24 +170,23 @@ class _NormConfig(KernelConfig):
     # --- heuristic -------------------------------------------------------------------
     @classmethod
     def _pick(cls, problem: NormProblem, target: Target, **fixed: Any) -> Any:
-        """The first valid plan in order of preference: whole row tiles in SBUF with one
-        tile loading ahead, else streamed chunks loading ahead, else resident without a
-        prefetch; within each, the largest chunk, then the largest row grouping up to the
-        DMA target (16 KiB per partition)."""
+        """The first valid plan in order of preference: whole row tiles in SBUF (the
+        largest chunk, with one tile loading ahead, else without), else streamed chunks
+        loading ahead; within each, the largest row grouping up to the DMA target (16 KiB
+        per partition)."""
         row_bytes = problem.hidden * problem.itemsize
         kk = 1
         for k in _kks(problem.rows):
             if k * row_bytes <= TARGET_DMA_BYTES or k == 1:
                 kk = k
-        plans = ((True, NSTAGES + 1), (False, 3), (False, 2), (True, NSTAGES))
-        for resident, bufs in plans:
-            for chunk in sorted(_chunks(problem.hidden), reverse=True):
-                for k in sorted({kk, 1}, reverse=True):
-                    cfg = cls(
-                        rows_per_partition=k, chunk=chunk, resident=resident, bufs=bufs, **fixed
-                    )
-                    if cfg.is_valid(problem, target):
-                        return cfg
+        chunks = sorted(_chunks(problem.hidden), reverse=True)
+        plans = [(True, c, b) for c in chunks for b in (NSTAGES + 1, NSTAGES)]
+        plans += [(False, c, b) for b in (3, 2) for c in chunks]
+        for resident, chunk, bufs in plans:
+            for k in sorted({kk, 1}, reverse=True):
+                cfg = cls(rows_per_partition=k, chunk=chunk, resident=resident, bufs=bufs, **fixed)
+                if cfg.is_valid(problem, target):
+                    return cfg
         raise InvalidConfig(f"no valid {cls.__name__} for {problem} on {target.name}")
 
 
@@ -249,11 +248,18 @@ class RMSNormBwdConfig(_NormConfig):
     backward: ClassVar[bool] = True
 
     def stages(self, problem: NormProblem) -> int:
-        return bwd_stages(False, self.resident, problem.has_weight)
+        return bwd_stages(False, *self._bwd_key(problem))
 
-    # fp32 [P, chunk] rings of 2 (resident, streamed): g (stage D); streamed also p, p * w
+    def _bwd_key(self, problem: NormProblem) -> tuple[bool, bool, int, int]:
+        return self.resident, problem.has_weight, self.rows_per_partition, problem.hidden
+
+    def deferred(self, problem: NormProblem) -> bool:
+        """Whether the kernel keeps whole-tile row-sum operands (`backward.bwd_defer`)."""
+        return bwd_defer(self.resident, self.rows_per_partition, problem.hidden)
+
+    # fp32 [P, chunk] rings of 2 (deferred row sums, not): g (stage D); not also p, p * w
     temporaries: ClassVar[tuple[int, int]] = (1, 3)
-    # [P, kk, H] fp32 row-sum operands held from stage A to R (resident; with a weight,
+    # [P, kk, H] fp32 row-sum operands held from stage A to R (deferred; with a weight,
     # p * w has its own stage Q, the tile is held one more step and one more is in flight)
     held: ClassVar[tuple[int, int]] = (2, 4)
 
@@ -263,9 +269,9 @@ class RMSNormBwdConfig(_NormConfig):
         total = _r(h * isz) if problem.has_weight else 0
         total += 2 * d * _r(kk * (h if self.resident else c) * isz)  # x and dy tiles
         total += 2 * _r(kk * c * isz)  # dx chunks (ring of 2)
-        temps = self.temporaries[0 if self.resident else 1]
+        temps = self.temporaries[0 if self.deferred(problem) else 1]
         total += 2 * temps * _r(c * 4)
-        if self.resident:  # row-sum operands of the tiles in flight, stage A to R
+        if self.deferred(problem):  # row-sum operands of the tiles in flight, A to R
             total += self.held[problem.has_weight] * _r(kk * h * 4)
         total += 2 * _r(P * isz)  # identity (and the ones it is selected from)
         total += _r(4) + _r(-(-h // P) * 4) + _r(P * 4)  # ones; final column-sum copies
@@ -277,7 +283,10 @@ class RMSNormBwdConfig(_NormConfig):
         # GpSimd also takes all of p * w: 3/8 of the dy products balance the two where
         # VectorE is the slower clock (trn2), 2/8 where they match (trn3) (modeled, cost
         # model v1)
-        return cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 3))
+        cfg = cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 3, 2))
+        if not cfg.deferred(problem):  # p * w split like the dy products: GpSimd takes half
+            cfg = dataclasses.replace(cfg, gpsimd_eighths=4)
+        return cfg
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -367,16 +376,16 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
     op_name: ClassVar[str] = "layer_norm_bwd"
 
     def stages(self, problem: NormProblem) -> int:
-        return bwd_stages(True, self.resident, problem.has_weight)
+        return bwd_stages(True, *self._bwd_key(problem))
 
-    # resident: p (g kept); streamed: p, p * w, g twice
+    # deferred: p (g kept); not: p, p * w, g twice
     temporaries: ClassVar[tuple[int, int]] = (1, 4)
     held: ClassVar[tuple[int, int]] = (2, 2)
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         extra = _r(4) + _r(-(-problem.hidden // P) * 4) + _r(P * 4)  # the bias sums' copies
         extra += _r(self.chunk * problem.itemsize)  # discarded copy (sum of dy, no weight)
-        if self.resident and problem.has_weight:  # g of each tile in flight, stage A to C
+        if self.deferred(problem) and problem.has_weight:  # g of the tiles in flight, A to D
             extra += NSTAGES * _r(self.rows_per_partition * problem.hidden * 4)
         return super().sbuf_bytes(problem) + extra + _small(problem, self.rows_per_partition, 1, 10)
 
@@ -384,13 +393,17 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
     def heuristic(cls, problem: NormProblem, target: Target) -> LayerNormBwdConfig:
         # VectorE also runs every (x - mean) * dy (scalar_tensor_tensor): GpSimd takes most
         # of g = dy * w (modeled, cost model v1)
-        return cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 6))
+        cfg = cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 6, 4))
+        if not cfg.deferred(problem):  # g is recomputed for dx: VectorE takes more of it
+            cfg = dataclasses.replace(cfg, gpsimd_eighths=_gpsimd_share(target, 5, 4))
+        return cfg
 
 
-def _gpsimd_share(target: Target, eighths: int) -> int:
-    """GpSimd's share of the split products: `eighths` where VectorE's clock is below
-    GpSimd's, two eighths less where it is not (VectorE then does more of the work)."""
-    return eighths if target.vector_ghz < target.gpsimd_ghz else eighths - 2
+def _gpsimd_share(target: Target, slow_vector: int, fast_vector: int) -> int:
+    """GpSimd's share of the split products (eighths): `slow_vector` where VectorE's clock
+    is below GpSimd's (trn2), `fast_vector` where it is not (trn3), as modeled best
+    (cost model v1, [16384, 4096 / 8192] bf16)."""
+    return slow_vector if target.vector_ghz < target.gpsimd_ghz else fast_vector
 
 
 def bn_stats_available() -> bool:

@@ -61,7 +61,7 @@ def rms_norm_bwd(
         chunk,
         resident,
         bufs,
-        bwd_stages(False, resident, w is not None),
+        bwd_stages(False, resident, w is not None, rows_per_partition, hdim),
         True,
         gpsimd_eighths=gpsimd_eighths,
     )
