@@ -73,6 +73,11 @@ def flash_attention_bwd(
     diag = None
     if compute_dtype(q.dtype) == nl.bfloat16 and softmax_scale > 0 and _has_diag(plan):
         diag = _diag_tiles(nl.bfloat16)
+    shared = {
+        "rings": _rings(compute_dtype(q.dtype), d, dk.dtype),
+        "counters": {"prep": 0, "out": 0, "blk": 0, "kv": 0},
+    }
+    progs = []
     for i in range(pid, len(pairs), nprog):
         b, g = pairs[i]
         classes = plan[b if len(plan) > 1 else 0] if len(plan) > 0 else ()
@@ -89,8 +94,13 @@ def flash_attention_bwd(
             "sq": sq,
             "sk": sk,
             "d": d,
+            "masked": len(classes) > 0,
+            **shared,
         }
-        _head_group(ctx, classes, bounds, hq // hkv)
+        heads = range(g * (hq // hkv), (g + 1) * (hq // hkv))
+        ctx["plan"] = head_group_plan(classes, heads, sq, sk, section // GROUP, diag is not None)
+        progs.append(ctx)
+    _run_pairs(progs, bounds)
     return dq, dk, dv
 
 
@@ -128,36 +138,60 @@ def _diag_tiles(cdt):
     return {"ident": ident, "bias": bias}
 
 
-def _head_group(ctx, classes, bounds, group):
-    g, sq, sk, d = ctx["g"], ctx["sq"], ctx["sk"], ctx["d"]
-    heads = range(g * group, (g + 1) * group)
-    per = ctx["cfg"][1] // GROUP
-    hp = head_group_plan(classes, heads, sq, sk, per, ctx["diag"] is not None)
-    units, sections = hp["units"], hp["sections"]
-    ctx["bnd"] = load_bounds(bounds, ctx["b"], -(-sq // P)) if len(classes) > 0 else None
-    ctx["touch"] = hp["touch"]
-    _write_zeros(ctx, hp["zero_tiles"])
+def _run_pairs(progs, bounds):
+    """All sections of a program's (batch, kv-head) pairs as one stream: the next
+    section's operands (of the same pair or the next one) load during the current one."""
+    flat = [(ctx, si) for ctx in progs for si in range(len(ctx["plan"]["sections"]))]
+    for ctx in progs:
+        if len(ctx["plan"]["sections"]) == 0:
+            _setup_pair(ctx, bounds)
+    if len(flat) == 0:
+        return
+    ctx0 = flat[0][0]
+    _setup_pair(ctx0, bounds)
+    staged = _load_section_stats(_section_units(ctx0, 0), ctx0)
+    kv_next = _load_kv(ctx0, _active_blocks(ctx0, staged["units"])[0], 0)
+    for unit in staged["units"]:
+        _load_unit(unit, ctx0)
+    for f, (ctx, si) in enumerate(flat):
+        cur = staged
+        nxt = None
+        if f + 1 < len(flat):
+            nctx, nsi = flat[f + 1]
+            if nsi == 0:
+                _setup_pair(nctx, bounds)
+            nxt = _load_section_stats(_section_units(nctx, nsi), nctx)
+        kv_next = _run_section(ctx, si, cur, nxt, kv_next)
+        staged = nxt
+    return None
+
+
+def _section_units(ctx, si):
+    units = ctx["plan"]["units"]
+    return [units[u] for u in ctx["plan"]["sections"][si]]
+
+
+def _active_blocks(ctx, units):
+    nkb = len(ctx["plan"]["touch"])
+    return [
+        kb
+        for kb in range(nkb)
+        if any(it["work"][kb] is not None for u in units for it in u["items"])
+    ]
+
+
+def _setup_pair(ctx, bounds):
+    """Per-pair state: bounds, zero gradients of untouched rows / keys, dK / dV scratch."""
+    sq, sk, d = ctx["sq"], ctx["sk"], ctx["d"]
+    ctx["bnd"] = load_bounds(bounds, ctx["b"], -(-sq // P)) if ctx["masked"] else None
+    ctx["touch"] = ctx["plan"]["touch"]
+    _write_zeros(ctx, ctx["plan"]["zero_tiles"])
     ctx["scratch"] = None
-    if len(sections) > 1:
+    if len(ctx["plan"]["sections"]) > 1:
         ctx["scratch"] = (
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
         )
-    ctx["rings"] = _rings(ctx["cdt"], d, ctx["dk"].dtype)
-    ctx["counters"] = {"prep": 0, "out": 0, "blk": 0, "kv": 0}
-    if len(sections) == 0:
-        return
-    staged = _load_section_stats([units[u] for u in sections[0]], ctx)
-    for unit in staged["units"]:
-        _load_unit(unit, ctx)
-    for si in range(len(sections)):
-        cur = staged
-        nxt = None
-        if si + 1 < len(sections):
-            nxt = _load_section_stats([units[u] for u in sections[si + 1]], ctx)
-        _run_section(ctx, si, cur, nxt)
-        staged = nxt
-    return None
 
 
 def _write_zeros(ctx, zero_tiles):
@@ -266,7 +300,7 @@ def _load_section_stats(units, ctx):
         a = e
     for pos, unit in enumerate(units):
         unit["x0"] = GROUP * pos
-    return {"units": units, "lse": lse_c, "dlse": dlse_c}
+    return {"units": units, "lse": lse_c, "dlse": dlse_c, "ctx": ctx}
 
 
 def _next_tile(prev, cur):
@@ -297,17 +331,20 @@ def _load_unit(unit, ctx):
     unit["delta"] = None
 
 
-def _unit_stats(unit, staged, ctx):
-    """Delta = rowsum(dO * O) - dlse and -lse of a unit's tiles (O is dropped after)."""
-    if unit["delta"] is not None:
+def _unit_parts(unit, ctx):
+    """(first tile, end tile, rows) pieces of a unit for its row-wise statistics."""
+    nt, r0, sq = unit["ntiles"], unit["r0"], ctx["sq"]
+    if unit["il"]:
+        return [(0, nt, P)]
+    return [(j, j + 1, min(P, sq - r0 - j * P)) for j in range(nt)]
+
+
+def _stats_product(unit, ctx):
+    """dO * O of a unit (GpSimd), the first half of its statistics."""
+    if "prod" in unit or unit["delta"] is not None:
         return
-    nt, x0, d = unit["ntiles"], unit["x0"], ctx["d"]
-    delta = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
-    nlse = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
-    prod = nl.ndarray((P, GROUP, d), dtype=nl.float32, buffer=nl.sbuf)
-    r0, sq = unit["r0"], ctx["sq"]
-    parts = [(0, nt, P)] if unit["il"] else [(j, j + 1, min(P, sq - r0 - j * P)) for j in range(nt)]
-    for j0, j1, rows in parts:
+    prod = nl.ndarray((P, GROUP, ctx["d"]), dtype=nl.float32, buffer=nl.sbuf)
+    for j0, j1, rows in _unit_parts(unit, ctx):
         nisa.tensor_tensor(
             dst=prod[:rows, j0:j1, :],
             data1=unit["do"][:rows, j0:j1, :],
@@ -315,6 +352,18 @@ def _unit_stats(unit, staged, ctx):
             op=nl.multiply,
             engine=nisa.engine.gpsimd,
         )
+    unit["prod"], unit["o"] = prod, None
+
+
+def _unit_stats(unit, staged, ctx):
+    """Delta = rowsum(dO * O) - dlse and -lse of a unit's tiles (O is dropped after)."""
+    if unit["delta"] is not None:
+        return
+    _stats_product(unit, ctx)
+    x0, prod = unit["x0"], unit["prod"]
+    delta = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
+    nlse = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
+    for j0, j1, rows in _unit_parts(unit, ctx):
         nisa.tensor_reduce(dst=delta[:rows, j0:j1], op=nl.add, data=prod[:rows, j0:j1, :], axis=2)
         if staged["dlse"] is not None:
             nisa.tensor_tensor(
@@ -331,7 +380,7 @@ def _unit_stats(unit, staged, ctx):
             operand0=-1.0,
             engine=nisa.engine.gpsimd,
         )
-    unit["delta"], unit["nlse"], unit["o"] = delta, nlse, None
+    unit["delta"], unit["nlse"], unit["prod"] = delta, nlse, None
 
 
 def _prep_item(it, unit, staged, ctx):
@@ -382,15 +431,18 @@ def _prep_kv(kv, ctx):
     kv["kt"], kv["vt"] = kt, vt
 
 
-def _run_section(ctx, si, cur, nxt):
-    """One software pipeline over every (key block, query tile) job of a section."""
+def _run_section(ctx, si, cur, nxt, kv_first):
+    """One software pipeline over every (key block, query tile) job of a section.
+
+    kv_first: the staged K / V of its first block; returns those of the next section's
+    first block (prefetched during this section's last block), or None.
+    """
     units = cur["units"]
-    nkb = len(ctx["touch"])
-    active = [
-        kb
-        for kb in range(nkb)
-        if any(it["work"][kb] is not None for u in units for it in u["items"])
-    ]
+    active = _active_blocks(ctx, units)
+    nxt_first = None
+    if nxt is not None:
+        nxt_active = _active_blocks(nxt["ctx"], nxt["units"])
+        nxt_first = nxt_active[0] if len(nxt_active) > 0 else None
     jobs = []
     for a, kb in enumerate(active):
         for unit in units:
@@ -404,9 +456,11 @@ def _run_section(ctx, si, cur, nxt):
         job["last_in_block"] = i + 1 == len(jobs) or jobs[i + 1]["a"] != job["a"]
     pending = list(nxt["units"]) if nxt is not None else []
     loaded: list = []
+    to_stat: list = []
+    multiplied: list = []
     kvs: dict = {}
-    if len(active) > 0:
-        kvs[0] = _load_kv(ctx, active[0], ctx["counters"]["kv"])
+    kvs[0] = kv_first
+    kv_out = None
     n = len(jobs)
     for i in range(n + 3):
         if i < n:
@@ -416,18 +470,26 @@ def _run_section(ctx, si, cur, nxt):
                 _prep_kv(kvs[a], ctx)
                 if a + 1 < len(active):
                     kvs[a + 1] = _load_kv(ctx, active[a + 1], ctx["counters"]["kv"] + a + 1)
-                # the next section's operands: stats of the units loaded one block ago,
-                # then this block's share of the loads
-                for unit in loaded:
-                    _unit_stats(unit, nxt, ctx)
+                elif nxt_first is not None:
+                    slot = ctx["counters"]["kv"] + a + 1
+                    kv_out = _load_kv(nxt["ctx"], nxt_first, slot)
+                # the next section's operands: this block's share of the loads; the
+                # statistics of the units loaded one block ago, one unit per job (the
+                # GpSimd product one job before the VectorE reduction)
+                to_stat += loaded
                 share = -(-len(pending) // (len(active) - a))
                 loaded = pending[:share]
                 pending = pending[share:]
                 for unit in loaded:
-                    _load_unit(unit, ctx)
+                    _load_unit(unit, nxt["ctx"])
                 job["written"] = [False] * GROUP
             else:
                 job["written"] = jobs[i - 1]["written"]
+            if len(multiplied) > 0:
+                _unit_stats(multiplied.pop(0), nxt, ctx)
+            if len(to_stat) > 0:
+                multiplied.append(to_stat.pop(0))
+                _stats_product(multiplied[-1], ctx)
             for jj in range(i, min(n, i + PREP_AHEAD + 1)):
                 _prep_item(jobs[jj]["it"], jobs[jj]["unit"], cur, ctx)
             _stage_scores(job, kvs[job["a"]], ctx)
@@ -448,11 +510,14 @@ def _run_section(ctx, si, cur, nxt):
                 if job["unit"]["left"] == 0:
                     _store_dq(job["unit"], ctx)
     for unit in pending:
-        _load_unit(unit, ctx)
+        _load_unit(unit, nxt["ctx"])
+    if nxt is not None and kv_out is None and nxt_first is not None:
+        kv_out = _load_kv(nxt["ctx"], nxt_first, ctx["counters"]["kv"] + len(active))
     ctx["counters"]["kv"] += len(active)
     for unit in units:
         for name in ("q", "do", "qt", "dot", "dq_acc", "delta", "nlse"):
             unit.pop(name, None)
+    return kv_out
 
 
 def _col_view(t, rows, ul, kr, il):
