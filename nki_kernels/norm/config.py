@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
@@ -306,6 +306,14 @@ class AddRMSNormBwdConfig(RMSNormBwdConfig):
 
     op_name: ClassVar[str] = "add_rms_norm_bwd"
 
+    @classmethod
+    def heuristic(cls, problem: NormProblem, target: Target) -> AddRMSNormBwdConfig:
+        # VectorE also adds dh: GpSimd takes more of the dy products (modeled, cost model v1)
+        cfg = super().heuristic(problem, target)
+        if cfg.deferred(problem):
+            cfg = dataclasses.replace(cfg, gpsimd_eighths=_gpsimd_share(target, 5, 4))
+        return cast(AddRMSNormBwdConfig, cfg)
+
     def sbuf_bytes(self, problem: NormProblem) -> int:
         width = problem.hidden if self.resident else self.chunk
         dh = self.bufs * _r(self.rows_per_partition * width * problem.itemsize)
@@ -396,7 +404,7 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
         cfg = cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 6, 4))
         if not cfg.deferred(problem):  # g is recomputed for dx: VectorE takes more of it
             cfg = dataclasses.replace(cfg, gpsimd_eighths=_gpsimd_share(target, 5, 4))
-        return cfg
+        return cast(AddRMSNormBwdConfig, cfg)
 
 
 def _gpsimd_share(target: Target, slow_vector: int, fast_vector: int) -> int:
