@@ -404,7 +404,7 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
         cfg = cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 6, 4))
         if not cfg.deferred(problem):  # g is recomputed for dx: VectorE takes more of it
             cfg = dataclasses.replace(cfg, gpsimd_eighths=_gpsimd_share(target, 5, 4))
-        return cast(AddRMSNormBwdConfig, cfg)
+        return cfg
 
 
 def _gpsimd_share(target: Target, slow_vector: int, fast_vector: int) -> int:
