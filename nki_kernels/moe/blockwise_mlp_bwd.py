@@ -306,13 +306,13 @@ def _gate_up_ga(
     tile ahead so their evacuating copies overlap the previous tile's matmuls.
     """
     h, ht, nit = d["H"], d["HT"], cdiv(icw, P)
-    nxt = _h_major(d, strips, 0, icw, 0)
+    nxt = _h_major(d, strips, 0, icw)
     wdT: Any = None
     j = 0
     for t in range(ht):
         cur = nxt
         if t + 1 < ht:
-            nxt = _h_major(d, strips, t + 1, icw, t + 1)
+            nxt = _h_major(d, strips, t + 1, icw)
         if t % d["DH"] == 0:
             wdT, j = fetch(), 0
         tr = tile_rows(h, t)
@@ -327,10 +327,10 @@ def _gate_up_ga(
         del cur, wg, wu
 
 
-def _h_major(d: dict[str, Any], strips: list[Any], t: int, icw: int, parity: int) -> list[Any]:
+def _h_major(d: dict[str, Any], strips: list[Any], t: int, icw: int) -> list[Any]:
     """H tile t of the chunk's Wg and Wu, [H rows, icw] each: PE transposes of the strips
-    into one PSUM tile (one bank while 2 * tile_i fits); VectorE and ScalarE take turns
-    evacuating."""
+    into one PSUM tile (one bank while 2 * tile_i fits), evacuated by ScalarE (VectorE
+    carries the SwiGLU derivatives and the dgrad's sums)."""
     tr, nit, ti = tile_rows(d["H"], t), cdiv(icw, P), d["TI"]
     tp = nl.ndarray((P, 2, ti), dtype=d["dt"], buffer=nl.psum)
     out = []
@@ -340,8 +340,7 @@ def _h_major(d: dict[str, Any], strips: list[Any], t: int, icw: int, parity: int
             src = strip[0:cw, t * P : t * P + tr, it]
             nisa.nc_transpose(dst=tp[0:tr, k, it * P : it * P + cw], data=src)
         w = nl.ndarray((P, ti), dtype=d["dt"], buffer=nl.sbuf)
-        eng = nisa.engine.vector if (parity + k) % 2 == 0 else nisa.engine.scalar
-        nisa.tensor_copy(dst=w[0:tr, 0:icw], src=tp[0:tr, k, 0:icw], engine=eng)
+        nisa.tensor_copy(dst=w[0:tr, 0:icw], src=tp[0:tr, k, 0:icw], engine=nisa.engine.scalar)
         out.append(w)
     return out
 
@@ -412,6 +411,9 @@ def _dgrad(
                 nisa.tensor_tensor(dst=dst, data1=dst, data2=ps[:, 0:nw], op=nl.add)
 
 
+ACT_RING_ENGINES = (nisa.engine.vector, nisa.engine.scalar)  # a chunk's act / dg / du evacuations
+
+
 def _store_group(d: dict[str, Any]) -> int:
     """Chunks whose token-major act / dg / du rows are stored by one DMA each."""
     per = d["TI"] * d["dt"].itemsize
@@ -434,7 +436,7 @@ def _store_acts(
         grp["base"] = i0
         grp["tms"] = [nl.ndarray((P, nsa, k * ti), dtype=dt, buffer=nl.sbuf) for _ in acts]
     off, tms = i0 - grp["base"], grp["tms"]
-    ring = psum_ring(dt, ACT_RING)
+    ring = psum_ring(dt, ACT_RING, ACT_RING_ENGINES)
     for src, tm in zip(acts, tms):
         for c in range(nsa):
             srcs = [src[0 : min(P, icw - it * P), it, c * P : (c + 1) * P] for it in range(nit)]

@@ -129,7 +129,7 @@ def transpose_rows(d: dict[str, Any], rows: dict[str, Any], xT: Any, doT: Any) -
     """xT / doT[:, t, :] = (H tile t of the rows)^T: PE transposes through a PSUM ring,
     evacuated by VectorE (ScalarE scales dx rows around the unit boundaries)."""
     h, nsa = d["H"], d["SB"] // P
-    ring = psum_ring(d["dt"], ROW_RING, vector_only=True)
+    ring = psum_ring(d["dt"], ROW_RING, (nisa.engine.vector,))
     for t in range(d["HT"]):
         cols = slice(t * P, t * P + tile_rows(h, t))
         for name, out in (("x", xT), ("do", doT)):
@@ -162,17 +162,17 @@ ROW_RING = 4  # PSUM banks for the row transposes (the chunk loop's accumulators
 ACT_RING = 3  # PSUM banks for a chunk's act / dg / du transposes (between its accumulators)
 
 
-def psum_ring(dt: Any, n: int, vector_only: bool = False) -> dict[str, Any]:
-    """n PSUM tiles [128, TRANSPOSE_GROUP * 128] used in turn, whose turn it is, and
-    whether VectorE evacuates every group (else VectorE and ScalarE take turns)."""
+def psum_ring(dt: Any, n: int, engines: tuple[Any, ...]) -> dict[str, Any]:
+    """n PSUM tiles [128, TRANSPOSE_GROUP * 128] used in turn, whose turn it is, and the
+    engines that evacuate the groups in turn."""
     tiles = [nl.ndarray((P, TRANSPOSE_GROUP * P), dtype=dt, buffer=nl.psum) for _ in range(n)]
-    return {"tiles": tiles, "next": 0, "vector_only": vector_only}
+    return {"tiles": tiles, "next": 0, "engines": engines}
 
 
 def ring_transpose(ring: dict[str, Any], srcs: list[Any], dst: Any) -> None:
     """dst[:, sum(p_<j) + q] = srcs[j][q, :]^T, as `tiles.transpose_into`, but each group
     of TRANSPOSE_GROUP transposes takes the ring's next PSUM tile: a group waits for the
-    evacuation of the group n before it, not of the one just before (VectorE and ScalarE
+    evacuation of the group n before it, not of the one just before (the ring's engines
     evacuate in turn)."""
     f = srcs[0].shape[1] if len(srcs[0].shape) == 2 else srcs[0].free_size
     col = 0
@@ -185,7 +185,6 @@ def ring_transpose(ring: dict[str, Any], srcs: list[Any], dst: Any) -> None:
             p = src.shape[0]
             nisa.nc_transpose(dst=tp[0:f, width : width + p], data=src)
             width += p
-        vec = ring["vector_only"] or k % 2 == 0
-        eng = nisa.engine.vector if vec else nisa.engine.scalar
+        eng = ring["engines"][k % len(ring["engines"])]
         nisa.tensor_copy(dst=dst[0:f, col : col + width], src=tp[0:f, 0:width], engine=eng)
         col += width
