@@ -43,6 +43,7 @@ from ._staging import compute_dtype, copy_engine, load_bounds, load_kt_group, tr
 BANK_F32 = 512  # fp32 elements per partition in one 2 KiB PSUM bank
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
 JOB_RING = 3  # P, dS, dS^T buffers rotate over 3 jobs (written stage 2/3, read stage 3/4)
+DQ_LAG_DMA = 4  # jobs between S and dQ when DMA engines transpose dS (their ~2 us latency)
 PREP_AHEAD = 2  # a tile's Q^T / dO^T are transposed this many jobs before its scores
 DIAG_FILL = -1.0e30  # bias of the keys above the causal diagonal (bf16: exp(s * S) = 0)
 
@@ -462,7 +463,8 @@ def _run_section(ctx, si, cur, nxt, kv_first):
     kvs[0] = kv_first
     kv_out = None
     n = len(jobs)
-    for i in range(n + 3):
+    lag = DQ_LAG_DMA if ctx["cfg"][2] > 0 and ctx["rings"]["two_byte"] else 3
+    for i in range(n + lag):
         if i < n:
             job = jobs[i]
             if job["first"]:
@@ -500,8 +502,8 @@ def _run_section(ctx, si, cur, nxt, kv_first):
             _stage_grads(job, ctx)
             if job["last_in_block"]:
                 _finish_block(ctx, job["written"], si, job["kb"])
-        if 0 <= i - 3 < n:
-            job = jobs[i - 3]
+        if 0 <= i - lag < n:
+            job = jobs[i - lag]
             _stage_dq(job, kvs[job["a"]], ctx)
             if job["last_in_block"]:
                 del kvs[job["a"]]  # frees the block's K / V rows (read by stage 4 only)
