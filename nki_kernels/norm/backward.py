@@ -107,6 +107,7 @@ def bwd_rows(
         "rings": rings(),
         "stats": stats,
         "loads": (("x", x), ("dy", dy), ("dh", dh)),
+        "has_dh": dh is not None,
     }
     # per step: dx of the oldest tile, the products of the newest, then the rest, so that
     # each engine's share of one stage waits on other engines only for work of earlier
@@ -147,9 +148,11 @@ def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
 
 
 def _stage_q(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
-    """q = p * w in place (RMSNorm, resident): GpSimd, one instruction per row group."""
+    """q = p * w in place (RMSNorm, deferred row sums), mostly on GpSimd."""
     rows, kk = st["tile"][1], st["tile"][2]
-    eng = 8 if ctx["plan"]["gpsimd_eighths"] > 0 else 0
+    # GpSimd takes 6/8 of p * w (VectorE the rest, at 2 cycles per element), all of it
+    # when VectorE also adds dh (modeled best, cost model v1)
+    eng = (8 if ctx["has_dh"] else 6) if ctx["plan"]["gpsimd_eighths"] > 0 else 0
     for j in range(kk):
         q = st["q"][0:rows, j, :]
         tt_split(q, q, ctx["w_sb"][0:rows, :], nl.multiply, eng)

@@ -280,10 +280,10 @@ class RMSNormBwdConfig(_NormConfig):
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
         # VectorE's share of the dy products reads dy from PSUM (1 cycle / element) and
-        # GpSimd also takes all of p * w: 3/8 of the dy products balance the two where
-        # VectorE is the slower clock (trn2), 2/8 where they match (trn3) (modeled, cost
+        # GpSimd also takes 6/8 of p * w: 4/8 of the dy products balance the two where
+        # VectorE is the slower clock (trn2), 3/8 where they match (trn3) (modeled, cost
         # model v1)
-        cfg = cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 3, 2))
+        cfg = cls._pick(problem, target, gpsimd_eighths=_gpsimd_share(target, 4, 3))
         if not cfg.deferred(problem):  # p * w split like the dy products: GpSimd takes half
             cfg = dataclasses.replace(cfg, gpsimd_eighths=4)
         return cfg
