@@ -10,19 +10,22 @@ g = dy * w, H = hidden size):
     A     = sum_h(g)                         ScalarE add-reduce (LayerNorm)
     c1    = -rstd^3 * B / H ;  c0 = -rstd * A / H - c1 * mean       per row (VectorE)
     dx    = g * rstd + (x * c1 + c0)         ScalarE into PSUM, then one VectorE STT
-Engines: the VectorE shares of the products with dy read dy from a PSUM copy made on
+Engines: VectorE's shares of the products with dy read dy from a PSUM copy made on
 TensorE (an identity matmul, exact for bf16 / fp16): a VectorE instruction with a PSUM
 operand costs 1 cycle per element instead of 2. GpSimd, which cannot read PSUM, takes
-`gpsimd_eighths` / 8 of those products from SBUF and all of p * w (two SBUF operands: as
-slow on VectorE, and VectorE has the PSUM-fed work). x * c1 + c0 goes to a PSUM bank
-(ScalarE), so the final combine reads one PSUM operand as well. Every intermediate is
-fp32 (bf16 * bf16 products are exact there); dx is rounded once.
+the last `gpsimd_eighths` / 8 of each row's columns from SBUF, one instruction per row
+(its start-up paid once), and most of p * w (two SBUF operands: as slow on VectorE,
+which has the PSUM-fed work). x * c1 + c0 goes to a PSUM bank (ScalarE), so the final
+combine reads one PSUM operand as well. Every intermediate is fp32 (bf16 * bf16 products
+are exact there); dx is rounded once.
 
-Pipeline (tiling.run_rows; step t runs A(t), B(t-1), C(t-2)):
-    A: loads; per chunk and row group: p, the column sums, the row sums (LayerNorm
-       also g, kept for C when the tile is resident)
-    B: c1, c0
-    C: [g again: RMSNorm, or streamed tiles]; x * c1 + c0; dx; store
+Pipeline (tiling.run_rows; per step the oldest tile's D first, then A of the newest):
+    A: loads; per chunk and row group: p (into the kept row-sum tile), the column sums
+       on TensorE one PSUM bank behind the products, LayerNorm's g (kept)
+    Q: RMSNorm: p * w in place                      (deferred row sums with a weight)
+    R: the row sums on ScalarE, one step after their operands
+    D: c1, c0; [RMSNorm: g again]; x * c1 + c0; dx; store
+Wide row tiles (see DEFER_MAX_BYTES) take their row sums chunk by chunk in A instead.
 """
 
 from __future__ import annotations
@@ -132,8 +135,8 @@ def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
             nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
             for _ in range(2 if ctx["ln"] else 1)
         ),
-        # operands of the row sums, reduced one step later (stage B) so that ScalarE never
-        # waits for this tile's products within a step; g is also dx's (stage C)
+        # operands of the row sums, reduced in stage R so that ScalarE never waits for
+        # this tile's products within a step; g is also dx's (stage D)
         "q": None,
         "g": None,
     }
