@@ -318,7 +318,7 @@ def _compact_problem(key: str) -> str:
     return ", ".join(parts)
 
 
-def _summary(directory: Path, op: str | None) -> list[str]:
+def _configs_summary(directory: Path, op: str | None) -> list[str]:
     files = _files(directory, None, op)
     targets = sorted({t for t, _ in files})
     rows: dict[tuple[str, str], dict[str, str]] = {}
@@ -354,7 +354,7 @@ def _summary(directory: Path, op: str | None) -> list[str]:
 def run_configs(args: argparse.Namespace) -> int:
     """`nki-kernels configs show|summary|diff`."""
     if args.configs_cmd == "summary":
-        lines = _summary(_dirs(args.config_dir)[0], args.op)
+        lines = _configs_summary(_dirs(args.config_dir)[0], args.op)
         print("\n".join(lines) if len(lines) > 2 else "no stored configs")
         return 0
     if args.configs_cmd == "show":
