@@ -9,7 +9,8 @@ directly the stationary operands of dV += P^T dO and dK += dS^T Q, and
 exp(s * S - lse) takes -lse as a per-partition bias. Only dQ = dS K contracts over keys:
 dS^T is transposed per 128-key slot (PE + PSUM evacuation, or DMA for 2-byte dtypes).
 
-DMA shape (see _bwd_plan.py): queries come in 512-row units and keys in 512-key blocks,
+Work plan: _bwd_plan.py; operand staging (loads, statistics, transposes): _bwd_staging.py.
+DMA shape: queries come in 512-row units and keys in 512-key blocks,
 both staged interleaved (partition p holds 4 consecutive rows: 1 KiB descriptors for
 bf16 D = 128 instead of 256 B), so the query tiles of a full unit are strided row sets
 (the host supplies lse, bounds and the tile plan in that row order) and dK / dV / dS^T
@@ -38,14 +39,26 @@ from __future__ import annotations
 
 from ..nki import nisa, nki, nl
 from ._bwd_plan import DIAG, GROUP, SELECT, UNIT, P, head_group_plan, runs
-from ._staging import compute_dtype, copy_engine, load_bounds, load_kt_group, transpose_kt_group
+from ._bwd_staging import (
+    JOB_RING,
+    diag_tiles,
+    dq_view,
+    load_kv,
+    load_section_stats,
+    load_unit,
+    make_rings,
+    prep_item,
+    prep_kv,
+    stats_product,
+    tp_view,
+    unit_stats,
+    write_zeros,
+)
+from ._staging import compute_dtype, copy_engine, load_bounds
 
-BANK_F32 = 512  # fp32 elements per partition in one 2 KiB PSUM bank
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
-JOB_RING = 3  # P, dS, dS^T buffers rotate over 3 jobs (written stage 2/3, read stage 3/4)
 DQ_LAG_DMA = 4  # jobs between S and dQ when DMA engines transpose dS (their ~2 us latency)
 PREP_AHEAD = 2  # a tile's Q^T / dO^T are transposed this many jobs before its scores
-DIAG_FILL = -1.0e30  # bias of the keys above the causal diagonal (bf16: exp(s * S) = 0)
 
 
 @nki.jit
@@ -73,9 +86,9 @@ def flash_attention_bwd(
     # TensorE (bf16: -1e30 is exact and vanishes in exp for any positive scale)
     diag = None
     if compute_dtype(q.dtype) == nl.bfloat16 and softmax_scale > 0 and _has_diag(plan):
-        diag = _diag_tiles(nl.bfloat16)
+        diag = diag_tiles(nl.bfloat16)
     shared = {
-        "rings": _rings(compute_dtype(q.dtype), d, dk.dtype),
+        "rings": make_rings(compute_dtype(q.dtype), d, dk.dtype),
         "counters": {"prep": 0, "out": 0, "blk": 0, "kv": 0},
     }
     progs = []
@@ -109,36 +122,6 @@ def _has_diag(plan) -> bool:
     return any(c == DIAG for per_b in plan for row in per_b for c in row)
 
 
-def _diag_tiles(cdt):
-    """An identity [128, 128] and, per tile j of a unit, the bias [128, 512] that is 0 for
-    block columns c <= 4p + j and DIAG_FILL above (GpSimd, once per kernel)."""
-    ones = nl.ndarray((P, P), dtype=cdt, buffer=nl.sbuf)
-    zeros = nl.ndarray((P, UNIT), dtype=cdt, buffer=nl.sbuf)
-    nisa.memset(dst=ones, value=1.0)
-    nisa.memset(dst=zeros, value=0.0)
-    ident = nl.ndarray((P, P), dtype=cdt, buffer=nl.sbuf)
-    nisa.affine_select(
-        dst=ident,
-        pattern=[[-1, P]],
-        channel_multiplier=1,
-        on_true_tile=ones,
-        on_false_value=0.0,
-        cmp_op=nl.equal,
-    )
-    bias = nl.ndarray((P, GROUP, UNIT), dtype=cdt, buffer=nl.sbuf)
-    for j in range(GROUP):
-        nisa.affine_select(
-            dst=bias[:, j, :],
-            pattern=[[-1, UNIT]],
-            channel_multiplier=GROUP,
-            on_true_tile=zeros,
-            on_false_value=DIAG_FILL,
-            cmp_op=nl.greater_equal,
-            offset=j,
-        )
-    return {"ident": ident, "bias": bias}
-
-
 def _run_pairs(progs, bounds):
     """All sections of a program's (batch, kv-head) pairs as one stream: the next
     section's operands (of the same pair or the next one) load during the current one."""
@@ -150,10 +133,10 @@ def _run_pairs(progs, bounds):
         return
     ctx0 = flat[0][0]
     _setup_pair(ctx0, bounds)
-    staged = _load_section_stats(_section_units(ctx0, 0), ctx0)
-    kv_next = _load_kv(ctx0, _active_blocks(ctx0, staged["units"])[0], 0)
+    staged = load_section_stats(_section_units(ctx0, 0), ctx0)
+    kv_next = load_kv(ctx0, _active_blocks(ctx0, staged["units"])[0], 0)
     for unit in staged["units"]:
-        _load_unit(unit, ctx0)
+        load_unit(unit, ctx0)
     for f, (ctx, si) in enumerate(flat):
         cur = staged
         nxt = None
@@ -161,7 +144,7 @@ def _run_pairs(progs, bounds):
             nctx, nsi = flat[f + 1]
             if nsi == 0:
                 _setup_pair(nctx, bounds)
-            nxt = _load_section_stats(_section_units(nctx, nsi), nctx)
+            nxt = load_section_stats(_section_units(nctx, nsi), nctx)
         kv_next = _run_section(ctx, si, cur, nxt, kv_next)
         staged = nxt
     return None
@@ -186,250 +169,13 @@ def _setup_pair(ctx, bounds):
     sq, sk, d = ctx["sq"], ctx["sk"], ctx["d"]
     ctx["bnd"] = load_bounds(bounds, ctx["b"], -(-sq // P)) if ctx["masked"] else None
     ctx["touch"] = ctx["plan"]["touch"]
-    _write_zeros(ctx, ctx["plan"]["zero_tiles"])
+    write_zeros(ctx, ctx["plan"]["zero_tiles"])
     ctx["scratch"] = None
     if len(ctx["plan"]["sections"]) > 1:
         ctx["scratch"] = (
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
             nl.ndarray((sk, d), dtype=nl.float32, buffer=nl.hbm),
         )
-
-
-def _write_zeros(ctx, zero_tiles):
-    """Query tiles and key slots that no allowed pair touches get zero gradients."""
-    sk, d = ctx["sk"], ctx["d"]
-    touch = ctx["touch"]
-    empty_keys = []
-    for kb in range(len(touch)):
-        k0 = kb * UNIT
-        if k0 + UNIT <= sk:
-            if all(len(touch[kb][j]) == 0 for j in range(GROUP)):
-                empty_keys.append((k0, UNIT))
-        else:
-            for ul in range(GROUP):
-                s0 = k0 + ul * P
-                if s0 < sk and len(touch[kb][ul]) == 0:
-                    empty_keys.append((s0, min(P, sk - s0)))
-    if len(zero_tiles) == 0 and len(empty_keys) == 0:
-        return
-    zeros = nl.ndarray((P, GROUP, d), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=zeros, value=0.0)
-    for h, t, j, il, r0, rows in zero_tiles:
-        if il:
-            dst = ctx["dq"][h, r0 : r0 + UNIT, :].reshape((P, GROUP, d))[:, j, :]
-        else:
-            dst = ctx["dq"][h, t * P : t * P + rows, :]
-        nisa.dma_copy(dst=dst, src=zeros[:rows, 0, :])
-    for s0, n in empty_keys:
-        for out in (ctx["dk"], ctx["dv"]):
-            if n == UNIT:
-                nisa.dma_copy(dst=out[s0 : s0 + n, :].reshape((P, GROUP, d)), src=zeros)
-            else:
-                nisa.dma_copy(dst=out[s0 : s0 + n, :], src=zeros[:n, 0, :])
-
-
-def _rings(cdt, d, kv_dtype):
-    """Buffers rotated by job / block index, so a buffer is rewritten only well after
-    its last reader (in-order engines then never wait on write-after-read)."""
-    f32, sb, ps = nl.float32, nl.sbuf, nl.psum
-    r = {
-        "s": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(2)],
-        "dp": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(2)],
-        "dk": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
-        "dv": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
-        # bank 0: dS^T / K^T / V^T transposes (2-byte: two job slots); bank 1: dQ (2-byte:
-        # two job slots) and the Q^T / dO^T transposes
-        "aux": [nl.ndarray((P, BANK_F32), dtype=f32, buffer=ps) for _ in range(2)],
-        "p": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "ds": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "dst": [nl.ndarray((P, GROUP, P), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "kt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
-        "vt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
-        "blk": [nl.ndarray((P, GROUP, d), dtype=f32, buffer=sb) for _ in range(2)],
-        "blk_out": [nl.ndarray((P, GROUP, d), dtype=kv_dtype, buffer=sb) for _ in range(4)],
-        "dq_out": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
-    }
-    r["two_byte"] = cdt != f32
-    return r
-
-
-def _tp_view(rings, slot, cdt):
-    """A [128, 4, 128] cdt view of the transpose bank for job slot `slot`."""
-    bank = rings["aux"][0]
-    if rings["two_byte"]:
-        h = BANK_F32 // 2
-        return bank[:, (slot % 2) * h : (slot % 2 + 1) * h].view(cdt).reshape((P, GROUP, P))
-    return bank.reshape((P, GROUP, P))
-
-
-def _dq_view(rings, slot, d):
-    if rings["two_byte"]:
-        return rings["aux"][1][:, (slot % 2) * P : (slot % 2) * P + d]
-    return rings["aux"][1][:, 0:d]
-
-
-def _prep_view(rings, slot, cdt):
-    """A [128, 2, 128] cdt view for the Q^T and dO^T transposes of one tile."""
-    bank = rings["aux"][1]
-    if rings["two_byte"]:
-        c0 = 2 * P + (slot % 2) * P
-        return bank[:, c0 : c0 + P].view(cdt).reshape((P, 2, P))
-    return bank[:, P : 3 * P].reshape((P, 2, P))
-
-
-def _load_section_stats(units, ctx):
-    """A section's buffers and its lse / dlse loads (one DMA per run of consecutive query
-    tiles of one head: a contiguous run of floats per partition)."""
-    lse, dlse = ctx["ins"][5], ctx["ins"][6]
-    n = GROUP * len(units)
-    lse_c = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    dlse_c = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf) if dlse is not None else None
-    tiles = []
-    for pos, unit in enumerate(units):
-        for j in range(unit["ntiles"]):
-            tiles.append((GROUP * pos + j, unit["h"], unit["r0"] // P + j))
-    a = 0
-    while a < len(tiles):
-        e = a + 1
-        while e < len(tiles) and _next_tile(tiles[e - 1], tiles[e]):
-            e += 1
-        x0, h, t0 = tiles[a]
-        cnt = e - a
-        nisa.dma_copy(dst=lse_c[:, x0 : x0 + cnt], src=lse[ctx["b"], h, :, t0 : t0 + cnt])
-        if dlse_c is not None:
-            nisa.dma_copy(dst=dlse_c[:, x0 : x0 + cnt], src=dlse[ctx["b"], h, :, t0 : t0 + cnt])
-        a = e
-    for pos, unit in enumerate(units):
-        unit["x0"] = GROUP * pos
-    return {"units": units, "lse": lse_c, "dlse": dlse_c, "ctx": ctx}
-
-
-def _next_tile(prev, cur):
-    return cur[1] == prev[1] and cur[0] == prev[0] + 1 and cur[2] == prev[2] + 1
-
-
-def _load_unit(unit, ctx):
-    """DMA Q, dO, O of a unit: one interleaved [128, 4, D] DMA each for a full unit."""
-    q, o, do = ctx["ins"][0], ctx["ins"][3], ctx["ins"][4]
-    b, d, cdt, sq = ctx["b"], ctx["d"], ctx["cdt"], ctx["sq"]
-    h, r0 = unit["h"], unit["r0"]
-    bufs = {}
-    for name, src in (("q", q), ("do", do), ("o", o)):
-        buf = nl.ndarray((P, GROUP, d), dtype=cdt, buffer=nl.sbuf)
-        if unit["il"]:
-            nisa.dma_copy(dst=buf, src=src[b, h, r0 : r0 + UNIT, :].reshape((P, GROUP, d)))
-        else:
-            n = sq - r0
-            full = n // P
-            if full > 0:
-                view = src[b, h, r0 : r0 + full * P, :].reshape((full, P, d)).permute((1, 0, 2))
-                nisa.dma_copy(dst=buf[:, 0:full, :], src=view)
-            if n > full * P:
-                rest = n - full * P
-                nisa.dma_copy(dst=buf[:rest, full, :], src=src[b, h, r0 + full * P : sq, :])
-        bufs[name] = buf
-    unit.update(bufs)
-    unit["delta"] = None
-
-
-def _unit_parts(unit, ctx):
-    """(first tile, end tile, rows) pieces of a unit for its row-wise statistics."""
-    nt, r0, sq = unit["ntiles"], unit["r0"], ctx["sq"]
-    if unit["il"]:
-        return [(0, nt, P)]
-    return [(j, j + 1, min(P, sq - r0 - j * P)) for j in range(nt)]
-
-
-def _stats_product(unit, ctx):
-    """dO * O of a unit (GpSimd), the first half of its statistics."""
-    if "prod" in unit or unit["delta"] is not None:
-        return
-    prod = nl.ndarray((P, GROUP, ctx["d"]), dtype=nl.float32, buffer=nl.sbuf)
-    for j0, j1, rows in _unit_parts(unit, ctx):
-        nisa.tensor_tensor(
-            dst=prod[:rows, j0:j1, :],
-            data1=unit["do"][:rows, j0:j1, :],
-            data2=unit["o"][:rows, j0:j1, :],
-            op=nl.multiply,
-            engine=nisa.engine.gpsimd,
-        )
-    unit["prod"], unit["o"] = prod, None
-
-
-def _unit_stats(unit, staged, ctx):
-    """Delta = rowsum(dO * O) - dlse and -lse of a unit's tiles (O is dropped after)."""
-    if unit["delta"] is not None:
-        return
-    _stats_product(unit, ctx)
-    x0, prod = unit["x0"], unit["prod"]
-    delta = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
-    nlse = nl.ndarray((P, GROUP), dtype=nl.float32, buffer=nl.sbuf)
-    for j0, j1, rows in _unit_parts(unit, ctx):
-        nisa.tensor_reduce(dst=delta[:rows, j0:j1], op=nl.add, data=prod[:rows, j0:j1, :], axis=2)
-        if staged["dlse"] is not None:
-            nisa.tensor_tensor(
-                dst=delta[:rows, j0:j1],
-                data1=delta[:rows, j0:j1],
-                data2=staged["dlse"][:rows, x0 + j0 : x0 + j1],
-                op=nl.subtract,
-                engine=nisa.engine.gpsimd,
-            )
-        nisa.tensor_scalar(
-            dst=nlse[:rows, j0:j1],
-            data=staged["lse"][:rows, x0 + j0 : x0 + j1],
-            op0=nl.multiply,
-            operand0=-1.0,
-            engine=nisa.engine.gpsimd,
-        )
-    unit["delta"], unit["nlse"], unit["prod"] = delta, nlse, None
-
-
-def _prep_item(it, unit, staged, ctx):
-    """Q^T and dO^T of one query tile (PE transposes into the prep slots of PSUM)."""
-    if it.get("prepped"):
-        return
-    it["prepped"] = True
-    _unit_stats(unit, staged, ctx)
-    if "qt" not in unit:
-        unit["qt"] = nl.ndarray((ctx["d"], GROUP, P), dtype=ctx["cdt"], buffer=nl.sbuf)
-        unit["dot"] = nl.ndarray((ctx["d"], GROUP, P), dtype=ctx["cdt"], buffer=nl.sbuf)
-        unit["dq_acc"] = nl.ndarray((P, GROUP, ctx["d"]), dtype=nl.float32, buffer=nl.sbuf)
-        unit["left"] = len(unit["items"])
-    c = ctx["counters"]
-    tp = _prep_view(ctx["rings"], c["prep"], ctx["cdt"])
-    c["prep"] += 1
-    rows, j, d = it["rows"], it["j"], ctx["d"]
-    nisa.nc_transpose(dst=tp[:d, 0, :rows], data=unit["q"][:rows, j, :d])
-    nisa.nc_transpose(dst=tp[:d, 1, :rows], data=unit["do"][:rows, j, :d])
-    nisa.tensor_copy(dst=unit["qt"][:d, j, :rows], src=tp[:d, 0, :rows], engine=copy_engine(True))
-    nisa.tensor_copy(dst=unit["dot"][:d, j, :rows], src=tp[:d, 1, :rows], engine=copy_engine(False))
-
-
-def _load_kv(ctx, kb, slot):
-    """DMA the K and V rows of key block kb (interleaved when the block is full)."""
-    k, v = ctx["ins"][1], ctx["ins"][2]
-    b, g, sk, d, cdt = ctx["b"], ctx["g"], ctx["sk"], ctx["d"], ctx["cdt"]
-    k0 = kb * UNIT
-    n = min(UNIT, sk - k0)
-    if n == UNIT:
-        # fresh tiles: the previous block's dQ matmuls may still be unissued
-        k_raw = nl.ndarray((P, GROUP, d), dtype=cdt, buffer=nl.sbuf)
-        v_raw = nl.ndarray((P, GROUP, d), dtype=cdt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=k_raw, src=k[b, g][k0 : k0 + n, :].reshape((P, GROUP, d)))
-        nisa.dma_copy(dst=v_raw, src=v[b, g][k0 : k0 + n, :].reshape((P, GROUP, d)))
-    else:
-        k_raw = load_kt_group(k[b, g], k0, n, d, cdt)
-        v_raw = load_kt_group(v[b, g], k0, n, d, cdt)
-    return {"k_raw": k_raw, "v_raw": v_raw, "n": n, "slot": slot, "kb": kb}
-
-
-def _prep_kv(kv, ctx):
-    """K^T and V^T (natural key order) of the block through PE transposes."""
-    rings, cdt, d, n = ctx["rings"], ctx["cdt"], ctx["d"], kv["n"]
-    kt, vt = rings["kt"][kv["slot"] % 2], rings["vt"][kv["slot"] % 2]
-    transpose_kt_group(kv["k_raw"], kt, 0, n, d, cdt, True, tp=_tp_view(rings, 0, cdt))
-    transpose_kt_group(kv["v_raw"], vt, 0, n, d, cdt, False, tp=_tp_view(rings, 1, cdt))
-    kv["kt"], kv["vt"] = kt, vt
 
 
 def _run_section(ctx, si, cur, nxt, kv_first):
@@ -469,12 +215,12 @@ def _run_section(ctx, si, cur, nxt, kv_first):
             job = jobs[i]
             if job["first"]:
                 a = job["a"]
-                _prep_kv(kvs[a], ctx)
+                prep_kv(kvs[a], ctx)
                 if a + 1 < len(active):
-                    kvs[a + 1] = _load_kv(ctx, active[a + 1], ctx["counters"]["kv"] + a + 1)
+                    kvs[a + 1] = load_kv(ctx, active[a + 1], ctx["counters"]["kv"] + a + 1)
                 elif nxt_first is not None:
                     slot = ctx["counters"]["kv"] + a + 1
-                    kv_out = _load_kv(nxt["ctx"], nxt_first, slot)
+                    kv_out = load_kv(nxt["ctx"], nxt_first, slot)
                 # the next section's operands: this block's share of the loads; the
                 # statistics of the units loaded one block ago, one unit per job (the
                 # GpSimd product one job before the VectorE reduction)
@@ -483,17 +229,17 @@ def _run_section(ctx, si, cur, nxt, kv_first):
                 loaded = pending[:share]
                 pending = pending[share:]
                 for unit in loaded:
-                    _load_unit(unit, nxt["ctx"])
+                    load_unit(unit, nxt["ctx"])
                 job["written"] = [False] * GROUP
             else:
                 job["written"] = jobs[i - 1]["written"]
             if len(multiplied) > 0:
-                _unit_stats(multiplied.pop(0), nxt, ctx)
+                unit_stats(multiplied.pop(0), nxt, ctx)
             if len(to_stat) > 0:
                 multiplied.append(to_stat.pop(0))
-                _stats_product(multiplied[-1], ctx)
+                stats_product(multiplied[-1], ctx)
             for jj in range(i, min(n, i + PREP_AHEAD + 1)):
-                _prep_item(jobs[jj]["it"], jobs[jj]["unit"], cur, ctx)
+                prep_item(jobs[jj]["it"], jobs[jj]["unit"], cur, ctx)
             _stage_scores(job, kvs[job["a"]], ctx)
         if 0 <= i - 1 < n:
             _stage_softmax(jobs[i - 1], ctx)
@@ -512,9 +258,9 @@ def _run_section(ctx, si, cur, nxt, kv_first):
                 if job["unit"]["left"] == 0:
                     _store_dq(job["unit"], ctx)
     for unit in pending:
-        _load_unit(unit, nxt["ctx"])
+        load_unit(unit, nxt["ctx"])
     if nxt is not None and kv_out is None and nxt_first is not None:
-        kv_out = _load_kv(nxt["ctx"], nxt_first, ctx["counters"]["kv"] + len(active))
+        kv_out = load_kv(nxt["ctx"], nxt_first, ctx["counters"]["kv"] + len(active))
     ctx["counters"]["kv"] += len(active)
     for unit in units:
         for name in ("q", "do", "qt", "dot", "dq_acc", "delta", "nlse"):
@@ -634,7 +380,7 @@ def _stage_grads(job, ctx):
         n_dma = min(dma_quarters, len(slots))
     pe = slots[: len(slots) - n_dma]
     if len(pe) > 0:
-        tp = _tp_view(rings, i, cdt)
+        tp = tp_view(rings, i, cdt)
         for ul, kr, il in pe:
             nisa.nc_transpose(dst=tp[:kr, ul, :rows], data=_col_view(ds_sb, rows, ul, kr, il))
         n_s = (len(pe) * scalar_evac + 4) // 8
@@ -670,7 +416,7 @@ def _stage_dq(job, kv, ctx):
     unit, it, i = job["unit"], job["it"], job["i"]
     rows, j, d = it["rows"], it["j"], ctx["d"]
     rings = ctx["rings"]
-    dq_ps = _dq_view(rings, i, d)
+    dq_ps = dq_view(rings, i, d)
     dst_sb = rings["dst"][i % JOB_RING]
     for a, (ul, kr, _) in enumerate(job["w"]["slots"]):
         nisa.nc_matmul(
