@@ -17,7 +17,8 @@ from ._bwd_plan import GROUP, UNIT, P
 from ._staging import copy_engine, load_kt_group, transpose_kt_group
 
 BANK_F32 = 512  # fp32 elements per partition in one 2 KiB PSUM bank
-JOB_RING = 3  # P, dS, dS^T buffers rotate over 3 jobs (written stage 2/3, read stage 3/4)
+JOB_RING = 3  # P and dS rotate over 3 jobs (written in stage 2, read in stage 3)
+DST_RING = 5  # dS^T rotates over 5 jobs (written in stage 3, read up to 3 jobs later)
 DIAG_FILL = -1.0e30  # bias of the keys above the causal diagonal (bf16: exp(s * S) = 0)
 
 
@@ -98,7 +99,7 @@ def make_rings(cdt, d, kv_dtype):
         "aux": [nl.ndarray((P, BANK_F32), dtype=f32, buffer=ps) for _ in range(2)],
         "p": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
         "ds": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
-        "dst": [nl.ndarray((P, GROUP, P), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
+        "dst": [nl.ndarray((P, GROUP, P), dtype=cdt, buffer=sb) for _ in range(DST_RING)],
         "kt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
         "vt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
         "blk": [nl.ndarray((P, GROUP, d), dtype=f32, buffer=sb) for _ in range(2)],
@@ -289,6 +290,8 @@ def prep_kv(kv, ctx):
 
 
 __all__ = [
+    "DST_RING",
+    "JOB_RING",
     "diag_tiles",
     "dq_view",
     "load_kv",

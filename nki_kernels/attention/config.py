@@ -248,11 +248,15 @@ class FlashBwdConfig(KernelConfig):
 
     @classmethod
     def heuristic(cls, problem: AttentionProblem, target: Target) -> FlashBwdConfig:
+        # 2-byte dtypes: the DMA engines transpose every dS^T slot, which takes 1/6 of
+        # TensorE's work off the busiest engine (modeled best on trn2 / trn3 at 2 K and
+        # 8 K keys, causal or not; fp32 has no DMA transposes here)
+        dq = 4 if problem.itemsize == 2 else 0
         for section in sorted(BWD_SECTIONS, reverse=True):
-            cfg = cls(section=section, dma_quarters=0, scalar_evac=8)
+            cfg = cls(section=section, dma_quarters=dq, scalar_evac=8)
             if cfg.is_valid(problem, target):
                 return cfg
-        return cls(section=min(BWD_SECTIONS), dma_quarters=0, scalar_evac=8)
+        return cls(section=min(BWD_SECTIONS), dma_quarters=dq, scalar_evac=8)
 
     @classmethod
     def search_space(cls, problem: AttentionProblem, target: Target) -> dict[str, tuple[Any, ...]]:

@@ -20,7 +20,7 @@ slot j of a full key block holds keys k0 + 4p + j. dQ of a unit goes back with o
 Loops, per batch b and key/value head g (program = (b, g); LNC splits the list):
 
     sections of units (Q, dO, Q^T, dO^T, -lse, Delta, fp32 dQ resident in SBUF); the next
-    section's units are loaded spread over the current section's key blocks
+    section's units are loaded spread over the current section's jobs
     for each section: one software pipeline over all jobs (key block kb, query tile):
         stage 1: S = Q K^T, dP = dO V^T        (Q^T / dO^T of a tile transposed 2 jobs ahead)
         stage 2: mask, P = exp(s S - lse) (ScalarE), dS = P (dP - Delta) (VectorE)
@@ -40,6 +40,7 @@ from __future__ import annotations
 from ..nki import nisa, nki, nl
 from ._bwd_plan import DIAG, GROUP, SELECT, UNIT, P, head_group_plan, runs
 from ._bwd_staging import (
+    DST_RING,
     JOB_RING,
     diag_tiles,
     dq_view,
@@ -57,7 +58,8 @@ from ._bwd_staging import (
 from ._staging import compute_dtype, copy_engine, load_bounds
 
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
-DQ_LAG_DMA = 4  # jobs between S and dQ when DMA engines transpose dS (their ~2 us latency)
+DQ_LAG_DMA = 5  # jobs between S and dQ when DMA engines transpose dS (their ~2 us latency)
+STATS_LAG = 8  # jobs between a prefetched unit's loads and its statistics
 PREP_AHEAD = 2  # a tile's Q^T / dO^T are transposed this many jobs before its scores
 
 
@@ -202,8 +204,12 @@ def _run_section(ctx, si, cur, nxt, kv_first):
         job["first"] = i == 0 or jobs[i - 1]["a"] != job["a"]
         job["last_in_block"] = i + 1 == len(jobs) or jobs[i + 1]["a"] != job["a"]
     pending = list(nxt["units"]) if nxt is not None else []
+    # the next section's units load one every `stride` jobs (the DMA engines then never
+    # hold a burst of loads in front of this section's K / V or dS^T transposes); their
+    # statistics follow STATS_LAG jobs later, the GpSimd product one job before the
+    # VectorE reduction
+    stride = max(1, (len(jobs) - STATS_LAG) // max(1, len(pending)))
     loaded: list = []
-    to_stat: list = []
     multiplied: list = []
     kvs: dict = {}
     kvs[0] = kv_first
@@ -221,22 +227,16 @@ def _run_section(ctx, si, cur, nxt, kv_first):
                 elif nxt_first is not None:
                     slot = ctx["counters"]["kv"] + a + 1
                     kv_out = load_kv(nxt["ctx"], nxt_first, slot)
-                # the next section's operands: this block's share of the loads; the
-                # statistics of the units loaded one block ago, one unit per job (the
-                # GpSimd product one job before the VectorE reduction)
-                to_stat += loaded
-                share = -(-len(pending) // (len(active) - a))
-                loaded = pending[:share]
-                pending = pending[share:]
-                for unit in loaded:
-                    load_unit(unit, nxt["ctx"])
                 job["written"] = [False] * GROUP
             else:
                 job["written"] = jobs[i - 1]["written"]
+            if len(pending) > 0 and i % stride == 0:
+                load_unit(pending[0], nxt["ctx"])
+                loaded.append((i, pending.pop(0)))
             if len(multiplied) > 0:
                 unit_stats(multiplied.pop(0), nxt, ctx)
-            if len(to_stat) > 0:
-                multiplied.append(to_stat.pop(0))
+            if len(loaded) > 0 and loaded[0][0] + STATS_LAG <= i:
+                multiplied.append(loaded.pop(0)[1])
                 stats_product(multiplied[-1], ctx)
             for jj in range(i, min(n, i + PREP_AHEAD + 1)):
                 prep_item(jobs[jj]["it"], jobs[jj]["unit"], cur, ctx)
@@ -372,7 +372,7 @@ def _stage_grads(job, ctx):
             accumulate=written[ul],
         )
         written[ul] = True
-    dst_sb = rings["dst"][i % JOB_RING]
+    dst_sb = rings["dst"][i % DST_RING]
     full = all(kr == P for _, kr, _ in slots)
     contiguous = all(slots[x + 1][0] == slots[x][0] + 1 for x in range(len(slots) - 1))
     n_dma = 0
@@ -417,7 +417,7 @@ def _stage_dq(job, kv, ctx):
     rows, j, d = it["rows"], it["j"], ctx["d"]
     rings = ctx["rings"]
     dq_ps = dq_view(rings, i, d)
-    dst_sb = rings["dst"][i % JOB_RING]
+    dst_sb = rings["dst"][i % DST_RING]
     for a, (ul, kr, _) in enumerate(job["w"]["slots"]):
         nisa.nc_matmul(
             dst=dq_ps[:rows, :d],
