@@ -49,7 +49,20 @@ def diag_tiles(cdt):
             cmp_op=nl.greater_equal,
             offset=j,
         )
-    return {"ident": ident, "bias": bias}
+    # the same mask with the block's columns in slot order (column 128 j' + p' is key
+    # 4 p' + j'), for blocks staged that way
+    bias_slots = nl.ndarray((P, GROUP, UNIT), dtype=cdt, buffer=nl.sbuf)
+    for j in range(GROUP):
+        nisa.affine_select(
+            dst=bias_slots[:, j, :],
+            pattern=[[-1, GROUP], [-GROUP, P]],
+            channel_multiplier=GROUP,
+            on_true_tile=zeros,
+            on_false_value=DIAG_FILL,
+            cmp_op=nl.greater_equal,
+            offset=j,
+        )
+    return {"ident": ident, "bias": bias, "bias_slots": bias_slots}
 
 
 def write_zeros(ctx, zero_tiles):
@@ -280,12 +293,23 @@ def load_kv(ctx, kb, slot):
     return {"k_raw": k_raw, "v_raw": v_raw, "n": n, "slot": slot, "kb": kb}
 
 
-def prep_kv(kv, ctx):
-    """K^T and V^T (natural key order) of the block through PE transposes."""
+def prep_kv(kv, ctx, slot_order):
+    """K^T and V^T of the block through PE transposes: columns in natural key order, or
+    with `slot_order` (a full block) in slot order, column 128 j + p being key 4 p + j."""
     rings, cdt, d, n = ctx["rings"], ctx["cdt"], ctx["d"], kv["n"]
     kt, vt = rings["kt"][kv["slot"] % 2], rings["vt"][kv["slot"] % 2]
-    transpose_kt_group(kv["k_raw"], kt, 0, n, d, cdt, True, tp=tp_view(rings, 0, cdt))
-    transpose_kt_group(kv["v_raw"], vt, 0, n, d, cdt, False, tp=tp_view(rings, 1, cdt))
+    for raw, dst, w in ((kv["k_raw"], kt, 0), (kv["v_raw"], vt, 1)):
+        tp = tp_view(rings, w, cdt)
+        if slot_order:
+            for j in range(GROUP):
+                nisa.nc_transpose(dst=tp[:d, j, :], data=raw[:, j, :d])
+            nisa.tensor_copy(
+                dst=dst[:d, 0:UNIT].reshape((d, GROUP, P)),
+                src=tp[:d, :, :],
+                engine=copy_engine(w == 0),
+            )
+        else:
+            transpose_kt_group(raw, dst, 0, n, d, cdt, w == 0, tp=tp)
     kv["kt"], kv["vt"] = kt, vt
 
 

@@ -38,7 +38,7 @@ Needs NeuronCore-v3+ (range_select). D <= 128.
 from __future__ import annotations
 
 from ..nki import nisa, nki, nl
-from ._bwd_plan import DIAG, GROUP, SELECT, UNIT, P, head_group_plan, runs
+from ._bwd_plan import DIAG, GROUP, NONE, SELECT, UNIT, P, head_group_plan, runs
 from ._bwd_staging import (
     DST_RING,
     JOB_RING,
@@ -198,7 +198,15 @@ def _run_section(ctx, si, cur, nxt, kv_first):
             for it in unit["items"]:
                 if it["work"][kb] is not None:
                     jobs.append({"a": a, "kb": kb, "unit": unit, "it": it, "w": it["work"][kb]})
+    # a full block whose jobs all mask alike (none, or all the causal-diagonal bias) keeps
+    # its score columns in slot order: dS^T slot j is then a contiguous column range
+    kinds: dict = {}
+    for job in jobs:
+        kinds.setdefault(job["a"], set()).update(k for _, _, k in job["w"]["subs"])
+        kinds[job["a"]].add("il" if job["w"]["slots"][0][2] else "natural")
+    slot_order = {a: ks in ({NONE, "il"}, {DIAG, "il"}) for a, ks in kinds.items()}
     for i, job in enumerate(jobs):
+        job["slot_order"] = slot_order[job["a"]]
         job["i"] = i
         job["it"]["last"] = i
         job["first"] = i == 0 or jobs[i - 1]["a"] != job["a"]
@@ -221,7 +229,7 @@ def _run_section(ctx, si, cur, nxt, kv_first):
             job = jobs[i]
             if job["first"]:
                 a = job["a"]
-                prep_kv(kvs[a], ctx)
+                prep_kv(kvs[a], ctx, job["slot_order"])
                 if a + 1 < len(active):
                     kvs[a + 1] = load_kv(ctx, active[a + 1], ctx["counters"]["kv"] + a + 1)
                 elif nxt_first is not None:
@@ -268,8 +276,11 @@ def _run_section(ctx, si, cur, nxt, kv_first):
     return kv_out
 
 
-def _col_view(t, rows, ul, kr, il):
-    """Score columns of slot ul: keys k0 + 4p + ul (interleaved) or ul*128 + p."""
+def _col_view(t, rows, ul, kr, il, slot_order):
+    """Score columns of slot ul: keys k0 + 4p + ul (interleaved: a contiguous range in
+    slot order, else every 4th column) or ul*128 + p."""
+    if slot_order:
+        return t[:rows, ul * P : ul * P + P]
     if il:
         return t[:rows, 0:UNIT].reshape((rows, P, GROUP))[:, :, ul]
     return t[:rows, ul * P : ul * P + kr]
@@ -299,13 +310,14 @@ def _stage_scores(job, kv, ctx):
             moving=kv["vt"][:d, c0 : c0 + nc],
             accumulate=False,
         )
+    bias = "bias_slots" if job["slot_order"] else "bias"
     for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
         if kind == DIAG:
             c0, nc = _cols(ul, u, cnt, sk)
             nisa.nc_matmul(
                 dst=s_ps[:rows, c0 : c0 + nc],
                 stationary=ctx["diag"]["ident"][:rows, :rows],
-                moving=ctx["diag"]["bias"][:rows, j, c0 : c0 + nc],
+                moving=ctx["diag"][bias][:rows, j, c0 : c0 + nc],
                 accumulate=True,
             )
 
@@ -361,13 +373,13 @@ def _stage_grads(job, ctx):
     for ul, kr, il in slots:
         nisa.nc_matmul(
             dst=rings["dv"][:kr, ul, :d],
-            stationary=_col_view(p_sb, rows, ul, kr, il),
+            stationary=_col_view(p_sb, rows, ul, kr, il, job["slot_order"]),
             moving=unit["do"][:rows, j, :d],
             accumulate=written[ul],
         )
         nisa.nc_matmul(
             dst=rings["dk"][:kr, ul, :d],
-            stationary=_col_view(ds_sb, rows, ul, kr, il),
+            stationary=_col_view(ds_sb, rows, ul, kr, il, job["slot_order"]),
             moving=unit["q"][:rows, j, :d],
             accumulate=written[ul],
         )
@@ -382,7 +394,9 @@ def _stage_grads(job, ctx):
     if len(pe) > 0:
         tp = tp_view(rings, i, cdt)
         for ul, kr, il in pe:
-            nisa.nc_transpose(dst=tp[:kr, ul, :rows], data=_col_view(ds_sb, rows, ul, kr, il))
+            nisa.nc_transpose(
+                dst=tp[:kr, ul, :rows], data=_col_view(ds_sb, rows, ul, kr, il, job["slot_order"])
+            )
         n_s = (len(pe) * scalar_evac + 4) // 8
         for on_scalar, part in ((True, pe[:n_s]), (False, pe[n_s:])):
             if len(part) == 0:
@@ -403,7 +417,7 @@ def _stage_grads(job, ctx):
                 )
     if n_dma > 0:
         ul0 = slots[len(pe)][0]
-        if slots[0][2]:
+        if slots[0][2] and not job["slot_order"]:
             src = ds_sb[:rows, 0:UNIT].reshape((rows, P, GROUP)).permute((0, 2, 1))
             src = src[:, ul0 : ul0 + n_dma, :]
         else:
