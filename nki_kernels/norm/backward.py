@@ -19,9 +19,17 @@ which has the PSUM-fed work). x * c1 + c0 goes to a PSUM bank (ScalarE), so the 
 combine reads one PSUM operand as well. Every intermediate is fp32 (bf16 * bf16 products
 are exact there); dx is rounded once.
 
-Pipeline (tiling.run_rows; per step the oldest tile's D first, then A of the newest):
-    A: loads; per chunk and row group: p (into the kept row-sum tile), the column sums
-       on TensorE one PSUM bank behind the products, LayerNorm's g (kept)
+Statistics: a resident plan computes the row statistics itself from the x tile it holds
+(`stats` None: the forward's own statistics hooks, `rmsnorm.HOOKS` / `layernorm.HOOKS`,
+so eps and the formulas are the forward's): their partial sums in a first stage S one
+step ahead of A, the per-row rstd / mean at the head of A. A streamed plan loads the
+statistics saved by a statistics kernel (x is read once more there).
+
+Pipeline (tiling.run_rows; per step the oldest tile's D first, then S, A of the newest):
+    S: (inline statistics) load; the statistics' partial sums (ScalarE, LayerNorm's sum
+       of x on VectorE)
+    A: [loads]; [rstd, mean]; per chunk and row group: p (into the kept row-sum tile),
+       the column sums on TensorE one PSUM bank behind the products, LayerNorm's g (kept)
     Q: RMSNorm: p * w in place                      (deferred row sums with a weight)
     R: the row sums on ScalarE, one step after their operands
     D: c1, c0; [RMSNorm: g again]; x * c1 + c0; dx; store
@@ -33,6 +41,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nl
+from .layernorm import HOOKS as LN_HOOKS
+from .layernorm import LN_VECTOR, STATS_MIXED, STATS_SCALAR
+from .rmsnorm import HOOKS as RMS_HOOKS
+from .rmsnorm import SCALE_VECTOR
 from .tiling import (
     P,
     col_chunks,
@@ -48,6 +60,7 @@ from .tiling import (
     rows_view,
     run_rows,
     scratch,
+    stats_alloc,
     stats_load,
     temp,
     tt_split,
@@ -70,29 +83,55 @@ def bwd_defer(resident: bool, kk: int, hdim: int) -> bool:
     return resident and kk * hdim * 4 <= DEFER_MAX_BYTES
 
 
-def bwd_stages(ln: bool, resident: bool, has_weight: bool, kk: int, hdim: int) -> int:
-    """Pipeline stages of a backward plan: RMSNorm with a weight and deferred row sums adds
-    a stage Q (p * w on GpSimd) between A and R; every resident tile is held through all."""
-    return NSTAGES + (not ln and has_weight and bwd_defer(resident, kk, hdim))
+def bwd_inline(resident: bool) -> bool:
+    """Whether a plan computes the row statistics itself (resident plans: x is in SBUF)."""
+    return resident
+
+
+def bwd_stages(
+    ln: bool, resident: bool, has_weight: bool, kk: int, hdim: int, inline: bool | None = None
+) -> int:
+    """Pipeline stages of a backward plan: statistics computed in the kernel (`inline`,
+    default `bwd_inline(resident)`) add a stage S before A; RMSNorm with a weight and
+    deferred row sums adds a stage Q (p * w on GpSimd) between A and R; every resident
+    tile is held through all."""
+    q = not ln and has_weight and bwd_defer(resident, kk, hdim)
+    return NSTAGES + q + (bwd_inline(resident) if inline is None else inline)
+
+
+def inline_stats_mode(dtype: Any) -> str:
+    """LayerNorm's statistics method when the backward computes them (the forward
+    heuristic's choice: shifted ScalarE sums for fp32, VectorE's plain sum of x with
+    ScalarE's shifted squares otherwise)."""
+    return STATS_SCALAR if dtype == nl.float32 else STATS_MIXED
 
 
 def bwd_rows(
     dy: Any,
     x: Any,
     w: Any,
-    stats: tuple[Any, ...],
+    stats: tuple[Any, ...] | None,
     plan: dict[str, Any],
     dh: Any = None,
     has_bias: bool = False,
+    ln: bool = False,
+    eps: float = 0.0,
 ) -> dict[str, Any]:
     """Run the backward over every row tile; returns the context: ctx["dx"] ([N, H] HBM),
     ctx["acc_w"] / ctx["acc_b"] (column-sum accumulators of dw / db, or None).
 
-    `stats` is (rstd,) for RMSNorm or (mean, rstd) for LayerNorm ([N] fp32 HBM each);
+    `stats` is (rstd,) for RMSNorm or (mean, rstd) for LayerNorm ([N] fp32 HBM each), or
+    None: a resident plan computes them from x with the forward's statistics and `eps`;
     `dh` (RMSNorm only) is added to dx.
     """
     n, hdim = x.shape
-    ln = len(stats) == 2
+    inline = stats is None
+    assert not inline or plan["resident"], "statistics computed in-kernel need a resident plan"
+    assert not inline or eps > 0, f"eps: expected > 0 with in-kernel statistics; got {eps}"
+    nstats = 2 if ln else 1
+    if inline:  # the forward hooks read these plan fields
+        plan = {**plan, "scale_mode": LN_VECTOR if ln else SCALE_VECTOR}
+        plan["stats"] = inline_stats_mode(x.dtype)
     ctx = {
         "dx": nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm),
         "ln": ln,
@@ -102,13 +141,18 @@ def bwd_rows(
         "acc_w": colsum_init(hdim) if w is not None else None,
         "acc_b": colsum_init(hdim) if has_bias else None,
         "eye": identity(dy.dtype) if dy.dtype != nl.float32 else None,
-        "junk": scratch(plan["chunk"], x.dtype) if ln and w is None else None,
+        "junk_dy": scratch(plan["chunk"], x.dtype) if ln and w is None else None,
+        # the forward's statistics hooks (inline): their discarded outputs, eps, x
+        "hooks": (LN_HOOKS if ln else RMS_HOOKS) if inline else None,
+        "junk": scratch(plan["chunk"], nl.float32 if ln else x.dtype) if inline else None,
+        "x": x,
+        "eps": eps,
         # row sums one step later (stage R) from kept tiles, or chunk by chunk in A
         "defer": bwd_defer(plan["resident"], plan["k"], hdim),
         "keep_g": ln and w is not None and bwd_defer(plan["resident"], plan["k"], hdim),
-        "split_q": bwd_stages(ln, plan["resident"], w is not None, plan["k"], hdim) > NSTAGES,
+        "split_q": not ln and w is not None and bwd_defer(plan["resident"], plan["k"], hdim),
         "rings": rings(),
-        "stats": stats,
+        "stats": stats if stats is not None else (None,) * nstats,
         "loads": (("x", x), ("dy", dy), ("dh", dh)),
         "has_dh": dh is not None,
     }
@@ -118,19 +162,46 @@ def bwd_rows(
     stages = [_stage_a, _stage_r, _stage_d]
     if ctx["split_q"]:
         stages.insert(1, _stage_q)
+    if inline:
+        stages[0:1] = [_stage_s, _stage_a_inline]
     order = (len(stages) - 1, *range(len(stages) - 1))
-    run_rows(ctx, row_segments(n, plan["k"]), stages, stats_load, step_order=order)
+    seg_begin = stats_alloc if inline else stats_load
+    run_rows(ctx, row_segments(n, plan["k"]), stages, seg_begin, step_order=order)
     return ctx
 
 
 # --- stages ----------------------------------------------------------------------------
+def _stage_s(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
+    """Load the tile; the partial sums of its statistics (the forward's hooks)."""
+    hooks = ctx["hooks"]
+    acc = hooks["init"](ctx, tile)
+    ld = prefetch_take(ctx["pf"])
+    each_chunk(ctx, tile, ld, hooks["chunk"], acc)
+    return {"tile": tile, "ld": ld, "acc": acc, "sbufs": sbufs}
+
+
+def _stage_a_inline(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """The statistics from stage S's sums (VectorE, [rows, kk]), then stage A."""
+    out = ctx["hooks"]["finish"](ctx, st["tile"], st["acc"], st["sbufs"])
+    cols = out[:2] if ctx["ln"] else (out,)
+    return _gradient_terms(ctx, st["tile"], cols, st["ld"])
+
+
 def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
-    """Load; per chunk: p, the column sums (TensorE), g and the row-sum operands."""
+    """Load (resident); the loaded statistics; then the gradient terms."""
     rows, kk, off = tile[1], tile[2], tile[4]
+    cols = tuple(s[0:rows, off : off + kk] for s in sbufs)
+    ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
+    return _gradient_terms(ctx, tile, cols, ld)
+
+
+def _gradient_terms(ctx: dict[str, Any], tile: Any, cols: Any, ld: Any) -> dict[str, Any]:
+    """Per chunk: p, the column sums (TensorE), g and the row-sum operands."""
+    kk = tile[2]
     hdim = ctx["dx"].shape[1]
     st = {
         "tile": tile,
-        "cols": tuple(s[0:rows, off : off + kk] for s in sbufs),
+        "cols": cols,
         "sums": tuple(
             nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
             for _ in range(2 if ctx["ln"] else 1)
@@ -145,8 +216,8 @@ def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
         st["q"] = ring_alloc(ctx["rings"]["q"], depth, (P, kk, hdim), nl.float32)
     if ctx["keep_g"]:
         st["g"] = ring_alloc(ctx["rings"]["g"], NSTAGES, (P, kk, hdim), nl.float32)  # to D
-    st["ld"] = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
-    each_chunk(ctx, tile, st["ld"], _pass1_chunk, st)
+    st["ld"] = ld
+    each_chunk(ctx, tile, ld, _pass1_chunk, st)
     return st
 
 
@@ -229,7 +300,7 @@ def _pass1_chunk(
             if gj is not None:
                 _row_sum(st["sums"][1][col], gj)
         if ln and w_sb is None:  # no weight: A = sum(dy) now (the copy is discarded)
-            _row_sum(st["sums"][1][col], dyj, ctx["junk"][0:rows, 0:cw])
+            _row_sum(st["sums"][1][col], dyj, ctx["junk_dy"][0:rows, 0:cw])
 
 
 def _split(ctx: dict[str, Any], cw: int) -> tuple[int, list[tuple[int, int]]]:

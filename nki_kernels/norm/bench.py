@@ -3,7 +3,9 @@
 
 `price(op, kernel, tokens, hidden, target)` prices one norm kernel (forward, backward, or
 the statistics kernel the ops' backward uses to recompute rstd / mean) with the cost model,
-with the config the op would use (config store, else the heuristic default).
+with the config the op would use (config store, else the heuristic default); `op_parts`
+lists the kernels one op call launches (the backward: the backward kernel, and the
+statistics kernel only when the backward's config does not compute them itself).
 
 "% of bound" = the HBM-bandwidth bound / the modeled latency, where the bound is the
 time to move the kernel's essential bytes (each input read once, each output written
@@ -52,10 +54,14 @@ class Row:
     label: str
 
 
+STATS = TensorSpec((1,), "float32")  # stands for a per-row statistic argument in _specs
+
+
 def _specs(op: str, kernel: str, n: int, h: int) -> tuple[Any, tuple[Any, ...], int, str]:
-    """(kernel fn, args, essential HBM bytes, config op name)."""
+    """(kernel fn, args, essential HBM bytes, config op name); the backward's statistics
+    arguments are `STATS` (`price` replaces them by [N] vectors or None)."""
     x, w = TensorSpec((n, h), DTYPE), TensorSpec((h,), DTYPE)
-    f = TensorSpec((n,), "float32")
+    f = STATS
     rows, vec, stat = n * h * ITEM, h * ITEM, n * 4
     table = {
         ("rms_norm", "fwd"): (rms_norm_fwd, (x, w, 1e-6), 2 * rows + vec + stat, "rms_norm"),
@@ -110,13 +116,19 @@ KERNELS = (
 def price(op: str, kernel: str, tokens: int, hidden: int, target: str = "trn2") -> Row:
     """Model one kernel at [tokens, hidden] bf16 with the config its op would use."""
     tgt = get_target(target)
-    fn, args, nbytes, cfg_op = _specs(op, kernel, tokens, hidden)
-    affine = "wb" if op == "layer_norm" else "w"
-    problem = C.NormProblem(tokens, hidden, DTYPE, affine)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = lookup_config(cfg_op, problem, fn, target=tgt, config_cls=C.CONFIGS[cfg_op])
-    est = estimate(fn, *args, target=tgt, **cfg.to_dict())
+    fn, args, nbytes, _ = _specs(op, kernel, tokens, hidden)
+    cfg = _config(op, kernel, tokens, hidden, tgt)
+    kwargs = cfg.to_dict()
+    if kernel == "bwd" and _inline(cfg):  # statistics computed in the kernel: none read
+        eps = 1e-5 if op == "layer_norm" else 1e-6
+        nstats = 2 if op == "layer_norm" else 1
+        args = tuple(None if a is STATS else a for a in args)
+        nbytes -= nstats * tokens * 4
+        kwargs["eps"] = eps
+    else:
+        f = TensorSpec((tokens,), "float32")
+        args = tuple(f if a is STATS else a for a in args)
+    est = estimate(fn, *args, target=tgt, **kwargs)
     bound = nbytes / tgt.hbm_bytes_per_ns
     busy = {k: v for k, v in est.busy_ns.items() if k != "dma"}
     return Row(
@@ -133,6 +145,34 @@ def price(op: str, kernel: str, tokens: int, hidden: int, target: str = "trn2") 
         config=cfg.key(),
         label=modeled_label(tgt.name, COST_MODEL_VERSION),
     )
+
+
+def _config(op: str, kernel: str, tokens: int, hidden: int, tgt: Any) -> Any:
+    """The config the op would use for this kernel (config store, else heuristic)."""
+    fn, _, _, cfg_op = _specs(op, kernel, tokens, hidden)
+    affine = "wb" if op == "layer_norm" else "w"
+    problem = C.NormProblem(tokens, hidden, DTYPE, affine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lookup_config(cfg_op, problem, fn, target=tgt, config_cls=C.CONFIGS[cfg_op])
+
+
+def _inline(cfg: Any) -> bool:
+    method = getattr(cfg, "inline_stats", None)
+    return bool(method()) if callable(method) else False
+
+
+def op_parts(op: str, kind: str, tokens: int, hidden: int, target: str = "trn2") -> list[Row]:
+    """The kernels one call of the op launches, priced (`kind` fwd or bwd): the backward
+    kernel, preceded by the statistics kernel unless the backward computes them itself."""
+    parts = [price(op, kind, tokens, hidden, target)]
+    if kind == "bwd" and not _inline(_config(op, kind, tokens, hidden, get_target(target))):
+        parts.append(
+            price(
+                "layer_norm" if op == "layer_norm" else "rms_norm", "stats", tokens, hidden, target
+            )
+        )
+    return parts
 
 
 def run(quick: bool = False, target: str = "trn2") -> list[Row]:
@@ -158,7 +198,7 @@ def table(rows: list[Row]) -> str:
         )
     lines.append(
         "% bound = (essential HBM bytes / HBM bandwidth) / modeled latency; "
-        "the ops' backward = stats + bwd kernels."
+        "the ops' backward = bwd kernel (+ stats kernel for streamed plans)."
     )
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
-from .backward import bwd_defer, bwd_stages
+from .backward import bwd_defer, bwd_inline, bwd_stages
 from .layernorm import (
     BN_FMAX,
     LN_MODES,
@@ -51,6 +51,8 @@ ROWS_PER_PARTITION = (1, 2, 4, 8)
 # eighths of the split products on GpSimd; the best modeled shares sit between 2 and 6
 GPSIMD_SHARES = (0, 2, 3, 4, 5, 6)
 BUFS = (2, 3, 4)
+# backward: a resident tile is held through up to 5 stages (S, A, Q, R, D), plus one loading
+BWD_BUFS = (2, 3, 4, 5, 6)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AFFINES = ("none", "w", "b", "wb")
 
@@ -120,6 +122,7 @@ class _NormConfig(KernelConfig):
     gpsimd_eighths: int = 0
 
     backward: ClassVar[bool] = False
+    bufs_options: ClassVar[tuple[int, ...]] = BUFS
 
     # --- SBUF plan -------------------------------------------------------------------
     def stages(self, problem: NormProblem) -> int:
@@ -137,10 +140,10 @@ class _NormConfig(KernelConfig):
         if not 1 <= self.chunk <= problem.hidden:
             raise InvalidConfig(f"chunk: expected 1..{problem.hidden} (hidden); got {self.chunk}")
         stages = self.stages(problem)
-        if self.bufs not in BUFS or (self.resident and self.bufs < stages):
+        if self.bufs not in self.bufs_options or (self.resident and self.bufs < stages):
             raise InvalidConfig(
-                f"bufs: expected one of {BUFS}, >= {stages} when resident (a tile is held "
-                f"through the {stages} pipeline stages); got {self.bufs} "
+                f"bufs: expected one of {self.bufs_options}, >= {stages} when resident (a tile "
+                f"is held through the {stages} pipeline stages); got {self.bufs} "
                 f"(resident={self.resident})"
             )
         if not 0 <= self.gpsimd_eighths <= GPSIMD_EIGHTHS_MAX:
@@ -246,6 +249,7 @@ class RMSNormBwdConfig(_NormConfig):
 
     op_name: ClassVar[str] = "rms_norm_bwd"
     backward: ClassVar[bool] = True
+    bufs_options: ClassVar[tuple[int, ...]] = BWD_BUFS
 
     def stages(self, problem: NormProblem) -> int:
         return bwd_stages(False, *self._bwd_key(problem))
@@ -256,6 +260,18 @@ class RMSNormBwdConfig(_NormConfig):
     def deferred(self, problem: NormProblem) -> bool:
         """Whether the kernel keeps whole-tile row-sum operands (`backward.bwd_defer`)."""
         return bwd_defer(self.resident, self.rows_per_partition, problem.hidden)
+
+    def inline_stats(self) -> bool:
+        """Whether the kernel computes the row statistics itself (the op then launches no
+        statistics kernel; `backward.bwd_inline`)."""
+        return bwd_inline(self.resident)
+
+    def _inline_bytes(self, problem: NormProblem, stat_bytes: int) -> int:
+        """The in-kernel statistics: their discarded [P, chunk] output and per-tile sums."""
+        if not self.inline_stats():
+            return 0
+        kk, nch = self.rows_per_partition, -(-problem.hidden // self.chunk)
+        return _r(self.chunk * stat_bytes) + (self.stages(problem) + 1) * 8 * _r(kk * nch * 4)
 
     # fp32 [P, chunk] rings of 2 (deferred row sums, not): g (stage D); not also p, p * w
     temporaries: ClassVar[tuple[int, int]] = (1, 3)
@@ -275,7 +291,28 @@ class RMSNormBwdConfig(_NormConfig):
             total += self.held[problem.has_weight] * _r(kk * h * 4)
         total += 2 * _r(P * isz)  # identity (and the ones it is selected from)
         total += _r(4) + _r(-(-h // P) * 4) + _r(P * 4)  # ones; final column-sum copies
+        total += self._inline_bytes(problem, isz)
         return total + _small(problem, kk, -(-h // c), 6, self.stages(problem))
+
+    @classmethod
+    def _pick(cls, problem: NormProblem, target: Target, **fixed: Any) -> Any:
+        """As `_NormConfig._pick` with the backward's stage counts: resident plans (largest
+        chunk; one tile loading ahead, else none), else streamed chunks; the largest row
+        grouping up to the DMA target first."""
+        row_bytes = problem.hidden * problem.itemsize
+        kks = [k for k in _kks(problem.rows) if k * row_bytes <= TARGET_DMA_BYTES or k == 1]
+        chunks = sorted(_chunks(problem.hidden), reverse=True)
+        chunks = [c for c in chunks if c == problem.hidden or c % P == 0]
+        plans = [(True, c, ahead) for c in chunks for ahead in (1, 0)]
+        plans += [(False, c, b) for b in (3, 2) for c in chunks]
+        for resident, chunk, b in plans:
+            for k in sorted({max(kks), 1}, reverse=True):
+                cfg = cls(rows_per_partition=k, chunk=chunk, resident=resident, bufs=2, **fixed)
+                bufs = cfg.stages(problem) + b if resident else b
+                cfg = dataclasses.replace(cfg, bufs=bufs)
+                if cfg.is_valid(problem, target):
+                    return cfg
+        raise InvalidConfig(f"no valid {cls.__name__} for {problem} on {target.name}")
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormBwdConfig:
@@ -295,7 +332,7 @@ class RMSNormBwdConfig(_NormConfig):
             "rows_per_partition": _kks(problem.rows),
             "chunk": chunks,
             "resident": (True, False),
-            "bufs": BUFS,
+            "bufs": BWD_BUFS,
             "gpsimd_eighths": GPSIMD_SHARES,
         }
 
@@ -393,6 +430,7 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
     def sbuf_bytes(self, problem: NormProblem) -> int:
         extra = _r(4) + _r(-(-problem.hidden // P) * 4) + _r(P * 4)  # the bias sums' copies
         extra += _r(self.chunk * problem.itemsize)  # discarded copy (sum of dy, no weight)
+        extra += self._inline_bytes(problem, 4) - self._inline_bytes(problem, problem.itemsize)
         if self.deferred(problem) and problem.has_weight:  # g of the tiles in flight, A to D
             extra += NSTAGES * _r(self.rows_per_partition * problem.hidden * 4)
         return super().sbuf_bytes(problem) + extra + _small(problem, self.rows_per_partition, 1, 10)

@@ -1,6 +1,7 @@
 """LayerNorm backward in NKI: dx, dweight and dbias, the cross-row sums reduced on chip.
 
-Algorithm (per row; mean and rstd saved by the forward, g = dy * w, H = hidden size):
+Algorithm (per row; mean, rstd from the statistics kernel or, resident plans, computed
+here from the x tile in SBUF as the forward does; g = dy * w, H = hidden size):
     p     = (x - mean) * dy                    VectorE scalar_tensor_tensor (dy from PSUM)
     dw   += sum_rows(p * rstd)                 TensorE: p block^T @ rstd column (PSUM)
     db   += sum_rows(dy)                       TensorE: dy block^T @ ones column (PSUM)
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nki, nl
-from .backward import NSTAGES, bwd_rows
+from .backward import bwd_rows, bwd_stages
 from .tiling import colsum_store, row_plan
 
 
@@ -31,8 +32,9 @@ def layer_norm_bwd(
     x: Any,
     w: Any,
     has_bias: bool,
-    mean: Any,
-    rstd: Any,
+    mean: Any = None,
+    rstd: Any = None,
+    eps: float = 0.0,
     rows_per_partition: int = 1,
     chunk: int = 0,
     resident: bool = True,
@@ -42,8 +44,9 @@ def layer_norm_bwd(
     """LayerNorm backward: returns (dx, dw, db); dw / db are None when w / the bias is absent.
 
     dy, x: [N, H] in HBM; w: [H] or None; `has_bias` whether the forward had a bias (db in
-    w's dtype, else in x's); mean, rstd: [N] fp32 from `layer_norm_fwd`. Schedule
-    arguments as in `rms_norm_bwd`.
+    w's dtype, else in x's); mean, rstd: [N] fp32 from `layer_norm_fwd` /
+    `layer_norm_stats`, or both None: a resident plan then computes them itself from x
+    with the forward's statistics and `eps` (> 0). Schedule arguments as in `rms_norm_bwd`.
 
         for tile in row tiles:
             p = (x - mean) * dy ; dw += colsum(p * rstd) ; db += colsum(dy)
@@ -51,17 +54,20 @@ def layer_norm_bwd(
             dx = rstd * dy * w + c1 * x + c0
     """
     hdim = x.shape[1]
+    assert (mean is None) == (rstd is None), "mean and rstd: both given or both None"
+    inline = rstd is None
     plan = row_plan(
         hdim,
         rows_per_partition,
         chunk,
         resident,
         bufs,
-        NSTAGES,
+        bwd_stages(True, resident, w is not None, rows_per_partition, hdim, inline),
         True,
         gpsimd_eighths=gpsimd_eighths,
     )
-    ctx = bwd_rows(dy, x, w, (mean, rstd), plan, has_bias=has_bias)
+    stats = None if inline else (mean, rstd)
+    ctx = bwd_rows(dy, x, w, stats, plan, has_bias=has_bias, ln=True, eps=eps)
     gdtype = w.dtype if w is not None else x.dtype
     grads = []
     for acc in (ctx["acc_w"], ctx["acc_b"]):

@@ -1,6 +1,7 @@
 """RMSNorm backward in NKI: dx and the weight gradient, both reduced on chip.
 
-Algorithm (per row; rstd saved by the forward, g = dy * w, H = hidden size):
+Algorithm (per row; rstd from the statistics kernel or, resident plans, computed here
+from the x tile in SBUF as the forward does; g = dy * w, H = hidden size):
     p     = dy * x                             VectorE (dy from PSUM) + GpSimd
     dw   += sum_rows(p * rstd)                 TensorE: p block^T @ rstd column into one
                                                PSUM bank, accumulated over the whole kernel
@@ -31,8 +32,9 @@ def rms_norm_bwd(
     dy: Any,
     x: Any,
     w: Any,
-    rstd: Any,
+    rstd: Any = None,
     dh: Any = None,
+    eps: float = 0.0,
     rows_per_partition: int = 1,
     chunk: int = 0,
     resident: bool = True,
@@ -45,7 +47,9 @@ def rms_norm_bwd(
     RMSNorm (x is then h = x + residual, dh the gradient of the h output): dx + dh is the
     gradient of both x and the residual.
 
-    dy, x: [N, H] in HBM; w: [H] or None; rstd: [N] fp32 from `rms_norm_fwd`. Schedule
+    dy, x: [N, H] in HBM; w: [H] or None; rstd: [N] fp32 from `rms_norm_fwd` /
+    `rms_norm_stats`, or None: a resident plan then computes rstd itself from x with the
+    forward's statistics and `eps` (> 0), x read once for the whole backward. Schedule
     arguments as in `rms_norm_fwd`; `gpsimd_eighths` is GpSimd's share of the products
     with dy (VectorE reads dy from PSUM for the rest); any share > 0 also puts p * w on
     GpSimd.
@@ -61,11 +65,12 @@ def rms_norm_bwd(
         chunk,
         resident,
         bufs,
-        bwd_stages(False, resident, w is not None, rows_per_partition, hdim),
+        bwd_stages(False, resident, w is not None, rows_per_partition, hdim, rstd is None),
         True,
         gpsimd_eighths=gpsimd_eighths,
     )
-    ctx = bwd_rows(dy, x, w, (rstd,), plan, dh=dh)
+    stats = (rstd,) if rstd is not None else None
+    ctx = bwd_rows(dy, x, w, stats, plan, dh=dh, eps=eps)
     if w is None:
         return ctx["dx"]
     dw = nl.ndarray((hdim,), dtype=w.dtype, buffer=nl.shared_hbm)

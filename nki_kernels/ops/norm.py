@@ -13,8 +13,9 @@ the NKI kernel and slices the rows back.
 
 Autograd runs NKI backward kernels (dx, dweight, dbias, with the weight / bias gradient
 reduced across rows on chip). A custom op's autograd can save only inputs and outputs, so
-the backward op recomputes the per-row statistics with an NKI statistics kernel (one read
-of x) instead of keeping them from the forward. `add_rms_norm`'s backward folds the
+the backward recomputes the per-row statistics instead of keeping them from the forward:
+inside the backward kernel when its config holds row tiles in SBUF (x read once), else
+with an NKI statistics kernel first (one more read of x). `add_rms_norm`'s backward folds the
 gradient of h into dx inside the kernel; x and residual receive the same gradient.
 """
 
@@ -128,19 +129,29 @@ def _rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     return _back(y, n, x.shape)
 
 
+def _inline_stats(cfg: Any) -> bool:
+    """Whether a backward config computes the row statistics in the kernel (no statistics
+    kernel launch); configs without the method (older stores) never do."""
+    method = getattr(cfg, "inline_stats", None)
+    return bool(method()) if callable(method) else False
+
+
 def _rms_backward(
     grad: Tensor, x: Tensor, weight: Tensor | None, eps: float, grad_h: Tensor | None, op: str
 ) -> tuple[Tensor, Tensor]:
-    """(dx, dweight) through the NKI statistics and backward kernels; grad_h is added to dx."""
+    """(dx, dweight) through the NKI backward kernel (after the statistics kernel when the
+    backward's config does not compute rstd itself); grad_h is added to dx."""
     target = get_target(None)
     xp, n = _rows(x)
     gp, _ = _rows(grad.to(x.dtype))
     hp = _rows(grad_h.to(x.dtype))[0] if grad_h is not None else None
     problem = _problem(xp, weight)
-    fcfg = lookup_config("rms_norm", problem, rms_norm_stats, target=target)
-    rstd = launch(rms_norm_stats, xp, float(eps), config=fcfg, target=target)
     bcfg = lookup_config(op, problem, rms_norm_bwd, target=target)
-    out = launch(rms_norm_bwd, gp, xp, weight, rstd, hp, config=bcfg, target=target)
+    rstd = None
+    if not _inline_stats(bcfg):
+        fcfg = lookup_config("rms_norm", problem, rms_norm_stats, target=target)
+        rstd = launch(rms_norm_stats, xp, float(eps), config=fcfg, target=target)
+    out = launch(rms_norm_bwd, gp, xp, weight, rstd, hp, config=bcfg, target=target, eps=float(eps))
     if weight is None:
         return _back(out, n, x.shape), _no_grad_tensor(x)
     dx, dw = out
@@ -162,11 +173,22 @@ def _ln_backward(
     xp, n = _rows(x)
     gp, _ = _rows(grad.to(x.dtype))
     problem = _problem(xp, weight, bias)
-    fcfg = lookup_config("layer_norm", problem, layer_norm_stats, target=target)
-    mean, rstd = launch(layer_norm_stats, xp, float(eps), config=fcfg, target=target)
     bcfg = lookup_config("layer_norm_bwd", problem, layer_norm_bwd, target=target)
+    mean = rstd = None
+    if not _inline_stats(bcfg):
+        fcfg = lookup_config("layer_norm", problem, layer_norm_stats, target=target)
+        mean, rstd = launch(layer_norm_stats, xp, float(eps), config=fcfg, target=target)
     dx, dw, db = launch(
-        layer_norm_bwd, gp, xp, weight, bias is not None, mean, rstd, config=bcfg, target=target
+        layer_norm_bwd,
+        gp,
+        xp,
+        weight,
+        bias is not None,
+        mean,
+        rstd,
+        config=bcfg,
+        target=target,
+        eps=float(eps),
     )
     dw = dw if dw is not None else _no_grad_tensor(x)
     db = db if db is not None else _no_grad_tensor(x)

@@ -181,6 +181,41 @@ def test_layer_norm_bwd(rows: int, hidden: int, dtype: torch.dtype, affine: str)
     nh.check_all({"dx": dx, "dw": dw, "db": db}, want, "layer_norm_bwd")
 
 
+@pytest.mark.parametrize(
+    "rows,hidden,dtype,loc",
+    [
+        (300, 256, torch.bfloat16, 2.0),
+        (7, 1000, torch.float32, 3.0),
+        (130, 640, torch.float16, -3.0),
+    ],
+)
+def test_backward_computes_its_statistics(
+    rows: int, hidden: int, dtype: torch.dtype, loc: float
+) -> None:
+    """Resident plans given no statistics compute them from x as the forward does (an
+    offset mean for LayerNorm: its shifted sums matter), for RMSNorm (with dh) and LayerNorm."""
+    x, dy = nh.make((rows, hidden), dtype, 40), nh.make((rows, hidden), dtype, 41)
+    dh = nh.make((rows, hidden), dtype, 42)
+    w = nh.make((hidden,), dtype, 43, loc=1.0)
+    cfg = _cfg(C.AddRMSNormBwdConfig, rows, hidden, dtype, "w")
+    assert C.AddRMSNormBwdConfig(**cfg).inline_stats()
+    dx, dw = run(rms_norm_bwd, dy, x, w, None, dh, eps=nh.EPS, target=TARGET, **cfg).outputs
+    want = nh.rms_bwd_bounds(dy, x, w, *nh.TOL[dtype])
+    rdx, bdx = want["dx"]
+    want["dx"] = (rdx + dh.float(), bdx + nh.TOL[dtype][0] * dh.float().abs())
+    nh.check_all({"dx": dx, "dw": dw}, want, "rms_norm_bwd, in-kernel rstd")
+    x = nh.make((rows, hidden), dtype, 44, loc=loc)
+    for affine in ("wb", "b"):
+        wl = w if "w" in affine else None
+        cfg = _cfg(C.LayerNormBwdConfig, rows, hidden, dtype, affine)
+        dx, dw, db = run(
+            layer_norm_bwd, dy, x, wl, True, None, None, eps=1e-5, target=TARGET, **cfg
+        ).outputs
+        want = nh.ln_bwd_bounds(dy, x, wl, w, *nh.TOL[dtype])
+        got = {"dx": dx, "dw": dw, "db": db}
+        nh.check_all(got, want, f"layer_norm_bwd {affine}, in-kernel mean / rstd")
+
+
 def test_backward_wide_rows_streaming() -> None:
     """H = 16384 backward (the heuristic streams column chunks) with a ragged row count."""
     rows, hidden, dtype = 130, 16384, torch.bfloat16
