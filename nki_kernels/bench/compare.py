@@ -59,8 +59,9 @@ def norm_rows(
 ) -> list[BenchRow]:
     """Fused norms vs the reduction + element-wise composition, bf16, one NeuronCore.
 
-    The ops' backward is the statistics kernel (recomputing rstd / mean from x) plus the
-    backward kernel; both are counted. The native backward reuses the forward's saved
+    The ops' backward is the backward kernel, plus the statistics kernel (recomputing
+    rstd / mean from x) when the backward's config does not compute them itself; every
+    kernel launched is counted. The native backward reuses the forward's saved
     statistics (no recompute), which favours native.
     """
     from ..norm import bench as nb
@@ -70,9 +71,7 @@ def norm_rows(
         for h in hiddens:
             for n in tokens:
                 for (op, kind), build in _NORM_NATIVE.items():
-                    parts = [nb.price(op, kind, n, h, target)]
-                    if kind == "bwd":
-                        parts.append(nb.price(op, "stats", n, h, target))
+                    parts = nb.op_parts(op, kind, n, h, target)
                     latency = sum(p.latency_us for p in parts)
                     bound = parts[0].bound_us
                     case = f"[{n}, {h}] bf16"
