@@ -25,7 +25,7 @@ so eps and the formulas are the forward's): their partial sums in a first stage 
 step ahead of A, the per-row rstd / mean at the head of A. A streamed plan loads the
 statistics saved by a statistics kernel (x is read once more there).
 
-Pipeline (tiling.run_rows; per step the oldest tile's D first, then S, A of the newest):
+Pipeline (tiling.run_pipeline; per step the oldest tile's D first, then S, A of the newest):
     S: (inline statistics) load; the statistics' partial sums (ScalarE, LayerNorm's sum
        of x on VectorE)
     A: [loads]; [rstd, mean]; per chunk and row group: p (into the kept row-sum tile),
@@ -53,12 +53,15 @@ from .tiling import (
     each_chunk,
     identity,
     load_row_vector,
+    pipeline_jobs,
+    prefetch_depth,
+    prefetch_start,
     prefetch_take,
     ring_alloc,
     rings,
     row_segments,
     rows_view,
-    run_rows,
+    run_pipeline,
     scratch,
     stats_alloc,
     stats_load,
@@ -166,8 +169,35 @@ def bwd_rows(
         stages[0:1] = [_stage_s, _stage_a_inline]
     order = (len(stages) - 1, *range(len(stages) - 1))
     seg_begin = stats_alloc if inline else stats_load
-    run_rows(ctx, row_segments(n, plan["k"]), stages, seg_begin, step_order=order)
+    segs = row_segments(n, plan["k"])
+    jobs = pipeline_jobs(segs, len(stages), plan["resident"], ctx["chunks"], step_order=order)
+    ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
+    ctx["pf"] = prefetch_start(jobs, ahead, _issue_load, ctx)
+    run_pipeline(ctx, segs, stages, seg_begin, step_order=order)
     return ctx
+
+
+def _issue_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
+    """Start one load job's DMAs (see `tiling.issue_rows_load`): every source in its own ring
+    of `bufs` buffers, except that with in-kernel statistics dy and dh, first read in stage
+    A, have one buffer fewer -- a slot is refilled while its tile is in stage D (the DMA
+    waits for D's reads), where x must be in SBUF a step earlier, for stage S."""
+    tile, ch = job
+    rows, kk = tile[1], tile[2]
+    plan, rings_ = ctx["plan"], ctx["rings"]
+    out = {}
+    for name, src in ctx["loads"]:
+        if src is None:
+            continue
+        width = src.shape[1] if ch is None else plan["chunk"]
+        depth = plan["bufs"] - (ctx["hooks"] is not None and name != "x")
+        t = ring_alloc(rings_[name], depth, (P, kk, width), src.dtype)
+        sv = rows_view(src, tile)
+        for c0, cw in ctx["chunks"] if ch is None else [ch]:
+            d0 = c0 if ch is None else 0
+            nisa.dma_copy(dst=t[0:rows, :, d0 : d0 + cw], src=sv[:, :, c0 : c0 + cw])
+        out[name] = t
+    return out
 
 
 # --- stages ----------------------------------------------------------------------------
@@ -441,7 +471,11 @@ def _pass2_chunk(
         if st["g"] is not None:
             gj = st["g"][0:rows, j, c0 : c0 + cw]
         elif w_sb is not None:
-            gj, recompute = temp(ctx, "g2")[0:rows, 0:cw], True
+            # g recomputed: over the tile's row-sum operands when they are kept (stage R
+            # has reduced them; the slot's next tile is taken in a later step), else in a
+            # temporary
+            g2 = st["q"][0:rows, j, :] if st["q"] is not None else temp(ctx, "g2")[0:rows, :]
+            gj, recompute = g2[:, c0 : c0 + cw] if st["q"] is not None else g2[:, 0:cw], True
             wc = w_sb[0:rows, c0 : c0 + cw]
             _gpsimd_products(None, gj, None, dyc[:, j, :], wc, vw)
         bias = c0_col[0:rows, j : j + 1] if c0_col is not None else None

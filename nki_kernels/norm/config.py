@@ -273,8 +273,9 @@ class RMSNormBwdConfig(_NormConfig):
         kk, nch = self.rows_per_partition, -(-problem.hidden // self.chunk)
         return _r(self.chunk * stat_bytes) + (self.stages(problem) + 1) * 8 * _r(kk * nch * 4)
 
-    # fp32 [P, chunk] rings of 2 (deferred row sums, not): g (stage D); not also p, p * w
-    temporaries: ClassVar[tuple[int, int]] = (1, 3)
+    # fp32 [P, chunk] rings of 2 (deferred row sums, not): not: g (stage D), p, p * w;
+    # deferred: none (stage D recomputes g over the tile's row-sum operands)
+    temporaries: ClassVar[tuple[int, int]] = (0, 3)
     # [P, kk, H] fp32 row-sum operands held from stage A to R (deferred; with a weight,
     # p * w has its own stage Q, the tile is held one more step and one more is in flight)
     held: ClassVar[tuple[int, int]] = (2, 4)
@@ -283,7 +284,8 @@ class RMSNormBwdConfig(_NormConfig):
         h, c, kk, d = problem.hidden, self.chunk, self.rows_per_partition, self.bufs
         isz = problem.itemsize
         total = _r(h * isz) if problem.has_weight else 0
-        total += 2 * d * _r(kk * (h if self.resident else c) * isz)  # x and dy tiles
+        # x and dy tiles (in-kernel statistics: dy's ring is one buffer shorter)
+        total += (2 * d - self.inline_stats()) * _r(kk * (h if self.resident else c) * isz)
         total += 2 * _r(kk * c * isz)  # dx chunks (ring of 2)
         temps = self.temporaries[0 if self.deferred(problem) else 1]
         total += 2 * temps * _r(c * 4)
@@ -353,7 +355,9 @@ class AddRMSNormBwdConfig(RMSNormBwdConfig):
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
         width = problem.hidden if self.resident else self.chunk
-        dh = self.bufs * _r(self.rows_per_partition * width * problem.itemsize)
+        dh = (self.bufs - self.inline_stats()) * _r(
+            self.rows_per_partition * width * problem.itemsize
+        )
         return super().sbuf_bytes(problem) + dh
 
 
