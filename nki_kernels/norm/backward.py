@@ -79,6 +79,9 @@ NSTAGES = 3  # A: loads, gradient terms; R: row sums; D: dx coefficients, dx, it
 # SBUF, LayerNorm also keeping g) when one such tile takes at most this many bytes per
 # partition; wider tiles take their row sums chunk by chunk in stage A, g is recomputed.
 DEFER_MAX_BYTES = 16384
+# In-kernel statistics pass over at most this many columns per instruction: their
+# discarded [P, STATS_COLS] output stays small next to the row tiles.
+STATS_COLS = 2048
 
 
 def bwd_defer(resident: bool, kk: int, hdim: int) -> bool:
@@ -147,7 +150,6 @@ def bwd_rows(
         "junk_dy": scratch(plan["chunk"], x.dtype) if ln and w is None else None,
         # the forward's statistics hooks (inline): their discarded outputs, eps, x
         "hooks": (LN_HOOKS if ln else RMS_HOOKS) if inline else None,
-        "junk": scratch(plan["chunk"], nl.float32 if ln else x.dtype) if inline else None,
         "x": x,
         "eps": eps,
         # row sums one step later (stage R) from kept tiles, or chunk by chunk in A
@@ -162,6 +164,15 @@ def bwd_rows(
     # per step: dx of the oldest tile, the products of the newest, then the rest, so that
     # each engine's share of one stage waits on other engines only for work of earlier
     # steps (or, within dx, for the few coefficient instructions VectorE issues first)
+    if inline:  # what the statistics hooks read: column pieces of <= STATS_COLS
+        scols = min(plan["chunk"], STATS_COLS)
+        ctx["sctx"] = {
+            "x": x,
+            "eps": eps,
+            "plan": plan,
+            "chunks": col_chunks(hdim, scols),
+            "junk": scratch(scols, nl.float32 if ln else x.dtype),
+        }
     stages = [_stage_a, _stage_r, _stage_d]
     if ctx["split_q"]:
         stages.insert(1, _stage_q)
@@ -204,15 +215,15 @@ def _issue_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
 def _stage_s(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
     """Load the tile; the partial sums of its statistics (the forward's hooks)."""
     hooks = ctx["hooks"]
-    acc = hooks["init"](ctx, tile)
+    acc = hooks["init"](ctx["sctx"], tile)
     ld = prefetch_take(ctx["pf"])
-    each_chunk(ctx, tile, ld, hooks["chunk"], acc)
+    each_chunk(ctx["sctx"], tile, ld, hooks["chunk"], acc)
     return {"tile": tile, "ld": ld, "acc": acc, "sbufs": sbufs}
 
 
 def _stage_a_inline(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
     """The statistics from stage S's sums (VectorE, [rows, kk]), then stage A."""
-    out = ctx["hooks"]["finish"](ctx, st["tile"], st["acc"], st["sbufs"])
+    out = ctx["hooks"]["finish"](ctx["sctx"], st["tile"], st["acc"], st["sbufs"])
     cols = out[:2] if ctx["ln"] else (out,)
     return _gradient_terms(ctx, st["tile"], cols, st["ld"])
 
@@ -300,7 +311,8 @@ def _pass1_chunk(
     for j in range(kk):
         q = st["q"][0:rows, j, c0 : c0 + cw] if ctx["defer"] else temp(ctx, "q")[0:rows, 0:cw]
         # p: its own row-sum operand without a weight, and stage Q's (in place)
-        p = q if w_sb is None or ctx["split_q"] else temp(ctx, "p")[0:rows, 0:cw]
+        # (and, deferred, p * w in place once the column sums have read p)
+        p = q if w_sb is None or ctx["defer"] else temp(ctx, "p")[0:rows, 0:cw]
         gj = None
         if st["g"] is not None:
             gj = st["g"][0:rows, j, c0 : c0 + cw]

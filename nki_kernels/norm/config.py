@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
-from .backward import bwd_defer, bwd_inline, bwd_stages
+from .backward import STATS_COLS, bwd_defer, bwd_inline, bwd_stages
 from .layernorm import (
     BN_FMAX,
     LN_MODES,
@@ -270,8 +270,9 @@ class RMSNormBwdConfig(_NormConfig):
         """The in-kernel statistics: their discarded [P, chunk] output and per-tile sums."""
         if not self.inline_stats():
             return 0
-        kk, nch = self.rows_per_partition, -(-problem.hidden // self.chunk)
-        return _r(self.chunk * stat_bytes) + (self.stages(problem) + 1) * 8 * _r(kk * nch * 4)
+        cols = min(self.chunk, STATS_COLS)
+        kk, nch = self.rows_per_partition, -(-problem.hidden // cols)
+        return _r(cols * stat_bytes) + (self.stages(problem) + 1) * 8 * _r(kk * nch * 4)
 
     # fp32 [P, chunk] rings of 2 (deferred row sums, not): not: g (stage D), p, p * w;
     # deferred: none (stage D recomputes g over the tile's row-sum operands)
@@ -427,8 +428,8 @@ class LayerNormBwdConfig(RMSNormBwdConfig):
     def stages(self, problem: NormProblem) -> int:
         return bwd_stages(True, *self._bwd_key(problem))
 
-    # deferred: p (g kept); not: p, p * w, g twice
-    temporaries: ClassVar[tuple[int, int]] = (1, 4)
+    # deferred: none (p and p * w in the kept row-sum operands, g kept); not: p, p * w, g twice
+    temporaries: ClassVar[tuple[int, int]] = (0, 4)
     held: ClassVar[tuple[int, int]] = (2, 2)
 
     def sbuf_bytes(self, problem: NormProblem) -> int:
