@@ -300,13 +300,15 @@ class RMSNormBwdConfig(_NormConfig):
     @classmethod
     def _pick(cls, problem: NormProblem, target: Target, **fixed: Any) -> Any:
         """As `_NormConfig._pick` with the backward's stage counts: resident plans (largest
-        chunk; one tile loading ahead, else none), else streamed chunks; the largest row
-        grouping up to the DMA target first."""
+        chunk; bufs = stages, else one tile loading ahead), else streamed chunks; the
+        largest row grouping up to the DMA target first."""
         row_bytes = problem.hidden * problem.itemsize
         kks = [k for k in _kks(problem.rows) if k * row_bytes <= TARGET_DMA_BYTES or k == 1]
         chunks = sorted(_chunks(problem.hidden), reverse=True)
         chunks = [c for c in chunks if c == problem.hidden or c % P == 0]
-        plans = [(True, c, ahead) for c in chunks for ahead in (1, 0)]
+        # a resident tile held through every stage, no tile loading ahead, models best
+        # (cost model v1: the loads hide behind the deeper pipeline) and leaves SBUF free
+        plans = [(True, c, ahead) for c in chunks for ahead in (0, 1)]
         plans += [(False, c, b) for b in (3, 2) for c in chunks]
         for resident, chunk, b in plans:
             for k in sorted({max(kks), 1}, reverse=True):
