@@ -79,9 +79,16 @@ NSTAGES = 3  # A: loads, gradient terms; R: row sums; D: dx coefficients, dx, it
 # SBUF, LayerNorm also keeping g) when one such tile takes at most this many bytes per
 # partition; wider tiles take their row sums chunk by chunk in stage A, g is recomputed.
 DEFER_MAX_BYTES = 16384
-# In-kernel statistics pass over at most this many columns per instruction: their
-# discarded [P, STATS_COLS] output stays small next to the row tiles.
-STATS_COLS = 2048
+# In-kernel statistics pass over at most this many bytes of columns per instruction: their
+# discarded output (x's dtype for RMSNorm, fp32 for LayerNorm) stays small next to the
+# row tiles (4096 bf16 / 2048 fp32 columns).
+STATS_JUNK_BYTES = 8192
+
+
+def stats_cols(chunk: int, junk_bytes: int) -> int:
+    """Columns per instruction of the in-kernel statistics pass (`junk_bytes` per element
+    of its discarded output)."""
+    return min(chunk, STATS_JUNK_BYTES // junk_bytes)
 
 
 def bwd_defer(resident: bool, kk: int, hdim: int) -> bool:
@@ -164,14 +171,15 @@ def bwd_rows(
     # per step: dx of the oldest tile, the products of the newest, then the rest, so that
     # each engine's share of one stage waits on other engines only for work of earlier
     # steps (or, within dx, for the few coefficient instructions VectorE issues first)
-    if inline:  # what the statistics hooks read: column pieces of <= STATS_COLS
-        scols = min(plan["chunk"], STATS_COLS)
+    if inline:  # what the statistics hooks read: column pieces of <= STATS_JUNK_BYTES
+        jdt = nl.float32 if ln else x.dtype
+        scols = stats_cols(plan["chunk"], 4 if ln else _itemsize(x.dtype))
         ctx["sctx"] = {
             "x": x,
             "eps": eps,
             "plan": plan,
             "chunks": col_chunks(hdim, scols),
-            "junk": scratch(scols, nl.float32 if ln else x.dtype),
+            "junk": scratch(scols, jdt),
         }
     stages = [_stage_a, _stage_r, _stage_d]
     if ctx["split_q"]:
@@ -209,6 +217,10 @@ def _issue_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
             nisa.dma_copy(dst=t[0:rows, :, d0 : d0 + cw], src=sv[:, :, c0 : c0 + cw])
         out[name] = t
     return out
+
+
+def _itemsize(dtype: Any) -> int:
+    return 4 if dtype == nl.float32 else 2
 
 
 # --- stages ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
-from .backward import STATS_COLS, bwd_defer, bwd_inline, bwd_stages
+from .backward import bwd_defer, bwd_inline, bwd_stages, stats_cols
 from .layernorm import (
     BN_FMAX,
     LN_MODES,
@@ -270,7 +270,7 @@ class RMSNormBwdConfig(_NormConfig):
         """The in-kernel statistics: their discarded [P, chunk] output and per-tile sums."""
         if not self.inline_stats():
             return 0
-        cols = min(self.chunk, STATS_COLS)
+        cols = stats_cols(self.chunk, stat_bytes)
         kk, nch = self.rows_per_partition, -(-problem.hidden // cols)
         return _r(cols * stat_bytes) + (self.stages(problem) + 1) * 8 * _r(kk * nch * 4)
 
