@@ -139,8 +139,22 @@ class _NormOp:
     def trace(self, p: Any, config: KernelConfig, target: Target) -> Any:
         from ..interp import run
 
-        kw = config.to_dict()
-        return run(self.kernel(), *self.args(p, None), target=target, trace_only=True, **kw).trace
+        args, kw = self._call(p, config, None)
+        return run(self.kernel(), *args, target=target, trace_only=True, **kw).trace
+
+    def _call(
+        self, p: Any, config: KernelConfig, arrays: dict[str, Any] | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """(positional args, keyword args) of one launch as the op makes it: a backward
+        config that computes the statistics in the kernel gets None for them, and eps."""
+        args, kw = self.args(p, arrays), config.to_dict()
+        inline = getattr(config, "inline_stats", None)
+        if self.op.endswith("_bwd") and callable(inline) and inline():
+            nstats = 2 if self.op == "layer_norm_bwd" else 1
+            at = 4 if self.op == "layer_norm_bwd" else 3
+            args = (*args[:at], *(None,) * nstats, *args[at + nstats :])
+            kw["eps"] = EPS
+        return args, kw
 
     def arrays(self, p: Any, seed: int) -> dict[str, np.ndarray]:
         """Seeded inputs by name (the statistics inputs of the backward ops are
@@ -190,8 +204,8 @@ class _NormOp:
             _, mean, rstd = ref.layer_norm_ref(x, None, None, EPS)
             a["mean"], a["rstd"] = _np(mean), _np(rstd)
             expect = ref.layer_norm_bwd_ref(_torch(a["dy"]), x, w, b, EPS)
-        kw = config.to_dict()
-        out = run(self.kernel(), *self.args(p, a), target=target, **kw).outputs
+        args, kw = self._call(p, config, a)
+        out = run(self.kernel(), *args, target=target, **kw).outputs
         outs = list(out) if isinstance(out, tuple) else [out]
         refs = [_np(e) for e in expect if e is not None]
         outs = [o for o in outs if o is not None]
