@@ -67,7 +67,8 @@ def test_configs_summary_puts_targets_side_by_side(tmp_path, capsys):
         (d / "toy_op.json").write_text(json.dumps({"format": 1, "entries": entries}))
     assert main(["configs", "summary", "--config-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| op | bucketed problem | trn2: default → tuned, us | trn3: default → tuned, us |" in out
+    head = "| op | bucketed problem | trn2: default → tuned, us | trn3: default → tuned, us |"
+    assert head in out
     assert "| toy_op | hidden=64, rows=256 | 2.0 → 1.5 (x1.33) | 2.0 → 1.0 (x2.00) |" in out
     assert "2 entries; speedup geomean x1.633, max x2.00, min x1.33" in out
 
