@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel_config import KernelConfig
+from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
 from .tunable import Tunable
 
@@ -73,7 +73,14 @@ def _norm_reduced(problem: Any, config: KernelConfig, target: Target) -> Any:
     hidden = problem.hidden
     if chunk < hidden and hidden > 2 * chunk:
         hidden = 2 * chunk + hidden % chunk
-    return replace(problem, rows=rows, hidden=hidden)
+    reduced = replace(problem, rows=rows, hidden=hidden)
+    try:
+        # a plan's shape can depend on the row length (e.g. the backward's pipeline depth),
+        # so the config must be as valid on the reduced rows as on the bucket's
+        config.validate(reduced, target)
+    except InvalidConfig:
+        reduced = replace(problem, rows=rows)
+    return reduced
 
 
 def _norm_tol(problem: Any, n_row_outputs: int, n_sum_outputs: int) -> list[tuple[float, float]]:

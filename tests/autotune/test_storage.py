@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -132,14 +133,22 @@ def run_two_workers(url: str, op: str, go: Path) -> Counter:
         start_worker(url, op, "--sleep", "0.03", "--worker", str(i), "--go", str(go))
         for i in (0, 1)
     ]
-    for p in procs:  # both have imported everything and opened the study
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line.strip() == "ready", p.communicate()[1]
-    go.touch()
-    for p in procs:
-        _out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    try:
+        for p in procs:  # both have imported everything and opened the study
+            assert p.stdout is not None
+            ready, _, _ = select.select([p.stdout], [], [], 120)
+            assert ready, "worker did not open the study within 120 s"
+            line = p.stdout.readline()
+            assert line.strip() == "ready", p.communicate()[1]
+        go.touch()
+        for p in procs:
+            _out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+    finally:  # a failed start must not leave a worker waiting for the go file forever
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return assert_each_config_evaluated_once(tuner_for(url, op))
 
 
