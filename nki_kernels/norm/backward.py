@@ -52,6 +52,7 @@ from .tiling import (
     colsum_init,
     each_chunk,
     identity,
+    issue_rows_load,
     load_row_vector,
     pipeline_jobs,
     prefetch_depth,
@@ -191,32 +192,14 @@ def bwd_rows(
     segs = row_segments(n, plan["k"])
     jobs = pipeline_jobs(segs, len(stages), plan["resident"], ctx["chunks"], step_order=order)
     ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
-    ctx["pf"] = prefetch_start(jobs, ahead, _issue_load, ctx)
+    if ctx["hooks"] is not None:
+        # with in-kernel statistics dy and dh, first read in stage A, have one buffer
+        # fewer than x: a slot is refilled while its tile is in stage D (the DMA waits for
+        # D's reads), where x must be in SBUF a step earlier, for stage S
+        ctx["ring_depths"] = {n: plan["bufs"] - 1 for n, _ in ctx["loads"] if n != "x"}
+    ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
     run_pipeline(ctx, segs, stages, seg_begin, step_order=order)
     return ctx
-
-
-def _issue_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
-    """Start one load job's DMAs (see `tiling.issue_rows_load`): every source in its own ring
-    of `bufs` buffers, except that with in-kernel statistics dy and dh, first read in stage
-    A, have one buffer fewer -- a slot is refilled while its tile is in stage D (the DMA
-    waits for D's reads), where x must be in SBUF a step earlier, for stage S."""
-    tile, ch = job
-    rows, kk = tile[1], tile[2]
-    plan, rings_ = ctx["plan"], ctx["rings"]
-    out = {}
-    for name, src in ctx["loads"]:
-        if src is None:
-            continue
-        width = src.shape[1] if ch is None else plan["chunk"]
-        depth = plan["bufs"] - (ctx["hooks"] is not None and name != "x")
-        t = ring_alloc(rings_[name], depth, (P, kk, width), src.dtype)
-        sv = rows_view(src, tile)
-        for c0, cw in ctx["chunks"] if ch is None else [ch]:
-            d0 = c0 if ch is None else 0
-            nisa.dma_copy(dst=t[0:rows, :, d0 : d0 + cw], src=sv[:, :, c0 : c0 + cw])
-        out[name] = t
-    return out
 
 
 def _itemsize(dtype: Any) -> int:

@@ -332,7 +332,8 @@ def issue_rows_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
 
     `job` is (tile, None) for a whole row tile ([P, kk, H] per source) or (tile, (c0, cw))
     for one column chunk ([P, kk, chunk]); the sources are ctx["loads"], (name, [N, H]
-    HBM tensor or None) pairs, each landing in its own ring of ctx["plan"]["bufs"] buffers.
+    HBM tensor or None) pairs, each landing in its own ring of ctx["plan"]["bufs"] buffers
+    (or of ctx["ring_depths"][name], where a kernel gives a source a shallower ring).
     """
     tile, ch = job
     rows, kk = tile[1], tile[2]
@@ -343,7 +344,8 @@ def issue_rows_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
             continue
         width = src.shape[1] if ch is None else plan["chunk"]
         pieces = ctx["chunks"] if ch is None else [ch]
-        t = ring_alloc(rings[name], plan["bufs"], (P, kk, width), src.dtype)
+        depth = ctx.get("ring_depths", {}).get(name, plan["bufs"])
+        t = ring_alloc(rings[name], depth, (P, kk, width), src.dtype)
         sv = rows_view(src, tile)
         for c0, cw in pieces:
             d0 = c0 if ch is None else 0
