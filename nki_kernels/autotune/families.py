@@ -154,9 +154,10 @@ class _NormOp:
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """(positional args, keyword args) of one launch as the op makes it: a backward
         config that computes the statistics in the kernel gets None for them, and eps."""
+        from ..norm.config import stats_in_kernel
+
         args, kw = self.args(p, arrays), config.to_dict()
-        inline = getattr(config, "inline_stats", None)
-        if self.op.endswith("_bwd") and callable(inline) and inline():
+        if stats_in_kernel(config):
             nstats = 2 if self.op == "layer_norm_bwd" else 1
             at = 4 if self.op == "layer_norm_bwd" else 3
             args = (*args[:at], *(None,) * nstats, *args[at + nstats :])

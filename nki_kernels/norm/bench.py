@@ -119,7 +119,7 @@ def price(op: str, kernel: str, tokens: int, hidden: int, target: str = "trn2") 
     fn, args, nbytes, _ = _specs(op, kernel, tokens, hidden)
     cfg = _config(op, kernel, tokens, hidden, tgt)
     kwargs = cfg.to_dict()
-    if kernel == "bwd" and _inline(cfg):  # statistics computed in the kernel: none read
+    if C.stats_in_kernel(cfg):  # statistics computed in the kernel: none read
         eps = 1e-5 if op == "layer_norm" else 1e-6
         nstats = 2 if op == "layer_norm" else 1
         args = tuple(None if a is STATS else a for a in args)
@@ -157,16 +157,12 @@ def _config(op: str, kernel: str, tokens: int, hidden: int, tgt: Any) -> Any:
         return lookup_config(cfg_op, problem, fn, target=tgt, config_cls=C.CONFIGS[cfg_op])
 
 
-def _inline(cfg: Any) -> bool:
-    method = getattr(cfg, "inline_stats", None)
-    return bool(method()) if callable(method) else False
-
-
 def op_parts(op: str, kind: str, tokens: int, hidden: int, target: str = "trn2") -> list[Row]:
     """The kernels one call of the op launches, priced (`kind` fwd or bwd): the backward
     kernel, preceded by the statistics kernel unless the backward computes them itself."""
     parts = [price(op, kind, tokens, hidden, target)]
-    if kind == "bwd" and not _inline(_config(op, kind, tokens, hidden, get_target(target))):
+    cfg = _config(op, kind, tokens, hidden, get_target(target))
+    if kind == "bwd" and not C.stats_in_kernel(cfg):
         parts.append(
             price(
                 "layer_norm" if op == "layer_norm" else "rms_norm", "stats", tokens, hidden, target

@@ -344,6 +344,12 @@ class RMSNormBwdConfig(_NormConfig):
         }
 
 
+def stats_in_kernel(config: KernelConfig) -> bool:
+    """Whether `config` is a norm backward config whose kernel computes the row statistics
+    itself, so the op launches no statistics kernel and passes None for them."""
+    return isinstance(config, RMSNormBwdConfig) and config.inline_stats()
+
+
 @dataclass(frozen=True)
 class AddRMSNormBwdConfig(RMSNormBwdConfig):
     """Schedule of `rms_norm_bwd` with the h gradient (op `add_rms_norm_bwd`)."""

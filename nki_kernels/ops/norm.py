@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..norm.config import NormProblem
+from ..norm.config import NormProblem, stats_in_kernel
 from ..norm.layernorm import layer_norm_fwd, layer_norm_stats
 from ..norm.layernorm_bwd import layer_norm_bwd
 from ..norm.rmsnorm import add_rms_norm_fwd, rms_norm_fwd, rms_norm_stats
@@ -129,13 +129,6 @@ def _rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     return _back(y, n, x.shape)
 
 
-def _inline_stats(cfg: Any) -> bool:
-    """Whether a backward config computes the row statistics in the kernel (no statistics
-    kernel launch); configs without the method (older stores) never do."""
-    method = getattr(cfg, "inline_stats", None)
-    return bool(method()) if callable(method) else False
-
-
 def _rms_backward(
     grad: Tensor, x: Tensor, weight: Tensor | None, eps: float, grad_h: Tensor | None, op: str
 ) -> tuple[Tensor, Tensor]:
@@ -148,7 +141,7 @@ def _rms_backward(
     problem = _problem(xp, weight)
     bcfg = lookup_config(op, problem, rms_norm_bwd, target=target)
     rstd = None
-    if not _inline_stats(bcfg):
+    if not stats_in_kernel(bcfg):
         fcfg = lookup_config("rms_norm", problem, rms_norm_stats, target=target)
         rstd = launch(rms_norm_stats, xp, float(eps), config=fcfg, target=target)
     out = launch(rms_norm_bwd, gp, xp, weight, rstd, hp, config=bcfg, target=target, eps=float(eps))
@@ -175,7 +168,7 @@ def _ln_backward(
     problem = _problem(xp, weight, bias)
     bcfg = lookup_config("layer_norm_bwd", problem, layer_norm_bwd, target=target)
     mean = rstd = None
-    if not _inline_stats(bcfg):
+    if not stats_in_kernel(bcfg):
         fcfg = lookup_config("layer_norm", problem, layer_norm_stats, target=target)
         mean, rstd = launch(layer_norm_stats, xp, float(eps), config=fcfg, target=target)
     dx, dw, db = launch(
