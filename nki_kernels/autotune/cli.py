@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -323,6 +324,7 @@ def _configs_summary(directory: Path, op: str | None) -> list[str]:
     targets = sorted({t for t, _ in files})
     rows: dict[tuple[str, str], dict[str, str]] = {}
     speedups: list[float] = []
+    measurers: set[str] = set()
     for (t, o), path in files.items():
         current = _current_hash(o)
         for key, entry in _entries(path).items():
@@ -330,6 +332,8 @@ def _configs_summary(directory: Path, op: str | None) -> list[str]:
             lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
             stale = "" if current is None or prov.get("kernel_hash") == current else " STALE"
             speedups.append(dflt / lat)
+            # "modeled (cost model v1, trn2; one of 8 units, x8)" -> "modeled (cost model v1, trn2)"
+            measurers.add(re.sub(r";[^)]*\)", ")", str(prov.get("measurer", "unlabeled"))))
             cell = f"{dflt / 1e3:.1f} → {lat / 1e3:.1f} (x{dflt / lat:.2f}){stale}"
             rows.setdefault((o, key), {})[t] = cell
     head = ["op", "bucketed problem", *(f"{t}: default → tuned, us" for t in targets)]
@@ -345,8 +349,7 @@ def _configs_summary(directory: Path, op: str | None) -> list[str]:
         out.append("")
         out.append(
             f"{len(speedups)} entries; speedup geomean x{gm:.3f}, max x{max(speedups):.2f}, "
-            f"min x{min(speedups):.2f}. Latencies as recorded in each entry's provenance "
-            "(the measurer named there)."
+            f"min x{min(speedups):.2f}. Latencies: " + "; ".join(sorted(measurers)) + "."
         )
     return out
 

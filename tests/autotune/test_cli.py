@@ -61,7 +61,11 @@ def test_configs_summary_puts_targets_side_by_side(tmp_path, capsys):
         d.mkdir()
         entry = {
             "config": {"chunk": 512},
-            "provenance": {"latency_ns": lat, "default_latency_ns": 2000.0},
+            "provenance": {
+                "latency_ns": lat,
+                "default_latency_ns": 2000.0,
+                "measurer": f"modeled (cost model v1, {target}; one of 2 identical units, x2)",
+            },
         }
         entries = {"affine=w,dtype=bfloat16,hidden=64,rows=256": entry}
         (d / "toy_op.json").write_text(json.dumps({"format": 1, "entries": entries}))
@@ -71,6 +75,8 @@ def test_configs_summary_puts_targets_side_by_side(tmp_path, capsys):
     assert head in out
     assert "| toy_op | hidden=64, rows=256 | 2.0 → 1.5 (x1.33) | 2.0 → 1.0 (x2.00) |" in out
     assert "2 entries; speedup geomean x1.633, max x2.00, min x1.33" in out
+    # every latency says how it was obtained
+    assert "Latencies: modeled (cost model v1, trn2); modeled (cost model v1, trn3)." in out
 
 
 def test_shipped_configs_match_the_current_kernels(capsys):
