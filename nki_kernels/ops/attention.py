@@ -272,6 +272,12 @@ def flash_attention(
     return (out, lse) if return_lse else out
 
 
+# Taken at import, before anyone can monkeypatch the name: with
+# `F.scaled_dot_product_attention = nki_kernels.sdpa`, a fallback through the name would
+# call sdpa again (RecursionError).
+TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
 class SdpaFallbackWarning(UserWarning):
     """`nki_kernels.sdpa` handed a call to torch's scaled_dot_product_attention."""
 
@@ -347,7 +353,7 @@ def sdpa(
                 SdpaFallbackWarning,
                 stacklevel=2,
             )
-        return torch.nn.functional.scaled_dot_product_attention(
+        return TORCH_SDPA(
             query,
             key,
             value,

@@ -44,6 +44,10 @@ What `define_op` does:
   run before the kernel *and* before the fake, so bad input fails the same way eagerly
   and under `torch.compile`;
 * `fake(*args)`: output shapes/dtypes from FakeTensors (must not read data);
+* layout: every tensor output, of the kernels and of the fake alike, is made contiguous
+  (row-major), whatever the inputs' strides (transposed, expanded, sliced). The kernels
+  write dense row-major DRAM tensors, and a fake must report exactly the strides the
+  kernel produces or `torch.compile` miscompiles views of the result;
 * `backward` / `setup_context`: `torch.library.register_autograd` semantics. Without
   them the op is not differentiable (backward through it raises);
 * `examples()`: small sample calls `[(args, kwargs), ...]` that the registry meta-test
@@ -135,6 +139,24 @@ def _checked(validate: Callable[..., Any] | None, fn: Callable[..., Any]) -> Cal
     return run
 
 
+def _contiguous(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.contiguous()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_contiguous(o) for o in out)
+    return out
+
+
+def _dense(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with every tensor it returns made contiguous (the layout contract above)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _contiguous(fn(*args, **kwargs))
+
+    return run
+
+
 def define_op(
     name: str,
     impl: Callable[..., Any] | None = None,
@@ -181,11 +203,11 @@ def define_op(
     op = torch.library.custom_op(
         qualname, _unsupported(name, impl), mutates_args=tuple(mutates_args), schema=schema
     )
-    op.register_kernel("cpu")(_checked(validate, overrides.get("cpu", impl)))
+    op.register_kernel("cpu")(_checked(validate, _dense(overrides.get("cpu", impl))))
     pu1 = _privateuse1_device()
     if pu1 is not None:
-        op.register_kernel(pu1)(_checked(validate, overrides.get("neuron", impl)))
-    op.register_fake(_checked(validate, fake))
+        op.register_kernel(pu1)(_checked(validate, _dense(overrides.get("neuron", impl))))
+    op.register_fake(_checked(validate, _dense(fake)))
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
 

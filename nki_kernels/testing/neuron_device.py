@@ -82,6 +82,10 @@ class _EmulatedBackendModule:
     def _is_in_bad_fork(self) -> bool:
         return False
 
+    # torch.autocast("neuron") asks the backend module which low-precision dtypes it takes.
+    def get_amp_supported_dtype(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
     # Random ops run on the host through the fallback, so the device's generator is the CPU's.
     def manual_seed_all(self, seed: int) -> None:
         torch.default_generator.manual_seed(seed)
@@ -405,6 +409,9 @@ def _register_kernels() -> None:
     lib.impl("set_", _redispatch_cpu(torch.ops.aten.set_.default), key)
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_fallback, dispatch_key=key)
+    # torch registers no autocast kernels for PrivateUse1: aten ops pass autocast by (they
+    # run in the dtypes given); the nki ops install their own rules (ops/_autocast.py).
+    fallback.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
     _libs.extend([lib, fallback])
 
 
