@@ -281,6 +281,22 @@ def _write_back(args: list[_Arg]) -> None:
             a.value.detach().copy_(_numpy_to_torch(data.reshape(a.array.shape)))
 
 
+# `nki.jit` "detects the current framework by inspecting its arguments" and, for torch
+# tensors, "uses PyTorch integration" (nki/api/nki/__init__.py). Torch tensors on a device
+# other than the CPU go to the integration registered here: TorchNeuron's on hardware,
+# `nki_kernels.testing.torch_neuronx_standin` in tests. Each entry is
+# `handler(kernel, lnc, args, kwargs) -> outputs`; empty: the interpreter takes CPU only.
+DEVICE_INTEGRATIONS: list[Callable[..., Any]] = []
+
+
+def _device_call(kernel: Kernel, lnc: int, args: Any, kwargs: Any) -> tuple[bool, Any]:
+    if DEVICE_INTEGRATIONS and any(
+        _is_torch(a) and a.device.type != "cpu" for a in (*args, *kwargs.values())
+    ):
+        return True, DEVICE_INTEGRATIONS[-1](kernel, lnc, args, kwargs)
+    return False, None
+
+
 class Kernel:
     """An `nki.jit` kernel: call it, or index it with an LNC count (`kernel[2](...)`)."""
 
@@ -303,7 +319,8 @@ class Kernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the kernel with this LNC count; returns its outputs."""
-        return run(self, *args, **kwargs).outputs
+        handled, out = _device_call(self, 1, args, kwargs)
+        return out if handled else run(self, *args, **kwargs).outputs
 
     def __getitem__(self, lnc: Any) -> _Launcher:
         if isinstance(lnc, tuple) or type(lnc) is not int or not 1 <= lnc <= 2:
@@ -319,6 +336,9 @@ class _Launcher:
         self.lnc = lnc
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        handled, out = _device_call(self.kernel, self.lnc, args, kwargs)
+        if handled:
+            return out
         return run(self.kernel, *args, lnc=self.lnc, grid=True, **kwargs).outputs
 
 

@@ -1,10 +1,15 @@
-"""Compiled-kernel cache keyed by (kernel, bucket shapes, dtypes, config, target, statics).
+"""Compiled-kernel cache keyed by (kernel, bucket shapes, dtypes, config, target, statics,
+LNC, backend).
 
 On hardware a new key means a compile (minutes with neuronx-cc); in the interpreter,
 "compiling" is creating a `Specialization` -- the kernel bound to exact argument shapes,
 dtypes, specialization-time values and a target. Either way the number of entries is the
 number of compiles, and `KernelCache.compiles` lets a test check that sizes inside one
 bucket share one compile.
+
+On the device path a specialization also holds the *launcher* made once for it
+(`prepare(kernel, lnc)`, e.g. `kernel[lnc]`): `KernelCache.wraps` counts the launchers
+made, so a test can check that repeated calls neither re-wrap nor recompile.
 
 A Specialization refuses arguments whose shape or dtype differ from its key, so a kernel
 only ever runs at the bucket shapes it was specialized for.
@@ -101,6 +106,7 @@ class Specialization:
     target: Target
     runner: Callable[..., Any]
     calls: int = field(default=0)
+    handle: Any = field(default=None, repr=False)  # the launcher; None: run `kernel`
 
     def check_args(self, args: tuple[Any, ...]) -> None:
         """Raise ValueError unless `args` match the shapes and dtypes of the key."""
@@ -120,7 +126,8 @@ class Specialization:
         """Run the specialized kernel on arguments of its key's shapes and dtypes."""
         self.check_args(args)
         self.calls += 1
-        return self.runner(self.kernel, *args, target=self.target, lnc=self.key.lnc, **self.statics)
+        fn = self.kernel if self.handle is None else self.handle
+        return self.runner(fn, *args, target=self.target, lnc=self.key.lnc, **self.statics)
 
 
 def arg_spec(a: Any) -> ArgSpec | tuple[str, Hashable]:
@@ -138,12 +145,13 @@ def arg_spec(a: Any) -> ArgSpec | tuple[str, Hashable]:
 
 
 class KernelCache:
-    """Specializations by CacheKey, with compile and hit counters."""
+    """Specializations by CacheKey, with compile, hit and wrap counters."""
 
     def __init__(self) -> None:
         self._entries: dict[CacheKey, Specialization] = {}
         self._lock = threading.Lock()
         self.hits = 0
+        self.wraps = 0
 
     @property
     def compiles(self) -> int:
@@ -168,8 +176,13 @@ class KernelCache:
         lnc: int,
         backend: str,
         runner: Callable[..., Any],
+        prepare: Callable[[Any, int], Any] | None = None,
     ) -> Specialization:
-        """The specialization for these arguments, creating ("compiling") it on a miss."""
+        """The specialization for these arguments, creating ("compiling") it on a miss.
+
+        `prepare(kernel, lnc)`, when given, makes the specialization's launcher on a miss
+        (once per key; counted in `wraps`).
+        """
         for k, v in statics.items():
             try:
                 hash(v)
@@ -191,6 +204,9 @@ class KernelCache:
                 self.hits += 1
                 return spec
             spec = Specialization(key, kernel, dict(statics), target, runner)
+            if prepare is not None:
+                spec.handle = prepare(kernel, lnc)
+                self.wraps += 1
             self._entries[key] = spec
             return spec
 
@@ -199,6 +215,7 @@ class KernelCache:
         with self._lock:
             self._entries.clear()
             self.hits = 0
+            self.wraps = 0
 
 
 KERNEL_CACHE = KernelCache()

@@ -7,13 +7,18 @@
 * `config` (a `KernelConfig`) is expanded into keyword arguments -- its field names are
   the kernel's parameter names -- and `statics` are passed as keyword arguments too;
 * the specialization comes from the compiled-kernel cache (`KERNEL_CACHE`), keyed by
-  shapes, dtypes, statics, config, target, LNC and backend.
+  shapes, dtypes, statics, config, target, LNC and backend;
+* `lnc` defaults to the process's runtime LNC (`runtime.lnc.runtime_lnc`:
+  `NEURON_LOGICAL_NC_CONFIG`, else the target's default on a real device, else 1). On a
+  real device an explicit `lnc` must equal it: `nki.jit` documents a mismatch as a runtime
+  error, so it is refused here first, with the two values named.
 
 Backends, chosen from the tensors' device and the `nki` seam:
 
 * CPU tensors or NumPy arrays, interpreter seam: the project's interpreter;
 * tensors on the emulated `neuron` device: copied to the host, interpreted, copied back;
-* tensors on a real `neuron` device: `runtime.neuron_device.call` (TorchNeuron);
+* tensors on a real `neuron` device: the specialization's launcher `kernel[lnc]`
+  (`runtime.neuron_device`), made once per specialization;
 * CPU tensors when the seam is the real `nki`: the official simulator (`nki.simulate`),
   via `runtime.neuron_device.simulate`.
 
@@ -32,6 +37,7 @@ from ..kernel_config import KernelConfig
 from ..targets import Target, get_target
 from . import neuron_device
 from .kernel_cache import KERNEL_CACHE, KernelCache
+from .lnc import LNC_ENV_VAR, check_lnc, runtime_lnc
 
 
 def _interpret(kernel: Any, *args: Any, target: Target, lnc: int, **kwargs: Any) -> Any:
@@ -57,7 +63,7 @@ def launch(
     *args: Any,
     config: KernelConfig | None = None,
     target: str | Target | None = None,
-    lnc: int = 1,
+    lnc: int | None = None,
     mutated: Sequence[int] = (),
     cache: KernelCache | None = None,
     **statics: Any,
@@ -86,8 +92,17 @@ def launch(
     on_neuron = device.startswith("neuron")
 
     kcache = cache or KERNEL_CACHE
+    runtime = runtime_lnc(tgt)
+    lnc = runtime if lnc is None else check_lnc(lnc)
     if on_neuron and neuron_device.is_real_neuron():
-        spec = kcache.get(kernel, args, kwargs, tgt, lnc, "neuron", neuron_device.call)
+        if lnc != runtime:
+            raise ValueError(
+                f"lnc: expected {runtime} on this neuron device (the Neuron Runtime's LNC: "
+                f"{LNC_ENV_VAR} or the {tgt.name} default); got {lnc}"
+            )
+        spec = kcache.get(
+            kernel, args, kwargs, tgt, lnc, "neuron", neuron_device.call, neuron_device.launcher
+        )
         return spec(*args)
 
     # Host execution (interpreter or the official simulator).

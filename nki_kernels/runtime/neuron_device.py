@@ -1,24 +1,33 @@
 """The real-hardware path: the one module that touches TorchNeuron and the real `nki`.
 
 Nothing here can run on the machines this project is built on (no Trainium, no Neuron
-pip repository), so it is kept to a few lines that follow the documented TorchNeuron
-route (Neuron SDK 2.33+, `torch-neuronx` 2.14, see `NKI_API.md` section E):
+pip repository). It follows the documented calls only, and the test doubles in
+`nki_kernels.testing.torch_neuronx_standin` behave as those documents say, so that CI
+runs every call made here (at LNC 1 and 2, eager and under `torch.compile`):
 
 * `is_real_neuron()` -- a `neuron` device registered by TorchNeuron (not the emulated one
   from `nki_kernels.testing.neuron_device`, whose `torch.neuron` says `emulated = True`)
-  and the real `nki` behind the `nki_kernels.nki` seam;
-* `call(kernel, *args, lnc=, **kwargs)` -- runs an `nki.jit` kernel on tensors that live
-  on the device through `torch_neuronx.wrap_nki(kernel)` (`[lnc]` for LNC > 1), the
-  documented way to call a kernel so that a surrounding `torch.compile` trace can capture
-  it; TorchNeuron compiles per (shapes, dtypes, non-tensor values) and caches the NEFF;
-* `simulate(kernel, *args, **kwargs)` -- CPU tensors when the seam is the real `nki`: the
-  official simulator, `nki.simulate(kernel)(numpy arrays)`.
+  and the real `nki` behind the `nki_kernels.nki` seam.
+* `launcher(kernel, lnc)` -- what runs `kernel` on neuron tensors: `kernel[lnc]`, the
+  documented direct call (`nki.jit`: "The LNC ... degree can be set at the callsite
+  using bracket syntax: kernel[lnc](args)"; TorchNeuron `torch/guides/how-to-work-with-nki`:
+  a kernel called with neuron tensors is handled by torch-neuronx -- eager compiles once
+  per shapes, dtypes and non-tensor values, and "inside torch.compile(backend="neuron")
+  the kernel call becomes one node in the captured graph"). The kernel cache creates it
+  once per specialization (`KernelCache.wraps` counts them).
 
-Unverified (no hardware): whether `torch.compile(backend="neuron")` lowers our custom ops
-(`torch.ops.nki.*`, whose neuron kernel calls `call()` eagerly) into one NEFF or runs them
-as opaque nodes between compiled graphs. `torch_neuronx.nki_op` is the documented way to
-make an op traceable into its kernel; moving the op definitions onto it is the first thing
-to try on hardware if the opaque route breaks graphs.
+  Why not `torch_neuronx.wrap_nki(kernel)[lnc]`: in the pre-release source
+  (`torch_neuronx/nki_hop.py`) `wrap_nki` reads `kernel.sign`, which the NKI 0.6 `Kernel`
+  object does not have, registers a new kernel entry per call, and its `__getitem__`
+  does `tuple(map(int, grid))`, so an int grid raises. The direct call has none of the
+  three problems.
+* `call(handle, *args, lnc=, **statics)` -- runs a launcher made by `launcher`.
+* `simulate(kernel, *args, lnc=, **kwargs)` -- CPU tensors when the seam is the real
+  `nki`: the official simulator, `nki.simulate(kernel[lnc])(numpy arrays)` (the
+  `nki.simulate` docstring's LNC2 form).
+
+Under `torch.compile` the op body runs on FakeTensors (TorchNeuron's `nki_op` registers
+the body itself as the fake, see `ops/registry.py`), so nothing here reads tensor data.
 """
 
 from __future__ import annotations
@@ -43,15 +52,16 @@ def is_real_neuron() -> bool:
     return seam.BACKEND == "neuron" and importlib.util.find_spec("torch_neuronx") is not None
 
 
-def call(kernel: Any, *args: Any, target: Target | None = None, lnc: int = 1, **kwargs: Any) -> Any:
-    """Run `kernel` on neuron-device tensors through TorchNeuron (`wrap_nki`)."""
-    del target  # the device is the target; NEURON_PLATFORM_TARGET_OVERRIDE is read by nki
-    from torch_neuronx import wrap_nki  # type: ignore[import-not-found]
+def launcher(kernel: Any, lnc: int) -> Any:
+    """`kernel[lnc]`: the documented direct call at `lnc` logical cores (made once per
+    specialization by the kernel cache)."""
+    return kernel[lnc]
 
-    wrapped = wrap_nki(kernel)
-    if lnc > 1:
-        wrapped = wrapped[lnc]
-    return wrapped(*args, **kwargs)
+
+def call(handle: Any, *args: Any, target: Target | None = None, lnc: int = 1, **kwargs: Any) -> Any:
+    """Run a launcher from `launcher()` on neuron-device tensors."""
+    del target, lnc  # the device is the target; the launcher carries the LNC
+    return handle(*args, **kwargs)
 
 
 def simulate(
@@ -90,4 +100,4 @@ def simulate(
     return back(out)
 
 
-__all__ = ["call", "is_real_neuron", "simulate"]
+__all__ = ["call", "is_real_neuron", "launcher", "simulate"]
