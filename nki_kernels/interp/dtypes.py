@@ -11,7 +11,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .errors import DtypeError
+from .errors import DtypeError, not_supported
 
 bool_ = np.dtype(np.bool_)
 int8 = np.dtype(np.int8)
@@ -80,6 +80,9 @@ _NAMES = {
 }
 
 
+# NC-v4 packed MX dtypes (4 values per 32 bits): known by name, not modeled.
+PACKED_MX_DTYPES = frozenset({"float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4"})
+
 _EXPECTED = "an NKI dtype (float32, bfloat16, float16, float8_*, (u)int8/16/32, bool)"
 
 
@@ -91,6 +94,8 @@ def as_dtype(dtype: Any, arg: str = "dtype") -> np.dtype:
     if isinstance(dtype, np.dtype):
         d = dtype
     elif isinstance(dtype, str):
+        if dtype in PACKED_MX_DTYPES:
+            raise not_supported(f"dtype {dtype}", "packed MX dtypes are not modeled")
         if dtype not in _NAMES:
             raise DtypeError("DTYPE", f"{arg}: expected {_EXPECTED}; got {dtype!r}")
         d = _NAMES[dtype]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class NkiValidationError(Exception):
     """A kernel broke a rule the NKI compiler or the hardware enforces.
@@ -21,6 +23,33 @@ class MemoryPlanError(NkiValidationError):
 
 class DtypeError(NkiValidationError, TypeError):
     """A dtype that is not an NKI dtype (rule DTYPE; also a TypeError, like NumPy's)."""
+
+
+class NotSupportedError(NkiValidationError):
+    """A documented NKI name the interpreter does not implement (rule UNSUPPORTED).
+
+    Not an AttributeError on purpose: `from nki.language import X` then reports this
+    message instead of a bare "cannot import name".
+    """
+
+
+def not_supported(name: str, detail: str = "") -> NotSupportedError:
+    """The error for a documented name the interpreter does not implement."""
+    extra = f" ({detail})" if detail else ""
+    return NotSupportedError(
+        "UNSUPPORTED", f"{name} is documented NKI but not supported by the interpreter{extra}"
+    )
+
+
+def unsupported_getattr(module: str, names: dict[str, str]) -> Any:
+    """A module `__getattr__` raising NotSupportedError for the documented names in `names`."""
+
+    def __getattr__(attr: str) -> Any:
+        if attr in names:
+            raise not_supported(f"{module}.{attr}", names[attr])
+        raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+
+    return __getattr__
 
 
 def fail(rule: str, message: str) -> NkiValidationError:
@@ -64,5 +93,7 @@ RULES: dict[str, str] = {
     "RANGE_FILL": "range_select's on_false_value is FP32_MIN (-3.4028235e38)",
     "ACC_CMD": "the reduce_cmd is one the instruction supports (load_reduce needs reduce_init)",
     "NL_API": "the experimental nl compute wrappers are used in their supported forms",
+    "SYNC": "LNC programs meet at core_barrier / sendrecv as on the chip (no unmet waits)",
+    "UNSUPPORTED": "a documented NKI name the interpreter does not implement (README list)",
     "NL_SHAPE": "nl compute wrappers take operands of one shape (they do not broadcast)",
 }

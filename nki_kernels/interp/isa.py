@@ -16,7 +16,7 @@ from .enums import (  # noqa: F401 - re-exported
     unknown_engine,
     vector_engine,
 )
-from .errors import NkiValidationError  # noqa: F401
+from .errors import NkiValidationError, unsupported_getattr  # noqa: F401
 from .isa_activation import activation, activation_reduce  # noqa: F401
 from .isa_dma import dma_copy, dma_transpose  # noqa: F401
 from .isa_elementwise import (  # noqa: F401
@@ -29,6 +29,7 @@ from .isa_elementwise import (  # noqa: F401
     tensor_tensor,
 )
 from .isa_gpsimd import affine_select, iota, tensor_partition_reduce  # noqa: F401
+from .isa_sync import core_barrier, sendrecv  # noqa: F401
 from .isa_tensor import nc_matmul, nc_transpose  # noqa: F401
 from .isa_vector import (  # noqa: F401
     bn_aggr,
@@ -58,3 +59,28 @@ def get_nc_version() -> nc_version:
 def get_nc_sub_version() -> int:
     """The NeuronCore sub-version (always 0 in the interpreter)."""
     return 0
+
+
+NOT_SUPPORTED: dict[str, str] = {
+    "NkiInstruction": "",
+    "nc_matmul_mx": "MX (microscaling) matmul",
+    "quantize_mx": "MX (microscaling) quantization",
+    "tensor_scalar_cumulative": "",
+    "activate2": "",
+    "local_gather": "",
+    "nc_n_gather": "",
+    "rng": "random numbers are not modeled",
+    "dropout": "random numbers are not modeled",
+    "set_rng_seed": "random numbers are not modeled",
+    "rand_set_state": "random numbers are not modeled",
+    "rand_get_state": "random numbers are not modeled",
+    "rand2": "random numbers are not modeled",
+    "exponential": "",
+    "sequence_bounds": "",
+    "dma_compute": "",
+    "nc_stream_shuffle": "",
+    "nonzero_with_count": "",
+    "topk": "",
+}
+
+__getattr__ = unsupported_getattr("nki.isa", NOT_SUPPORTED)

@@ -68,11 +68,21 @@ def _no_psum(instr: str, **operands: NkiTensor) -> None:
             raise fail("TC1", f"{instr}: partition dim {t.shape[0]} of {arg} exceeds 128")
 
 
-def _dge(dge_mode: Any, instr: str) -> None:
+def _dge(dge_mode: Any, instr: str) -> dge_mode_enum:
+    """The dge_mode member; its raw value (0..3) is accepted too, as nki-library passes
+    `dge_mode=3` (none) in many places and the compiler takes it."""
     if not isinstance(dge_mode, dge_mode_enum):
-        raise fail("ARG", f"{instr}: dge_mode must be an nisa.dge_mode member; got {dge_mode!r}")
+        values = {m.value: m for m in dge_mode_enum}
+        if type(dge_mode) is not int or dge_mode not in values:
+            raise fail(
+                "ARG",
+                f"{instr}: dge_mode must be an nisa.dge_mode member or its value 0..3; "
+                f"got {dge_mode!r}",
+            )
+        dge_mode = values[dge_mode]
     if dge_mode is dge_mode_enum.hwdge:
         need_version(3, f"{instr}(dge_mode=hwdge)")
+    return dge_mode
 
 
 @instruction
@@ -99,7 +109,7 @@ def dma_copy(
     if oob_mode is not oob_mode_enum.error and oob_mode is not oob_mode_enum.skip:
         raise fail("ARG", f"dma_copy: oob_mode must be an nisa.oob_mode member; got {oob_mode!r}")
     if dge_mode is not dge_mode_enum.unknown:
-        _dge(dge_mode, "dma_copy")
+        dge_mode = _dge(dge_mode, "dma_copy")
     if engine is not engine_enum.unknown:
         if engine is not engine_enum.sync and engine is not engine_enum.scalar:
             raise fail(
@@ -192,7 +202,7 @@ def dma_transpose(
     _no_psum(instr, dst=dst, src=src)
     if dst._st.buffer is not sbuf:
         raise fail("BUF", f"{instr}: dst must be in SBUF; got {dst.buffer!r} ('{dst.name}')")
-    _dge(dge_mode, instr)
+    dge_mode = _dge(dge_mode, instr)
     indirect = src.indirect is not None
     if dge_mode is dge_mode_enum.swdge and not indirect:
         raise fail("ARG", f"{instr}: dge_mode.swdge is for indirect sources only")

@@ -14,6 +14,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops as _ops
 from .errors import fail as _fail
+from .errors import unsupported_getattr as _unsupported_getattr
 from .ops import (  # noqa: F401 - re-exported op tokens
     abs,
     abs_max,
@@ -355,6 +356,9 @@ _ops.copy._call = _copy_call
 # ---- device loops (loops.py) ------------------------------------------------------------
 from .loops import dynamic_range, fori_loop, no_reorder, while_loop  # noqa: E402, F401
 
+# ---- NKIObject, dtype names the interpreter only knows by name ---------------------------
+from .nkiobject import NKIObject  # noqa: E402, F401
+
 # ---- the experimental nl compute layer (nl_compute.py; makes the op tokens callable) -----
 from .nl_compute import all_ as all  # noqa: E402, F401
 from .nl_compute import (  # noqa: E402, F401
@@ -368,3 +372,27 @@ from .nl_compute import (  # noqa: E402, F401
     where,
 )
 from .nl_compute import sum_ as sum  # noqa: E402, F401
+
+DType = Any  # NKI 0.6 `DType = str`; annotation only here
+# Packed 4-per-32-bit MX dtypes (NC-v4 matmul_mx): names only, refused where a dtype is
+# used (as_dtype raises NotSupportedError naming them).
+float8_e5m2_x4 = "float8_e5m2_x4"
+float8_e4m3fn_x4 = "float8_e4m3fn_x4"
+float4_e2m1fn_x4 = "float4_e2m1fn_x4"
+
+NOT_SUPPORTED: dict[str, str] = {
+    "MemoryRegion": "",
+    "tan": "",
+    "trunc": "",
+    "fmod": "",
+    "mod": "",
+    "rms_norm": "",
+    "dropout": "random numbers are not modeled",
+    "random_seed": "random numbers are not modeled",
+    "rand": "random numbers are not modeled",
+    "expand_dims": "",
+    "load_transpose2d": "",
+    "gather_flattened": "",
+}
+
+__getattr__ = _unsupported_getattr("nki.language", NOT_SUPPORTED)

@@ -22,6 +22,8 @@ from ..targets import Target, get_target
 from . import dtypes as dt
 from . import state
 from .errors import fail
+from .nkiobject import NKIObject
+from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
 from .trace import Trace
 
@@ -154,6 +156,8 @@ def _classify(where: str, x: Any, trace_only: bool) -> _Arg:
         return _Arg("numpy", x, _nonempty(where, x))
     if isinstance(x, list):
         raise fail("LAUNCH", f"{where}: lists are rejected by nki.jit; pass a tuple")
+    if isinstance(x, NKIObject):  # specialization-time objects, hashable or not
+        return _Arg("value", x, None)
     try:
         hash(x)
     except TypeError:
@@ -253,11 +257,11 @@ def run(
         call_kw = {
             k: (a.tensor if a.tensor is not None else a.value) for k, a in kw_wrapped.items()
         }
-        for pid in range(lnc):
-            launch.program_id = pid
-            ret = fn(*call_args, **call_kw)
-            if pid == 0:
-                outputs = ret
+        if lnc == 1:
+            outputs = fn(*call_args, **call_kw)
+        else:
+            launch.concurrent = Programs(launch)
+            outputs = launch.concurrent.run(lambda: fn(*call_args, **call_kw))[0]
         launch.program_id = 0
         launch.finish()
         result = _result(outputs, t_only, as_torch)

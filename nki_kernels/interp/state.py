@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class Launch:
         self.shared_hbm: list[Storage] = []
         self.next_sid = 1
         self.warned: set[str] = set()
+        self.concurrent: Any = None  # programs.Programs under LNC > 1
 
     @property
     def program(self) -> Program:

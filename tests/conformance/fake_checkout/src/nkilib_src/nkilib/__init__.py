@@ -1,0 +1,1 @@
+"""A tiny package laid out like nki-library, written for these tests."""

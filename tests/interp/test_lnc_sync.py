@@ -1,0 +1,150 @@
+"""LNC programs as cooperating threads: core_barrier, sendrecv, and unmet waits (rule SYNC)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_kernels.interp import NkiValidationError, nisa, nki, nl, run
+
+
+@nki.jit
+def _halves_then_swap(x):
+    """Each program writes its half of a shared tensor, barriers, then reads the other half."""
+    n, f = x.shape
+    half = n // 2
+    pid = nl.program_id(0)
+    stage = nl.ndarray((n, f), x.dtype, buffer=nl.shared_hbm)
+    out = nl.ndarray((n, f), x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((half, f), x.dtype)
+    nisa.dma_copy(dst=t, src=x[pid * half : (pid + 1) * half, :])
+    nisa.activation(dst=t, data=t, op=nl.exp)
+    nisa.dma_copy(dst=stage[pid * half : (pid + 1) * half, :], src=t)
+    nisa.core_barrier(stage, (0, 1))
+    other = 1 - pid
+    u = nl.ndarray((half, f), x.dtype)
+    nisa.dma_copy(dst=u, src=stage[other * half : (other + 1) * half, :])
+    nisa.dma_copy(dst=out[other * half : (other + 1) * half, :], src=u)
+    return out
+
+
+def test_core_barrier_makes_the_other_programs_writes_visible():
+    x = np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32)
+    out = _halves_then_swap[2](x)
+    np.testing.assert_allclose(out, np.exp(x), rtol=1e-6)
+
+
+def test_without_the_barrier_program_0_reads_unwritten_memory():
+    @nki.jit
+    def racy(x):
+        n, f = x.shape
+        pid = nl.program_id(0)
+        stage = nl.ndarray((n, f), x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((1, f), x.dtype)
+        nisa.dma_copy(dst=t, src=x[pid : pid + 1, :])
+        nisa.dma_copy(dst=stage[pid : pid + 1, :], src=t)
+        u = nl.ndarray((1, f), x.dtype)
+        nisa.dma_copy(dst=u, src=stage[1 - pid : 2 - pid, :])
+        out = nl.ndarray((n, f), x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[1 - pid : 2 - pid, :], src=u)
+        return out
+
+    out = racy[2](np.ones((2, 3), np.float32))
+    # program 0 ran to the end before program 1 wrote its row: row 1 of out is NaN
+    assert np.isnan(out[1]).all() and (out[0] == 1).all()
+
+
+def test_a_barrier_reached_by_one_program_only_names_both_positions():
+    @nki.jit
+    def lonely(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        if nl.program_id(0) == 0:
+            nisa.core_barrier(out, (0, 1))
+        return out
+
+    with pytest.raises(NkiValidationError) as e:
+        lonely[2](np.ones((2, 2), np.float32))
+    msg = str(e.value)
+    assert e.value.rule == "SYNC"
+    assert "program 0 waits in core_barrier" in msg and "test_lnc_sync.py" in msg
+    assert "program 1 returned from the kernel" in msg
+
+
+def test_crossed_waits_are_a_deadlock():
+    @nki.jit
+    def crossed(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        a = nl.ndarray(x.shape, x.dtype)
+        b = nl.ndarray(x.shape, x.dtype)
+        nisa.memset(a, 0.0)
+        if nl.program_id(0) == 0:
+            nisa.core_barrier(out, (0, 1))
+        else:
+            nisa.sendrecv(a, b, send_to_rank=0, recv_from_rank=0, pipe_id=0)
+        return out
+
+    with pytest.raises(NkiValidationError) as e:
+        crossed[2](np.ones((2, 2), np.float32))
+    msg = str(e.value)
+    assert e.value.rule == "SYNC" and "program 0 waits in core_barrier" in msg
+    assert "program 1 waits in sendrecv" in msg
+
+
+def test_a_two_core_barrier_under_lnc1_is_refused():
+    def k(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nisa.core_barrier(out, (0, 1))
+        return out
+
+    with pytest.raises(NkiValidationError) as e:
+        run(k, np.ones((2, 2), np.float32))
+    assert e.value.rule == "SYNC" and "1 program" in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16])
+@pytest.mark.parametrize("rows", [128, 37])
+def test_sendrecv_swaps_tiles_between_the_programs(dtype, rows):
+    @nki.jit
+    def swap(x):
+        pid = nl.program_id(0)
+        out = nl.ndarray((2, rows, 4), x.dtype, buffer=nl.shared_hbm)
+        mine = nl.ndarray((rows, 4), x.dtype)
+        theirs = nl.ndarray((rows, 4), x.dtype)
+        nisa.dma_copy(dst=mine, src=x[pid])
+        nisa.sendrecv(mine, theirs, send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+        nisa.dma_copy(dst=out[pid], src=theirs)
+        return out
+
+    x = np.random.default_rng(1).standard_normal((2, rows, 4)).astype(np.float32)
+    xd = x.astype(dtype)
+    out = swap[2](xd)
+    np.testing.assert_array_equal(out[0], xd[1])
+    np.testing.assert_array_equal(out[1], xd[0])
+
+
+def test_sendrecv_partners_must_agree():
+    @nki.jit
+    def bad(x):
+        a = nl.ndarray((2, 2), nl.float32)
+        b = nl.ndarray((2, 2), nl.float32)
+        nisa.memset(a, 1.0)
+        pid = nl.program_id(0)
+        nisa.sendrecv(a, b, send_to_rank=1 - pid, recv_from_rank=pid, pipe_id=3)
+        return x
+
+    with pytest.raises(NkiValidationError) as e:
+        bad[2](np.ones((2, 2), np.float32))
+    assert e.value.rule == "SYNC" and "receives from" in str(e.value)
+
+
+def test_programs_without_meetings_keep_the_sequential_trace_order():
+    @nki.jit
+    def k(x):
+        t = nl.ndarray(x.shape, x.dtype)
+        nisa.dma_copy(dst=t, src=x)
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    res = run(k[2], np.ones((2, 2), np.float32))
+    assert [i.program for i in res.trace.instrs] == [0, 0, 1, 1]
