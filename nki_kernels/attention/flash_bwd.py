@@ -58,6 +58,7 @@ from ._bwd_staging import (
 from ._staging import compute_dtype, copy_engine, load_bounds
 
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
+_IDLE = nisa.reduce_cmd.idle
 DQ_LAG_DMA = 5  # jobs between S and dQ when DMA engines transpose dS (their ~2 us latency)
 STATS_LAG = 8  # jobs between a prefetched unit's loads and its statistics
 PREP_AHEAD = 2  # a tile's Q^T / dO^T are transposed this many jobs before its scores
@@ -65,7 +66,21 @@ PREP_AHEAD = 2  # a tile's Q^T / dO^T are transposed this many jobs before its s
 
 @nki.jit
 def flash_attention_bwd(
-    q, k, v, o, do, lse, dlse, bounds, softmax_scale, plan, section, dma_quarters, scalar_evac
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    dlse,
+    bounds,
+    softmax_scale,
+    plan,
+    section,
+    dma_quarters,
+    scalar_evac,
+    mask=None,
+    bias=None,
 ):
     """dq [B, Hq, Sq, D], dk, dv [B, Hkv, Sk, D] (input dtypes) of attention(q, k, v).
 
@@ -75,7 +90,9 @@ def flash_attention_bwd(
     Delta - dlse); bounds / plan: as in the forward, in the same row order; section:
     query tiles whose operands stay resident (whole 4-tile units); dma_quarters: of
     every 4 dS^T slots, how many the DMA engines transpose (2-byte dtypes); scalar_evac:
-    eighths of the PE-transposed slots that ScalarE copies out of PSUM (the rest VectorE).
+    eighths of the PE-transposed slots that ScalarE copies out of PSUM (the rest VectorE);
+    mask / bias: a dense mask as in the forward (uint8 / fp32 [B | 1, Hq | 1, Sq, Sk]),
+    its rows in the backward's row order; PARTIAL sub-tiles load it instead of the bounds.
     """
     batch, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -91,6 +108,7 @@ def flash_attention_bwd(
         diag = diag_tiles(nl.bfloat16)
     shared = {
         "rings": make_rings(compute_dtype(q.dtype), d, dk.dtype),
+        "dense": (mask, bias),
         "counters": {"prep": 0, "out": 0, "blk": 0, "kv": 0},
     }
     progs = []
@@ -110,12 +128,18 @@ def flash_attention_bwd(
             "sq": sq,
             "sk": sk,
             "d": d,
-            "masked": len(classes) > 0,
+            "masked": len(classes) > 0 and bounds is not None,
             **shared,
         }
         heads = range(g * (hq // hkv), (g + 1) * (hq // hkv))
         ctx["plan"] = head_group_plan(classes, heads, sq, sk, section // GROUP, diag is not None)
         progs.append(ctx)
+    if mask is not None:
+        shared["rings"]["mk"] = [nl.ndarray((P, UNIT), dtype=nl.uint8, buffer=nl.sbuf) for _ in range(3)]
+        if bias is not None:
+            shared["rings"]["bs"] = [
+                nl.ndarray((P, UNIT), dtype=nl.float32, buffer=nl.sbuf) for _ in range(3)
+            ]
     _run_pairs(progs, bounds)
     return dq, dk, dv
 
@@ -310,6 +334,8 @@ def _stage_scores(job, kv, ctx):
             moving=kv["vt"][:d, c0 : c0 + nc],
             accumulate=False,
         )
+    if "mk" in rings:
+        _load_dense(job, ctx)
     bias = "bias_slots" if job["slot_order"] else "bias"
     for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
         if kind == DIAG:
@@ -322,6 +348,23 @@ def _stage_scores(job, kv, ctx):
             )
 
 
+def _load_dense(job, ctx):
+    """DMA the dense mask (and bias) of the job's SELECT runs into ring slot i % 3."""
+    it, i, sk = job["it"], job["i"], ctx["sk"]
+    mask, bias = ctx["dense"]
+    rows, r0 = it["rows"], it["t"] * P
+    mb = ctx["b"] if mask.shape[0] > 1 else 0
+    mh = it["h"] if mask.shape[1] > 1 else 0
+    for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
+        if kind != SELECT:
+            continue
+        c0, nc = _cols(ul, u, cnt, sk)
+        src = (mb, mh, slice(r0, r0 + rows), slice(u * P, u * P + nc))
+        nisa.dma_copy(dst=ctx["rings"]["mk"][i % 3][:rows, c0 : c0 + nc], src=mask[src])
+        if bias is not None:
+            nisa.dma_copy(dst=ctx["rings"]["bs"][i % 3][:rows, c0 : c0 + nc], src=bias[src])
+
+
 def _stage_softmax(job, ctx):
     """Mask partial runs, P = exp(s * S - lse) (ScalarE), dS = P * (dP - Delta) (VectorE)."""
     unit, it, i = job["unit"], job["it"], job["i"]
@@ -332,7 +375,15 @@ def _stage_softmax(job, ctx):
     for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
         c0, nc = _cols(ul, u, cnt, sk)
         s_view = s_ps[:rows, c0 : c0 + nc]
-        if kind == SELECT:
+        if kind == SELECT and "mk" in rings:
+            mk = rings["mk"][i % 3][:rows, c0 : c0 + nc]
+            nisa.select_reduce(
+                dst=s_view, predicate=mk, on_true=s_view, on_false=FP32_MIN, reduce_cmd=_IDLE
+            )
+            if "bs" in rings:
+                bs = rings["bs"][i % 3][:rows, c0 : c0 + nc]
+                nisa.tensor_tensor(dst=s_view, data1=s_view, data2=bs, op=nl.add)
+        elif kind == SELECT:
             nisa.range_select(
                 dst=s_view,
                 on_true_tile=s_view,

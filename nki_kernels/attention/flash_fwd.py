@@ -70,11 +70,25 @@ TP_LAG = 3  # P^T: DMA transposes issued, PE transposes + evacuation
 DMA_KEYS_IN_FLIGHT = 4096  # keys of P^T the DMA engines are given time for before P @ V
 Q_PREFETCH = 4  # jobs ahead that a query tile's Q^T DMA is issued
 OUT_RING = 6  # finalized tiles waiting for their store DMA
+MASK_PREFETCH = 2  # jobs ahead that a dense mask's PARTIAL sub-tiles are loaded
+MASK_RING = MASK_PREFETCH + MAX_LAG + 1  # loaded at job i - MASK_PREFETCH, read at i + 1
 
 
 @nki.jit
 def flash_attention_fwd(
-    q, k, v, bounds, softmax_scale, plan, kv_tile, q_tiles, dma_quarters, scalar_evac, kv_buffers=1
+    q,
+    k,
+    v,
+    bounds,
+    softmax_scale,
+    plan,
+    kv_tile,
+    q_tiles,
+    dma_quarters,
+    scalar_evac,
+    kv_buffers=1,
+    mask=None,
+    bias=None,
 ):
     """out [B, Hq, Sq, D] (q.dtype), lse [B, Hq, 128, nq] fp32 = attention(q, k, v).
 
@@ -91,6 +105,12 @@ def flash_attention_fwd(
     ScalarE copies out of PSUM (the rest VectorE); kv_buffers: K/V (and statistics)
     buffer sets -- with 2 the (batch, kv-head) groups of a program run as one pipeline,
     the next group's K/V staged while the current one finishes.
+
+    Dense masks (`mask` given): PARTIAL tiles are masked from loaded tiles instead of the
+    bounds: `mask` uint8 [B | 1, Hq | 1, Sq, Sk] (1 = allowed; select_reduce replaces
+    the other scores, NaN included, by FP32_MIN) and optionally `bias` fp32 of the same
+    shape, added to the unscaled scores (an additive mask divided by softmax_scale; 0
+    where masked). Only the sub-tiles the plan marks PARTIAL are loaded.
     """
     batch, hq, sq, d = q.shape
     hkv = k.shape[1]
@@ -101,7 +121,7 @@ def flash_attention_fwd(
     cfg = (softmax_scale, kv_tile, q_tiles, dma_quarters, scalar_evac)
     items = [(b, g) for b in range(batch) for g in range(hkv)]
     mine = [items[i] for i in range(pid, len(items), nprog)]
-    _run_groups(q, k, v, bounds, out, lse, plan, mine, cfg, kv_buffers)
+    _run_groups(q, k, v, bounds, out, lse, plan, mine, cfg, kv_buffers, (mask, bias))
     return out, lse
 
 
@@ -145,7 +165,7 @@ def _split(n_slots: int, n_full: int, dma_quarters: int) -> int:
     return min(n_full, (n_slots * dma_quarters + 2) // 4)
 
 
-def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers):
+def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense):
     """Plan the jobs of every (batch, kv-head) group, then run them through the pipeline.
 
     With `kv_buffers` = 2 the groups alternate between two K/V buffer sets and form one
@@ -169,7 +189,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers):
             "vt": nl.ndarray((P, nk, d), dtype=cdt, buffer=nl.sbuf),
             "lse": nl.ndarray((P, group, nq), dtype=nl.float32, buffer=nl.sbuf),
         }
-        if masked:
+        if masked and bounds is not None:
             st["bnd"] = nl.ndarray((P, 2, nq), dtype=nl.float32, buffer=nl.sbuf)
         sets.append(st)
     ctxs, jobs, tstate = [], [], []
@@ -207,6 +227,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers):
     )
     segments = [(0, len(jobs))] if continuous else [(c["first"], c["last"] + 1) for c in ctxs]
     rings = _rings(n_sub, d, cdt, q_tiles, pv_lag, cfg[3])
+    _dense_rings(rings, dense, n_sub)
     io = (q, k, v, bounds, out, lse, sq, sk, d, kv_tile)
     for si, (j0, j1) in enumerate(segments):
         if not continuous:
@@ -220,6 +241,8 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers):
                         _open_group(job["grp"], io, rings)
                     _prefetch_q(q, jobs, j0 + i + a, tstate, rings, d)
                     _stage_kv(k, v, job, sk, kv_tile)
+                for a in range(0 if i == 0 else MASK_PREFETCH, min(MASK_PREFETCH, n - i - 1) + 1):
+                    _prefetch_mask(jobs[j0 + i + a], j0 + i + a, tstate, rings, sk)
                 _stage_qk(jobs[j0 + i], j0 + i, tstate, rings, sk, d)
             j = i - MAX_LAG
             if 0 <= j < n:
@@ -392,7 +415,9 @@ def _stage_max(job, i, tstate, rings, scale, sk):
         ncols = min(cnt * P, sk - k0)
         c0 = (j0 % GROUP) * P
         s_view = banks[j0 // GROUP][:rows, c0 : c0 + ncols]
-        if partial:
+        if partial and "mk" in rings:
+            _apply_dense(rings, i, s_view, rows, j0 * P, ncols)
+        elif partial:
             nisa.range_select(
                 dst=s_view,
                 on_true_tile=s_view,
@@ -420,6 +445,56 @@ def _stage_max(job, i, tstate, rings, scale, sk):
         )
     job["nb_prev"] = st.get("nb")
     st["nb"] = nb
+
+
+def _dense_rings(rings, dense, n_sub):
+    """SBUF rings for the loaded PARTIAL sub-tiles of a dense mask (and its bias)."""
+    mask, bias = dense
+    if mask is None:
+        return
+    rings["dense"] = dense
+    cols = n_sub * P
+    rings["mk"] = [nl.ndarray((P, cols), dtype=nl.uint8, buffer=nl.sbuf) for _ in range(MASK_RING)]
+    if bias is not None:
+        rings["bs"] = [
+            nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf) for _ in range(MASK_RING)
+        ]
+
+
+def _prefetch_mask(job, i, tstate, rings, sk):
+    """DMA the PARTIAL sub-tiles of job i's dense mask (and bias) into its ring slot."""
+    if "mk" not in rings or job.get("mask_loaded", False):
+        return
+    job["mask_loaded"] = True
+    mask, bias = rings["dense"]
+    st = tstate[job["ti"]]
+    rows, t0 = st["rows"], st["t"] * P
+    mb = job["grp"]["b"] if mask.shape[0] > 1 else 0
+    mh = st["h"] if mask.shape[1] > 1 else 0
+    for j0, u0, cnt, partial in _runs(job["slots"], split_masked=True):
+        if not partial:
+            continue
+        k0 = u0 * P
+        ncols = min(cnt * P, sk - k0)
+        src = (mb, mh, slice(t0, t0 + rows), slice(k0, k0 + ncols))
+        nisa.dma_copy(dst=_stat(rings, "mk", i)[:rows, j0 * P : j0 * P + ncols], src=mask[src])
+        if bias is not None:
+            nisa.dma_copy(dst=_stat(rings, "bs", i)[:rows, j0 * P : j0 * P + ncols], src=bias[src])
+
+
+def _apply_dense(rings, i, s_view, rows, c0, ncols):
+    """Scores of masked keys -> FP32_MIN (whatever they were, NaN included); + bias."""
+    nisa.select_reduce(
+        dst=s_view,
+        predicate=_stat(rings, "mk", i)[:rows, c0 : c0 + ncols],
+        on_true=s_view,
+        on_false=FP32_MIN,
+        reduce_cmd=nisa.reduce_cmd.idle,
+    )
+    if "bs" in rings:
+        nisa.tensor_tensor(
+            dst=s_view, data1=s_view, data2=_stat(rings, "bs", i)[:rows, c0 : c0 + ncols], op=nl.add
+        )
 
 
 def _stage_exp(job, i, tstate, rings, scale, sk):

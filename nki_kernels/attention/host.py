@@ -46,15 +46,73 @@ class MaskArgs:
     sliding_window: int | None = None
     kv_lens: Tensor | None = None
     segment_ids: Tensor | None = None
+    attn_mask: Tensor | None = None
 
     @property
     def kind(self) -> str:
         """The mask kind a config is chosen for (`AttentionProblem.mask`)."""
-        if self.kv_lens is not None or self.segment_ids is not None:
+        if self.kv_lens is not None or self.segment_ids is not None or self.attn_mask is not None:
             return "data"
         if self.sliding_window is not None:
             return "window"
         return "causal" if self.causal else "none"
+
+
+@dataclass(frozen=True)
+class _Dense:
+    """A dense attn_mask combined with the interval masks, at the bucketed lengths.
+
+    allowed: bool [B | 1, H | 1, Sqb, Skb]; bias: None or fp32 (the additive mask divided
+    by the softmax scale, 0 where not allowed).
+    """
+
+    allowed: np.ndarray
+    bias: np.ndarray | None
+
+    def empty_rows(self, c0: int = 0, c1: int | None = None) -> np.ndarray:
+        """bool [B | 1, H | 1, Sqb]: rows with no allowed key in keys [c0, c1)."""
+        return ~self.allowed[..., c0:c1].any(axis=-1)
+
+
+def dense_of(attn_mask: Tensor, sq: int, sk: int, scale: float) -> _Dense:
+    """`attn_mask` (bool, or additive float; broadcastable to [B, H, Sq, Sk]) as allowed
+    keys and a bias at the unpadded lengths."""
+    am = attn_mask.detach().cpu()
+    while am.dim() < 4:
+        am = am.unsqueeze(0)
+    bm, hm = am.shape[0], am.shape[1]
+    am = am.expand(bm, hm, sq, sk)
+    if am.dtype == torch.bool:
+        allowed_u = am.numpy()
+        add = None
+    else:
+        af = am.to(torch.float64).numpy()
+        allowed_u = af > -np.inf
+        add = np.where(allowed_u, af / scale, 0.0)
+        add = np.maximum(add, -1e30).astype(np.float32)  # stays finite for the kernels
+        if not add.any():
+            add = None
+    return _Dense(allowed_u, add)
+
+
+def _pad_dense(d: _Dense, lo: np.ndarray, hi: np.ndarray, skb: int) -> _Dense:
+    """`d` padded to [.., Sqb, Skb] and intersected with the intervals lo / hi."""
+    b, sqb = lo.shape
+    bm, hm, sq, sk = d.allowed.shape
+    keys = np.arange(skb)
+    inter = (keys[None, None, :] >= lo[:, :, None]) & (keys[None, None, :] < hi[:, :, None])
+    if bm == 1 and (inter == inter[:1]).all():
+        inter = inter[:1]
+    nb = max(bm, inter.shape[0])
+    allowed = np.zeros((nb, hm, sqb, skb), dtype=bool)
+    allowed[:, :, :sq, :sk] = d.allowed
+    allowed &= inter[:, None]
+    bias = None
+    if d.bias is not None:
+        bias = np.zeros((nb, hm, sqb, skb), dtype=np.float32)
+        bias[:, :, :sq, :sk] = d.bias
+        bias = np.where(allowed, bias, np.float32(0.0))
+    return _Dense(allowed, bias)
 
 
 @dataclass(frozen=True)
@@ -70,6 +128,7 @@ class _Padded:
     hi: np.ndarray
     scale: float
     target: Any
+    dense: _Dense | None = None
 
     @property
     def sqb(self) -> int:
@@ -89,7 +148,11 @@ def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> _Padded:
     lo, hi = _bounds(q.shape[0], qp.shape[2], kp.shape[2], q.shape[2], sk, m)
     scale = softmax_scale_of(q, m.softmax_scale)
     vp = pad_dim(v, 2, kp.shape[2])
-    return _Padded(qp, kp, vp, q.shape[2], sk, lo, hi, scale, get_target(None))
+    dense = None
+    if m.attn_mask is not None:
+        d = dense_of(m.attn_mask, q.shape[2], sk, scale)
+        dense = _pad_dense(d, lo, hi, kp.shape[2])
+    return _Padded(qp, kp, vp, q.shape[2], sk, lo, hi, scale, get_target(None), dense)
 
 
 def _bounds(
@@ -143,53 +206,100 @@ def _problem(q: Tensor, k: Tensor, sqb: int, skb: int, mask: str) -> AttentionPr
     )
 
 
+def _dense_operands(
+    dense: _Dense, c0: int, c1: int, device: torch.device, rows: np.ndarray | None = None
+) -> tuple[Any, Tensor, Tensor | None]:
+    """Tile plan, uint8 mask and fp32 bias operands of keys [c0, c1) of a dense mask
+    (`rows`: a row permutation, the backward's row order)."""
+    allowed = dense.allowed[..., c0:c1]
+    bias = dense.bias[..., c0:c1] if dense.bias is not None else None
+    if rows is not None:
+        allowed = allowed[:, :, rows]
+        bias = bias[:, :, rows] if bias is not None else None
+    classes = masks.classify_dense(allowed, bias)
+    if (classes == classes[:1]).all():
+        classes = classes[:1]
+    mask_t = torch.from_numpy(np.ascontiguousarray(allowed, dtype=np.uint8)).to(device)
+    bias_t = torch.from_numpy(np.ascontiguousarray(bias)).to(device) if bias is not None else None
+    return masks.tile_plan(classes), mask_t, bias_t
+
+
+def _launch_fwd(
+    qp: Tensor, kc: Tensor, vc: Tensor, scale: float, cfg: FlashFwdConfig, target: Any, ops: Any
+) -> tuple[Tensor, Tensor]:
+    """The forward kernel on one key chunk; `ops`: (bounds, plan, mask, bias)."""
+    bounds, plan, mask_t, bias_t = ops
+    if mask_t is None:
+        return launch(flash_attention_fwd, qp, kc, vc, bounds, scale, plan, config=cfg, target=target)
+    c = cfg.to_dict()
+    fields = ("kv_tile", "q_tiles", "dma_quarters", "scalar_evac", "kv_buffers")
+    args = (qp, kc, vc, None, scale, plan, *(c[f] for f in fields), mask_t, bias_t)
+    return launch(flash_attention_fwd, *args, target=target)
+
+
 def forward(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> tuple[Tensor, Tensor]:
     """(out, lse [B, Hq, Sq]) of the op: padded, chunked over keys, merged, unpadded."""
     x = _pad(q, k, v, m)
     sq, sqb, skb, lo, hi, target = x.sq, x.sqb, x.skb, x.lo, x.hi, x.target
     qp, kp, vp, scale, mask = x.qp, x.kp, x.vp, x.scale, m.kind
-    chunk = _key_chunk(q, k, sqb, skb, mask, target)
+    chunk = _key_chunk(q, k, sqb, skb, mask, target, dense=x.dense is not None)
     parts = []
     for c0 in range(0, skb, chunk):
         c1 = min(skb, c0 + chunk)
         clo, chi = np.clip(lo - c0, 0, c1 - c0), np.clip(hi - c0, 0, c1 - c0)
-        plan, bounds = _plan_and_bounds(clo, chi, c1 - c0, q.device)
+        if x.dense is not None:
+            plan, mask_t, bias_t = _dense_operands(x.dense, c0, c1, q.device)
+            ops: Any = (None, plan, mask_t, bias_t)
+            empty_c = x.dense.empty_rows(c0, c1)
+        else:
+            plan, bounds = _plan_and_bounds(clo, chi, c1 - c0, q.device)
+            ops = (bounds, plan, None, None)
+            empty_c = (clo >= chi)[:, None, :]
         problem = _problem(q, k, sqb, c1 - c0, mask)
         cfg = lookup_config("flash_attention", problem, flash_attention_fwd, target=target)
         assert isinstance(cfg, FlashFwdConfig)
         cfg = with_kv_overlap(cfg, problem, target)
-        out_c, lse_c = launch(
-            flash_attention_fwd,
-            qp,
-            kp[:, :, c0:c1].contiguous(),
-            vp[:, :, c0:c1].contiguous(),
-            bounds,
-            scale,
-            plan,
-            config=cfg,
-            target=target,
-        )
+        kc, vc = kp[:, :, c0:c1].contiguous(), vp[:, :, c0:c1].contiguous()
+        out_c, lse_c = _launch_fwd(qp, kc, vc, scale, cfg, target, ops)
         lse_c = lse_from_kernel(lse_c)
-        empty = torch.from_numpy(clo >= chi).to(q.device)[:, None, :]
+        empty = torch.from_numpy(empty_c).to(q.device)
         parts.append((out_c, lse_c.masked_fill(empty, float("-inf"))))
     out, lse = parts[0] if len(parts) == 1 else _merge(parts)
     out, lse = out[:, :, :sq], lse[:, :, :sq]
-    empty = torch.from_numpy(lo[:, :sq] >= hi[:, :sq]).to(q.device)[:, None, :]
+    empty = torch.from_numpy(_empty_rows(x)[:, :, :sq]).to(q.device)
     if bool(empty.any()):
         out = out.masked_fill(empty[..., None], 0.0)
         lse = lse.masked_fill(empty, float("-inf"))
     return out.contiguous(), lse.contiguous()
 
 
-def _key_chunk(q: Tensor, k: Tensor, sqb: int, skb: int, mask: str, target: Any) -> int:
+def _empty_rows(x: _Padded) -> np.ndarray:
+    """bool [B | 1, H | 1, Sqb]: rows with no allowed key at all (out 0, lse -inf)."""
+    if x.dense is not None:
+        return x.dense.empty_rows()
+    return (x.lo >= x.hi)[:, None, :]
+
+
+DENSE_RESERVE_KEYS = 8192  # resident keys given up for a dense mask's SBUF tile rings
+
+
+def _key_chunk(
+    q: Tensor, k: Tensor, sqb: int, skb: int, mask: str, target: Any, dense: bool = False
+) -> int:
     """Keys per forward call: all of them, or the longest range whose K^T / V fit in
-    SBUF under the config that will run it (re-checked for the chunk's own config)."""
+    SBUF under the config that will run it (re-checked for the chunk's own config).
+
+    With a dense mask the kernel also keeps rings of loaded mask / bias tiles (up to
+    20 KiB per partition), which the config's dry run does not see: the chunk leaves
+    room for them."""
     chunk = skb
     for _ in range(4):
         problem = _problem(q, k, sqb, chunk, mask)
         cfg = lookup_config("flash_attention", problem, flash_attention_fwd, target=target)
         assert isinstance(cfg, FlashFwdConfig)
         limit = max_resident_keys(cfg, problem, target)
+        if dense and limit < chunk + DENSE_RESERVE_KEYS:
+            limit = max(1024, limit - DENSE_RESERVE_KEYS)
         if limit >= chunk:
             return chunk
         chunk = limit
@@ -248,29 +358,28 @@ def backward(
     sq, sk, sqb, skb, lo, hi = x.sq, x.sk, x.sqb, x.skb, x.lo, x.hi
     op, dop = pad_dim(out, 2, sqb), pad_dim(grad_out.to(q.dtype), 2, sqb)
     # rows without an allowed key (and padded rows) get lse = +inf: their P is exactly 0
-    empty = torch.from_numpy(lo >= hi).to(q.device)[:, None, :]
+    empty = torch.from_numpy(_empty_rows(x)).to(q.device)
     lse_p = pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf"))
     dlse = None
     if grad_lse is not None:
         dlse = pad_dim(grad_lse.float(), 2, sqb).masked_fill(empty, 0.0)
     plan, bounds, lse_p, dlse = bwd_kernel_rows(lo, hi, skb, lse_p, dlse)
+    dense: tuple[Any, ...] = ()
+    if x.dense is not None:
+        perm = np.asarray(bwd_row_order(sqb), dtype=np.int64)
+        plan, mask_t, bias_t = _dense_operands(x.dense, 0, skb, q.device, rows=perm)
+        bounds, dense = None, (mask_t, bias_t)
     problem = _problem(q, k, sqb, skb, m.kind)
     cfg = lookup_config("flash_attention_bwd", problem, flash_attention_bwd, target=x.target)
-    dq, dk, dv = launch(
-        flash_attention_bwd,
-        x.qp,
-        x.kp,
-        x.vp,
-        op.contiguous(),
-        dop.contiguous(),
-        lse_p,
-        dlse,
-        bounds,
-        x.scale,
-        plan,
-        config=cfg,
-        target=x.target,
-    )
+    args = (x.qp, x.kp, x.vp, op.contiguous(), dop.contiguous(), lse_p, dlse, bounds, x.scale)
+    if dense:
+        c = cfg.to_dict()
+        fields = ("section", "dma_quarters", "scalar_evac")
+        dq, dk, dv = launch(
+            flash_attention_bwd, *args, plan, *(c[f] for f in fields), *dense, target=x.target
+        )
+    else:
+        dq, dk, dv = launch(flash_attention_bwd, *args, plan, config=cfg, target=x.target)
     return dq[:, :, :sq].contiguous(), dk[:, :, :sk].contiguous(), dv[:, :, :sk].contiguous()
 
 

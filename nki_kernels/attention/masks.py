@@ -173,6 +173,25 @@ def dense_mask(lo: np.ndarray, hi: np.ndarray, sk: int) -> np.ndarray:
     return (keys[None, None, :] >= lo[:, :, None]) & (keys[None, None, :] < hi[:, :, None])
 
 
+def classify_dense(allowed: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """SKIP / PARTIAL / FULL per (batch, 128-query tile, 128-key sub-tile) of a dense mask.
+
+    `allowed` is bool [B, H, Sq, Sk] (B, H may be 1), `bias` None or fp32 of the same
+    shape. A tile is SKIP when no head and row allows any of its keys, FULL when every
+    head and row allows all of them with zero bias, else PARTIAL. The heads share one
+    plan (the kernels' plan is per batch row); returns int8 [B, ceil(Sq/128), ceil(Sk/128)].
+    """
+    b, h, sq, sk = allowed.shape
+    nq, nk = -(-sq // TILE), -(-sk // TILE)
+    touched = np.zeros((b, h, nq * TILE, nk * TILE), dtype=bool)
+    touched[:, :, :sq, :sk] = allowed
+    touched_t = touched.reshape(b, h, nq, TILE, nk, TILE).any(axis=(1, 3, 5))
+    full = np.ones((b, h, nq * TILE, nk * TILE), dtype=bool)  # ragged edges: don't care
+    full[:, :, :sq, :sk] = allowed if bias is None else allowed & (bias == 0)
+    full_t = full.reshape(b, h, nq, TILE, nk, TILE).all(axis=(1, 3, 5))
+    return np.where(~touched_t, SKIP, np.where(full_t, FULL, PARTIAL)).astype(np.int8)
+
+
 def allowed_fraction(classes: np.ndarray) -> float:
     """Fraction of (query tile, key sub-tile) pairs that are computed (not skipped)."""
     return float((classes != SKIP).mean()) if classes.size else 0.0
@@ -185,6 +204,7 @@ __all__ = [
     "TILE",
     "MaskSpec",
     "allowed_fraction",
+    "classify_dense",
     "classify_tiles",
     "dense_mask",
     "kernel_bounds",

@@ -36,7 +36,26 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 # ---- argument checks (metadata only: they also run on FakeTensors) ------------------------
-def _check(q: Tensor, k: Tensor, v: Tensor, kv_lens: Any, segment_ids: Any, kw: Any) -> None:
+def _check_attn_mask(attn_mask: Tensor, q: Tensor, k: Tensor) -> None:
+    """attn_mask: bool or additive float, broadcastable to [B, Hq, Sq, Sk]."""
+    check_tensor("attn_mask", attn_mask, dtypes=(torch.bool, *FLOAT_DTYPES))
+    b, hq, sq, _ = q.shape
+    full = (b, hq, sq, k.shape[2])
+    shape = tuple(attn_mask.shape)
+    if not 2 <= len(shape) <= 4 or any(
+        n not in (1, want) for n, want in zip(shape[::-1], full[::-1])
+    ):
+        raise ValueError(
+            f"attn_mask: expected a shape broadcastable to {full} [B | 1, Hq | 1, Sq, Sk] "
+            f"(2 to 4 dims); got {shape}"
+        )
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask: expected device {q.device} (as q); got {attn_mask.device}")
+
+
+def _check(
+    q: Tensor, k: Tensor, v: Tensor, kv_lens: Any, segment_ids: Any, kw: Any, attn_mask: Any = None
+) -> None:
     """Checks of the inputs and options both ops take (`kw`: their keyword arguments)."""
     causal = kw.get("causal", False)
     softmax_scale = kw.get("softmax_scale")
@@ -95,20 +114,34 @@ def _check(q: Tensor, k: Tensor, v: Tensor, kv_lens: Any, segment_ids: Any, kw: 
             raise ValueError(
                 f"segment_ids: expected device {q.device} (as q); got {segment_ids.device}"
             )
+    if attn_mask is not None:
+        _check_attn_mask(attn_mask, q, k)
 
 
 # ---- the ops --------------------------------------------------------------------------------
 def _fwd_fake(
-    q: Tensor, k: Tensor, v: Tensor, kv_lens: Any = None, segment_ids: Any = None, **kw: Any
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_lens: Any = None,
+    segment_ids: Any = None,
+    attn_mask: Any = None,
+    **kw: Any,
 ) -> tuple[Tensor, Tensor]:
     b, h, s, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
 
 
 def _fwd_validate(
-    q: Tensor, k: Tensor, v: Tensor, kv_lens: Any = None, segment_ids: Any = None, **kw: Any
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_lens: Any = None,
+    segment_ids: Any = None,
+    attn_mask: Any = None,
+    **kw: Any,
 ) -> None:
-    _check(q, k, v, kv_lens, segment_ids, kw)
+    _check(q, k, v, kv_lens, segment_ids, kw, attn_mask)
     if not isinstance(kw.get("return_lse", False), bool):
         raise TypeError(f"return_lse: expected a bool; got {type(kw['return_lse']).__name__}")
 
@@ -116,22 +149,22 @@ def _fwd_validate(
 def _setup(
     ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Any
 ) -> None:
-    q, k, v, kv_lens, segment_ids = inputs
+    q, k, v, kv_lens, segment_ids, attn_mask = inputs
     out, lse = output
     opts = dict(keyword_only_inputs)
     opts.pop("return_lse", None)
-    ctx.save_for_backward(q, k, v, out, lse, kv_lens, segment_ids)
+    ctx.save_for_backward(q, k, v, out, lse, kv_lens, segment_ids, attn_mask)
     ctx.opts = opts
 
 
 def _grad(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
-    q, k, v, out, lse, kv_lens, segment_ids = ctx.saved_tensors
+    q, k, v, out, lse, kv_lens, segment_ids, attn_mask = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv = torch.ops.nki.flash_attention_backward(
-        grad_out, grad_lse, q, k, v, out, lse, kv_lens, segment_ids, **ctx.opts
+        grad_out, grad_lse, q, k, v, out, lse, kv_lens, segment_ids, attn_mask, **ctx.opts
     )
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, None
 
 
 def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -157,6 +190,7 @@ def _flash_attention_op(
     v: Tensor,
     kv_lens: Tensor | None = None,
     segment_ids: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     *,
     causal: bool = False,
     softmax_scale: float | None = None,
@@ -164,7 +198,8 @@ def _flash_attention_op(
     return_lse: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(scale * q k^T + mask) v; see the module docstring."""
-    return forward(q, k, v, MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids))
+    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask)
+    return forward(q, k, v, m)
 
 
 def _bwd_fake(
@@ -189,9 +224,10 @@ def _bwd_validate(
     lse: Tensor,
     kv_lens: Any = None,
     segment_ids: Any = None,
+    attn_mask: Any = None,
     **kw: Any,
 ) -> None:
-    _check(q, k, v, kv_lens, segment_ids, kw)
+    _check(q, k, v, kv_lens, segment_ids, kw, attn_mask)
     for arg, t in (("grad_out", grad_out), ("out", out)):
         check_tensor(arg, t, min_dim=4)
         if tuple(t.shape) != tuple(q.shape):
@@ -228,13 +264,14 @@ def _flash_attention_backward_op(
     lse: Tensor,
     kv_lens: Tensor | None = None,
     segment_ids: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     *,
     causal: bool = False,
     softmax_scale: float | None = None,
     sliding_window: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of flash_attention from its saved output and log-sum-exp."""
-    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids)
+    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask)
     return backward(grad_out, grad_lse, q, k, v, out, lse, m)
 
 
@@ -249,6 +286,7 @@ def flash_attention(
     sliding_window: int | None = None,
     kv_lens: Tensor | None = None,
     segment_ids: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """`torch.ops.nki.flash_attention`, returning `out` (or `(out, lse)` with return_lse).
@@ -256,7 +294,10 @@ def flash_attention(
     q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D] (Hq a multiple of Hkv; D <= 128). Causal
     masks align bottom-right (query i sees keys <= i + Sk - Sq); `sliding_window` W keeps
     the W most recent keys (and implies causal); `kv_lens` [B] masks keys >= kv_lens[b];
-    `segment_ids` [B, S] restricts attention to each query's own (contiguous) document.
+    `segment_ids` [B, S] restricts attention to each query's own (contiguous) document;
+    `attn_mask` (bool: True = allowed, or additive float) broadcastable to [B, Hq, Sq, Sk]
+    combines with all of them. Rows with no allowed key return out = 0, lse = -inf (as
+    torch's SDPA and flex_attention do).
     """
     out, lse = torch.ops.nki.flash_attention(
         q,
@@ -267,6 +308,7 @@ def flash_attention(
         sliding_window=sliding_window,
         kv_lens=kv_lens,
         segment_ids=segment_ids,
+        attn_mask=attn_mask,
         return_lse=return_lse,
     )
     return (out, lse) if return_lse else out
@@ -296,11 +338,10 @@ def _sdpa_unsupported(
     enable_gqa: bool,
 ) -> str | None:
     """Why the NKI op cannot serve this call (None: it can)."""
-    if attn_mask is not None:
-        return (
-            "an explicit attn_mask (arbitrary dense masks are not supported; flash_attention "
-            "takes causal, sliding_window, kv_lens and segment_ids)"
-        )
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool, query.dtype):
+        return f"attn_mask of dtype {attn_mask.dtype} (supported: bool or the query's dtype)"
+    if attn_mask is not None and is_causal:
+        return "attn_mask together with is_causal (torch rejects the combination)"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p} (attention dropout is not supported)"
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (query, key, value)):
@@ -363,7 +404,9 @@ def sdpa(
             scale=scale,
             enable_gqa=enable_gqa,
         )
-    out, _ = torch.ops.nki.flash_attention(query, key, value, causal=is_causal, softmax_scale=scale)
+    out, _ = torch.ops.nki.flash_attention(
+        query, key, value, attn_mask=attn_mask, causal=is_causal, softmax_scale=scale
+    )
     return out
 
 
