@@ -135,7 +135,9 @@ def flash_attention_bwd(
         ctx["plan"] = head_group_plan(classes, heads, sq, sk, section // GROUP, diag is not None)
         progs.append(ctx)
     if mask is not None:
-        shared["rings"]["mk"] = [nl.ndarray((P, UNIT), dtype=nl.uint8, buffer=nl.sbuf) for _ in range(3)]
+        shared["rings"]["mk"] = [
+            nl.ndarray((P, UNIT), dtype=nl.uint8, buffer=nl.sbuf) for _ in range(3)
+        ]
         if bias is not None:
             shared["rings"]["bs"] = [
                 nl.ndarray((P, UNIT), dtype=nl.float32, buffer=nl.sbuf) for _ in range(3)

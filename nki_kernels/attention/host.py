@@ -59,7 +59,7 @@ class MaskArgs:
 
 
 @dataclass(frozen=True)
-class _Dense:
+class DenseMask:
     """A dense attn_mask combined with the interval masks, at the bucketed lengths.
 
     allowed: bool [B | 1, H | 1, Sqb, Skb]; bias: None or fp32 (the additive mask divided
@@ -71,10 +71,10 @@ class _Dense:
 
     def empty_rows(self, c0: int = 0, c1: int | None = None) -> np.ndarray:
         """bool [B | 1, H | 1, Sqb]: rows with no allowed key in keys [c0, c1)."""
-        return ~self.allowed[..., c0:c1].any(axis=-1)
+        return np.asarray(~self.allowed[..., c0:c1].any(axis=-1))
 
 
-def dense_of(attn_mask: Tensor, sq: int, sk: int, scale: float) -> _Dense:
+def dense_of(attn_mask: Tensor, sq: int, sk: int, scale: float) -> DenseMask:
     """`attn_mask` (bool, or additive float; broadcastable to [B, H, Sq, Sk]) as allowed
     keys and a bias at the unpadded lengths."""
     am = attn_mask.detach().cpu()
@@ -92,12 +92,12 @@ def dense_of(attn_mask: Tensor, sq: int, sk: int, scale: float) -> _Dense:
         add = np.maximum(add, -1e30).astype(np.float32)  # stays finite for the kernels
         if not add.any():
             add = None
-    return _Dense(allowed_u, add)
+    return DenseMask(allowed_u, add)
 
 
-def _pad_dense(d: _Dense, lo: np.ndarray, hi: np.ndarray, skb: int) -> _Dense:
+def _pad_dense(d: DenseMask, lo: np.ndarray, hi: np.ndarray, skb: int) -> DenseMask:
     """`d` padded to [.., Sqb, Skb] and intersected with the intervals lo / hi."""
-    b, sqb = lo.shape
+    sqb = lo.shape[1]
     bm, hm, sq, sk = d.allowed.shape
     keys = np.arange(skb)
     inter = (keys[None, None, :] >= lo[:, :, None]) & (keys[None, None, :] < hi[:, :, None])
@@ -112,7 +112,7 @@ def _pad_dense(d: _Dense, lo: np.ndarray, hi: np.ndarray, skb: int) -> _Dense:
         bias = np.zeros((nb, hm, sqb, skb), dtype=np.float32)
         bias[:, :, :sq, :sk] = d.bias
         bias = np.where(allowed, bias, np.float32(0.0))
-    return _Dense(allowed, bias)
+    return DenseMask(allowed, bias)
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class _Padded:
     hi: np.ndarray
     scale: float
     target: Any
-    dense: _Dense | None = None
+    dense: DenseMask | None = None
 
     @property
     def sqb(self) -> int:
@@ -206,8 +206,8 @@ def _problem(q: Tensor, k: Tensor, sqb: int, skb: int, mask: str) -> AttentionPr
     )
 
 
-def _dense_operands(
-    dense: _Dense, c0: int, c1: int, device: torch.device, rows: np.ndarray | None = None
+def dense_operands(
+    dense: DenseMask, c0: int, c1: int, device: torch.device, rows: np.ndarray | None = None
 ) -> tuple[Any, Tensor, Tensor | None]:
     """Tile plan, uint8 mask and fp32 bias operands of keys [c0, c1) of a dense mask
     (`rows`: a row permutation, the backward's row order)."""
@@ -230,7 +230,9 @@ def _launch_fwd(
     """The forward kernel on one key chunk; `ops`: (bounds, plan, mask, bias)."""
     bounds, plan, mask_t, bias_t = ops
     if mask_t is None:
-        return launch(flash_attention_fwd, qp, kc, vc, bounds, scale, plan, config=cfg, target=target)
+        return launch(
+            flash_attention_fwd, qp, kc, vc, bounds, scale, plan, config=cfg, target=target
+        )
     c = cfg.to_dict()
     fields = ("kv_tile", "q_tiles", "dma_quarters", "scalar_evac", "kv_buffers")
     args = (qp, kc, vc, None, scale, plan, *(c[f] for f in fields), mask_t, bias_t)
@@ -248,7 +250,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> tuple[Tensor, Tenso
         c1 = min(skb, c0 + chunk)
         clo, chi = np.clip(lo - c0, 0, c1 - c0), np.clip(hi - c0, 0, c1 - c0)
         if x.dense is not None:
-            plan, mask_t, bias_t = _dense_operands(x.dense, c0, c1, q.device)
+            plan, mask_t, bias_t = dense_operands(x.dense, c0, c1, q.device)
             ops: Any = (None, plan, mask_t, bias_t)
             empty_c = x.dense.empty_rows(c0, c1)
         else:
@@ -367,7 +369,7 @@ def backward(
     dense: tuple[Any, ...] = ()
     if x.dense is not None:
         perm = np.asarray(bwd_row_order(sqb), dtype=np.int64)
-        plan, mask_t, bias_t = _dense_operands(x.dense, 0, skb, q.device, rows=perm)
+        plan, mask_t, bias_t = dense_operands(x.dense, 0, skb, q.device, rows=perm)
         bounds, dense = None, (mask_t, bias_t)
     problem = _problem(q, k, sqb, skb, m.kind)
     cfg = lookup_config("flash_attention_bwd", problem, flash_attention_bwd, target=x.target)
@@ -384,10 +386,13 @@ def backward(
 
 
 __all__ = [
+    "DenseMask",
     "MaskArgs",
     "backward",
     "bwd_kernel_rows",
     "check_data",
+    "dense_of",
+    "dense_operands",
     "forward",
     "lse_from_kernel",
     "lse_to_kernel",

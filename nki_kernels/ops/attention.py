@@ -379,7 +379,7 @@ def sdpa(
 ) -> Tensor:
     """Drop-in for `torch.nn.functional.scaled_dot_product_attention` on the NKI kernels.
 
-    Calls the NKI op cannot serve (a dense attn_mask, dropout, other layouts, head_dim >
+    Calls the NKI op cannot serve (dropout, other layouts, head_dim >
     128, ...) go to torch's SDPA, with one `SdpaFallbackWarning` per reason that says why.
     """
     reason = _sdpa_unsupported(

@@ -36,7 +36,6 @@ def test_sdpa_served_by_the_kernel_matches_torch(kw: dict, hkv: int) -> None:
 @pytest.mark.parametrize(
     "case,reason",
     [
-        ("mask", "explicit attn_mask"),
         ("dropout", "dropout_p=0.5"),
         ("causal-rect", "is_causal with Sq != Sk"),
         ("3d", "not 4-D"),
@@ -47,9 +46,7 @@ def test_sdpa_falls_back_with_one_warning_naming_the_reason(case: str, reason: s
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
     kw: dict = {}
-    if case == "mask":
-        kw["attn_mask"] = torch.rand(8, 8) > 0.5
-    elif case == "dropout":
+    if case == "dropout":
         kw["dropout_p"] = 0.5
     elif case == "causal-rect":
         k, v = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
