@@ -16,5 +16,7 @@ _ops.load_all()
 
 from . import nn  # noqa: E402
 from .ops.attention import flash_attention, sdpa  # noqa: E402
+from .runtime.buckets import set_bucket_policy  # noqa: E402
+from .runtime.explain import explain  # noqa: E402
 
-__all__ = ["__version__", "flash_attention", "nn", "sdpa"]
+__all__ = ["__version__", "explain", "flash_attention", "nn", "sdpa", "set_bucket_policy"]

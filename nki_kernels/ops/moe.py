@@ -26,7 +26,8 @@ from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from ..moe.grouping import BlockPlan, plan_blocks
 from ..moe.reference import MoERouting
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
-from ..runtime import DEFAULT_POLICY, launch, lookup_config, pad_to_bucket, unpad
+from ..runtime import launch, lookup_config, pad_to_bucket, unpad
+from ..runtime.buckets import current_policy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
 from .registry import define_op
@@ -106,7 +107,7 @@ def _dtype_name(t: Tensor) -> str:
 
 def _bucket_floor(tb: int) -> int:
     """The smallest token count that pads to bucket `tb` (static plan bounds hold for it)."""
-    lower = [b for b in DEFAULT_POLICY.buckets(tb) if b < tb]
+    lower = [b for b in current_policy().buckets(tb) if b < tb]
     return (lower[-1] + 1) if lower else 1
 
 

@@ -50,6 +50,11 @@ What `define_op` does:
   kernel produces or `torch.compile` miscompiles views of the result;
 * `backward` / `setup_context`: `torch.library.register_autograd` semantics. Without
   them the op is not differentiable (backward through it raises);
+* `bucket_policy`: every op gets a keyword-only `bucket_policy: str | None = None`
+  argument (a `runtime.buckets.parse_policy` spec). The call runs under that policy, or
+  under the enclosing call's / the op's / the global one (`runtime.buckets`); autograd
+  runs the backward under the forward's policy. The implementation, validate and fake
+  never see the argument: they pad with `pad_to_bucket(x)`, which follows it;
 * `examples()`: small sample calls `[(args, kwargs), ...]` that the registry meta-test
   runs through `torch.library.opcheck` -- every op must supply them.
 
@@ -61,6 +66,7 @@ live in `nki_kernels/ops/<family>.py`, imported by `nki_kernels.ops.load_all()`.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,6 +163,58 @@ def _dense(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+POLICY_ARG = "bucket_policy"
+
+
+def _schema_with_policy(schema: str) -> str:
+    """`schema` with the keyword-only `str? bucket_policy=None` appended to its arguments."""
+    args, ret = schema.split(") -> ", 1)
+    names = [a.strip() for a in args[1:].split(",") if a.strip()]
+    extra = [f"str? {POLICY_ARG}=None"] if "*" in names else ["*", f"str? {POLICY_ARG}=None"]
+    return "(" + ", ".join([*names, *extra]) + ") -> " + ret
+
+
+def _resolve_policy(name: str, spec: str | None) -> Any:
+    from ..runtime import buckets
+
+    if spec is not None:
+        return buckets.parse_policy(spec)
+    return buckets._CURRENT.get() or buckets.policy_for(name)
+
+
+def _policy_scope(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def run(*args: Any, bucket_policy: str | None = None, **kwargs: Any) -> Any:
+        from ..runtime.buckets import using_policy
+
+        with using_policy(_resolve_policy(name, bucket_policy)):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _policy_autograd(
+    name: str, backward: Callable[..., Any], setup_context: Callable[..., Any]
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    takes_kw = "keyword_only_inputs" in inspect.signature(setup_context).parameters
+
+    def setup(ctx: Any, inputs: Any, keyword_only_inputs: Any, output: Any) -> None:
+        kw = dict(keyword_only_inputs)
+        ctx.nki_bucket_policy = _resolve_policy(name, kw.pop(POLICY_ARG, None))
+        if takes_kw:
+            setup_context(ctx, inputs, kw, output)
+        else:
+            setup_context(ctx, inputs, output)
+
+    def grad(ctx: Any, *grads: Any) -> Any:
+        from ..runtime.buckets import using_policy
+
+        with using_policy(ctx.nki_bucket_policy):
+            return backward(ctx, *grads)
+
+    return grad, setup
+
+
 def define_op(
     name: str,
     impl: Callable[..., Any] | None = None,
@@ -200,20 +258,33 @@ def define_op(
     qualname = f"{NAMESPACE}::{name}"
     # Inferred from `impl` itself so string annotations resolve in its module.
     schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
+    schema = _schema_with_policy(schema)
     op = torch.library.custom_op(
         qualname, _unsupported(name, impl), mutates_args=tuple(mutates_args), schema=schema
     )
-    op.register_kernel("cpu")(_checked(validate, _dense(overrides.get("cpu", impl))))
+    op.register_kernel("cpu")(
+        _policy_scope(name, _checked(validate, _dense(overrides.get("cpu", impl))))
+    )
     pu1 = _privateuse1_device()
     if pu1 is not None:
-        op.register_kernel(pu1)(_checked(validate, _dense(overrides.get("neuron", impl))))
-    op.register_fake(_checked(validate, _dense(fake)))
-    if backward is not None:
-        op.register_autograd(backward, setup_context=setup_context)
+        neuron = _checked(validate, _dense(overrides.get("neuron", impl)))
+        op.register_kernel(pu1)(_policy_scope(name, neuron))
+    op.register_fake(_policy_scope(name, _checked(validate, _dense(fake))))
+    if backward is not None and setup_context is not None:
+        grad, setup = _policy_autograd(name, backward, setup_context)
+        op.register_autograd(grad, setup_context=setup)
 
     entry = NkiOp(name, op, impl, fake, examples, differentiable=backward is not None)
     _REGISTRY[name] = entry
     return entry
 
 
-__all__ = ["NAMESPACE", "SUPPORTED_DEVICES", "Example", "NkiOp", "define_op", "registered_ops"]
+__all__ = [
+    "NAMESPACE",
+    "POLICY_ARG",
+    "SUPPORTED_DEVICES",
+    "Example",
+    "NkiOp",
+    "define_op",
+    "registered_ops",
+]

@@ -14,30 +14,48 @@ strings (e.g. rows=4096, hidden=4096, dtype="bfloat16"); its canonical key strin
 `problem_key(problem)`. The config class of an op is the `KernelConfig` subclass whose
 `op_name` is the op (or pass `config_cls=`).
 
-Lookup (`ConfigStore.lookup`), over the user directory first, then the shipped
+Lookup (`ConfigStore.decide` / `lookup`), over the user directory first, then the shipped
 `nki_kernels/configs/`:
 
-1. the exact key;
-2. the nearest compatible key: same field names and the same non-numeric values, the
-   smallest sum of |log2(a / b)| over numeric fields (ties: the smaller problem), and the
-   config must pass `validate(problem, target)`;
+1. the exact key ("tuned entry");
+2. the nearest stored key that differs only in the *bucketed* dimension (`BUCKET_FIELDS`:
+   rows, tokens, seq_q, seq_k): every other field -- hidden size, experts, top-k, heads,
+   head_dim, dtype, mask, affine -- must be equal. Smallest sum of |log2(a / b)| over the
+   bucketed fields wins (ties: the smaller problem) ("nearest bucket"). A config tuned for
+   hidden 4096 is never used at hidden 5120, nor a 64-expert one at 16 experts: tile
+   choices do not transfer across those, while along the bucketed dimension the same
+   tiling repeats over more tiles;
 3. the heuristic default, `config_cls.heuristic(problem, target)`, with one
-   `ConfigFallbackWarning` per (op, target).
+   `ConfigFallbackWarning` per (op, target) ("heuristic default").
 
-An entry whose `kernel_hash` differs from the kernel's current source hash is not used:
-it is skipped with a `StaleConfigWarning` (once per entry). Writes (`put`) are atomic
-(temporary file + `os.replace`) under an advisory file lock, and merge into the file.
+Each candidate must pass the schema (`config_schema.check_entry`: field types, provenance)
+and `validate(problem, target)` (ranges and fit); a failing entry is skipped with one
+`InvalidEntryWarning` naming the file, the entry and the field or rule, so a malformed
+entry never reaches a kernel. An entry whose `kernel_hash` differs from the kernel's
+current source hash is skipped with a `StaleConfigWarning` (once per entry). A file that
+does not parse is skipped with one warning. Writes (`put`) are atomic (temporary file +
+`os.replace`, the temporary removed on any failure; a kill can leave at most a
+`.<op>.*.json.tmp` file, which readers ignore and the next `put` removes) under an
+advisory lock on the file itself; files are written group- and world-readable (0644)
+so a shared config directory works for every user.
 
-The user directory is the one setting read from the environment: `NKI_KERNELS_CONFIG_DIR`,
-read once by `default_store()`; `set_config_dir()` changes it at run time.
+`ConfigStore.decide` returns a `ConfigDecision`: the config, where it came from, the
+entry's key, file and provenance; `nki_kernels.explain(op, *args)` records the decisions
+of one call. With `NKI_KERNELS_LOG_CONFIGS=1` (read once, by `default_store()`), every
+decision is logged once per (op, target, problem) on the `nki_kernels.configs` logger.
+
+The user directory comes from `NKI_KERNELS_CONFIG_DIR`, read once by `default_store()`;
+`set_config_dir()` changes it at run time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import json
+import logging
 import math
 import os
 import tempfile
@@ -50,10 +68,16 @@ from typing import Any
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target, get_target
+from .config_schema import EntryError, check_entry
 
 FORMAT = 1
 CONFIG_DIR_ENV_VAR = "NKI_KERNELS_CONFIG_DIR"
+LOG_ENV_VAR = "NKI_KERNELS_LOG_CONFIGS"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "configs"
+BUCKET_FIELDS = frozenset({"rows", "tokens", "seq_q", "seq_k", "seq"})
+TUNED, NEAREST, DEFAULT = "tuned entry", "nearest bucket", "heuristic default"
+FILE_MODE = 0o644
+LOG = logging.getLogger("nki_kernels.configs")
 
 
 class ConfigFallbackWarning(UserWarning):
@@ -62,6 +86,10 @@ class ConfigFallbackWarning(UserWarning):
 
 class StaleConfigWarning(UserWarning):
     """A stored config was tuned for other kernel source (hash mismatch) or does not load."""
+
+
+class InvalidEntryWarning(StaleConfigWarning):
+    """A stored entry fails the schema or does not fit the problem: it is skipped."""
 
 
 @dataclass(frozen=True)
@@ -136,15 +164,17 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
-    """log2 distance between compatible problems, None when incompatible."""
+def _distance(
+    a: Mapping[str, Any], b: Mapping[str, Any], bucket_fields: frozenset[str] = BUCKET_FIELDS
+) -> float | None:
+    """log2 distance along the bucketed fields; None unless every other field is equal."""
     if set(a) != set(b):
         return None
     d = 0.0
     for k, va in a.items():
         vb = b[k]
-        numeric = isinstance(va, (int, float)) and isinstance(vb, (int, float))
-        if not numeric:
+        numeric = _is_number(va) and _is_number(vb)
+        if k not in bucket_fields or not numeric:
             if str(va) != str(vb):
                 return None
         elif va != vb:
@@ -152,6 +182,59 @@ def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
                 return None
             d += abs(math.log2(va / vb))
     return d
+
+
+@dataclass(frozen=True)
+class ConfigDecision:
+    """Which config a call of `op` uses for `problem` on `target`, and from where.
+
+    `source` is TUNED (the exact key), NEAREST (a stored entry of another bucket of the
+    same shape) or DEFAULT (the heuristic); `entry_key`, `file` and `provenance` name the
+    stored entry (None for the default); `skipped` says why stored entries were not used.
+    """
+
+    op: str
+    target: str
+    problem: str
+    config: KernelConfig
+    source: str
+    entry_key: str | None = None
+    file: str | None = None
+    provenance: Provenance | None = None
+    skipped: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """A few lines for people: op, problem, source, config, provenance."""
+        cfg = ", ".join(f"{k}={v}" for k, v in self.config.to_dict().items())
+        lines = [f"{self.op} on {self.target} at {self.problem}", f"  uses   {self.source}"]
+        if self.entry_key is not None:
+            lines[-1] += f" [{self.entry_key}] from {self.file}"
+        lines.append(f"  config {cfg}")
+        if self.provenance is not None:
+            p = self.provenance
+            lines.append(
+                f"  tuned  {p.latency_ns / 1e3:.2f} us vs default {p.default_latency_ns / 1e3:.2f}"
+                f" us at the entry's problem; {p.measurer}; {p.trials} trials; kernel hash "
+                f"{p.kernel_hash}; {p.date}"
+            )
+        lines += [f"  skipped {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+_RECORDER: contextvars.ContextVar[list[ConfigDecision] | None] = contextvars.ContextVar(
+    "nki_config_decisions", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_decisions() -> Iterator[list[ConfigDecision]]:
+    """Collect the `ConfigDecision` of every `lookup_config` made inside the block."""
+    out: list[ConfigDecision] = []
+    token = _RECORDER.set(out)
+    try:
+        yield out
+    finally:
+        _RECORDER.reset(token)
 
 
 def config_class_for(op: str) -> type[KernelConfig]:
@@ -173,38 +256,56 @@ def config_class_for(op: str) -> type[KernelConfig]:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _dir_lock(directory: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `directory` itself (flock on its descriptor): no lock
+    file is created, so a killed writer leaves nothing behind and the lock dies with it."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - non-POSIX
         yield
         return
-    with open(path.with_name(path.name + ".lock"), "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _read(path: Path) -> dict[str, Any]:
-    with open(path) as f:
-        data = json.load(f)
+    """A config file's JSON (ValueError naming the file for bad JSON or format)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: expected a config file with format {FORMAT}")
+    if not isinstance(data.get("entries", {}), dict):
+        kind = type(data["entries"]).__name__
+        raise ValueError(
+            f"{path}: field 'entries': expected an object keyed by problem; got {kind}"
+        )
     return data
 
 
 class ConfigStore:
-    """Tuned configs from `search_dirs` (in order); `write_dir` receives `put()`s."""
+    """Tuned configs from `search_dirs` (in order); `write_dir` receives `put()`s.
+
+    `log_decisions` logs every lookup decision once per (op, target, problem) on the
+    `nki_kernels.configs` logger.
+    """
 
     def __init__(
         self,
         search_dirs: Sequence[str | os.PathLike[str]],
         write_dir: str | os.PathLike[str] | None,
+        *,
+        log_decisions: bool = False,
     ) -> None:
         self.search_dirs = [Path(d) for d in search_dirs]
         self.write_dir = Path(write_dir) if write_dir is not None else None
+        self.log_decisions = log_decisions
         self._files: dict[Path, tuple[int, dict[str, Any]]] = {}
         self._warned: set[tuple[str, ...]] = set()
         self._lock = threading.Lock()
@@ -226,7 +327,7 @@ class ConfigStore:
         try:
             entries = _read(path).get("entries", {})
         except (OSError, ValueError) as e:
-            self._warn_once(("file", str(path)), f"config file not used: {e}", StaleConfigWarning)
+            self._warn_once(("file", str(path)), f"config file not used: {e}", InvalidEntryWarning)
             entries = {}
         self._files[path] = (mtime, entries)
         return entries
@@ -245,38 +346,103 @@ class ConfigStore:
             if tag in self._warned:
                 return
             self._warned.add(tag)
-        warnings.warn(msg, category, stacklevel=4)
+        warnings.warn(msg, category, stacklevel=5)
 
     def _usable(
         self,
         op: str,
         tgt: Target,
         key: str,
-        entry: Mapping[str, Any],
+        entry: Any,
         source: str,
         cls: type[KernelConfig],
         problem: Any,
         kernel_hash: str | None,
-    ) -> tuple[KernelConfig, Provenance] | None:
+    ) -> tuple[KernelConfig, Provenance] | str:
+        """(config, provenance) of a usable entry, else why it is not used (warned once)."""
         try:
-            prov = Provenance.from_dict(entry["provenance"])
-            cfg = cls.from_dict(entry["config"])
-        except (KeyError, TypeError, ValueError) as e:
-            msg = f"{source}: entry {key!r} of {op} does not load ({e}); not used"
-            self._warn_once(("load", source, key), msg, StaleConfigWarning)
-            return None
+            cfg, fields = check_entry(cls, entry)
+        except EntryError as e:
+            msg = f"{source}: entry {key!r} of {op}: {e}; skipped"
+            self._warn_once(("load", source, key), msg, InvalidEntryWarning)
+            return f"[{key}] in {source}: {e}"
+        prov = Provenance(**fields)
         if kernel_hash is not None and prov.kernel_hash != kernel_hash:
             msg = (
                 f"{source}: config for {op} on {tgt.name} at {key} was tuned for kernel source "
                 f"{prov.kernel_hash}, current source is {kernel_hash}; not used (re-tune it)"
             )
             self._warn_once(("hash", source, key), msg, StaleConfigWarning)
-            return None
+            return f"[{key}] in {source}: stale (kernel hash {prov.kernel_hash})"
         try:
             cfg.validate(problem, tgt)
-        except InvalidConfig:
-            return None
+        except InvalidConfig as e:
+            msg = (
+                f"{source}: entry {key!r} of {op}: config does not fit {problem_key(problem)} "
+                f"on {tgt.name}: {e.reason}; skipped"
+            )
+            self._warn_once(("fit", source, key, problem_key(problem)), msg, InvalidEntryWarning)
+            return f"[{key}] in {source}: does not fit ({e.reason})"
         return cfg, prov
+
+    def decide(
+        self,
+        op: str,
+        target: str | Target,
+        problem: Any,
+        *,
+        config_cls: type[KernelConfig] | None = None,
+        kernel_hash: str | None = None,
+        bucket_fields: frozenset[str] = BUCKET_FIELDS,
+    ) -> ConfigDecision:
+        """The `ConfigDecision` for `problem` (see the module docstring for the order).
+
+        `kernel_hash` (from `kernel_source_hash(kernel)`) rejects configs tuned for other
+        kernel source; None skips that check.
+        """
+        tgt = get_target(target)
+        cls = config_cls or config_class_for(op)
+        want = _problem_items(problem)
+        key = problem_key(want)
+        ranked = []
+        for order, (k, entry, source) in enumerate(self.entries(op, tgt)):
+            try:
+                parsed = _parse_key(k)
+            except ValueError:
+                continue
+            d = 0.0 if k == key else _distance(want, parsed, bucket_fields)
+            if d is not None:
+                sizes = tuple(float(parsed[n]) for n in sorted(parsed) if _is_number(parsed[n]))
+                ranked.append((d, k != key, sizes, order, k, entry, source))
+        skipped: list[str] = []
+        decision = None
+        # exact keys first (in search-dir order), then the nearest ones; ties go to the
+        # smaller problem
+        for *_, k, entry, source in sorted(ranked, key=lambda r: r[:4]):
+            hit = self._usable(op, tgt, k, entry, source, cls, problem, kernel_hash)
+            if isinstance(hit, str):
+                skipped.append(hit)
+                continue
+            decision = ConfigDecision(
+                op, tgt.name, key, hit[0], TUNED if k == key else NEAREST, k, source, hit[1],
+                tuple(skipped),
+            )  # fmt: skip
+            break
+        if decision is None:
+            msg = (
+                f"no tuned config for {op} on {tgt.name} at {key}; using the heuristic default "
+                f"(reported once per op and target)"
+            )
+            self._warn_once(("default", op, tgt.name), msg, ConfigFallbackWarning)
+            cfg = cls.heuristic(problem, tgt)
+            decision = ConfigDecision(op, tgt.name, key, cfg, DEFAULT, skipped=tuple(skipped))
+        if self.log_decisions:
+            with self._lock:
+                first = ("log", op, tgt.name, key) not in self._warned
+                self._warned.add(("log", op, tgt.name, key))
+            if first:
+                LOG.info("config decision: %s", decision.describe().replace("\n", ";"))
+        return decision
 
     def lookup(
         self,
@@ -287,35 +453,9 @@ class ConfigStore:
         config_cls: type[KernelConfig] | None = None,
         kernel_hash: str | None = None,
     ) -> tuple[KernelConfig, Provenance | None]:
-        """(config, provenance) for `problem`; provenance is None for the heuristic default.
-
-        `kernel_hash` (from `kernel_source_hash(kernel)`) rejects configs tuned for other
-        kernel source; None skips that check.
-        """
-        tgt = get_target(target)
-        cls = config_cls or config_class_for(op)
-        want = _problem_items(problem)
-        key = problem_key(want)
-        entries = self.entries(op, tgt)
-        ranked = []
-        for order, (k, entry, source) in enumerate(entries):
-            parsed = _parse_key(k)
-            d = 0.0 if k == key else _distance(want, parsed)
-            if d is not None:
-                sizes = tuple(float(parsed[n]) for n in sorted(parsed) if _is_number(parsed[n]))
-                ranked.append((d, k != key, sizes, order, k, entry, source))
-        # exact keys first (in search-dir order), then the nearest compatible ones; ties
-        # go to the smaller problem
-        for *_, k, entry, source in sorted(ranked, key=lambda r: r[:4]):
-            hit = self._usable(op, tgt, k, entry, source, cls, problem, kernel_hash)
-            if hit is not None:
-                return hit
-        msg = (
-            f"no tuned config for {op} on {tgt.name} at {key}; using the heuristic default "
-            f"(reported once per op and target)"
-        )
-        self._warn_once(("default", op, tgt.name), msg, ConfigFallbackWarning)
-        return cls.heuristic(problem, tgt), None
+        """(config, provenance) for `problem`; provenance is None for the heuristic default."""
+        d = self.decide(op, target, problem, config_cls=config_cls, kernel_hash=kernel_hash)
+        return d.config, d.provenance
 
     # -- writing -----------------------------------------------------------------------
 
@@ -339,7 +479,13 @@ class ConfigStore:
         key = problem_key(problem)
         path = self.path(root, op, tgt)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _file_lock(path):
+        with _dir_lock(path.parent):
+            for debris in path.parent.glob(f".{op}.*.json.tmp"):
+                # a temporary of a writer killed mid-put (the lock is ours: nobody else writes)
+                with contextlib.suppress(FileNotFoundError):
+                    debris.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + ".lock").unlink()  # left by older versions
             data = _read(path) if path.exists() else {}
             data.update({"format": FORMAT, "op": op, "target": tgt.name})
             entries = dict(data.get("entries", {}))
@@ -347,6 +493,7 @@ class ConfigStore:
             data["entries"] = {k: entries[k] for k in sorted(entries)}
             fd, tmp = tempfile.mkstemp(prefix=f".{op}.", suffix=".json.tmp", dir=path.parent)
             try:
+                os.fchmod(fd, FILE_MODE)
                 with os.fdopen(fd, "w") as f:
                     json.dump(data, f, indent=1, sort_keys=True)
                     f.write("\n")
@@ -369,7 +516,13 @@ def default_store() -> ConfigStore:
     global _default
     if _default is None:
         user = os.environ.get(CONFIG_DIR_ENV_VAR) or None
-        _default = ConfigStore([*([user] if user else []), SHIPPED_DIR], user)
+        log = os.environ.get(LOG_ENV_VAR, "").strip().lower() not in ("", "0", "false", "no")
+        if log and not LOG.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("nki_kernels: %(message)s"))
+            LOG.addHandler(handler)
+            LOG.setLevel(logging.INFO)
+        _default = ConfigStore([*([user] if user else []), SHIPPED_DIR], user, log_decisions=log)
     return _default
 
 
@@ -389,34 +542,46 @@ def lookup_config(
     """
     from .kernel_cache import kernel_source_hash
 
-    cfg, _ = (store or default_store()).lookup(
+    decision = (store or default_store()).decide(
         op,
         get_target(target),
         problem,
         config_cls=config_cls,
         kernel_hash=kernel_source_hash(kernel),
     )
-    return cfg
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        recorder.append(decision)
+    return decision.config
 
 
 def set_config_dir(path: str | os.PathLike[str] | None) -> ConfigStore:
     """Point the default store at a user config directory (None: shipped configs only)."""
     global _default
     dirs = [*([path] if path is not None else []), SHIPPED_DIR]
-    _default = ConfigStore(dirs, path)
+    log = _default.log_decisions if _default is not None else False
+    _default = ConfigStore(dirs, path, log_decisions=log)
     return _default
 
 
 __all__ = [
+    "BUCKET_FIELDS",
     "CONFIG_DIR_ENV_VAR",
+    "DEFAULT",
+    "LOG_ENV_VAR",
+    "NEAREST",
     "SHIPPED_DIR",
+    "TUNED",
+    "ConfigDecision",
     "ConfigFallbackWarning",
     "ConfigStore",
+    "InvalidEntryWarning",
     "Provenance",
     "StaleConfigWarning",
     "config_class_for",
     "default_store",
     "lookup_config",
     "problem_key",
+    "recording_decisions",
     "set_config_dir",
 ]

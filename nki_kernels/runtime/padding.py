@@ -36,7 +36,8 @@ def pad_dim(x: torch.Tensor, dim: int, size: int, value: float = 0.0) -> torch.T
 def pad_to_bucket(
     x: torch.Tensor, dim: int = 0, policy: BucketPolicy | None = None, value: float = 0.0
 ) -> tuple[torch.Tensor, int]:
-    """Pad `x` along `dim` to `bucket(x.shape[dim], policy)`; returns (padded, original size)."""
+    """Pad `x` along `dim` to `bucket(x.shape[dim], policy)` (default: the current policy,
+    `runtime.buckets.current_policy()`); returns (padded, original size)."""
     d = _dim(x, dim, "dim")
     n = x.shape[d]
     return pad_dim(x, d, bucket(n, policy), value), n

@@ -16,7 +16,10 @@ def test_the_op_is_registered_once_with_an_inferred_schema() -> None:
     assert entry is scaled_add_op.scaled_add and entry.differentiable
     assert entry.qualname == "nki::testonly_scaled_add"
     schema = str(torch.ops.nki.testonly_scaled_add.default._schema)
-    assert schema == "nki::testonly_scaled_add(Tensor x, Tensor y, float alpha) -> Tensor"
+    assert schema == (
+        "nki::testonly_scaled_add(Tensor x, Tensor y, float alpha, *, str? bucket_policy=None)"
+        " -> Tensor"
+    )
     x = torch.ones(2, 3)
     torch.testing.assert_close(entry(x, x, 2.0), torch.full((2, 3), 3.0))
 
