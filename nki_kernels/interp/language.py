@@ -127,8 +127,11 @@ def is_on_chip(buffer: Any) -> bool:
 def ndarray(
     shape: Any, dtype: Any, buffer: Buffer = sbuf, name: str = "", address: Any = None
 ) -> NkiTensor:
-    """Allocate an uninitialized tensor (the interpreter fills it with NaN / a sentinel)."""
-    return _allocate(shape, dtype, buffer, name)
+    """Allocate an uninitialized tensor (the interpreter fills it with NaN / a sentinel).
+
+    `address=(partition_offset, byte_offset)` places an SBUF / PSUM tile there (offset
+    0 partitions only); such placements may overlap, and must fit."""
+    return _allocate(shape, dtype, buffer, name, address=address)
 
 
 def _filled(shape: Any, value: Any, dtype: Any, buffer: Buffer, name: str) -> NkiTensor:

@@ -19,7 +19,12 @@ SBUF_ALIGN = 64  # bytes; allocation granule within a partition (assumed, L)
 
 
 class FirstFit:
-    """First-fit allocator over [0, capacity) with coalescing frees."""
+    """First-fit allocator over [0, capacity) with coalescing frees.
+
+    Explicit placements (`nl.ndarray(..., address=)`) sit beside it: they may overlap each
+    other and earlier tiles (a deliberate overlap is legal), and later first-fit
+    placements avoid them while they live. `live` counts the bytes in use by either.
+    """
 
     def __init__(self, capacity: int, granule: int) -> None:
         self.capacity = capacity
@@ -27,6 +32,8 @@ class FirstFit:
         self.free: list[list[int]] = [[0, capacity]]  # sorted [start, end) holes
         self.live = 0
         self.peak = 0
+        self.pinned: list[tuple[int, int]] = []  # live explicit placements [start, end)
+        self.pinned_extra = 0  # bytes of pinned placements outside first-fit tiles
 
     def round(self, nbytes: int) -> int:
         """`nbytes` rounded up to whole granules (at least one)."""
@@ -40,16 +47,34 @@ class FirstFit:
         free = self.free
         for i, hole in enumerate(free):
             start, end = hole
+            if self.pinned:
+                clear = self._clear_of_pinned(start, end, size)
+                if clear is None:
+                    continue
+                start = clear
             if end - start >= size:
-                if end - start == size:
-                    del free[i]
-                else:
-                    hole[0] = start + size
-                live = self.live = self.live + size
-                if live > self.peak:
-                    self.peak = live
+                self._take(i, start, size)
+                self.live += size
+                self._recount()
                 return start
         return None
+
+    def _take(self, i: int, start: int, size: int) -> None:
+        hole = self.free[i]
+        h0, h1 = hole
+        pieces = [p for p in ([h0, start], [start + size, h1]) if p[1] > p[0]]
+        self.free[i : i + 1] = pieces
+
+    def _clear_of_pinned(self, start: int, end: int, size: int) -> int | None:
+        pos = start
+        moved = True
+        while moved and pos + size <= end:
+            moved = False
+            for a, b in self.pinned:
+                if a < pos + size and pos < b:
+                    pos = -(-b // self.granule) * self.granule
+                    moved = True
+        return pos if pos + size <= end else None
 
     def release(self, start: int, nbytes: int) -> None:
         """Return a placement to the free list, merging it with adjacent holes."""
@@ -65,6 +90,43 @@ class FirstFit:
         if i > 0 and free[i - 1][1] == free[i][0]:
             free[i - 1][1] = free[i][1]
             del free[i]
+        if self.pinned:
+            self._recount()
+
+    def pin(self, start: int, nbytes: int) -> int | None:
+        """Place `nbytes` at `start` exactly: the start, or None past the capacity."""
+        end = start + self.round(nbytes)
+        if start < 0 or end > self.capacity:
+            return None
+        self.pinned.append((start, end))
+        self._recount()
+        return start
+
+    def unpin(self, start: int, nbytes: int) -> None:
+        """Drop an explicit placement."""
+        self.pinned.remove((start, start + self.round(nbytes)))
+        self._recount()
+
+    def _recount(self) -> None:
+        """Bytes of pinned placements not inside first-fit tiles (= inside free holes)."""
+        self.live -= self.pinned_extra
+        extra = 0
+        if self.pinned:
+            merged: list[list[int]] = []
+            for a, b in sorted(self.pinned):
+                if merged and a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], b)
+                else:
+                    merged.append([a, b])
+            for a, b in merged:
+                for h0, h1 in self.free:
+                    lo, hi = max(a, h0), min(b, h1)
+                    if hi > lo:
+                        extra += hi - lo
+        self.pinned_extra = extra
+        self.live += extra
+        if self.live > self.peak:
+            self.peak = self.live
 
 
 class OnChipMemory:
@@ -77,8 +139,19 @@ class OnChipMemory:
         self.bank_bytes = bank_bytes
         self.psum_banks = psum_banks
 
-    def place_sbuf(self, nbytes: int, storage: Any) -> int:
-        """Place `nbytes` per partition in SBUF; fail with the numbers if they do not fit."""
+    def place_sbuf(self, nbytes: int, storage: Any, address: int | None = None) -> int:
+        """Place `nbytes` per partition in SBUF (at byte `address` if given); fail with the
+        numbers if they do not fit."""
+        if address is not None:
+            got = self.sbuf.pin(address, nbytes)
+            if got is None:
+                raise MemoryPlanError(
+                    "SBUF_OVERFLOW",
+                    f"SBUF overflow on {self.target_name}: {storage.describe()} placed at "
+                    f"address {address} needs bytes [{address}, {address + nbytes}) per "
+                    f"partition but {self.sbuf.capacity} B per partition are usable",
+                )
+            return got
         addr = self.sbuf.alloc(nbytes)
         if addr is None:
             what = storage.describe()
@@ -91,8 +164,20 @@ class OnChipMemory:
             )
         return addr
 
-    def place_psum(self, nbytes: int, storage: Any) -> int:
-        """Place whole 2 KiB banks of PSUM; fail with the numbers if they do not fit."""
+    def place_psum(self, nbytes: int, storage: Any, address: int | None = None) -> int:
+        """Place whole 2 KiB banks of PSUM (from byte `address` of the 16 KiB per-partition
+        PSUM if given); fail with the numbers if they do not fit."""
+        if address is not None:
+            bank0 = address // self.bank_bytes * self.bank_bytes
+            got = self.psum.pin(bank0, nbytes + address - bank0)
+            if got is None:
+                raise MemoryPlanError(
+                    "PSUM_OVERFLOW",
+                    f"PSUM overflow on {self.target_name}: {storage.describe()} placed at "
+                    f"address {address} needs bytes [{address}, {address + nbytes}) but PSUM "
+                    f"has {self.psum_banks} banks of {self.bank_bytes} B",
+                )
+            return address
         addr = self.psum.alloc(nbytes)
         if addr is None:
             what = storage.describe()
@@ -104,6 +189,17 @@ class OnChipMemory:
                 f"{self.bank_bytes} B but {live} of {self.psum_banks} banks are live",
             )
         return addr
+
+    def release(self, psum: bool, addr: int, nbytes: int, pinned: bool) -> None:
+        """Free a placement made by place_sbuf / place_psum."""
+        space = self.psum if psum else self.sbuf
+        if not pinned:
+            space.release(addr, nbytes)
+        elif psum:
+            bank0 = addr // self.bank_bytes * self.bank_bytes
+            space.unpin(bank0, nbytes + addr - bank0)
+        else:
+            space.unpin(addr, nbytes)
 
     @staticmethod
     def _largest_hole(a: FirstFit) -> int:

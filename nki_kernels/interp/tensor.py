@@ -80,6 +80,7 @@ class Storage:
         "name",
         "nbytes_pp",
         "pending",
+        "pinned",
         "pstride",
         "shape",
         "sid",
@@ -94,6 +95,7 @@ class Storage:
         buffer: Buffer,
         name: str = "",
         data: np.ndarray | None = None,
+        address: int | None = None,
     ) -> None:
         self.sid = sid = launch.next_sid
         launch.next_sid = sid + 1
@@ -102,6 +104,7 @@ class Storage:
         self.buffer = buffer
         self.name = name or f"t{sid}"
         self.memory = None
+        self.pinned = False
         self.addr = 0
         self.nbytes_pp = 0
         self.mm_mask: np.ndarray | None = None
@@ -121,9 +124,10 @@ class Storage:
             self.nbytes_pp = nb = self.pstride * dtype.itemsize
             mem = launch.programs[launch.program_id].memory
             if buffer is psum:
-                self.addr = mem.place_psum(nb, self)
+                self.addr = mem.place_psum(nb, self, address)
             else:
-                self.addr = mem.place_sbuf(nb, self)
+                self.addr = mem.place_sbuf(nb, self, address)
+            self.pinned = address is not None
             self.memory = mem
         if launch.trace_only:
             self.data = None
@@ -142,10 +146,7 @@ class Storage:
         mem = self.memory
         if mem is not None:
             self.memory = None
-            if self.buffer is psum:
-                mem.psum.release(self.addr, self.nbytes_pp)
-            else:
-                mem.sbuf.release(self.addr, self.nbytes_pp)
+            mem.release(self.buffer is psum, self.addr, self.nbytes_pp, self.pinned)
 
 
 class NkiTensor(ViewMethods):
@@ -492,9 +493,15 @@ def _stepped_slice(k: slice, n: int, d: int, name: str) -> tuple[int, int, int]:
 
 
 def allocate(
-    shape: Any, dtype: Any, buffer: Buffer, name: str = "", data: np.ndarray | None = None
+    shape: Any,
+    dtype: Any,
+    buffer: Buffer,
+    name: str = "",
+    data: np.ndarray | None = None,
+    address: Any = None,
 ) -> NkiTensor:
-    """Create a fresh storage and return the full view of it."""
+    """Create a fresh storage and return the full view of it (on chip: at the
+    `(partition_offset, byte_offset)` of `address` if given)."""
     launch = current()
     if type(buffer) is not Buffer:
         raise fail(
@@ -531,5 +538,26 @@ def allocate(
         st = Storage(launch, shape, d, buffer, name)
         launch.shared_hbm.append(st)
         return NkiTensor(st, shape, row_major(shape), 0, d)
-    st = Storage(launch, shape, d, buffer, name, data)
+    st = Storage(launch, shape, d, buffer, name, data, _address(address, buffer))
     return NkiTensor(st, shape, row_major(shape), 0, d)
+
+
+def _address(address: Any, buffer: Buffer) -> int | None:
+    """The byte offset of an `address=(partition_offset, free_offset)` placement."""
+    if address is None:
+        return None
+    if not buffer.on_chip:
+        raise fail("ARG", f"address: only SBUF / PSUM tensors are placed; got {buffer!r}")
+    ok = isinstance(address, tuple) and len(address) == 2
+    if not ok or any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in address):
+        raise fail(
+            "ARG", f"address: expected (partition_offset, free_offset) ints; got {address!r}"
+        )
+    p_off, f_off = int(address[0]), int(address[1])
+    if p_off != 0:
+        from .errors import not_supported
+
+        raise not_supported("address= with a partition offset", f"got {address!r}")
+    if f_off < 0:
+        raise fail("ARG", f"address: free_offset must be >= 0; got {f_off}")
+    return f_off

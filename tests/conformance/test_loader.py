@@ -71,3 +71,22 @@ def test_bad_arguments_name_themselves(tmp_path):
 def test_aws_attention_cte_imports_unmodified():
     fn = loader.load_kernel(REAL_LIB, "nkilib.core.attention.attention_cte", "attention_cte")
     assert callable(fn)
+
+
+@pytest.mark.skipif(not REAL_LIB.is_dir(), reason="needs a local nki-library checkout")
+def test_aws_attention_cte_matches_its_torch_reference_at_a_small_shape():
+    import ml_dtypes
+    import torch
+
+    cte = loader.jit(
+        loader.load_kernel(REAL_LIB, "nkilib.core.attention.attention_cte", "attention_cte")
+    )
+    ref = loader.load_kernel(
+        REAL_LIB, "nkilib.core.attention.attention_cte_torch", "attention_cte_torch_ref"
+    )
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(ml_dtypes.bfloat16)
+               for s in ((1, 512, 128), (1, 128, 512), (1, 512, 128)))  # fmt: skip
+    out = cte(q, k, v, 0.125, True)  # PSUM tiles placed with address= on shared banks
+    want = ref(*(torch.tensor(a.astype(np.float32)) for a in (q, k, v)), 0.125, True)
+    np.testing.assert_allclose(out.astype(np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
