@@ -139,8 +139,15 @@ class _Padded:
         return int(self.kp.shape[2])
 
 
-def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> _Padded:
-    """The prologue of both directions: data checks, bucket padding, key bounds."""
+def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs, clean_k: bool = False) -> _Padded:
+    """The prologue of both directions: data checks, bucket padding, key bounds.
+
+    Keys that no query may attend (beyond `kv_lens`) but that share a 128-key tile with
+    attended keys are selected to 0 in V (and K with `clean_k`): the kernels multiply
+    their zero probabilities with those rows, and 0 * NaN / Inf would reach every row
+    of the tile. Masked keys in SKIP tiles are never read; K rows feed only scores,
+    which the forward's mask selects away (the backward's dS @ K needs `clean_k`).
+    """
     sk = k.shape[2]
     check_data(m.kv_lens, m.segment_ids, sk)
     qp, _ = pad_to_bucket(q, dim=2)
@@ -152,7 +159,32 @@ def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> _Padded:
     if m.attn_mask is not None:
         d = dense_of(m.attn_mask, q.shape[2], sk, scale)
         dense = _pad_dense(d, lo, hi, kp.shape[2])
+    dead = _dead_keys_in_live_tiles(lo, hi, kp.shape[2])
+    if dead is not None:
+        sel = torch.from_numpy(dead).to(v.device)[:, None, :, None]
+        vp = vp.masked_fill(sel, 0.0)
+        if clean_k:
+            kp = kp.masked_fill(sel, 0.0)
     return _Padded(qp, kp, vp, q.shape[2], sk, lo, hi, scale, get_target(None), dense)
+
+
+def _dead_keys_in_live_tiles(lo: np.ndarray, hi: np.ndarray, skb: int) -> np.ndarray | None:
+    """bool [B, Skb]: keys outside every query's [lo, hi) whose 128-key tile holds an
+    attended key (None when there is none). The attended keys of a batch row form one
+    interval (kv_lens, causal, windows and segments all leave no holes), so its hull
+    decides."""
+    tile = 128
+    rows = lo < hi
+    first = np.where(rows, lo, skb).min(axis=1, initial=skb)
+    last = np.where(rows, hi, 0).max(axis=1, initial=0)
+    keys = np.arange(skb)
+    dead = (keys[None, :] < first[:, None]) | (keys[None, :] >= last[:, None])
+    nk = -(-skb // tile)
+    padded = np.ones((dead.shape[0], nk * tile), dtype=bool)
+    padded[:, :skb] = dead
+    live_tile = ~padded.reshape(dead.shape[0], nk, tile).all(axis=2)
+    dead &= np.repeat(live_tile, tile, axis=1)[:, :skb]
+    return dead if dead.any() else None
 
 
 def _bounds(
@@ -321,13 +353,17 @@ def lse_to_kernel(lse: Tensor) -> Tensor:
 
 
 def _merge(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Combine per-key-chunk results: lse = logsumexp(lse_c), out = sum w_c * out_c."""
+    """Combine per-key-chunk results: lse = logsumexp(lse_c), out = sum w_c * out_c.
+
+    A chunk with no allowed key for a row (lse_c = -inf) is selected out, not weighted
+    by 0: the kernel leaves such rows unspecified (possibly non-finite)."""
     lses = torch.stack([p[1] for p in parts])
     lse = torch.logsumexp(lses, dim=0)
     safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     out = torch.zeros_like(parts[0][0], dtype=torch.float32)
     for out_c, lse_c in parts:
-        out += torch.exp(lse_c - safe).unsqueeze(-1) * out_c.float()
+        w = torch.exp(lse_c - safe).unsqueeze(-1) * out_c.float()
+        out += torch.where(torch.isneginf(lse_c).unsqueeze(-1), 0.0, w)
     return out.to(parts[0][0].dtype), lse
 
 
@@ -356,11 +392,14 @@ def backward(
     m: MaskArgs,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of the op from its saved output and lse (and their gradients)."""
-    x = _pad(q, k, v, m)
+    x = _pad(q, k, v, m, clean_k=True)
     sq, sk, sqb, skb, lo, hi = x.sq, x.sk, x.sqb, x.skb, x.lo, x.hi
     op, dop = pad_dim(out, 2, sqb), pad_dim(grad_out.to(q.dtype), 2, sqb)
     # rows without an allowed key (and padded rows) get lse = +inf: their P is exactly 0
     empty = torch.from_numpy(_empty_rows(x)).to(q.device)
+    if bool(empty[..., :sq].any()):
+        # their output is 0 whatever the inputs: their grad_out must not reach dV
+        dop = dop.masked_fill(empty[..., None], 0.0)
     lse_p = pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf"))
     dlse = None
     if grad_lse is not None:

@@ -13,6 +13,12 @@ Forward, per tile of 128 tokens (tokens on partitions, experts on the free dim, 
 With E < 8 experts the scores are padded to 8 columns with -1, below every score (scores
 are in [0, 1]), and k <= E keeps the padding out of the selection.
 
+Non-finite logits: a NaN score (any NaN logit; with softmax also +inf or a row of only
+-inf, which make the whole row NaN) is selected to -1 before max8, so the selection is
+over the finite scores (ties -> lower ids) and ids stay in [0, E) whatever the engines
+do with NaN; the token's weights become NaN (w + (s - s) with s its score sum), so the
+NaN stays in that token, as torch's softmax / sigmoid + topk keep it there.
+
 Backward (d_weights [T, k] -> d_logits [T, E]), with s the scores and S the selection:
 - dense grad on the selected scores: g[id_j] = dw_j, or with renormalization
   g[id_j] = (dw_j - sum_i dw_i * w_i) / sum_i s[id_i];
@@ -45,6 +51,7 @@ def moe_router_fwd(logits, top_k, scoring, renormalize):
         rows = min(P, t_count - t0)
         sc = _scores(logits, t0, rows, scoring)
         r = slice(0, rows)
+        poison = _select_nan_scores(sc, rows)
         top = nl.ndarray((P, TOPK_MAX), dtype=nl.float32, buffer=nl.sbuf)
         nisa.max8(dst=top[r], src=sc[r])
         idx = nl.ndarray((P, TOPK_MAX), dtype=nl.uint32, buffer=nl.sbuf)
@@ -57,11 +64,26 @@ def moe_router_fwd(logits, top_k, scoring, renormalize):
             nisa.tensor_scalar(dst=w[r], data=top[r, 0:top_k], op0=nl.multiply, operand0=total[r])
         else:
             nisa.tensor_copy(dst=w[r], src=top[r, 0:top_k])
+        nisa.tensor_scalar(dst=w[r], data=w[r], op0=nl.add, operand0=poison[r])
         ids_i = nl.ndarray((P, top_k), dtype=nl.int32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=ids_i[r], src=idx[r, 0:top_k])
         nisa.dma_copy(dst=weights[t0 : t0 + rows, :], src=w[r])
         nisa.dma_copy(dst=ids[t0 : t0 + rows, :], src=ids_i[r])
     return weights, ids
+
+
+def _select_nan_scores(sc: Any, rows: int) -> Any:
+    """Scores that are NaN -> -1 (in place); returns [128, 1] fp32: 0 for a token whose
+    scores were all finite, NaN otherwise (its score sum minus itself)."""
+    r = slice(0, rows)
+    width = sc.shape[1]
+    total = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=total[r], op=nl.add, data=sc[r], axis=(1,))
+    nisa.tensor_tensor(dst=total[r], data1=total[r], data2=total[r], op=nl.subtract)
+    is_nan = nl.ndarray((P, width), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=is_nan[r], data1=sc[r], data2=sc[r], op=nl.not_equal)
+    nisa.tensor_copy_predicated(dst=sc[r], src=PAD_SCORE, predicate=is_nan[r])
+    return total
 
 
 def _scores(logits: Any, t0: int, rows: int, scoring: str) -> Any:

@@ -32,6 +32,11 @@ from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
 from .registry import define_op
 
 HEAD_DIM_MAX = 128
+# Masked scores are filled with FP32_MIN (range_select's only fill) before scaling; below
+# this scale, exp(scale * (FP32_MIN - max)) would no longer underflow to exactly 0
+# (that needs scale * 3.4e38 >~ 104), so masked keys would get weight. 1e-30 leaves a
+# margin of 10^6 (masked weights exp(-3.4e8) = 0).
+SOFTMAX_SCALE_MIN = 1e-30
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -85,6 +90,11 @@ def _check(
         check_positive("softmax_scale", softmax_scale)
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale: expected a finite number; got {softmax_scale}")
+        if softmax_scale < SOFTMAX_SCALE_MIN:
+            raise ValueError(
+                f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
+                f"got {softmax_scale:g}"
+            )
     if sliding_window is not None:
         if isinstance(sliding_window, bool) or not isinstance(sliding_window, int):
             raise TypeError(f"sliding_window: expected an int; got {type(sliding_window).__name__}")
