@@ -3,7 +3,8 @@
 Importing the package registers every op (`torch.ops.nki.rms_norm`, `layer_norm`,
 `add_rms_norm`, `flash_attention`, `moe_mlp`, `moe_route`, ...) for the `cpu` and
 `neuron` devices. The Python entry points are re-exported here; the modules are in
-`nki_kernels.nn`.
+`nki_kernels.nn`; `patch(model)` / `unpatch(model)` put them into existing models
+(`nki_kernels.integrations`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,18 @@ from . import ops as _ops
 _ops.load_all()
 
 from . import nn  # noqa: E402
+from .integrations import patch, unpatch  # noqa: E402
 from .ops.attention import flash_attention, sdpa  # noqa: E402
 from .runtime.buckets import set_bucket_policy  # noqa: E402
 from .runtime.explain import explain  # noqa: E402
 
-__all__ = ["__version__", "explain", "flash_attention", "nn", "sdpa", "set_bucket_policy"]
+__all__ = [
+    "__version__",
+    "explain",
+    "flash_attention",
+    "nn",
+    "patch",
+    "sdpa",
+    "set_bucket_policy",
+    "unpatch",
+]

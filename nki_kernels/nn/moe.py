@@ -17,6 +17,17 @@ with `w1` = Linear(H, I) the gate projection, `w3` = Linear(H, I) the up project
     w_down[e]                <- block.experts[e].w2.weight.T           [I, H]
 
 (nn.Linear stores weight as [out, in], so each projection is transposed once, at load.)
+
+Hugging Face transformers 5 fuses the experts (`MixtralExperts`, `Qwen2MoeExperts`, ...):
+`block.gate` is a router module with `weight` [E, H] and `top_k`, and
+`block.experts.gate_up_proj` [E, 2I, H] (gate rows [:I], up rows [I:]) and
+`block.experts.down_proj` [E, H, I], both applied as F.linear (x @ W^T):
+
+    w_gate_up <- block.experts.gate_up_proj.transpose(1, 2)            [E, H, 2I]
+    w_down    <- block.experts.down_proj.transpose(1, 2)               [E, I, H]
+
+`load_mixtral` / `from_mixtral` read either layout. `forward(x, return_router_logits=True)`
+also returns the router logits [T, E] (for a load-balancing auxiliary loss).
 """
 
 from __future__ import annotations
@@ -71,8 +82,9 @@ class MoE(nn.Module):
             self.w_gate_up.uniform_(-(self.hidden_size**-0.5), self.hidden_size**-0.5)
             self.w_down.uniform_(-(self.intermediate_size**-0.5), self.intermediate_size**-0.5)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Route every token of `x` [..., H] to its top-k experts and combine their outputs."""
+    def forward(self, x: Tensor, return_router_logits: bool = False) -> Any:
+        """Route every token of `x` [..., H] to its top-k experts and combine their outputs;
+        with `return_router_logits`, `(y, router_logits [T, E])`."""
         tokens = x.reshape(-1, x.shape[-1])
         logits = self.gate(tokens)
         y = torch.ops.nki.moe_mlp(
@@ -81,13 +93,16 @@ class MoE(nn.Module):
             self.w_gate_up,
             self.w_down,
             **self.routing.kwargs(),
-        )
-        return y.reshape(x.shape)
+        ).reshape(x.shape)
+        return (y, logits) if return_router_logits else y
 
     @torch.no_grad()
     def load_mixtral(self, block: nn.Module) -> MoE:
-        """Copy the weights of a Mixtral-style sparse-MoE block (mapping in the module doc)."""
+        """Copy the weights of a Mixtral-style sparse-MoE block, per-expert Linears or
+        transformers 5's fused experts (mappings in the module doc)."""
         src: Any = block
+        if _is_fused(src):
+            return self._load_fused(src)
         experts = list(src.experts)
         e, i = self.num_experts, self.intermediate_size
         if len(experts) != e:
@@ -116,13 +131,36 @@ class MoE(nn.Module):
             self.w_down[idx].copy_(ex.w2.weight.T)
         return self
 
+    def _load_fused(self, src: Any) -> MoE:
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        for name, t, shape in (
+            ("block.gate.weight", src.gate.weight, (e, h)),
+            ("block.experts.gate_up_proj", src.experts.gate_up_proj, (e, 2 * i, h)),
+            ("block.experts.down_proj", src.experts.down_proj, (e, h, i)),
+        ):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected {shape}; got {tuple(t.shape)}")
+        self.gate.weight.copy_(src.gate.weight)
+        self.w_gate_up.copy_(src.experts.gate_up_proj.transpose(1, 2))
+        self.w_down.copy_(src.experts.down_proj.transpose(1, 2))
+        return self
+
     @classmethod
-    def from_mixtral(cls, block: nn.Module, top_k: int, **kwargs: Any) -> MoE:
-        """A new MoE (softmax scoring, renormalized top-k) holding `block`'s weights."""
+    def from_mixtral(cls, block: nn.Module, top_k: int | None = None, **kwargs: Any) -> MoE:
+        """A new MoE (softmax scoring, renormalized top-k) holding `block`'s weights.
+
+        `top_k` defaults to the block's router's (`block.gate.top_k`, transformers 5)."""
         src: Any = block
         gate_w = src.gate.weight
         e, h = gate_w.shape
-        i = src.experts[0].w1.weight.shape[0]
+        if top_k is None:
+            top_k = getattr(src.gate, "top_k", None) or getattr(src, "top_k", None)
+            if top_k is None:
+                raise ValueError("top_k: expected an int (the block's router has no top_k)")
+        if _is_fused(src):
+            i = src.experts.down_proj.shape[2]
+        else:
+            i = src.experts[0].w1.weight.shape[0]
         kwargs.setdefault("dtype", gate_w.dtype)
         kwargs.setdefault("device", gate_w.device)
         return cls(h, i, e, top_k, **kwargs).load_mixtral(block)
@@ -132,3 +170,8 @@ class MoE(nn.Module):
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
             f"num_experts={self.num_experts}, {self.routing}"
         )
+
+
+def _is_fused(block: Any) -> bool:
+    """transformers 5's layout: one experts module holding [E, ...] weight tensors."""
+    return hasattr(block.experts, "gate_up_proj") and hasattr(block.experts, "down_proj")

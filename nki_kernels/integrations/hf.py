@@ -1,0 +1,240 @@
+"""`patch` / `unpatch` for Hugging Face transformers (5.x) decoder models.
+
+For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE and Qwen3-MoE (`config.model_type`):
+
+- every `*RMSNorm` module (the layers' norms, the final norm, Qwen3's q / k norms)
+  becomes `nki_kernels.nn.RMSNorm` holding the *same* weight Parameter;
+- attention runs the "nki" attention implementation (`hf_attention`: the attention
+  function and its mask function, registered together);
+- every sparse-MoE block (transformers 5's fused experts: `gate` router, `experts` with
+  `gate_up_proj` / `down_proj`, Qwen2-MoE's shared expert) becomes `HFSparseMoeBlock`,
+  which keeps the block's own router and experts modules as children: the parameters and
+  state_dict keys do not change, the optimizer keeps its references, and the router still
+  runs as a module, so `output_router_logits=True` (the load-balancing loss) sees it.
+
+`unpatch` puts every original module and the previous attention implementation back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..nn.norm import RMSNorm
+from . import hf_attention
+
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+)
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One change `patch` made: where, what was there, what is there now."""
+
+    path: str
+    before: str
+    after: str
+
+
+@dataclass
+class PatchReport:
+    """What `patch` replaced (and what `unpatch` will restore)."""
+
+    replaced: list[Replacement] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Replacements by kind ('RMSNorm -> nki RMSNorm': n, ...)."""
+        out: dict[str, int] = {}
+        for r in self.replaced:
+            key = f"{r.before} -> {r.after}"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"{n:4d} x {kind}" for kind, n in self.counts().items()]
+        lines += [f"skipped {path}: {why}" for path, why in self.skipped]
+        return "\n".join(lines) or "nothing replaced"
+
+
+class HFSparseMoeBlock(nn.Module):
+    """A transformers-5 sparse-MoE block on `torch.ops.nki.moe_mlp` (SwiGLU experts).
+
+    Children are the original block's: `gate` (router, its logits [T, E] feed the op),
+    `experts` (weights read through transposed views, no copy) and, for Qwen2-MoE,
+    `shared_expert` / `shared_expert_gate`.
+    """
+
+    def __init__(self, block: nn.Module, renormalize: bool) -> None:
+        super().__init__()
+        src: Any = block
+        for name, child in src.named_children():  # in the block's order: same state_dict
+            self.add_module(name, child)
+        self.top_k = int(src.gate.top_k)
+        self.renormalize = renormalize
+        self.jitter_noise = float(getattr(src, "jitter_noise", 0.0) or 0.0)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        """[B, S, H] -> [B, S, H] (the router's logits are recorded by its own module)."""
+        shape = hidden_states.shape
+        if self.training and self.jitter_noise > 0:
+            noise = torch.empty_like(hidden_states).uniform_(
+                1.0 - self.jitter_noise, 1.0 + self.jitter_noise
+            )
+            hidden_states = hidden_states * noise
+        tokens = hidden_states.reshape(-1, shape[-1])
+        me: Any = self
+        logits = me.gate(tokens)[0]
+        out = torch.ops.nki.moe_mlp(
+            tokens,
+            logits,
+            me.experts.gate_up_proj.transpose(1, 2),
+            me.experts.down_proj.transpose(1, 2),
+            top_k=self.top_k,
+            renormalize=self.renormalize,
+        )
+        if hasattr(self, "shared_expert"):
+            out = out + F.sigmoid(me.shared_expert_gate(tokens)) * me.shared_expert(tokens)
+        return out.reshape(shape)
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """A transformers PreTrainedModel (has a config with an attention implementation)."""
+    config = getattr(model, "config", None)
+    return config is not None and hasattr(config, "_attn_implementation")
+
+
+def _model_type(model: nn.Module) -> str:
+    return str(getattr(model.config, "model_type", ""))  # type: ignore[union-attr]
+
+
+def is_hf_rmsnorm(m: nn.Module) -> bool:
+    """transformers' RMSNorm modules: weight * x / rms(x), eps in `variance_epsilon`."""
+    w = getattr(m, "weight", None)
+    return (
+        type(m).__name__.endswith("RMSNorm")
+        and hasattr(m, "variance_epsilon")
+        and isinstance(w, nn.Parameter)
+        and w.dim() == 1
+    )
+
+
+def is_hf_sparse_moe(m: nn.Module) -> bool:
+    """transformers 5's sparse-MoE blocks (router `gate` + fused `experts`)."""
+    gate, experts = getattr(m, "gate", None), getattr(m, "experts", None)
+    return (
+        gate is not None
+        and hasattr(gate, "top_k")
+        and hasattr(gate, "weight")
+        and experts is not None
+        and hasattr(experts, "gate_up_proj")
+        and hasattr(experts, "down_proj")
+    )
+
+
+def moe_unsupported(model: nn.Module, block: nn.Module) -> str | None:
+    """Why `block` cannot run on `moe_mlp` (None: it can)."""
+    config: Any = model.config
+    w: Any = getattr(block.experts, "gate_up_proj")  # noqa: B009
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        return f"expert activation {act!r} (the kernel is SwiGLU: silu)"
+    if not 2 <= int(w.shape[0]) <= 128:
+        return f"{int(w.shape[0])} experts (supported: 2..128)"
+    if w.dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {w.dtype} (supported: float32, bfloat16)"
+    return None
+
+
+def _set_child(model: nn.Module, path: str, new: nn.Module) -> nn.Module:
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    old = getattr(parent, name)
+    setattr(parent, name, new)
+    return old
+
+
+def _nki_norm(old: nn.Module) -> RMSNorm:
+    w: Any = old.weight
+    new = RMSNorm(w.shape[0], eps=float(old.variance_epsilon), device="meta")  # type: ignore[arg-type]
+    new.weight = w
+    return new
+
+
+def _set_attn(model: nn.Module, name: str) -> None:
+    model.set_attn_implementation(name)  # type: ignore[operator]
+
+
+def patch_hf(
+    model: nn.Module, *, attention: bool = True, norms: bool = True, moe: bool = True
+) -> PatchReport:
+    """Patch a transformers model in place (see module doc); returns what was replaced."""
+    kind = _model_type(model)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model: expected a transformers model of type {', '.join(SUPPORTED_MODEL_TYPES)}; "
+            f"got model_type {kind!r}"
+        )
+    if getattr(model, "_nki_patch", None) is not None:
+        raise RuntimeError("model: already patched by nki_kernels.patch (unpatch it first)")
+    report = PatchReport()
+    undo: list[tuple[str, nn.Module]] = []
+    for path, m in list(model.named_modules()):
+        if norms and is_hf_rmsnorm(m):
+            undo.append((path, _set_child(model, path, _nki_norm(m))))
+            report.replaced.append(Replacement(path, type(m).__name__, "nki_kernels.nn.RMSNorm"))
+        elif moe and is_hf_sparse_moe(m):
+            why = moe_unsupported(model, m)
+            if why is not None:
+                report.skipped.append((path, why))
+                continue
+            renorm = bool(getattr(m.gate, "norm_topk_prob", True))
+            undo.append((path, _set_child(model, path, HFSparseMoeBlock(m, renorm))))
+            report.replaced.append(Replacement(path, type(m).__name__, "HFSparseMoeBlock"))
+    previous = None
+    if attention:
+        hf_attention.register()
+        previous = model.config._attn_implementation  # type: ignore[union-attr]
+        _set_attn(model, hf_attention.NAME)
+        report.replaced.append(Replacement("config._attn_implementation", str(previous), "nki"))
+    model._nki_patch = (undo, previous)  # type: ignore[assignment]
+    return report
+
+
+def unpatch_hf(model: nn.Module) -> PatchReport:
+    """Undo `patch_hf`: the original modules and attention implementation come back."""
+    state = getattr(model, "_nki_patch", None)
+    if state is None:
+        raise RuntimeError("model: not patched by nki_kernels.patch")
+    undo, previous = state
+    report = PatchReport()
+    for path, old in reversed(undo):
+        new = _set_child(model, path, old)
+        report.replaced.append(Replacement(path, type(new).__name__, type(old).__name__))
+    if previous is not None:
+        _set_attn(model, previous)
+        report.replaced.append(Replacement("config._attn_implementation", "nki", previous))
+    model._nki_patch = None  # type: ignore[assignment]
+    return report
+
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "HFSparseMoeBlock",
+    "PatchReport",
+    "Replacement",
+    "is_hf_model",
+    "patch_hf",
+    "unpatch_hf",
+]

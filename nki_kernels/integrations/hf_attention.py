@@ -1,0 +1,251 @@
+"""The "nki" attention implementation for Hugging Face transformers (5.x): an attention
+function and, registered with it, its mask function.
+
+Registering an attention function alone is not enough: transformers builds the mask
+with the mask function registered under the same name, and without one it hands the
+attention function no mask at all, so a left-padded batch silently attends to its
+padding. Here the mask function turns the model's mask into what `flash_attention`
+takes, once per forward pass (not per layer), as an `NkiMask` plan:
+
+1. transformers' own SDPA mask builder gives the exact boolean mask [B, 1, Sq, Sk] the
+   model means (causal or not, sliding window, padding, packing, offsets of a KV cache),
+   or None when it is a plain causal mask;
+2. a plan for the op is derived and checked against that mask, element by element on
+   every query row that is not padding:
+   - "plain": causal (bottom-right aligned, as the op aligns it) or full, with the
+     sliding window, and nothing else;
+   - "segments" (Sq == Sk, prefill and training): the 2-D padding mask becomes
+     `segment_ids`, one id per run of real tokens / padding, so left- and right-padded
+     rows and their padding keep to themselves;
+   - "compact" (Sq == 1, a decode step over a KV cache): the keys each row may see are
+     gathered to the front (in order) and `kv_lens` masks the rest. This is how
+     left-padded batched `generate()` runs on the existing op (Sq != Sk with padding has
+     no other exact mapping onto kv_lens / segment_ids);
+   - "dense": anything else (a padded chunk of several queries over a cache, a custom
+     mask). It runs through torch's SDPA with the boolean mask, and `fallbacks()` counts
+     it, so `nki-kernels probe` can say so.
+
+Query rows that see no key at all (the padding of a left-padded row) get zeros and no
+gradient, as from torch's SDPA: the plan keeps which rows those are and the output is
+multiplied by it (the op itself would let padding attend to padding). This matters: with
+shifted labels the last padding position predicts the first real token, so its output
+does reach the loss.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..ops.attention import HEAD_DIM_MAX, TORCH_SDPA, flash_attention
+
+NAME = "nki"
+_FALLBACKS: collections.Counter[str] = collections.Counter()
+
+
+@dataclass(frozen=True)
+class NkiMask:
+    """How one forward pass's attention maps onto `flash_attention` (see module doc)."""
+
+    kind: str
+    causal: bool = True
+    window: int | None = None
+    segment_ids: Tensor | None = None
+    gather: Tensor | None = None
+    kv_lens: Tensor | None = None
+    dense: Tensor | None = None
+    rows: Tensor | None = None
+
+
+def fallbacks() -> dict[str, int]:
+    """How many attention calls fell back to torch SDPA since start, by reason."""
+    return dict(_FALLBACKS)
+
+
+def _allowed(sq: int, sk: int, causal: bool, window: int | None, device: Any) -> Tensor:
+    """The op's own mask for (causal, sliding_window): [Sq, Sk] bool, bottom-right."""
+    i = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=device)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if causal or window is not None:
+        ok = j <= i
+    if window is not None:
+        ok = ok & (j > i - window)
+    return ok
+
+
+def _segments(valid: Tensor) -> Tensor:
+    """One id per run of equal values of `valid` [B, S] (0, 1, 2, ... per row)."""
+    change = (valid[:, 1:] != valid[:, :-1]).to(torch.int32)
+    return torch.cat([torch.zeros_like(change[:, :1]), change.cumsum(1, dtype=torch.int32)], 1)
+
+
+def plan(
+    dense: Tensor | None,
+    padding: Tensor | None,
+    batch: int,
+    sq: int,
+    sk: int,
+    kv_offset: int,
+    window: int | None,
+    device: Any,
+) -> NkiMask:
+    """The plan for one forward pass: `dense` is transformers' boolean mask [B|1, 1, Sq, Sk]
+    (None: plain causal), `padding` its 2-D padding mask [B, kv_offset + Sk] (or None)."""
+    if dense is None:
+        return NkiMask("plain", causal=True, window=window)
+    m = dense[:, 0].expand(batch, sq, sk)
+    rows = m.any(-1)  # query rows that see some key (the others get zeros)
+    empty = None if bool(rows.all()) else rows
+    for causal in (True, False):
+        base = _allowed(sq, sk, causal, window if causal else None, device)
+        win = window if causal else None
+        if bool((m == base).all()):
+            return NkiMask("plain", causal=causal, window=win, dense=dense)
+        if sq == sk and padding is not None:
+            valid = padding[:, kv_offset : kv_offset + sk].to(torch.bool)
+            seg = _segments(valid)
+            ours = base & (seg[:, :, None] == seg[:, None, :])
+            if bool(((m == ours).all(-1) | ~rows).all()):
+                return NkiMask("segments", causal, win, segment_ids=seg, dense=dense, rows=empty)
+    if sq == 1:
+        keep = m[:, 0]
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+        lens = keep.sum(1).to(torch.int32)
+        return NkiMask("compact", causal=False, gather=order, kv_lens=lens, dense=dense)
+    return NkiMask("dense", dense=dense)
+
+
+def nki_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: Tensor | None = None,
+    local_size: int | None = None,
+    **kwargs: Any,
+) -> NkiMask:
+    """The mask function of the "nki" implementation (transformers' mask-interface API)."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs.pop("allow_is_causal_skip", None)
+    device = kwargs.pop("device", "cpu")
+    extra: dict[str, Any] = {}
+    if mask_function is not None:
+        extra["mask_function"] = mask_function
+    dense = sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        local_size=local_size,
+        allow_is_causal_skip=True,
+        device=device,
+        use_vmap=kwargs.get("use_vmap", False),
+        **extra,
+    )
+    return plan(
+        dense, attention_mask, batch_size, q_length, kv_length, kv_offset, local_size, device
+    )
+
+
+def _gather_keys(t: Tensor, order: Tensor) -> Tensor:
+    idx = order[:, None, :, None].expand(t.shape[0], t.shape[1], order.shape[1], t.shape[3])
+    return t.gather(2, idx)
+
+
+def _sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    scale: Any,
+    causal: bool,
+    reason: str,
+) -> Tensor:
+    _FALLBACKS[reason] += 1
+    return TORCH_SDPA(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        is_causal=causal and mask is None,
+        scale=scale,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+
+
+def nki_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """The attention function of the "nki" implementation: q [B, Hq, Sq, D], k / v
+    [B, Hkv, Sk, D] -> ([B, Sq, Hq, D], None), as transformers' own implementations."""
+    m = attention_mask if isinstance(attention_mask, NkiMask) else None
+    if m is None:
+        if attention_mask is not None:
+            raise TypeError(
+                "attention_mask: expected the 'nki' mask function's NkiMask (set the model's "
+                f"attention implementation with nki_kernels.patch); got {type(attention_mask)}"
+            )
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        m = NkiMask("plain", causal=bool(causal), window=kwargs.get("sliding_window"))
+    reason = None
+    if dropout > 0.0:
+        reason = f"attention dropout ({dropout})"
+    elif kwargs.get("softcap") is not None:
+        reason = "logit softcap"
+    elif query.shape[-1] > HEAD_DIM_MAX:
+        reason = f"head_dim {query.shape[-1]} > {HEAD_DIM_MAX}"
+    elif m.kind == "dense":
+        reason = "a mask with no kv_lens / segment_ids form (padded chunk over a cache?)"
+    if reason is not None:
+        dense = m.dense
+        if dense is None and m.window is not None:
+            sq, sk = query.shape[2], key.shape[2]
+            dense = _allowed(sq, sk, True, m.window, query.device)
+        fallback = _sdpa(query, key, value, dense, scaling, m.causal, reason)
+        return fallback.transpose(1, 2), None
+    if m.kind == "compact":
+        assert m.gather is not None
+        key, value = _gather_keys(key, m.gather), _gather_keys(value, m.gather)
+    out: Any = flash_attention(
+        query,
+        key,
+        value,
+        causal=m.causal,
+        softmax_scale=scaling,
+        sliding_window=m.window,
+        kv_lens=m.kv_lens,
+        segment_ids=m.segment_ids,
+    )
+    if m.rows is not None:
+        out = out * m.rows[:, None, :, None].to(out.dtype)
+    return out.transpose(1, 2), None
+
+
+def register() -> None:
+    """Register "nki" with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, nki_attention_forward)
+    AttentionMaskInterface.register(NAME, nki_mask)
+
+
+__all__ = ["NAME", "NkiMask", "fallbacks", "nki_attention_forward", "nki_mask", "plan", "register"]
