@@ -81,6 +81,7 @@ def flash_attention_bwd(
     scalar_evac,
     mask=None,
     bias=None,
+    softcap=None,
 ):
     """dq [B, Hq, Sq, D], dk, dv [B, Hkv, Sk, D] (input dtypes) of attention(q, k, v).
 
@@ -92,7 +93,9 @@ def flash_attention_bwd(
     every 4 dS^T slots, how many the DMA engines transpose (2-byte dtypes); scalar_evac:
     eighths of the PE-transposed slots that ScalarE copies out of PSUM (the rest VectorE);
     mask / bias: a dense mask as in the forward (uint8 / fp32 [B | 1, Hq | 1, Sq, Sk]),
-    its rows in the backward's row order; PARTIAL sub-tiles load it instead of the bounds.
+    its rows in the backward's row order; PARTIAL sub-tiles load it instead of the bounds;
+    softcap: None or cap > 0, the scores soft-capped as z = cap * tanh(scale * S / cap)
+    (exp(z - lse) for P, dS scaled by dz/d(scale S) = 1 - tanh^2; no causal-diagonal bias).
     """
     batch, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -105,10 +108,12 @@ def flash_attention_bwd(
     # TensorE (bf16: -1e30 is exact and vanishes in exp for any positive scale)
     diag = None
     if compute_dtype(q.dtype) == nl.bfloat16 and softmax_scale > 0 and _has_diag(plan):
+        assert softcap is None, "softcap: the diagonal bias would be capped (host marks no DIAG)"
         diag = diag_tiles(nl.bfloat16)
     shared = {
         "rings": make_rings(compute_dtype(q.dtype), d, dk.dtype),
         "dense": (mask, bias),
+        "softcap": softcap,
         "counters": {"prep": 0, "out": 0, "blk": 0, "kv": 0},
     }
     progs = []
@@ -134,6 +139,10 @@ def flash_attention_bwd(
         heads = range(g * (hq // hkv), (g + 1) * (hq // hkv))
         ctx["plan"] = head_group_plan(classes, heads, sq, sk, section // GROUP, diag is not None)
         progs.append(ctx)
+    if softcap is not None:
+        shared["rings"]["w"] = [
+            nl.ndarray((P, UNIT), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)
+        ]
     if mask is not None:
         shared["rings"]["mk"] = [
             nl.ndarray((P, UNIT), dtype=nl.uint8, buffer=nl.sbuf) for _ in range(3)
@@ -374,9 +383,14 @@ def _stage_softmax(job, ctx):
     rings, bnd = ctx["rings"], ctx["bnd"]
     s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
     p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
+    cap = ctx["softcap"]
     for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
         c0, nc = _cols(ul, u, cnt, sk)
         s_view = s_ps[:rows, c0 : c0 + nc]
+        if cap is not None:
+            w = rings["w"][i % 2][:rows, c0 : c0 + nc]
+            nisa.activation(dst=s_view, op=nl.tanh, data=s_view, scale=ctx["cfg"][0] / cap)
+            nisa.activation(dst=w, op=nl.square, data=s_view)
         if kind == SELECT and "mk" in rings:
             mk = rings["mk"][i % 3][:rows, c0 : c0 + nc]
             nisa.select_reduce(
@@ -402,15 +416,27 @@ def _stage_softmax(job, ctx):
             op=nl.exp,
             data=s_view,
             bias=unit["nlse"][:rows, j : j + 1],
-            scale=ctx["cfg"][0],
+            scale=ctx["cfg"][0] if cap is None else cap,
         )
+        p_eff = p_sb[:rows, c0 : c0 + nc]
+        if cap is not None:  # P * (1 - tanh^2), kept in fp32
+            nisa.scalar_tensor_tensor(
+                dst=w,
+                data=w,
+                op0=nl.subtract,
+                operand0=1.0,
+                reverse0=True,
+                op1=nl.multiply,
+                operand1=p_eff,
+            )
+            p_eff = w
         nisa.scalar_tensor_tensor(
             dst=ds_sb[:rows, c0 : c0 + nc],
             data=dp_ps[:rows, c0 : c0 + nc],
             op0=nl.subtract,
             operand0=unit["delta"][:rows, j : j + 1],
             op1=nl.multiply,
-            operand1=p_sb[:rows, c0 : c0 + nc],
+            operand1=p_eff,
         )
 
 

@@ -89,6 +89,7 @@ def flash_attention_fwd(
     kv_buffers=1,
     mask=None,
     bias=None,
+    softcap=None,
 ):
     """out [B, Hq, Sq, D] (q.dtype), lse [B, Hq, 128, nq] fp32 = attention(q, k, v).
 
@@ -110,7 +111,10 @@ def flash_attention_fwd(
     bounds: `mask` uint8 [B | 1, Hq | 1, Sq, Sk] (1 = allowed; select_reduce replaces
     the other scores, NaN included, by FP32_MIN) and optionally `bias` fp32 of the same
     shape, added to the unscaled scores (an additive mask divided by softmax_scale; 0
-    where masked). Only the sub-tiles the plan marks PARTIAL are loaded.
+    where masked). Only the sub-tiles the plan marks PARTIAL are loaded. softcap: None
+    or cap > 0: the softmax runs on z = cap * tanh(scale * S / cap) (ScalarE writes the
+    tanh over the scores in PSUM, before any mask; the pipeline then treats T = tanh(..)
+    as the scores with scale cap, and `bias` is divided by cap instead of scale).
     """
     batch, hq, sq, d = q.shape
     hkv = k.shape[1]
@@ -118,10 +122,12 @@ def flash_attention_fwd(
     nq = (sq + P - 1) // P
     lse = nl.ndarray((batch, hq, P, nq), dtype=nl.float32, buffer=nl.shared_hbm)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
-    cfg = (softmax_scale, kv_tile, q_tiles, dma_quarters, scalar_evac)
+    eff_scale = softmax_scale if softcap is None else softcap
+    cfg = (eff_scale, kv_tile, q_tiles, dma_quarters, scalar_evac)
     items = [(b, g) for b in range(batch) for g in range(hkv)]
     mine = [items[i] for i in range(pid, len(items), nprog)]
-    _run_groups(q, k, v, bounds, out, lse, plan, mine, cfg, kv_buffers, (mask, bias))
+    tanh_scale = None if softcap is None else softmax_scale / softcap
+    _run_groups(q, k, v, bounds, out, lse, plan, mine, cfg, kv_buffers, (mask, bias, tanh_scale))
     return out, lse
 
 
@@ -227,7 +233,8 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
     )
     segments = [(0, len(jobs))] if continuous else [(c["first"], c["last"] + 1) for c in ctxs]
     rings = _rings(n_sub, d, cdt, q_tiles, pv_lag, cfg[3])
-    _dense_rings(rings, dense, n_sub)
+    _dense_rings(rings, dense[:2], n_sub)
+    rings["tanh_scale"] = dense[2]
     io = (q, k, v, bounds, out, lse, sq, sk, d, kv_tile)
     for si, (j0, j1) in enumerate(segments):
         if not continuous:
@@ -415,6 +422,8 @@ def _stage_max(job, i, tstate, rings, scale, sk):
         ncols = min(cnt * P, sk - k0)
         c0 = (j0 % GROUP) * P
         s_view = banks[j0 // GROUP][:rows, c0 : c0 + ncols]
+        if rings["tanh_scale"] is not None:
+            nisa.activation(dst=s_view, op=nl.tanh, data=s_view, scale=rings["tanh_scale"])
         if partial and "mk" in rings:
             _apply_dense(rings, i, s_view, rows, j0 * P, ncols)
         elif partial:

@@ -47,6 +47,7 @@ class MaskArgs:
     kv_lens: Tensor | None = None
     segment_ids: Tensor | None = None
     attn_mask: Tensor | None = None
+    softcap: float | None = None
 
     @property
     def kind(self) -> str:
@@ -157,9 +158,25 @@ def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs, clean_k: bool = False) ->
     vp = pad_dim(v, 2, kp.shape[2])
     dense = None
     if m.attn_mask is not None:
-        d = dense_of(m.attn_mask, q.shape[2], sk, scale)
-        dense = _pad_dense(d, lo, hi, kp.shape[2])
-    dead = _dead_keys_in_live_tiles(lo, hi, kp.shape[2])
+        # the kernels add the bias to the scores in the units their softmax scale applies
+        # to: raw scores (scale), or tanh(scale * S / cap) when soft-capped (cap)
+        d = dense_of(m.attn_mask, q.shape[2], sk, scale if m.softcap is None else m.softcap)
+        iv = (
+            masks.row_intervals(d.allowed[:, 0])
+            if d.bias is None and d.allowed.shape[1] == 1
+            else None
+        )
+        if iv is None:
+            dense = _pad_dense(d, lo, hi, kp.shape[2])
+        else:  # one key range per row, the same for every head: bounds, range_select
+            sqv = q.shape[2]
+            lo[:, :sqv] = np.maximum(lo[:, :sqv], iv[0])
+            hi[:, :sqv] = np.minimum(hi[:, :sqv], iv[1])
+            hi[:] = np.maximum(hi, lo)
+    if dense is not None:
+        dead = _dead_in_live_tiles(~dense.allowed.any(axis=(1, 2)), kp.shape[2])
+    else:
+        dead = _dead_keys_in_live_tiles(lo, hi, kp.shape[2])
     if dead is not None:
         sel = torch.from_numpy(dead).to(v.device)[:, None, :, None]
         vp = vp.masked_fill(sel, 0.0)
@@ -173,12 +190,18 @@ def _dead_keys_in_live_tiles(lo: np.ndarray, hi: np.ndarray, skb: int) -> np.nda
     attended key (None when there is none). The attended keys of a batch row form one
     interval (kv_lens, causal, windows and segments all leave no holes), so its hull
     decides."""
-    tile = 128
     rows = lo < hi
     first = np.where(rows, lo, skb).min(axis=1, initial=skb)
     last = np.where(rows, hi, 0).max(axis=1, initial=0)
     keys = np.arange(skb)
     dead = (keys[None, :] < first[:, None]) | (keys[None, :] >= last[:, None])
+    return _dead_in_live_tiles(dead, skb)
+
+
+def _dead_in_live_tiles(dead: np.ndarray, skb: int) -> np.ndarray | None:
+    """`dead` (bool [B | 1, Skb]: keys no query attends) restricted to 128-key tiles that
+    hold an attended key (None when there is none): the rows the kernels read."""
+    tile = 128
     nk = -(-skb // tile)
     padded = np.ones((dead.shape[0], nk * tile), dtype=bool)
     padded[:, :skb] = dead
@@ -257,17 +280,24 @@ def dense_operands(
 
 
 def _launch_fwd(
-    qp: Tensor, kc: Tensor, vc: Tensor, scale: float, cfg: FlashFwdConfig, target: Any, ops: Any
+    qp: Tensor,
+    kc: Tensor,
+    vc: Tensor,
+    m: MaskArgs,
+    scale: float,
+    cfg: FlashFwdConfig,
+    target: Any,
+    ops: Any,
 ) -> tuple[Tensor, Tensor]:
     """The forward kernel on one key chunk; `ops`: (bounds, plan, mask, bias)."""
     bounds, plan, mask_t, bias_t = ops
-    if mask_t is None:
+    if mask_t is None and m.softcap is None:
         return launch(
             flash_attention_fwd, qp, kc, vc, bounds, scale, plan, config=cfg, target=target
         )
     c = cfg.to_dict()
     fields = ("kv_tile", "q_tiles", "dma_quarters", "scalar_evac", "kv_buffers")
-    args = (qp, kc, vc, None, scale, plan, *(c[f] for f in fields), mask_t, bias_t)
+    args = (qp, kc, vc, bounds, scale, plan, *(c[f] for f in fields), mask_t, bias_t, m.softcap)
     return launch(flash_attention_fwd, *args, target=target)
 
 
@@ -294,7 +324,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> tuple[Tensor, Tenso
         assert isinstance(cfg, FlashFwdConfig)
         cfg = with_kv_overlap(cfg, problem, target)
         kc, vc = kp[:, :, c0:c1].contiguous(), vp[:, :, c0:c1].contiguous()
-        out_c, lse_c = _launch_fwd(qp, kc, vc, scale, cfg, target, ops)
+        out_c, lse_c = _launch_fwd(qp, kc, vc, m, scale, cfg, target, ops)
         lse_c = lse_from_kernel(lse_c)
         empty = torch.from_numpy(empty_c).to(q.device)
         parts.append((out_c, lse_c.masked_fill(empty, float("-inf"))))
@@ -368,13 +398,18 @@ def _merge(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
 
 
 def bwd_kernel_rows(
-    lo: np.ndarray, hi: np.ndarray, sk: int, lse: Tensor, dlse: Tensor | None = None
+    lo: np.ndarray,
+    hi: np.ndarray,
+    sk: int,
+    lse: Tensor,
+    dlse: Tensor | None = None,
+    diagonal: bool = True,
 ) -> tuple[Any, Tensor | None, Tensor, Tensor | None]:
     """The backward kernel's row-indexed operands from natural-order ones: tile plan,
     bounds and partition-major lse / dlse, all in `bwd_row_order` (lo, hi: [B, Sq]
     key bounds; lse, dlse: [B, H, Sq] fp32 with Sq a multiple of 128)."""
     perm = np.asarray(bwd_row_order(lo.shape[1]), dtype=np.int64)
-    plan, bounds = _plan_and_bounds(lo[:, perm], hi[:, perm], sk, lse.device, diagonal=True)
+    plan, bounds = _plan_and_bounds(lo[:, perm], hi[:, perm], sk, lse.device, diagonal=diagonal)
     index = torch.from_numpy(perm).to(lse.device)
     lse_k = lse_to_kernel(lse.index_select(2, index))
     dlse_k = lse_to_kernel(dlse.index_select(2, index)) if dlse is not None else None
@@ -404,7 +439,8 @@ def backward(
     dlse = None
     if grad_lse is not None:
         dlse = pad_dim(grad_lse.float(), 2, sqb).masked_fill(empty, 0.0)
-    plan, bounds, lse_p, dlse = bwd_kernel_rows(lo, hi, skb, lse_p, dlse)
+    # soft-capped scores: a causal-diagonal bias added before the tanh would be capped
+    plan, bounds, lse_p, dlse = bwd_kernel_rows(lo, hi, skb, lse_p, dlse, m.softcap is None)
     dense: tuple[Any, ...] = ()
     if x.dense is not None:
         perm = np.asarray(bwd_row_order(sqb), dtype=np.int64)
@@ -413,11 +449,12 @@ def backward(
     problem = _problem(q, k, sqb, skb, m.kind)
     cfg = lookup_config("flash_attention_bwd", problem, flash_attention_bwd, target=x.target)
     args = (x.qp, x.kp, x.vp, op.contiguous(), dop.contiguous(), lse_p, dlse, bounds, x.scale)
-    if dense:
+    if dense or m.softcap is not None:
         c = cfg.to_dict()
         fields = ("section", "dma_quarters", "scalar_evac")
+        extra = (*(dense or (None, None)), m.softcap)
         dq, dk, dv = launch(
-            flash_attention_bwd, *args, plan, *(c[f] for f in fields), *dense, target=x.target
+            flash_attention_bwd, *args, plan, *(c[f] for f in fields), *extra, target=x.target
         )
     else:
         dq, dk, dv = launch(flash_attention_bwd, *args, plan, config=cfg, target=x.target)

@@ -192,6 +192,23 @@ def classify_dense(allowed: np.ndarray, bias: np.ndarray | None = None) -> np.nd
     return np.where(~touched_t, SKIP, np.where(full_t, FULL, PARTIAL)).astype(np.int8)
 
 
+def row_intervals(allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """[lo, hi) per row when every row of bool [..., Sq, Sk] allows one contiguous key
+    range (an empty row gives lo = hi = 0); None when some row has a gap.
+
+    Masks of this kind (causal, windows, prefix-LM, contiguous documents, key padding)
+    are applied on chip by `range_select` against the bounds, with nothing loaded.
+    """
+    sk = allowed.shape[-1]
+    count = allowed.sum(axis=-1)
+    lo = np.argmax(allowed, axis=-1)
+    hi = sk - np.argmax(allowed[..., ::-1], axis=-1)
+    live = count > 0
+    if not (count[live] == (hi - lo)[live]).all():
+        return None
+    return np.where(live, lo, 0).astype(np.int64), np.where(live, hi, 0).astype(np.int64)
+
+
 def allowed_fraction(classes: np.ndarray) -> float:
     """Fraction of (query tile, key sub-tile) pairs that are computed (not skipped)."""
     return float((classes != SKIP).mean()) if classes.size else 0.0
@@ -209,6 +226,7 @@ __all__ = [
     "dense_mask",
     "kernel_bounds",
     "query_bounds",
+    "row_intervals",
     "segment_runs",
     "tile_plan",
 ]

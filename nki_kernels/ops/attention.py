@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..attention import flex
 from ..attention.host import MaskArgs, backward, forward
 from ..attention.host import lse_from_kernel as _lse_from_kernel  # noqa: F401 (autotune uses it)
 from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
@@ -95,6 +96,11 @@ def _check(
                 f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
                 f"got {softmax_scale:g}"
             )
+    softcap = kw.get("softcap")
+    if softcap is not None:
+        check_positive("softcap", softcap)
+        if not math.isfinite(softcap):
+            raise ValueError(f"softcap: expected a finite number; got {softcap}")
     if sliding_window is not None:
         if isinstance(sliding_window, bool) or not isinstance(sliding_window, int):
             raise TypeError(f"sliding_window: expected an int; got {type(sliding_window).__name__}")
@@ -205,10 +211,11 @@ def _flash_attention_op(
     causal: bool = False,
     softmax_scale: float | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     return_lse: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(scale * q k^T + mask) v; see the module docstring."""
-    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask)
+    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask, softcap)
     return forward(q, k, v, m)
 
 
@@ -279,9 +286,10 @@ def _flash_attention_backward_op(
     causal: bool = False,
     softmax_scale: float | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of flash_attention from its saved output and log-sum-exp."""
-    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask)
+    m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask, softcap)
     return backward(grad_out, grad_lse, q, k, v, out, lse, m)
 
 
@@ -297,6 +305,7 @@ def flash_attention(
     kv_lens: Tensor | None = None,
     segment_ids: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    softcap: float | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """`torch.ops.nki.flash_attention`, returning `out` (or `(out, lse)` with return_lse).
@@ -306,7 +315,8 @@ def flash_attention(
     the W most recent keys (and implies causal); `kv_lens` [B] masks keys >= kv_lens[b];
     `segment_ids` [B, S] restricts attention to each query's own (contiguous) document;
     `attn_mask` (bool: True = allowed, or additive float) broadcastable to [B, Hq, Sq, Sk]
-    combines with all of them. Rows with no allowed key return out = 0, lse = -inf (as
+    combines with all of them; `softcap` c > 0 soft-caps the scaled scores to
+    c * tanh(score / c) before the mask is added. Rows with no allowed key return out = 0, lse = -inf (as
     torch's SDPA and flex_attention do).
     """
     out, lse = torch.ops.nki.flash_attention(
@@ -319,6 +329,7 @@ def flash_attention(
         kv_lens=kv_lens,
         segment_ids=segment_ids,
         attn_mask=attn_mask,
+        softcap=softcap,
         return_lse=return_lse,
     )
     return (out, lse) if return_lse else out
@@ -328,6 +339,60 @@ def flash_attention(
 # `F.scaled_dot_product_attention = nki_kernels.sdpa`, a fallback through the name would
 # call sdpa again (RecursionError).
 TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def flex_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """`torch.nn.attention.flex_attention`'s call on the NKI kernels (see `attention.flex`).
+
+    block_mask: from `attention.flex.create_block_mask` (or torch's BlockMask: its
+    mask_mod is evaluated at this call's shape); score_mod: additive (ALiBi, biases) or
+    `attention.flex.softcap`. Returns out [B, Hq, Sq, D] (and lse [B, Hq, Sq] fp32).
+    """
+    b, hq, sq, _ = query.shape
+    sk = key.shape[2]
+    if hq != key.shape[1] and not enable_gqa:
+        raise ValueError(
+            f"key: expected {hq} heads (as query) unless enable_gqa=True; got {key.shape[1]}"
+        )
+    allowed = None
+    if block_mask is not None:
+        if isinstance(block_mask, flex.BlockMask):
+            allowed = block_mask.allowed
+        elif callable(getattr(block_mask, "mask_mod", None)):
+            allowed = flex.create_block_mask(
+                block_mask.mask_mod, b, hq, sq, sk, query.device
+            ).allowed
+        else:
+            raise TypeError(
+                f"block_mask: expected a BlockMask (nki_kernels.attention.flex or torch's); got "
+                f"{type(block_mask).__name__}"
+            )
+        if allowed.shape[-2:] != (sq, sk):
+            raise ValueError(
+                f"block_mask: expected Q_LEN, KV_LEN = {sq}, {sk} (as query, key); got "
+                f"{tuple(allowed.shape[-2:])}"
+            )
+        allowed = allowed.to(query.device)
+    cap = None
+    if isinstance(score_mod, flex.SoftCap):
+        cap, score_mod = score_mod.cap, score_mod.then
+    mask: Tensor | None = allowed
+    if score_mod is not None:
+        bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device)
+        mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+    out, lse = torch.ops.nki.flash_attention(
+        query, key, value, attn_mask=mask, softmax_scale=scale, softcap=cap, return_lse=return_lse
+    )
+    return (out, lse) if return_lse else out
 
 
 class SdpaFallbackWarning(UserWarning):
@@ -420,4 +485,4 @@ def sdpa(
     return out
 
 
-__all__ = ["SdpaFallbackWarning", "flash_attention", "sdpa"]
+__all__ = ["SdpaFallbackWarning", "flash_attention", "flex_attention", "sdpa"]

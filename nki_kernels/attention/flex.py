@@ -1,0 +1,246 @@
+"""FlexAttention-style mask and score functions on the flash-attention kernels.
+
+    block_mask = create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)   # host, vectorized
+    out = flex_attention(q, k, v, score_mod=alibi(slopes), block_mask=block_mask)
+
+Same call and semantics as `torch.nn.attention.flex_attention`: `mask_mod(b, h, q_idx,
+kv_idx) -> bool` says which (query, key) pairs are allowed; `score_mod(score, b, h,
+q_idx, kv_idx)` rewrites the scaled score before the softmax. Indices are top-left (query
+i and key j are positions i and j, whatever Sq and Sk). Rows with no allowed key give 0
+and lse = -inf, as torch's.
+
+How each part reaches the kernels (`host.py` does the rest):
+
+- `create_block_mask` evaluates `mask_mod` once on broadcast index grids ([B|1, 1, 1, 1]
+  x [1, H|1, 1, 1] x [1, 1, Sq, 1] x [1, 1, 1, Sk]; `torch.vmap` if the function does not
+  broadcast) into a bool [B|1, H|1, Sq, Sk] map, and classifies its 128 x 128 tiles
+  (SKIP / FULL / PARTIAL, `masks.classify_dense`).
+- The op receives the map as `attn_mask`. When every row is one key interval shared by
+  all heads (causal, sliding window, prefix-LM, contiguous documents and their
+  intersections), the host turns it into per-row bounds and the kernels mask PARTIAL
+  tiles with `range_select`, loading nothing; otherwise PARTIAL tiles load their uint8
+  mask tile.
+- A `score_mod` that adds a term independent of the score (ALiBi, relative biases) is
+  evaluated on the host into an additive mask (checked: score_mod(s) - s must not
+  depend on s). `softcap(cap)` (cap * tanh(score / cap), optionally followed by an
+  additive term) runs in the kernels: tanh on ScalarE, its derivative in the backward.
+  Other score_mods raise a ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import masks
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """A mask function evaluated at one shape: the bool map and its tile classes."""
+
+    allowed: Tensor  # bool [B | 1, H | 1, Sq, Sk]
+    mask_mod: MaskMod | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.allowed.shape)
+
+    def tile_classes(self) -> np.ndarray:
+        """SKIP / PARTIAL / FULL per (batch, 128-query tile, 128-key tile)."""
+        return masks.classify_dense(self.allowed.cpu().numpy())
+
+    def sparsity(self) -> float:
+        """Fraction of tiles skipped."""
+        return 1.0 - masks.allowed_fraction(self.tile_classes())
+
+
+def _grids(b: int, h: int, sq: int, sk: int, device: Any) -> tuple[Tensor, ...]:
+    ar = lambda n: torch.arange(n, device=device)  # noqa: E731
+    return (
+        ar(b).view(b, 1, 1, 1),
+        ar(h).view(1, h, 1, 1),
+        ar(sq).view(1, 1, sq, 1),
+        ar(sk).view(1, 1, 1, sk),
+    )
+
+
+def _evaluate(
+    fn: Callable[..., Tensor], b: int, h: int, sq: int, sk: int, device: Any, *pre: Any
+) -> Tensor:
+    """fn(*pre, b, h, q_idx, kv_idx) on broadcast grids; vmap when it does not broadcast."""
+    grids = _grids(b, h, sq, sk, device)
+    try:
+        out = fn(*pre, *grids)
+        out = torch.as_tensor(out, device=device)
+        torch.broadcast_shapes(out.shape, (b, h, sq, sk))
+        return out
+    except Exception:  # noqa: BLE001 (a function written for scalars: vectorize it)
+        flat = [g.reshape(-1) for g in grids]
+        f = fn
+        for dim in range(3, -1, -1):
+            in_dims = tuple(0 if i == dim else None for i in range(4))
+            f = torch.vmap(f, in_dims=(None,) * len(pre) + in_dims)
+        return f(*pre, *flat)
+
+
+def create_block_mask(
+    mask_mod: MaskMod,
+    B: int | None,
+    H: int | None,
+    Q_LEN: int,
+    KV_LEN: int,
+    device: str | torch.device = "cpu",
+) -> BlockMask:
+    """`mask_mod` evaluated for every (b, h, q_idx, kv_idx) (None for B / H: broadcast
+    over them), as torch's create_block_mask; the result feeds `flex_attention`."""
+    for arg, n in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{arg}: expected an int >= 1; got {n!r}")
+    b, h = B or 1, H or 1
+    out = _evaluate(mask_mod, b, h, Q_LEN, KV_LEN, device)
+    if out.dtype != torch.bool:
+        raise TypeError(f"mask_mod: expected a bool result; got {out.dtype}")
+    bb = b if out.dim() == 4 and out.shape[0] != 1 else 1
+    hh = h if out.dim() >= 3 and out.shape[-3] != 1 else 1
+    allowed = torch.broadcast_to(out, (b, h, Q_LEN, KV_LEN))[:bb, :hh].contiguous()
+    return BlockMask(allowed, mask_mod)
+
+
+# ---- mask functions -------------------------------------------------------------------------
+def causal_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """Key j <= query i (top-left, as flex_attention's examples)."""
+    return q_idx >= kv_idx
+
+
+def sliding_window_mask(window: int) -> MaskMod:
+    """Causal, and the `window` most recent keys (the query's own position included)."""
+    if window < 1:
+        raise ValueError(f"window: expected an int >= 1; got {window}")
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+    return mod
+
+
+def prefix_lm_mask(prefix: int) -> MaskMod:
+    """Bidirectional over the first `prefix` keys, causal after them."""
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (kv_idx < prefix) | (q_idx >= kv_idx)
+
+    return mod
+
+
+def document_mask(document_ids: Tensor) -> MaskMod:
+    """Attention inside the query's document: `document_ids` [S] or [B, S]."""
+    docs = document_ids if document_ids.dim() == 2 else document_ids.unsqueeze(0)
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        bb = b if docs.shape[0] > 1 else torch.zeros_like(b)
+        return docs[bb, q_idx] == docs[bb, kv_idx]
+
+    return mod
+
+
+def and_masks(*mods: MaskMod) -> MaskMod:
+    """Allowed where every mask allows."""
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        out = mods[0](b, h, q_idx, kv_idx)
+        for m in mods[1:]:
+            out = out & m(b, h, q_idx, kv_idx)
+        return out
+
+    return mod
+
+
+def or_masks(*mods: MaskMod) -> MaskMod:
+    """Allowed where any mask allows."""
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        out = mods[0](b, h, q_idx, kv_idx)
+        for m in mods[1:]:
+            out = out | m(b, h, q_idx, kv_idx)
+        return out
+
+    return mod
+
+
+# ---- score functions ------------------------------------------------------------------------
+def alibi(slopes: Tensor) -> ScoreMod:
+    """score + slopes[h] * (kv_idx - q_idx) (ALiBi; `slopes` [H])."""
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + slopes.to(score.dtype)[h] * (kv_idx - q_idx).to(score.dtype)
+
+    return mod
+
+
+def alibi_slopes(heads: int) -> Tensor:
+    """The ALiBi paper's geometric slopes 2^(-8 (h + 1) / H) (H a power of two)."""
+    return torch.tensor([2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)])
+
+
+@dataclass(frozen=True)
+class SoftCap:
+    """score_mod cap * tanh(score / cap), then `then` (an additive score_mod) if given."""
+
+    cap: float
+    then: ScoreMod | None = None
+
+    def __call__(
+        self, score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor
+    ) -> Tensor:
+        capped = self.cap * torch.tanh(score / self.cap)
+        return capped if self.then is None else self.then(capped, b, h, q_idx, kv_idx)
+
+
+def softcap(cap: float, then: ScoreMod | None = None) -> SoftCap:
+    """Logit soft-capping (Gemma 2, Grok): cap * tanh(score / cap), run in the kernels."""
+    if not (isinstance(cap, (int, float)) and cap > 0):
+        raise ValueError(f"cap: expected a number > 0; got {cap!r}")
+    return SoftCap(float(cap), then)
+
+
+def additive_bias(score_mod: ScoreMod, b: int, h: int, sq: int, sk: int, device: Any) -> Tensor:
+    """score_mod(s) - s as an fp32 [B|1, H|1, Sq, Sk] bias; ValueError unless that
+    difference is the same for two different scores (the function is score + f)."""
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    f0 = _evaluate(score_mod, b, h, sq, sk, device, zero).float()
+    if not torch.compiler.is_compiling():
+        probe = torch.tensor(1.7, dtype=torch.float32, device=device)
+        f1 = _evaluate(score_mod, b, h, sq, sk, device, probe).float() - probe
+        if not torch.allclose(f0, f1, rtol=1e-5, atol=1e-5):
+            raise ValueError(
+                "score_mod: expected score + f(b, h, q_idx, kv_idx) (an additive term) or "
+                "nki_kernels.attention.flex.softcap(cap, then=...); got a function whose "
+                "output minus the score depends on the score"
+            )
+    return f0
+
+
+__all__ = [
+    "BlockMask",
+    "SoftCap",
+    "additive_bias",
+    "alibi",
+    "alibi_slopes",
+    "and_masks",
+    "causal_mask",
+    "create_block_mask",
+    "document_mask",
+    "or_masks",
+    "prefix_lm_mask",
+    "sliding_window_mask",
+    "softcap",
+]
