@@ -83,7 +83,7 @@ def _evaluate(
         out = torch.as_tensor(out, device=device)
         torch.broadcast_shapes(out.shape, (b, h, sq, sk))
         return out
-    except Exception:  # noqa: BLE001 (a function written for scalars: vectorize it)
+    except Exception:  # a function written for scalar indices: vectorize it
         flat = [g.reshape(-1) for g in grids]
         f = fn
         for dim in range(3, -1, -1):

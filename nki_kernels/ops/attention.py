@@ -316,8 +316,8 @@ def flash_attention(
     `segment_ids` [B, S] restricts attention to each query's own (contiguous) document;
     `attn_mask` (bool: True = allowed, or additive float) broadcastable to [B, Hq, Sq, Sk]
     combines with all of them; `softcap` c > 0 soft-caps the scaled scores to
-    c * tanh(score / c) before the mask is added. Rows with no allowed key return out = 0, lse = -inf (as
-    torch's SDPA and flex_attention do).
+    c * tanh(score / c) before the mask is added. Rows with no allowed key return
+    out = 0, lse = -inf (as torch's SDPA and flex_attention do).
     """
     out, lse = torch.ops.nki.flash_attention(
         q,

@@ -207,3 +207,34 @@ def test_skipped_tiles_are_not_computed() -> None:
         counts.append((live, len(trace)))
     counts.sort()
     assert counts[0][1] < counts[-1][1] or counts[0][0] == counts[-1][0]
+
+
+@pytest.mark.parametrize(
+    "backend,device",
+    [("eager", "cpu"), ("aot_eager", "cpu"), ("eager", "neuron"), ("aot_eager", "neuron")],
+)
+def test_dense_mask_on_devices_and_under_compile(
+    backend: str, device: str, request: pytest.FixtureRequest
+) -> None:
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    torch._dynamo.reset()
+    q, k, v = (
+        t.detach().to(device).requires_grad_() for t in _inputs(1, 2, 1, 70, 90, 64, torch.bfloat16)
+    )
+    mask = _random_mask((1, 2, 70, 90), "additive").to(torch.bfloat16)
+
+    def f(q, k, v, mask):  # type: ignore[no-untyped-def]
+        return flash_attention(q, k, v, attn_mask=mask)
+
+    fn = f if backend == "eager" else torch.compile(f, backend=backend, fullgraph=True)
+    out = fn(q, k, v, mask.to(device))
+    grad = torch.randn(out.shape).to(torch.bfloat16)
+    out.backward(grad.to(device))
+    assert out.device.type == q.device.type
+    ref, ref_grads = _reference(q.cpu(), k.cpu(), v.cpu(), grad, mask)
+    tol_out, tol_grad = TOLERANCES[torch.bfloat16]
+    assert_rel_close(out, ref, tol_out, "out")
+    for got, want in zip((q.grad, k.grad, v.grad), ref_grads):
+        assert got is not None and got.device.type == q.device.type
+        assert_rel_close(got, want, tol_grad, "grad")
