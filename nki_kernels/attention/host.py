@@ -174,7 +174,7 @@ def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs, clean_k: bool = False) ->
             hi[:, :sqv] = np.minimum(hi[:, :sqv], iv[1])
             hi[:] = np.maximum(hi, lo)
     if dense is not None:
-        dead = _dead_in_live_tiles(~dense.allowed.any(axis=(1, 2)), kp.shape[2])
+        dead = _dead_in_live_tiles(np.asarray(~dense.allowed.any(axis=(1, 2))), kp.shape[2])
     else:
         dead = _dead_keys_in_live_tiles(lo, hi, kp.shape[2])
     if dead is not None:
