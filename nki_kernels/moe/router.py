@@ -26,6 +26,7 @@ Backward (d_weights [T, k] -> d_logits [T, E]), with s the scores and S the sele
 The dense g is built with one-hot masks (iota == id_j) on VectorE.
 
 Limits: E <= 16384 (max8 source size), k in 1..8, any T (ragged last tile sliced).
+Under LNC 2 the two programs take alternate 128-token tiles (outputs in shared HBM).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def moe_router_fwd(logits, top_k, scoring, renormalize):
     assert scoring in ("softmax", "sigmoid"), "moe_router_fwd: unknown scoring"
     weights = nl.ndarray((t_count, top_k), dtype=nl.float32, buffer=nl.shared_hbm)
     ids = nl.ndarray((t_count, top_k), dtype=nl.int32, buffer=nl.shared_hbm)
-    for t0 in range(0, t_count, P):
+    pid, nprog = _programs()
+    for t0 in range(pid * P, t_count, nprog * P):  # LNC 2: token tiles alternate cores
         rows = min(P, t_count - t0)
         sc = _scores(logits, t0, rows, scoring)
         r = slice(0, rows)
@@ -125,7 +127,8 @@ def moe_router_bwd(logits, ids, d_weights, scoring, renormalize):
     d_logits = nl.ndarray((t_count, e), dtype=logits.dtype, buffer=nl.shared_hbm)
     iota = nl.ndarray((P, e), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=iota, pattern=[[1, e]], offset=0, channel_multiplier=0)
-    for t0 in range(0, t_count, P):
+    pid, nprog = _programs()
+    for t0 in range(pid * P, t_count, nprog * P):  # LNC 2: token tiles alternate cores
         rows = min(P, t_count - t0)
         r = slice(0, rows)
         sc = _scores(logits, t0, rows, scoring)
@@ -192,3 +195,10 @@ def _renorm_grad(sc: Any, iota: Any, sel: Any, dw: Any, rows: int, e: int, k: in
     nisa.tensor_scalar(
         dst=dw[r], data=dw[r], op0=nl.subtract, operand0=dot[r], op1=nl.multiply, operand1=z_inv[r]
     )
+
+
+def _programs() -> tuple[int, int]:
+    """(program id, number of programs) of this LNC launch."""
+    if nl.program_ndim() == 0:
+        return 0, 1
+    return nl.program_id(0), nl.num_programs(0)

@@ -25,13 +25,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("lnc", [1, 2])  # LNC 2: the cores take alternate token tiles
 @pytest.mark.parametrize(("t", "e", "k", "scoring", "renorm", "dtype"), CASES)
 def test_router_matches_reference(
-    t: int, e: int, k: int, scoring: str, renorm: bool, dtype: torch.dtype
+    t: int, e: int, k: int, scoring: str, renorm: bool, dtype: torch.dtype, lnc: int
 ) -> None:
     g = torch.Generator().manual_seed(t * 7 + e)
     logits = torch.randn(t, e, generator=g).to(dtype)
-    w, ids = moe_router_fwd(logits, k, scoring, renorm)
+    w, ids = moe_router_fwd[lnc](logits, k, scoring, renorm)
     lr = logits.float().clone().requires_grad_()
     w_ref, ids_ref = route_reference(lr, k, scoring, renorm)
     assert ids.dtype == torch.int32 and w.dtype == torch.float32
@@ -40,7 +41,7 @@ def test_router_matches_reference(
 
     dw = torch.randn(t, k, generator=g)
     w_ref.backward(dw)
-    dl = moe_router_bwd(logits, ids, dw, scoring, renorm)
+    dl = moe_router_bwd[lnc](logits, ids, dw, scoring, renorm)
     assert dl.dtype == dtype
     err = (dl.float() - lr.grad).abs().max() / lr.grad.abs().max()
     assert err <= DL_TOL[dtype], f"d_logits error {err:.3g}"
