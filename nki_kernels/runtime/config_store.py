@@ -9,6 +9,9 @@ Layout: `<dir>/<target>/<op>.json`::
                         "latency_ns": 1234.0, "default_latency_ns": 1500.0,
                         "trials": 64, "date": "2025-01-01T00:00:00+00:00"}}}}
 
+Keys carry the launch's LNC: `lnc=2` is one more field of the key of a config tuned at
+LNC 2; a key without it is LNC 1 (`lnc_items`).
+
 A *problem* is the bucketed description of a call: a Mapping or a dataclass of ints and
 strings (e.g. rows=4096, hidden=4096, dtype="bfloat16"); its canonical key string is
 `problem_key(problem)`. The config class of an op is the `KernelConfig` subclass whose
@@ -136,6 +139,18 @@ def _problem_items(problem: Any) -> dict[str, Any]:
             raise TypeError(f"problem field {k!r}: expected int, float or str; got {v!r}")
         if isinstance(v, str) and ("," in v or "=" in v):
             raise ValueError(f"problem field {k!r}: ',' and '=' are reserved; got {v!r}")
+    return items
+
+
+def lnc_items(problem: Any, lnc: int) -> dict[str, Any]:
+    """The key fields of `problem` launched at `lnc` logical cores: an `lnc` field is added
+    when lnc != 1, so keys without one (every entry stored before LNC entered the key)
+    are LNC 1 and a lookup at LNC 2 never takes a config tuned for one core."""
+    items = _problem_items(problem)
+    if "lnc" in items:
+        raise ValueError("problem: 'lnc' is reserved for the launch's LNC (pass lnc=)")
+    if lnc != 1:
+        items["lnc"] = lnc
     return items
 
 
@@ -394,15 +409,17 @@ class ConfigStore:
         config_cls: type[KernelConfig] | None = None,
         kernel_hash: str | None = None,
         bucket_fields: frozenset[str] = BUCKET_FIELDS,
+        lnc: int = 1,
     ) -> ConfigDecision:
-        """The `ConfigDecision` for `problem` (see the module docstring for the order).
+        """The `ConfigDecision` for `problem` launched at `lnc` logical cores (see the
+        module docstring for the order; `lnc_items` for how the LNC enters the key).
 
         `kernel_hash` (from `kernel_source_hash(kernel)`) rejects configs tuned for other
         kernel source; None skips that check.
         """
         tgt = get_target(target)
         cls = config_cls or config_class_for(op)
-        want = _problem_items(problem)
+        want = lnc_items(problem, lnc)
         key = problem_key(want)
         ranked = []
         for order, (k, entry, source) in enumerate(self.entries(op, tgt)):
@@ -452,9 +469,12 @@ class ConfigStore:
         *,
         config_cls: type[KernelConfig] | None = None,
         kernel_hash: str | None = None,
+        lnc: int = 1,
     ) -> tuple[KernelConfig, Provenance | None]:
         """(config, provenance) for `problem`; provenance is None for the heuristic default."""
-        d = self.decide(op, target, problem, config_cls=config_cls, kernel_hash=kernel_hash)
+        d = self.decide(
+            op, target, problem, config_cls=config_cls, kernel_hash=kernel_hash, lnc=lnc
+        )
         return d.config, d.provenance
 
     # -- writing -----------------------------------------------------------------------
@@ -468,15 +488,17 @@ class ConfigStore:
         provenance: Provenance,
         *,
         directory: str | os.PathLike[str] | None = None,
+        lnc: int = 1,
     ) -> Path:
-        """Store `config` for `problem` (atomically merged into the op's JSON file)."""
+        """Store `config` for `problem` tuned at `lnc` (atomically merged into the op's
+        JSON file)."""
         root = Path(directory) if directory is not None else self.write_dir
         if root is None:
             raise ValueError(
                 f"put: no directory to write to; pass directory= or set {CONFIG_DIR_ENV_VAR}"
             )
         tgt = get_target(target)
-        key = problem_key(problem)
+        key = problem_key(lnc_items(problem, lnc))
         path = self.path(root, op, tgt)
         path.parent.mkdir(parents=True, exist_ok=True)
         with _dir_lock(path.parent):
@@ -534,20 +556,25 @@ def lookup_config(
     target: str | Target | None = None,
     config_cls: type[KernelConfig] | None = None,
     store: ConfigStore | None = None,
+    lnc: int | None = None,
 ) -> KernelConfig:
     """The config an op launches `kernel` with for bucketed `problem` on `target`.
 
     `ConfigStore.lookup` on the default store, with the kernel's current source hash so
-    that configs tuned for other kernel source are not used.
+    that configs tuned for other kernel source are not used, at `lnc` (default: the
+    runtime's, `runtime.lnc.runtime_lnc`, the LNC `launch` uses).
     """
     from .kernel_cache import kernel_source_hash
+    from .lnc import runtime_lnc
 
+    tgt = get_target(target)
     decision = (store or default_store()).decide(
         op,
-        get_target(target),
+        tgt,
         problem,
         config_cls=config_cls,
         kernel_hash=kernel_source_hash(kernel),
+        lnc=runtime_lnc(tgt) if lnc is None else lnc,
     )
     recorder = _RECORDER.get()
     if recorder is not None:
@@ -580,6 +607,7 @@ __all__ = [
     "StaleConfigWarning",
     "config_class_for",
     "default_store",
+    "lnc_items",
     "lookup_config",
     "problem_key",
     "recording_decisions",

@@ -177,3 +177,22 @@ def test_config_dir_is_read_once_from_the_environment(
     assert cs.default_store() is s
     s2 = cs.set_config_dir(None)
     assert s2.search_dirs == [cs.SHIPPED_DIR] and s2.write_dir is None
+
+
+def test_keys_carry_the_lnc_and_lnc1_configs_do_not_serve_lnc2(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.put("store_test_op", "trn2", Prob(512, 64, "float32"), TileConfig(256), prov())
+    s.put("store_test_op", "trn2", Prob(512, 64, "float32"), TileConfig(128), prov(), lnc=2)
+    path = tmp_path / "user" / "trn2" / "store_test_op.json"
+    keys = sorted(json.loads(path.read_text())["entries"])
+    assert keys == ["dtype=float32,hidden=64,lnc=2,rows=512", "dtype=float32,hidden=64,rows=512"]
+    one, _ = s.lookup("store_test_op", "trn2", Prob(512, 64, "float32"), kernel_hash=HASH)
+    two, _ = s.lookup("store_test_op", "trn2", Prob(512, 64, "float32"), kernel_hash=HASH, lnc=2)
+    assert (one, two) == (TileConfig(256), TileConfig(128))
+    # bfloat16 has an LNC-1 entry only: an LNC-2 lookup falls back to the default
+    s.put("store_test_op", "trn2", Prob(512, 64, "bfloat16"), TileConfig(512), prov())
+    with pytest.warns(ConfigFallbackWarning):
+        cfg, p = s.lookup("store_test_op", "trn2", Prob(512, 64, "bfloat16"), lnc=2)
+    assert p is None and cfg == TileConfig(64)
+    with pytest.raises(ValueError, match="'lnc' is reserved"):
+        problem_key(cs.lnc_items({"lnc": 2, "rows": 1}, 1))
