@@ -58,6 +58,7 @@ from .tiling import (
     prefetch_depth,
     prefetch_start,
     prefetch_take,
+    programs,
     ring_alloc,
     rings,
     row_segments,
@@ -189,7 +190,7 @@ def bwd_rows(
         stages[0:1] = [_stage_s, _stage_a_inline]
     order = (len(stages) - 1, *range(len(stages) - 1))
     seg_begin = stats_alloc if inline else stats_load
-    segs = row_segments(n, plan["k"])
+    segs = row_segments(n, plan["k"], *programs())
     jobs = pipeline_jobs(segs, len(stages), plan["resident"], ctx["chunks"], step_order=order)
     ahead = prefetch_depth(plan["resident"], plan["bufs"], len(stages))
     if ctx["hooks"] is not None:

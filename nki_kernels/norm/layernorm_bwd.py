@@ -14,7 +14,9 @@ which is dx = rstd * (g - mean_h(g) - xhat * mean_h(g * xhat)) with
 xhat = (x - mean) * rstd, rearranged so each full-width step is one instruction. The
 pipeline is `backward.py`'s, shared with the RMSNorm backward.
 
-Limits: any N >= 1; 1 <= H <= 65536; chunk % 128 == 0 or chunk = H; one NeuronCore.
+Limits: any N >= 1; 1 <= H <= 65536; chunk % 128 == 0 or chunk = H. Under LNC 2 the
+programs split the row tiles; dw / db come back as [2, H] fp32 per-program column sums
+that the caller adds (the cores do not synchronize).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from ..nki import nki, nl
 from .backward import bwd_rows, bwd_stages
-from .tiling import colsum_store, row_plan
+from .tiling import colsum_store, programs, row_plan
 
 
 @nki.jit
@@ -69,11 +71,16 @@ def layer_norm_bwd(
     stats = None if inline else (mean, rstd)
     ctx = bwd_rows(dy, x, w, stats, plan, has_bias=has_bias, ln=True, eps=eps)
     gdtype = w.dtype if w is not None else x.dtype
+    pid, nprog = programs()
     grads = []
     for acc in (ctx["acc_w"], ctx["acc_b"]):
         out = None
-        if acc is not None:
+        if acc is not None and nprog == 1:
             out = nl.ndarray((hdim,), dtype=gdtype, buffer=nl.shared_hbm)
             colsum_store(acc, out)
+        elif acc is not None:
+            # LNC 2: per-program fp32 column sums, one row each (no barrier); caller adds
+            out = nl.ndarray((nprog, hdim), dtype=nl.float32, buffer=nl.shared_hbm)
+            colsum_store(acc, out[pid])
         grads.append(out)
     return ctx["dx"], grads[0], grads[1]

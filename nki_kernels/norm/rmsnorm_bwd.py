@@ -15,7 +15,8 @@ LayerNorm backward, of which this is the case mean = 0).
 
 Limits: any N >= 1 (ragged tail sliced) and 1 <= H <= 65536 (the column sums must fit one
 PSUM bank); column chunks must start at multiples of 128 (chunk % 128 == 0 or chunk = H);
-one NeuronCore (the weight gradient is reduced within the core; no LNC split).
+under LNC 2 the programs split the row tiles and dw comes back as [2, H] fp32 per-program
+column sums, which the caller adds (the cores do not synchronize).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..nki import nki, nl
 from .backward import bwd_rows, bwd_stages
-from .tiling import colsum_store, row_plan
+from .tiling import colsum_store, programs, row_plan
 
 
 @nki.jit
@@ -42,6 +43,8 @@ def rms_norm_bwd(
     gpsimd_eighths: int = 0,
 ) -> Any:
     """RMSNorm backward: returns (dx [N, H] in x.dtype, dw [H] in w.dtype), or dx if w is None.
+
+    Under LNC 2, dw is [2, H] fp32: each program's column sums (add the rows).
 
     With `dh` ([N, H], x.dtype) the kernel is the backward of the fused residual add +
     RMSNorm (x is then h = x + residual, dh the gradient of the h output): dx + dh is the
@@ -73,6 +76,13 @@ def rms_norm_bwd(
     ctx = bwd_rows(dy, x, w, stats, plan, dh=dh, eps=eps)
     if w is None:
         return ctx["dx"]
-    dw = nl.ndarray((hdim,), dtype=w.dtype, buffer=nl.shared_hbm)
-    colsum_store(ctx["acc_w"], dw)
-    return ctx["dx"], dw
+    pid, nprog = programs()
+    if nprog == 1:
+        dw = nl.ndarray((hdim,), dtype=w.dtype, buffer=nl.shared_hbm)
+        colsum_store(ctx["acc_w"], dw)
+        return ctx["dx"], dw
+    # LNC 2: each program wrote dx for its own rows; its fp32 column sums go to its own
+    # row of dw (no barrier between the cores), and the caller adds the rows
+    parts = nl.ndarray((nprog, hdim), dtype=nl.float32, buffer=nl.shared_hbm)
+    colsum_store(ctx["acc_w"], parts[pid])
+    return ctx["dx"], parts

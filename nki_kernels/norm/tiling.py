@@ -284,12 +284,17 @@ def colsum_add(state: dict[str, Any], data: Any, c0: int, row_weight: Any = None
 
 
 def colsum_store(state: dict[str, Any], out: Any) -> None:
-    """Write the accumulated column sums to `out` ([hdim] HBM, cast by the DMA)."""
+    """Write the accumulated column sums to `out` ([hdim] HBM, cast by the DMA); zeros
+    when no rows were added (an LNC program that was given no row tiles)."""
     hdim, ncol = state["hdim"], state["ncol"]
-    assert all(state["started"]), "every column block must have received a sum"
+    empty = not any(state["started"])
+    assert empty or all(state["started"]), "every column block must have received a sum"
     prows = min(P, hdim)
     sb = nl.ndarray((P, ncol), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=sb[0:prows, :], src=state["acc"][0:prows, :])
+    if empty:
+        nisa.memset(dst=sb[0:prows, :], value=0.0)
+    else:
+        nisa.tensor_copy(dst=sb[0:prows, :], src=state["acc"][0:prows, :])
     tail = hdim - (ncol - 1) * P  # width of the last column block (1..128)
     for b0 in range(0, ncol, P):
         nb = min(P, ncol - b0)

@@ -129,6 +129,12 @@ def _rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     return _back(y, n, x.shape)
 
 
+def _colsums(g: Tensor, like: Tensor) -> Tensor:
+    """A weight gradient from the backward kernel: [H] as is, or (LNC 2) the [2, H] fp32
+    column sums of the two programs, added here and rounded once to `like`'s dtype."""
+    return g if g.dim() == 1 else g.sum(0).to(like.dtype)
+
+
 def _rms_backward(
     grad: Tensor, x: Tensor, weight: Tensor | None, eps: float, grad_h: Tensor | None, op: str
 ) -> tuple[Tensor, Tensor]:
@@ -148,7 +154,7 @@ def _rms_backward(
     if weight is None:
         return _back(out, n, x.shape), _no_grad_tensor(x)
     dx, dw = out
-    return _back(dx, n, x.shape), dw
+    return _back(dx, n, x.shape), _colsums(dw, weight)
 
 
 def _ln_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
@@ -183,8 +189,8 @@ def _ln_backward(
         target=target,
         eps=float(eps),
     )
-    dw = dw if dw is not None else _no_grad_tensor(x)
-    db = db if db is not None else _no_grad_tensor(x)
+    dw = _colsums(dw, weight) if dw is not None else _no_grad_tensor(x)
+    db = _colsums(db, weight if weight is not None else x) if db is not None else _no_grad_tensor(x)
     return _back(dx, n, x.shape), dw, db
 
 

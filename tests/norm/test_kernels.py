@@ -237,3 +237,25 @@ def test_forward_kernels_split_rows_across_lnc2() -> None:
         (add_rms_norm_fwd(x, x, w, nh.EPS), add_rms_norm_fwd[2](x, x, w, nh.EPS)),
     ):
         assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+@pytest.mark.parametrize("rows,hidden,dtype", SHAPES)
+def test_backward_kernels_split_rows_across_lnc2(
+    rows: int, hidden: int, dtype: torch.dtype
+) -> None:
+    """kernel[2]: each core takes its row tiles (7 rows: core 0 has none) and writes its
+    fp32 column sums to its own row of dw / db, [2, H]; their sum meets the bounds."""
+    x, dy = nh.make((rows, hidden), dtype, 31), nh.make((rows, hidden), dtype, 32)
+    w = nh.make((hidden,), dtype, 33, loc=1.0)
+    _, rstd = ref.rms_norm_ref(x, None, nh.EPS)
+    cfg = _cfg(C.RMSNormBwdConfig, rows, hidden, dtype, "w")
+    dx, parts = rms_norm_bwd[2](dy, x, w, rstd, None, nh.EPS, **cfg)
+    assert parts.shape == (2, hidden) and parts.dtype == torch.float32
+    dw = parts.sum(0).to(dtype)
+    nh.check_all({"dx": dx, "dw": dw}, nh.rms_bwd_bounds(dy, x, w, *nh.TOL[dtype]), "rms lnc2")
+    x = nh.make((rows, hidden), dtype, 34, loc=2.0)
+    _, mean, rstd = ref.layer_norm_ref(x, None, None, 1e-5)
+    cfg = _cfg(C.LayerNormBwdConfig, rows, hidden, dtype, "wb")
+    dx, pw, pb = layer_norm_bwd[2](dy, x, w, True, mean, rstd, 1e-5, **cfg)
+    got = {"dx": dx, "dw": pw.sum(0).to(dtype), "db": pb.sum(0).to(dtype)}
+    nh.check_all(got, nh.ln_bwd_bounds(dy, x, w, w, *nh.TOL[dtype]), "layer_norm lnc2")
