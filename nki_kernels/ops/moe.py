@@ -204,6 +204,7 @@ def _route_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     backward=_route_backward,
     setup_context=_route_setup_ctx,
     examples=_route_examples,
+    traceable=True,
 )
 def moe_route(
     router_logits: Tensor, *, top_k: int, renormalize: bool = True, scoring: str = "softmax"
@@ -224,6 +225,7 @@ def moe_route(
             {"renormalize": True, "scoring": "softmax"},
         )
     ],
+    traceable=True,
 )
 def moe_route_backward(
     router_logits: Tensor,

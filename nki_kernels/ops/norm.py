@@ -154,7 +154,7 @@ def _rms_backward(
     if weight is None:
         return _back(out, n, x.shape), _no_grad_tensor(x)
     dx, dw = out
-    return _back(dx, n, x.shape), _colsums(dw, weight)
+    return _back(dx, n, x.shape), _colsums(dw, weight if weight is not None else x)
 
 
 def _ln_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
@@ -189,7 +189,7 @@ def _ln_backward(
         target=target,
         eps=float(eps),
     )
-    dw = _colsums(dw, weight) if dw is not None else _no_grad_tensor(x)
+    dw = _colsums(dw, weight if weight is not None else x) if dw is not None else _no_grad_tensor(x)
     db = _colsums(db, weight if weight is not None else x) if db is not None else _no_grad_tensor(x)
     return _back(dx, n, x.shape), dw, db
 
@@ -236,6 +236,7 @@ def _rms_grad(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     backward=_rms_grad,
     setup_context=_rms_setup,
     examples=_rms_examples,
+    traceable=True,
 )
 def _rms_norm_op(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """y = x / sqrt(mean(x^2, last dim) + eps) * weight."""
@@ -263,6 +264,7 @@ def _rms_bwd_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     fake=_rms_bwd_fake,
     validate=_check_rms_bwd,
     examples=_rms_bwd_examples,
+    traceable=True,
 )
 def _rms_norm_backward_op(
     grad: Tensor, x: Tensor, weight: Tensor | None, eps: float
@@ -298,6 +300,7 @@ def _ln_grad(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     backward=_ln_grad,
     setup_context=_ln_setup,
     examples=_ln_examples,
+    traceable=True,
 )
 def _layer_norm_op(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
     """y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim."""
@@ -333,6 +336,7 @@ def _ln_bwd_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     fake=_ln_bwd_fake,
     validate=_check_ln_bwd,
     examples=_ln_bwd_examples,
+    traceable=True,
 )
 def _layer_norm_backward_op(
     grad: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
@@ -370,6 +374,7 @@ def _add_grad(ctx: Any, grad_y: Tensor | None, grad_h: Tensor | None) -> tuple[A
     backward=_add_grad,
     setup_context=_add_setup,
     examples=_add_examples,
+    traceable=True,
 )
 def _add_rms_norm_op(
     x: Tensor, residual: Tensor, weight: Tensor | None, eps: float
@@ -406,6 +411,7 @@ def _add_bwd_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     fake=_add_bwd_fake,
     validate=_check_add_bwd,
     examples=_add_bwd_examples,
+    traceable=True,
 )
 def _add_rms_norm_backward_op(
     grad_y: Tensor, grad_h: Tensor | None, h: Tensor, weight: Tensor | None, eps: float

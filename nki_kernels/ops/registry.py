@@ -66,6 +66,7 @@ live in `nki_kernels/ops/<family>.py`, imported by `nki_kernels.ops.load_all()`.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,12 @@ class NkiOp:
     fake: Callable[..., Any] = field(repr=False)
     examples: Callable[[], Iterable[Example]] | None = field(repr=False, default=None)
     differentiable: bool = False
+    via_nki_op: bool = False  # defined through torch_neuronx.nki_op (see `define_op`)
+    traceable: bool = False
+    validate: Callable[..., Any] | None = field(repr=False, default=None)
+    backward: Callable[..., Any] | None = field(repr=False, default=None)
+    setup_context: Callable[..., Any] | None = field(repr=False, default=None)
+    mutates_args: tuple[str, ...] = ()
 
     @property
     def qualname(self) -> str:
@@ -215,6 +222,37 @@ def _policy_autograd(
     return grad, setup
 
 
+def torchneuron_nki_op() -> Callable[..., Any] | None:
+    """`torch_neuronx.nki_op` when TorchNeuron is importable, else None (looked up each
+    time an op is defined, so the test doubles can stand in for it)."""
+    if importlib.util.find_spec("torch_neuronx") is None:
+        return None
+    try:
+        from torch_neuronx import nki_op  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return nki_op  # type: ignore[no-any-return]
+
+
+def _traced_body(name: str, impl: Callable[..., Any], validate: Any) -> Callable[..., Any]:
+    """The op body for `nki_op`: checked, dense outputs, bucket policy scoped, with the
+    signature (annotations resolved) that `nki_op` infers the schema from -- the impl's
+    plus the keyword-only `bucket_policy` every op takes."""
+    body = _policy_scope(name, _checked(validate, _dense(impl)))
+    sig = inspect.signature(impl, eval_str=True)
+    extra = inspect.Parameter(
+        POLICY_ARG, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=str | None
+    )
+    sig = sig.replace(parameters=[*sig.parameters.values(), extra])
+    body.__signature__ = sig  # type: ignore[attr-defined]
+    body.__annotations__ = {
+        **{p.name: p.annotation for p in sig.parameters.values()},
+        "return": sig.return_annotation,
+    }
+    del body.__wrapped__  # type: ignore[attr-defined]
+    return body
+
+
 def define_op(
     name: str,
     impl: Callable[..., Any] | None = None,
@@ -226,11 +264,21 @@ def define_op(
     kernels: Mapping[str, Callable[..., Any]] | None = None,
     mutates_args: Sequence[str] = (),
     examples: Callable[[], Iterable[Example]] | None = None,
+    traceable: bool = False,
 ) -> Any:
     """Define `torch.ops.nki.<name>` from a type-hinted implementation (see module doc).
 
     Usable directly, `define_op("x", impl, fake=...)`, or as a decorator,
     `@define_op("x", fake=...)`. Returns the `NkiOp`.
+
+    `traceable=True` says the body reads no tensor data (padding, config lookup and
+    launches only), so it runs on FakeTensors. Where TorchNeuron is importable such an op
+    is defined through `torch_neuronx.nki_op`, as its docs say custom ops with NKI kernels
+    are (torch/guides/how-to-work-with-nki): `torch.compile(backend="neuron")` then traces
+    into the body and each kernel call becomes one node of the captured graph; `nki_op`
+    registers the body itself as the fake, and the body serves every device. Without
+    TorchNeuron, or for ops whose body plans on host data (MoE routing, attention masks),
+    nothing changes: a plain custom op with `fake`.
     """
     if impl is None:
         return functools.partial(
@@ -243,6 +291,7 @@ def define_op(
             kernels=kernels,
             mutates_args=mutates_args,
             examples=examples,
+            traceable=traceable,
         )
     if not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier; got {name!r}")
@@ -256,6 +305,13 @@ def define_op(
         raise ValueError(f"kernels: expected keys among {SUPPORTED_DEVICES}; got {sorted(unknown)}")
 
     qualname = f"{NAMESPACE}::{name}"
+    nki_op = torchneuron_nki_op() if traceable else None
+    if nki_op is not None:
+        op = nki_op(qualname, _traced_body(name, impl, validate), mutates_args=tuple(mutates_args))
+        for device, fn in overrides.items():
+            op.register_kernel(device)(_policy_scope(name, _checked(validate, _dense(fn))))
+        return _record(name, op, impl, fake, examples, backward, setup_context, validate,
+                       tuple(mutates_args), traceable, via_nki_op=True)  # fmt: skip
     # Inferred from `impl` itself so string annotations resolve in its module.
     schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
     schema = _schema_with_policy(schema)
@@ -270,11 +326,32 @@ def define_op(
         neuron = _checked(validate, _dense(overrides.get("neuron", impl)))
         op.register_kernel(pu1)(_policy_scope(name, neuron))
     op.register_fake(_policy_scope(name, _checked(validate, _dense(fake))))
+    return _record(name, op, impl, fake, examples, backward, setup_context, validate,
+                   tuple(mutates_args), traceable, via_nki_op=False)  # fmt: skip
+
+
+def _record(
+    name: str,
+    op: Any,
+    impl: Callable[..., Any],
+    fake: Callable[..., Any],
+    examples: Callable[[], Iterable[Example]] | None,
+    backward: Callable[..., Any] | None,
+    setup_context: Callable[..., Any] | None,
+    validate: Callable[..., Any] | None,
+    mutates_args: tuple[str, ...],
+    traceable: bool,
+    via_nki_op: bool,
+) -> NkiOp:
+    """Register the autograd formula and record the op in `registered_ops()`."""
     if backward is not None and setup_context is not None:
         grad, setup = _policy_autograd(name, backward, setup_context)
         op.register_autograd(grad, setup_context=setup)
-
-    entry = NkiOp(name, op, impl, fake, examples, differentiable=backward is not None)
+    entry = NkiOp(
+        name, op, impl, fake, examples, differentiable=backward is not None,
+        via_nki_op=via_nki_op, traceable=traceable, validate=validate, backward=backward,
+        setup_context=setup_context, mutates_args=mutates_args,
+    )  # fmt: skip
     _REGISTRY[name] = entry
     return entry
 
@@ -287,4 +364,5 @@ __all__ = [
     "NkiOp",
     "define_op",
     "registered_ops",
+    "torchneuron_nki_op",
 ]
