@@ -19,15 +19,16 @@ API:
 - `kernels(module)` -> {name: Kernel} of the `@nki.jit` kernels the module defines.
 - `jit(fn)` -> `fn` as an interpreter kernel (`nki.jit(fn)`), callable as `k(...)` or
   `k[2](...)`, and accepted by `nki_kernels.interp.run(k, ..., trace_only=True)`.
-- `mapped_nki()` context manager: the mapping itself, for code that imports `nki`
-  lazily (e.g. a reference or test helper of the checkout); `load_module` uses it.
+- `mapped_nki()` context manager: the mapping itself; `checkout_context(root)` adds the
+  checkout's import roots to `sys.path` too, for code of the checkout that imports
+  lazily (nki-library's references import its `test.*` helpers inside functions).
 - `module_names(checkout_root)` -> every importable kernel module name of the checkout.
 
 The mapping is scoped: `sys.modules` entries named `nki*` / `neuronxcc*` are restored on
 exit, so a real Neuron `nki`, if installed, is untouched outside the block. Imported
-checkout modules stay cached in `sys.modules` (under `nkilib.*`, or the example's file
-name), like any import; loading from a different checkout root drops the cached ones
-first.
+checkout modules stay cached in `sys.modules` (under `nkilib_src.nkilib.*`, the name
+AWS's tests use, or the example's file name), like any import; loading from a different
+checkout root drops the cached ones first.
 
 Example (trace-only, realistic shapes, no arithmetic)::
 
@@ -113,18 +114,40 @@ def _on_path(path: Path) -> Iterator[None]:
             sys.path.remove(entry)
 
 
+@contextlib.contextmanager
+def checkout_context(checkout_root: str | Path) -> Iterator[None]:
+    """`mapped_nki()` plus the checkout's import roots on `sys.path`, for running code of
+    the checkout that imports lazily (references, test helpers)."""
+    root = _root(checkout_root)
+    if checkout_kind(root) == "nki-library":
+        paths = [root / "src", root]  # `nkilib_src.nkilib...` and its `test.*` helpers
+    else:
+        paths = [root / SDK_EXAMPLES]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mapped_nki())
+        for p in reversed(paths):
+            stack.enter_context(_on_path(p))
+        yield
+
+
 def load_module(checkout_root: str | Path, dotted_name: str) -> ModuleType:
-    """Import `dotted_name` from the checkout, with `nki` mapped to the interpreter."""
+    """Import `dotted_name` from the checkout, with `nki` mapped to the interpreter.
+
+    nki-library modules are imported as `nkilib_src.nkilib.<...>`, the name AWS's own
+    tests use, so that a kernel and its test helpers share one copy of each module.
+    """
     root = _root(checkout_root)
     kind = checkout_kind(root)
     if kind == "nki-library":
-        if not dotted_name.startswith("nkilib"):
+        if dotted_name.startswith("nkilib."):
+            dotted_name = "nkilib_src." + dotted_name
+        if not dotted_name.startswith(("nkilib_src.nkilib.", "test.")):
             raise ValueError(f"dotted_name: expected 'nkilib.<...>'; got {dotted_name!r}")
-        src = root / NKILIB_SRC
-        if _loaded_roots.get("nkilib") not in (None, src):
-            _forget("nkilib")
-        _loaded_roots["nkilib"] = src
-        with mapped_nki(), _on_path(src):
+        if _loaded_roots.get("nkilib") not in (None, root):
+            _forget("nkilib_src")
+            _forget("test")
+        _loaded_roots["nkilib"] = root
+        with checkout_context(root):
             return importlib.import_module(dotted_name)
     path = root / SDK_EXAMPLES / Path(*dotted_name.split(".")).with_suffix(".py")
     if not path.is_file():

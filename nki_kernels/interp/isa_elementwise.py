@@ -213,7 +213,14 @@ def _scalar_operand(
     if operand is None:
         raise fail("ARG", f"{instr}: binary op nl.{op.name} needs {arg}")
     bitvec = is_bitvec(op)
-    if isinstance(operand, NkiTensor) and not bitvec and operand.dtype != dt.float32:
+    # tensor_scalar's docs require fp32 operand tiles; scalar_tensor_tensor's take "any
+    # supported NKI data type" (cast to fp32 by VectorE)
+    if (
+        isinstance(operand, NkiTensor)
+        and not bitvec
+        and operand.dtype != dt.float32
+        and instr != "scalar_tensor_tensor"
+    ):
         raise fail(
             "DTYPE", f"{instr}: arithmetic tile {arg} must be fp32; got {operand.dtype.name}"
         )

@@ -7,6 +7,8 @@ allocate a new SBUF tile and issue the matching ISA instruction).
 
 from __future__ import annotations
 
+import builtins
+import os
 from typing import Any
 
 import numpy as np
@@ -190,15 +192,24 @@ def empty_like(
     return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
-def shared_constant(constant: Any, dtype: Any = None) -> NkiTensor:
-    """A constant array placed in shared HBM."""
-    arr = np.asarray(constant)
-    d = _dt.as_dtype(dtype if dtype is not None else arr.dtype, "shared_constant dtype")
+def shared_constant(constant: Any) -> NkiTensor:
+    """A constant array placed in shared HBM: a NumPy array or the path of a `.npy` file."""
+    if isinstance(constant, (str, os.PathLike)):
+        path = os.fspath(constant)
+        if not path.endswith(".npy") or not os.path.isfile(path):
+            raise _fail(
+                "ARG",
+                f"shared_constant: expected an array or the path of a .npy file; got {path!r}",
+            )
+        arr = np.load(path, allow_pickle=False)
+    else:
+        arr = np.asarray(constant)
+    d = _dt.as_dtype(arr.dtype, "shared_constant dtype")
     t = _allocate(arr.shape or (1,), d, shared_hbm, "const", data=None)
     if not _current().trace_only:
         data = t.storage.data
         assert data is not None
-        data[...] = _dt.cast(arr.reshape(-1), d)
+        data[...] = arr.reshape(-1)
     return t
 
 
@@ -254,13 +265,15 @@ def program_ndim() -> int:
 
 
 # ---- loops (all unrolled at specialization) -------------------------------------------
-def affine_range(start: int, stop: int | None = None, step: int = 1) -> range:
+def affine_range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:
     """Deprecated alias of `range`."""
-    return range(start, stop, step) if stop is not None else range(start)
+    r = builtins.range
+    return r(start, stop, step) if stop is not None else r(start)
 
 
+# Loop aliases of earlier NKI releases that nki-library still calls (all plain ranges).
 sequential_range = affine_range
-static_range = affine_range
+static_range = affine_range  # `nl.range` too: set at the end of the module
 
 
 def device_print(prefix: str, x: Any) -> None:
@@ -365,6 +378,8 @@ from .nkiobject import NKIObject  # noqa: E402, F401
 # ---- the experimental nl compute layer (nl_compute.py; makes the op tokens callable) -----
 from .nl_compute import all_ as all  # noqa: E402, F401
 from .nl_compute import (  # noqa: E402, F401
+    broadcast_to,
+    expand_dims,
     logical_not,
     matmul,
     mean,
@@ -393,9 +408,12 @@ NOT_SUPPORTED: dict[str, str] = {
     "dropout": "random numbers are not modeled",
     "random_seed": "random numbers are not modeled",
     "rand": "random numbers are not modeled",
-    "expand_dims": "",
     "load_transpose2d": "",
     "gather_flattened": "",
 }
 
 __getattr__ = _unsupported_getattr("nki.language", NOT_SUPPORTED)
+
+# `nl.range` (legacy loop alias nki-library's mxfp_load_utils calls), bound last: code
+# in this module that runs later must use builtins.range.
+range = affine_range

@@ -322,7 +322,11 @@ class Kernel:
         return f"Kernel({self.fn.__module__}.{self.fn.__qualname__})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the kernel with this LNC count; returns its outputs."""
+        """Run the kernel; returns its outputs. Called from inside a running kernel it is
+        inlined into the caller's program, as the compiler does (same program_id, memory
+        and trace; tensors pass through)."""
+        if state.active() is not None:
+            return self.fn(*args, **kwargs)
         handled, out = _device_call(self, 1, args, kwargs)
         return out if handled else run(self, *args, **kwargs).outputs
 
@@ -340,6 +344,15 @@ class _Launcher:
         self.lnc = lnc
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        launch = state.active()
+        if launch is not None:
+            if self.lnc != launch.lnc:
+                raise fail(
+                    "LAUNCH",
+                    f"{self.kernel.__name__}[{self.lnc}] called inside a kernel launched "
+                    f"with LNC {launch.lnc}: an inlined kernel runs in the caller's programs",
+                )
+            return self.kernel.fn(*args, **kwargs)
         handled, out = _device_call(self.kernel, self.lnc, args, kwargs)
         if handled:
             return out

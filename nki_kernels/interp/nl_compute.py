@@ -283,6 +283,56 @@ def where(condition: Any, x: Any, y: Any, dtype: Any = None) -> NkiTensor:
     return out
 
 
+def expand_dims(x: Any, axis: int) -> NkiTensor:
+    """`nl.expand_dims(x, axis)`: a view of `x` with a size-1 axis at `axis` (not 0 on chip)."""
+    t = _tile(x, "x", "expand_dims")
+    return t.expand_dim(axis)
+
+
+def broadcast_to(x: Any, shape: Any, dtype: Any = None) -> NkiTensor:
+    """`nl.broadcast_to(x, shape)`: a new SBUF tile of `shape` (numpy rules, same rank).
+
+    Free dims broadcast through a stride-0 read (`tensor_copy`). A partition dim of 1
+    broadcasts through TensorE: a ones (1, P) stationary times the (1, F) row lands the
+    row on every partition of PSUM (fp32, exact), copied out to SBUF in <= 512 columns.
+    """
+    t = _tile(x, "x", "broadcast_to")
+    if not t.buffer.on_chip:
+        raise fail("NL_API", f"nl.broadcast_to: x must be in SBUF or PSUM; got {t.buffer!r}")
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else None
+    if shape is None or len(shape) != t.ndim:
+        raise fail(
+            "NL_SHAPE", f"nl.broadcast_to: shape must have the rank of x {t.shape}; got {shape}"
+        )
+    for have, want in zip(t.shape, shape, strict=True):
+        if have != want and have != 1:
+            raise fail("NL_SHAPE", f"nl.broadcast_to: cannot broadcast {t.shape} to {shape}")
+    out_dtype = t.dtype if dtype is None else dt.as_dtype(dtype)
+    if shape == t.shape and out_dtype == t.dtype:
+        return t
+    view = t
+    for d in range(1, t.ndim):
+        if t.shape[d] != shape[d]:
+            view = view.broadcast(d, shape[d])
+    out = _new(shape, out_dtype, "broadcast_to")
+    if shape[0] == t.shape[0]:
+        tensor_copy(out, view)
+        return out
+    # partition broadcast 1 -> P through TensorE
+    free = int(np.prod(shape[1:]))
+    row = _new((1, free), dt.float32, "broadcast_row")
+    tensor_copy(row.reshape((1, *shape[1:])), view)
+    ones = _new((1, shape[0]), dt.float32, "broadcast_ones")
+    memset(ones, 1.0)
+    flat_out = out.reshape((shape[0], free))
+    for c0 in range(0, free, 512):
+        n = min(512, free - c0)
+        acc = _new((shape[0], n), dt.float32, "broadcast_psum", psum)
+        nc_matmul(acc, ones, row[:, c0 : c0 + n])
+        tensor_copy(flat_out[:, c0 : c0 + n], acc)
+    return out
+
+
 def install() -> None:
     """Make the op tokens callable (nl.add(x, y), nl.exp(x), nl.max(x, axis), ...)."""
     for o in ops.TOKENS.values():

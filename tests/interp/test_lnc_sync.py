@@ -148,3 +148,38 @@ def test_programs_without_meetings_keep_the_sequential_trace_order():
 
     res = run(k[2], np.ones((2, 2), np.float32))
     assert [i.program for i in res.trace.instrs] == [0, 0, 1, 1]
+
+
+@nki.jit
+def _inner(x, out):
+    pid = nl.program_id(0)
+    t = nl.ndarray((1, x.shape[1]), x.dtype)
+    nisa.dma_copy(dst=t, src=x[pid : pid + 1, :])
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=float(10 * (pid + 1)))
+    nisa.dma_copy(dst=out[pid : pid + 1, :], src=t)
+    return out
+
+
+def test_a_jit_kernel_called_from_a_kernel_is_inlined_into_the_callers_programs():
+    @nki.jit
+    def outer(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        got = _inner(x, out)
+        assert got is out  # a tensor of the caller's launch, not a NumPy copy
+        return out
+
+    x = np.zeros((2, 3), np.float32)
+    res = run(outer[2], x)
+    np.testing.assert_array_equal(res.outputs, [[10.0] * 3, [20.0] * 3])
+    assert {i.program for i in res.trace.instrs} == {0, 1}
+
+
+def test_an_inner_launch_with_another_lnc_is_refused():
+    @nki.jit
+    def outer(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        return _inner[2](x, out)
+
+    with pytest.raises(NkiValidationError) as e:
+        outer(np.zeros((2, 3), np.float32))
+    assert e.value.rule == "LAUNCH" and "caller's programs" in str(e.value)

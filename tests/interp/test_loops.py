@@ -236,3 +236,8 @@ def test_runaway_while_loop_is_stopped(monkeypatch):
     with pytest.raises(NkiValidationError) as e:
         run(kernel, np.zeros((1, 1), np.float32))
     assert e.value.rule == "LOOP" and "20 iterations" in str(e.value)
+
+
+def test_legacy_loop_aliases_are_plain_ranges():
+    assert list(nl.range(2, 8, 3)) == [2, 5]
+    assert list(nl.sequential_range(3)) == list(nl.static_range(3)) == [0, 1, 2]

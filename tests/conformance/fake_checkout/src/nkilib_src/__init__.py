@@ -1,0 +1,1 @@
+"""The package root nki-library installs (ours, for tests)."""
