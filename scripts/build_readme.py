@@ -25,6 +25,7 @@ ORDER = (
     "autotune.md",
     "interpreter.md",
     "interpreter-instructions.md",
+    "interpreter-conformance.md",
     "cost-model.md",
     "99-development.md",
 )

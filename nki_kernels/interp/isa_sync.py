@@ -2,7 +2,8 @@
 
 Both are NC-v3+ and meet the other program(s) of the launch (`programs.Programs`): a
 program that reaches one waits until its partner does. Under LNC 1 a barrier over
-`cores=(0,)` and a sendrecv to and from rank 0 have no partner and complete at once.
+any `cores` (nki-library calls `(0, 1)` unconditionally) and a sendrecv to and from
+rank 0 have no partner and complete at once.
 """
 
 from __future__ import annotations
@@ -16,21 +17,16 @@ from .enums import dma_engine as dma_engine_enum
 from .enums import engine as engine_enum
 from .errors import fail
 from .state import current
-from .tensor import NkiTensor, sbuf, shared_hbm
+from .tensor import NkiTensor, sbuf
 from .trace import Instr
 
 
-def _cores(cores: Any, lnc: int, instr: str) -> tuple[int, ...]:
+def _cores(cores: Any, instr: str) -> tuple[int, ...]:
     if not isinstance(cores, (tuple, list)) or not cores:
         raise fail("ARG", f"{instr}: cores must be a tuple of core indices; got {cores!r}")
     got = tuple(cores)
     if any(type(c) is not int for c in got) or sorted(got) != list(range(len(got))):
         raise fail("ARG", f"{instr}: cores must be (0,) or (0, 1); got {cores!r}")
-    if len(got) > lnc:
-        raise fail(
-            "SYNC",
-            f"{instr}: cores {got} but the launch runs {lnc} program(s) (launch kernel[2])",
-        )
     return got
 
 
@@ -43,11 +39,11 @@ def core_barrier(
     launch = current()
     need_version(3, f"nisa.{instr}")
     tensor_arg(data, "data", instr)
-    if data.buffer is not shared_hbm:
-        raise fail("BUF", f"{instr}: data must be in nl.shared_hbm; got {data.buffer!r}")
+    if data.buffer.on_chip:
+        raise fail("BUF", f"{instr}: data must be a (shared) HBM tensor; got {data.buffer!r}")
     if not isinstance(engine, engine_enum):
         raise fail("ARG", f"{instr}: engine must be an nisa.engine member; got {engine!r}")
-    members = _cores(cores, launch.lnc, instr)
+    members = _cores(cores, instr)
     rec = emit(
         "gpsimd" if engine is engine_enum.unknown else engine.name,
         instr,
@@ -59,6 +55,8 @@ def core_barrier(
         name=name,
     )
     progs = launch.concurrent
+    # Under LNC 1 there is no partner: nki-library's router_topk calls
+    # core_barrier(..., (0, 1)) unconditionally, so the barrier completes at once.
     if progs is not None and len(members) > 1:
         m = progs.meet(instr, members, members, None)
         progs.release(m)

@@ -54,7 +54,10 @@ def test_sdk_examples_load_by_path_and_import_their_siblings():
 
 
 def test_module_names_skip_references_and_packages():
-    assert loader.module_names(FAKE_LIB) == ["nkilib.core.scale.scale"]
+    assert loader.module_names(FAKE_LIB) == [
+        "nkilib.core.scale.scale",
+        "nkilib.core.scale.scale_misc",
+    ]
     assert loader.checkout_kind(FAKE_SDK) == "sdk"
 
 

@@ -1,0 +1,178 @@
+"""Cases for kernels of aws-neuron/nki-library (`src/nkilib_src/nkilib/...`).
+
+Each case calls a kernel as its docstring documents (shapes from the docstring's
+Dimensions / Args sections, at small sizes) and compares with the kernel's own torch
+reference in the checkout (`<kernel>_torch.py`), which takes the kernel's arguments.
+Kernels that are plain functions (no `@nki.jit` in the library) are wrapped in
+`nki.jit`, as the library's tests do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .runner import Case
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.float32
+LIB = "nkilib.core"
+
+
+def _torch(x: Any) -> Any:
+    import torch
+
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind == "f" or x.dtype == BF16:
+            return torch.tensor(x.astype(np.float32))
+        return torch.tensor(x)
+    return x
+
+
+def torch_ref(module: str, attr: str, keys: tuple[str, ...] | None = None) -> Callable[..., Any]:
+    """The checkout's torch reference `module.attr`, called with the kernel's arguments
+    (arrays as fp32 / integer torch tensors); returns the values of `keys` (dict result)."""
+
+    def reference(ctx: Any, args: Any, kwargs: Any) -> Any:
+        fn = ctx.load(module, attr)
+        out = fn(*(_torch(a) for a in args), **{k: _torch(v) for k, v in kwargs.items()})
+        if isinstance(out, dict):
+            return tuple(out[k] for k in keys) if keys else tuple(out.values())
+        return out
+
+    return reference
+
+
+def _arrays(*specs: tuple[tuple[int, ...], Any], scale: float = 1.0, **kw: Any) -> Any:
+    def build(rng: np.random.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        arrays = tuple((rng.standard_normal(s) * scale).astype(d) for s, d in specs)
+        return arrays, dict(kw)
+
+    return build
+
+
+# ---- attention_cte ------------------------------------------------------------------------
+CTE = f"{LIB}.attention.attention_cte"
+CTE_REF = torch_ref(f"{CTE}_torch", "attention_cte_torch_ref")
+
+
+def _cte(b: int, sq: int, sk: int, d: int, causal: bool) -> Any:
+    def build(rng: np.random.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        q = rng.standard_normal((b, sq, d)).astype(BF16)  # tp_q=True: (b, sq, d)
+        k = rng.standard_normal((b, d, sk)).astype(BF16)  # tp_k=False: (b, d, sk)
+        v = rng.standard_normal((b, sk, d)).astype(BF16)
+        return (q, k, v), {"scale": float(d) ** -0.5, "causal_mask": causal}
+
+    return build
+
+
+# ---- router_topk --------------------------------------------------------------------------
+TOPK = f"{LIB}.router_topk.router_topk"
+
+
+def _router(t: int, h: int, e: int, k: int, act: str) -> Any:
+    def build(rng: np.random.Generator, ctx: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        act_t = ctx.load(f"{LIB}.utils.common_types", "RouterActFnType")
+        x = rng.standard_normal((h, t)).astype(BF16)  # x_hbm_layout 0: [H, T]
+        w = (rng.standard_normal((h, e)) / np.sqrt(h)).astype(BF16)
+        bias = rng.standard_normal((1, e)).astype(BF16)
+        logits = np.zeros((t, e), F32)
+        affin = np.zeros((t, e), F32)
+        index = np.zeros((t, k), np.uint32)
+        args = (x, w, bias, logits, affin, index, getattr(act_t, act), k, 0, 0)
+        return args, {}
+
+    return build
+
+
+def _router_ref(ctx: Any, args: Any, kwargs: Any) -> Any:
+    ref = torch_ref(f"{TOPK}_torch", "router_topk_torch_ref",
+                    ("router_logits", "expert_index", "expert_affinities"))  # fmt: skip
+    logits, index, affin = ref(ctx, args, kwargs)
+    return logits, np.asarray(index), affin
+
+
+# ---- the rest -----------------------------------------------------------------------------
+def _nonzero(t: int, c: int) -> Any:
+    def build(rng: np.random.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        x = (rng.random((t, c)) < 0.2).astype(F32) * rng.integers(1, 9, (t, c)).astype(F32)
+        return (x,), {}
+
+    return build
+
+
+def _flatten(e: int, t: int, f_len: int) -> Any:
+    def build(rng: np.random.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        x = rng.integers(0, 1000, (e, t)).astype(np.int32)
+        blocks = t // f_len
+        offsets = (np.arange(e, dtype=np.int32) * blocks).astype(np.int32)
+        return (x, f_len, e * t, offsets), {}
+
+    return build
+
+
+def _rope(d: int, b: int, h: int, s: int, contiguous: bool) -> Any:
+    def build(rng: np.random.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        x = rng.standard_normal((d, b, h, s)).astype(F32)
+        ang = rng.uniform(0, np.pi, (d // 2, b, s))
+        return (x, np.cos(ang).astype(F32), np.sin(ang).astype(F32)), {
+            "contiguous_layout": contiguous
+        }
+
+    return build
+
+
+def _rope_hf(b: int, hq: int, hk: int, s: int, d: int) -> Any:
+    def build(rng: np.random.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        q = rng.standard_normal((b, hq, s, d)).astype(F32)
+        k = rng.standard_normal((b, hk, s, d)).astype(F32)
+        ang = rng.uniform(0, np.pi, (b, s, d))
+        return (q, k, np.zeros_like(q), np.zeros_like(k)), {
+            "cos": np.cos(ang).astype(F32),
+            "sin": np.sin(ang).astype(F32),
+        }
+
+    return build
+
+
+CASES: list[Case] = [
+    Case("attention_cte", "causal 1x512x512 d128 bf16", CTE, "attention_cte",
+         _cte(1, 512, 512, 128, True), CTE_REF, jit=True, rtol=2e-2, atol=2e-2),
+    Case("attention_cte", "non-causal 2x256x1024 d64 bf16", CTE, "attention_cte",
+         _cte(2, 256, 1024, 64, False), CTE_REF, jit=True, rtol=2e-2, atol=2e-2),
+    Case("attention_cte", "causal 1x1024x1024 d128 bf16 LNC2", CTE, "attention_cte",
+         _cte(1, 1024, 1024, 128, True), CTE_REF, jit=True, lnc=2, rtol=2e-2, atol=2e-2),
+    Case("cumsum", "(4, 300) fp32 axis -1", f"{LIB}.cumsum.cumsum", "cumsum",
+         _arrays(((4, 300), F32)), torch_ref(f"{LIB}.cumsum.cumsum_torch", "cumsum_torch_ref"),
+         rtol=1e-4, atol=1e-4),
+    Case("cascaded_max", "(1, 2, 4096) fp32 LNC2", f"{LIB}.max.cascaded_max", "cascaded_max",
+         _arrays(((1, 2, 4096), F32)),
+         torch_ref(f"{LIB}.max.cascaded_max_torch", "cascaded_max_torch_ref"), lnc=2,
+         rtol=0, atol=0),
+    Case("cascaded_max", "(1, 1, 8192) fp32", f"{LIB}.max.cascaded_max", "cascaded_max",
+         _arrays(((1, 1, 8192), F32)),
+         torch_ref(f"{LIB}.max.cascaded_max_torch", "cascaded_max_torch_ref"), rtol=0, atol=0),
+    Case("router_topk", "T=128 H=256 E=16 k=2 softmax", TOPK, "router_topk",
+         _router(128, 256, 16, 2, "SOFTMAX"), _router_ref, jit=True, rtol=2e-2, atol=2e-2),
+    Case("find_nonzero_indices", "T=256 C=8 LNC2", f"{LIB}.subkernels.find_nonzero_indices",
+         "find_nonzero_indices", _nonzero(256, 8),
+         torch_ref(f"{LIB}.subkernels.find_nonzero_indices_torch",
+                   "find_nonzero_indices_torch_ref"), lnc=2, rtol=0, atol=0),
+    Case("indexed_flatten", "E=4 T=2048 f_len=128 LNC2", f"{LIB}.subkernels.indexed_flatten",
+         "indexed_flatten", _flatten(4, 2048, 128),
+         torch_ref(f"{LIB}.subkernels.indexed_flatten_torch", "indexed_flatten_torch_ref"),
+         lnc=2, rtol=0, atol=0),
+    Case("RoPE", "d128 B1 H2 S256 contiguous fp32", f"{LIB}.embeddings.rope", "RoPE",
+         _rope(128, 1, 2, 256, True), torch_ref(f"{LIB}.embeddings.rope_torch", "rope_torch_ref"),
+         rtol=1e-4, atol=1e-4),
+    Case("RoPE", "d64 B2 H1 S128 interleaved fp32", f"{LIB}.embeddings.rope", "RoPE",
+         _rope(64, 2, 1, 128, False),
+         torch_ref(f"{LIB}.embeddings.rope_torch", "rope_torch_ref"), rtol=1e-4, atol=1e-4),
+    Case("rope_hf", "B1 Hq4 Hk2 S128 d64 fp32", f"{LIB}.embeddings.rope_hf", "rope_hf",
+         _rope_hf(1, 4, 2, 128, 64),
+         torch_ref(f"{LIB}.embeddings.rope_hf_torch", "rope_hf_torch_ref"),
+         rtol=1e-4, atol=1e-4),
+]  # fmt: skip
