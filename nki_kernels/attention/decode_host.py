@@ -1,0 +1,162 @@
+"""Host side of decode attention (torch + NumPy): config, bounds, paged slots, launch.
+
+`torch.ops.nki.decode_attention` (registered in `nki_kernels.ops.attention`) calls
+`decode` here. The kernel is `decode.decode_attention_fwd`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..kernel_config import InvalidConfig, KernelConfig
+from ..runtime import launch
+from ..targets import Target, get_target
+from .decode import decode_attention_fwd
+
+P = 128
+KV_TILES = (128, 256, 512)  # keys per step: one fp32 PSUM bank holds 512 scores
+MAX_SPLITS = 8
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    """A decode call's static shape: batch, heads, new queries, cached keys (the step
+    count's keys), head_dim, dtype, paged or not."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    seq_q: int
+    cache_keys: int
+    head_dim: int
+    dtype: str
+    paged: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeConfig(KernelConfig):
+    """Decode kernel tunables.
+
+    kv_tile: keys per step (128, 256, 512): longer steps amortize the per-step
+      statistics; 512 fp32 scores fill one PSUM bank.
+    splits: independent online-softmax accumulators (split-K), merged on chip at the
+      end: more of them let consecutive steps overlap on the in-order engines, each
+      costs [rows, D] fp32 of SBUF and a merge.
+    """
+
+    op_name: ClassVar[str] = "decode_attention"
+
+    kv_tile: int = 512
+    splits: int = 2
+
+    @classmethod
+    def heuristic(cls, problem: DecodeProblem, target: Target) -> DecodeConfig:
+        kv = (
+            512
+            if problem.cache_keys >= 512
+            else max(128, 1 << (problem.cache_keys - 1).bit_length())
+        )
+        steps = -(-problem.cache_keys // kv)
+        return cls(kv_tile=kv, splits=max(1, min(4, steps)))
+
+    @classmethod
+    def search_space(cls, problem: DecodeProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        return {"kv_tile": KV_TILES, "splits": (1, 2, 4, 8)}
+
+    def validate(self, problem: DecodeProblem, target: Target) -> None:
+        if self.kv_tile not in KV_TILES:
+            raise InvalidConfig(f"kv_tile: expected one of {KV_TILES}; got {self.kv_tile}")
+        if not 1 <= self.splits <= MAX_SPLITS:
+            raise InvalidConfig(f"splits: expected 1..{MAX_SPLITS}; got {self.splits}")
+        rows = problem.q_heads // problem.kv_heads * problem.seq_q
+        if rows > P:
+            raise InvalidConfig(f"(Hq / Hkv) * Sq = {rows} packed rows exceed {P} partitions")
+
+
+def decode_bounds(cache_lens: np.ndarray, group: int, sq: int) -> np.ndarray:
+    """fp32 [B, 128, 2]: key interval [0, hi) of packed row r = head * Sq + i, with
+    hi = cache_len - Sq + i + 1 (the new tokens are the cache's last Sq positions)."""
+    b = cache_lens.shape[0]
+    out = np.zeros((b, P, 2), dtype=np.float32)
+    i = np.tile(np.arange(sq), group)
+    hi = np.maximum(cache_lens.reshape(b, 1) - sq + i[None, :] + 1, 0)
+    out[:, : group * sq, 1] = hi
+    return out
+
+
+def paged_slots(
+    block_table: np.ndarray, cache_lens: np.ndarray, block_size: int, n_keys: int
+) -> np.ndarray:
+    """int32 [B, n_keys, 1]: cache row (block * block_size + offset) of each key position;
+    positions at or past the sequence's length read row 0 (masked by the bounds)."""
+    b = block_table.shape[0]
+    j = np.arange(n_keys)
+    live = j[None, :] < cache_lens.reshape(b, 1)
+    blk_idx = np.minimum(j // block_size, block_table.shape[1] - 1)
+    rows = block_table[:, blk_idx] * block_size + (j % block_size)[None, :]
+    return np.where(live, rows, 0).astype(np.int32)[:, :, None]
+
+
+def decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Tensor,
+    block_table: Tensor | None,
+    softmax_scale: float | None,
+    config: DecodeConfig | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32) of Sq new queries over the cache."""
+    b, hq, sq, d = q.shape
+    paged = block_table is not None
+    hkv = k_cache.shape[2] if paged else k_cache.shape[1]
+    lens = cache_lens.detach().cpu().numpy().astype(np.int64)
+    limit = k_cache.shape[1] * block_table.shape[1] if block_table is not None else k_cache.shape[2]
+    if lens.size and (lens.min() < 0 or lens.max() > limit):
+        what = "max_blocks * block_size" if paged else "S_max"
+        raise ValueError(
+            f"cache_lens: expected values in [0, {limit}] ({what}); got min {lens.min()}, "
+            f"max {lens.max()}"
+        )
+    longest = max(1, int(lens.max(initial=1)))
+    target = get_target(None)
+    problem = DecodeProblem(b, hq, hkv, sq, longest, d, str(q.dtype).removeprefix("torch."), paged)
+    cfg = config or DecodeConfig.heuristic(problem, target)
+    cfg.validate(problem, target)
+    n_steps = -(-longest // cfg.kv_tile)  # one specialization per kv_tile-bucket of length
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    bounds = torch.from_numpy(decode_bounds(lens, hq // hkv, sq)).to(q.device)
+    slots = None
+    if paged:
+        assert block_table is not None
+        bt = block_table.detach().cpu().numpy().astype(np.int64)
+        slots_np = paged_slots(bt, lens, k_cache.shape[1], n_steps * cfg.kv_tile)
+        slots = torch.from_numpy(slots_np).to(q.device)
+    out, lse = launch(
+        decode_attention_fwd,
+        q.contiguous(),
+        k_cache.contiguous(),
+        v_cache.contiguous(),
+        slots,
+        bounds,
+        scale,
+        n_steps,
+        cfg.kv_tile,
+        cfg.splits,
+        target=target,
+    )
+    i = torch.arange(sq, device=q.device)
+    empty = (cache_lens.to(q.device).view(b, 1) - sq + i.view(1, sq) + 1) <= 0  # [B, Sq]
+    if bool(empty.any()):
+        out = out.masked_fill(empty[:, None, :, None], 0.0)
+        lse = lse.masked_fill(empty[:, None, :], float("-inf"))
+    return out, lse
+
+
+__all__ = ["DecodeConfig", "DecodeProblem", "decode", "decode_bounds", "paged_slots"]

@@ -1,0 +1,143 @@
+"""`torch.ops.nki.decode_attention`: Sq = 1..k new queries over a (paged) KV cache.
+
+    decode_attention(q [B, Hq, Sq, D], k_cache, v_cache, cache_lens [B], block_table=None,
+                     *, softmax_scale=None) -> (out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32)
+
+Cache layouts: contiguous k_cache, v_cache [B, Hkv, S_max, D] (Hugging Face's per-layer
+cache tensors), or paged [num_blocks, block_size, Hkv, D] with `block_table` [B,
+max_blocks] int (vLLM's layout). `cache_lens[b]` counts the cached keys including the
+Sq new tokens, which are the last Sq positions: query i sees keys j <= cache_len - Sq + i.
+
+Its own op rather than a mode of flash_attention: the arguments differ (a block table,
+a cache longer than the keys in use), the kernel differs (no query tiles or bucket
+padding of Sq; the query heads of a KV head packed into one tile; split-K), and decode
+needs no backward, so the op is inference-only (its autograd raises).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..attention.decode_host import decode
+from .checks import FLOAT_DTYPES, check_positive, check_tensor
+from .registry import define_op
+
+HEAD_DIM_MAX = 128
+PACKED_ROWS_MAX = 128  # (Hq / Hkv) * Sq rows share one 128-partition tile
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _validate(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Tensor,
+    block_table: Tensor | None = None,
+    **kw: Any,
+) -> None:
+    for arg, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(arg, t, dtypes=FLOAT_DTYPES, min_dim=4)
+        if t.dim() != 4:
+            raise ValueError(f"{arg}: expected 4 dims; got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(
+                f"{arg}: expected dtype {q.dtype} on {q.device} (as q); got {t.dtype} on {t.device}"
+            )
+    b, hq, sq, d = q.shape
+    if d > HEAD_DIM_MAX:
+        raise ValueError(f"q: expected head_dim (dim 3) <= {HEAD_DIM_MAX}; got {d}")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(
+            f"v_cache: expected shape {tuple(k_cache.shape)} (as k_cache); got "
+            f"{tuple(v_cache.shape)}"
+        )
+    paged = block_table is not None
+    layout = "[num_blocks, block_size, Hkv, D]" if paged else "[B, Hkv, S_max, D]"
+    hkv = k_cache.shape[2] if paged else k_cache.shape[1]
+    if k_cache.shape[3] != d or (not paged and k_cache.shape[0] != b):
+        raise ValueError(
+            f"k_cache: expected {layout} with B = {b}, D = {d}; got {tuple(k_cache.shape)}"
+        )
+    if hq % hkv:
+        raise ValueError(f"k_cache: expected a number of KV heads dividing q's {hq}; got {hkv}")
+    if hq // hkv * sq > PACKED_ROWS_MAX:
+        raise ValueError(
+            f"q: expected (Hq / Hkv) * Sq <= {PACKED_ROWS_MAX} (one packed tile per KV head); "
+            f"got {hq // hkv} * {sq}"
+        )
+    check_tensor("cache_lens", cache_lens, dtypes=INDEX_DTYPES)
+    if tuple(cache_lens.shape) != (b,):
+        raise ValueError(f"cache_lens: expected shape ({b},) [B]; got {tuple(cache_lens.shape)}")
+    if paged:
+        assert block_table is not None
+        check_tensor("block_table", block_table, dtypes=INDEX_DTYPES)
+        if block_table.dim() != 2 or block_table.shape[0] != b:
+            raise ValueError(
+                f"block_table: expected shape ({b}, max_blocks); got {tuple(block_table.shape)}"
+            )
+    scale = kw.get("softmax_scale")
+    if scale is not None:
+        check_positive("softmax_scale", scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"softmax_scale: expected a finite number; got {scale}")
+
+
+def _fake(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, *args: Any, **kw: Any
+) -> tuple[Tensor, Tensor]:
+    b, h, s, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
+
+
+def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 1, 64, generator=g)
+    kc = torch.randn(2, 2, 150, 64, generator=g)
+    lens = torch.tensor([150, 37])
+    pool = torch.randn(12, 16, 2, 64, generator=g)
+    table = torch.tensor([[3, 0, 7], [11, 5, 2]], dtype=torch.int32)
+    return [
+        ((q, kc, kc.clone(), lens), {}),
+        ((q, pool, pool.clone(), torch.tensor([40, 3]), table), {"softmax_scale": 0.2}),
+    ]
+
+
+@define_op("decode_attention", fake=_fake, validate=_validate, examples=_examples)
+def _decode_attention_op(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Tensor,
+    block_table: Tensor | None = None,
+    *,
+    softmax_scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(out, lse) of Sq new queries over the cache; see the module docstring."""
+    return decode(q, k_cache, v_cache, cache_lens, block_table, softmax_scale)
+
+
+def decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Tensor,
+    *,
+    block_table: Tensor | None = None,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """`torch.ops.nki.decode_attention`, returning `out` (or `(out, lse)`).
+
+    Rows whose query sees no key (cache_len - Sq + i < 0) return 0 and lse = -inf.
+    """
+    out, lse = torch.ops.nki.decode_attention(
+        q, k_cache, v_cache, cache_lens, block_table, softmax_scale=softmax_scale
+    )
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["decode_attention"]

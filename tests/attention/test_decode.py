@@ -1,0 +1,184 @@
+"""Decode attention (torch.ops.nki.decode_attention) against float64 references in the
+two callers' conventions: Hugging Face's decode step (contiguous per-layer cache
+[B, Hkv, S, D], new tokens last, SDPA) and vLLM's paged cache ([num_blocks, block_size,
+Hkv, D] + block table + seq_lens)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _helpers import LSE_ATOL, TOLERANCES, assert_rel_close
+
+from nki_kernels.attention.decode import decode_attention_fwd
+from nki_kernels.attention.decode_host import DecodeConfig, decode, decode_bounds
+from nki_kernels.interp import TensorSpec, run
+from nki_kernels.ops.decode import decode_attention
+
+B, HQ, HKV, D = 3, 8, 2, 64
+
+
+def _rand(*shape: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _reference(q, k, v, lens):  # type: ignore[no-untyped-def]
+    """float64 out, lse per sequence: keys [0, len), query i sees keys <= len - Sq + i."""
+    b, hq, sq, d = q.shape
+    outs, lses = [], []
+    for i in range(b):
+        n = int(lens[i])
+        kk = k[i, :, :n].double().repeat_interleave(hq // k.shape[1], 0)
+        vv = v[i, :, :n].double().repeat_interleave(hq // k.shape[1], 0)
+        s = q[i].double() @ kk.transpose(-1, -2) / math.sqrt(d)
+        allowed = torch.arange(n)[None, :] <= n - sq + torch.arange(sq)[:, None]
+        s = s.masked_fill(~allowed, -math.inf)
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+        outs.append(p @ vv)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("sq", [1, 4])
+def test_hf_decode_step_matches_sdpa(sq: int, dtype: torch.dtype) -> None:
+    """HF's sdpa decode step: the layer's cache holds every key (the new ones last)."""
+    s = 300
+    q = _rand(2, HQ, sq, D, seed=0, dtype=dtype)
+    k, v = _rand(2, HKV, s, D, seed=1, dtype=dtype), _rand(2, HKV, s, D, seed=2, dtype=dtype)
+    out = decode_attention(q, k, v, torch.tensor([s, s]))
+    mask = None
+    if sq > 1:  # HF's causal mask for the new tokens (bottom-right)
+        mask = torch.arange(s)[None, :] <= s - sq + torch.arange(sq)[:, None]
+    ref = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask, enable_gqa=True
+    )
+    assert_rel_close(out, ref, TOLERANCES[dtype][0], "out")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("sq", [1, 4])
+def test_contiguous_cache_ragged_lengths(sq: int, dtype: torch.dtype) -> None:
+    s_max = 700  # not a multiple of the key step: a ragged last step
+    q = _rand(B, HQ, sq, D, seed=3, dtype=dtype)
+    k, v = (
+        _rand(B, HKV, s_max, D, seed=4, dtype=dtype),
+        _rand(B, HKV, s_max, D, seed=5, dtype=dtype),
+    )
+    lens = torch.tensor([700, 2, 333])  # 2 < Sq = 4: the first queries see nothing
+    out, lse = decode_attention(q, k, v, lens, return_lse=True)
+    ref, ref_lse = _reference(q, k, v, lens)
+    assert_rel_close(out, ref, TOLERANCES[dtype][0], "out")
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin].double(), ref_lse[fin], atol=LSE_ATOL, rtol=1e-5)
+    if sq == 4:
+        assert (out[1, :, :2] == 0).all() and torch.isneginf(lse[1, :, :2]).all()
+
+
+def _paged(dtype: torch.dtype, lens: list[int], block_size: int = 16, seed: int = 0):  # type: ignore[no-untyped-def]
+    """A vLLM-style pool, block table (random, disjoint blocks) and the same keys laid
+    out contiguously for the reference."""
+    max_blocks = -(-max(lens) // block_size) + 1
+    n_blocks = len(lens) * max_blocks + 3
+    pool_k = _rand(n_blocks, block_size, HKV, D, seed=seed, dtype=dtype)
+    pool_v = _rand(n_blocks, block_size, HKV, D, seed=seed + 1, dtype=dtype)
+    perm = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(seed))
+    table = perm[: len(lens) * max_blocks].view(len(lens), max_blocks).to(torch.int32)
+    k = pool_k[table.long()].reshape(len(lens), -1, HKV, D).permute(0, 2, 1, 3)
+    v = pool_v[table.long()].reshape(len(lens), -1, HKV, D).permute(0, 2, 1, 3)
+    return pool_k, pool_v, table, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("sq", [1, 4])
+def test_vllm_paged_cache(sq: int, dtype: torch.dtype) -> None:
+    lens = [600, 1, 129] if sq == 1 else [600, 4, 129]
+    pool_k, pool_v, table, k, v = _paged(dtype, lens)
+    q = _rand(len(lens), HQ, sq, D, seed=7, dtype=dtype)
+    out = decode_attention(q, pool_k, pool_v, torch.tensor(lens), block_table=table)
+    ref, _ = _reference(q, k, v, torch.tensor(lens))
+    assert_rel_close(out, ref, TOLERANCES[dtype][0], "out")
+
+
+@pytest.mark.parametrize("kv_tile,splits", [(128, 1), (128, 3), (256, 4), (512, 2)])
+def test_split_k_configs_agree(kv_tile: int, splits: int) -> None:
+    q = _rand(2, HQ, 2, D, seed=8, dtype=torch.float32)
+    k, v = (
+        _rand(2, HKV, 900, D, seed=9, dtype=torch.float32),
+        _rand(2, HKV, 900, D, seed=10, dtype=torch.float32),
+    )
+    lens = torch.tensor([900, 517])
+    out, _ = decode(q, k, v, lens, None, None, DecodeConfig(kv_tile, splits))
+    ref, _ = _reference(q, k, v, lens)
+    assert_rel_close(out, ref, TOLERANCES[torch.float32][0], "out")
+
+
+def test_gqa_packing_loads_each_kv_head_once_per_step() -> None:
+    """One K^T DMA transpose per (batch, kv head, step): the group's 4 query heads x 2
+    new queries share it as one 8-row tile."""
+    b, hkv, sq, steps, kv_tile = 2, 2, 2, 3, 512
+    q = TensorSpec((b, 4 * hkv, sq, D), "bfloat16")
+    kv = TensorSpec((b, hkv, steps * kv_tile, D), "bfloat16")
+    bnd = TensorSpec((b, 128, 2), "float32")
+    trace = run(
+        decode_attention_fwd, q, kv, kv, None, bnd, 0.125, steps, kv_tile, 2, trace_only=True
+    ).trace
+    hbm_transposes = [i for i in trace if i.opcode == "dma_transpose" and i.hbm_read > 0]
+    # Q^T once per (b, kv head), K^T once per (b, kv head, step)
+    assert len(hbm_transposes) == b * hkv * (1 + steps)
+    scores = [i for i in trace if i.opcode == "nc_matmul" and i.n == kv_tile]
+    assert len(scores) == b * hkv * steps and all(i.attrs["M"] == 4 * sq for i in scores)
+
+
+def test_bounds_are_causal_among_new_tokens() -> None:
+    bnd = decode_bounds(np.array([10, 2]), group=2, sq=3)
+    np.testing.assert_array_equal(bnd[0, :6, 1], [8, 9, 10, 8, 9, 10])
+    np.testing.assert_array_equal(bnd[1, :6, 1], [0, 1, 2, 0, 1, 2])
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_decode_on_devices_and_under_compile(device: str, request: pytest.FixtureRequest) -> None:
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    torch._dynamo.reset()
+    lens = [300, 17]
+    pool_k, pool_v, table, k, v = _paged(torch.bfloat16, lens, seed=4)
+    q = _rand(2, HQ, 1, D, seed=11, dtype=torch.bfloat16)
+
+    def step(q, pk, pv, lens, table):  # type: ignore[no-untyped-def]
+        return decode_attention(q, pk, pv, lens, block_table=table)
+
+    args = [t.to(device) for t in (q, pool_k, pool_v, torch.tensor(lens), table)]
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        out = fn(*args)
+        assert out.device.type == args[0].device.type
+        ref, _ = _reference(q, k, v, torch.tensor(lens))
+        assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "out")
+
+
+def test_bad_input_names_the_argument_and_no_backward() -> None:
+    q = torch.randn(1, 4, 1, 64)
+    kc = torch.randn(1, 2, 50, 64)
+    with pytest.raises(ValueError, match=r"cache_lens: expected values in \[0, 50\]"):
+        decode_attention(q, kc, kc, torch.tensor([51]))
+    with pytest.raises(ValueError, match="k_cache: expected a number of KV heads"):
+        decode_attention(q, torch.randn(1, 3, 50, 64), torch.randn(1, 3, 50, 64), torch.tensor([5]))
+    with pytest.raises(ValueError, match=r"q: expected \(Hq / Hkv\) \* Sq <= 128"):
+        decode_attention(torch.randn(1, 128, 4, 64), kc, kc, torch.tensor([5]))
+    with pytest.raises(ValueError, match="block_table: expected shape"):
+        decode_attention(
+            q,
+            torch.randn(4, 16, 2, 64),
+            torch.randn(4, 16, 2, 64),
+            torch.tensor([5]),
+            block_table=torch.zeros(2, 3, dtype=torch.int32),
+        )
+    qg = q.clone().requires_grad_()
+    out = decode_attention(qg, kc, kc, torch.tensor([50]))
+    with pytest.raises(RuntimeError):
+        out.sum().backward()
