@@ -22,8 +22,11 @@ takes, once per forward pass (not per layer), as an `NkiMask` plan:
      left-padded batched `generate()` runs on the existing op (Sq != Sk with padding has
      no other exact mapping onto kv_lens / segment_ids);
    - "dense": anything else (a padded chunk of several queries over a cache, a custom
-     mask). It runs through torch's SDPA with the boolean mask, and `fallbacks()` counts
-     it, so `nki-kernels probe` can say so.
+     mask): the op's dense `attn_mask` path, with transformers' boolean mask.
+
+What the op cannot do at all (attention dropout, logit softcapping, head_dim > 128) runs
+through torch's SDPA with the same mask; `fallbacks()` counts those calls by reason, so
+`nki-kernels probe` and the tests can tell.
 
 Query rows that see no key at all (the padding of a left-padded row) get zeros and no
 gradient, as from torch's SDPA: the plan keeps which rows those are and the output is
@@ -212,8 +215,6 @@ def nki_attention_forward(
         reason = "logit softcap"
     elif query.shape[-1] > HEAD_DIM_MAX:
         reason = f"head_dim {query.shape[-1]} > {HEAD_DIM_MAX}"
-    elif m.kind == "dense":
-        reason = "a mask with no kv_lens / segment_ids form (padded chunk over a cache?)"
     if reason is not None:
         dense = m.dense
         if dense is None and m.window is not None:
@@ -233,6 +234,7 @@ def nki_attention_forward(
         sliding_window=m.window,
         kv_lens=m.kv_lens,
         segment_ids=m.segment_ids,
+        attn_mask=m.dense if m.kind == "dense" else None,
     )
     if m.rows is not None:
         out = out * m.rows[:, None, :, None].to(out.dtype)

@@ -1,0 +1,100 @@
+"""The golden-batch check: train a model N steps on the reference ops and on the NKI ops
+(or on CPU and on the neuron device) with the same seed and data order, and report the
+per-step loss deltas against a tolerance fixed from the noise floor before the run, the
+first divergent step, non-finite gradients and a save / reload / continue check.
+
+--model and --data take a built-in name or a Python entry point `module:function`:
+model_factory(seed=, dtype=) -> nn.Module whose forward(**batch) returns a loss (or an
+output with .loss); data_factory(seed, step) -> dict of the forward's arguments."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+NAME = "parity"
+HELP = "golden-batch check: reference vs NKI ops, loss per step within the noise floor"
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _entry(spec: str, builtin: dict[str, Any], what: str) -> Any:
+    if spec in builtin:
+        return builtin[spec]
+    module, sep, attr = spec.partition(":")
+    if not sep:
+        raise SystemExit(
+            f"--{what}: expected one of {', '.join(builtin)} or module:function; got {spec!r}"
+        )
+    return getattr(importlib.import_module(module), attr)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's options."""
+    p.add_argument(
+        "--model",
+        action="append",
+        help="tiny-llama, tiny-mixtral or module:fn (repeatable; default: both built-ins)",
+    )
+    p.add_argument("--data", default="tiny-lm", help="tiny-lm or module:fn")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--device",
+        choices=("neuron",),
+        default=None,
+        help="compare the NKI ops on the neuron device against CPU",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="|Δloss| bound (default: from the noise floor)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("parity-report"),
+        help="directory for <model>-<dtype>.json and parity.png",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the check for each model; exit 1 when any fails."""
+    import torch
+
+    from ..parity import report as rep
+    from ..parity.data import BUILTIN as DATA
+    from ..parity.harness import run_parity
+    from ..parity.models import BUILTIN as MODELS
+
+    if args.device == "neuron":
+        from ..testing import neuron_device
+
+        neuron_device.install()  # before any backward pass (a no-op with a real device)
+    data = _entry(args.data, DATA, "data")
+    reports = []
+    for spec in args.model or list(MODELS):
+        factory = _entry(spec, MODELS, "model")
+        r = run_parity(
+            factory,
+            data,
+            name=spec,
+            steps=args.steps,
+            seed=args.seed,
+            dtype=getattr(torch, args.dtype),
+            lr=args.lr,
+            device=args.device,
+            tolerance=args.tolerance,
+        )
+        print(rep.table(r))
+        path = rep.write_json(r, args.out / f"{spec.replace(':', '_')}-{args.dtype}.json")
+        print(f"[parity] wrote {path}")
+        reports.append(r)
+    png = rep.plot(reports, args.out / "parity.png")
+    print(f"[parity] wrote {png}" if png else "[parity] no plot (matplotlib not installed)")
+    return 0 if all(r.passed for r in reports) else 1

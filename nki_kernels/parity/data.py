@@ -1,0 +1,28 @@
+"""Built-in data factory of the harness: deterministic token batches per (seed, step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .models import VOCAB
+
+BATCH, SEQ, PAD = 4, 32, 5
+
+
+def tiny_lm_batches(seed: int, step: int) -> dict[str, Any]:
+    """A causal-LM batch [4, 32] for `step`: random tokens (ids 3..VOCAB-1), the last row
+    left-padded by 5 (pad id 0, masked out of the loss), labels = input ids."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=g)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[-1, :PAD] = 0
+    ids[-1, :PAD] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+BUILTIN = {"tiny-lm": tiny_lm_batches}
+
+__all__ = ["BUILTIN", "tiny_lm_batches"]

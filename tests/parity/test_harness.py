@@ -1,0 +1,99 @@
+"""The golden-batch harness on a small plain model: a correct NKI path passes, a wrong one
+is caught at its first divergent step, non-finite gradients fail the run, the resume
+check holds, and the command writes its JSON report and plot."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import plain_model
+import pytest
+import torch
+from torch import nn
+
+from nki_kernels.cli import main
+from nki_kernels.integrations import swap
+from nki_kernels.nn import RMSNorm
+from nki_kernels.parity import report, run_parity, tolerance_for
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
+)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def test_a_correct_path_passes_within_the_floor_tolerance() -> None:
+    r = run_parity(plain_model.model, plain_model.data, steps=4, log=_quiet)
+    assert r.passed and r.first_divergent_step is None
+    assert max(r.deltas) <= r.tolerance
+    assert r.resume_max_delta == 0.0  # same state, same batches, deterministic CPU
+    assert r.patched == {"modules": 1}
+    assert len(r.reference.losses) == len(r.candidate.losses) == 4
+    assert len(r.resumed.losses) == 2 and r.resume_from == 2
+    assert "verdict: PASS" in report.table(r)
+
+
+def _bad_norm(scale: float):
+    def make(old: nn.Module) -> nn.Module:
+        new = swap._rms(old)
+        forward = new.forward
+        new.forward = lambda x: forward(x) * scale  # type: ignore[method-assign]
+        return new
+
+    return make
+
+
+def test_a_wrong_path_diverges_at_its_first_bad_step(monkeypatch) -> None:
+    monkeypatch.setitem(swap.DEFAULT_SWAPS, nn.RMSNorm, _bad_norm(1.01))
+    r = run_parity(plain_model.model, plain_model.data, steps=3, log=_quiet)
+    assert not r.passed and r.first_divergent_step == 0
+    assert "**no**" in report.table(r)
+
+
+def test_non_finite_gradients_fail_the_run(monkeypatch) -> None:
+    monkeypatch.setitem(swap.DEFAULT_SWAPS, nn.RMSNorm, _bad_norm(math.inf))
+    r = run_parity(plain_model.model, plain_model.data, steps=2, log=_quiet, tolerance=1e9)
+    assert sum(r.candidate.nonfinite) > 0 and sum(r.reference.nonfinite) == 0
+    assert not r.passed
+
+
+def test_tolerance_is_the_floor_margin_or_the_fp32_ulp_term() -> None:
+    assert tolerance_for(1e-3, 5.0, torch.bfloat16)[0] == pytest.approx(3e-3)
+    tol, rule = tolerance_for(0.0, 5.0, torch.float32)
+    assert tol == pytest.approx(16 * torch.finfo(torch.float32).eps * 5.0)
+    assert "noise floor" in rule
+
+
+def test_the_command_prints_the_tolerance_first_and_writes_json_and_plot(tmp_path, capsys):
+    rc = main(
+        [
+            "parity",
+            "--model",
+            "plain_model:model",
+            "--data",
+            "plain_model:data",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.index("tolerance, fixed before the run") < out.index("| step |")
+    saved = json.loads((tmp_path / "plain_model_model-float32.json").read_text())
+    assert saved["passed"] and len(saved["deltas"]) == 2
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "parity.png").stat().st_size > 0
+
+
+def test_a_model_without_a_loss_is_refused_by_name() -> None:
+    def bad_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+        return RMSNorm(16)
+
+    with pytest.raises(TypeError, match="model: expected the forward to return a scalar loss"):
+        run_parity(bad_model, lambda s, i: {"x": torch.randn(2, 16)}, steps=2, log=_quiet)
