@@ -395,6 +395,93 @@ def flex_attention(
     return (out, lse) if return_lse else out
 
 
+def _cu_check(arg: str, cu: Tensor, total: int) -> None:
+    check_tensor(arg, cu, dtypes=INDEX_DTYPES)
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{arg}: expected [num_docs + 1] offsets; got shape {tuple(cu.shape)}")
+    if not torch.compiler.is_compiling():
+        c = cu.detach().cpu()
+        if int(c[0]) != 0 or int(c[-1]) != total or bool((c[1:] < c[:-1]).any()):
+            raise ValueError(
+                f"{arg}: expected non-decreasing offsets from 0 to {total} (the packed length); "
+                f"got {c.tolist()}"
+            )
+
+
+def _doc_of(cu: Tensor, total: int) -> Tensor:
+    """Document index of every packed position (empty documents own none)."""
+    pos = torch.arange(total, device=cu.device)
+    return torch.searchsorted(cu[1:].to(torch.int64), pos, right=True)
+
+
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """flash-attn's varlen call: documents packed along the token axis.
+
+    q [total_q, Hq, D], k, v [total_k, Hkv, D]; document i holds queries
+    cu_seqlens_q[i]:cu_seqlens_q[i + 1] and keys cu_seqlens_k[i]:cu_seqlens_k[i + 1]
+    (empty and one-token documents allowed). Causal aligns each document bottom-right,
+    as flash-attn does. Returns out [total_q, Hq, D] (and lse [Hq, total_q] fp32).
+    With cu_seqlens_q == cu_seqlens_k this is the segment_ids path; otherwise the
+    per-document key intervals are passed as a mask that the host reads back as bounds.
+    max_seqlen_q / max_seqlen_k are checked, not needed (no per-document launch).
+    """
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{arg}: expected [total, H, D]; got shape {tuple(t.shape)}")
+    tq, tk = q.shape[0], k.shape[0]
+    _cu_check("cu_seqlens_q", cu_seqlens_q, tq)
+    _cu_check("cu_seqlens_k", cu_seqlens_k, tk)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(
+            f"cu_seqlens_k: expected {cu_seqlens_q.numel()} offsets (as cu_seqlens_q); got "
+            f"{cu_seqlens_k.numel()}"
+        )
+    if not torch.compiler.is_compiling():
+        for arg, cu, mx in (
+            ("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+            ("max_seqlen_k", cu_seqlens_k, max_seqlen_k),
+        ):
+            longest = int((cu[1:] - cu[:-1]).max())
+            if longest > mx:
+                raise ValueError(f"{arg}: expected >= the longest document ({longest}); got {mx}")
+    qb, kb, vb = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H, total, D]
+    same = cu_seqlens_q is cu_seqlens_k or (
+        tq == tk
+        and not torch.compiler.is_compiling()
+        and torch.equal(cu_seqlens_q.cpu(), cu_seqlens_k.cpu())
+    )
+    if same:
+        seg = _doc_of(cu_seqlens_q, tq).unsqueeze(0)
+        out, lse = torch.ops.nki.flash_attention(
+            qb, kb, vb, segment_ids=seg, causal=causal, softmax_scale=softmax_scale
+        )
+    else:
+        dq, dk = _doc_of(cu_seqlens_q, tq), _doc_of(cu_seqlens_k, tk)
+        allowed = dq[:, None] == dk[None, :]
+        if causal:  # bottom-right per document: j - k0 <= i - q0 + (len_k - len_q)
+            cq, ck = cu_seqlens_q.to(torch.int64), cu_seqlens_k.to(torch.int64)
+            i = torch.arange(tq, device=q.device) - cq[dq]
+            j = torch.arange(tk, device=q.device) - ck[dk]
+            shift = (ck[1:] - ck[:-1] - (cq[1:] - cq[:-1]))[dq]
+            allowed &= j[None, :] <= (i + shift)[:, None]
+        out, lse = torch.ops.nki.flash_attention(
+            qb, kb, vb, attn_mask=allowed, softmax_scale=softmax_scale
+        )
+    out = out[0].transpose(0, 1)
+    return (out, lse[0]) if return_lse else out
+
+
 class SdpaFallbackWarning(UserWarning):
     """`nki_kernels.sdpa` handed a call to torch's scaled_dot_product_attention."""
 
@@ -485,4 +572,10 @@ def sdpa(
     return out
 
 
-__all__ = ["SdpaFallbackWarning", "flash_attention", "flex_attention", "sdpa"]
+__all__ = [
+    "SdpaFallbackWarning",
+    "flash_attention",
+    "flash_attention_varlen",
+    "flex_attention",
+    "sdpa",
+]
