@@ -5,7 +5,7 @@ A custom op has no autocast rule by default: autocast passes it by and it comput
 whatever dtypes it is given (so an fp32 model under bf16 autocast ran its MoE in fp32,
 and `flash_attention` returned fp32 where SDPA returns bf16). The rules, by op:
 
-- "lower" (`flash_attention`, like `scaled_dot_product_attention`; `moe_mlp`'s hidden
+- "lower" (`flash_attention` and `decode_attention`, like SDPA; `moe_mlp`'s hidden
   states and expert weights, like `linear`): floating inputs are cast to the autocast
   dtype. Where the op has no kernel for that dtype (the MoE kernels take fp32 and bf16,
   not fp16) it computes in fp32 and rounds its output to the autocast dtype, so the
@@ -49,6 +49,7 @@ class Rule:
 
 RULES: dict[str, Rule] = {
     "flash_attention": Rule(LOWER, (0, 1, 2)),
+    "decode_attention": Rule(LOWER, (0, 1, 2)),
     "decode_attention": Rule(LOWER, (0, 1, 2)),
     "moe_mlp": Rule(LOWER, (0, 2, 3), dtypes=(torch.float32, torch.bfloat16)),
     "rms_norm": Rule(INPUT, (0,), (1,)),
