@@ -1,5 +1,6 @@
 """Report the environment nki-kernels runs in: package versions, which NKI backend the seam
-uses, whether a Neuron device is visible, and the default target. With `--require`, exit
+uses, whether a Neuron device is visible, the default target, the LNC the ops launch at
+and whether TorchNeuron's `nki_op` is available. With `--require`, exit
 non-zero when something asked for is missing."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ REQUIREMENTS = {
     "torch-neuronx": "TorchNeuron (module `torch_neuronx`) is importable",
     "neuron": "a `neuron` torch device is visible",
     "interpreter": "kernels run in the project's NKI interpreter",
+    "nki_op": "TorchNeuron's `torch_neuronx.nki_op` is importable (ops traced by torch.compile)",
 }
 
 
@@ -53,6 +55,10 @@ class Report:
     target: str = ""
     target_nc_version: int = 0
     target_source: str = ""
+    lnc: int = 0
+    lnc_source: str = ""
+    nki_op: bool = False
+    nki_op_note: str = ""
 
     def satisfied(self, requirement: str) -> bool:
         """Whether `requirement` (a key of REQUIREMENTS) holds."""
@@ -60,6 +66,8 @@ class Report:
             return self.neuron_devices > 0
         if requirement == "interpreter":
             return self.backend == "interpreter"
+        if requirement == "nki_op":
+            return self.nki_op
         return self.packages[requirement].usable
 
 
@@ -142,7 +150,43 @@ def collect() -> Report:
         )
     except ValueError as exc:
         report.target_source = str(exc)
+    _lnc(report)
+    _nki_op(report)
     return report
+
+
+def _lnc(report: Report) -> None:
+    from ..runtime import lnc
+    from ..runtime.neuron_device import is_real_neuron
+
+    try:
+        configured = lnc.configured_lnc()
+        report.lnc = lnc.runtime_lnc(report.target or None)
+    except ValueError as exc:
+        report.lnc_source = str(exc)
+        return
+    if configured is not None:
+        report.lnc_source = f"{lnc.LNC_ENV_VAR}={configured}"
+    elif is_real_neuron():
+        report.lnc_source = f"the {report.target} default on a Neuron device"
+    else:
+        report.lnc_source = f"no Neuron Runtime here; set {lnc.LNC_ENV_VAR} to change"
+
+
+def _nki_op(report: Report) -> None:
+    from ..ops.registry import torchneuron_nki_op
+
+    try:
+        report.nki_op = torchneuron_nki_op() is not None
+    except Exception as exc:  # a broken TorchNeuron install must not crash the report
+        report.nki_op, report.nki_op_note = False, f"torch_neuronx failed to import: {exc}"
+        return
+    if report.nki_op:
+        report.nki_op_note = "available: traceable ops are defined through it"
+    elif report.packages["torch-neuronx"].usable:
+        report.nki_op_note = "torch_neuronx has no nki_op: ops are plain custom ops"
+    else:
+        report.nki_op_note = "not available (TorchNeuron not installed): plain custom ops"
 
 
 def format_report(report: Report) -> str:
@@ -161,6 +205,8 @@ def format_report(report: Report) -> str:
     rows.append(
         ("default target", f"{target} (NC-v{report.target_nc_version}; {report.target_source})")
     )
+    rows.append(("lnc", f"{report.lnc or 'invalid'} ({report.lnc_source})"))
+    rows.append(("nki_op", report.nki_op_note))
     width = max(len(k) for k, _ in rows) + 2
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
 

@@ -27,7 +27,10 @@ Outputs come back as the input kind: torch tensors on the inputs' device, or arr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,8 +39,43 @@ from .. import nki as seam
 from ..kernel_config import KernelConfig
 from ..targets import Target, get_target
 from . import neuron_device
-from .kernel_cache import KERNEL_CACHE, KernelCache
+from .kernel_cache import KERNEL_CACHE, KernelCache, Specialization
 from .lnc import LNC_ENV_VAR, check_lnc, runtime_lnc
+
+
+@dataclass(frozen=True)
+class RecordedLaunch:
+    """One launch seen by `record_launches`: the specialization and the arguments it ran
+    on (as passed to it: device tensors on the device path, host tensors otherwise)."""
+
+    spec: Specialization
+    args: tuple[Any, ...]
+
+    def run(self) -> Any:
+        """Launch the same specialization on the same arguments again."""
+        return self.spec(*self.args)
+
+
+_RECORDING: contextvars.ContextVar[list[RecordedLaunch] | None] = contextvars.ContextVar(
+    "nki_kernels_launch_recording", default=None
+)
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[RecordedLaunch]]:
+    """Collect every `launch` made inside the block (what `hwcheck` times)."""
+    seen: list[RecordedLaunch] = []
+    token = _RECORDING.set(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDING.reset(token)
+
+
+def _record(spec: Specialization, args: tuple[Any, ...]) -> None:
+    seen = _RECORDING.get()
+    if seen is not None:
+        seen.append(RecordedLaunch(spec, args))
 
 
 def _interpret(kernel: Any, *args: Any, target: Target, lnc: int, **kwargs: Any) -> Any:
@@ -103,6 +141,7 @@ def launch(
         spec = kcache.get(
             kernel, args, kwargs, tgt, lnc, "neuron", neuron_device.call, neuron_device.launcher
         )
+        _record(spec, args)
         return spec(*args)
 
     # Host execution (interpreter or the official simulator).
@@ -110,6 +149,7 @@ def launch(
     backend = "interpreter" if seam.BACKEND == "interpreter" else "nki.simulate"
     runner = _interpret if backend == "interpreter" else neuron_device.simulate
     spec = kcache.get(kernel, host_args, kwargs, tgt, lnc, backend, runner)
+    _record(spec, host_args)
     outputs = spec(*host_args)
     if on_neuron:
         for i in mutated:
@@ -118,4 +158,4 @@ def launch(
     return outputs
 
 
-__all__ = ["launch"]
+__all__ = ["RecordedLaunch", "launch", "record_launches"]

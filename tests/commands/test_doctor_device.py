@@ -1,0 +1,34 @@
+"""`doctor` on the device path: the LNC the ops launch at and whether `nki_op` is there,
+with and without the TorchNeuron test doubles."""
+
+from __future__ import annotations
+
+import pytest
+
+from nki_kernels import cli
+from nki_kernels.commands import doctor
+from nki_kernels.runtime import lnc as runtime_lnc
+from nki_kernels.testing import torch_neuronx_standin as standin
+
+
+def test_without_torchneuron_lnc_1_and_no_nki_op(capsys: pytest.CaptureFixture[str]) -> None:
+    runtime_lnc.set_runtime_lnc(None)
+    report = doctor.collect()
+    assert report.lnc == 1 and "no Neuron Runtime here" in report.lnc_source
+    assert not report.nki_op and "not available" in report.nki_op_note
+    assert cli.main(["doctor", "--require", "nki_op"]) == 1
+    out = capsys.readouterr()
+    assert "lnc" in out.out and "missing: nki_op" in out.err
+
+
+@pytest.mark.parametrize("env", [None, 1])
+def test_with_torchneuron_the_runtime_lnc_and_nki_op(neuron: str, env: int | None) -> None:
+    with standin.real_device(lnc=env):
+        report = doctor.collect()
+        text = doctor.format_report(report)
+    assert report.nki_op and report.satisfied("nki_op")
+    if env is None:
+        assert report.lnc == 2 and report.lnc_source == "the trn2 default on a Neuron device"
+    else:
+        assert report.lnc == 1 and report.lnc_source == "NEURON_LOGICAL_NC_CONFIG=1"
+    assert f"lnc             {report.lnc} (" in text
