@@ -4,7 +4,7 @@ Array arguments become HBM tensors (`nl.hbm`, or `nl.shared_hbm` under LNC2); ot
 arguments pass through as specialization-time values. The kernel body runs as eager
 Python once per program (LNC core), exactly as the compiler's specialization does.
 Returned tensors come back as the caller's array kind; inputs the kernel wrote to are
-written back in place.
+written back in place. NumPy's BLAS runs one thread while a kernel runs (`threads.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .errors import fail
 from .nkiobject import NKIObject
 from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
+from .threads import one_blas_thread
 from .trace import Trace
 
 
@@ -257,11 +258,12 @@ def run(
         call_kw = {
             k: (a.tensor if a.tensor is not None else a.value) for k, a in kw_wrapped.items()
         }
-        if lnc == 1:
-            outputs = fn(*call_args, **call_kw)
-        else:
-            launch.concurrent = Programs(launch)
-            outputs = launch.concurrent.run(lambda: fn(*call_args, **call_kw))[0]
+        with one_blas_thread():
+            if lnc == 1:
+                outputs = fn(*call_args, **call_kw)
+            else:
+                launch.concurrent = Programs(launch)
+                outputs = launch.concurrent.run(lambda: fn(*call_args, **call_kw))[0]
         launch.program_id = 0
         launch.finish()
         result = _result(outputs, t_only, as_torch)
