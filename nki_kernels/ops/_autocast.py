@@ -50,7 +50,6 @@ class Rule:
 RULES: dict[str, Rule] = {
     "flash_attention": Rule(LOWER, (0, 1, 2)),
     "decode_attention": Rule(LOWER, (0, 1, 2)),
-    "decode_attention": Rule(LOWER, (0, 1, 2)),
     "moe_mlp": Rule(LOWER, (0, 2, 3), dtypes=(torch.float32, torch.bfloat16)),
     "rms_norm": Rule(INPUT, (0,), (1,)),
     "layer_norm": Rule(INPUT, (0,), (1, 2)),
