@@ -216,8 +216,10 @@ def _bounds(
     seg = None
     if m.segment_ids is not None:
         s = m.segment_ids.detach().cpu().numpy().astype(np.int64)
-        fill = int(s.min()) - 1 if s.size else 0  # padded positions: a document of their own
-        seg = np.concatenate([s, np.full((b, sqb - sq), fill, dtype=np.int64)], axis=1)
+        # ids as ranks 0..n-1 (equal ids stay equal; any int64 value is fine), so the
+        # padded positions' document of their own, -1, never collides or overflows
+        s = np.unique(s, return_inverse=True)[1].reshape(s.shape)
+        seg = np.concatenate([s, np.full((b, sqb - sq), -1, dtype=np.int64)], axis=1)
     kl = m.kv_lens.detach().cpu().numpy() if m.kv_lens is not None else None
     return masks.query_bounds(
         b,

@@ -296,9 +296,11 @@ def colsum_store(state: dict[str, Any], out: Any) -> None:
     else:
         nisa.tensor_copy(dst=sb[0:prows, :], src=state["acc"][0:prows, :])
     tail = hdim - (ncol - 1) * P  # width of the last column block (1..128)
+    # one transpose bank for every block: the backward keeps up to 7 of the 8 banks live
+    # (column sums, dy copies, dx parts), so a second one would not fit (H > 16384)
+    tp = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
     for b0 in range(0, ncol, P):
         nb = min(P, ncol - b0)
-        tp = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_transpose(dst=tp[0:nb, 0:prows], data=sb[0:prows, b0 : b0 + nb])
         ts = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=ts[0:nb, 0:prows], src=tp[0:nb, 0:prows])

@@ -15,6 +15,7 @@ saving it, plans its own blocks and accumulates the weight gradients on chip in 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from .checks import FLOAT_DTYPES, check_positive, check_tensor
 from .registry import define_op
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
+ID_DTYPES = (torch.int32, torch.int64)
 HIDDEN_DTYPES = (torch.float32, torch.bfloat16)
 SCORINGS = ("softmax", "sigmoid")
 
@@ -98,6 +100,52 @@ def _check_mlp(
         )
     if r.capacity_factor is not None:
         check_positive("capacity_factor", r.capacity_factor)
+        if not math.isfinite(r.capacity_factor):
+            raise ValueError(
+                f"capacity_factor: expected a finite number > 0 (or None: dropless); got "
+                f"{r.capacity_factor}"
+            )
+
+
+def _check_route_bwd(
+    router_logits: Tensor, ids: Tensor, grad_weights: Tensor, renormalize: Any, scoring: Any
+) -> None:
+    """Checks of `moe_route_backward` (metadata only; the ids' values are checked by
+    `_check_ids` where data can be read)."""
+    check_tensor("ids", ids, dtypes=ID_DTYPES, min_dim=2)
+    if ids.dim() != 2:
+        raise ValueError(f"ids: expected 2 dims [T, k]; got {tuple(ids.shape)}")
+    check_tensor("router_logits", router_logits, dtypes=FLOAT_DTYPES, min_dim=2)
+    e, k = router_logits.shape[-1], ids.shape[1]
+    if not 1 <= k <= min(e, TOPK_MAX):
+        raise ValueError(
+            f"ids: expected 1..{min(e, TOPK_MAX)} columns (top_k <= E = {e} and <= {TOPK_MAX}); "
+            f"got shape {tuple(ids.shape)}"
+        )
+    _check_routing(router_logits, k, renormalize, scoring)
+    t = router_logits.shape[0]
+    if ids.shape[0] != t:
+        raise ValueError(f"ids: expected {t} rows (router_logits has T = {t}); got {ids.shape[0]}")
+    check_tensor("grad_weights", grad_weights, dtypes=FLOAT_DTYPES, min_dim=2)
+    if tuple(grad_weights.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"grad_weights: expected shape {tuple(ids.shape)} (as ids); got "
+            f"{tuple(grad_weights.shape)}"
+        )
+    for arg, x in (("ids", ids), ("grad_weights", grad_weights)):
+        if x.device != router_logits.device:
+            raise ValueError(
+                f"{arg}: expected device {router_logits.device} (as router_logits); got {x.device}"
+            )
+
+
+def _check_ids(ids: Tensor, e: int) -> None:
+    """ids' values are expert ids in [0, E)."""
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= e:
+        raise ValueError(f"ids: expected expert ids in [0, {e}); got min {lo}, max {hi}")
 
 
 # ---- host plumbing -----------------------------------------------------------------------
@@ -219,6 +267,9 @@ def moe_route(
 @define_op(
     "moe_route_backward",
     fake=lambda router_logits, ids, grad_weights, **kw: torch.empty_like(router_logits),
+    validate=lambda router_logits, ids, grad_weights, **kw: _check_route_bwd(
+        router_logits, ids, grad_weights, kw.get("renormalize", True), kw.get("scoring", "softmax")
+    ),
     examples=lambda: [
         (
             (torch.randn(9, 4), torch.tensor([[0, 1]] * 9, dtype=torch.int32), torch.randn(9, 2)),
@@ -236,6 +287,7 @@ def moe_route_backward(
     scoring: str = "softmax",
 ) -> Tensor:
     """d router_logits from d weights (NKI router backward)."""
+    _check_ids(ids, router_logits.shape[1])
     t = router_logits.shape[0]
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
     ip, _ = pad_to_bucket(ids.to(torch.int32), 0)

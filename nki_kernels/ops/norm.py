@@ -30,6 +30,7 @@ from torch import Tensor
 from ..norm.config import NormProblem, stats_in_kernel
 from ..norm.layernorm import layer_norm_fwd, layer_norm_stats
 from ..norm.layernorm_bwd import layer_norm_bwd
+from ..norm.limits import max_hidden
 from ..norm.rmsnorm import add_rms_norm_fwd, rms_norm_fwd, rms_norm_stats
 from ..norm.rmsnorm_bwd import rms_norm_bwd
 from ..norm.tiling import COLSUM_MAX_H
@@ -69,10 +70,22 @@ def _check_grad(arg: str, g: Any, like: Tensor, like_arg: str) -> None:
     check_shape(arg, g, tuple(like.shape))
 
 
-def _check_backward_hidden(hidden: int) -> None:
-    if hidden > COLSUM_MAX_H:
+def _check_hidden(
+    op: str, x: Tensor, weight: Tensor | None, bias: Tensor | None, backward: bool, arg: str = "x"
+) -> None:
+    """H within what the op's SBUF / PSUM plans hold (`norm.limits`), else a ValueError
+    naming the argument, the limit and the value."""
+    hidden = int(x.shape[-1])
+    dtype = str(x.dtype).removeprefix("torch.")
+    affine = ("w" if weight is not None else "") + ("b" if bias is not None else "") or "none"
+    target = get_target(None).name
+    limit = max_hidden(op, backward, dtype, affine, target)
+    if hidden > limit:
+        params = {"none": "no weight", "w": "weight", "b": "bias", "wb": "weight and bias"}
         raise ValueError(
-            f"x: backward supports hidden size (last dim) <= {COLSUM_MAX_H}; got {hidden}"
+            f"{arg}: expected hidden size (last dim) <= {limit} for {op} "
+            f"{'backward' if backward else 'forward'} ({dtype}, {params[affine]}, {target}); "
+            f"got {hidden}"
         )
 
 
@@ -94,6 +107,17 @@ def _check_add_rms(x: Tensor, residual: Tensor, weight: Tensor | None, eps: floa
     check_tensor("residual", residual, dtypes=FLOAT_DTYPES, min_dim=1)
     check_same("residual", residual, "x", x)
     check_shape("residual", residual, tuple(x.shape))
+    _check_hidden("add_rms_norm", x, weight, None, backward=False)
+
+
+def _check_rms_fwd(x: Tensor, weight: Tensor | None, eps: float) -> None:
+    _check_rms(x, weight, eps)
+    _check_hidden("rms_norm", x, weight, None, backward=False)
+
+
+def _check_ln_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> None:
+    _check_ln(x, weight, bias, eps)
+    _check_hidden("layer_norm", x, weight, bias, backward=False)
 
 
 # ---- host plumbing ----------------------------------------------------------------------
@@ -232,7 +256,7 @@ def _rms_grad(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 @define_op(
     "rms_norm",
     fake=lambda x, weight, eps: torch.empty_like(x),
-    validate=_check_rms,
+    validate=_check_rms_fwd,
     backward=_rms_grad,
     setup_context=_rms_setup,
     examples=_rms_examples,
@@ -246,7 +270,7 @@ def _rms_norm_op(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 def _check_rms_bwd(grad: Tensor, x: Tensor, weight: Tensor | None, eps: float) -> None:
     _check_rms(x, weight, eps)
     _check_grad("grad", grad, x, "x")
-    _check_backward_hidden(int(x.shape[-1]))
+    _check_hidden("rms_norm", x, weight, None, backward=True)
 
 
 def _rms_bwd_fake(grad: Tensor, x: Tensor, weight: Tensor | None, eps: float) -> Any:
@@ -296,7 +320,7 @@ def _ln_grad(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 @define_op(
     "layer_norm",
     fake=lambda x, weight, bias, eps: torch.empty_like(x),
-    validate=_check_ln,
+    validate=_check_ln_fwd,
     backward=_ln_grad,
     setup_context=_ln_setup,
     examples=_ln_examples,
@@ -312,7 +336,7 @@ def _check_ln_bwd(
 ) -> None:
     _check_ln(x, weight, bias, eps)
     _check_grad("grad", grad, x, "x")
-    _check_backward_hidden(int(x.shape[-1]))
+    _check_hidden("layer_norm", x, weight, bias, backward=True)
 
 
 def _ln_bwd_fake(
@@ -389,7 +413,7 @@ def _check_add_bwd(
     _check_rms(h, weight, eps)
     _check_grad("grad_y", grad_y, h, "h")
     _check_grad("grad_h", grad_h, h, "h")
-    _check_backward_hidden(int(h.shape[-1]))
+    _check_hidden("add_rms_norm", h, weight, None, backward=True, arg="h")
 
 
 def _add_bwd_fake(

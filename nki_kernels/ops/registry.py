@@ -40,6 +40,11 @@ What `define_op` does:
   backend from the tensors' device (interpreter on CPU and on the emulated device,
   TorchNeuron on a real device). `kernels={"cpu": f, "neuron": g}` overrides per device.
   Any other device gets an error naming the supported ones;
+* strict options: every non-tensor `int`, `float` and `bool` argument (optional or not)
+  is declared `Scalar` in the schema, so `validate` sees the value the caller passed:
+  an `int` / `float` / `bool` schema type would coerce `True` to 1 (or 1.0) and 2 to
+  True before any check ran (`top_k=True` would run as top_k = 1). The validators do
+  the type checks (bool is rejected where a number is meant, and the reverse);
 * `validate(*args)`: argument checks (raise ValueError/TypeError naming the argument),
   run before the kernel *and* before the fake, so bad input fails the same way eagerly
   and under `torch.compile`;
@@ -68,6 +73,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,6 +259,16 @@ def _traced_body(name: str, impl: Callable[..., Any], validate: Any) -> Callable
     return body
 
 
+_STRICT = re.compile(r"(?<![\w\[])(SymInt|int|float|bool)(\??) (\w+)")
+
+
+def strict_schema(schema: str) -> str:
+    """`schema` with its non-tensor int / float / bool arguments declared `Scalar`
+    (lists and the return types unchanged)."""
+    args, arrow, rets = schema.partition(") ->")
+    return _STRICT.sub(r"Scalar\2 \3", args) + arrow + rets
+
+
 def define_op(
     name: str,
     impl: Callable[..., Any] | None = None,
@@ -313,7 +329,7 @@ def define_op(
         return _record(name, op, impl, fake, examples, backward, setup_context, validate,
                        tuple(mutates_args), traceable, via_nki_op=True)  # fmt: skip
     # Inferred from `impl` itself so string annotations resolve in its module.
-    schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
+    schema = strict_schema(torch.library.infer_schema(impl, mutates_args=tuple(mutates_args)))
     schema = _schema_with_policy(schema)
     op = torch.library.custom_op(
         qualname, _unsupported(name, impl), mutates_args=tuple(mutates_args), schema=schema

@@ -57,6 +57,10 @@ _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 _lock = threading.Lock()
 _installed = False
+# Set when install() found the autograd engine already running: the device is registered
+# (PrivateUse1 cannot be unregistered) but unusable; every later use raises this instead
+# of reaching PyTorch's internal assert on the engine's device queues.
+_unusable: str | None = None
 _libs: list[torch.library.Library] = []
 # neuron storage identity -> the host storage that holds its bytes
 _LIVE: dict[int, torch.UntypedStorage] = {}
@@ -129,6 +133,8 @@ def install() -> bool:
     """
     global _installed
     with _lock:
+        if _unusable is not None:
+            raise RuntimeError(_unusable)
         if _installed:
             return True
         if real_neuron_backend_present():
@@ -151,18 +157,20 @@ def install() -> bool:
 
 
 def _check_autograd_engine() -> None:
+    global _unusable
     x = torch.ones(1, device=DEVICE_NAME, requires_grad=True)
     try:
         (x * 2).sum().backward()
     except RuntimeError as e:
         if "device_ready_queues_" not in str(e):
             raise
-        raise RuntimeError(
+        _unusable = (
             "install(): the autograd engine started before the emulated neuron device was "
             "registered, so backward passes on neuron tensors cannot run in this process; "
             "call nki_kernels.testing.neuron_device.install() before the first backward "
             "(for pytest: at import time of the root conftest.py)"
-        ) from None
+        )
+        raise RuntimeError(_unusable) from None
 
 
 def live_storages() -> int:
@@ -208,6 +216,8 @@ def _neuron_on(
 
 def _wrap_host(cpu: torch.Tensor) -> torch.Tensor:
     """A new neuron tensor over `cpu`'s memory (adopted, not copied), same geometry."""
+    if _unusable is not None:
+        raise RuntimeError(f"neuron device unusable: {_unusable}")
     st = _adopt(cpu.untyped_storage())
     return _neuron_on(st, cpu.dtype, cpu.storage_offset(), cpu.size(), cpu.stride())
 

@@ -213,5 +213,8 @@ def test_wrong_device_names_the_argument(neuron: str) -> None:
 
 def test_backward_hidden_limit() -> None:
     x = torch.randn(2, 65537)
-    with pytest.raises(ValueError, match="x: backward supports hidden size"):
+    with pytest.raises(
+        ValueError,
+        match=r"x: expected hidden size \(last dim\) <= 65536 for rms_norm backward .*; got 65537",
+    ):
         torch.ops.nki.rms_norm_backward(x, x, None, nh.EPS)

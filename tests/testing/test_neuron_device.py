@@ -203,3 +203,41 @@ def test_fresh_process_ops_defined_before_install_dispatch_to_neuron() -> None:
 def test_fresh_process_late_install_is_reported() -> None:
     line = _fresh("torch.ones(1, requires_grad=True).sum().backward()")
     assert line.startswith("ERROR install(): the autograd engine started before")
+
+
+LATE_INSTALL = """
+import warnings
+warnings.simplefilter("ignore")
+import torch
+torch.ones(1, requires_grad=True).sum().backward()  # the autograd engine starts
+from nki_kernels.testing import neuron_device as nd
+for attempt in ("first", "second"):
+    try:
+        nd.install()
+        print(attempt, "installed")
+    except RuntimeError as e:
+        print(attempt, "ERROR", str(e)[:40])
+try:
+    w = torch.ones(2, device="neuron", requires_grad=True)
+    (w * 3).sum().backward()
+    print("used")
+except RuntimeError as e:
+    print("use ERROR", str(e)[:60])
+"""
+
+
+def test_fresh_process_late_install_stays_unusable_with_a_clear_error() -> None:
+    """After a late install() (issue 15, case 8) a retry raises the same error and any
+    neuron tensor raises it too, instead of PyTorch's internal assert in backward."""
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-c", LATE_INSTALL], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("first ERROR install(): the autograd engine"), lines
+    assert lines[1].startswith("second ERROR install(): the autograd engine"), lines
+    assert lines[2].startswith("use ERROR neuron device unusable: install()"), lines
