@@ -116,7 +116,7 @@ def _check_route_bwd(
     if ids.dim() != 2:
         raise ValueError(f"ids: expected 2 dims [T, k]; got {tuple(ids.shape)}")
     check_tensor("router_logits", router_logits, dtypes=FLOAT_DTYPES, min_dim=2)
-    e, k = router_logits.shape[-1], ids.shape[1]
+    e, k = int(router_logits.shape[-1]), int(ids.shape[1])
     if not 1 <= k <= min(e, TOPK_MAX):
         raise ValueError(
             f"ids: expected 1..{min(e, TOPK_MAX)} columns (top_k <= E = {e} and <= {TOPK_MAX}); "

@@ -16,8 +16,9 @@ def test_the_op_is_registered_once_with_an_inferred_schema() -> None:
     assert entry is scaled_add_op.scaled_add and entry.differentiable
     assert entry.qualname == "nki::testonly_scaled_add"
     schema = str(torch.ops.nki.testonly_scaled_add.default._schema)
+    # `alpha: float` is declared Scalar (strict options: the validator sees what was passed)
     assert schema == (
-        "nki::testonly_scaled_add(Tensor x, Tensor y, float alpha, *, str? bucket_policy=None)"
+        "nki::testonly_scaled_add(Tensor x, Tensor y, Scalar alpha, *, str? bucket_policy=None)"
         " -> Tensor"
     )
     x = torch.ones(2, 3)
