@@ -79,6 +79,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.types import Number
 
 NAMESPACE = "nki"
 SUPPORTED_DEVICES = ("cpu", "neuron")
@@ -249,7 +250,10 @@ def _traced_body(name: str, impl: Callable[..., Any], validate: Any) -> Callable
     extra = inspect.Parameter(
         POLICY_ARG, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=str | None
     )
-    sig = sig.replace(parameters=[*sig.parameters.values(), extra])
+    params = [
+        p.replace(annotation=_strict_annotation(p.annotation)) for p in sig.parameters.values()
+    ]
+    sig = sig.replace(parameters=[*params, extra])
     body.__signature__ = sig  # type: ignore[attr-defined]
     body.__annotations__ = {
         **{p.name: p.annotation for p in sig.parameters.values()},
@@ -260,6 +264,16 @@ def _traced_body(name: str, impl: Callable[..., Any], validate: Any) -> Callable
 
 
 _STRICT = re.compile(r"(?<![\w\[])(SymInt|int|float|bool)(\??) (\w+)")
+
+
+def _strict_annotation(annotation: Any) -> Any:
+    """int / float / bool (optional or not) -> `torch.types.Number`: the `Scalar` schema
+    type when `nki_op` infers the schema from the signature (as `strict_schema`)."""
+    if annotation in (int, float, bool):
+        return Number
+    if annotation in (int | None, float | None, bool | None):
+        return Number | None
+    return annotation
 
 
 def strict_schema(schema: str) -> str:
