@@ -1,27 +1,28 @@
-"""Native-lowering models: each op's plain PyTorch composition as a sequence of steps.
+"""TorchNeuron's native path for each op's plain PyTorch code, modeled step by step.
 
-Without hardware, "what the compiler does with the plain PyTorch composition" is modeled
-as that composition's unfused steps (`steps.py`), each a well-tiled kernel with an HBM
-round trip in between, priced by the same cost model as the hand-written kernels. The
-model is deliberately generous to the compiler: element-wise chains fuse into one
-streaming step, layouts (transposes) are free, and identical per-head / per-expert steps
-run back to back with no launch gaps. On hardware the baseline is instead the reference
-module under `torch.compile(backend="neuron")`, measured.
+"Native" is what a Trainium user gets from TorchNeuron without this library, case by
+case, as the public sources describe it (FACTS.md part 2; re-read before relying on it):
 
-Compositions (forward unless noted):
-- rms_norm: row reduction (sum of squares) -> scale step (x * rstd * w).
-- rms_norm backward: u = dy * x * rstd -> dw = column sum of u (matmul with ones) ->
-  c = row sum of u * w -> dx = stream(dy, x, rstd, c, w).
-- layer_norm: row statistics (mean, var) -> scale-shift step; backward as rms_norm plus
-  a column sum for dbias.
-- add_rms_norm: add step (writes x + residual) -> rms_norm on the sum.
-- attention (per batch x query head): S = Q K^T -> softmax(scale * S, masked) -> O = P V.
-  Masked (causal / window) tiles are computed in full, as a dense composition does.
-- attention backward (per batch x query head, P saved): dP = dO V^T; dS = P * (dP - D);
-  dQ = dS K; dK = dS^T Q; dV = P^T dO.
-- moe_mlp: softmax over router logits and top-k -> per expert: gather its tokens (static
-  capacity C = ceil(capacity_factor * T * k / E), GShard style, 1.25 by default) ->
-  gate/up matmul -> SwiGLU step -> down matmul -> weighted combine (gather + add + scatter).
+- `F.scaled_dot_product_attention` on neuron tensors goes to AWS's NKI flash-attention
+  kernels (forward and backward) when seq_q and seq_k are multiples of 512, head_dim <=
+  128 and there is no dropout and no attn_mask (TorchNeuron's "overrideable" SDPA backend
+  tries the flash kernel first); `sdpa_route` states the rule. There the native figure
+  is AWS's kernel, priced through the interpreter (`bench.peer`). Elsewhere it falls back
+  to the decomposition S = Q K^T -> softmax -> P V (`attention_fwd` / `attention_bwd`),
+  every masked tile computed in full, as a dense composition does.
+- `aten::_fused_rms_norm` is lowered as one unit: the forward is one fused pass
+  (`norm_steps.norm_rows`: x read once, y written once). LayerNorm and the residual-add
+  variant are taken to lower the same way (generous). The backward is two fused passes
+  with no fp32 intermediate in HBM (see `norm_steps`).
+- Dropless MoE: NxD's `forward_blockwise` (aws-neuron/neuronx-distributed @ fbac349b,
+  `modules/moe/expert_mlps_v2.py`) and TorchNeuron's `aten::_grouped_mm` (128-aligned
+  group offsets); GShard capacity-factor routing, which may drop tokens, is labelled as
+  such (`moe_native`).
+
+Every step is a well-tiled NKI kernel (`steps.py`, `norm_steps.py`) priced by the same
+cost model as the hand-written kernels, steps separated by an HBM round trip, identical
+steps back to back without launch gaps, layouts (transposes) free. On hardware the
+baseline is the same PyTorch code under TorchNeuron, measured; that has not been run.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from ..interp import TensorSpec
 from ..interp.launch import Kernel
-from . import steps
+from . import norm_steps, steps
 
 
 @dataclass(frozen=True)
@@ -54,58 +55,71 @@ F32 = "float32"
 
 def rms_norm_fwd(rows: int, hidden: int, dtype: str) -> list[Step]:
     x = _t((rows, hidden), dtype)
+    w = _t((hidden,), dtype)
+    return [Step("fused rms_norm (one pass)", norm_steps.norm_rows, (x, None, w, False, dtype))]
+
+
+def _norm_bwd(rows: int, hidden: int, dtype: str, centered: bool) -> list[Step]:
+    x = _t((rows, hidden), dtype)
+    rstd = _t((rows, 1), F32)
+    w = _t((hidden,), dtype)
+    # dx = rstd * (dy * w - x_hat * c / H) [- mean term]: five element-wise operations,
+    # fused into one streaming pass over dy and x (row vector rstd, column vector w)
+    dx_ops = 4 if centered else 3
     return [
-        Step("sum of squares", steps.reduce_rows, (x, True, 1)),
         Step(
-            "x * rstd * w",
-            steps.stream_rows,
-            (x, None, _t((rows, 1), F32), _t((hidden,), dtype), 0, 1, dtype),
+            "c = rowsum(dy w x_hat), dw" + (", db" if centered else "") + " = column sums",
+            norm_steps.norm_bwd_reduce,
+            (x, x, rstd, w, centered),
         ),
+        Step("dx (one streaming pass)", steps.stream_rows, (x, x, rstd, w, 0, dx_ops, dtype)),
     ]
 
 
 def rms_norm_bwd(rows: int, hidden: int, dtype: str) -> list[Step]:
-    x = _t((rows, hidden), dtype)
-    u = _t((rows, hidden), F32)
-    return [
-        Step("u = dy * x * rstd", steps.stream_rows, (x, x, _t((rows, 1), F32), None, 0, 1, F32)),
-        Step("dw = colsum(u)", steps.matmul_step, (_t((rows, 1), F32), u, F32)),
-        Step("c = rowsum(u * w)", steps.reduce_rows, (u, False, 1)),
-        Step(
-            "dx", steps.stream_rows, (x, x, _t((rows, 1), F32), _t((hidden,), dtype), 0, 3, dtype)
-        ),
-    ]
+    return _norm_bwd(rows, hidden, dtype, centered=False)
 
 
 def layer_norm_fwd(rows: int, hidden: int, dtype: str) -> list[Step]:
     x = _t((rows, hidden), dtype)
-    return [
-        Step("mean, var", steps.reduce_rows, (x, False, 2)),
-        Step(
-            "(x - mean) * rstd * w + b",
-            steps.stream_rows,
-            (x, None, _t((rows, 1), F32), _t((hidden,), dtype), 0, 2, dtype),
-        ),
-    ]
+    w = _t((hidden,), dtype)
+    return [Step("fused layer_norm (one pass)", norm_steps.norm_rows, (x, None, w, True, dtype))]
 
 
 def layer_norm_bwd(rows: int, hidden: int, dtype: str) -> list[Step]:
-    return [
-        *rms_norm_bwd(rows, hidden, dtype),
-        Step(
-            "db = colsum(dy)",
-            steps.matmul_step,
-            (_t((rows, 1), dtype), _t((rows, hidden), dtype), F32),
-        ),
-    ]
+    return _norm_bwd(rows, hidden, dtype, centered=True)
 
 
 def add_rms_norm_fwd(rows: int, hidden: int, dtype: str) -> list[Step]:
     x = _t((rows, hidden), dtype)
+    w = _t((hidden,), dtype)
     return [
-        Step("s = x + residual", steps.stream_rows, (x, x, None, None, 0, 0, dtype)),
-        *rms_norm_fwd(rows, hidden, dtype),
+        Step(
+            "fused x + residual, rms_norm (one pass)", norm_steps.norm_rows, (x, x, w, False, dtype)
+        )
     ]
+
+
+# TorchNeuron's flash-kernel route for SDPA (FACTS.md part 2, TorchNeuron): both lengths
+# multiples of 512, head_dim <= 128, no attn_mask tensor, no dropout. is_causal is not a
+# mask tensor: causal attention takes the kernel.
+SDPA_FLASH_MULTIPLE = 512
+SDPA_FLASH_MAX_HEAD_DIM = 128
+
+
+def sdpa_route(
+    seq_q: int, seq_k: int, head_dim: int, attn_mask: bool = False, dropout_p: float = 0.0
+) -> str:
+    """'aws_flash' where TorchNeuron's SDPA calls AWS's NKI flash kernel, else 'decomposition'."""
+    if (
+        seq_q % SDPA_FLASH_MULTIPLE == 0
+        and seq_k % SDPA_FLASH_MULTIPLE == 0
+        and head_dim <= SDPA_FLASH_MAX_HEAD_DIM
+        and not attn_mask
+        and dropout_p == 0.0
+    ):
+        return "aws_flash"
+    return "decomposition"
 
 
 def attention_fwd(batch: int, heads: int, sq: int, sk: int, d: int, dtype: str) -> list[Step]:
@@ -134,54 +148,6 @@ def attention_bwd(batch: int, heads: int, sq: int, sk: int, d: int, dtype: str) 
         Step("dQ = dS K", steps.matmul_step, (_t((sk, sq), dtype), _t((sk, d), dtype), dtype), n),
         Step("dK = dS^T Q", steps.matmul_step, (_t((sq, sk), dtype), _t((sq, d), dtype), dtype), n),
         Step("dV = P^T dO", steps.matmul_step, (_t((sq, sk), dtype), _t((sq, d), dtype), dtype), n),
-    ]
-
-
-def moe_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
-    return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
-
-
-def moe_fwd(
-    tokens: int,
-    hidden: int,
-    inter: int,
-    experts: int,
-    top_k: int,
-    dtype: str,
-    capacity_factor: float = 1.25,
-) -> list[Step]:
-    c = moe_capacity(tokens, experts, top_k, capacity_factor)
-    idx = _t((c, 1), "int32")
-    return [
-        Step("router softmax", steps.softmax_rows, (_t((tokens, experts), F32), 1.0, F32)),
-        Step("top-k", steps.reduce_rows, (_t((tokens, experts), F32), False, 2)),
-        Step("gather tokens", steps.gather_rows, (_t((tokens, hidden), dtype), idx), experts),
-        Step(
-            "x W_gate_up",
-            steps.matmul_step,
-            (_t((hidden, c), dtype), _t((hidden, 2 * inter), dtype), dtype),
-            experts,
-        ),
-        Step(
-            "silu(g) * u",
-            steps.stream_rows,
-            (_t((c, inter), dtype), _t((c, inter), dtype), None, None, 1, 1, dtype),
-            experts,
-        ),
-        Step(
-            "h W_down",
-            steps.matmul_step,
-            (_t((inter, c), dtype), _t((inter, hidden), dtype), dtype),
-            experts,
-        ),
-        Step("gather out rows", steps.gather_rows, (_t((tokens, hidden), dtype), idx), experts),
-        Step(
-            "out += w * y",
-            steps.stream_rows,
-            (_t((c, hidden), dtype), _t((c, hidden), dtype), _t((c, 1), F32), None, 0, 0, dtype),
-            experts,
-        ),
-        Step("scatter out rows", steps.gather_rows, (_t((c, hidden), dtype), idx), experts),
     ]
 
 

@@ -1,155 +1,268 @@
-"""The comparison behind `make bench`: every kernel family against native lowering.
+"""The comparison behind `make bench`: our kernels against what a Trainium user really has.
 
-For each case the NKI kernel and the native-lowering composition (`baselines.native`)
-are priced by the same cost model on the same target, so each line of the table is a
-like-for-like modeled comparison. Nothing here is a measurement: every row carries
-"modeled (cost model vN, target)".
+For each case three implementations are priced by the same cost model on the same target:
 
-Cases come in two sizes: the default set (a few minutes on a laptop-class CPU) and
-`full=True`, the whole matrix of the issues' benchmark shapes.
+- `nki`: this library's kernels, as the op launches them;
+- `aws`: AWS's own nki-library kernel for the op, run unmodified through the interpreter
+  (`peer.py`; rows committed as data, since the checkout is not part of the project);
+- `native`: TorchNeuron's path for the plain PyTorch code (`baselines.native`): for SDPA
+  that is AWS's flash kernel wherever TorchNeuron routes it there (every attention case
+  here), so the native attention row is the `aws` row under another name; norms one
+  fused pass; dropless MoE the faster of NxD's blockwise composition and
+  `aten::_grouped_mm`. `native_cf` rows (GShard capacity factor 1.25) may drop tokens
+  and are shown apart, never as the baseline.
+
+LNC. trn2's default is LNC = 2 (two physical cores per logical core; "With LNC=2
+(default)", about-neuron/arch/neuron-features/logical-neuroncore-config.rst); trn3's
+default is not stated in the docs read (aws-neuron-sdk @ 81ce03ae); its tutorials run
+LNC = 2 and the NKI FAQ allows "up to two physical NeuronCores" on Trn2 or Trn3, so LNC
+= 2 is assumed for trn3 too. Rows with `lnc` = 1 are per physical core; rows with `lnc`
+= 2 are per logical core, modeled as two physical cores each running half of the work
+(`LNC2_METHOD`), for every implementation alike. Nothing here is a measurement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from ..baselines import native
+import numpy as np
+
+from ..baselines import moe_native, native
 from ..model_shapes import FINE_GRAINED_MOE, LLAMA3_8B_ATTN, MIXTRAL_8X7B_MOE, MoEShape
 from ..perfmodel import modeled_label
 from ..targets import get_target
 from .rows import BenchRow
 
-_DT = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+LNC2_METHOD = (
+    "LNC 2 = two physical cores, each running half of the work (norm rows, attention "
+    "kv-head groups, MoE tokens) at LNC 1; no cross-core traffic or barrier modeled"
+)
+DEFAULT_LNC = {"trn2": 2, "trn3": 2}  # trn3: assumed, see the module docstring
+
+
+@dataclass(frozen=True)
+class Case:
+    """One op at one shape and target, priced at one LNC."""
+
+    family: str
+    op: str  # e.g. "rms_norm fwd", "flash_attention bwd causal", "moe_mlp fwd skewed"
+    case: str  # shape text
+    target: str
+    lnc: int
 
 
 def _native_row(
-    family: str, op: str, case: str, target: str, steps: list[native.Step], useful_flops: float
+    c: Case,
+    path: str,
+    step_list: list[native.Step],
+    useful_flops: float,
+    hbm_min_bytes: float,
+    impl: str = "native",
 ) -> BenchRow:
-    est = native.price(steps, target)
-    peak = get_target(target).tensor_peak_flops_per_ns
-    hbm = get_target(target).hbm_bytes_per_ns
+    est = native.price(step_list, c.target)
+    tgt = get_target(c.target)
     return BenchRow(
-        family=family,
-        op=op,
-        case=case,
-        target=target,
-        impl="native",
+        family=c.family,
+        op=c.op,
+        case=c.case,
+        target=c.target,
+        impl=impl,
         latency_us=est.latency_ns / 1e3,
         provenance=est.label,
-        mfu=useful_flops / (est.latency_ns * peak) if useful_flops else None,
-        hbm_fraction=est.hbm_bytes / hbm / est.latency_ns,
-        bound_by="",
-        extra={"steps": [[name, ns / 1e3] for name, ns in est.steps]},
+        mfu=useful_flops / (est.latency_ns * tgt.tensor_peak_flops_per_ns)
+        if useful_flops
+        else None,
+        hbm_fraction=(hbm_min_bytes / tgt.hbm_bytes_per_ns / est.latency_ns)
+        if hbm_min_bytes
+        else None,
+        bound_by=_busiest_step(est),
+        lnc=c.lnc,
+        extra={"path": path, "steps": [[name, ns / 1e3] for name, ns in est.steps]},
     )
 
 
+def _busiest_step(est: native.NativeEstimate) -> str:
+    name, _ = max(est.steps, key=lambda s: s[1])
+    return f"step: {name}"
+
+
+def _half(n: int, lnc: int) -> int:
+    return -(-n // lnc)
+
+
 # ---- norms ------------------------------------------------------------------------------
-_NORM_NATIVE = {
+_NORM_NATIVE: dict[tuple[str, str], Callable[[int, int, str], list[native.Step]]] = {
     ("rms_norm", "fwd"): native.rms_norm_fwd,
     ("rms_norm", "bwd"): native.rms_norm_bwd,
     ("add_rms_norm", "fwd"): native.add_rms_norm_fwd,
     ("layer_norm", "fwd"): native.layer_norm_fwd,
     ("layer_norm", "bwd"): native.layer_norm_bwd,
 }
+_NORM_PATH = {
+    "fwd": "one fused pass",
+    "bwd": "two fused passes",
+}
+# HBM tensors of [N, H] each op must read or write at least once (inputs + outputs)
+_NORM_MIN_TENSORS = {
+    ("rms_norm", "fwd"): 2,
+    ("rms_norm", "bwd"): 3,
+    ("add_rms_norm", "fwd"): 4,
+    ("layer_norm", "fwd"): 2,
+    ("layer_norm", "bwd"): 3,
+}
 
 
 def norm_rows(
-    tokens: Iterable[int], hiddens: Iterable[int], targets: Iterable[str]
+    tokens: Iterable[int], hiddens: Iterable[int], targets: Iterable[str], lncs: Iterable[int]
 ) -> list[BenchRow]:
-    """Fused norms vs the reduction + element-wise composition, bf16, one NeuronCore.
+    """Fused norms (ours) vs TorchNeuron's fused pass (native), bf16.
 
-    The ops' backward is the backward kernel, plus the statistics kernel (recomputing
-    rstd / mean from x) when the backward's config does not compute them itself; every
-    kernel launched is counted. The native backward reuses the forward's saved
+    Our backward is the backward kernel, plus the statistics kernel when the backward's
+    config does not compute them itself. The native backward reuses the forward's saved
     statistics (no recompute), which favours native.
     """
     from ..norm import bench as nb
 
     rows = []
     for target in targets:
-        for h in hiddens:
-            for n in tokens:
-                for (op, kind), build in _NORM_NATIVE.items():
-                    parts = nb.op_parts(op, kind, n, h, target)
-                    latency = sum(p.latency_us for p in parts)
-                    bound = parts[0].bound_us
-                    case = f"[{n}, {h}] bf16"
-                    name = f"{op} {kind}"
-                    rows.append(
-                        BenchRow(
-                            family="norm",
-                            op=name,
-                            case=case,
-                            target=parts[0].target,
-                            impl="nki",
-                            latency_us=latency,
-                            provenance=parts[0].label,
-                            hbm_fraction=bound / latency,
-                            bound_by=parts[0].busiest,
-                            extra={"kernels": [[p.kernel, p.latency_us] for p in parts]},
+        for lnc in lncs:
+            for h in hiddens:
+                for n in tokens:
+                    part_rows = _half(n, lnc)
+                    for (op, kind), build in _NORM_NATIVE.items():
+                        c = Case("norm", f"{op} {kind}", f"[{n}, {h}] bf16", target, lnc)
+                        parts = nb.op_parts(op, kind, part_rows, h, target)
+                        latency = sum(p.latency_us for p in parts)
+                        min_bytes = _NORM_MIN_TENSORS[(op, kind)] * part_rows * h * 2.0
+                        rows.append(
+                            BenchRow(
+                                family="norm",
+                                op=c.op,
+                                case=c.case,
+                                target=parts[0].target,
+                                impl="nki",
+                                latency_us=latency,
+                                provenance=parts[0].label,
+                                hbm_fraction=parts[0].bound_us / latency,
+                                bound_by=parts[0].busiest,
+                                lnc=lnc,
+                                extra={"kernels": [[p.kernel, p.latency_us] for p in parts]},
+                            )
                         )
-                    )
-                    rows.append(
-                        _native_row(
-                            "norm", name, case, parts[0].target, build(n, h, "bfloat16"), 0.0
+                        rows.append(
+                            _native_row(
+                                c,
+                                _NORM_PATH[kind],
+                                build(part_rows, h, "bfloat16"),
+                                0.0,
+                                min_bytes,
+                            )
                         )
-                    )
     return rows
 
 
 # ---- attention -----------------------------------------------------------------------
-def attention_rows(seqs: Iterable[int], targets: Iterable[str], backward: bool) -> list[BenchRow]:
-    """Flash attention (Llama-3 8B heads, B = 1, bf16) vs S = QK^T, softmax, PV steps."""
+def attention_rows(
+    seqs: Iterable[int],
+    targets: Iterable[str],
+    lncs: Iterable[int],
+    backward: bool = True,
+    decomposition: bool = False,
+) -> list[BenchRow]:
+    """Our flash attention (Llama-3 8B heads, B = 1, bf16). The native row of each case is
+    AWS's flash kernel (TorchNeuron's SDPA route, `native.sdpa_route`), added from the
+    peer data by `merge_peer`; `decomposition` also prices the S x S composition that
+    SDPA falls back to off that route (as `native_decomposition` rows, informational)."""
     from ..attention import bench as attn
+    from ..model_shapes import AttentionShape
 
-    shape = LLAMA3_8B_ATTN
+    full = LLAMA3_8B_ATTN
     rows = []
     for target in targets:
         for seq in seqs:
             for causal in (False, True):
                 for op in ("fwd", "bwd") if backward else ("fwd",):
-                    r = attn.price(op, seq, target, causal, shape=shape)
                     name = f"flash_attention {op}" + (" causal" if causal else "")
                     case = (
-                        f"B=1 H={shape.num_heads}/{shape.num_kv_heads} S={seq} "
-                        f"D={shape.head_dim} bf16"
+                        f"B=1 H={full.num_heads}/{full.num_kv_heads} S={seq} D={full.head_dim} bf16"
                     )
-                    rows.append(
-                        BenchRow(
-                            family="attention",
-                            op=name,
-                            case=case,
-                            target=r.target,
-                            impl="nki",
-                            latency_us=r.latency_us,
-                            provenance=r.label,
-                            mfu=r.mfu,
-                            bound_by=r.busiest,
-                            extra={"pricing": r.pricing, "config": r.config},
+                    priced: Any = None
+                    for lnc in lncs:
+                        shape = AttentionShape(
+                            full.model,
+                            num_heads=full.num_heads // lnc,
+                            num_kv_heads=full.num_kv_heads // lnc,
+                            head_dim=full.head_dim,
                         )
-                    )
-                    build = native.attention_fwd if op == "fwd" else native.attention_bwd
-                    steps = build(1, shape.num_heads, seq, seq, shape.head_dim, "bfloat16")
-                    flops = attn.useful_flops(
-                        op, seq, seq, shape.head_dim, shape.num_heads, 1, causal
-                    )
-                    rows.append(_native_row("attention", name, case, r.target, steps, flops))
+                        if lnc > 1 and priced is not None and priced.pricing.startswith("1 of"):
+                            # one kv group x groups: half the groups is half the latency
+                            r = replace(priced, latency_us=priced.latency_us / lnc)
+                        else:
+                            r = attn.price(op, seq, target, causal, shape=shape)
+                        if lnc == 1:
+                            priced = r
+                        flops = attn.useful_flops(
+                            op, seq, seq, full.head_dim, shape.num_heads, 1, causal
+                        )
+                        tgt = get_target(target)
+                        rows.append(
+                            BenchRow(
+                                family="attention",
+                                op=name,
+                                case=case,
+                                target=r.target,
+                                impl="nki",
+                                latency_us=r.latency_us,
+                                provenance=r.label,
+                                mfu=flops / (r.latency_us * 1e3 * tgt.tensor_peak_flops_per_ns),
+                                bound_by=r.busiest,
+                                lnc=lnc,
+                                extra={"pricing": r.pricing, "config": r.config},
+                            )
+                        )
+                        if decomposition:
+                            build = native.attention_fwd if op == "fwd" else native.attention_bwd
+                            steps = build(1, shape.num_heads, seq, seq, full.head_dim, "bfloat16")
+                            rows.append(
+                                _native_row(
+                                    Case("attention", name, case, target, lnc),
+                                    "SDPA off the flash route: S = QK^T, softmax, PV steps",
+                                    steps,
+                                    flops,
+                                    0.0,
+                                    impl="native_decomposition",
+                                )
+                            )
     return rows
 
 
 # ---- MoE --------------------------------------------------------------------------------
+def moe_case_text(shape: MoEShape, tokens: int) -> str:
+    return (
+        f"{shape.model} T={tokens} H={shape.hidden} I={shape.intermediate} "
+        f"E={shape.num_experts} top-{shape.top_k} bf16"
+    )
+
+
+def expert_counts(routing: str, tokens: int, experts: int, top_k: int) -> list[int]:
+    """Routed rows per expert under the benchmark's routing (`moe.pricing.routing_ids`)."""
+    from ..moe.pricing import routing_ids
+
+    ids = routing_ids(routing, tokens, experts, top_k)
+    return [int(c) for c in np.bincount(ids.ravel(), minlength=experts)]
+
+
 def moe_rows(
     shapes: Iterable[MoEShape],
     tokens: Iterable[int],
     targets: Iterable[str],
     routings: Iterable[str],
+    lncs: Iterable[int],
 ) -> list[BenchRow]:
-    """Blockwise MoE forward vs the capacity-padded per-expert composition.
-
-    Native capacity: GShard's 1.25 x the balanced share for uniform routing; under skewed
-    routing a static-shape composition that drops no token needs capacity T per expert.
-    """
+    """Our blockwise MoE forward vs the dropless compositions AWS's stack runs (NxD
+    blockwise, `_grouped_mm`) and, apart, the capacity-factor one that may drop tokens."""
     from ..moe.pricing import layer_row
 
     rows = []
@@ -157,39 +270,68 @@ def moe_rows(
         for shape in shapes:
             for t in tokens:
                 for routing in routings:
-                    r = layer_row(shape, t, routing, target)
-                    name = f"moe_mlp fwd {routing}"
-                    case = (
-                        f"{shape.model} T={t} H={shape.hidden} I={shape.intermediate} "
-                        f"E={shape.num_experts} top-{shape.top_k} bf16"
-                    )
-                    rows.append(
-                        BenchRow(
-                            family="moe",
-                            op=name,
-                            case=case,
-                            target=r["target"],
-                            impl="nki",
-                            latency_us=r["latency_ms"] * 1e3,
-                            provenance=r["label"],
-                            mfu=r["mfu_routed_pct"] / 100.0,
-                            bound_by=r["busiest_engine"],
-                            extra={"blocks": r["blocks"], "config": r["config"]},
-                        )
-                    )
-                    cf = 1.25 if routing == "uniform" else shape.num_experts / shape.top_k
-                    steps = native.moe_fwd(
-                        t,
-                        shape.hidden,
-                        shape.intermediate,
-                        shape.num_experts,
-                        shape.top_k,
-                        "bfloat16",
-                        capacity_factor=cf,
-                    )
-                    flops = 2.0 * t * shape.top_k * 3 * shape.hidden * shape.intermediate
-                    rows.append(_native_row("moe", name, case, r["target"], steps, flops))
+                    for lnc in lncs:
+                        part = _half(t, lnc)
+                        rows += _moe_case(shape, t, part, routing, target, lnc, layer_row)
     return rows
+
+
+def _moe_case(
+    shape: MoEShape, t: int, part: int, routing: str, target: str, lnc: int, layer_row: Any
+) -> list[BenchRow]:
+    h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
+    c = Case("moe", f"moe_mlp fwd {routing}", moe_case_text(shape, t), target, lnc)
+    r = layer_row(shape, part, routing, target)
+    flops = 2.0 * part * k * 3 * h * i
+    out = [
+        BenchRow(
+            family="moe",
+            op=c.op,
+            case=c.case,
+            target=r["target"],
+            impl="nki",
+            latency_us=r["latency_ms"] * 1e3,
+            provenance=r["label"],
+            mfu=r["mfu_routed_pct"] / 100.0,
+            bound_by=r["busiest_engine"],
+            lnc=lnc,
+            extra={"blocks": r["blocks"], "config": r["config"]},
+        )
+    ]
+    counts = expert_counts(routing, part, e, k)
+    nb = moe_native.blockwise_blocks(part, e, k)
+    candidates = [
+        _native_row(
+            c,
+            f"NxD blockwise ({nb} blocks of {moe_native.NXD_BLOCK})",
+            moe_native.blockwise_fwd(part, h, i, e, k, "bfloat16"),
+            flops,
+            0.0,
+        ),
+        _native_row(
+            c,
+            "aten::_grouped_mm (128-row groups)",
+            moe_native.grouped_mm_fwd(part, h, i, e, "bfloat16", counts),
+            flops,
+            0.0,
+        ),
+    ]
+    best = min(candidates, key=lambda row: row.latency_us)
+    for row in candidates:
+        row.extra["baseline"] = row is best
+    out += candidates
+    cap = moe_native.moe_capacity(part, e, k, 1.25)
+    dropped = sum(max(0, n - cap) for n in counts)
+    cf = _native_row(
+        c,
+        f"capacity factor 1.25 (C = {cap} rows per expert): drops {dropped} of "
+        f"{part * k} routed rows",
+        moe_native.capacity_factor_fwd(part, h, i, e, k, "bfloat16", 1.25),
+        flops,
+        0.0,
+        impl="native_cf",
+    )
+    return [*out, cf]
 
 
 @dataclass(frozen=True)
@@ -200,22 +342,25 @@ class Suite:
     rows: Callable[[bool], list[BenchRow]]
 
 
+TARGETS = ("trn2", "trn3")
+LNCS = (1, 2)
+
+
 def _attention_suite(full: bool) -> list[BenchRow]:
-    seqs = (2048, 8192, 32768) if full else (2048, 8192)
-    return attention_rows(seqs, ("trn2", "trn3") if full else ("trn2",), backward=True)
+    seqs = (2048, 8192, 32768) if full else (2048,)
+    return attention_rows(seqs, TARGETS if full else ("trn2",), LNCS)
 
 
 def _moe_suite(full: bool) -> list[BenchRow]:
-    tokens = (512, 4096, 16384) if full else (4096,)
-    routings = ("uniform", "skewed")
-    targets = ("trn2", "trn3") if full else ("trn2",)
-    return moe_rows((MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE), tokens, targets, routings)
+    targets = TARGETS if full else ("trn2",)
+    return moe_rows(
+        (MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE), (4096,), targets, ("uniform", "skewed"), LNCS
+    )
 
 
 def _norm_suite(full: bool) -> list[BenchRow]:
-    tokens = (2048, 8192, 32768) if full else (16384,)
-    targets = ("trn2", "trn3") if full else ("trn2",)
-    return norm_rows(tokens, (4096, 8192), targets)
+    hiddens = (4096, 8192) if full else (4096,)
+    return norm_rows((16384,), hiddens, TARGETS if full else ("trn2",), LNCS)
 
 
 SUITES: dict[str, Suite] = {
@@ -229,4 +374,40 @@ def label_note(target: str) -> str:
     return f"All figures {modeled_label(target)}; none is a hardware measurement."
 
 
-__all__ = ["SUITES", "Suite", "attention_rows", "label_note", "moe_rows", "norm_rows"]
+__all__ = [
+    "DEFAULT_LNC",
+    "LNC2_METHOD",
+    "SUITES",
+    "Suite",
+    "attention_rows",
+    "label_note",
+    "moe_rows",
+    "norm_rows",
+]
+
+
+SDPA_NATIVE_PATH = "SDPA -> AWS flash kernel"
+
+
+def merge_peer(rows: list[BenchRow], peer: list[BenchRow]) -> list[BenchRow]:
+    """Our rows + the peer rows of the same cases, and for attention cases on TorchNeuron's
+    flash route a `native` row that is the AWS row (SDPA calls that kernel)."""
+    keys = {(r.family, r.op, r.case, r.target, r.lnc) for r in rows}
+    out = list(rows)
+    d = LLAMA3_8B_ATTN.head_dim
+    for p in peer:
+        if (p.family, p.op, p.case, p.target, p.lnc) not in keys:
+            continue
+        out.append(p)
+        if p.family == "attention":
+            seq = int(p.case.split("S=")[1].split()[0])
+            if native.sdpa_route(seq, seq, d) == "aws_flash":
+                kernels = " / ".join(p.extra.get("kernels", []))
+                out.append(
+                    replace(
+                        p,
+                        impl="native",
+                        extra={**p.extra, "path": f"{SDPA_NATIVE_PATH}: {kernels}"},
+                    )
+                )
+    return out

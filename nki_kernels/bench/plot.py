@@ -2,35 +2,45 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from .rows import BenchRow
+from .table import group
 
 
-def speedup_chart(rows: Sequence[BenchRow], path: str | Path) -> None:
-    """Horizontal bars: native latency / NKI latency per (op, case, target)."""
+def speedup_chart(rows: Sequence[BenchRow], path: str | Path, lnc: int = 2) -> None:
+    """Horizontal bars per (op, case, target) at `lnc`: AWS kernel / ours and native / ours."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pairs: dict[tuple[str, str, str], dict[str, BenchRow]] = {}
-    for r in rows:
-        pairs.setdefault((r.op, r.case, r.target), {})[r.impl] = r
-    labels, values, provenance = [], [], set()
-    for (op, case, target), impls in pairs.items():
-        if "nki" in impls and "native" in impls:
-            labels.append(f"{op} | {case} | {target}")
-            values.append(impls["native"].latency_us / impls["nki"].latency_us)
-            provenance.add(impls["nki"].provenance)
-    fig, ax = plt.subplots(figsize=(10, 0.32 * len(labels) + 1.5))
-    ax.barh(range(len(labels)), values, color="#3a7ca5")
-    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    labels: list[str] = []
+    vs_aws: list[float] = []
+    vs_native: list[float] = []
+    provenance: set[str] = set()
+    for (_f, op, case, target, n), impls in group(rows).items():
+        ours = impls.get("nki")
+        if n != lnc or ours is None:
+            continue
+        aws, nat = impls.get("aws"), impls.get("native")
+        labels.append(f"{op} | {case} | {target}")
+        ok = aws is not None and not math.isnan(aws.latency_us)
+        vs_aws.append(aws.latency_us / ours.latency_us if ok and aws else 0.0)
+        vs_native.append(nat.latency_us / ours.latency_us if nat else 0.0)
+        provenance.add(ours.provenance)
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(labels) + 1.5))
+    y = list(range(len(labels)))
+    ax.barh([v - 0.2 for v in y], vs_aws, height=0.4, color="#c0392b", label="vs AWS kernel")
+    ax.barh([v + 0.2 for v in y], vs_native, height=0.4, color="#3a7ca5", label="vs native")
+    ax.set_yticks(y, labels, fontsize=6)
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("speedup over native lowering (x)")
-    ax.set_title("nki-kernels vs native lowering -- " + ", ".join(sorted(provenance)), fontsize=9)
+    ax.set_xlabel(f"speedup of ours (x), LNC {lnc}; 0 = no figure")
+    ax.legend(fontsize=7)
+    ax.set_title("nki-kernels -- " + ", ".join(sorted(provenance)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -27,12 +27,16 @@ class BenchRow:
     op: str  # e.g. "rms_norm fwd"
     case: str  # e.g. "[16384, 4096] bf16"
     target: str  # trn1 | trn2 | trn3
-    impl: str  # "nki" (this library) or "native" (the compiler's lowering)
+    # "nki" (this library), "aws" (AWS's nki-library kernel), "native" (TorchNeuron's path
+    # for the plain PyTorch code), "native_cf" / "native_decomposition" (informational)
+    impl: str
     latency_us: float
     provenance: str  # "modeled (cost model v1, trn2)" or "measured (hardware, ...)"
     mfu: float | None = None  # fraction of TensorE peak on useful FLOPs
     hbm_fraction: float | None = None  # minimum HBM traffic time / latency
     bound_by: str = ""
+    lnc: int = 1  # 1: one physical core; 2: one logical core of two physical cores
+    band_us: tuple[float, float] | None = None  # the cost model's latency band, if it has one
     extra: dict[str, Any] = field(default_factory=dict)
     version: str = __version__
     timestamp: float = field(default_factory=time.time)
@@ -53,9 +57,27 @@ def append_rows(path: str | Path, rows: Iterable[BenchRow]) -> None:
     os.replace(tmp, path)
 
 
+def write_rows(path: str | Path, rows: Iterable[BenchRow]) -> None:
+    """Replace `path` with exactly these rows (atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(r.to_json() + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
 def read_rows(path: str | Path) -> list[BenchRow]:
+    """Rows of a JSON-lines file (rows written before a field existed get its default)."""
     rows = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            rows.append(BenchRow(**json.loads(line)))
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        if d.get("band_us") is not None:
+            d["band_us"] = tuple(d["band_us"])
+        try:
+            rows.append(BenchRow(**d))
+        except TypeError as e:
+            raise ValueError(f"{path}:{n}: not a benchmark row ({e})") from None
     return rows

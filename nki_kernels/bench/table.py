@@ -1,7 +1,8 @@
-"""Comparison tables: this library's kernels against the compiler's native lowering."""
+"""Comparison tables: ours vs AWS's nki-library kernel vs TorchNeuron's native path."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .rows import BenchRow
@@ -10,14 +11,19 @@ COLUMNS = (
     "op",
     "case",
     "target",
-    "NKI (us)",
+    "LNC",
+    "ours (us)",
+    "AWS kernel (us)",
     "native (us)",
-    "speedup",
-    "NKI MFU",
-    "NKI HBM",
-    "NKI bound by",
+    "native path",
+    "vs AWS",
+    "vs native",
+    "ours MFU / HBM",
+    "ours bound by",
     "figures",
 )
+
+Key = tuple[str, str, str, str, int]
 
 
 def _pct(x: float | None) -> str:
@@ -25,36 +31,97 @@ def _pct(x: float | None) -> str:
 
 
 def _us(r: BenchRow | None) -> str:
-    return "" if r is None else f"{r.latency_us:,.1f}"
+    if r is None:
+        return ""
+    if math.isnan(r.latency_us):
+        return "fails (notes)"
+    text = f"{r.latency_us:,.1f}"
+    if r.band_us is not None:
+        text += f" ({r.band_us[0]:,.0f}–{r.band_us[1]:,.0f})"
+    return text
+
+
+def speedup(ours: BenchRow | None, other: BenchRow | None) -> str:
+    """other / ours, with a band when both rows carry per-parameter-set samples."""
+    if ours is None or other is None or math.isnan(other.latency_us):
+        return ""
+    text = f"{other.latency_us / ours.latency_us:.2f}x"
+    a, b = ours.extra.get("samples_us"), other.extra.get("samples_us")
+    if a and b and len(a) == len(b):
+        ratios = [y / x for x, y in zip(a, b, strict=True)]
+        text += f" ({min(ratios):.2f}–{max(ratios):.2f})"
+    return text
+
+
+def group(rows: Sequence[BenchRow]) -> dict[Key, dict[str, BenchRow]]:
+    """Rows keyed by (family, op, case, target, lnc) -> {impl: row}. Of several native
+    rows the one marked `baseline` (else the fastest) is kept as 'native'."""
+    keyed: dict[Key, dict[str, BenchRow]] = {}
+    for r in rows:
+        impls = keyed.setdefault((r.family, r.op, r.case, r.target, r.lnc), {})
+        old = impls.get(r.impl)
+        if r.impl == "native" and old is not None:
+            if old.extra.get("baseline") or (
+                not r.extra.get("baseline") and old.latency_us <= r.latency_us
+            ):
+                continue
+        impls[r.impl] = r
+    return keyed
 
 
 def comparison_table(rows: Sequence[BenchRow]) -> str:
-    """A Markdown table with one line per (op, case, target): NKI vs native latency.
+    """A Markdown table with one line per (op, case, target, LNC).
 
-    Speedup = native latency / NKI latency. MFU counts useful FLOPs only (masked
-    attention tiles and padding excluded); "HBM" is the minimum HBM traffic time over
-    the latency (how close a memory-bound kernel gets to the bandwidth bound).
+    "vs AWS" = AWS kernel latency / ours, "vs native" = native latency / ours (> 1: ours
+    is faster). MFU counts useful FLOPs only (masked attention pairs and padding
+    excluded); "HBM" is the minimum HBM traffic time over the latency. A missing AWS cell
+    means nki-library has no kernel for the op at that shape, or the peer run failed
+    (`peer_notes`).
     """
-    keyed: dict[tuple[str, str, str, str], dict[str, BenchRow]] = {}
-    for r in rows:
-        keyed.setdefault((r.family, r.op, r.case, r.target), {})[r.impl] = r
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for (_family, op, case, target), impls in keyed.items():
-        nki, nat = impls.get("nki"), impls.get("native")
-        ref = nki if nki is not None else nat
+    for (_family, op, case, target, lnc), impls in group(rows).items():
+        ours, aws, nat = impls.get("nki"), impls.get("aws"), impls.get("native")
+        ref = ours or aws or nat
         assert ref is not None
-        speedup = f"{nat.latency_us / nki.latency_us:.2f}x" if nki and nat else ""
+        eff = ""
+        if ours is not None:
+            eff = _pct(ours.mfu) if ours.mfu is not None else _pct(ours.hbm_fraction)
+            if ours.mfu is None and eff:
+                eff += " HBM"
         cells = (
             op,
             case,
             target,
-            _us(nki),
+            str(lnc),
+            _us(ours),
+            _us(aws),
             _us(nat),
-            speedup,
-            _pct(nki.mfu if nki else None),
-            _pct(nki.hbm_fraction if nki else None),
-            nki.bound_by if nki else "",
+            str(nat.extra.get("path", "")) if nat else "",
+            speedup(ours, aws),
+            speedup(ours, nat),
+            eff,
+            ours.bound_by if ours else "",
             ref.provenance,
         )
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def dropping_table(rows: Sequence[BenchRow]) -> str:
+    """The capacity-factor MoE composition (may drop tokens), apart from the baselines."""
+    cf = [r for r in rows if r.impl == "native_cf"]
+    if not cf:
+        return ""
+    ours = {(r.op, r.case, r.target, r.lnc): r for r in rows if r.impl == "nki"}
+    lines = [
+        "| op | case | target | LNC | capacity-factor composition (us) | what it does "
+        "| ours (us) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in cf:
+        o = ours.get((r.op, r.case, r.target, r.lnc))
+        lines.append(
+            f"| {r.op} | {r.case} | {r.target} | {r.lnc} | {_us(r)} | "
+            f"{r.extra.get('path', '')} | {_us(o)} |"
+        )
     return "\n".join(lines)

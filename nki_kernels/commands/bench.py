@@ -1,24 +1,31 @@
-"""The main job: every kernel family against the compiler's native lowering.
+"""The main job: ours vs AWS's nki-library kernels vs TorchNeuron's native path.
 
-Prints one Markdown comparison table (NKI kernel vs native lowering, modeled latency,
-speedup, MFU / share of the HBM bound, busiest engine), appends the rows with their
-provenance to a JSON-lines file and, with --plot, draws a speedup chart from them.
-Without hardware every figure is "modeled (cost model vN, target)"; none is a
-measurement. `--full` runs the issues' whole benchmark matrix (slow: tens of minutes).
+Without options it prints the three-way tables of the whole benchmark matrix from the
+committed rows (`benchmarks/data/bench_rows.jsonl`: ours and native; `peer_rows.jsonl`:
+AWS's kernels), then re-prices a quick subset live and says how far the committed rows
+are from it. `--reprice` re-prices every row of ours and native (`--full`: the whole
+matrix, tens of minutes; else the quick subset) and rewrites the committed file;
+`--peer PATH` prices AWS's kernels from a local nki-library checkout and rewrites the peer
+rows. Every figure is "modeled (cost model vN, target)"; none is a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import warnings
 from pathlib import Path
 
 NAME = "bench"
-HELP = "compare every kernel with the native lowering (modeled tables)"
+HELP = "ours vs AWS's nki-library kernels vs TorchNeuron's native path (modeled tables)"
 
+DATA = Path("benchmarks/data")
+BENCH_ROWS = DATA / "bench_rows.jsonl"
+PEER_ROWS = DATA / "peer_rows.jsonl"
 DEFAULT_ROWS = Path("benchmarks/results/comparison.jsonl")
+STALE = 0.02  # relative gap between committed and live rows that counts as stale
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,43 +35,155 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--suite",
         action="append",
         choices=sorted(SUITES),
-        help="run only these families (repeatable; default: all)",
+        help="only these families (repeatable; default: all)",
     )
-    parser.add_argument("--full", action="store_true", help="the whole benchmark matrix")
+    parser.add_argument("--full", action="store_true", help="with --reprice: the whole matrix")
+    parser.add_argument(
+        "--reprice",
+        action="store_true",
+        help=f"re-price ours and native and rewrite {BENCH_ROWS}",
+    )
+    parser.add_argument(
+        "--peer",
+        type=Path,
+        metavar="PATH",
+        help=f"price AWS's kernels from this nki-library checkout and rewrite {PEER_ROWS}",
+    )
+    parser.add_argument("--no-check", action="store_true", help="skip the live re-price check")
     parser.add_argument(
         "--rows",
         type=Path,
         default=DEFAULT_ROWS,
-        help=f"append rows to this JSON-lines file (default {DEFAULT_ROWS}; '-' = none)",
+        help=f"append the live rows to this JSON-lines file (default {DEFAULT_ROWS}; '-' = none)",
     )
+    parser.add_argument("--data", type=Path, default=DATA, help=f"committed rows (default {DATA})")
     parser.add_argument("--plot", type=Path, help="draw the speedups into this PNG file")
 
 
-def run(args: argparse.Namespace) -> int:
+def _price(names: list[str], full: bool) -> list:
     from ..bench.compare import SUITES
-    from ..bench.rows import append_rows
-    from ..bench.table import comparison_table
-    from ..perfmodel import COST_MODEL_VERSION
 
-    names = args.suite or list(SUITES)
-    all_rows = []
-    print(
-        f"nki-kernels vs native lowering -- modeled (cost model {COST_MODEL_VERSION}); "
-        "no figure below is a hardware measurement.\n"
-    )
+    rows = []
     for name in names:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # config-store fallbacks to heuristic defaults
-            rows = SUITES[name].rows(args.full)
-        print(f"## {name}  ({time.perf_counter() - t0:.0f} s to price)\n")
-        print(comparison_table(rows))
+            got = SUITES[name].rows(full)
+        print(f"priced {name}: {len(got)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+        rows.extend(got)
+    return rows
+
+
+def _check(committed: list, live: list) -> list[str]:
+    """Live rows vs the committed rows of the same case: the stale ones, as text."""
+    index = {
+        (r.family, r.op, r.case, r.target, r.lnc, r.impl, r.extra.get("path", "")): r
+        for r in committed
+    }
+    stale = []
+    for r in live:
+        old = index.get((r.family, r.op, r.case, r.target, r.lnc, r.impl, r.extra.get("path", "")))
+        if old is None:
+            stale.append(
+                f"{r.impl} {r.op} {r.case} {r.target} LNC {r.lnc}: not in the committed rows"
+            )
+        elif abs(old.latency_us / r.latency_us - 1) > STALE:
+            stale.append(
+                f"{r.impl} {r.op} {r.case} {r.target} LNC {r.lnc}: committed "
+                f"{old.latency_us:,.1f} us, now {r.latency_us:,.1f} us"
+            )
+    return stale
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.compare import LNC2_METHOD, SUITES, merge_peer
+    from ..bench.peer import peer_notes, peer_rows
+    from ..bench.rows import append_rows, read_rows, write_rows
+    from ..bench.table import comparison_table, dropping_table
+    from ..model_shapes import FINE_GRAINED_MOE, MIXTRAL_8X7B_MOE
+    from ..perfmodel import COST_MODEL_VERSION
+
+    names = args.suite or list(SUITES)
+    bench_path, peer_path = args.data / BENCH_ROWS.name, args.data / PEER_ROWS.name
+    if args.peer is not None:
+        fams = names
+        got = peer_rows(
+            args.peer,
+            moe_shapes=(MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE),
+            families=fams,
+            log=lambda m: print(m, flush=True),
+        )
+        keep = [
+            r for r in (read_rows(peer_path) if peer_path.exists() else []) if r.family not in fams
+        ]
+        write_rows(peer_path, keep + got)
+        print(f"{len(got)} peer rows written to {peer_path}")
+    live = []
+    if args.reprice:
+        live = _price(names, args.full)
+        keep = [
+            r
+            for r in (read_rows(bench_path) if bench_path.exists() else [])
+            if r.family not in names
+        ]
+        if not args.full and bench_path.exists():
+            # a quick re-price replaces only the rows it priced
+            done = {(r.family, r.op, r.case, r.target, r.lnc) for r in live}
+            keep = [
+                r
+                for r in read_rows(bench_path)
+                if (r.family, r.op, r.case, r.target, r.lnc) not in done
+            ]
+        write_rows(bench_path, keep + live)
+        print(f"{len(live)} rows written to {bench_path}")
+    committed = [
+        r for r in (read_rows(bench_path) if bench_path.exists() else []) if r.family in names
+    ]
+    peer = [r for r in (read_rows(peer_path) if peer_path.exists() else []) if r.family in names]
+    if not committed:
+        print(f"no committed rows in {bench_path}; run `nki-kernels bench --reprice --full`")
+        return 1
+    all_rows = merge_peer(committed, peer)
+    commits = sorted({str(r.extra.get("nki_library_commit")) for r in peer})
+    print(
+        f"nki-kernels vs AWS's nki-library kernels vs TorchNeuron's native path -- modeled "
+        f"(cost model {COST_MODEL_VERSION}); no figure below is a hardware measurement.\n"
+        f"Rows: {bench_path} and {peer_path} (nki-library {', '.join(commits) or 'none'}). "
+        f"{LNC2_METHOD}.\n"
+    )
+    for name in names:
+        fam = [r for r in all_rows if r.family == name]
+        print(f"## {name}\n")
+        print(comparison_table(fam))
+        drop = dropping_table(fam)
+        if drop:
+            print("\nNot a dropless baseline (tokens over capacity are dropped):\n")
+            print(drop)
         print()
-        sys.stdout.flush()
-        all_rows.extend(rows)
-    if str(args.rows) != "-":
-        append_rows(args.rows, all_rows)
-        print(f"rows appended to {args.rows}")
+    notes = peer_notes(peer)
+    if notes:
+        print("AWS kernels that did not run through the interpreter:")
+        for n in notes:
+            print(f"- {n}")
+        print()
+    sys.stdout.flush()
+    if not args.no_check and not args.reprice:
+        t0 = time.perf_counter()
+        live = _price(names, False)
+        stale = _check(committed, live)
+        print(
+            f"live re-price of {len(live)} rows ({time.perf_counter() - t0:.0f} s): "
+            + (
+                f"{len(stale)} differ from the committed rows by > {STALE:.0%}:"
+                if stale
+                else "the committed rows match."
+            )
+        )
+        for s in stale:
+            print(f"- {s}")
+    if live and str(args.rows) != "-":
+        append_rows(args.rows, [r for r in live if not math.isnan(r.latency_us)])
+        print(f"live rows appended to {args.rows}")
     if args.plot:
         from ..bench.plot import speedup_chart
 

@@ -1,71 +1,163 @@
-"""The comparison behind `make bench`: rows, the table, the CLI and the native models."""
+"""The comparison behind `make bench`: rows, the three-way table, peer rows, the CLI."""
 
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 
 from nki_kernels import cli
-from nki_kernels.baselines import native
-from nki_kernels.bench.rows import BenchRow, append_rows, read_rows
-from nki_kernels.bench.table import comparison_table
+from nki_kernels.bench import compare, peer
+from nki_kernels.bench.rows import BenchRow, append_rows, read_rows, write_rows
+from nki_kernels.bench.table import comparison_table, dropping_table, group
+from nki_kernels.perfmodel import COST_MODEL_VERSION
 
-LABEL = "modeled (cost model v1, trn2)"
-
-
-def _row(impl: str, latency: float, **kw) -> BenchRow:
-    return BenchRow("norm", "rms_norm fwd", "[256, 512] bf16", "trn2", impl, latency, LABEL, **kw)
+LABEL = f"modeled (cost model {COST_MODEL_VERSION}, trn2)"
+NKILIB = Path("/work/ext/aws-neuron+nki-library")
 
 
-def test_table_pairs_nki_with_native_and_computes_the_speedup():
-    table = comparison_table([_row("nki", 10.0, hbm_fraction=0.9), _row("native", 25.0)])
-    line = table.splitlines()[2]
-    cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:6] == ["rms_norm fwd", "[256, 512] bf16", "trn2", "10.0", "25.0", "2.50x"]
-    assert cells[7] == "90.0%" and cells[-1] == LABEL
+def _row(impl: str, latency: float, op: str = "rms_norm fwd", lnc: int = 1, **kw) -> BenchRow:
+    return BenchRow("norm", op, "[256, 512] bf16", "trn2", impl, latency, LABEL, lnc=lnc, **kw)
 
 
-def test_rows_append_and_read_back(tmp_path):
+def _cells(table: str, line: int = 2) -> list[str]:
+    return [c.strip() for c in table.splitlines()[line].strip("|").split("|")]
+
+
+def test_table_pairs_ours_with_aws_and_native_and_computes_both_speedups():
+    table = comparison_table(
+        [
+            _row("nki", 10.0, hbm_fraction=0.9),
+            _row("aws", 15.0),
+            _row("native", 25.0, extra={"path": "one fused pass"}),
+        ]
+    )
+    c = _cells(table)
+    assert c[:8] == [
+        "rms_norm fwd",
+        "[256, 512] bf16",
+        "trn2",
+        "1",
+        "10.0",
+        "15.0",
+        "25.0",
+        "one fused pass",
+    ]
+    assert c[8:11] == ["1.50x", "2.50x", "90.0% HBM"]
+    assert c[-1] == LABEL
+
+
+def test_the_marked_baseline_is_the_native_figure_and_lnc_rows_stay_apart():
+    rows = [
+        _row("nki", 10.0),
+        _row("native", 30.0, extra={"path": "a", "baseline": False}),
+        _row("native", 20.0, extra={"path": "b", "baseline": True}),
+        _row("nki", 5.0, lnc=2),
+    ]
+    g = group(rows)
+    assert g[("norm", "rms_norm fwd", "[256, 512] bf16", "trn2", 1)]["native"].extra["path"] == "b"
+    assert "native" not in g[("norm", "rms_norm fwd", "[256, 512] bf16", "trn2", 2)]
+
+
+def test_a_failed_peer_shows_as_failing_without_a_speedup():
+    table = comparison_table([_row("nki", 10.0), _row("aws", math.nan)])
+    c = _cells(table)
+    assert c[5] == "fails (notes)" and c[8] == ""
+
+
+def test_speedup_band_from_per_parameter_set_samples():
+    ours = _row("nki", 10.0, extra={"samples_us": [8.0, 10.0, 12.0]})
+    aws = _row("aws", 15.0, extra={"samples_us": [14.0, 15.0, 16.0]})
+    # ratios per parameter set: 14/8 = 1.75, 15/10 = 1.5, 16/12 = 1.33
+    assert _cells(comparison_table([ours, aws]))[8] == "1.50x (1.33–1.75)"
+
+
+def test_dropping_table_lists_only_capacity_factor_rows():
+    rows = [_row("nki", 10.0), _row("native_cf", 12.0, extra={"path": "drops 5 of 10"})]
+    assert "drops 5 of 10" in dropping_table(rows)
+    assert dropping_table([_row("nki", 10.0)]) == ""
+
+
+def test_rows_append_write_and_read_back(tmp_path):
     path = tmp_path / "rows.jsonl"
     append_rows(path, [_row("nki", 1.0)])
-    append_rows(path, [_row("native", 2.0)])
+    append_rows(path, [_row("native", 2.0, lnc=2, band_us=(1.5, 2.5))])
     rows = read_rows(path)
-    assert [(r.impl, r.latency_us) for r in rows] == [("nki", 1.0), ("native", 2.0)]
-    assert all(json.loads(line)["provenance"] == LABEL for line in path.read_text().splitlines())
+    assert [(r.impl, r.latency_us, r.lnc) for r in rows] == [("nki", 1.0, 1), ("native", 2.0, 2)]
+    assert rows[1].band_us == (1.5, 2.5)
+    write_rows(path, rows[:1])
+    assert len(read_rows(path)) == 1
 
 
-def test_native_steps_run_at_small_shapes_and_price_positive():
-    # every composition traces (trace-only) and each step costs something
-    cases = [
-        native.rms_norm_fwd(300, 1000, "bfloat16"),
-        native.rms_norm_bwd(300, 1000, "bfloat16"),
-        native.layer_norm_fwd(300, 1000, "bfloat16"),
-        native.layer_norm_bwd(300, 1000, "bfloat16"),
-        native.add_rms_norm_fwd(300, 1000, "bfloat16"),
-        native.attention_fwd(1, 2, 256, 384, 64, "bfloat16"),
-        native.attention_bwd(1, 2, 256, 384, 64, "bfloat16"),
-        native.moe_fwd(256, 512, 384, 4, 2, "bfloat16"),
-    ]
-    for steps in cases:
-        est = native.price(steps, "trn2")
-        assert est.label == LABEL
-        assert all(ns > 0 for _, ns in est.steps)
-        assert est.latency_ns == pytest.approx(sum(ns for _, ns in est.steps))
+def test_rows_written_before_the_lnc_field_read_as_lnc_1(tmp_path):
+    d = json.loads(_row("nki", 1.0).to_json())
+    del d["lnc"], d["band_us"]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(d) + "\n")
+    assert read_rows(path)[0].lnc == 1
+    path.write_text('{"not": "a row"}\n')
+    with pytest.raises(ValueError, match=r"old\.jsonl:1: not a benchmark row"):
+        read_rows(path)
 
 
-def test_moe_native_capacity_follows_the_gshard_rule():
-    # ceil(1.25 * 4096 tokens * 2 choices / 8 experts) = 1280
-    assert native.moe_capacity(4096, 8, 2, 1.25) == 1280
-    assert native.moe_capacity(1, 64, 6, 1.25) == 1
+def test_merge_peer_makes_the_aws_flash_kernel_the_native_attention_row():
+    case = "B=1 H=32/8 S=2048 D=128 bf16"
+    ours = BenchRow("attention", "flash_attention fwd", case, "trn2", "nki", 10.0, LABEL)
+    aws = BenchRow(
+        "attention",
+        "flash_attention fwd",
+        case,
+        "trn2",
+        "aws",
+        20.0,
+        LABEL,
+        extra={"kernels": ["attention_cte"]},
+    )
+    other = BenchRow("attention", "flash_attention fwd", "other", "trn2", "aws", 1.0, LABEL)
+    merged = compare.merge_peer([ours], [aws, other])
+    nat = [r for r in merged if r.impl == "native"]
+    assert len(merged) == 3 and len(nat) == 1
+    assert nat[0].latency_us == 20.0 and "attention_cte" in nat[0].extra["path"]
 
 
-def test_bench_command_prints_a_labeled_table(tmp_path, capsys):
-    rows = tmp_path / "rows.jsonl"
-    assert cli.main(["bench", "--suite", "norm", "--rows", str(rows)]) == 0
+def test_peer_rows_refuse_a_directory_that_is_not_nki_library(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkout: expected an aws-neuron/nki-library"):
+        peer.peer_rows(tmp_path)
+
+
+def test_peer_calls_follow_the_documented_layouts():
+    (fwd,), groups = peer.attention_calls("fwd", 2048, True, lnc=1)
+    assert groups == 8 and fwd.attr == "attention_cte"
+    assert [a.shape for a in fwd.args] == [(4, 2048, 128), (1, 128, 2048), (1, 2048, 128)]
+    (bwd,), groups2 = peer.attention_calls("bwd", 2048, False, lnc=2)
+    assert groups2 == 4 and bwd.args[5].shape == (1, 4, 128, 16)
+    moe, _router = peer.moe_calls(compare.MIXTRAL_8X7B_MOE, 4096)
+    assert moe.args[5].shape == (23, 1) and moe.args[4].shape == (23 * 512,)
+
+
+@pytest.mark.skipif(not NKILIB.is_dir(), reason="needs a local nki-library checkout")
+def test_peer_rows_from_a_checkout_carry_its_commit_and_the_cost_model_label():
+    rows = peer.peer_rows(
+        NKILIB, targets=("trn2",), lncs=(1,), families=("norm",), norm_shapes=((256, 512),)
+    )
+    assert len(rows) == 1 and rows[0].impl == "aws"
+    assert rows[0].extra["nki_library_commit"] == peer.checkout_commit(NKILIB)
+    assert rows[0].provenance == LABEL
+    assert rows[0].extra.get("error") or rows[0].latency_us > 0
+
+
+def test_bench_command_prints_the_committed_table_and_checks_it_live(tmp_path, capsys):
+    data = tmp_path / "data"
+    assert (
+        cli.main(["bench", "--suite", "norm", "--reprice", "--data", str(data), "--rows", "-"]) == 0
+    )
     out = capsys.readouterr().out
     assert "no figure below is a hardware measurement" in out
-    assert "| rms_norm fwd | [16384, 4096] bf16 | trn2 |" in out
-    got = read_rows(rows)
-    assert {r.impl for r in got} == {"nki", "native"}
+    assert "| rms_norm fwd | [16384, 4096] bf16 | trn2 | 2 |" in out
+    got = read_rows(data / "bench_rows.jsonl")
+    assert {r.impl for r in got} == {"nki", "native"} and {r.lnc for r in got} == {1, 2}
     assert all(r.provenance.startswith("modeled (cost model") for r in got)
+    assert cli.main(["bench", "--suite", "norm", "--data", str(data), "--rows", "-"]) == 0
+    assert "the committed rows match" in capsys.readouterr().out
