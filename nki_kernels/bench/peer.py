@@ -23,12 +23,15 @@ Kernels and how they are called (signatures read from nki-library @ d2ad3a57):
   The nearest is `core/rmsnorm/rmsnorm_quant.py::rmsnorm_quant_kernel` (RMSNorm then fp8
   row quantization): it reads the same bf16 rows and writes half the bytes, so it is
   shown as the AWS figure for `rms_norm fwd`, labelled as that kernel.
-- MoE forward: `core/moe/moe_cte/moe_cte.py::moe_cte` (blockwise, `shard_on_block`) with
-  NxD's static dropless block count N = ceil((T k - (E - 1)) / 512) + (E - 1) of B = 512
-  rows (its tests' block size), plus `core/router_topk/router_topk.py::router_topk`
-  (which also does the router projection x W_r; ours starts from the logits).
+- MoE forward: `core/moe/moe_cte/moe_cte.py::moe_cte` with NxD's static dropless block
+  count N = ceil((T k - (E - 1)) / 512) + (E - 1) of B = 512 rows (its tests' formula
+  and block size), plus `core/router_topk/router_topk.py::router_topk` (which also does
+  the router projection x W_r; ours starts from the logits). LNC 1: `shard_on_i`; LNC 2:
+  its `shard_on_block` kernel launched as kernel[2] on the whole batch (AWS's own LNC 2
+  split), called directly rather than through moe_cte's dispatch (see `moe_calls`).
 
-LNC 2 rows use the same method as ours (`compare.LNC2_METHOD`): half the work per core.
+LNC 2 rows of attention and norms use the same method as ours (`compare.LNC2_METHOD`):
+half the work per core.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class PeerCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     repeat: int = 1
+    lnc: int = 1  # launched as kernel[lnc] (AWS's own LNC sharding) when > 1
     # builds arguments that are objects of AWS's own modules (NKIObject specs)
     object_args: Callable[[Any], dict[str, Any]] | None = None
 
@@ -142,37 +146,54 @@ def rms_norm_calls(rows: int, hidden: int) -> list[PeerCall]:
     ]
 
 
-def moe_calls(shape: MoEShape, tokens: int) -> list[PeerCall]:
+def moe_calls(shape: MoEShape, tokens: int, lnc: int = 1) -> list[PeerCall]:
+    """moe_cte + router_topk on the whole batch. At LNC 2 moe_cte runs as kernel[2] with
+    its `shard_on_block` sharding (it reads the block list with a stride of 2, so it needs
+    two programs); at LNC 1 with `shard_on_i` (one program owns all of I)."""
     h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
     n = max(0, math.ceil((tokens * k - (e - 1)) / NXD_BLOCK)) + (e - 1)
+    n = lnc * math.ceil(n / lnc)  # its tests round N up to a multiple of the shards
+    tensors = (
+        TensorSpec((tokens + 1, h), BF16),
+        TensorSpec(((tokens + 1) * e, 1), BF16),
+        TensorSpec((e, h, 2, i), BF16),
+        TensorSpec((e, i, h), BF16),
+    )
+    tpi = TensorSpec((n * NXD_BLOCK,), I32)
+    b2e = TensorSpec((n,), I32)  # 1-D, as its tests pass it (the docstring says [N, 1])
+    if lnc > 1:
+        # moe_cte's shard_on_block branch, called directly: the interpreter runs a @nki.jit
+        # kernel called from another as a fresh LNC 1 launch (see the report), which breaks
+        # this kernel's per-program block split
+        moe = PeerCall(
+            f"moe_cte -> bwmm_shard_on_block ({n} blocks of {NXD_BLOCK})",
+            "nkilib.core.moe.moe_cte.bwmm_shard_on_block",
+            "bwmm_shard_on_block",
+            (*tensors, NXD_BLOCK, tpi, b2e),
+            lnc=lnc,
+        )
+    else:
 
-    def spec(mod: Any) -> dict[str, Any]:
-        return {
-            "spec": mod.MoECTESpec(
-                implementation=mod.MoECTEImplementation.shard_on_block,
-                shard_on_block=mod.ShardOnBlockConfig(),
-            )
-        }
+        def spec(mod: Any) -> dict[str, Any]:
+            return {
+                "spec": mod.MoECTESpec(
+                    implementation=mod.MoECTEImplementation.shard_on_i,
+                    shard_on_I=mod.ShardOnIConfig(),
+                )
+            }
+
+        moe = PeerCall(
+            f"moe_cte shard_on_i ({n} blocks of {NXD_BLOCK})",
+            "nkilib.core.moe.moe_cte.moe_cte",
+            "moe_cte",
+            (*tensors, tpi, b2e, NXD_BLOCK),
+            object_args=spec,
+        )
 
     def router_args(mod: Any) -> dict[str, Any]:
         types = mod.common_types
         return {"act_fn": types.RouterActFnType.SOFTMAX}
 
-    moe = PeerCall(
-        f"moe_cte shard_on_block ({n} blocks of {NXD_BLOCK})",
-        "nkilib.core.moe.moe_cte.moe_cte",
-        "moe_cte",
-        (
-            TensorSpec((tokens + 1, h), BF16),
-            TensorSpec(((tokens + 1) * e, 1), BF16),
-            TensorSpec((e, h, 2, i), BF16),
-            TensorSpec((e, i, h), BF16),
-            TensorSpec((n * NXD_BLOCK,), I32),
-            TensorSpec((n, 1), I32),
-            NXD_BLOCK,
-        ),
-        object_args=spec,
-    )
     router = PeerCall(
         "router_topk",
         "nkilib.core.router_topk.router_topk",
@@ -185,14 +206,26 @@ def moe_calls(shape: MoEShape, tokens: int) -> list[PeerCall]:
             TensorSpec((tokens, e), F32),
             TensorSpec((tokens, k), I32),
         ),
-        {"k": k, "x_hbm_layout": 1, "x_sb_layout": 0},
+        {"k": k, "x_hbm_layout": 1, "x_sb_layout": 0, "shard_on_tokens": lnc > 1},
+        lnc=lnc,
         object_args=router_args,
     )
     return [moe, router]
 
 
+_PRICED: dict[str, PeerResult] = {}
+
+
 def price_call(checkout: Path, call: PeerCall, target: str) -> PeerResult:
-    """Trace `call` with the interpreter (trace-only) and price it; errors are returned."""
+    """Trace `call` with the interpreter (trace-only) and price it; errors are returned.
+    Results are memoized per (checkout, call, target) within the process."""
+    key = repr((str(checkout), call.module, call.attr, call.args, call.kwargs, call.lnc, target))
+    if key not in _PRICED:
+        _PRICED[key] = _price_call(checkout, call, target)
+    return _PRICED[key]
+
+
+def _price_call(checkout: Path, call: PeerCall, target: str) -> PeerResult:
     try:
         from ..conformance import loader
     except ImportError as e:
@@ -207,7 +240,7 @@ def price_call(checkout: Path, call: PeerCall, target: str) -> PeerResult:
         if call.object_args is not None:
             kwargs.update(call.object_args(mod))
         with loader.mapped_nki():
-            trace = trace_kernel(kernel, *call.args, target=target, **kwargs)
+            trace = trace_kernel(kernel, *call.args, target=target, lnc=call.lnc, **kwargs)
         est = estimate_trace(trace, target)
     except Exception as e:  # the reason goes into the row: which rule or API stopped it
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -317,8 +350,9 @@ def peer_rows(
             if "moe" in fams:
                 for shape in moe_shapes:
                     for t in moe_tokens:
-                        part = -(-t // lnc)
-                        res = [(c, price_call(root, c, target)) for c in moe_calls(shape, part)]
+                        part = -(-t // lnc)  # tokens per core, for the MFU
+                        calls = moe_calls(shape, t, lnc)
+                        res = [(c, price_call(root, c, target)) for c in calls]
                         flops = 2.0 * part * shape.top_k * 3 * shape.hidden * shape.intermediate
                         for routing in ("uniform", "skewed"):  # static N blocks: routing-free
                             rows.append(

@@ -134,7 +134,10 @@ def test_peer_calls_follow_the_documented_layouts():
     (bwd,), groups2 = peer.attention_calls("bwd", 2048, False, lnc=2)
     assert groups2 == 4 and bwd.args[5].shape == (1, 4, 128, 16)
     moe, _router = peer.moe_calls(compare.MIXTRAL_8X7B_MOE, 4096)
-    assert moe.args[5].shape == (23, 1) and moe.args[4].shape == (23 * 512,)
+    # NxD's N = ceil((4096 * 2 - 7) / 512) + 7 = 23 blocks; at LNC 2 rounded up to 24
+    assert moe.args[5].shape == (23,) and moe.args[4].shape == (23 * 512,) and moe.lnc == 1
+    moe2, router2 = peer.moe_calls(compare.MIXTRAL_8X7B_MOE, 4096, lnc=2)
+    assert moe2.args[6].shape == (24,) and moe2.lnc == 2 and router2.kwargs["shard_on_tokens"]
 
 
 @pytest.mark.skipif(not NKILIB.is_dir(), reason="needs a local nki-library checkout")
