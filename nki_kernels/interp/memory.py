@@ -13,6 +13,8 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+import numpy as np
+
 from .errors import MemoryPlanError
 
 SBUF_ALIGN = 64  # bytes; allocation granule within a partition (assumed, L)
@@ -34,6 +36,9 @@ class FirstFit:
         self.peak = 0
         self.pinned: list[tuple[int, int]] = []  # live explicit placements [start, end)
         self.pinned_extra = 0  # bytes of pinned placements outside first-fit tiles
+        # per-byte count of the live pinned placements covering it (created on first pin):
+        # keeps `_recount` linear in the capacity instead of pins x holes
+        self._cover: np.ndarray | None = None
 
     def round(self, nbytes: int) -> int:
         """`nbytes` rounded up to whole granules (at least one)."""
@@ -99,30 +104,28 @@ class FirstFit:
         if start < 0 or end > self.capacity:
             return None
         self.pinned.append((start, end))
+        if self._cover is None:
+            self._cover = np.zeros(self.capacity, dtype=np.int32)
+        self._cover[start:end] += 1
         self._recount()
         return start
 
     def unpin(self, start: int, nbytes: int) -> None:
         """Drop an explicit placement."""
-        self.pinned.remove((start, start + self.round(nbytes)))
+        end = start + self.round(nbytes)
+        self.pinned.remove((start, end))
+        assert self._cover is not None
+        self._cover[start:end] -= 1
         self._recount()
 
     def _recount(self) -> None:
         """Bytes of pinned placements not inside first-fit tiles (= inside free holes)."""
         self.live -= self.pinned_extra
         extra = 0
-        if self.pinned:
-            merged: list[list[int]] = []
-            for a, b in sorted(self.pinned):
-                if merged and a <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], b)
-                else:
-                    merged.append([a, b])
-            for a, b in merged:
-                for h0, h1 in self.free:
-                    lo, hi = max(a, h0), min(b, h1)
-                    if hi > lo:
-                        extra += hi - lo
+        if self.pinned and self._cover is not None:
+            covered = self._cover > 0
+            for h0, h1 in self.free:
+                extra += int(np.count_nonzero(covered[h0:h1]))
         self.pinned_extra = extra
         self.live += extra
         if self.live > self.peak:
