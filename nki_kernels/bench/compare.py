@@ -188,7 +188,10 @@ def attention_rows(
                     case = (
                         f"B=1 H={full.num_heads}/{full.num_kv_heads} S={seq} D={full.head_dim} bf16"
                     )
-                    priced: Any = None
+                    # one kv-head group priced and multiplied by the groups, for every
+                    # S: the method of the AWS rows (an upper bound for ours: the full
+                    # trace overlaps one group's tail with the next group's staging)
+                    one = attn.price(op, seq, target, causal, shape=full, force="pair")
                     for lnc in lncs:
                         shape = AttentionShape(
                             full.model,
@@ -196,13 +199,11 @@ def attention_rows(
                             num_kv_heads=full.num_kv_heads // lnc,
                             head_dim=full.head_dim,
                         )
-                        if lnc > 1 and priced is not None and priced.pricing.startswith("1 of"):
-                            # one kv group x groups: half the groups is half the latency
-                            r = replace(priced, latency_us=priced.latency_us / lnc)
-                        else:
-                            r = attn.price(op, seq, target, causal, shape=shape)
-                        if lnc == 1:
-                            priced = r
+                        r = replace(
+                            one,
+                            latency_us=one.latency_us / lnc,
+                            pricing=f"1 of {shape.num_kv_heads} kv groups x {shape.num_kv_heads}",
+                        )
                         flops = attn.useful_flops(
                             op, seq, seq, full.head_dim, shape.num_heads, 1, causal
                         )

@@ -54,6 +54,7 @@ def append_rows(path: str | Path, rows: Iterable[BenchRow]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(old + new)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; rows are data for everyone
     os.replace(tmp, path)
 
 
@@ -64,6 +65,7 @@ def write_rows(path: str | Path, rows: Iterable[BenchRow]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write("".join(r.to_json() + "\n" for r in rows))
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

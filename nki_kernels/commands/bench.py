@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data", type=Path, default=DATA, help=f"committed rows (default {DATA})")
     parser.add_argument("--plot", type=Path, help="draw the speedups into this PNG file")
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="PATH",
+        help="write the README's table section (headline + tables) from the rows to PATH",
+    )
 
 
 def _price(names: list[str], full: bool) -> list:
@@ -184,6 +190,11 @@ def run(args: argparse.Namespace) -> int:
     if live and str(args.rows) != "-":
         append_rows(args.rows, [r for r in live if not math.isnan(r.latency_us)])
         print(f"live rows appended to {args.rows}")
+    if args.markdown:
+        from ..bench.readme import markdown
+
+        args.markdown.write_text(markdown(all_rows, COST_MODEL_VERSION, commits) + "\n")
+        print(f"README table section written to {args.markdown}")
     if args.plot:
         from ..bench.plot import speedup_chart
 

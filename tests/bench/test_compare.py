@@ -164,3 +164,20 @@ def test_bench_command_prints_the_committed_table_and_checks_it_live(tmp_path, c
     assert all(r.provenance.startswith("modeled (cost model") for r in got)
     assert cli.main(["bench", "--suite", "norm", "--data", str(data), "--rows", "-"]) == 0
     assert "the committed rows match" in capsys.readouterr().out
+
+
+def test_headline_states_geometric_means_goal_and_losing_cases():
+    from nki_kernels.bench.readme import headline
+
+    def r(impl: str, lat: float, case: str) -> BenchRow:
+        return BenchRow("norm", "rms_norm fwd", case, "trn2", impl, lat, LABEL, lnc=2)
+
+    rows = [r("nki", 10.0, "a"), r("aws", 20.0, "a"), r("nki", 10.0, "b"), r("aws", 5.0, "b")]
+    rows += [r("native", 40.0, "a"), r("native", 10.0, "b")]
+    line = headline(rows, ["trn2"], 2)[0]
+    # vs AWS: sqrt(2.0 * 0.5) = 1.00x, one loss; vs native: sqrt(4 * 1) = 2.00x
+    assert (
+        "vs AWS's kernel: 1.00x geometric mean (0.50–2.00x over 2 cases, ours slower in 1)" in line
+    )
+    assert "goal 1.1x: missed" in line
+    assert "vs TorchNeuron's path: 2.00x geometric mean (1.00–4.00x over 2 cases)" in line

@@ -1,0 +1,93 @@
+"""The README's benchmark section, generated from the committed rows (`bench --markdown`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .rows import BenchRow
+from .table import comparison_table, dropping_table, group
+
+FAMILIES = (
+    ("norm", "Fused norms (forward and backward)"),
+    ("attention", "Flash attention (Llama-3 8B heads, B = 1)"),
+    ("moe", "MoE layer forward (router + experts)"),
+)
+GOALS = {"norm": 1.1, "attention": 1.3, "moe": 1.3}  # the issue's goals vs AWS's kernels
+
+
+def _geo(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def speedups(
+    rows: Sequence[BenchRow], family: str, target: str, lnc: int, other: str
+) -> list[tuple[str, str, float]]:
+    """(op, case, other / ours) for every case of the family with both figures."""
+    out = []
+    for (fam, op, case, tgt, n), impls in group(rows).items():
+        if fam != family or tgt != target or n != lnc:
+            continue
+        ours, o = impls.get("nki"), impls.get(other)
+        if ours is None or o is None or math.isnan(o.latency_us):
+            continue
+        out.append((op, case, o.latency_us / ours.latency_us))
+    return out
+
+
+def headline(rows: Sequence[BenchRow], targets: Sequence[str], lnc: int) -> list[str]:
+    """One Markdown bullet per (family, target): geometric mean and range of the speedups
+    over AWS's kernels and over the native path, the goal, and the losing cases."""
+    lines = []
+    for family, title in FAMILIES:
+        for target in targets:
+            parts = []
+            for other, name in (("aws", "AWS's kernel"), ("native", "TorchNeuron's path")):
+                sp = speedups(rows, family, target, lnc, other)
+                if not sp:
+                    parts.append(f"vs {name}: no figure")
+                    continue
+                vals = [s for _, _, s in sp]
+                lost = sum(v < 1.0 for v in vals)
+                text = (
+                    f"vs {name}: {_geo(vals):.2f}x geometric mean "
+                    f"({min(vals):.2f}–{max(vals):.2f}x over {len(vals)} cases"
+                )
+                text += f", ours slower in {lost})" if lost else ")"
+                if other == "aws":
+                    goal = GOALS[family]
+                    text += f" — goal {goal}x: " + ("met" if _geo(vals) >= goal else "missed")
+                parts.append(text)
+            lines.append(f"- **{title}, {target}, LNC {lnc}**: " + "; ".join(parts) + ".")
+    return lines
+
+
+def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) -> str:
+    """The tables section: per family, LNC 2 (the default) then LNC 1 (per physical core)."""
+    targets = sorted({r.target for r in rows})
+    out = [
+        f"### The table (committed rows; every figure modeled, cost model {cost_model})",
+        "",
+        "Regenerate: `nki-kernels bench --reprice --full` (ours and native), `nki-kernels "
+        "bench --peer PATH` (AWS's kernels, from an nki-library checkout; rows used here: "
+        f"nki-library {', '.join(commits) or 'none'}), then `nki-kernels bench --markdown "
+        "docs/readme/02-benchmark-table.md` and `python scripts/build_readme.py`.",
+        "",
+        "**Headline (LNC 2, the default on trn2; assumed on trn3).**",
+        "",
+        *headline(rows, targets, 2),
+        "",
+    ]
+    for family, title in FAMILIES:
+        fam = [r for r in rows if r.family == family]
+        if not fam:
+            continue
+        for lnc, what in ((2, "LNC 2, per logical core"), (1, "LNC 1, per physical core")):
+            sel = [r for r in fam if r.lnc == lnc]
+            if sel:
+                out += [f"**{title} — {what}**", "", comparison_table(sel), ""]
+        drop = dropping_table(fam)
+        if drop:
+            out += ["**Capacity-factor composition (drops tokens; not a baseline)**", "", drop, ""]
+    out.append("![speedups at LNC 2](benchmarks/results/speedup.png)")
+    return "\n".join(out)
