@@ -17,10 +17,12 @@ K^T / V load serves the whole group -- GQA packing):
     combine (on chip): m = max_s m_s, w_s = exp(scale (m_s - m)),
     out = sum_s w_s O_s / sum_s w_s l_s,  lse = scale m + log(sum_s w_s l_s)
 
-Split-K: a step's exponent needs the running max of its own split only, so with
-`splits` > 1 consecutive steps form independent dependency chains that the in-order
-engines overlap (one split serializes max -> exp -> rescale per step); the splits are
-merged once, on chip, at the end.
+Schedule: a three-stage software pipeline in issue order (scores + mask + max of step
+i, exponent of step i - 1, P^T and P @ V of step i - 2), K / V loaded LOOKAHEAD steps
+ahead. Split-K: a step's exponent needs the running max of its own split only, so with
+`splits` > 1 consecutive steps carry no dependency through the statistics; the splits
+are merged once, on chip, at the end. Contiguous 512-key steps load K and V with
+partition p holding 4 consecutive keys (1 KiB descriptors) and build K^T on TensorE.
 
 Layouts: q [B, Hq, Sq, D]; out the same; lse [B, Hq, Sq] fp32. Contiguous cache
 (`slots` None): k, v [B, Hkv, S_max, D]. Paged (vLLM's layout): k, v [num_blocks,
@@ -39,11 +41,12 @@ Limits: D <= 128; G * Sq <= 128; kv_tile a multiple of 128, <= 512 (one PSUM ban
 from __future__ import annotations
 
 from ..nki import nisa, nki, nl
-from ._staging import P, compute_dtype
+from ._staging import GROUP, P, compute_dtype, transpose_kt_group
 
 BIG = 3.0e38  # running-max start: finite, so exp(scale (m_s - m')) is 0, never NaN
 FP32_MIN = -3.4028235e38  # range_select's required fill (hardware constraint)
-RING = 2  # buffers per staged operand: step t + 1 loads while step t computes
+LOOKAHEAD = 3  # steps ahead that K / V are loaded (hides the DMA's ~2 us fixed latency)
+RING = LOOKAHEAD + 3  # K / V slots: a step's V is read two iterations after its scores
 
 
 @nki.jit
@@ -79,12 +82,19 @@ def decode_attention_fwd(q, k, v, slots, bounds, softmax_scale, n_steps, kv_tile
             nisa.memset(dst=r["o"][s][:rows, :d], value=0.0)
         n_keys = n_steps * kv_tile if paged else min(n_steps * kv_tile, k.shape[2])
         io = (k, v, slots, b, g, d, kv_tile, n_keys)
-        _load(io, r, 0)
-        for t in range(n_steps):
-            if t + 1 < n_steps:
-                _load(io, r, t + 1)
-            n = min(kv_tile, n_keys - t * kv_tile)
-            _step(r, t, t % splits, rows, d, kv_tile, n, softmax_scale)
+        for t in range(min(LOOKAHEAD, n_steps)):
+            _load(io, r, t)
+        ns = [min(kv_tile, n_keys - t * kv_tile) for t in range(n_steps)]
+        for i in range(n_steps + 2):  # software pipeline: stage A of i, B of i - 1, C of i - 2
+            if i < n_steps:
+                _stage_scores(r, i, rows, d, kv_tile, ns[i])
+            if 0 <= i - 1 < n_steps:
+                _stage_exp(r, i - 1, (i - 1) % splits, rows, ns[i - 1], softmax_scale)
+            if 0 <= i - 2 < n_steps:
+                _stage_pv(r, i - 2, (i - 2) % splits, rows, d, ns[i - 2])
+            if i + LOOKAHEAD < n_steps:
+                _load(io, r, i + LOOKAHEAD)
+
         _combine(r, min(splits, n_steps), rows, d, softmax_scale)
         nisa.dma_copy(dst=out[b, h0 : h0 + group].reshape((rows, d)), src=r["out"][:rows, :d])
         nisa.dma_copy(dst=lse[b, h0 : h0 + group].reshape((rows, 1)), src=r["lse"][:rows, :])
@@ -101,17 +111,18 @@ def _rings(d, cdt, kv_tile, n_sub, splits):
         "idx": [nl.ndarray((P, n_sub), dtype=nl.int32, buffer=sb) for _ in range(RING)],
         "s_ps": [nl.ndarray((P, kv_tile), dtype=f32, buffer=ps) for _ in range(2)],
         "s": [nl.ndarray((P, kv_tile), dtype=f32, buffer=sb) for _ in range(2)],
-        "p": [nl.ndarray((P, kv_tile), dtype=cdt, buffer=sb) for _ in range(2)],
+        "p": [nl.ndarray((P, kv_tile), dtype=cdt, buffer=sb) for _ in range(3)],
         "tp": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=ps) for _ in range(2)],
         "pt": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=sb) for _ in range(2)],
         "o_ps": [nl.ndarray((P, d), dtype=f32, buffer=ps) for _ in range(2)],
         "out": nl.ndarray((P, d), dtype=cdt, buffer=sb),
         "kraw": [nl.ndarray((P, n_sub, d), dtype=cdt, buffer=sb) for _ in range(RING)],
-        "ktp": nl.ndarray((P, n_sub, P), dtype=cdt, buffer=ps),
+        "ktp": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=ps) for _ in range(2)],
+        "il": [False] * RING,  # ring slot holds an interleaved step (see _load)
         "lse": nl.ndarray((P, 1), dtype=f32, buffer=sb),
     }
-    for name in ("mx", "mn", "nb", "a", "rs"):
-        r[name] = [nl.ndarray((P, 1), dtype=f32, buffer=sb) for _ in range(2)]
+    for name, depth in (("mx", 3), ("mn", 2), ("nb", 2), ("a", 4), ("rs", 2)):
+        r[name] = [nl.ndarray((P, 1), dtype=f32, buffer=sb) for _ in range(depth)]
     for name in ("m", "l"):
         r[name] = [nl.ndarray((P, 1), dtype=f32, buffer=sb) for _ in range(splits)]
     r["o"] = [nl.ndarray((P, d), dtype=f32, buffer=sb) for _ in range(splits)]
@@ -124,6 +135,19 @@ def _load(io, r, t):
     kt, vt = r["kt"][t % RING], r["vt"][t % RING]
     k0 = t * kv_tile
     n_sub = kv_tile // P
+    r["il"][t % RING] = False
+    if slots is None and kv_tile == GROUP * P and n_keys - k0 >= kv_tile:
+        # 512 keys with partition p holding keys 4p .. 4p + 3 (1 KiB descriptors for bf16
+        # D = 128, not 256 B rows): K^T by TensorE transposes (the DMA transpose of the
+        # whole step kept the DMA engines ~96 % busy), V stays interleaved and the P^T
+        # sub-tiles take P's matching strided columns
+        src = (b, g, slice(k0, k0 + kv_tile), slice(0, d))
+        raw = r["kraw"][t % RING]
+        nisa.dma_copy(dst=raw[:, :, :d], src=k[src].reshape((P, GROUP, d)))
+        nisa.dma_copy(dst=vt[:, :, :d], src=v[src].reshape((P, GROUP, d)))
+        transpose_kt_group(raw[:, :, :d], kt, 0, kv_tile, d, kt.dtype, True, r["ktp"][t % 2])
+        r["il"][t % RING] = True
+        return
     if slots is None:  # the last step may be ragged (S_max not a multiple of kv_tile)
         n = min(kv_tile, n_keys - k0)
         nisa.dma_transpose(dst=kt[:d, :n], src=k[b, g, k0 : k0 + n, :])
@@ -148,21 +172,17 @@ def _load(io, r, t):
             # rows are not supported)
             kraw = r["kraw"][t % RING]
             nisa.dma_copy(dst=kraw[:, u, :d], src=krows)
-            nisa.nc_transpose(dst=r["ktp"][:d, u, :], data=kraw[:, u, :d])
+            nisa.nc_transpose(dst=r["ktp"][0][:d, u, :], data=kraw[:, u, :d])
         nisa.dma_copy(dst=vt[:, u, :d], src=vf[:, g * d : (g + 1) * d].vector_select(0, col))
     if not two_byte:
-        ktp = r["ktp"][:d].reshape((d, n_sub * P))
+        ktp = r["ktp"][0][:d].reshape((d, n_sub * P))
         nisa.tensor_copy(dst=kt[:d, :kv_tile], src=ktp[:, :kv_tile], engine=nisa.engine.vector)
 
 
-def _step(r, t, s, rows, d, kv_tile, n, scale):
-    """Scores, mask + max, exp, P^T and P @ V of step t (n keys) into split s's
-    accumulators."""
-    j = t % 2
-    kt, vt = r["kt"][t % RING], r["vt"][t % RING]
-    s_ps, s_sb, p_sb = r["s_ps"][j], r["s"][j], r["p"][j]
-    mx, mn, nb, a, rs = (r[n][j] for n in ("mx", "mn", "nb", "a", "rs"))
-    m, l, o = r["m"][s], r["l"][s], r["o"][s]
+def _stage_scores(r, t, rows, d, kv_tile, n):
+    """Stage A of step t: S = Q K^T (PSUM), masked copy to SBUF with the row max."""
+    s_ps, s_sb, mx = r["s_ps"][t % 2], r["s"][t % 2], r["mx"][t % 3]
+    kt = r["kt"][t % RING]
     bnd = r["bnd"]
     nisa.nc_matmul(
         dst=s_ps[:rows, :n], stationary=r["qt"][:d, :rows], moving=kt[:d, :n], accumulate=False
@@ -180,6 +200,15 @@ def _step(r, t, s, rows, d, kv_tile, n, scale):
         range_start=t * kv_tile,
         on_false_value=FP32_MIN,
     )
+
+
+def _stage_exp(r, t, s, rows, n, scale):
+    """Stage B of step t: new max of split s, P = exp(scale (S - m')), row sums, the
+    rescale factor a and l = a l + rowsum."""
+    s_sb, p_sb = r["s"][t % 2], r["p"][t % 3]
+    mx, a = r["mx"][t % 3], r["a"][t % 4]
+    mn, nb, rs = r["mn"][t % 2], r["nb"][t % 2], r["rs"][t % 2]
+    m, l = r["m"][s], r["l"][s]
     nisa.tensor_tensor(dst=mn[:rows, :], data1=m[:rows, :], data2=mx[:rows, :], op=nl.maximum)
     nisa.activation(dst=nb[:rows, :], op=nl.copy, data=mn[:rows, :], scale=-scale)
     nisa.activation(
@@ -203,12 +232,20 @@ def _step(r, t, s, rows, d, kv_tile, n, scale):
         engine=nisa.engine.gpsimd,
     )
     nisa.tensor_copy(dst=m[:rows, :], src=mn[:rows, :], engine=nisa.engine.gpsimd)
-    tp, pt, o_ps = r["tp"][j], r["pt"][j], r["o_ps"][j]
+
+
+def _stage_pv(r, t, s, rows, d, n):
+    """Stage C of step t: P^T per 128 keys (TensorE), O_s = a O_s + P^T.T @ V."""
+    p_sb, a, o = r["p"][t % 3], r["a"][t % 4], r["o"][s]
+    vt = r["vt"][t % RING]
+    tp, pt, o_ps = r["tp"][t % 2], r["pt"][t % 2], r["o_ps"][t % 2]
     n_sub = (n + P - 1) // P
     last = n - (n_sub - 1) * P  # keys of the last (possibly ragged) sub-tile
+    interleaved = r["il"][t % RING]
     for u in range(n_sub):
         kr = min(P, n - u * P)
-        nisa.nc_transpose(dst=tp[:kr, u, :rows], data=p_sb[:rows, u * P : u * P + kr])
+        cols = p_sb[:rows, u:n:GROUP] if interleaved else p_sb[:rows, u * P : u * P + kr]
+        nisa.nc_transpose(dst=tp[:kr, u, :rows], data=cols)
     full = n_sub if last == P else n_sub - 1
     if full > 0:
         nisa.tensor_copy(
