@@ -125,18 +125,32 @@ def _interp_args(call_id: int, tensors: list[torch.Tensor], make: Callable[[Any]
 _STRUCTURES: dict[tuple[Any, ...], Any] = {}
 
 
+def _structure_key(call_id: int, tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+    return (call_id, tuple((tuple(t.shape), t.dtype) for t in tensors))
+
+
 def _output_structure(call_id: int, tensors: list[torch.Tensor]) -> Any:
-    """The kernel's outputs as TensorSpecs (nested as it returns them), by trace-only
-    interpretation; memoized per call and argument shapes."""
+    """The kernel's outputs as TensorSpecs (nested as it returns them): recorded by the
+    eager run, else (under tracing) from a trace-only interpretation; per call and shapes."""
     from ..interp.launch import TensorSpec, run
 
-    key = (call_id, tuple((tuple(t.shape), t.dtype) for t in tensors))
+    key = _structure_key(call_id, tensors)
     if key not in _STRUCTURES:
         kernel, lnc, pos, kw = _interp_args(
             call_id, tensors, lambda t: TensorSpec(tuple(t.shape), _np_dtype(t.dtype))
         )
         _STRUCTURES[key] = run(kernel, *pos, lnc=lnc, grid=lnc > 1, trace_only=True, **kw).outputs
     return _STRUCTURES[key]
+
+
+def _specs(out: Any) -> Any:
+    from ..interp.launch import TensorSpec
+
+    if isinstance(out, (tuple, list)):
+        return type(out)(_specs(v) for v in out)
+    if out is None:
+        return None
+    return TensorSpec(tuple(out.shape), _np_dtype(out.dtype))
 
 
 def _np_dtype(dtype: torch.dtype) -> Any:
@@ -159,6 +173,7 @@ def kernel_call(call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]
     hosts = [t.detach().cpu().clone() for t in tensors]
     kernel, lnc, pos, kw = _interp_args(call_id, hosts, lambda t: t)
     out = run(kernel, *pos, lnc=lnc, grid=lnc > 1, **kw).outputs
+    _STRUCTURES[_structure_key(call_id, tensors)] = _specs(out)
     for t, h in zip(tensors, hosts):  # in-place writes of the kernel (eager only)
         if not torch.equal(t.detach().cpu(), h):
             with torch.no_grad():

@@ -124,3 +124,51 @@ def test_compile_traces_into_the_body_each_kernel_one_node(neuron: str, lnc: int
     assert not any(op.name in t for t in forward), forward
     assert standin.STATE.traced_calls >= 1 and set(standin.STATE.calls_by_lnc) <= {lnc}
     _check_rms(out / 2, xn.grad, wn.grad, x, w, dy)
+
+
+def _to(x: Any, device: str) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(v, device) for v in x)
+    return x
+
+
+def _leaves(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _leaves(v)]
+    return []
+
+
+LIBRARY_OPS = sorted(
+    n for n, op in registered_ops().items() if op.impl.__module__.startswith("nki_kernels.ops.")
+)
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+@pytest.mark.parametrize("name", LIBRARY_OPS)
+def test_every_library_op_on_the_device_path(neuron: str, name: str, lnc: int) -> None:
+    """Each op's own examples on 'real' neuron tensors (the doubles) at the runtime's LNC
+    match the same op on CPU (the interpreter at LNC 1): every kernel an op launches goes
+    through `kernel[lnc]` once per specialization."""
+    op = registered_ops()[name]
+    assert op.examples is not None
+    for args, kwargs in op.examples():
+        want = op(*_to(args, "cpu"), **kwargs)
+        with standin.real_device(lnc=lnc):
+            KERNEL_CACHE.clear()
+            standin.STATE.reset()
+            got = op(*_to(args, neuron), **_to(kwargs, neuron))
+            assert KERNEL_CACHE.wraps == KERNEL_CACHE.compiles >= 1
+            assert {k.lnc for k in KERNEL_CACHE.keys()} == {lnc}
+        assert set(standin.STATE.calls_by_lnc) == {lnc}
+        for g, w in zip(_leaves(got), _leaves(want)):
+            assert g.device.type == "neuron" and g.dtype == w.dtype and g.shape == w.shape
+            if w.dtype.is_floating_point:
+                n = max(w.shape) if w.dim() else 1
+                scale = float(w.abs().max()) if w.numel() else 1.0
+                assert_close(g, w, tol=tolerance(w.dtype, n, scale or 1.0), msg=name)
+            else:
+                assert torch.equal(g.cpu(), w), name
