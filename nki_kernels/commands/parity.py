@@ -95,6 +95,6 @@ def run(args: argparse.Namespace) -> int:
         path = rep.write_json(r, args.out / f"{spec.replace(':', '_')}-{args.dtype}.json")
         print(f"[parity] wrote {path}")
         reports.append(r)
-    png = rep.plot(reports, args.out / "parity.png")
+    png = rep.plot(reports, args.out / f"parity-{args.dtype}.png")
     print(f"[parity] wrote {png}" if png else "[parity] no plot (matplotlib not installed)")
     return 0 if all(r.passed for r in reports) else 1

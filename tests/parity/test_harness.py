@@ -88,7 +88,7 @@ def test_the_command_prints_the_tolerance_first_and_writes_json_and_plot(tmp_pat
     saved = json.loads((tmp_path / "plain_model_model-float32.json").read_text())
     assert saved["passed"] and len(saved["deltas"]) == 2
     pytest.importorskip("matplotlib")
-    assert (tmp_path / "parity.png").stat().st_size > 0
+    assert (tmp_path / "parity-float32.png").stat().st_size > 0
 
 
 def test_a_model_without_a_loss_is_refused_by_name() -> None:
