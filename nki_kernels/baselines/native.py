@@ -33,6 +33,7 @@ from typing import Any
 
 from ..interp import TensorSpec
 from ..interp.launch import Kernel
+from ..targets import Target, get_target
 from . import norm_steps, steps
 
 
@@ -167,7 +168,7 @@ class NativeEstimate:
         return f"modeled (cost model {self.cost_model}, {self.target})"
 
 
-def price(step_list: list[Step], target: str) -> NativeEstimate:
+def price(step_list: list[Step], target: str | Target) -> NativeEstimate:
     """Price every step trace-only with the cost model and add them up (launches run
     back to back: an HBM round trip separates steps, nothing overlaps across them)."""
     from ..perfmodel import COST_MODEL_VERSION, estimate
@@ -181,4 +182,5 @@ def price(step_list: list[Step], target: str) -> NativeEstimate:
         flops += est.flops * st.repeat
         nbytes += (est.hbm_read_bytes + est.hbm_write_bytes) * st.repeat
         parts.append((st.name, ns))
-    return NativeEstimate(total, flops, nbytes, tuple(parts), target, COST_MODEL_VERSION)
+    name = get_target(target).name
+    return NativeEstimate(total, flops, nbytes, tuple(parts), name, COST_MODEL_VERSION)

@@ -32,7 +32,7 @@ import numpy as np
 from ..baselines import moe_native, native
 from ..model_shapes import FINE_GRAINED_MOE, LLAMA3_8B_ATTN, MIXTRAL_8X7B_MOE, MoEShape
 from ..perfmodel import modeled_label
-from ..targets import get_target
+from ..targets import Target, get_target
 from .rows import BenchRow
 
 LNC2_METHOD = (
@@ -49,7 +49,7 @@ class Case:
     family: str
     op: str  # e.g. "rms_norm fwd", "flash_attention bwd causal", "moe_mlp fwd skewed"
     case: str  # shape text
-    target: str
+    target: str | Target  # a name, or a parameter set of one (bands)
     lnc: int
 
 
@@ -61,13 +61,13 @@ def _native_row(
     hbm_min_bytes: float,
     impl: str = "native",
 ) -> BenchRow:
-    est = native.price(step_list, c.target)
     tgt = get_target(c.target)
+    est = native.price(step_list, tgt)
     return BenchRow(
         family=c.family,
         op=c.op,
         case=c.case,
-        target=c.target,
+        target=tgt.name,
         impl=impl,
         latency_us=est.latency_ns / 1e3,
         provenance=est.label,
@@ -337,31 +337,46 @@ def _moe_case(
 
 @dataclass(frozen=True)
 class Suite:
-    """One family's part of the comparison: a name and a function producing its rows."""
+    """One family's part of the comparison: a name and a function producing its rows
+    (arguments: the whole matrix or the quick set; with bands or not)."""
 
     name: str
-    rows: Callable[[bool], list[BenchRow]]
+    rows: Callable[[bool, bool], list[BenchRow]]
 
 
 TARGETS = ("trn2", "trn3")
 LNCS = (1, 2)
 
 
-def _attention_suite(full: bool) -> list[BenchRow]:
+def _per_target(
+    price: Callable[[Any], list[BenchRow]], targets: Iterable[str], bands: bool
+) -> list[BenchRow]:
+    from .bands import with_bands
+
+    out: list[BenchRow] = []
+    for t in targets:
+        out += with_bands(price, t) if bands else price(t)
+    return out
+
+
+def _attention_suite(full: bool, bands: bool = False) -> list[BenchRow]:
     seqs = (2048, 8192, 32768) if full else (2048,)
-    return attention_rows(seqs, TARGETS if full else ("trn2",), LNCS)
-
-
-def _moe_suite(full: bool) -> list[BenchRow]:
     targets = TARGETS if full else ("trn2",)
-    return moe_rows(
-        (MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE), (4096,), targets, ("uniform", "skewed"), LNCS
+    return _per_target(lambda t: attention_rows(seqs, [t], LNCS), targets, bands)
+
+
+def _moe_suite(full: bool, bands: bool = False) -> list[BenchRow]:
+    targets = TARGETS if full else ("trn2",)
+    shapes = (MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE)
+    return _per_target(
+        lambda t: moe_rows(shapes, (4096,), [t], ("uniform", "skewed"), LNCS), targets, bands
     )
 
 
-def _norm_suite(full: bool) -> list[BenchRow]:
+def _norm_suite(full: bool, bands: bool = False) -> list[BenchRow]:
     hiddens = (4096, 8192) if full else (4096,)
-    return norm_rows((16384,), hiddens, TARGETS if full else ("trn2",), LNCS)
+    targets = TARGETS if full else ("trn2",)
+    return _per_target(lambda t: norm_rows((16384,), hiddens, [t], LNCS), targets, bands)
 
 
 SUITES: dict[str, Suite] = {

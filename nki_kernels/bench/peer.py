@@ -77,6 +77,7 @@ class PeerResult:
     error: str = ""
     instructions: int = 0
     busiest: str = ""
+    samples_us: tuple[float, ...] = ()  # latency under each of the cost model's sets
 
 
 def checkout_commit(checkout: Path) -> str:
@@ -230,7 +231,8 @@ def _price_call(checkout: Path, call: PeerCall, target: str) -> PeerResult:
         from ..conformance import loader
     except ImportError as e:
         return PeerResult(None, f"nki_kernels.conformance.loader not available ({e})")
-    from ..perfmodel import estimate_trace, trace_kernel
+    from ..perfmodel import estimate_trace, schedule, trace_kernel
+    from .bands import parameter_sets
 
     try:
         mod = loader.load_module(checkout, call.module)
@@ -245,7 +247,11 @@ def _price_call(checkout: Path, call: PeerCall, target: str) -> PeerResult:
     except Exception as e:  # the reason goes into the row: which rule or API stopped it
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
         return PeerResult(None, msg[:300])
-    return PeerResult(est.latency_ns * call.repeat / 1e3, "", len(trace), est.bottleneck)
+    sets = parameter_sets(target)
+    samples = tuple(schedule(trace, s).latency_ns * call.repeat / 1e3 for s in sets)
+    if len(sets) == 1:
+        samples = ()
+    return PeerResult(est.latency_ns * call.repeat / 1e3, "", len(trace), est.bottleneck, samples)
 
 
 def _row(
@@ -274,6 +280,13 @@ def _row(
     if failed:
         extra["error"] = "; ".join(f"{c.kernel}: {r.error}" for c, r in failed)
     latency = float("nan") if failed else total
+    band = None
+    counts = {len(r.samples_us) for _, r in results}
+    if not failed and len(counts) == 1 and 0 not in counts:
+        n = counts.pop()
+        samples = [sum(r.samples_us[i] for _, r in results) * multiplier for i in range(n)]
+        extra["samples_us"] = samples
+        band = (min(samples), max(samples))
     mfu = None
     if useful_flops and not failed:
         mfu = useful_flops / (total * 1e3 * tgt.tensor_peak_flops_per_ns)
@@ -288,6 +301,7 @@ def _row(
         mfu=mfu,
         bound_by=results[0][1].busiest if not failed else "",
         lnc=lnc,
+        band_us=band,
         extra=extra,
     )
 

@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"price AWS's kernels from this nki-library checkout and rewrite {PEER_ROWS}",
     )
+    parser.add_argument(
+        "--bands",
+        action="store_true",
+        help="with --reprice: each row's band over the cost model's parameter sets (slower)",
+    )
     parser.add_argument("--no-check", action="store_true", help="skip the live re-price check")
     parser.add_argument(
         "--rows",
@@ -66,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _price(names: list[str], full: bool) -> list:
+def _price(names: list[str], full: bool, bands: bool = False) -> list:
     from ..bench.compare import SUITES
 
     rows = []
@@ -74,7 +79,7 @@ def _price(names: list[str], full: bool) -> list:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # config-store fallbacks to heuristic defaults
-            got = SUITES[name].rows(full)
+            got = SUITES[name].rows(full, bands)
         print(f"priced {name}: {len(got)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
         rows.extend(got)
     return rows
@@ -126,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(got)} peer rows written to {peer_path}")
     live = []
     if args.reprice:
-        live = _price(names, args.full)
+        live = _price(names, args.full, args.bands)
         keep = [
             r
             for r in (read_rows(bench_path) if bench_path.exists() else [])

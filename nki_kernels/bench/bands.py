@@ -1,0 +1,78 @@
+"""Latency bands of benchmark rows: every row re-priced under each of the cost model's
+parameter sets (`perfmodel.band.parameter_sets`, cost model v2 and later).
+
+A row's latency is some sum or extrapolation of the latencies of the traces its pricing
+produced. Rather than re-deriving that arithmetic per family, the whole pricing function
+is run once per parameter set with the interpreter's traces replayed from the first run
+(the trace does not depend on the cost parameters, only on the kernel, its arguments and
+the target's limits), so each extra set costs scheduling only. The band is the minimum
+and maximum over the sets (the shipped set included); `extra['samples_us']` keeps the
+per-set latencies so a speedup's band pairs the same set on both sides. It is the range
+over the sets the anchors allow, not a confidence interval (see the cost model section).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from ..targets import Target, get_target
+from .rows import BenchRow
+
+
+def parameter_sets(target: str | Target) -> list[Target]:
+    """The shipped target followed by the sets its band spans ([target] alone when the
+    cost model has no bands)."""
+    try:
+        from ..perfmodel.band import parameter_sets as sets
+    except ImportError:
+        return [get_target(target)]
+    return list(sets(target))
+
+
+@contextlib.contextmanager
+def replayed_traces() -> Iterator[None]:
+    """Within the block, a trace-only interpretation seen before is not run again: the
+    recorded result is returned (keyed by kernel, arguments, target name and LNC)."""
+    from ..perfmodel import api
+
+    real = api.run
+    seen: dict[str, Any] = {}
+
+    def run(kernel: Any, *args: Any, target: Any = None, lnc: int = 1, **kwargs: Any) -> Any:
+        name = getattr(target, "name", target)
+        key = repr((id(kernel), args, sorted(kwargs.items(), key=lambda kv: kv[0]), name, lnc))
+        if key not in seen:
+            seen[key] = real(kernel, *args, target=target, lnc=lnc, **kwargs)
+        return seen[key]
+
+    api.run = run  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        api.run = real  # type: ignore[assignment]
+
+
+def with_bands(price: Callable[[Target], list[BenchRow]], target: str) -> list[BenchRow]:
+    """`price(target)` for the shipped target, each row with its band over the sets."""
+    sets = parameter_sets(target)
+    with replayed_traces():
+        base = price(sets[0])
+        if len(sets) == 1:
+            return base
+        runs = [base] + [price(s) for s in sets[1:]]
+    out = []
+    for i, row in enumerate(base):
+        samples = [run[i].latency_us for run in runs]
+        if any(run[i].op != row.op or run[i].case != row.case for run in runs):
+            raise RuntimeError(f"band: the rows of {row.op} {row.case} changed order across sets")
+        out.append(
+            replace(
+                row,
+                band_us=(min(samples), max(samples)),
+                extra={**row.extra, "samples_us": samples},
+            )
+        )
+    return out

@@ -1,0 +1,43 @@
+"""Row bands: one pricing per parameter set, traces replayed from the first run."""
+
+from __future__ import annotations
+
+from nki_kernels.bench import bands, compare
+from nki_kernels.perfmodel import api
+from nki_kernels.targets import get_target
+
+
+def test_bands_reprice_each_set_and_replay_the_traces(monkeypatch):
+    trn2 = get_target("trn2")
+    slow = trn2.replace(dma_fixed_ns=2 * trn2.dma_fixed_ns)
+    monkeypatch.setattr(bands, "parameter_sets", lambda t: [trn2, slow])
+    calls = []
+    real = api.run
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(api, "run", counting)
+
+    def price(t):
+        return compare.norm_rows((384,), (512,), [t], (1,))
+
+    base = price(trn2)
+    n_traces = len(calls)
+    calls.clear()
+    rows = bands.with_bands(price, "trn2")
+    # the first pass traces as many kernels as a plain run; the second set replays them all
+    assert len(calls) == n_traces
+    assert [r.latency_us for r in rows] == [r.latency_us for r in base]
+    for r in rows:
+        lo, hi = r.band_us
+        assert lo == r.latency_us <= hi  # a slower DMA start can only slow a kernel down
+        assert r.extra["samples_us"][0] == r.latency_us
+    assert any(r.band_us[1] > r.band_us[0] for r in rows)
+
+
+def test_without_parameter_sets_rows_have_no_band(monkeypatch):
+    monkeypatch.setattr(bands, "parameter_sets", lambda t: [get_target(t)])
+    rows = bands.with_bands(lambda t: compare.norm_rows((256,), (512,), [t], (1,)), "trn2")
+    assert rows and all(r.band_us is None for r in rows)
