@@ -37,6 +37,9 @@ DRY_RUN_Q_TILES = 2  # query tiles in a forward dry run (SBUF use does not grow 
 _DQ3_KEY_BYTES = 2048 * 33
 
 
+HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks: two contraction passes at most
+
+
 @dataclass(frozen=True)
 class AttentionProblem:
     """One attention shape: bucketed lengths, heads, head dim, dtype, mask kind."""
@@ -55,8 +58,8 @@ class AttentionProblem:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected a positive int; got {v!r}")
-        if self.head_dim > P:
-            raise ValueError(f"head_dim: expected <= {P}; got {self.head_dim}")
+        if self.head_dim > HEAD_DIM_MAX:
+            raise ValueError(f"head_dim: expected <= {HEAD_DIM_MAX}; got {self.head_dim}")
         if self.q_heads % self.kv_heads:
             raise ValueError(
                 f"q_heads: expected a multiple of kv_heads ({self.kv_heads}); got {self.q_heads}"

@@ -47,7 +47,8 @@ produce unspecified values (the op replaces them). Statistics are fp32; matmul o
 are the input dtype (fp32 inputs run fp32 matmuls). Needs NeuronCore-v3+ (range_select,
 DMA transposes of the 4-byte dtype).
 
-Limits: D <= 128; K^T and V of one head stay resident: 4 * Sk * itemsize bytes per
+Limits: D <= 256 (Q^T / K^T in 128-row chunks, one contraction pass each); K^T and V
+of one head stay resident: 4 * Sk * itemsize bytes per
 partition per buffer set (`config.py` checks the SBUF fit; the op splits longer key
 ranges).
 """
@@ -62,7 +63,6 @@ from ._staging import GROUP, P, compute_dtype, copy_engine, stage_rows
 BANK_COLS = 512  # fp32 score columns per PSUM bank (one matmul's N limit on trn2)
 FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
 PSUM_BANKS = 8
-O_SLOTS = 4  # [128, D <= 128] fp32 P @ V results per PSUM bank
 # Pipeline: iterations behind the scores of job i at which each stage runs.
 MAX_LAG = 1  # VectorE max pass (scores PSUM -> SBUF)
 EXP_LAG = 2  # ScalarE exponential and row sums
@@ -131,6 +131,21 @@ def flash_attention_fwd(
     return out, lse
 
 
+def _chunks(d: int) -> int:
+    """128-row contraction chunks of head_dim (Q^T / K^T keep D on partitions)."""
+    return (d + P - 1) // P
+
+
+def _dchunks(d: int) -> list:
+    """(chunk, first column, rows) of each 128-row head_dim chunk."""
+    return [(c, c * P, min(P, d - c * P)) for c in range(_chunks(d))]
+
+
+def _o_slots(d: int) -> int:
+    """P @ V result slots in the one PSUM bank they share (512 fp32 per partition)."""
+    return max(1, BANK_COLS // max(d, P))
+
+
 def _tile_steps(classes: Any, t: int, nk: int, n_sub: int) -> list:
     """Steps of one query tile: lists of (slot, sub-tile u, partial) of <= n_sub slots."""
     subs = []
@@ -191,7 +206,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
     sets = []
     for _ in range(kv_buffers):
         st = {
-            "kt": nl.ndarray((d, nk * P), dtype=cdt, buffer=nl.sbuf),
+            "kt": nl.ndarray((min(d, P), _chunks(d), nk * P), dtype=cdt, buffer=nl.sbuf),
             "vt": nl.ndarray((P, nk, d), dtype=cdt, buffer=nl.sbuf),
             "lse": nl.ndarray((P, group, nq), dtype=nl.float32, buffer=nl.sbuf),
         }
@@ -309,11 +324,14 @@ def _rings(n_sub, d, cdt, q_tiles, pv_lag, dma_quarters):
     r = {
         "s": [nl.ndarray((P, BANK_COLS), dtype=f32, buffer=ps) for _ in range(score_banks)],
         "tp": nl.ndarray((P, 2, max(n_pe, 1), P), dtype=cdt, buffer=ps),
-        "o_ps": nl.ndarray((P, O_SLOTS, d), dtype=f32, buffer=ps),
+        "o_ps": nl.ndarray((P, _o_slots(d), d), dtype=f32, buffer=ps),
         "s_sb": [nl.ndarray((P, n_sub * P), dtype=f32, buffer=sb) for _ in range(3)],
         "p": [nl.ndarray((P, n_sub * P), dtype=cdt, buffer=sb) for _ in range(pv_lag - EXP_LAG)],
         "pt": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=sb) for _ in range(pv_lag - TP_LAG + 1)],
-        "qt": [nl.ndarray((d, P), dtype=cdt, buffer=sb) for _ in range(Q_PREFETCH + tile_ring)],
+        "qt": [
+            nl.ndarray((min(d, P), _chunks(d), P), dtype=cdt, buffer=sb)
+            for _ in range(Q_PREFETCH + tile_ring)
+        ],
         "o_acc": [nl.ndarray((P, d), dtype=f32, buffer=sb) for _ in range(tile_ring)],
         "o_out": [nl.ndarray((P, d), dtype=cdt, buffer=sb) for _ in range(OUT_RING)],
         "bank": 0,  # next score bank of the ring
@@ -342,7 +360,8 @@ def _prefetch_q(q, jobs, i, tstate, rings, d):
     st = tstate[ti]
     rows, t0 = st["rows"], st["t"] * P
     qt = rings["qt"][ti % len(rings["qt"])]
-    nisa.dma_transpose(dst=qt[:d, :rows], src=q[b, st["h"], t0 : t0 + rows, :])
+    for c, c0, dc in _dchunks(d):
+        nisa.dma_transpose(dst=qt[:dc, c, :rows], src=q[b, st["h"], t0 : t0 + rows, c0 : c0 + dc])
     st["qt"] = qt
 
 
@@ -357,7 +376,8 @@ def _stage_kv(k, v, job, sk, kv_tile):
         staged[blk] = True
         k0 = blk * kv_tile
         n = min(kv_tile, sk - k0)
-        nisa.dma_transpose(dst=kt[:, k0 : k0 + n], src=k[b, g, k0 : k0 + n, :])
+        for c, c0, dc in _dchunks(k.shape[3]):
+            nisa.dma_transpose(dst=kt[:dc, c, k0 : k0 + n], src=k[b, g, k0 : k0 + n, c0 : c0 + dc])
         stage_rows(v[b, g], vt, k0, n)
 
 
@@ -376,12 +396,13 @@ def _stage_qk(job, i, tstate, rings, sk, d):
         k0 = u0 * P
         ncols = min(cnt * P, sk - k0)
         c0 = (j0 % GROUP) * P
-        nisa.nc_matmul(
-            dst=banks[j0 // GROUP][:rows, c0 : c0 + ncols],
-            stationary=st["qt"][:d, :rows],
-            moving=kt[:d, k0 : k0 + ncols],
-            accumulate=False,
-        )
+        for c, _, dc in _dchunks(d):  # head_dim > 128: one contraction pass per 128
+            nisa.nc_matmul(
+                dst=banks[j0 // GROUP][:rows, c0 : c0 + ncols],
+                stationary=st["qt"][:dc, c, :rows],
+                moving=kt[:dc, c, k0 : k0 + ncols],
+                accumulate=c > 0,
+            )
 
 
 def _stat(rings, name, i):
@@ -597,7 +618,7 @@ def _stage_pv(job, i, tstate, rings, sk, d):
     vt = job["grp"]["set"]["vt"]
     rows = tstate[job["ti"]]["rows"]
     pt = _stat(rings, "pt", i)
-    o_ps = rings["o_ps"][:, i % O_SLOTS, :]
+    o_ps = rings["o_ps"][:, i % _o_slots(d), :]
     for idx, (j, u, _) in enumerate(job["slots"]):
         kr = min(P, sk - u * P)
         nisa.nc_matmul(
@@ -613,7 +634,7 @@ def _stage_rescale(job, i, tstate, rings, out, scale, d):
     ti = job["ti"]
     st = tstate[ti]
     rows = st["rows"]
-    o_ps = rings["o_ps"][:, i % O_SLOTS, :]
+    o_ps = rings["o_ps"][:, i % _o_slots(d), :]
     last = job["s"] == st["n"] - 1
     if job["s"] == 0 and last:
         o_src = o_ps

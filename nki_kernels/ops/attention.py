@@ -32,7 +32,8 @@ from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
 from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
 from .registry import define_op
 
-HEAD_DIM_MAX = 128
+HEAD_DIM_MAX = 256  # forward: Q^T / K^T in 128-row chunks, one contraction pass each
+HEAD_DIM_MAX_BWD = 128  # the backward kernel keeps D on partitions in one pass
 # Masked scores are filled with FP32_MIN (range_select's only fill) before scaling; below
 # this scale, exp(scale * (FP32_MIN - max)) would no longer underflow to exactly 0
 # (that needs scale * 3.4e38 >~ 104), so masked keys would get weight. 1e-30 leaves a
@@ -60,7 +61,14 @@ def _check_attn_mask(attn_mask: Tensor, q: Tensor, k: Tensor) -> None:
 
 
 def _check(
-    q: Tensor, k: Tensor, v: Tensor, kv_lens: Any, segment_ids: Any, kw: Any, attn_mask: Any = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_lens: Any,
+    segment_ids: Any,
+    kw: Any,
+    attn_mask: Any = None,
+    backward: bool = False,
 ) -> None:
     """Checks of the inputs and options both ops take (`kw`: their keyword arguments)."""
     causal = kw.get("causal", False)
@@ -75,6 +83,11 @@ def _check(
     b, hq, sq, d = q.shape
     if d > HEAD_DIM_MAX:
         raise ValueError(f"q: expected head_dim (dim 3) <= {HEAD_DIM_MAX}; got {d}")
+    if backward and d > HEAD_DIM_MAX_BWD:
+        raise ValueError(
+            f"q: the backward expects head_dim (dim 3) <= {HEAD_DIM_MAX_BWD} (the forward takes "
+            f"up to {HEAD_DIM_MAX}); got {d}"
+        )
     if k.shape[0] != b:
         raise ValueError(f"k: expected batch {b} (as q); got {k.shape[0]}")
     if k.shape[3] != d:
@@ -244,7 +257,7 @@ def _bwd_validate(
     attn_mask: Any = None,
     **kw: Any,
 ) -> None:
-    _check(q, k, v, kv_lens, segment_ids, kw, attn_mask)
+    _check(q, k, v, kv_lens, segment_ids, kw, attn_mask, backward=True)
     for arg, t in (("grad_out", grad_out), ("out", out)):
         check_tensor(arg, t, min_dim=4)
         if tuple(t.shape) != tuple(q.shape):
@@ -512,8 +525,11 @@ def _sdpa_unsupported(
         return f"dtype {query.dtype} (supported: float32, bfloat16, float16, all equal)"
     if query.device.type not in ("cpu", "neuron"):
         return f"device {query.device} (supported: cpu, neuron)"
-    if query.shape[-1] > HEAD_DIM_MAX or key.shape[-1] != query.shape[-1]:
-        return f"head_dim {query.shape[-1]} (supported: <= {HEAD_DIM_MAX})"
+    needs_grad = any(t.requires_grad for t in (query, key, value))
+    limit = HEAD_DIM_MAX_BWD if needs_grad and torch.is_grad_enabled() else HEAD_DIM_MAX
+    if query.shape[-1] > limit or key.shape[-1] != query.shape[-1]:
+        why = " with gradients" if limit == HEAD_DIM_MAX_BWD else ""
+        return f"head_dim {query.shape[-1]} (supported: <= {limit}{why})"
     if value.shape != key.shape or key.shape[0] != query.shape[0]:
         return "key/value shapes that differ from the [B, Hkv, Sk, D] layout"
     if query.shape[1] != key.shape[1] and not (enable_gqa and query.shape[1] % key.shape[1] == 0):

@@ -75,10 +75,10 @@ def _qkv(**over):  # type: ignore[no-untyped-def]
 
 BAD = [
     (
-        dict(q=torch.randn(1, 4, 16, 160)),
+        dict(q=torch.randn(1, 4, 16, 272)),
         {},
         ValueError,
-        "q: expected head_dim (dim 3) <= 128; got 160",
+        "q: expected head_dim (dim 3) <= 256; got 272",
     ),
     (
         dict(k=torch.randn(1, 3, 24, 64), v=torch.randn(1, 3, 24, 64)),
@@ -173,12 +173,12 @@ def test_bad_input_names_the_argument(over: dict, kw: dict, exc: type, msg: str)
 
 def test_bad_input_fails_the_same_way_under_compile() -> None:
     torch._dynamo.reset()
-    q, k, v = _qkv(q=torch.randn(1, 4, 16, 160))
+    q, k, v = _qkv(q=torch.randn(1, 4, 16, 272))
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return flash_attention(q, k, v)
 
-    with pytest.raises(Exception, match=re.escape("q: expected head_dim (dim 3) <= 128; got 160")):
+    with pytest.raises(Exception, match=re.escape("q: expected head_dim (dim 3) <= 256; got 272")):
         torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
 
 
