@@ -35,7 +35,8 @@ beyond a sequence's length are computed and discarded (the static step count is 
 longest sequence's, rounded up to kv_tile: one specialization per cache-length bucket,
 not per length). Masked cache rows must hold finite values (0 * NaN is NaN in P @ V).
 
-Limits: D <= 128; G * Sq <= 128; kv_tile a multiple of 128, <= 512 (one PSUM bank).
+Limits: D <= 256 (Q^T / K^T in 128-row chunks, one accumulating contraction pass
+each); G * Sq <= 128; kv_tile a multiple of 128, <= 512 (one PSUM bank).
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ def decode_attention_fwd(q, k, v, slots, bounds, softmax_scale, n_steps, kv_tile
         b, g = items[idx]
         h0 = g * group
         qt = r["qt"]
-        nisa.dma_transpose(dst=qt[:d, :rows], src=q[b, h0 : h0 + group].reshape((rows, d)))
+        q_rows = q[b, h0 : h0 + group].reshape((rows, d))
+        for c, c0, dc in _dchunks(d):
+            nisa.dma_transpose(dst=qt[:dc, c, :rows], src=q_rows[:, c0 : c0 + dc])
         bnd = r["bnd"]
         nisa.dma_copy(dst=bnd, src=bounds[b])
         for s in range(splits):
@@ -104,9 +107,11 @@ def decode_attention_fwd(q, k, v, slots, bounds, softmax_scale, n_steps, kv_tile
 def _rings(d, cdt, kv_tile, n_sub, splits):
     f32, sb, ps = nl.float32, nl.sbuf, nl.psum
     r = {
-        "qt": nl.ndarray((d, P), dtype=cdt, buffer=sb),
+        "qt": nl.ndarray((min(d, P), _chunks(d), P), dtype=cdt, buffer=sb),
         "bnd": nl.ndarray((P, 2), dtype=f32, buffer=sb),
-        "kt": [nl.ndarray((d, kv_tile), dtype=cdt, buffer=sb) for _ in range(RING)],
+        "kt": [
+            nl.ndarray((min(d, P), _chunks(d), kv_tile), dtype=cdt, buffer=sb) for _ in range(RING)
+        ],
         "vt": [nl.ndarray((P, n_sub, d), dtype=cdt, buffer=sb) for _ in range(RING)],
         "idx": [nl.ndarray((P, n_sub), dtype=nl.int32, buffer=sb) for _ in range(RING)],
         "s_ps": [nl.ndarray((P, kv_tile), dtype=f32, buffer=ps) for _ in range(2)],
@@ -129,6 +134,15 @@ def _rings(d, cdt, kv_tile, n_sub, splits):
     return r
 
 
+def _chunks(d):
+    return (d + P - 1) // P
+
+
+def _dchunks(d):
+    """(chunk, first column, rows) of each 128-row head_dim chunk of Q^T / K^T."""
+    return [(c, c * P, min(P, d - c * P)) for c in range(_chunks(d))]
+
+
 def _load(io, r, t):
     """Stage K^T [D, kv_tile] and V [128, n_sub, D] of step t into ring slot t % RING."""
     k, v, slots, b, g, d, kv_tile, n_keys = io
@@ -136,7 +150,7 @@ def _load(io, r, t):
     k0 = t * kv_tile
     n_sub = kv_tile // P
     r["il"][t % RING] = False
-    if slots is None and kv_tile == GROUP * P and n_keys - k0 >= kv_tile:
+    if slots is None and kv_tile == GROUP * P and n_keys - k0 >= kv_tile and d <= P:
         # 512 keys with partition p holding keys 4p .. 4p + 3 (1 KiB descriptors for bf16
         # D = 128, not 256 B rows): K^T by TensorE transposes (the DMA transpose of the
         # whole step kept the DMA engines ~96 % busy), V stays interleaved and the P^T
@@ -145,12 +159,14 @@ def _load(io, r, t):
         raw = r["kraw"][t % RING]
         nisa.dma_copy(dst=raw[:, :, :d], src=k[src].reshape((P, GROUP, d)))
         nisa.dma_copy(dst=vt[:, :, :d], src=v[src].reshape((P, GROUP, d)))
-        transpose_kt_group(raw[:, :, :d], kt, 0, kv_tile, d, kt.dtype, True, r["ktp"][t % 2])
+        kt2 = kt[:d, 0, :]
+        transpose_kt_group(raw[:, :, :d], kt2, 0, kv_tile, d, kt.dtype, True, r["ktp"][t % 2])
         r["il"][t % RING] = True
         return
     if slots is None:  # the last step may be ragged (S_max not a multiple of kv_tile)
         n = min(kv_tile, n_keys - k0)
-        nisa.dma_transpose(dst=kt[:d, :n], src=k[b, g, k0 : k0 + n, :])
+        for c, c0, dc in _dchunks(d):
+            nisa.dma_transpose(dst=kt[:dc, c, :n], src=k[b, g, k0 : k0 + n, c0 : c0 + dc])
         for u in range((n + P - 1) // P):
             kr = min(P, n - u * P)
             nisa.dma_copy(dst=vt[:kr, u, :d], src=v[b, g, k0 + u * P : k0 + u * P + kr, :])
@@ -165,18 +181,23 @@ def _load(io, r, t):
     two_byte = kt.dtype != nl.float32
     for u in range(n_sub):
         col = idx[:, u : u + 1]
-        krows = kf[:, g * d : (g + 1) * d].vector_select(0, col)
         if two_byte:  # the DMA engines gather and transpose in one pass (2-byte elements)
-            nisa.dma_transpose(dst=kt[:d, u * P : (u + 1) * P], src=krows)
+            for c, c0, dc in _dchunks(d):
+                krows = kf[:, g * d + c0 : g * d + c0 + dc].vector_select(0, col)
+                nisa.dma_transpose(dst=kt[:dc, c, u * P : (u + 1) * P], src=krows)
         else:  # fp32: gather rows, transpose on TensorE (DMA transposes of gathered fp32
             # rows are not supported)
             kraw = r["kraw"][t % RING]
-            nisa.dma_copy(dst=kraw[:, u, :d], src=krows)
-            nisa.nc_transpose(dst=r["ktp"][0][:d, u, :], data=kraw[:, u, :d])
+            nisa.dma_copy(dst=kraw[:, u, :d], src=kf[:, g * d : (g + 1) * d].vector_select(0, col))
         nisa.dma_copy(dst=vt[:, u, :d], src=vf[:, g * d : (g + 1) * d].vector_select(0, col))
     if not two_byte:
-        ktp = r["ktp"][0][:d].reshape((d, n_sub * P))
-        nisa.tensor_copy(dst=kt[:d, :kv_tile], src=ktp[:, :kv_tile], engine=nisa.engine.vector)
+        for c, c0, dc in _dchunks(d):
+            for u in range(n_sub):
+                nisa.nc_transpose(
+                    dst=r["ktp"][0][:dc, u, :], data=r["kraw"][t % RING][:, u, c0 : c0 + dc]
+                )
+            ktp = r["ktp"][0][:dc].reshape((dc, n_sub * P))
+            nisa.tensor_copy(dst=kt[:dc, c, :kv_tile], src=ktp, engine=nisa.engine.vector)
 
 
 def _stage_scores(r, t, rows, d, kv_tile, n):
@@ -184,9 +205,13 @@ def _stage_scores(r, t, rows, d, kv_tile, n):
     s_ps, s_sb, mx = r["s_ps"][t % 2], r["s"][t % 2], r["mx"][t % 3]
     kt = r["kt"][t % RING]
     bnd = r["bnd"]
-    nisa.nc_matmul(
-        dst=s_ps[:rows, :n], stationary=r["qt"][:d, :rows], moving=kt[:d, :n], accumulate=False
-    )
+    for c, _, dc in _dchunks(d):  # head_dim > 128: one accumulating pass per 128 rows
+        nisa.nc_matmul(
+            dst=s_ps[:rows, :n],
+            stationary=r["qt"][:dc, c, :rows],
+            moving=kt[:dc, c, :n],
+            accumulate=c > 0,
+        )
     nisa.range_select(
         dst=s_sb[:rows, :n],
         on_true_tile=s_ps[:rows, :n],

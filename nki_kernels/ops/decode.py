@@ -26,7 +26,7 @@ from ..attention.decode_host import decode
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
 from .registry import define_op
 
-HEAD_DIM_MAX = 128
+HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks
 PACKED_ROWS_MAX = 128  # (Hq / Hkv) * Sq rows share one 128-partition tile
 INDEX_DTYPES = (torch.int32, torch.int64)
 

@@ -180,3 +180,21 @@ def test_bad_input_names_the_argument_and_no_backward() -> None:
     out = decode_attention(qg, kc, kc, torch.tensor([50]))
     with pytest.raises(RuntimeError):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("d", [192, 256])
+def test_large_head_dim_contiguous_and_paged(d: int, dtype: torch.dtype) -> None:
+    lens = [600, 5]
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(2, HQ, 2, d, generator=g).to(dtype)
+    k, v = (torch.randn(2, HKV, 640, d, generator=g).to(dtype) for _ in range(2))
+    out = decode_attention(q, k, v, torch.tensor(lens))
+    ref, _ = _reference(q, k, v, torch.tensor(lens))
+    assert_rel_close(out, ref, TOLERANCES[dtype][0], "contiguous")
+    bs = 16  # sequence b's keys are blocks 40 b .. 40 b + 39 of the pool
+    pool_k = k.permute(0, 2, 1, 3).reshape(2 * 640 // bs, bs, HKV, d)
+    pool_v = v.permute(0, 2, 1, 3).reshape(2 * 640 // bs, bs, HKV, d)
+    table = torch.arange(2 * 640 // bs, dtype=torch.int32).view(2, -1)
+    out = decode_attention(q, pool_k, pool_v, torch.tensor(lens), block_table=table)
+    assert_rel_close(out, ref, TOLERANCES[dtype][0], "paged")
