@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint bench clean
+.PHONY: install test lint bench fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -18,6 +18,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest tests
+
+# property-based suite at full size (>= 1,000 cases; prints the count); `make test` runs
+# the same properties with the small, derandomized `ci` profile
+fuzz: $(STAMP)
+	$(VPY) -m pytest tests/fuzz --hypothesis-profile=fuzz -p no:logging
 
 lint: $(STAMP)
 	$(VPY) -m ruff check nki_kernels tests benchmarks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from threadpoolctl import threadpool_limits
 
 from nki_kernels.testing import neuron_device
@@ -18,6 +19,15 @@ threadpool_limits(1)
 torch.set_num_threads(1)
 
 EMULATED = neuron_device.install()
+
+# Hypothesis profiles of the property-based suite (tests/fuzz), registered here so that
+# `--hypothesis-profile` (applied when pytest configures) finds them. `ci` (default, part
+# of `make test`): few examples per property, derandomized (reproducible CI runs);
+# `fuzz` (`make fuzz`): enough for >= 1,000 cases, random seeds.
+_FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "print_blob": True}
+settings.register_profile("ci", max_examples=4, derandomize=True, **_FUZZ)
+settings.register_profile("fuzz", max_examples=220, **_FUZZ)
+settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
