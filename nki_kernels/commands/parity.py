@@ -44,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="N > 1: the same check under DDP on N CPU processes (torchrun, gloo)",
+    )
+    p.add_argument(
         "--device",
         choices=("neuron",),
         default=None,
@@ -63,6 +69,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _distributed(args: argparse.Namespace) -> int:
+    from ..parity.distributed import launch
+
+    ok = True
+    for spec in args.model or ["tiny-llama", "tiny-mixtral"]:
+        out = args.out / f"{spec.replace(':', '_')}-ddp{args.nproc}.json"
+        r = launch(args.nproc, spec, args.data, args.steps, args.seed, args.lr, args.tolerance, out)
+        print(
+            f"[parity] {spec}: {r['world_size']} ranks, {r['backend']}; tolerance "
+            f"{r['tolerance']:.3g} ({r['tolerance_rule']})"
+        )
+        print(
+            f"[parity] max |Δloss| {max(r['deltas']):.3g}, first divergent step "
+            f"{r['first_divergent_step']}, parameters identical on all ranks after every "
+            f"step: {r['params_in_sync']}; verdict {'PASS' if r['passed'] else 'FAIL'}"
+        )
+        print(f"[parity] wrote {out}")
+        ok &= bool(r["passed"])
+    return 0 if ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the check for each model; exit 1 when any fails."""
     import torch
@@ -72,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from ..parity.harness import run_parity
     from ..parity.models import BUILTIN as MODELS
 
+    if args.nproc > 1:
+        return _distributed(args)
     if args.device == "neuron":
         from ..testing import neuron_device
 

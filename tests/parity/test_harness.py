@@ -97,3 +97,40 @@ def test_a_model_without_a_loss_is_refused_by_name() -> None:
 
     with pytest.raises(TypeError, match="model: expected the forward to return a scalar loss"):
         run_parity(bad_model, lambda s, i: {"x": torch.randn(2, 16)}, steps=2, log=_quiet)
+
+
+@pytest.mark.slow
+def test_nproc_2_runs_under_ddp_with_parameters_in_sync(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parents[1]), str(here)])}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nki_kernels.cli",
+            "parity",
+            "--nproc",
+            "2",
+            "--model",
+            "plain_model:model",
+            "--data",
+            "plain_model:data",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads((tmp_path / "plain_model_model-ddp2.json").read_text())
+    assert saved["world_size"] == 2 and saved["passed"]
+    assert saved["params_in_sync"] == {"reference": True, "candidate": True}
