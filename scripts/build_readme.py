@@ -41,6 +41,7 @@ MANUAL_ORDER = (
     "interpreter-instructions.md",
     "interpreter-conformance.md",
     "cost-model.md",
+    "on-trn2.md",
     "99-development.md",
 )
 LIFT = {"interpreter.md", "cost-model.md"}
