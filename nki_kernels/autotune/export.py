@@ -99,11 +99,27 @@ def export_best(
     )
     target = store if store is not None else default_store()
     path = target.put(
-        tuner.tunable.op, tuner.target, tuner.problem, config, prov, directory=directory
+        tuner.tunable.op,
+        tuner.target,
+        tuner.problem,
+        config,
+        prov,
+        directory=directory,
+        lnc=_measured_lnc(tuner),
     )
     return Exported(
         tuner.tunable.op, tuner.target.name, problem_key(tuner.problem), config, prov, path
     )
+
+
+def _measured_lnc(tuner: Tuner) -> int:
+    """The LNC the measured launches ran at (the key the config is stored under): the
+    hardware measurer launches at the runtime's (`runtime.lnc`), the cost model traces
+    one logical core."""
+    from ..runtime.lnc import runtime_lnc
+    from .measure import HardwareMeasurer
+
+    return runtime_lnc(tuner.target) if isinstance(tuner.measurer, HardwareMeasurer) else 1
 
 
 def _full_price(tuner: Tuner, config: KernelConfig) -> tuple[float, str]:

@@ -125,3 +125,22 @@ def test_heuristic_only_study_exports_the_default(tmp_path):
     assert out.config == ToyConfig.heuristic(PROBLEM, TRN2)
     assert out.speedup == pytest.approx(1.0)
     assert not math.isnan(out.provenance.default_latency_ns)
+
+
+def test_hardware_measured_configs_are_keyed_at_the_runtime_lnc(tuner, tmp_path):
+    """A config the hardware measurer timed at LNC 2 is stored under an lnc=2 key; the
+    cost model's (one logical core) under the plain LNC-1 key."""
+    from nki_kernels.autotune import export
+    from nki_kernels.autotune.measure import HardwareMeasurer
+    from nki_kernels.runtime import lnc as runtime_lnc
+
+    assert export._measured_lnc(tuner) == 1
+    hw = Tuner(make_toy(), PROBLEM, TRN2, storage=open_storage("memory"),
+               measurer=HardwareMeasurer(), options=TuneOptions(strategy="grid"))  # fmt: skip
+    runtime_lnc.set_runtime_lnc(2)
+    try:
+        assert export._measured_lnc(hw) == 2
+    finally:
+        runtime_lnc.set_runtime_lnc(None)
+    out = export_best(tuner, ConfigStore([tmp_path], tmp_path))
+    assert list(json.loads(out.path.read_text())["entries"]) == [problem_key(PROBLEM)]
