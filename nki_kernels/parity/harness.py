@@ -256,7 +256,8 @@ def run_parity(
     )
     assert saved is not None
     resumed_model = fresh(patched=True).to(target)
-    ckpt = torch.load(io.BytesIO(saved), map_location=target, weights_only=True)
+    # to host first: load_state_dict then copies into the device tensors
+    ckpt = torch.load(io.BytesIO(saved), map_location="cpu", weights_only=True)
     resumed_model.load_state_dict(ckpt["model"])
     opt = _optimizer(resumed_model, lr)
     opt.load_state_dict(ckpt["optim"])

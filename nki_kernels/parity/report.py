@@ -68,7 +68,9 @@ def plot(reports: list[Report], path: Path) -> Path | None:
         top.set_title(f"{r.model} ({r.dtype})")
         top.set_ylabel("training loss")
         top.legend()
-        bottom.semilogy(steps, [max(d, 1e-12) for d in r.deltas], "o-", label="|Δloss| NKI")
+        bottom.semilogy(
+            steps, [max(d, 1e-12) for d in r.deltas], "o-", label="|Δloss| NKI (0 drawn at 1e-12)"
+        )
         floor = [max(abs(a - b), 1e-12) for a, b in zip(r.alternative.losses, r.reference.losses)]
         bottom.semilogy(steps, floor, "x:", label="|Δloss| 2nd torch impl.")
         bottom.axhline(r.tolerance, color="red", lw=1, label=f"tolerance {r.tolerance:.2g}")

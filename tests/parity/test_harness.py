@@ -134,3 +134,9 @@ def test_nproc_2_runs_under_ddp_with_parameters_in_sync(tmp_path) -> None:
     saved = json.loads((tmp_path / "plain_model_model-ddp2.json").read_text())
     assert saved["world_size"] == 2 and saved["passed"]
     assert saved["params_in_sync"] == {"reference": True, "candidate": True}
+
+
+def test_device_mode_compares_the_neuron_device_with_cpu(neuron: str) -> None:
+    r = run_parity(plain_model.model, plain_model.data, steps=2, device=neuron, log=_quiet)
+    assert r.mode == "cpu vs neuron (both NKI)"
+    assert r.passed, (r.deltas, r.tolerance)
