@@ -18,19 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
-from .steps import CHUNK_BYTES, P
+from .steps import CHUNK_BYTES, P, itemsize
 
 RING = 3  # row-tile buffers: 3 x 16 KiB per partition at H = 8192 bf16
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
-
-
-def itemsize(dtype: Any) -> int:
-    """Bytes per element of an NKI dtype (dtype strings compared by name, as nki-library
-    does; also accepts the interpreter's NumPy dtypes, whose str() is the same name)."""
-    name = str(dtype)
-    if name not in _ITEMSIZE:
-        raise ValueError(f"dtype: expected one of {sorted(_ITEMSIZE)}; got {name!r}")
-    return _ITEMSIZE[name]
 
 
 def _chunks(cols: int, dtype: Any) -> list[tuple[int, int]]:

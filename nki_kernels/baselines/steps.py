@@ -24,8 +24,21 @@ P = 128  # partitions
 CHUNK_BYTES = 8192
 
 
-def _chunk_cols(cols: int, itemsize: int) -> int:
-    return max(1, min(cols, CHUNK_BYTES // itemsize))
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
+
+
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of an NKI dtype: dtype names compared as strings, as nki-library
+    does (NKI 0.6 dtypes are strings with no `.itemsize`); the interpreter's dtypes print
+    as the same names."""
+    name = str(dtype)
+    if name not in _ITEMSIZE:
+        raise ValueError(f"dtype: expected one of {sorted(_ITEMSIZE)}; got {name!r}")
+    return _ITEMSIZE[name]
+
+
+def _chunk_cols(cols: int, nbytes: int) -> int:
+    return max(1, min(cols, CHUNK_BYTES // nbytes))
 
 
 @nki.jit
@@ -47,7 +60,7 @@ def stream_rows(
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, cols), dtype=out_dtype, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, x.dtype.itemsize)
+    fc = _chunk_cols(cols, itemsize(x.dtype))
     for c0 in range(0, cols, fc):
         cs = min(fc, cols - c0)
         colt = None
@@ -122,7 +135,7 @@ def reduce_rows(x: Any, square: bool, n_outputs: int) -> Any:
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, n_outputs), dtype=nl.float32, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, x.dtype.itemsize)
+    fc = _chunk_cols(cols, itemsize(x.dtype))
     nch = (cols + fc - 1) // fc
     turn = 0
     for r0 in range(0, rows, P):
@@ -169,9 +182,9 @@ def softmax_rows(x: Any, scale: float, out_dtype: Any) -> Any:
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, cols), dtype=out_dtype, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, x.dtype.itemsize)
+    fc = _chunk_cols(cols, itemsize(x.dtype))
     nch = (cols + fc - 1) // fc
-    resident = cols * (x.dtype.itemsize + 4) <= 96 * 1024
+    resident = cols * (itemsize(x.dtype) + 4) <= 96 * 1024
     for r0 in range(0, rows, P):
         rs = min(P, rows - r0)
         mx = nl.ndarray((P, nch), dtype=nl.float32, buffer=nl.sbuf)
@@ -279,7 +292,7 @@ def matmul_step(a_t: Any, b: Any, out_dtype: Any) -> Any:
     _, n_dim = b.shape
     out = nl.ndarray((m_dim, n_dim), dtype=out_dtype, buffer=nl.shared_hbm)
     nk = (k_dim + P - 1) // P
-    kbt = max(1, MM_BLOCK_K_TILES * 2 // b.dtype.itemsize)  # same bytes per block for fp32
+    kbt = max(1, MM_BLOCK_K_TILES * 2 // itemsize(b.dtype))  # same bytes per block for fp32
     single_k_block = nk <= kbt
     for n0 in range(0, n_dim, MM_BLOCK_N):
         ns = min(MM_BLOCK_N, n_dim - n0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nki_kernels.baselines import moe_native, native, norm_steps
+from nki_kernels.baselines import moe_native, native, norm_steps, steps
 from nki_kernels.interp import TensorSpec
 from nki_kernels.perfmodel import COST_MODEL_VERSION, estimate
 
@@ -94,10 +94,10 @@ def test_norm_backward_reduction_pass_has_no_fp32_intermediate_in_hbm():
 
 
 def test_itemsize_accepts_dtype_names_and_rejects_others():
-    assert norm_steps.itemsize("bfloat16") == 2
-    assert norm_steps.itemsize("float32") == 4
+    assert steps.itemsize("bfloat16") == 2
+    assert steps.itemsize("float32") == 4
     with pytest.raises(ValueError, match="dtype: expected one of"):
-        norm_steps.itemsize("int4")
+        steps.itemsize("int4")
 
 
 @pytest.mark.parametrize(
