@@ -56,7 +56,7 @@ from ..interp.errors import NkiValidationError
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
 from .gate import CorrectnessGate
-from .measure import Measurer
+from .measure import HardwareMeasurer, Measurer
 from .space import GRID_THRESHOLD, SearchSpace
 from .tunable import Tunable
 
@@ -86,6 +86,17 @@ class StudyKey:
     def name(self) -> str:
         m = self.measurer.replace(" ", "")
         return f"{self.op}/{self.target}/{self.bucket}/{self.dtype}@{m}:{self.kernel_hash[:8]}"
+
+
+def _measurer_tag(measurer: Any, target: Target) -> str:
+    """The measurer part of a study key: hardware timings also name the LNC they ran at
+    (the runtime's, `runtime.lnc`), so studies at LNC 1 and 2 never mix; the cost model
+    traces one logical core and keeps its plain name."""
+    from ..runtime.lnc import runtime_lnc
+
+    if isinstance(measurer, HardwareMeasurer):
+        return f"{measurer.name}-lnc{runtime_lnc(target)}"
+    return str(measurer.name)
 
 
 @dataclass(frozen=True)
@@ -248,7 +259,7 @@ class Tuner:
             target.name,
             tunable.bucket_key(problem),
             tunable.dtype(problem),
-            measurer.name,
+            _measurer_tag(measurer, target),
             tunable.source_hash(),
         )
         self._study: optuna.Study | None = None

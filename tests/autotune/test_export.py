@@ -144,3 +144,20 @@ def test_hardware_measured_configs_are_keyed_at_the_runtime_lnc(tuner, tmp_path)
         runtime_lnc.set_runtime_lnc(None)
     out = export_best(tuner, ConfigStore([tmp_path], tmp_path))
     assert list(json.loads(out.path.read_text())["entries"]) == [problem_key(PROBLEM)]
+
+
+def test_hardware_studies_name_the_lnc_and_model_studies_keep_their_names():
+    from nki_kernels.autotune.measure import HardwareMeasurer
+    from nki_kernels.runtime import lnc as runtime_lnc
+
+    def key(measurer):
+        return Tuner(make_toy(), PROBLEM, TRN2, storage=open_storage("memory"),
+                     measurer=measurer).key  # fmt: skip
+
+    runtime_lnc.set_runtime_lnc(2)
+    try:
+        assert key(HardwareMeasurer()).measurer == "hardware-lnc2"
+        assert key(ToyMeasurer()).measurer == ToyMeasurer().name
+    finally:
+        runtime_lnc.set_runtime_lnc(None)
+    assert key(HardwareMeasurer()).measurer == "hardware-lnc1"
