@@ -32,6 +32,7 @@ MANUAL_ORDER = (
     "architecture.md",
     "01-benchmarks.md",
     "02-benchmark-table.md",
+    "03-benchmark-details.md",
     "torch-ops.md",
     "norms.md",
     "attention.md",
@@ -47,9 +48,9 @@ MANUAL_ORDER = (
 LIFT = {"interpreter.md", "cost-model.md"}
 HEADLINE = (
     "## Headline numbers (modeled)\n\n"
-    "The kernels against the compiler's native lowering of the same PyTorch code, every "
-    "figure **modeled** by the cost model (no Trainium here); the full three-way matrix "
-    "(with AWS's own NKI kernels) and how it is priced are in the manual's "
+    "Our kernels against AWS's own NKI kernels and TorchNeuron's native path for the same "
+    "PyTorch code, every figure **modeled** by the cost model (no Trainium here); how "
+    "each baseline is built and priced, and the LNC 1 tables, are in the manual's "
     "[benchmarks page](docs/MANUAL.md#{anchor})."
 )
 _LINK = re.compile(r"(\]\()(?!https?://|#|mailto:|/)([^)\s]+)(\))")

@@ -25,6 +25,7 @@ DATA = Path("benchmarks/data")
 BENCH_ROWS = DATA / "bench_rows.jsonl"
 PEER_ROWS = DATA / "peer_rows.jsonl"
 DEFAULT_ROWS = Path("benchmarks/results/comparison.jsonl")
+DETAILS_PAGE = "03-benchmark-details.md"  # the LNC 1 tables, next to the --markdown page
 STALE = 0.02  # relative gap between committed and live rows that counts as stale
 
 
@@ -198,8 +199,11 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         from ..bench.readme import markdown
 
-        args.markdown.write_text(markdown(all_rows, COST_MODEL_VERSION, commits) + "\n")
-        print(f"README table section written to {args.markdown}")
+        head, details = markdown(all_rows, COST_MODEL_VERSION, commits)
+        args.markdown.write_text(head + "\n")
+        more = args.markdown.with_name(DETAILS_PAGE)
+        more.write_text(details + "\n")
+        print(f"README table section written to {args.markdown}, LNC 1 tables to {more}")
     if args.plot:
         from ..bench.plot import speedup_chart
 

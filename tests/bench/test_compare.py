@@ -181,3 +181,14 @@ def test_headline_states_geometric_means_goal_and_losing_cases():
     )
     assert "goal 1.1x: missed" in line
     assert "vs TorchNeuron's path: 2.00x geometric mean (1.00–4.00x over 2 cases)" in line
+
+
+def test_markdown_puts_lnc2_in_the_headline_page_and_lnc1_in_the_details():
+    from nki_kernels.bench.readme import markdown
+
+    rows = [_row("nki", 10.0, lnc=2), _row("native", 20.0, lnc=2), _row("nki", 19.0, lnc=1)]
+    rows.append(_row("aws", math.nan, lnc=2, extra={"error": "TypeError: boom"}))
+    head, details = markdown(rows, "v9", ["abc"])
+    assert "| rms_norm fwd | [256, 512] bf16 | trn2 | 2 |" in head and "| 1 |" not in head
+    assert "| rms_norm fwd | [256, 512] bf16 | trn2 | 1 |" in details
+    assert "- norm: TypeError: boom" in head and "nki-library abc" in head
