@@ -18,7 +18,7 @@ from .enums import (  # noqa: F401 - re-exported
 )
 from .errors import NkiValidationError, unsupported_getattr  # noqa: F401
 from .isa_activation import activation, activation_reduce  # noqa: F401
-from .isa_dma import dma_copy, dma_transpose  # noqa: F401
+from .isa_dma import dma_compute, dma_copy, dma_transpose  # noqa: F401
 from .isa_elementwise import (  # noqa: F401
     memset,
     reciprocal,
@@ -78,7 +78,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "rand2": "random numbers are not modeled",
     "exponential": "",
     "sequence_bounds": "",
-    "dma_compute": "",
     "topk": "its 16-partition snake layout is not specified enough to model",
 }
 

@@ -281,3 +281,74 @@ def dma_transpose(
         mask = np.transpose(addresses(src)[1], axes)
     write(dst, vals, mask=mask)
     return ins
+
+
+@instruction
+def dma_compute(
+    dst: NkiTensor,
+    srcs: Any,
+    reduce_op: Any,
+    scales: Any = None,
+    unique_indices: bool = True,
+    oob_mode: oob_mode_enum = oob_mode_enum.error,
+    name: str | None = None,
+) -> Instr | None:
+    """dst = srcs[0] + srcs[1] + ... in fp32 inside the DMA engines (HBM or SBUF).
+
+    As documented: `reduce_op` is `nl.add` only, every scale is 1.0, at most 16 sources
+    of dst's element count. An indirect (`vector_offset`) source or dst makes it a
+    read-modify-write gather / scatter (exactly two sources, unique indices).
+    """
+    from .ops import add
+
+    instr = "dma_compute"
+    tensor_arg(dst, "dst", instr)
+    if not isinstance(srcs, (list, tuple)) or not 1 <= len(srcs) <= 16:
+        raise fail("ARG", f"{instr}: srcs must be a list of 1..16 tensors; got {srcs!r}")
+    for i, s in enumerate(srcs):
+        tensor_arg(s, f"srcs[{i}]", instr)
+    _no_psum(instr, dst=dst, **{f"srcs[{i}]": s for i, s in enumerate(srcs)})
+    if reduce_op is not add:
+        raise fail("OP", f"{instr}: reduce_op must be nl.add (the only one supported)")
+    if scales is not None:
+        if not isinstance(scales, (list, tuple)) or len(scales) != len(srcs):
+            raise fail("ARG", f"{instr}: scales must be None or one 1.0 per source; got {scales}")
+        if any(float(c) != 1.0 for c in scales):
+            raise fail("ARG", f"{instr}: every scale must be 1.0; got {list(scales)}")
+    if oob_mode is not oob_mode_enum.error and oob_mode is not oob_mode_enum.skip:
+        raise fail("ARG", f"{instr}: oob_mode must be an nisa.oob_mode member; got {oob_mode!r}")
+    indirect = dst.indirect is not None or any(s.indirect is not None for s in srcs)
+    if indirect and (len(srcs) != 2 or unique_indices is not True):
+        raise fail(
+            "ARG",
+            f"{instr}: a read-modify-write with vector_offset takes exactly 2 sources and "
+            "unique_indices=True",
+        )
+    n = _prod(dst.shape)
+    for i, s in enumerate(srcs):
+        if _prod(s.shape) != n:
+            raise fail(
+                "DMA_COUNT",
+                f"{instr}: srcs[{i}] {s.shape} holds {_prod(s.shape)} elements, dst {dst.shape} "
+                f"holds {n}",
+            )
+    chip = dst if dst._st.buffer.on_chip else None
+    ins = emit(
+        "dma",
+        instr,
+        (dst,),
+        tuple(srcs),
+        chip.shape[0] if chip is not None else 1,
+        chip.free_size if chip is not None else n,
+        nbytes=n * dst.dtype.itemsize * (len(srcs) + 1),
+        attrs=_dma_attrs(dst, srcs[0], n, dge_mode_enum.unknown, "sync"),
+        name=name,
+    )
+    if current().trace_only:
+        return ins
+    skip = oob_mode is oob_mode_enum.skip
+    total = np.zeros(dst.shape, dtype=np.float32)
+    for s in srcs:
+        total += read(s, oob_skip=skip).astype(np.float32).reshape(dst.shape)
+    write(dst, total)
+    return ins

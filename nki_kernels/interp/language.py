@@ -172,10 +172,10 @@ def full(
 
 
 def zeros_like(
-    a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
+    x: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
 ) -> NkiTensor:
-    """`nl.zeros` with `a`'s shape, and its dtype / buffer unless given."""
-    return zeros(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+    """`nl.zeros` with `x`'s shape, and its dtype / buffer unless given."""
+    return zeros(x.shape, dtype or x.dtype, buffer or x.buffer, name)
 
 
 def ones_like(
@@ -186,10 +186,10 @@ def ones_like(
 
 
 def empty_like(
-    a: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
+    x: NkiTensor, dtype: Any = None, buffer: Buffer | None = None, name: str = ""
 ) -> NkiTensor:
-    """`nl.ndarray` with `a`'s shape, and its dtype / buffer unless given."""
-    return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+    """`nl.ndarray` with `x`'s shape, and its dtype / buffer unless given."""
+    return ndarray(x.shape, dtype or x.dtype, buffer or x.buffer, name)
 
 
 def shared_constant(constant: Any) -> NkiTensor:
@@ -276,14 +276,14 @@ sequential_range = affine_range
 static_range = affine_range  # `nl.range` too: set at the end of the module
 
 
-def device_print(prefix: str, x: Any) -> None:
-    """Print `prefix` and the tensor's values (numeric mode) or `x` itself."""
+def device_print(print_prefix: str, tensor: Any) -> None:
+    """Print `print_prefix` and the tensor's values (numeric mode) or `tensor` itself."""
     from .engine import read
 
-    if isinstance(x, NkiTensor) and not _current().trace_only:
-        print(prefix, read(x))
+    if isinstance(tensor, NkiTensor) and not _current().trace_only:
+        print(print_prefix, read(tensor))
     else:
-        print(prefix, x)
+        print(print_prefix, tensor)
 
 
 # ---- tile sizes ---------------------------------------------------------------------

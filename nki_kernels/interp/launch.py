@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 from ..targets import Target, get_target
 from . import dtypes as dt
 from . import state
-from .errors import fail
+from .errors import NkiValidationError, fail
 from .nkiobject import NKIObject
 from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
@@ -236,6 +237,8 @@ def run(
     """
     if isinstance(kernel, _Launcher):  # run(kernel[2], ...)
         lnc, grid, kernel = kernel.lnc, True if grid is None else grid, kernel.kernel
+    if isinstance(kernel, Kernel):
+        kernel.check_language()
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     if type(lnc) is not int or not 1 <= lnc <= 2:
         raise fail("LAUNCH", f"lnc: expected 1 or 2; got {lnc!r}")
@@ -319,6 +322,22 @@ class Kernel:
         self.__module__ = fn.__module__
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        self._checked = False
+
+    def check_language(self) -> None:
+        """Check the kernel and the functions it reaches against the NKI language subset
+        (once, at the first launch, when every helper it names exists; rule LANGUAGE)."""
+        if not self._checked:
+            from .subset import TRANSITIONAL, check_kernel
+
+            self._checked = True
+            try:
+                check_kernel(self.fn)
+            except NkiValidationError as e:
+                if not self.fn.__module__.startswith(TRANSITIONAL):
+                    self._checked = False
+                    raise
+                warnings.warn(str(e), state.InterpreterWarning, stacklevel=3)
 
     def __repr__(self) -> str:
         return f"Kernel({self.fn.__module__}.{self.fn.__qualname__})"

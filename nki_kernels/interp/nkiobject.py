@@ -7,7 +7,8 @@ attributes, which `dataclass` alone would not turn into fields. So every subclas
 does not define `__init__` itself gets a generated one whose fields are, in definition
 order over the class hierarchy, the annotated attributes and the plain data attributes;
 each field's class value is its default (`dataclasses.field` defaults and factories are
-honoured). The generated `__init__` calls `__post_init__` when the class has one.
+honoured; a field without a default that is not passed starts as None). The generated
+`__init__` calls `__post_init__` when the class has one.
 
 Instances are specialization-time values: they may be passed to a kernel as non-tensor
 arguments even when `dataclass(eq=True)` made them unhashable.
@@ -93,7 +94,9 @@ def _generated_init(self: Any, *args: Any, **kwargs: Any) -> None:
         else:
             value = _default(default)
             if value is _MISSING:
-                raise TypeError(f"{cls.__name__}(): missing a value for field {name!r}")
+                # AWS's kernels construct NKIObjects without their undefaulted fields
+                # (bwmm_shard_on_I's DimensionSizes derives them after construction)
+                value = None
         object.__setattr__(self, name, value)
     post = getattr(self, "__post_init__", None)
     if post is not None:

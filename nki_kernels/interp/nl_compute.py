@@ -19,6 +19,7 @@ The result dtype defaults to the (first) input tile's dtype; comparisons give 1 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -344,6 +345,9 @@ def install() -> None:
             o._call = _unary(o)
     ops.max_._call = _max_reduce
     ops.min_._call = _min_reduce
+    for o in ops.TOKENS.values():  # inspect.signature(nl.add) shows the call's parameters
+        if o._call is not None:
+            o.__signature__ = inspect.signature(o._call)  # type: ignore[attr-defined]
 
 
 install()

@@ -83,7 +83,16 @@ class Op:
     accepts it; `reduce` whether it is a legal reduce op.
     """
 
-    __slots__ = ("_call", "activation", "fn", "kind", "name", "reduce", "version")
+    __slots__ = (
+        "__signature__",
+        "_call",
+        "activation",
+        "fn",
+        "kind",
+        "name",
+        "reduce",
+        "version",
+    )
 
     def __init__(
         self,

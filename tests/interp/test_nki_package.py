@@ -35,6 +35,17 @@ def test_nkiobject_generates_init_from_plain_class_attributes():
     assert _Spec(cols=4).size == 8
 
 
+def test_nkiobject_fields_without_defaults_may_be_left_out():
+    class Dims(nl.NKIObject):
+        rows: int
+        derived: int
+
+        def __post_init__(self):
+            self.derived = self.rows * 2
+
+    assert Dims(rows=3).derived == 6 and Dims().rows is None
+
+
 def test_nkiobject_init_rejects_unknown_and_doubled_fields():
     with pytest.raises(TypeError, match="unknown field"):
         _Section(bogus=1)
