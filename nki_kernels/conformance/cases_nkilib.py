@@ -176,3 +176,69 @@ CASES: list[Case] = [
          torch_ref(f"{LIB}.embeddings.rope_hf_torch", "rope_hf_torch_ref"),
          rtol=1e-4, atol=1e-4),
 ]  # fmt: skip
+
+
+# ---- moe_cte (blockwise MoE MLP) -----------------------------------------------------------
+# nki-library's moe_cte_torch_ref imports the library's test helpers, which need the
+# `neuron_dtypes` package; the reference here restates its documented math in NumPy:
+# out[t] = sum over the blocks b holding token t of
+#          affinity[t, expert(b)] * (silu(x_t Wg) * (x_t Wu)) Wd      (POST_SCALE, SiLU)
+MOE = f"{LIB}.moe.moe_cte.moe_cte"
+
+
+def _moe(t: int, h: int, i: int, e: int, b: int, impl: str) -> Any:
+    def build(rng: np.random.Generator, ctx: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        expert = rng.integers(0, e, t)
+        slots: list[int] = []
+        block_expert: list[int] = []
+        for ex in range(e):  # each expert's tokens in blocks of b, padded with token id t
+            toks = [int(v) for v in np.flatnonzero(expert == ex)]
+            nblk = max(1, -(-len(toks) // b))
+            toks += [t] * (nblk * b - len(toks))
+            slots += toks
+            block_expert += [ex] * nblk
+        x = np.zeros((t + 1, h), np.float32)
+        x[:t] = rng.standard_normal((t, h))
+        aff = np.zeros((t + 1, e), np.float32)
+        aff[np.arange(t), expert] = rng.uniform(0.2, 1.0, t)
+        wgu = (rng.standard_normal((e, h, 2, i)) / np.sqrt(h)).astype(BF16)
+        wd = (rng.standard_normal((e, i, h)) / np.sqrt(i)).astype(BF16)
+        spec_t = ctx.load(MOE, "MoECTESpec")
+        impl_t = ctx.load(MOE, "MoECTEImplementation")
+        args = (
+            x.astype(BF16),
+            aff.reshape(-1, 1).astype(BF16),
+            wgu,
+            wd,
+            np.asarray(slots, np.int32),
+            np.asarray(block_expert, np.int32).reshape(-1, 1),
+            b,
+            spec_t(implementation=getattr(impl_t, impl)),
+        )
+        return args, {}
+
+    return build
+
+
+def _moe_ref(ctx: Any, args: Any, kwargs: Any) -> Any:
+    x, aff, wgu, wd, slots, block_expert, b, _ = args
+    x, aff = x.astype(np.float64), aff.astype(np.float64).reshape(x.shape[0], -1)
+    wgu, wd = wgu.astype(np.float64), wd.astype(np.float64)
+    out = np.zeros_like(x)
+    for blk, ex in enumerate(block_expert.reshape(-1)):
+        for tok in slots[blk * b : (blk + 1) * b]:
+            if tok == x.shape[0] - 1:
+                continue  # padding
+            g, u = x[tok] @ wgu[ex, :, 0, :], x[tok] @ wgu[ex, :, 1, :]
+            out[tok] += aff[tok, ex] * ((g / (1 + np.exp(-g)) * u) @ wd[ex])
+    return out
+
+
+CASES += [
+    Case("moe_cte", "shard_on_i T=512 H=512 I=256 E=4 B=256 LNC2", MOE, "moe_cte",
+         _moe(512, 512, 256, 4, 256, "shard_on_i"), _moe_ref, jit=True, lnc=2,
+         rtol=3e-2, atol=3e-2, select=lambda out: out[0] if isinstance(out, tuple) else out),
+    Case("moe_cte", "shard_on_block T=512 H=512 I=256 E=4 B=256 LNC2", MOE, "moe_cte",
+         _moe(512, 512, 256, 4, 256, "shard_on_block"), _moe_ref, jit=True, lnc=2,
+         rtol=3e-2, atol=3e-2, select=lambda out: out[0] if isinstance(out, tuple) else out),
+]  # fmt: skip

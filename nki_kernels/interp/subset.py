@@ -37,10 +37,12 @@ from typing import Any
 
 from .errors import fail
 
-# The project's own kernel packages whose violations only warn for now: their fixes
-# (branch issue-10-kernels) change the kernel source hashes, so they land together with
-# a re-tune of the shipped configs (scripts/tune_shipped_configs.py).
-TRANSITIONAL = ("nki_kernels.attention.", "nki_kernels.moe.", "nki_kernels.norm.")
+# The project's own kernels, whose violations only warn for now: the fixes of the
+# attention / MoE / norm kernels (branch issue-10-kernels) change their source hashes, so
+# they land together with a re-tune of the shipped configs
+# (scripts/tune_shipped_configs.py); the baseline and calibration kernels still use
+# `.itemsize`. Every other kernel (AWS's, a user's) fails the check.
+TRANSITIONAL = ("nki_kernels.",)
 
 ALLOWED_BUILTINS = frozenset(
     {
