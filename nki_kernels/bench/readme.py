@@ -31,6 +31,8 @@ def speedups(
         ours, o = impls.get("nki"), impls.get(other)
         if ours is None or o is None or math.isnan(o.latency_us):
             continue
+        if ours.provenance != o.provenance:  # different cost models are not compared
+            continue
         out.append((op, case, o.latency_us / ours.latency_us))
     return out
 

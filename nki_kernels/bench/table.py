@@ -42,9 +42,12 @@ def _us(r: BenchRow | None) -> str:
 
 
 def speedup(ours: BenchRow | None, other: BenchRow | None) -> str:
-    """other / ours, with a band when both rows carry per-parameter-set samples."""
+    """other / ours, with a band when both rows carry per-parameter-set samples. Rows
+    priced by different cost-model versions are not compared ("mixed")."""
     if ours is None or other is None or math.isnan(other.latency_us):
         return ""
+    if ours.provenance != other.provenance:
+        return "mixed"
     text = f"{other.latency_us / ours.latency_us:.2f}x"
     a, b = ours.extra.get("samples_us"), other.extra.get("samples_us")
     if a and b and len(a) == len(b):

@@ -192,3 +192,8 @@ def test_markdown_puts_lnc2_in_the_headline_page_and_lnc1_in_the_details():
     assert "| rms_norm fwd | [256, 512] bf16 | trn2 | 2 |" in head and "| 1 |" not in head
     assert "| rms_norm fwd | [256, 512] bf16 | trn2 | 1 |" in details
     assert "- norm: TypeError: boom" in head and "nki-library abc" in head
+
+
+def test_rows_of_different_cost_models_are_not_compared():
+    other = BenchRow("norm", "rms_norm fwd", "[256, 512] bf16", "trn2", "aws", 20.0, "modeled (x)")
+    assert _cells(comparison_table([_row("nki", 10.0), other]))[8] == "mixed"
