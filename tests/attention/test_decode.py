@@ -5,6 +5,7 @@ Hkv, D] + block table + seq_lens)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -198,3 +199,28 @@ def test_large_head_dim_contiguous_and_paged(d: int, dtype: torch.dtype) -> None
     table = torch.arange(2 * 640 // bs, dtype=torch.int32).view(2, -1)
     out = decode_attention(q, pool_k, pool_v, torch.tensor(lens), block_table=table)
     assert_rel_close(out, ref, TOLERANCES[dtype][0], "paged")
+
+
+def test_decode_config_heuristic_space_and_validity() -> None:
+    from nki_kernels.attention.decode_host import DecodeProblem
+    from nki_kernels.kernel_config import InvalidConfig
+    from nki_kernels.targets import get_target
+
+    tgt = get_target("trn2")
+    for keys, kv_tile in ((1, 128), (100, 128), (200, 256), (512, 512), (40000, 512)):
+        prob = DecodeProblem(2, 32, 8, 1, keys, 128, "bfloat16")
+        cfg = DecodeConfig.heuristic(prob, tgt)
+        cfg.validate(prob, tgt)
+        assert cfg.kv_tile == kv_tile  # the smallest step holding the keys, at most 512
+    prob = DecodeProblem(1, 8, 2, 4, 2048, 64, "float32", paged=True)
+    space = list(DecodeConfig.space(prob, tgt))
+    assert len(space) == 3 * 4 and all(c.is_valid(prob, tgt) for c in space)
+    with pytest.raises(InvalidConfig, match="kv_tile: expected one of"):
+        DecodeConfig(kv_tile=1024).validate(prob, tgt)
+    with pytest.raises(InvalidConfig, match=r"splits: expected 1\.\.8"):
+        DecodeConfig(splits=9).validate(prob, tgt)
+    wide = DecodeProblem(1, 64, 1, 4, 2048, 64, "float32")
+    with pytest.raises(InvalidConfig, match="256 packed rows exceed 128"):
+        DecodeConfig().validate(wide, tgt)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DecodeConfig().splits = 3  # type: ignore[misc]
