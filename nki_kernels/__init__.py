@@ -17,14 +17,23 @@ _ops.load_all()
 
 from . import nn  # noqa: E402
 from .integrations import patch, unpatch  # noqa: E402
-from .ops.attention import flash_attention, sdpa  # noqa: E402
+from .ops.attention import (  # noqa: E402
+    flash_attention,
+    flash_attention_varlen,
+    flex_attention,
+    sdpa,
+)
+from .ops.decode import decode_attention  # noqa: E402
 from .runtime.buckets import set_bucket_policy  # noqa: E402
 from .runtime.explain import explain  # noqa: E402
 
 __all__ = [
     "__version__",
+    "decode_attention",
     "explain",
     "flash_attention",
+    "flash_attention_varlen",
+    "flex_attention",
     "nn",
     "patch",
     "sdpa",
