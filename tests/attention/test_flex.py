@@ -184,3 +184,19 @@ def test_flex_under_torch_compile_fullgraph() -> None:
     assert_rel_close(out, ref, TOLERANCES[torch.float32][0], "out")
     for got, want in zip((q.grad, k.grad, v.grad), ref_grads):
         assert_rel_close(got, want, TOLERANCES[torch.float32][1], "grad")
+
+
+def test_torch_block_mask_is_accepted() -> None:
+    q, k, v = (t.detach() for t in _inputs(torch.float32, seed=5))
+    tbm = torch_flex.create_block_mask(MASKS["window"], B, None, SQ, SK, device="cpu")
+    out = flex_attention(q, k, v, block_mask=tbm, enable_gqa=True)
+    ours = flex_attention(
+        q,
+        k,
+        v,
+        block_mask=flex.create_block_mask(MASKS["window"], B, None, SQ, SK),
+        enable_gqa=True,
+    )
+    torch.testing.assert_close(out, ours, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="block_mask: expected a BlockMask"):
+        flex_attention(q, k, v, block_mask=torch.ones(SQ, SK, dtype=torch.bool), enable_gqa=True)
