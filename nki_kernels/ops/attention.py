@@ -32,8 +32,9 @@ from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
 from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
 from .registry import define_op
 
-HEAD_DIM_MAX = 256  # forward: Q^T / K^T in 128-row chunks, one contraction pass each
+HEAD_DIM_MAX_FWD = 256  # forward: Q^T / K^T in 128-row chunks, one contraction pass each
 HEAD_DIM_MAX_BWD = 128  # the backward kernel keeps D on partitions in one pass
+HEAD_DIM_MAX = HEAD_DIM_MAX_BWD  # forward and backward (what a training integration needs)
 # Masked scores are filled with FP32_MIN (range_select's only fill) before scaling; below
 # this scale, exp(scale * (FP32_MIN - max)) would no longer underflow to exactly 0
 # (that needs scale * 3.4e38 >~ 104), so masked keys would get weight. 1e-30 leaves a
@@ -81,12 +82,12 @@ def _check(
     check_same("k", k, "q", q)
     check_same("v", v, "q", q)
     b, hq, sq, d = q.shape
-    if d > HEAD_DIM_MAX:
-        raise ValueError(f"q: expected head_dim (dim 3) <= {HEAD_DIM_MAX}; got {d}")
+    if d > HEAD_DIM_MAX_FWD:
+        raise ValueError(f"q: expected head_dim (dim 3) <= {HEAD_DIM_MAX_FWD}; got {d}")
     if backward and d > HEAD_DIM_MAX_BWD:
         raise ValueError(
             f"q: the backward expects head_dim (dim 3) <= {HEAD_DIM_MAX_BWD} (the forward takes "
-            f"up to {HEAD_DIM_MAX}); got {d}"
+            f"up to {HEAD_DIM_MAX_FWD}); got {d}"
         )
     if k.shape[0] != b:
         raise ValueError(f"k: expected batch {b} (as q); got {k.shape[0]}")
@@ -526,7 +527,7 @@ def _sdpa_unsupported(
     if query.device.type not in ("cpu", "neuron"):
         return f"device {query.device} (supported: cpu, neuron)"
     needs_grad = any(t.requires_grad for t in (query, key, value))
-    limit = HEAD_DIM_MAX_BWD if needs_grad and torch.is_grad_enabled() else HEAD_DIM_MAX
+    limit = HEAD_DIM_MAX_BWD if needs_grad and torch.is_grad_enabled() else HEAD_DIM_MAX_FWD
     if query.shape[-1] > limit or key.shape[-1] != query.shape[-1]:
         why = " with gradients" if limit == HEAD_DIM_MAX_BWD else ""
         return f"head_dim {query.shape[-1]} (supported: <= {limit}{why})"
