@@ -242,3 +242,49 @@ CASES += [
          _moe(512, 512, 256, 4, 256, "shard_on_block"), _moe_ref, jit=True, lnc=2,
          rtol=3e-2, atol=3e-2, select=lambda out: out[0] if isinstance(out, tuple) else out),
 ]  # fmt: skip
+
+
+# ---- TKG norm subkernels (output in SBUF [128, B*S, H/128]) -------------------------------
+def _sbuf_out_norm(fn: Any) -> Any:
+    """A kernel of ours around a TKG norm subkernel: x, gamma in HBM -> its SBUF output,
+    copied to shared HBM."""
+    from ..nki import nisa, nl
+
+    def kernel(x: Any, gamma: Any) -> Any:
+        rows, h = x.shape[0] * x.shape[1], x.shape[2]
+        o = nl.ndarray((128, rows, h // 128), x.dtype, buffer=nl.sbuf)
+        fn(x, gamma, o)
+        out = nl.ndarray((128, rows, h // 128), x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=o)
+        return out
+
+    return kernel
+
+
+def _norm_ref(module: str, attr: str) -> Callable[..., Any]:
+    def reference(ctx: Any, args: Any, kwargs: Any) -> Any:
+        fn = ctx.load(module, attr)
+        return fn(_torch(args[0]), _torch(args[1]), None)["out"]
+
+    return reference
+
+
+SUB = f"{LIB}.subkernels"
+CASES += [
+    Case("rmsnorm_tkg", "B2 S8 H1024 bf16", f"{SUB}.rmsnorm_tkg", "rmsnorm_tkg",
+         _arrays(((2, 8, 1024), BF16), ((1, 1024), BF16)),
+         _norm_ref(f"{SUB}.rmsnorm_torch", "rmsnorm_tkg_torch_ref_lnc1"), wrap=_sbuf_out_norm,
+         rtol=2e-2, atol=3e-2),
+    Case("rmsnorm_tkg", "B2 S8 H1024 bf16 LNC2", f"{SUB}.rmsnorm_tkg", "rmsnorm_tkg",
+         _arrays(((2, 8, 1024), BF16), ((1, 1024), BF16)),
+         _norm_ref(f"{SUB}.rmsnorm_torch", "rmsnorm_tkg_torch_ref"), wrap=_sbuf_out_norm,
+         lnc=2, rtol=2e-2, atol=3e-2),
+    Case("layernorm_tkg", "B2 S8 H1024 bf16", f"{SUB}.layernorm_tkg", "layernorm_tkg",
+         _arrays(((2, 8, 1024), BF16), ((1, 1024), BF16)),
+         _norm_ref(f"{SUB}.layernorm_torch", "layernorm_tkg_torch_ref_lnc1"),
+         wrap=_sbuf_out_norm, rtol=2e-2, atol=3e-2),
+    Case("layernorm_tkg", "B2 S8 H1024 bf16 LNC2", f"{SUB}.layernorm_tkg", "layernorm_tkg",
+         _arrays(((2, 8, 1024), BF16), ((1, 1024), BF16)),
+         _norm_ref(f"{SUB}.layernorm_torch", "layernorm_tkg_torch_ref"), wrap=_sbuf_out_norm,
+         lnc=2, rtol=2e-2, atol=3e-2),
+]  # fmt: skip

@@ -43,7 +43,8 @@ class Case:
     values); `reference(ctx, args, kwargs)` returns the expected outputs (an array or a
     tuple of arrays), `ctx` giving access to the checkout (`ctx.load(module, attr)`).
     `select(outputs)` picks the compared outputs (default: all). `expect_rule` marks a
-    case whose correct outcome is a rejection with that rule.
+    case whose correct outcome is a rejection with that rule. `wrap(fn)` turns a
+    subkernel whose operands live in SBUF into a kernel with HBM inputs and outputs.
     """
 
     kernel: str
@@ -59,6 +60,7 @@ class Case:
     select: Callable[[Any], Any] | None = None
     expect_rule: str | None = None
     source: str = ""  # where the reference comes from, for the table's notes
+    wrap: Callable[[Any], Callable[..., Any]] | None = None  # subkernel -> a kernel of ours
 
 
 @dataclass
@@ -148,7 +150,9 @@ def run_case(root: str | Path, case: Case, seed: int = 0) -> Outcome:
     out = Outcome(case.kernel, case.name, "error")
     try:
         fn = loader.load_kernel(root, case.module, case.attr)
-        kernel: Any = loader.jit(fn) if case.jit else fn
+        if case.wrap is not None:  # a subkernel (SBUF operands): call it from a kernel of ours
+            fn = case.wrap(fn)
+        kernel: Any = loader.jit(fn) if case.jit or case.wrap is not None else fn
         rng = np.random.default_rng(seed)
         wants_ctx = len(inspect.signature(case.build).parameters) > 1
         args, kwargs = case.build(rng, ctx) if wants_ctx else case.build(rng)

@@ -99,3 +99,26 @@ def test_the_cli_runs_sdk_examples(capsys):
 def test_the_cli_runs_nki_library_kernels(capsys):
     assert main(["conformance", str(REAL_LIB), "--kernel", "cumsum"]) == 0
     assert "| `cumsum` | (4, 300) fp32 axis -1 | pass |" in capsys.readouterr().out
+
+
+def test_a_subkernel_runs_inside_a_wrapper_kernel():
+    from nki_kernels.nki import nisa, nl
+
+    def wrap(fn):
+        def kernel(x):
+            t = nl.ndarray(x.shape, x.dtype)
+            nisa.dma_copy(dst=t, src=x)
+            o = nl.ndarray(x.shape, x.dtype)
+            fn(t, o)
+            out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+            nisa.dma_copy(dst=out, src=o)
+            return out
+
+        return kernel
+
+    def build(rng):
+        return (rng.standard_normal((64, 8)).astype(np.float32),), {}
+
+    out = run_case(FAKE_LIB, Case("d", "c", MISC, "double_into", build,
+                                  lambda ctx, a, k: 2 * a[0], wrap=wrap))  # fmt: skip
+    assert out.status == "pass", out

@@ -24,3 +24,8 @@ def uses_rand(x):
 def python_error(x):
     """Fails in plain Python."""
     return x.no_such_attribute
+
+
+def double_into(x_sb, out_sb):
+    """A subkernel on SBUF operands (no nki.jit), as nki-library's TKG subkernels are."""
+    nisa.tensor_tensor(dst=out_sb, data1=x_sb, data2=x_sb, op=nl.add)
