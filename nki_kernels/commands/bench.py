@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(SUITES),
         help="only these families (repeatable; default: all)",
     )
-    parser.add_argument("--full", action="store_true", help="with --reprice: the whole matrix")
+    parser.add_argument(
+        "--full", action="store_true", help="with --reprice / --peer: the whole matrix"
+    )
     parser.add_argument(
         "--reprice",
         action="store_true",
@@ -118,15 +120,29 @@ def run(args: argparse.Namespace) -> int:
     names = args.suite or list(SUITES)
     bench_path, peer_path = args.data / BENCH_ROWS.name, args.data / PEER_ROWS.name
     if args.peer is not None:
-        fams = names
+        # --full: the whole matrix (attention at S = 32K takes ~5 min per case); else the
+        # quick set (trn2; S = 2K, 8K; [16384, 4096]); either replaces only its own rows
+        quick = (
+            {}
+            if args.full
+            else {
+                "targets": ("trn2",),
+                "seqs": (2048, 8192),
+                "norm_shapes": ((16384, 4096),),
+            }
+        )
         got = peer_rows(
             args.peer,
             moe_shapes=(MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE),
-            families=fams,
+            families=names,
             log=lambda m: print(m, flush=True),
+            **quick,  # type: ignore[arg-type]
         )
+        done = {(r.family, r.op, r.case, r.target, r.lnc) for r in got}
         keep = [
-            r for r in (read_rows(peer_path) if peer_path.exists() else []) if r.family not in fams
+            r
+            for r in (read_rows(peer_path) if peer_path.exists() else [])
+            if (r.family, r.op, r.case, r.target, r.lnc) not in done
         ]
         write_rows(peer_path, keep + got)
         print(f"{len(got)} peer rows written to {peer_path}")
