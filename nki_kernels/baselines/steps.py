@@ -25,6 +25,7 @@ CHUNK_BYTES = 8192
 
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
+_NAMES = "bfloat16, float16, float32, float8_e4m3, float8_e5m2"
 
 
 def itemsize(dtype: Any) -> int:
@@ -33,7 +34,7 @@ def itemsize(dtype: Any) -> int:
     as the same names."""
     name = str(dtype)
     if name not in _ITEMSIZE:
-        raise ValueError(f"dtype: expected one of {sorted(_ITEMSIZE)}; got {name!r}")
+        raise ValueError(f"dtype: expected one of {_NAMES}; got {name!r}")
     return _ITEMSIZE[name]
 
 
