@@ -82,7 +82,7 @@ def _bad_values(t: dict[str, Any]) -> list[tuple[Callable[..., Any], str, Any]]:
         (_attention, "q", q.to(torch.int32)), (_attention, "q", q[..., :0]),
         (_attention, "q", q[0]), (_attention, "k", t["k"].to(torch.float16)),
         (_attention, "k", t["k"][..., :8]), (_attention, "v", t["v"][:, :, :5]),
-        (_attention, "q", torch.randn(1, 2, 9, 160, device=q.device)),
+        (_attention, "q", torch.randn(1, 2, 9, 300, device=q.device)),
         (_attention, "kv_lens", torch.tensor([3, 4], device=q.device)),
         (_attention, "kv_lens", torch.tensor([2.0], device=q.device)),
         (_rms, "eps", True), (_rms, "eps", 0.0), (_rms, "eps", -1e-6), (_rms, "eps", math.inf),
