@@ -95,9 +95,12 @@ def moe_mlp_fwd(
     assert block_size == P * ns, "moe_mlp_fwd: block_size does not match slot_token"
     assert loop_order in ("h_outer", "i_outer"), "moe_mlp_fwd: unknown loop_order"
     d = _dims(hidden, w_gate_up, slot_token, token_slot)
+    d["C0"], d["C1"] = _program_columns(h)
     cfg = {"tile_i": tile_i, "loop_order": loop_order, "down_n": down_n, "w_bufs": w_bufs}
     cfg["dma_h"] = dma_h
     out = nl.ndarray((t_count, h), dtype=hidden.dtype, buffer=nl.shared_hbm)
+    if d["C1"] <= d["C0"]:  # LNC 2 with H too narrow to split: the other program has it all
+        return out
     # + one row for dropped assignments (combine.zero_row)
     y_slots = nl.ndarray((nb * block_size + 1, h), dtype=hidden.dtype, buffer=nl.hbm)
     ws = (hidden, w_gate_up, w_down, slot_token, block_expert, y_slots)
@@ -112,8 +115,21 @@ def moe_mlp_fwd(
     del head  # the combine reuses its SBUF
     if may_drop:
         zero_row(y_slots)
-    combine(out, y_slots, token_slot, token_weight)
+    combine(out, y_slots, token_slot, token_weight, (d["C0"], d["C1"]))
     return out
+
+
+def _program_columns(h: int) -> tuple[int, int]:
+    """The hidden columns [c0, c1) whose down projection, slot rows and combine this LNC
+    program computes (all of them under LNC 1): halves in whole 512-column PSUM banks.
+    Each program keeps its own slot scratch (private HBM) and writes only its columns of
+    the shared output, so the cores never wait for each other; the gate/up projections
+    (contracting over all of H) are computed by both."""
+    if nl.program_ndim() == 0 or nl.num_programs(0) == 1:
+        return 0, h
+    nprog, pid = nl.num_programs(0), nl.program_id(0)
+    share = cdiv(cdiv(h, nprog), PSUM_FP32) * PSUM_FP32
+    return min(h, pid * share), min(h, (pid + 1) * share)
 
 
 def _dims(hidden: Any, w_gate_up: Any, slot_token: Any, token_slot: Any) -> dict[str, Any]:
@@ -207,10 +223,11 @@ def _fwd_block(
     _prefetch_rows(d, hidden, head)
     y = _expert_mlp(d, cfg, w_down, exp, xT, fetch)
     row0 = block_row0(addr, d["B"])
+    c0, c1 = d["C0"], d["C1"]
     for c in range(ns):
-        off = (extra * d["B"] + c * P) * h
-        view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0, indirect_dim=0)
-        nisa.dma_copy(dst=view, src=y[c])
+        off = (extra * d["B"] + c * P) * h + c0
+        view = y_slots.ap([[h, P], [1, c1 - c0]], offset=off, scalar_offset=row0, indirect_dim=0)
+        nisa.dma_copy(dst=view, src=y[c][:, c0:c1])
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -299,8 +316,8 @@ def _expert_mlp(
         i0 = ic * ti
         icw = min(ti, d["I"] - i0)
         nit = cdiv(icw, P)
-        wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
-        load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
+        wd = nl.ndarray((P, nit, d["C1"] - d["C0"]), dtype=dt, buffer=nl.sbuf)
+        load_weight_rows(w_down, exp, i0, icw, d["C0"], d["C1"] - d["C0"], wd)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
         if cfg["loop_order"] == "h_outer":
             _gate_up_h_outer(d, cfg, fetch, xT, icw, act)
@@ -369,18 +386,18 @@ def _down_proj(
     d: dict[str, Any], cfg: dict[str, Any], act: Any, wd: Any, icw: int, ic: int, y: list[Any]
 ) -> None:
     """y[c] (+)= act[:, :, c]^T @ wd over this chunk's I tiles, per 128-token sub-tile."""
-    h, dn = d["H"], cfg["down_n"]
+    c0, c1, dn = d["C0"], d["C1"], cfg["down_n"]
     nit = cdiv(icw, P)
     for c in range(d["NS"]):
-        for n0 in range(0, h, dn):
-            nw = min(dn, h - n0)
+        for n0 in range(c0, c1, dn):
+            nw = min(dn, c1 - n0)
             ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)
             for it in range(nit):
                 cw = min(P, icw - it * P)
                 nisa.nc_matmul(
                     dst=ps[:, 0:nw],
                     stationary=act[0:cw, it, c * P : (c + 1) * P],
-                    moving=wd[0:cw, it, n0 : n0 + nw],
+                    moving=wd[0:cw, it, n0 - c0 : n0 - c0 + nw],
                     accumulate=it != 0,
                 )
             dst = y[c][:, n0 : n0 + nw]

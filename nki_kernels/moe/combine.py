@@ -37,10 +37,18 @@ def zero_row(slots: Any) -> None:
         nisa.dma_copy(dst=slots[rows - 1 : rows, c0 : c0 + cw], src=z[:, 0:cw])
 
 
-def combine(out: Any, slots: Any, token_slot: Any, token_weight: Any | None) -> None:
+def combine(
+    out: Any,
+    slots: Any,
+    token_slot: Any,
+    token_weight: Any | None,
+    col_range: tuple[int, int] | None = None,
+) -> None:
     """out [T, H] = the weighted (or plain, `token_weight` None) sum of each token's k slot
-    rows of `slots` [NB * B + 1, H] (see the module docstring)."""
+    rows of `slots` [NB * B + 1, H] (see the module docstring); only columns
+    `col_range` = (lo, hi) when given (an LNC program's share)."""
     t_count, h = out.shape
+    lo, hi = col_range if col_range is not None else (0, h)
     k = token_slot.shape[1]
     dt = slots.dtype
     cols = min(h, max(PSUM_FP32, COMBINE_BYTES // dt.itemsize))
@@ -53,8 +61,8 @@ def combine(out: Any, slots: Any, token_slot: Any, token_weight: Any | None) -> 
         if token_weight is not None:
             wt = nl.ndarray((P, k), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=wt[r, :], src=token_weight[t0 : t0 + rows, :])
-        for c0 in range(0, h, cols):
-            cw = min(cols, h - c0)
+        for c0 in range(lo, hi, cols):
+            cw = min(cols, hi - c0)
             res = nl.ndarray((P, cols), dtype=out.dtype, buffer=nl.sbuf)
             acc = res
             if k > 1:

@@ -79,7 +79,11 @@ def mlp_with_routing(
 
 
 def fwd_kernel(
-    layer: dict[str, torch.Tensor], plan: BlockPlan, static_blocks: int | None = None, **cfg: object
+    layer: dict[str, torch.Tensor],
+    plan: BlockPlan,
+    static_blocks: int | None = None,
+    lnc: int = 1,
+    **cfg: object,
 ) -> torch.Tensor:
     args = {"tile_i": 256, "loop_order": "h_outer", "down_n": 512, "w_bufs": 2, "dma_h": 1}
     args.update(cfg)
@@ -98,6 +102,7 @@ def fwd_kernel(
         plan.may_drop,
         plan.block_size,
         *args.values(),
+        lnc=lnc,
     )
     return res.outputs
 

@@ -127,3 +127,18 @@ def test_device_loops_match_static_blocks_bit_for_bit(device_blocks: int) -> Non
     bwd_all = bwd_kernel(layer, plan, static_blocks=plan.used_blocks, **bcfg)
     for a, b in zip(bwd_dev, bwd_all):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("h", [1100, 72])
+def test_forward_lnc2_splits_hidden_columns_bit_for_bit(h: int) -> None:
+    """kernel[2]: each program computes the down projection, slot rows and combine of its
+    hidden columns (H = 1100: 1024 | 76; H = 72: all on the first), the same arithmetic
+    as LNC 1 -- so the outputs are identical."""
+    t, i, e = 100, 160, 4
+    layer = make_layer(t, h, i, e, BF16, seed=7)
+    ids, w = random_routing(t, e, 2, seed=7)
+    plan = plan_for(ids, w, e, 128)
+    static = plan.used_blocks - 2  # two blocks in device loops
+    one = fwd_kernel(layer, plan, static_blocks=static, tile_i=128)
+    two = fwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128)
+    assert torch.equal(one, two)
