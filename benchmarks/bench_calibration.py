@@ -1,13 +1,16 @@
-"""Cost-model calibration: the NKI matmul tutorial's four kernels and the DMA-size curve.
+"""Cost model v2 calibration: every published anchor, modeled vs measured, with LOO errors.
 
-Run: `python benchmarks/bench_calibration.py [--json rows.json]`.
+Run: `python benchmarks/bench_calibration.py [--refit] [--json rows.json] [--markdown]`.
 
-Prints, side by side, the modeled latency of our four tutorial-style matmuls for
-[4096, 8192] @ [8192, 8192] bf16 on trn1 and the published hardware figures, then the
-modeled DMA efficiency against bytes per partition on trn2 next to the HARDWARE.md
-curve. Every modeled figure is labeled "modeled (cost model vN, target)"; published
-figures are hardware measurements by AWS. Exit status 1 if a calibration target of
-issue 3 is missed (ranking, fully blocked within +-15 %, DMA curve within +-10 points).
+Prints the anchor table of `nki_kernels/perfmodel/anchors.json`: for each published
+measurement its source, how it is priced (AWS's kernel run unmodified, or a faithful
+re-implementation), the measured figure, the modeled figure with the shipped v2
+parameters ("modeled (cost model v2, target)"), the error, and the leave-one-out error
+(the anchor's error when the target is fitted without it; from fit_v2.json). Anchors
+that cannot be priced yet are listed with the reason. Then the DMA efficiency curve.
+`--refit` first redoes the fit (minutes of CPU) and rewrites fit_v2.json; the fitted
+values must then be copied into nki_kernels/targets.py (a test checks they agree).
+Exit status 1 if an available anchor is off by more than 15 %.
 """
 
 from __future__ import annotations
@@ -16,125 +19,127 @@ import argparse
 import json
 import sys
 import time
-from datetime import UTC, datetime
 
-from nki_kernels.interp import TensorSpec
-from nki_kernels.perfmodel import COST_MODEL_VERSION, estimate_trace, modeled_label, trace_kernel
-from nki_kernels.perfmodel.calibration import (
-    MATMULS,
-    PUBLISHED_K,
-    PUBLISHED_M,
-    PUBLISHED_MS,
-    PUBLISHED_N,
-)
+from nki_kernels.perfmodel import COST_MODEL_VERSION, modeled_label
+from nki_kernels.perfmodel.anchor_fit import load_fit, refit, write_fit
+from nki_kernels.perfmodel.anchors import AnchorSet, load_anchors
 from nki_kernels.perfmodel.sweep import dma_sweep_table
-from nki_kernels.targets import TRN1
+from nki_kernels.targets import get_target
 
-# The one uncertain parameter the matmul anchors point at (see docs/readme/cost-model.md):
-# trn1's achieved per-engine DMA rate and descriptor floor. Documented: 17 B/ns (a
-# theoretical peak) and ~100 ns. The tutorial timings imply ~6.5 B/ns and <= ~35 ns.
-WHAT_IF = {"dma_engine_bytes_per_ns": 6.5, "dma_descriptor_min_ns": 35.0}
+LIMIT_PCT = 15.0
 
 
-def matmul_rows() -> tuple[list[dict], list[dict]]:
-    """Modeled rows with the shipped trn1 parameters, and with the what-if parameters."""
-    lhsT = TensorSpec((PUBLISHED_K, PUBLISHED_M), "bfloat16")
-    rhs = TensorSpec((PUBLISHED_K, PUBLISHED_N), "bfloat16")
-    what_if = TRN1.replace(**WHAT_IF)
-    rows, alt = [], []
-    for name, kernel in MATMULS.items():
-        trace = trace_kernel(kernel, lhsT, rhs, target="trn1")
-        for target, out in ((TRN1, rows), (what_if, alt)):
-            est = estimate_trace(trace, target)
-            out.append(
+def _fmt_ns(ns: float) -> str:
+    for unit, scale in (("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.2f} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def anchor_rows() -> tuple[list[dict], dict[str, str]]:
+    """One row per available anchor (modeled now with the shipped parameters)."""
+    fit = load_fit()["targets"]
+    anchors = load_anchors()
+    rows, unavailable = [], {}
+    for target in sorted({a.target for a in anchors}):
+        aset = AnchorSet.build(target, anchors)
+        unavailable.update(aset.unavailable)
+        modeled = aset.price(get_target(target))
+        loo = fit.get(target, {}).get("anchors", {})
+        for a in aset.anchors:
+            rows.append(
                 {
-                    "kernel": name,
-                    "modeled_ms": est.latency_ms,
-                    "published_ms": PUBLISHED_MS[name],
-                    "error_pct": 100 * (est.latency_ms / PUBLISHED_MS[name] - 1),
-                    "bound_by": est.bound_by,
-                    "busiest": est.bottleneck,
-                    "mfu_pct": 100 * est.mfu,
-                    "instructions": est.instructions,
+                    "id": a.id,
+                    "target": target,
+                    "kernel": a.kernel,
+                    "source": a.citation,
+                    "priced_by": a.priced_by,
+                    "quantity": a.quantity,
+                    "measured_ns": a.measured_ns,
+                    "modeled_ns": modeled[a.id],
+                    "error_pct": 100 * (modeled[a.id] / a.measured_ns - 1),
+                    "loo_error_pct": loo.get(a.id, {}).get("loo_error_pct"),
+                    "provenance": modeled_label(target),
                 }
             )
-    return rows, alt
+    return rows, unavailable
 
 
-def _table(rows: list[dict], label: str) -> list[str]:
+def markdown(rows: list[dict], unavailable: dict[str, str]) -> str:
+    """The README's anchor table."""
     lines = [
-        f"  {'kernel':22s} {'modeled ms':>11s} {'published ms':>13s} {'error':>8s} "
-        f"{'roofline':>9s} {'busiest':>8s} {'MFU %':>6s}",
+        "| anchor | target | priced with | measured | modeled (cost model v2) | error "
+        "| LOO error |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
+        loo = f"{r['loo_error_pct']:+.1f} %" if r["loo_error_pct"] is not None else "n/a"
         lines.append(
-            f"  {r['kernel']:22s} {r['modeled_ms']:11.2f} {r['published_ms']:13.2f} "
-            f"{r['error_pct']:+7.1f}% {r['bound_by']:>9s} {r['busiest']:>8s} {r['mfu_pct']:6.1f}"
+            f"| {r['id']} | {r['target']} | {r['priced_by']} | {_fmt_ns(r['measured_ns'])} "
+            f"| {_fmt_ns(r['modeled_ns'])} | {r['error_pct']:+.1f} % | {loo} |"
         )
-    lines.append(f"  modeled: {label}; published: measured (hardware, AWS, trn1.32xlarge)")
-    return lines
+    for aid, why in unavailable.items():
+        lines.append(f"| {aid} | | not priced: {why.split(':')[0]} | | | | |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--refit", action="store_true", help="redo the fit, rewrite fit_v2.json")
     p.add_argument("--json", metavar="PATH", help="also write the rows with provenance")
+    p.add_argument("--markdown", action="store_true", help="print the README table too")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    rows, alt = matmul_rows()
-    sweep = dma_sweep_table("trn2")
-    label1, label2 = modeled_label("trn1"), modeled_label("trn2")
-
-    print(f"Matmul calibration: [{PUBLISHED_M}, {PUBLISHED_K}] @ [{PUBLISHED_K}, {PUBLISHED_N}]")
-    print(f"bf16, trn1, one NeuronCore -- {label1} vs published")
-    print("\n".join(_table(rows, label1)))
-    order = [r["modeled_ms"] for r in rows]
-    ranked = order == sorted(order, reverse=True)
-    blocked = rows[-1]
-    within = abs(blocked["error_pct"]) <= 15
+    if args.refit:
+        path = write_fit(refit())
+        print(f"fit rewritten: {path}")
+        for name, rec in load_fit()["targets"].items():
+            print(f"  {name}: " + ", ".join(f"{k}={v:.4g}" for k, v in rec["params"].items()))
+    rows, unavailable = anchor_rows()
     print(
-        f"  ranking as published: {'yes' if ranked else 'NO'}; fully blocked within +-15 %: "
-        f"{'yes' if within else 'NO'} ({blocked['error_pct']:+.1f} %)"
+        f"Published anchors vs modeled (cost model {COST_MODEL_VERSION}); measured = AWS hardware"
     )
-    print()
-    print("What-if on the one uncertain parameter, trn1's achieved DMA engine rate and")
-    print("descriptor floor (NOT the shipped values: those are 17 B/ns and 100 ns):")
-    print(f"  {WHAT_IF}")
-    print("\n".join(_table(alt, label1 + " what-if")))
-    print()
-    print(f"DMA efficiency vs bytes per partition, [128, B] HBM -> SBUF, trn2 -- {label2}")
-    print("  relative to 32 KiB per partition; published = HARDWARE.md curve (read off a plot)")
     print(
-        f"  {'bytes':>6s} {'modeled GB/s':>13s} {'modeled %':>10s} {'published %':>12s} "
-        f"{'diff pts':>9s}"
+        f"  {'anchor':42s} {'tgt':4s} {'priced with':25s} {'measured':>10s} {'modeled':>10s} "
+        f"{'error':>8s} {'LOO':>8s}"
     )
     worst = 0.0
-    for pt in sweep:
-        diff = pt.efficiency_pct - (pt.published_pct or 0.0)
-        worst = max(worst, abs(diff))
+    for r in rows:
+        worst = max(worst, abs(r["error_pct"]))
+        loo = f"{r['loo_error_pct']:+7.1f}%" if r["loo_error_pct"] is not None else "     n/a"
         print(
-            f"  {pt.bytes_per_partition:6d} {pt.bytes_per_ns:13.1f} {pt.efficiency_pct:10.1f} "
-            f"{pt.published_pct:12.1f} {diff:+9.1f}"
+            f"  {r['id']:42s} {r['target']:4s} {r['priced_by']:25s} "
+            f"{_fmt_ns(r['measured_ns']):>10s} {_fmt_ns(r['modeled_ns']):>10s} "
+            f"{r['error_pct']:+7.1f}% {loo}"
         )
-    sweep_ok = worst <= 10
-    print(f"  worst difference {worst:.1f} points: {'within' if sweep_ok else 'OUTSIDE'} +-10")
-    print(f"\n(cost model {COST_MODEL_VERSION}; computed in {time.perf_counter() - t0:.1f} s)")
-
+    for aid, why in unavailable.items():
+        print(f"  not priced: {aid}: {why}")
+    ok = worst <= LIMIT_PCT
+    print(f"  worst error {worst:.1f} %: {'within' if ok else 'OUTSIDE'} +-{LIMIT_PCT:.0f} %")
+    if args.markdown:
+        print()
+        print(markdown(rows, unavailable))
+    sweep = dma_sweep_table("trn2")
+    print(
+        f"\nDMA efficiency vs bytes per partition, [128, B] HBM -> SBUF -- {modeled_label('trn2')}"
+    )
+    print(f"  {'bytes':>6s} {'modeled %':>10s} {'published %':>12s}")
+    for pt in sweep:
+        print(f"  {pt.bytes_per_partition:6d} {pt.efficiency_pct:10.1f} {pt.published_pct:12.1f}")
+    print(f"\n(computed in {time.perf_counter() - t0:.1f} s)")
     if args.json:
-        stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        payload = {
-            "cost_model_version": COST_MODEL_VERSION,
-            "timestamp": stamp,
-            "matmul": {"target": "trn1", "provenance": label1, "rows": rows},
-            "matmul_what_if": {"parameters": WHAT_IF, "rows": alt},
-            "dma_sweep": {
-                "target": "trn2",
-                "provenance": label2,
-                "rows": [pt.__dict__ for pt in sweep],
-            },
-        }
         with open(args.json, "w") as fh:
-            json.dump(payload, fh, indent=2)
-    return 0 if ranked and within and sweep_ok else 1
+            json.dump(
+                {
+                    "cost_model_version": COST_MODEL_VERSION,
+                    "anchors": rows,
+                    "unavailable": unavailable,
+                    "dma_sweep": [pt.__dict__ for pt in sweep],
+                },
+                fh,
+                indent=2,
+            )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

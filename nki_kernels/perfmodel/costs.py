@@ -13,6 +13,10 @@ module only turns them into per-instruction costs:
   modes: bf16/fp16 SBUF copy and tensor_scalar (VectorE up to 4x on trn2+; ScalarE 2x on
   trn3), all-bf16 tensor_tensor (VectorE 2x on trn2+), tensor_tensor with a PSUM input
   N instead of 2N, bf16 add/max reductions N/2.
+- Shared ports (trainium2_arch): VectorE and GpSimd share an SBUF port -- always on
+  NC-v2, only for VectorE perf-mode instructions on NC-v3+; VectorE and ScalarE share
+  PSUM access on NC-v2. An instruction holding a port cannot overlap another holder
+  (`port_mask`).
 - DMA: see `dma_plan`; transposes at their documented fraction of the copy rate (HBM ->
   SBUF and SBUF -> SBUF differ), in whole [128, 16]-element destination blocks.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..interp.trace import Instr
+from ..interp.trace import HBM, Instr
 from ..targets import Target
 
 # VectorE fast reductions: "tensor_reduce N (N/2 bf16 add/max)" (HARDWARE.md). H
@@ -116,6 +120,40 @@ def elementwise_cycles(
     return max(float(target.min_instr_cycles), per * n) + extra
 
 
+PORT_SBUF_VG = 1  # VectorE / GpSimd SBUF port
+PORT_PSUM_VS = 2  # VectorE / ScalarE PSUM access (NC-v2)
+
+
+def _perf_mode(instr: Instr, target: Target) -> bool:
+    a = instr.attrs
+    if not a.get("fast") or a.get("psum_in"):
+        return False
+    op = instr.opcode
+    if op in ("tensor_copy", "tensor_scalar"):
+        return target.vector_bf16_copy_speedup > 1.0
+    if op in ("tensor_tensor", "scalar_tensor_tensor"):
+        return target.vector_bf16_tt_speedup > 1.0 and a.get("op") in _FAST_TT_OPS
+    return False
+
+
+def port_mask(instr: Instr, target: Target) -> int:
+    """Shared ports `instr` holds while it runs (bits PORT_SBUF_VG, PORT_PSUM_VS)."""
+    eng = instr.engine
+    mask = 0
+    mode = target.vector_gpsimd_sbuf_port
+    if eng == "gpsimd" and mode != "none":
+        mask |= PORT_SBUF_VG
+    elif eng == "vector" and (mode == "all" or (mode == "perf_mode" and _perf_mode(instr, target))):
+        mask |= PORT_SBUF_VG
+    if (
+        target.vector_scalar_psum_port
+        and eng in ("vector", "scalar")
+        and instr.attrs.get("psum_in")
+    ):
+        mask |= PORT_PSUM_VS
+    return mask
+
+
 def compute_ns(instr: Instr, target: Target) -> float:
     """Busy time of a compute-engine instruction (TensorE at full clock)."""
     if instr.engine == "tensor":
@@ -180,6 +218,14 @@ def transpose_engine_ns(
     return max(data, target.dma_descriptor_min_ns)
 
 
+def hbm_contiguous(instr: Instr) -> bool:
+    """True when the DMA's HBM side is one contiguous byte extent of its size."""
+    for reg in (*instr.reads, *instr.writes):
+        if reg[0] == HBM:
+            return reg[5] - reg[4] == instr.nbytes
+    return False
+
+
 def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) -> DmaPlan:
     """Spread a DMA over the engines that serve its partitions and price each share.
 
@@ -210,6 +256,14 @@ def dma_plan(instr: Instr, chip_region: tuple[int, ...] | None, target: Target) 
     if eff > 0.0:
         desc = rows
         per_ns = transpose_engine_ns(instr, rows, -(-rows // len(engines)), eff, target)
+    elif rows and desc == rows and hbm_contiguous(instr):
+        # One run per partition row and the HBM side one contiguous extent: each engine's
+        # rows are one contiguous piece of HBM and move as one transfer (the DMA overview
+        # profiles a [128, 128] bf16 copy as one 2 KiB transfer per engine).
+        merged = -(-rows // len(engines)) * dbytes
+        pieces = -(-int(merged) // target.dma_max_descriptor_bytes)
+        desc = pieces * len(engines)
+        per_ns = pieces * descriptor_ns(merged / pieces, target)
     else:
         per_ns = -(-desc // len(engines)) * descriptor_ns(dbytes, target)
     hbm_bytes = instr.hbm_read + instr.hbm_write
@@ -233,11 +287,15 @@ class Pricer:
     def __init__(self, target: Target) -> None:
         self.target = target
         self._table = _opcode_table(target)
-        self._compute: dict[tuple, float] = {}
+        self._compute: dict[tuple, tuple[float, int]] = {}
         self._dma: dict[tuple, DmaPlan] = {}
 
     def compute_ns(self, instr: Instr) -> float:
         """`compute_ns` through a cache keyed by everything the cost reads."""
+        return self.compute(instr)[0]
+
+    def compute(self, instr: Instr) -> tuple[float, int]:
+        """(`compute_ns`, `port_mask`) through a cache keyed by everything they read."""
         a = instr.attrs
         key = (
             instr.engine,
@@ -251,15 +309,16 @@ class Pricer:
             a.get("op"),
             a.get("reduce"),
         )
-        cost = self._compute.get(key)
-        if cost is None:
+        hit = self._compute.get(key)
+        if hit is None:
             t = self.target
             if instr.engine == "tensor":
-                cost = tensor_cycles(instr, t) / t.tensor_ghz
+                hit = (tensor_cycles(instr, t) / t.tensor_ghz, 0)
             else:
                 cost = elementwise_cycles(instr, t, self._table) / engine_ghz(t, instr.engine)
-            self._compute[key] = cost
-        return cost
+                hit = (cost, port_mask(instr, t))
+            self._compute[key] = hit
+        return hit
 
     def dma_plan(self, instr: Instr, chip_region: tuple[int, ...] | None) -> DmaPlan:
         """`dma_plan` through a cache keyed by everything the plan reads."""
@@ -275,6 +334,7 @@ class Pricer:
             a.get("transpose_inner"),
             instr.nbytes,
             instr.hbm_read + instr.hbm_write,
+            hbm_contiguous(instr),
         )
         plan = self._dma.get(key)
         if plan is None:

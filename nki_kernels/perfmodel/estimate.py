@@ -19,17 +19,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..interp.trace import Trace
-from ..targets import Target
+from ..targets import SHIPPED_PARAMETERS, TARGETS, Target
 from .costs import hardware_flops, tensor_ideal_ns
 from .timeline import COMPUTE_ENGINES, Schedule
 
-COST_MODEL_VERSION = "v1"
+# v2: fitted to published Trainium measurements (anchors.json, fit_v2.json); merged
+# contiguous DMA rows, tensor_scalar_reduce N + 64, shared VectorE/GpSimd SBUF port.
+COST_MODEL_VERSION = "v2"
 ENGINES = (*COMPUTE_ENGINES, "dma")
 
 
-def modeled_label(target: str, version: str = COST_MODEL_VERSION) -> str:
-    """The provenance tag every printed figure carries."""
-    return f"modeled (cost model {version}, {target})"
+def modeled_label(
+    target: str, version: str = COST_MODEL_VERSION, parameters: str | None = None
+) -> str:
+    """The provenance tag every printed figure carries.
+
+    'modeled (cost model v2, trn2)' with the shipped parameters; a calibration override
+    (or any parameter set other than the shipped one) is named after the target.
+    `parameters` defaults to that of the target currently in use under this name.
+    """
+    if parameters is None:
+        tgt = TARGETS.get(target)
+        parameters = tgt.parameters if tgt is not None else SHIPPED_PARAMETERS
+    extra = "" if parameters == SHIPPED_PARAMETERS else f", {parameters}"
+    return f"modeled (cost model {version}, {target}{extra})"
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,7 @@ class Estimate:
     counts: Mapping[str, int]
     dma_bytes: int
     model_version: str = COST_MODEL_VERSION
+    parameters: str = SHIPPED_PARAMETERS
 
     @property
     def latency_ms(self) -> float:
@@ -70,8 +84,8 @@ class Estimate:
 
     @property
     def label(self) -> str:
-        """'modeled (cost model v1, trn2)'."""
-        return modeled_label(self.target, self.model_version)
+        """'modeled (cost model v2, trn2)' (+ the override's provenance, if any)."""
+        return modeled_label(self.target, self.model_version, self.parameters)
 
     @property
     def hbm_bytes(self) -> int:
@@ -88,6 +102,7 @@ class Estimate:
         return {
             "label": self.label,
             "model_version": self.model_version,
+            "parameters": self.parameters,
             "target": self.target,
             "lnc": self.lnc,
             "latency_ns": self.latency_ns,
@@ -162,4 +177,5 @@ def build_estimate(trace: Trace, sched: Schedule) -> Estimate:
         instructions=len(trace.instrs),
         counts=counts,
         dma_bytes=dma_bytes,
+        parameters=tgt.parameters,
     )

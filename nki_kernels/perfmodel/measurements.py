@@ -29,6 +29,9 @@ Fields (all required; `null` only where said):
 - `shape`: {dimension name: int}, the registry entry's `dims` when `estimable` is set.
 - `dtype`: input dtype string, e.g. "bfloat16".
 - `config`: the tunable config the launch used, as a JSON object ({} for none).
+  `calibrate` passes it as keyword arguments to the registered kernel (e.g. the tutorial
+  matmuls' {"tiles_m": 16, "tiles_n": 2, "tiles_k": 8}), so write the kernel's own
+  keyword names here.
 - `latency_ns`: {"median", "min", "max"} floats in ns with min <= median <= max and
   min > 0, and "repeats" (int >= 1): device time of one launch over that many repeats.
 - `modeled_ns`: what the cost model said for the same launch when it was measured

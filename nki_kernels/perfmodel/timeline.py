@@ -23,9 +23,16 @@ wait behind a store that is still waiting for its data). Each engine moves HBM b
 no more than 1/16 of the core's HBM bandwidth, so the modeled time never beats the
 bandwidth bound.
 
-TensorE on trn2/trn3 is throttled: a cold engine runs at `throttle_start_fraction` of
-its clock and warms linearly to full speed over `throttle_ramp_ns` of busy time; it cools
-at the same rate while idle (assumed).
+VectorE and GpSimd (and on NC-v2 VectorE and ScalarE for PSUM) share access ports; an
+instruction holding a port (`costs.port_mask`) starts only after the previous holder
+ended (trainium2_arch).
+
+TensorE on trn2/trn3 is throttled (dI/dt current limit, neuron-explorer "Understanding
+throttling"): a cold engine runs at `throttle_start_fraction` of its clock and warms
+linearly to full speed over `throttle_ramp_ns` of busy time; an idle gap long enough to
+drop its utilization over the ~3 us window below 50 % (a gap > half the window, counting
+only the latest gap) re-engages the limit. Thermal (TDP) limits are not modeled: the
+docs give no figures for them.
 
 Dependency tracking is per 64 B block of each partition's SBUF / PSUM (the allocation
 granule; partitions are not distinguished) and per 64 KiB block of each HBM tensor (HBM
@@ -85,6 +92,7 @@ class _Core:
         "dma",
         "free",
         "last_writes",
+        "port",
         "r",
         "trigger",
         "w",
@@ -93,6 +101,7 @@ class _Core:
 
     def __init__(self, target: Target) -> None:
         self.free = [0.0, 0.0, 0.0, 0.0]
+        self.port = [0.0, 0.0, 0.0]  # free time of the shared ports, by mask bit 1, 2
         self.last_writes: list[tuple] = [(), (), (), ()]
         self.busy = [0.0, 0.0, 0.0, 0.0]
         self.trigger: dict[tuple, float] = {}
@@ -159,6 +168,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
     sem = tgt.semaphore_ns
     fixed = tgt.dma_fixed_ns
     s0, ramp = tgt.throttle_start_fraction, tgt.throttle_ramp_ns
+    reengage = ramp * tgt.throttle_reengage_utilization
     dep_ns = [
         (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
         for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
@@ -167,7 +177,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
     dge_busy = 0.0
     latency = 0.0
     pricer = Pricer(tgt)
-    price_dma, price_compute = pricer.dma_plan, pricer.compute_ns
+    price_dma, price_compute = pricer.dma_plan, pricer.compute
     assert SBUF == 0 and PSUM == 1
 
     cur_prog = -1
@@ -265,11 +275,16 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                 drained = free + dep_ns[ei]
                 if drained > start:
                     start = drained
-            work = price_compute(ins)
+            work, ports = price_compute(ins)
+            if ports:
+                if ports & 1 and core.port[1] > start:
+                    start = core.port[1]
+                if ports & 2 and core.port[2] > start:
+                    start = core.port[2]
             if ei == 0 and s0 < 1.0:
-                warm = core.warm - (start - free)
-                if warm < 0.0:
-                    warm = 0.0
+                # "If utilization drops below 50% over any ~3 microsecond window ... the
+                # limit re-engages": an idle gap longer than half the ramp window resets it.
+                warm = 0.0 if start - free > reengage else core.warm
                 dur = throttled_duration(work, warm, s0, ramp)
                 warm += dur
                 core.warm = warm if warm < ramp else ramp
@@ -279,6 +294,11 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
             core.free[ei] = end
             core.busy[ei] += dur
             core.last_writes[ei] = ins.writes
+            if ports:
+                if ports & 1:
+                    core.port[1] = end
+                if ports & 2:
+                    core.port[2] = end
 
         starts[idx] = start
         ends[idx] = end

@@ -39,7 +39,7 @@ def test_heuristic_default_is_priced_and_passes_the_gate(op):
     problem = small_problem(op)
     config = tunable.heuristic(problem, TRN2)
     m = CostModelMeasurer().measure(tunable, tunable.proxy(problem), config, TRN2)
-    assert m.latency_ns > 0 and m.label == "modeled (cost model v1, trn2)"
+    assert m.latency_ns > 0 and m.label == "modeled (cost model v2, trn2)"
     res = CorrectnessGate().check(tunable, problem, config, TRN2)
     assert res.ok, res.reason
 
@@ -92,7 +92,7 @@ def test_attention_export_reprices_the_full_problem(tmp_path):
     # the export prices one full-length KV group and counts the two groups
     assert out.provenance.latency_ns == pytest.approx(2 * one_group.latency_ns)
     assert out.provenance.measurer == (
-        "modeled (cost model v1, trn2; one of 2 identical units, x2)"
+        "modeled (cost model v2, trn2; one of 2 identical units, x2)"
     )
     # against a full trace of both groups: pairs run back to back, so within a few percent
     full = CostModelMeasurer().measure(tunable, problem, out.config, TRN2).latency_ns

@@ -78,9 +78,16 @@ def vector(opcode: str, n: int, reads: tuple, writes: tuple, **attrs: object) ->
     )
 
 
-def load(sid: int, dst: tuple, row_bytes: int, dge: str = "unknown") -> Instr:
-    """HBM -> SBUF over dst's partitions, one descriptor of `row_bytes` per partition."""
+def load(
+    sid: int, dst: tuple, row_bytes: int, dge: str = "unknown", contiguous: bool = False
+) -> Instr:
+    """HBM -> SBUF over dst's partitions, one descriptor of `row_bytes` per partition.
+
+    The HBM rows are strided (a column slice: extent twice the bytes) unless
+    `contiguous`, when each engine's rows merge into one descriptor.
+    """
     p = dst[3] - dst[2]
+    extent = p * row_bytes * (1 if contiguous else 2)
     return Instr(
         "dma",
         "dma_copy",
@@ -88,7 +95,7 @@ def load(sid: int, dst: tuple, row_bytes: int, dge: str = "unknown") -> Instr:
         row_bytes // 2,
         "bfloat16",
         ("bfloat16",),
-        (hbm(sid, 0, p * row_bytes),),
+        (hbm(sid, 0, extent),),
         (dst,),
         hbm_read=p * row_bytes,
         nbytes=p * row_bytes,

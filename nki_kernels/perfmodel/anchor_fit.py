@@ -1,0 +1,88 @@
+"""The cost model v2 fit: the published anchors -> one parameter set per target (+ LOO sets).
+
+`refit()` traces every available anchor (`anchors.AnchorSet`), fits each target's
+`fit.FIT_PARAMETERS` and the leave-one-out sets, and returns the record stored in
+`fit_v2.json` (written by `python benchmarks/bench_calibration.py --refit`; minutes of
+CPU). The shipped `targets.py` values are that file's fitted parameters (a test checks
+they agree), and `perfmodel.band` prices its leave-one-out sets. trn3 has no anchors:
+it keeps trn2's fitted DMA floor and its band is built from trn2's sets plus the
+ranges of the parameters nothing measures (`fit.UNANCHORED`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..targets import get_target
+from .anchors import AnchorSet, load_anchors
+from .estimate import COST_MODEL_VERSION
+from .fit import FIT_PARAMETERS, UNANCHORED, fit, leave_one_out, pct
+
+FIT_FILE = Path(__file__).with_name("fit_v2.json")
+
+
+def refit(
+    targets: tuple[str, ...] = ("trn2", "trn1"), log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Fit every target of `targets` to its anchors; see the module docstring."""
+    anchors = load_anchors()
+    out: dict[str, Any] = {
+        "cost_model_version": COST_MODEL_VERSION,
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "method": "bounded compass search in log(modeled / measured); band = "
+        "leave-one-out refits plus both ends of every unanchored parameter's range",
+        "targets": {},
+    }
+    for name in targets:
+        base = get_target(name)
+        ranges = FIT_PARAMETERS[name]
+        aset = AnchorSet.build(name, anchors)
+        # Schedules of the trn1 tutorial matmuls take seconds each: start from the shipped
+        # (previously fitted) values with a small compass step there instead of a grid.
+        cheap = sum(len(t.instrs) for t in aset.traces.values()) < 50_000
+        full = fit(aset.log_errors, base, ranges, grid=cheap, step=0.25 if cheap else 0.0625)
+        log(f"{name}: fit {full.params} in {full.evaluations} evaluations")
+        ids = [a.id for a in aset.anchors]
+        loo = leave_one_out(
+            aset.log_errors,
+            ids,
+            base,
+            ranges,
+            start=full.params,
+            max_iterations=4 if cheap else 2,
+            step=0.125 if cheap else 0.0625,
+        )
+        rows = {}
+        for a in aset.anchors:
+            rows[a.id] = {
+                "measured_ns": a.measured_ns,
+                "modeled_ns": a.measured_ns * (1 + pct(full.residuals[a.id]) / 100),
+                "error_pct": pct(full.residuals[a.id]),
+                "loo_error_pct": pct(loo[a.id].residuals[a.id]),
+            }
+        out["targets"][name] = {
+            "params": full.params,
+            "ranges": {r[0]: list(r[1:]) for r in ranges},
+            "anchors": rows,
+            "unavailable": aset.unavailable,
+            "loo_sets": {k: v.params for k, v in loo.items()},
+            "unanchored": {r[0]: [*r[1:], sign] for r, sign in UNANCHORED.get(name, ())},
+        }
+    return out
+
+
+def load_fit(path: str | Path = FIT_FILE) -> dict[str, Any]:
+    """The stored fit record (see `refit`)."""
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data
+
+
+def write_fit(record: dict[str, Any], path: str | Path = FIT_FILE) -> Path:
+    """Write a fit record as JSON; returns the path."""
+    p = Path(path)
+    p.write_text(json.dumps(record, indent=1) + "\n")
+    return p

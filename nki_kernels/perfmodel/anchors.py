@@ -1,0 +1,239 @@
+"""Published Trainium measurements (`anchors.json`) and how the cost model prices each one.
+
+Each anchor names its source (repository, commit, path), target, kernel, shape, dtype,
+compiler flags and what was measured (`quantity`):
+
+- `latency`: one kernel launch, priced as the schedule's latency;
+- `dma_engine_transfer`: one DMA engine's transfer time as the profiler shows it, priced
+  as that engine's share of the kernel's first DMA (`costs.dma_plan`);
+- `instruction_interval`: the initiation interval of a chain of dependent instructions,
+  priced as (start of the last - start of the first) / (count - 1) on their engine.
+
+Kernels are priced as they were measured. `aws-kernel` anchors run AWS's own source file
+unmodified through the interpreter (trace-only); the file is found in a local checkout
+of its repository (`EXT_DIR`, one directory per repository named `owner+name`), and an
+anchor whose checkout is absent, or that the interpreter cannot yet run, is reported as
+unavailable with the reason -- never replaced by a kernel of ours. `faithful-
+reimplementation` anchors are the documents' own code blocks (or, where the document
+shows only a profile, the instruction pattern it describes), written in `_doc_kernels`.
+
+`AnchorSet.price(target)` re-prices every available anchor on a parameter set from the
+cached traces, which is what the fitter (`perfmodel.fit`) calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..interp import TensorSpec
+from ..interp import nisa as _nisa
+from ..interp import nki as _nki
+from ..interp import nl as _nl
+from ..interp.trace import Trace
+from ..targets import Target, get_target
+from .api import trace_kernel
+from .costs import dma_plan
+from .timeline import _chip_region, schedule
+
+ANCHORS_FILE = Path(__file__).with_name("anchors.json")
+EXT_DIR_ENV = "NKI_KERNELS_EXT_DIR"
+DEFAULT_EXT_DIR = "/work/ext"
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One published measurement (a row of anchors.json)."""
+
+    id: str
+    target: str
+    kernel: str
+    quantity: str
+    measured_ns: float
+    priced_by: str
+    source: dict[str, str]
+    shape: dict[str, Any]
+    dtype: str
+    compiler_flags: str
+    kernel_source: dict[str, str] | None = None
+    note: str = ""
+
+    @property
+    def citation(self) -> str:
+        """'owner/repo @ commit8 path'."""
+        s = self.source
+        return f"{s['repo']} @ {s['commit'][:8]} {s['path']}"
+
+
+def load_anchors(path: str | os.PathLike[str] = ANCHORS_FILE) -> list[Anchor]:
+    """Every anchor of the file, in file order."""
+    data = json.loads(Path(path).read_text())
+    fields = set(Anchor.__dataclass_fields__)
+    return [Anchor(**{k: v for k, v in row.items() if k in fields}) for row in data["anchors"]]
+
+
+def ext_dir() -> Path:
+    """Where public checkouts live (`NKI_KERNELS_EXT_DIR`, default /work/ext)."""
+    return Path(os.environ.get(EXT_DIR_ENV) or DEFAULT_EXT_DIR)
+
+
+@contextlib.contextmanager
+def _interpreter_as_nki() -> Iterator[None]:
+    """Make `import nki` / `nki.language` / `nki.isa` resolve to the interpreter while a
+    public kernel module is imported (it keeps its references afterwards)."""
+    names = ("nki", "nki.language", "nki.isa")
+    saved = {n: sys.modules.get(n) for n in names}
+    sys.modules.update({"nki": _nki, "nki.language": _nl, "nki.isa": _nisa})
+    try:
+        yield
+    finally:
+        for n, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = mod
+
+
+_MODULES: dict[Path, ModuleType] = {}
+
+
+def load_public_module(repo: str, path: str) -> ModuleType:
+    """Import `path` of the checkout of `repo` unmodified, with `nki` = the interpreter.
+
+    Raises FileNotFoundError naming the expected location when the checkout is absent.
+    """
+    file = ext_dir() / repo.replace("/", "+") / path
+    if file in _MODULES:
+        return _MODULES[file]
+    if not file.is_file():
+        raise FileNotFoundError(f"{repo} checkout: expected {file} ({EXT_DIR_ENV})")
+    spec = importlib.util.spec_from_file_location(f"_anchor_{file.stem}", file)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    with _interpreter_as_nki():
+        spec.loader.exec_module(mod)
+    _MODULES[file] = mod
+    return mod
+
+
+# ---- the documents' kernels (faithful re-implementations) -----------------------------------
+@_nki.jit
+def _dma_overview_exp(in_tensor: Any) -> Any:
+    """The DMA overview's `tensor_exp_kernel_isa`: load, exp on ScalarE, store."""
+    out_tensor = _nl.ndarray(in_tensor.shape, dtype=_nl.bfloat16, buffer=_nl.shared_hbm)
+    sbuf_tensor = _nl.ndarray(in_tensor.shape, dtype=_nl.bfloat16, buffer=_nl.sbuf)
+    out_tile = _nl.ndarray(in_tensor.shape, dtype=_nl.bfloat16, buffer=_nl.sbuf)
+    _nisa.dma_copy(dst=sbuf_tensor, src=in_tensor)
+    _nisa.activation(dst=out_tile, op=_nl.exp, data=sbuf_tensor)
+    _nisa.dma_copy(dst=out_tensor, src=out_tile)
+    return out_tensor
+
+
+@_nki.jit
+def _dependent_activations(x: Any, chain: int) -> Any:
+    """`chain` IDENTITY activations with scale and bias on one [128, 1] fp32 tile, each
+    reading what the previous one wrote (the perf guide's Opt #5a profile)."""
+    out = _nl.ndarray(x.shape, dtype=x.dtype, buffer=_nl.shared_hbm)
+    t = _nl.ndarray(x.shape, dtype=x.dtype, buffer=_nl.sbuf)
+    _nisa.dma_copy(dst=t, src=x)
+    for _ in range(chain):
+        _nisa.activation(dst=t, op=_nl.copy, data=t, scale=1.5, bias=None)
+    _nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def _trace_anchor(a: Anchor) -> Trace:
+    tgt = get_target(a.target)
+    if a.id.startswith("matmul_tutorial."):
+        ks = a.kernel_source or {}
+        mod = load_public_module(ks["repo"], ks["path"])
+        lhsT = TensorSpec(tuple(a.shape["lhsT"]), a.dtype)
+        rhs = TensorSpec(tuple(a.shape["rhs"]), a.dtype)
+        # The tutorial's fully blocked kernel compiles and runs on trn1; the interpreter's
+        # first-fit allocator fragments its 16 KiB + 264 B compiler reserve (L on trn1)
+        # so that the last 32 KiB block does not fit. Trace it without the reserve.
+        return trace_kernel(
+            getattr(mod, ks["function"]), lhsT, rhs, target=tgt.replace(sbuf_reserved_bytes=0)
+        )
+    if a.id.startswith("fused_mamba."):
+        ks = a.kernel_source or {}
+        mod = load_public_module(ks["repo"], ks["path"])
+        b, c, s, n = (a.shape[k] for k in ("batch", "channels", "seq_len", "state_size"))
+        specs = (
+            TensorSpec((b, c, s), a.dtype),
+            TensorSpec((b, c, s), a.dtype),
+            TensorSpec((c, n), a.dtype),
+            TensorSpec((b, n, s), a.dtype),
+            TensorSpec((b, n, s), a.dtype),
+        )
+        return trace_kernel(getattr(mod, ks["function"]), *specs, target=tgt)
+    if a.id.startswith("dma_overview."):
+        spec = TensorSpec(tuple(a.shape["in_tensor"]), a.dtype)
+        return trace_kernel(_dma_overview_exp, spec, target=tgt)
+    if a.id == "perf_guide.dependent_activations":
+        spec = TensorSpec(tuple(a.shape["tile"]), a.dtype)
+        return trace_kernel(_dependent_activations, spec, a.shape["chain"], target=tgt)
+    raise NotImplementedError(f"{a.id}: no pricer for this anchor yet ({a.kernel})")
+
+
+def _first_dma_engine_ns(trace: Trace, target: Target) -> float:
+    ins = next(i for i in trace.instrs if i.engine == "dma")
+    return dma_plan(ins, _chip_region(ins), target).per_engine_ns
+
+
+def _chain_interval_ns(trace: Trace, target: Target) -> float:
+    sched = schedule(trace, target)
+    idx = [i for i, ins in enumerate(trace.instrs) if ins.engine == "scalar"]
+    return (sched.start[idx[-1]] - sched.start[idx[0]]) / (len(idx) - 1)
+
+
+QUANTITIES: dict[str, Callable[[Trace, Target], float]] = {
+    "latency": lambda trace, target: schedule(trace, target).latency_ns,
+    "dma_engine_transfer": _first_dma_engine_ns,
+    "instruction_interval": _chain_interval_ns,
+}
+
+
+@dataclass
+class AnchorSet:
+    """The anchors of one target with their traces (built once), ready to re-price."""
+
+    target: str
+    anchors: list[Anchor]
+    traces: dict[str, Trace] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, target: str, anchors: list[Anchor] | None = None) -> AnchorSet:
+        """Trace every anchor of `target`; those that cannot be run go to `unavailable`."""
+        rows = [a for a in (anchors or load_anchors()) if a.target == target]
+        out = cls(target, [])
+        for a in rows:
+            try:
+                out.traces[a.id] = _trace_anchor(a)
+                out.anchors.append(a)
+            except Exception as exc:  # the reason is reported, the anchor is not priced
+                out.unavailable[a.id] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        return out
+
+    def price(self, target: Target, ids: list[str] | None = None) -> dict[str, float]:
+        """Modeled value (ns) of each available anchor (or of `ids`) on `target`."""
+        out = {}
+        for a in self.anchors:
+            if ids is None or a.id in ids:
+                out[a.id] = QUANTITIES[a.quantity](self.traces[a.id], target)
+        return out
+
+    def log_errors(self, target: Target, ids: list[str] | None = None) -> dict[str, float]:
+        """log(modeled / measured) per anchor: the fitter's residuals."""
+        meas = {a.id: a.measured_ns for a in self.anchors}
+        return {k: math.log(v / meas[k]) for k, v in self.price(target, ids).items()}

@@ -1,0 +1,57 @@
+"""Cost model v2 against the published anchors (the cheap ones; the tutorial matmuls and
+the Mamba kernels are priced in benchmarks/bench_calibration.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nki_kernels.perfmodel.anchor_fit import load_fit
+from nki_kernels.perfmodel.anchors import AnchorSet, load_anchors
+from nki_kernels.perfmodel.fit import FIT_PARAMETERS
+from nki_kernels.targets import SHIPPED_TARGETS, get_target
+
+CHEAP = ("dma_overview.", "perf_guide.")
+
+
+def test_every_anchor_names_its_source_and_what_was_measured():
+    anchors = load_anchors()
+    assert len(anchors) >= 15
+    for a in anchors:
+        assert a.source["repo"] and len(a.source["commit"]) == 40 and a.source["path"]
+        assert a.target in SHIPPED_TARGETS and a.measured_ns > 0
+        assert a.priced_by in ("aws-kernel", "faithful-reimplementation")
+        if a.priced_by == "aws-kernel":
+            assert a.kernel_source and a.kernel_source["function"]
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_cheap_anchors_within_15_percent(target):
+    cheap = [a for a in load_anchors() if a.target == target and a.id.startswith(CHEAP)]
+    aset = AnchorSet.build(target, cheap)
+    assert not aset.unavailable
+    for aid, value in aset.price(get_target(target)).items():
+        measured = next(a.measured_ns for a in cheap if a.id == aid)
+        assert abs(value / measured - 1) <= 0.15, (aid, value, measured)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_shipped_parameters_are_the_stored_fit(target):
+    rec = load_fit()["targets"][target]
+    tgt = SHIPPED_TARGETS[target]
+    for name, lo, hi, _doc, _src in FIT_PARAMETERS[target]:
+        value = rec["params"][name]
+        assert lo <= value <= hi
+        assert getattr(tgt, name) == pytest.approx(value, rel=0.005), name
+    for aid, row in rec["anchors"].items():
+        assert abs(row["error_pct"]) <= 15, aid
+
+
+def test_an_absent_checkout_makes_an_anchor_unavailable_not_replaced(monkeypatch, tmp_path):
+    monkeypatch.setenv("NKI_KERNELS_EXT_DIR", str(tmp_path))
+    from nki_kernels.perfmodel import anchors as mod
+
+    monkeypatch.setattr(mod, "_MODULES", {})
+    rows = [a for a in load_anchors() if a.id == "matmul_tutorial.tiled"]
+    aset = AnchorSet.build("trn1", rows)
+    assert not aset.anchors
+    assert "FileNotFoundError" in aset.unavailable["matmul_tutorial.tiled"]

@@ -1,0 +1,55 @@
+"""Uncertainty bands: the sets they span, their order, and the printed form."""
+
+from __future__ import annotations
+
+import pytest
+
+from nki_kernels.interp import TensorSpec
+from nki_kernels.perfmodel import trace_kernel
+from nki_kernels.perfmodel.anchor_fit import load_fit
+from nki_kernels.perfmodel.band import (
+    band,
+    band_estimate,
+    format_band,
+    format_latency,
+    parameter_sets,
+)
+from nki_kernels.perfmodel.calibration import matmul_fully_blocked, matmul_tiled
+from nki_kernels.perfmodel.timeline import schedule
+from nki_kernels.targets import get_target
+
+SPECS = (TensorSpec((1024, 2048), "bfloat16"), TensorSpec((1024, 1024), "bfloat16"))
+
+
+def test_sets_are_the_shipped_set_the_loo_fits_and_two_corners():
+    rec = load_fit()["targets"]["trn2"]
+    sets = parameter_sets("trn2")
+    assert sets[0] is get_target("trn2")
+    assert len(sets) == 1 + len(rec["loo_sets"]) + 2
+    corners = sets[-2:]
+    for name, (lo, hi, _doc, _src, sign) in rec["unanchored"].items():
+        slow, fast = (hi, lo) if sign > 0 else (lo, hi)
+        assert getattr(corners[0], name) == slow and getattr(corners[1], name) == fast
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+def test_band_contains_the_modeled_latency(target):
+    trace = trace_kernel(matmul_tiled, *SPECS, target=target)
+    lo, hi = band(trace, target)
+    central = schedule(trace, target).latency_ns
+    assert lo <= central <= hi
+    assert hi > lo  # every target has some parameter the anchors leave uncertain
+
+
+def test_mfu_band_is_the_latency_band_inverted():
+    trace = trace_kernel(matmul_fully_blocked, *SPECS, target="trn2")
+    b = band_estimate(trace, "trn2")
+    assert b.mfu_lo <= b.mfu <= b.mfu_hi
+    assert b.mfu_lo * b.latency_hi_ns == pytest.approx(b.mfu * b.latency_ns)
+    assert b.mfu_text().endswith("%)")
+
+
+def test_formats():
+    assert format_band(63.1, 51.0, 70.2, "%") == "63 % (51–70 %)"
+    assert format_latency(2.1e6, 1.9e6, 2.6e6) == "2.10 ms (1.90–2.60 ms)"
+    assert format_latency(97.0, 90.0, 110.0) == "97 ns (90–110 ns)"
