@@ -46,7 +46,7 @@ def refit(
         cheap = sum(len(t.instrs) for t in aset.traces.values()) < 50_000
         full = fit(aset.log_errors, base, ranges, grid=cheap, step=0.25 if cheap else 0.0625)
         log(f"{name}: fit {full.params} in {full.evaluations} evaluations")
-        ids = [a.id for a in aset.anchors]
+        ids = aset.fitted_ids
         loo = leave_one_out(
             aset.log_errors,
             ids,
@@ -56,13 +56,15 @@ def refit(
             max_iterations=4 if cheap else 2,
             step=0.125 if cheap else 0.0625,
         )
+        every = aset.log_errors(base.replace(**full.params), [a.id for a in aset.anchors])
         rows = {}
         for a in aset.anchors:
             rows[a.id] = {
+                "fitted": a.fit,
                 "measured_ns": a.measured_ns,
-                "modeled_ns": a.measured_ns * (1 + pct(full.residuals[a.id]) / 100),
-                "error_pct": pct(full.residuals[a.id]),
-                "loo_error_pct": pct(loo[a.id].residuals[a.id]),
+                "modeled_ns": a.measured_ns * (1 + pct(every[a.id]) / 100),
+                "error_pct": pct(every[a.id]),
+                "loo_error_pct": pct(loo[a.id].residuals[a.id]) if a.id in loo else None,
             }
         out["targets"][name] = {
             "params": full.params,

@@ -8,9 +8,9 @@ The sets of a target (`parameter_sets`) are
 
 A band is the minimum and maximum of the figure over those sets and the shipped set; it
 is not a confidence interval (no posterior is sampled). trn3 has no anchors: it uses
-trn2's leave-one-out sets for the parameters it shares with trn2's fit (the DMA floor;
-trn3 keeps its own documented DMA rate). A `calibrate` override (targets.use_override)
-carries the sets of its own fit.
+trn2's leave-one-out sets for the parameters it takes from trn2's fit (DMA floor, start
+latency, transpose efficiency; trn3 keeps its own documented DMA rate). A `calibrate`
+override (targets.use_override) carries the sets of its own fit.
 
 Public API (used by `estimate`, the bench table and the autotuner):
 
@@ -33,7 +33,8 @@ from ..targets import Target, get_target
 from .anchor_fit import load_fit
 from .timeline import schedule
 
-_TRN3_SHARED = ("dma_descriptor_min_ns",)
+# trn3 takes these fitted values from trn2 (targets.py) and hence their band sets
+_TRN3_SHARED = ("dma_descriptor_min_ns", "dma_fixed_ns", "dma_transpose_hbm_efficiency")
 
 
 @lru_cache(maxsize=1)

@@ -29,10 +29,11 @@ Range = tuple[str, float, float, float, str]
 _DMA_FLOOR: Range = ("dma_descriptor_min_ns", 20.0, 100.0, 100.0, "<= ~100 ns (HARDWARE.md, L)")
 _DMA_FIXED: Range = (
     "dma_fixed_ns",
-    650.0,
+    0.0,
     1950.0,
     1300.0,
-    "~1300 ns +-50 % (dma bandwidth guide; range L)",
+    "'~1300 ns cross-engine' semaphore-to-start (dma bandwidth guide); no documented lower "
+    "bound (range L)",
 )
 _DEP: Range = (
     "dependent_instr_cycles",
@@ -48,41 +49,31 @@ _TRANSPOSE: Range = (
     0.5,
     "'up to 90 %' (trainium2_arch); 0.37-0.5 fits AWS's measured attention_cte (issue 11)",
 )
+
+
+def _rate(upper: float, lower: float) -> Range:
+    return (
+        "dma_engine_bytes_per_ns",
+        lower,
+        upper,
+        upper,
+        f"<= {upper:g} B/ns per engine (dma bandwidth guide)",
+    )
+
+
 FIT_PARAMETERS: dict[str, tuple[Range, ...]] = {
-    "trn1": (
-        ("dma_engine_bytes_per_ns", 4.0, 17.0, 17.0, "<= 17 B/ns per engine (dma bandwidth guide)"),
-        _DMA_FLOOR,
-        _DMA_FIXED,
-        _DEP,
-    ),
-    "trn2": (
-        (
-            "dma_engine_bytes_per_ns",
-            15.0,
-            23.0,
-            23.0,
-            "<= 23 B/ns per engine (dma bandwidth guide)",
-        ),
-        _DMA_FLOOR,
-    ),
+    "trn1": (_rate(17.0, 4.0), _DMA_FLOOR, _DMA_FIXED, _DEP),
+    "trn2": (_rate(23.0, 15.0), _DMA_FLOOR, _DMA_FIXED, _TRANSPOSE),
     # no published trn3 anchor: used only by `calibrate` with a user's trn3 measurements
-    "trn3": (
-        (
-            "dma_engine_bytes_per_ns",
-            20.0,
-            33.0,
-            33.0,
-            "<= 33 B/ns per engine (dma bandwidth guide)",
-        ),
-        _DMA_FLOOR,
-    ),
+    "trn3": (_rate(33.0, 20.0), _DMA_FLOOR, _DMA_FIXED, _TRANSPOSE),
 }
 # Parameters no anchor of the target constrains: the band spans their whole range. The
-# sign says which end is slower (+1: a larger value makes kernels slower).
+# sign says which end is slower (+1: a larger value makes kernels slower). On trn2/trn3
+# the dependent-instruction cycles are trn1's fitted value, carried over.
 UNANCHORED: dict[str, tuple[tuple[Range, int], ...]] = {
     "trn1": (),
-    "trn2": ((_DMA_FIXED, 1), (_TRANSPOSE, -1), (_DEP, 1)),
-    "trn3": ((_DMA_FIXED, 1), (_TRANSPOSE, -1), (_DEP, 1), (_DMA_FLOOR, 1)),
+    "trn2": ((_DEP, 1),),
+    "trn3": ((_DEP, 1),),
 }
 PRIOR_WEIGHT = 0.02
 MAX_ITERATIONS = 9  # compass-step halvings: 0.25 -> 0.001

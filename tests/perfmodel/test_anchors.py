@@ -48,9 +48,6 @@ def test_shipped_parameters_are_the_stored_fit(target):
 
 def test_an_absent_checkout_makes_an_anchor_unavailable_not_replaced(monkeypatch, tmp_path):
     monkeypatch.setenv("NKI_KERNELS_EXT_DIR", str(tmp_path))
-    from nki_kernels.perfmodel import anchors as mod
-
-    monkeypatch.setattr(mod, "_MODULES", {})
     rows = [a for a in load_anchors() if a.id == "matmul_tutorial.tiled"]
     aset = AnchorSet.build("trn1", rows)
     assert not aset.anchors

@@ -96,3 +96,13 @@ def test_other_targets_are_labeled_with_their_name(capsys):
 def test_no_kernel_lists_them_and_fails(capsys):
     assert main([]) == 2
     assert "matmul_tiled" in capsys.readouterr().out
+
+
+def test_estimate_prints_the_band(capsys):
+    assert main(["matmul_tiled", "--shape", "256,512,512", "--target", "trn2"]) == 0
+    assert "band (parameter sets the anchors allow): latency" in capsys.readouterr().out
+    assert main(["matmul_tiled", "--shape", "256,512,512", "--target", "trn2", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    lo, hi = est["latency_band_ns"]
+    assert lo <= est["latency_ns"] <= hi
+    assert est["mfu_band"][0] <= est["mfu"] <= est["mfu_band"][1]

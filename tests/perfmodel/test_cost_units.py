@@ -79,15 +79,17 @@ def test_dependent_instruction_on_the_same_engine_pays_the_drain():
 def test_isolated_dma_on_trn2():
     # [128, 2 KiB] HBM -> SBUF with strided HBM rows: 16 engines x 8 rows; a 2 KiB
     # descriptor costs the smooth max of 2048 / 23 = 89.04 ns and the fitted floor f:
-    # (89.04^4 + f^4)^(1/4) (= 97.0 ns with f = 71.25, the DMA overview's 2 KiB transfer).
-    # Latency = 1300 ns trigger-to-start + 8 descriptors (HBM needs 262144 / 363 = 722 ns).
+    # (89.04^4 + f^4)^(1/4) (= 96.6 ns with f = 70.27, the DMA overview's 2 KiB transfer).
+    # Latency = trigger-to-start (v2 fit: 0 ns on trn2) + 8 descriptors (HBM needs
+    # 262144 / 363 = 722 ns).
     f = TRN2.dma_descriptor_min_ns
     desc = ((2048 / 23) ** 4 + f**4) ** 0.25
     tr = make_trace("trn2", load(1, sbuf(0, 2048), 2048))
-    assert estimate_trace(tr).latency_ns == pytest.approx(1300 + 8 * desc)
+    fixed = TRN2.dma_fixed_ns
+    assert estimate_trace(tr).latency_ns == pytest.approx(fixed + 8 * desc)
     # a hardware-DGE DMA first spends ~600 ns in a descriptor generator
     tr = make_trace("trn2", load(1, sbuf(0, 2048), 2048, dge="hwdge"))
-    assert estimate_trace(tr).latency_ns == pytest.approx(600 + 1300 + 8 * desc)
+    assert estimate_trace(tr).latency_ns == pytest.approx(600 + fixed + 8 * desc)
 
 
 def test_contiguous_rows_merge_into_one_descriptor_per_engine():
