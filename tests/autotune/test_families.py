@@ -94,9 +94,11 @@ def test_attention_export_reprices_the_full_problem(tmp_path):
     assert out.provenance.measurer == (
         "modeled (cost model v2, trn2; one of 2 identical units, x2)"
     )
-    # against a full trace of both groups: pairs run back to back, so within a few percent
+    # against a full trace of both groups: pairs run back to back, but the full trace
+    # overlaps one group's tail with the next one's loads, which the per-unit export does
+    # not count: cost model v2 puts that at 5-10 % here (heuristic config: 0.91x)
     full = CostModelMeasurer().measure(tunable, problem, out.config, TRN2).latency_ns
-    assert out.provenance.latency_ns == pytest.approx(full, rel=0.05)
+    assert out.provenance.latency_ns == pytest.approx(full, rel=0.1)
     assert out.provenance.latency_ns > report.best.latency_ns
 
 
