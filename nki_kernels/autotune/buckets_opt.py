@@ -19,6 +19,11 @@ range: for any t, the result is at least as good as any bucket set drawn from th
 the same number of buckets, and when t is nondecreasing a boundary can always move down
 to the largest observed length below it, so the observed lengths alone are already
 optimal over all integers.
+
+The DP keeps an m x m table, so candidates are capped at MAX_CANDIDATES. When the
+observed lengths at `align` give more, the alignment is coarsened (doubled until they
+fit: align 1 -> 2 -> 4 ...): the result is then exact over the coarser grid, and the plan's
+`note` says which alignment was used.
 """
 
 from __future__ import annotations
@@ -109,6 +114,7 @@ class BucketPlan:
     boundaries: tuple[int, ...]  # only the buckets some observed length uses
     expected_time: float  # mean modeled time per call, in the cost function's unit
     padding_waste: float  # padded elements / real elements (0.25 = 25% extra)
+    note: str = ""  # e.g. the coarsened alignment the optimum was computed on
 
     def policy(self) -> ExplicitBuckets:
         return ExplicitBuckets(self.boundaries)
@@ -161,6 +167,21 @@ def candidates(
     return tuple(sorted(keep))
 
 
+def coarsened_candidates(
+    dist: LengthDistribution, align: int = 1, extra: Iterable[int] = ()
+) -> tuple[tuple[int, ...], int]:
+    """(candidates, alignment used): `align` doubled until at most MAX_CANDIDATES remain."""
+    extra = list(extra)
+    a = align
+    while True:
+        try:
+            return candidates(dist, a, extra), a
+        except ValueError:
+            if a > dist.max_length:
+                raise
+            a *= 2
+
+
 def optimize(
     dist: LengthDistribution,
     max_buckets: int,
@@ -173,7 +194,8 @@ def optimize(
         raise ValueError(f"max_buckets: expected an int >= 1; got {max_buckets!r}")
     if extra_candidates is None:
         extra_candidates = default_extra_candidates(dist)
-    cands = np.asarray(candidates(dist, align, extra_candidates), dtype=np.int64)
+    cand_list, used_align = coarsened_candidates(dist, align, extra_candidates)
+    cands = np.asarray(cand_list, dtype=np.int64)
     m = len(cands)
     t = np.array([float(cost(int(c))) for c in cands])
     lengths = np.asarray(dist.lengths, dtype=np.int64)
@@ -206,6 +228,12 @@ def optimize(
         i = int(parents[k - 1][i])
         k -= 1
     plan = evaluate(dist, sorted(chosen), cost, name=f"optimal[{max_buckets}]")
+    if used_align != align:
+        note = (
+            f"candidates coarsened to multiples of {used_align} (align {align} gives more "
+            f"than {MAX_CANDIDATES}); the optimum is exact on that grid"
+        )
+        plan = BucketPlan(plan.name, plan.boundaries, plan.expected_time, plan.padding_waste, note)
     return plan
 
 

@@ -9,9 +9,11 @@ the date. When the study measured a cheaper proxy problem (`Tunable.search_probl
 latencies are measured again on the real problem before they are recorded. The store
 writes atomically (temporary file + rename, under a file lock).
 
-A config is exported only if it passed the correctness gate; a best config that the study
-recorded without gating (`gate='off'`, or 'improving' before it became best) is gated here
-first, and refused if it fails.
+A config is exported only if it passed the correctness gate. A best config that the study
+recorded without gating (`gate='off'`, or `'improving'` when it was not faster than the
+best at the time) is gated here first; if it fails, the verdict is stored in the study
+(`Tuner.record_verdict`, so a resumed or re-gated study does not offer it again) and the
+next best config is tried, until one passes or none is left (`ExportRefused`).
 """
 
 from __future__ import annotations
@@ -57,20 +59,25 @@ def export_best(
     gate: CorrectnessGate | None = None,
 ) -> Exported:
     """Write `tuner`'s best config for its problem into `store` (default: the user store)."""
-    report = tuner.report()
-    best = report.best
-    if best is None or best.config is None:
-        raise ExportRefused(f"{report.name}: no valid, correct config to export")
-    trial = tuner.study().get_trials(deepcopy=False)[best.number]
-    config = tuner.space.decode(trial.params)
-    if best.gate != "passed":
-        checker = gate or tuner.gate or CorrectnessGate()
+    checker = gate or tuner.gate or CorrectnessGate()
+    failures: list[str] = []
+    while True:
+        report = tuner.report()
+        best = report.best
+        if best is None or best.config is None:
+            why = f" ({len(failures)} fastest failed the gate: {failures[0]})" if failures else ""
+            raise ExportRefused(f"{report.name}: no valid, correct config to export{why}")
+        trial = tuner.study().get_trials(deepcopy=False)[best.number]
+        config = tuner.space.decode(trial.params)
+        if best.gate == "passed":
+            break
         res = checker.check(tuner.tunable, tuner.problem, config, tuner.target)
-        if not res.ok:
-            raise ExportRefused(
-                f"{report.name}: best config {config.key()} fails the correctness gate on "
-                f"{res.problem}: {res.reason}"
-            )
+        if res.ok:
+            tuner.record_verdict(best.number, True)
+            break
+        reason = f"wrong output on {res.problem}: {res.reason}"
+        tuner.record_verdict(best.number, False, reason)
+        failures.append(f"{config.key()} {reason}")
     heur = report.heuristic
     if heur is None or heur.outcome != OK or heur.latency_ns is None:
         outcome = "not measured" if heur is None else heur.outcome

@@ -255,10 +255,10 @@ def _norm_problem(affine: str) -> Callable[[str, int, str], Any]:
 
 
 def _by_model(table: Any, name: str) -> Any:
-    for s in table:
-        if s.model == name:
-            return s
-    raise ValueError(f"shape: expected one of {[s.model for s in table]}; got {name!r}")
+    """A named model of `table`, or explicit dimensions (`shapes.resolve_shape`)."""
+    from .shapes import resolve_shape
+
+    return resolve_shape(table, name)
 
 
 def _norm_spec(op: str, affine: str) -> OpSpec:

@@ -8,6 +8,14 @@
 - `journal:///path/to/file.log` (or a path ending in `.log` / `.journal`): Optuna's
   append-only journal file, for shared file systems without a database server;
 - `memory`: in-process only (tests, single-worker throwaway runs).
+
+Passwords: leave them out of the URL (`postgresql://tuner@db-host/tune`) and let the
+PostgreSQL driver find them in `PGPASSWORD` or `~/.pgpass` (libpq's own lookup). A URL
+that does carry one is never printed with it: `redact` replaces it by `***` in every log
+line and error of the tuner (`StorageError` messages are redacted), workers receive the URL
+through their environment, not their command line, and a password with an unescaped `@`
+is refused with a hint to percent-encode it (`%40`) instead of leaking its tail into a
+host-name error.
 """
 
 from __future__ import annotations
@@ -25,6 +33,13 @@ from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage, RDBSto
 from optuna.storages.journal import JournalFileBackend
 
 DEFAULT_DB_NAME = "autotune.db"
+STORAGE_ENV_VAR = "NKI_KERNELS_STORAGE"
+
+
+class StorageError(ValueError):
+    """A storage URL or connection problem; the message never holds a password."""
+
+
 _RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
 
 
@@ -44,13 +59,20 @@ def normalize_url(url: str | None, cache_dir: str | os.PathLike[str] | None = No
     if scheme == "journal":
         return url
     if scheme in _RDB_SCHEMES:
+        netloc = url.split("://", 1)[1].split("/", 1)[0]
+        if netloc.count("@") > 1:
+            raise StorageError(
+                f"storage: the credentials of {redact(url)} contain an unescaped '@'; "
+                "percent-encode it as %40, or leave the password out of the URL and use "
+                "PGPASSWORD / ~/.pgpass"
+            )
         if url.startswith("postgres://"):
             url = "postgresql" + url[len("postgres") :]
         return url
     if scheme:
-        raise ValueError(
+        raise StorageError(
             f"storage: expected an SQLite/PostgreSQL/MySQL URL, journal:///path, a file path "
-            f"or 'memory'; got {url!r}"
+            f"or 'memory'; got {redact(url)!r} (scheme {scheme!r})"
         )
     path = Path(url)
     if path.suffix in (".log", ".journal", ".jsonl"):
@@ -129,6 +151,14 @@ def open_storage(
 ) -> BaseStorage:
     """Open (creating if needed) the storage named by `url`."""
     canon = normalize_url(url, cache_dir)
+    try:
+        return _open(canon)
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, OSError) as e:
+        detail = scrub(str(e).splitlines()[0] if str(e) else type(e).__name__, canon)
+        raise StorageError(f"storage {redact(canon)}: cannot open ({detail})") from None
+
+
+def _open(canon: str) -> BaseStorage:
     if canon == "memory":
         return InMemoryStorage()
     if canon.startswith("journal:"):
@@ -165,19 +195,50 @@ def is_shareable(storage: BaseStorage) -> bool:
 
 def redact(url: str) -> str:
     """`url` with any password replaced by ***, for logs and provenance."""
-    if "://" not in url or "@" not in url:
+    if "://" not in url:
         return url
     scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
+    netloc, slash, path = rest.partition("/")
+    if "@" not in netloc:
+        return url
+    creds, host = netloc.rsplit("@", 1)
     if ":" in creds:
         creds = creds.split(":", 1)[0] + ":***"
-    return f"{scheme}://{creds}@{host}"
+    return f"{scheme}://{creds}@{host}{slash}{path}"
+
+
+def _password(url: str) -> str | None:
+    if "://" not in url:
+        return None
+    netloc = url.split("://", 1)[1].split("/", 1)[0]
+    if "@" not in netloc:
+        return None
+    creds = netloc.rsplit("@", 1)[0]
+    return creds.split(":", 1)[1] if ":" in creds else None
+
+
+def scrub(text: str, url: str | None) -> str:
+    """`text` with `url` and its password (raw and percent-decoded) replaced."""
+    if not url:
+        return text
+    from urllib.parse import unquote
+
+    text = text.replace(url, redact(url))
+    pw = _password(url)
+    if pw:
+        for secret in {pw, unquote(pw)}:
+            if len(secret) >= 3:
+                text = text.replace(secret, "***")
+    return text
 
 
 __all__ = [
+    "STORAGE_ENV_VAR",
+    "StorageError",
     "default_storage_path",
     "is_shareable",
     "normalize_url",
     "open_storage",
     "redact",
+    "scrub",
 ]

@@ -23,22 +23,36 @@ Strategies: `tpe` (multivariate TPE, seeded: one worker with one seed is reprodu
 TPE. The budget `n_trials` counts distinct configs finished in the study (all workers),
 so a resumed run continues to the same total.
 
+**Interruption.** A trial interrupted by Ctrl-C, SIGTERM (a worker whose parent died gets
+it, see `lifecycle`) or the `timeout` (enforced inside a trial with SIGALRM when `run` is on
+the main thread) is marked FAIL with `outcome=abandoned` before the exception propagates:
+it is not final, so a resumed run measures that config again, and it never stays RUNNING.
+
+**Regating.** A verdict of the correctness gate given after a trial finished (at export or
+by `regate`) is stored as the study user attribute `gate:<trial number>`; `report` counts a
+failed verdict as rejected, so the next best config takes its place.
+
 **Claims.** Trials carry no uniqueness constraint, but study names do: creating the study
 `<study>#claim#<config hash>.<attempt>` is an atomic test-and-set in every Optuna storage
 (SQL unique constraint; the journal's log order). The claim study records the owner trial.
 A claim whose owner died (its process is gone, or it ran longer than `stale_after_s`) is
 released by marking the owner FAIL (`outcome=abandoned`) and taking the next attempt.
+Claim studies whose owner trial has finished are deleted by `drop_claims` (the CLI does it
+when a study's run ends), so a dashboard shows one study per (op, target, bucket).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import random
+import signal
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -66,6 +80,7 @@ FINAL_OUTCOMES = (OK, INVALID, REJECTED, ERROR)
 CLAIM_SEP = "#claim#"
 ORPHAN_AFTER_S = 10.0
 RESULT = "result"
+GATE_VERDICT = "gate:"
 STRATEGIES = ("auto", "tpe", "grid", "random")
 GATE_MODES = ("always", "improving", "off")
 
@@ -101,13 +116,19 @@ def _measurer_tag(measurer: Any, target: Target) -> str:
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """Search settings. `gate='improving'` checks only configs that beat the current best
-    (the best is then always checked, slower configs are recorded unchecked)."""
+    """Search settings.
+
+    `gate='improving'` (the default) checks only configs that beat the current best; a
+    slower config is recorded unchecked (`gate=skipped`). No wrong config is exported
+    even so: export gates a best that was not checked and moves on to the next best when
+    it fails (`export.export_best`), so the exported config has always passed the gate.
+    `stale_after_s`: a RUNNING trial older than this is taken as abandoned (its worker
+    died on another host; on this host a dead process is noticed at once)."""
 
     strategy: str = "auto"
     seed: int = 0
     grid_threshold: int = GRID_THRESHOLD
-    gate: str = "always"
+    gate: str = "improving"
     n_startup_trials: int | None = None
     stale_after_s: float = 3600.0
     dup_patience: int = 5
@@ -118,6 +139,34 @@ class TuneOptions:
             raise ValueError(f"strategy: expected one of {STRATEGIES}; got {self.strategy!r}")
         if self.gate not in GATE_MODES:
             raise ValueError(f"gate: expected one of {GATE_MODES}; got {self.gate!r}")
+        if not self.stale_after_s > 0:
+            raise ValueError(f"stale_after_s: expected a number > 0; got {self.stale_after_s}")
+
+
+class TrialTimeout(BaseException):
+    """The `timeout` of `Tuner.run` expired inside a trial."""
+
+
+@contextlib.contextmanager
+def _alarm(deadline: float | None) -> Iterator[None]:
+    """Raise TrialTimeout in this (main) thread when `deadline` (monotonic) passes."""
+    if deadline is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TrialTimeout()
+
+    def fire(_sig: int, _frame: Any) -> None:
+        raise TrialTimeout()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, remaining)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass(frozen=True)
@@ -341,12 +390,75 @@ class Tuner:
     def report(self) -> StudyReport:
         """Counts, the best trial (outcome ok, lowest latency) and the heuristic's trial."""
         study = self.study()
-        recs = tuple(self.records())
+        verdicts = self.verdicts()
+        recs = tuple(self._with_verdict(r, verdicts.get(r.number)) for r in self.records())
         ok = [r for r in recs if r.outcome == OK and r.evaluated and r.latency_ns is not None]
         best = min(ok, key=lambda r: (r.latency_ns, r.number), default=None)
         hkey = study.user_attrs.get("heuristic")
         heur = next((r for r in recs if r.evaluated and r.key == hkey), None)
         return StudyReport(self.key.name, self.space.size, recs, best, heur)
+
+    def verdicts(self) -> dict[int, dict[str, Any]]:
+        """Gate verdicts given after trials finished: trial number -> {"ok", "reason"}."""
+        out = {}
+        for k, v in self.study().user_attrs.items():
+            if k.startswith(GATE_VERDICT) and isinstance(v, dict):
+                out[int(k[len(GATE_VERDICT) :])] = v
+        return out
+
+    @staticmethod
+    def _with_verdict(r: TrialRecord, verdict: dict[str, Any] | None) -> TrialRecord:
+        if verdict is None or r.outcome != OK:
+            return r
+        if verdict.get("ok"):
+            return dataclasses.replace(r, gate="passed")
+        return dataclasses.replace(
+            r, outcome=REJECTED, rule="gate", reason=str(verdict.get("reason", ""))
+        )
+
+    def record_verdict(self, number: int, ok: bool, reason: str = "") -> None:
+        """Store a gate verdict for finished trial `number` (see the module docstring)."""
+        self.study().set_user_attr(f"{GATE_VERDICT}{number}", {"ok": ok, "reason": reason})
+
+    def regate(self, limit: int | None = None) -> list[tuple[TrialRecord, bool, str]]:
+        """Gate the study's unchecked ok configs, fastest first, until one passes (or
+        `limit` checks); store each verdict. Returns (record, ok, reason) per check."""
+        gate = self.gate or CorrectnessGate()
+        out: list[tuple[TrialRecord, bool, str]] = []
+        while limit is None or len(out) < limit:
+            best = self.report().best
+            if best is None or best.gate == "passed" or best.config is None:
+                break
+            trial = self.study().get_trials(deepcopy=False)[best.number]
+            config = self.space.decode(trial.params)
+            try:
+                res = gate.check(self.tunable, self.problem, config, self.target)
+                ok, reason = (
+                    res.ok,
+                    ("" if res.ok else f"wrong output on {res.problem}: {res.reason}"),
+                )
+            except (InvalidConfig, NkiValidationError) as e:
+                ok, reason = False, f"gate: {e}"
+            self.record_verdict(best.number, ok, reason)
+            out.append((best, ok, reason))
+        return out
+
+    def drop_claims(self) -> int:
+        """Delete this study's claim studies whose owner trial has finished; return how many."""
+        study = self.study()
+        prefix = study.study_name + CLAIM_SEP
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        n = 0
+        for summary in self.storage.get_all_studies():
+            if not summary.study_name.startswith(prefix):
+                continue
+            owner = trials.get(summary.user_attrs.get("trial", -1))
+            if owner is None or not owner.state.is_finished():
+                continue
+            with contextlib.suppress(KeyError):
+                self.storage.delete_study(summary._study_id)
+                n += 1
+        return n
 
     def _final_trial_with(self, key: str) -> FrozenTrial | None:
         for t in self.study().get_trials(deepcopy=False):
@@ -376,6 +488,12 @@ class Tuner:
             self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except (UpdateFinishedTrialError, RuntimeError):
             pass
+
+    def _abandon_running(self, trial: optuna.Trial) -> None:
+        with contextlib.suppress(Exception):
+            t = self.storage.get_trial(trial._trial_id)
+            if t.state == TrialState.RUNNING:
+                self._abandon(t)
 
     def reap_stale(self) -> int:
         """Mark RUNNING trials whose worker died as FAIL (abandoned); return how many."""
@@ -514,12 +632,21 @@ class Tuner:
                 dups = 0
             trial = study.ask()
             try:
-                rec = self.evaluate(trial)
+                with _alarm(deadline):
+                    rec = self.evaluate(trial)
+            except TrialTimeout:
+                self._abandon_running(trial)
+                break
             except UpdateFinishedTrialError:
                 # a storage without atomic row locks handed this trial to another worker
                 # too, and that worker finished it first: it is theirs, take the next one
                 dups += 1
                 continue
+            except BaseException:
+                # Ctrl-C, SIGTERM (lifecycle.Terminated), a storage failure: the trial
+                # must not stay RUNNING
+                self._abandon_running(trial)
+                raise
             dups = dups + 1 if not rec.evaluated else 0
             if on_trial is not None:
                 on_trial(rec, self)

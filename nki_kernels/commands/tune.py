@@ -20,6 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `tune`; returns the exit status."""
-    from ..autotune.cli import run_tune
+    from ..autotune.cli import run_command, run_tune
 
-    return run_tune(args)
+    return run_command(NAME, run_tune, args)

@@ -1,0 +1,335 @@
+"""`nki-kernels configs show|summary|diff|which|validate`: the stored tuned configs.
+
+    nki-kernels configs show [--target trn2] [--op rms_norm] [--config-dir DIR]
+    nki-kernels configs summary [--op rms_norm] [--config-dir DIR|shipped]
+    nki-kernels configs diff DIR_A DIR_B [--target trn2] [--op rms_norm]
+    nki-kernels configs which OP --shape SHAPE --size N [--target trn2] [--dtype D]
+        [--bucket-policy SPEC] [--config-dir DIR]
+    nki-kernels configs validate [--config-dir DIR] [--target trn2] [--op rms_norm]
+
+`which` answers what a call of OP at dynamic size N (rows / tokens / sequence length) of
+that shape uses: the bucket (under the op's policy), the config, from where (tuned entry,
+nearest bucket, heuristic default) and its provenance, through the same lookup the op runs.
+`show` and `validate` report a file that does not parse, or an entry that fails the schema
+or its own problem's fit check, instead of stopping; `validate` exits 1 if any does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_configs_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `nki-kernels configs`."""
+    sub = p.add_subparsers(
+        dest="configs_cmd", metavar="show|summary|diff|which|validate", required=True
+    )
+    show = sub.add_parser("show", help="list stored tuned configs with their provenance")
+    show.add_argument("--target", default=None)
+    show.add_argument("--op", default=None)
+    show.add_argument("--config-dir", default=None, help="a user dir (default: env + shipped)")
+    show.add_argument("--markdown", action="store_true", help="one markdown table row per entry")
+    summ = sub.add_parser(
+        "summary", help="markdown table: tuned vs default latency per op, bucket and target"
+    )
+    summ.add_argument("--op", default=None)
+    summ.add_argument("--config-dir", default="shipped", help="default: the packaged configs")
+    diff = sub.add_parser("diff", help="compare two config directories ('shipped' = packaged)")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.add_argument("--target", default=None)
+    diff.add_argument("--op", default=None)
+    which = sub.add_parser("which", help="which config a call uses, from where, provenance")
+    which.add_argument("op")
+    which.add_argument("--shape", required=True, help="model name or dims (as tune --shape)")
+    which.add_argument("--size", type=int, required=True, help="rows / tokens / seq of the call")
+    which.add_argument("--target", default="trn2")
+    which.add_argument("--dtype", default=None)
+    which.add_argument("--bucket-policy", default=None, help="default: the op's policy")
+    which.add_argument("--config-dir", default=None, help="a user dir (default: env + shipped)")
+    val = sub.add_parser("validate", help="check every stored entry (schema, fit, kernel hash)")
+    val.add_argument("--target", default=None)
+    val.add_argument("--op", default=None)
+    val.add_argument("--config-dir", default=None, help="a user dir (default: env + shipped)")
+
+
+def _dirs(arg: str | None) -> list[Path]:
+    from ..runtime.config_store import SHIPPED_DIR, default_store
+
+    if arg is None:
+        return list(default_store().search_dirs)
+    return [SHIPPED_DIR if arg == "shipped" else Path(arg)]
+
+
+def _files(directory: Path, target: str | None, op: str | None) -> dict[tuple[str, str], Path]:
+    out = {}
+    for path in sorted(directory.glob("*/*.json")):
+        t, o = path.parent.name, path.stem
+        if (target is None or t == target) and (op is None or o == op):
+            out[(t, o)] = path
+    return out
+
+
+def _entries(path: Path) -> dict[str, Any]:
+    """A file's entries; ValueError naming the file when it does not parse."""
+    from ..runtime.config_store import _read
+
+    return dict(_read(path).get("entries", {}))
+
+
+def _entries_or_report(path: Path) -> dict[str, Any] | None:
+    try:
+        return _entries(path)
+    except (OSError, ValueError) as e:
+        print(f"{path}: not used: {e}", file=sys.stderr)
+        return None
+
+
+def _current_hash(op: str) -> str | None:
+    from .families import OPS
+
+    if op not in OPS:
+        return None
+    try:
+        return OPS[op].make_tunable().source_hash()
+    except Exception:
+        return None
+
+
+def _compact_problem(key: str) -> str:
+    """A problem key without the fields every shipped entry shares (bf16, weighted)."""
+    parts = [p for p in key.split(",") if p not in ("dtype=bfloat16", "affine=w", "batch=1")]
+    return ", ".join(parts)
+
+
+def _configs_summary(directory: Path, op: str | None) -> list[str]:
+    files = _files(directory, None, op)
+    targets = sorted({t for t, _ in files})
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    speedups: list[float] = []
+    measurers: set[str] = set()
+    for (t, o), path in files.items():
+        current = _current_hash(o)
+        for key, entry in (_entries_or_report(path) or {}).items():
+            prov = entry.get("provenance", {}) if isinstance(entry, dict) else {}
+            if not isinstance(prov, dict):
+                continue
+            lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+            stale = "" if current is None or prov.get("kernel_hash") == current else " STALE"
+            speedups.append(dflt / lat)
+            # "modeled (cost model v1, trn2; one of 8 units, x8)" -> "modeled (cost model v1, trn2)"
+            measurers.add(re.sub(r";[^)]*\)", ")", str(prov.get("measurer", "unlabeled"))))
+            cell = f"{dflt / 1e3:.1f} → {lat / 1e3:.1f} (x{dflt / lat:.2f}){stale}"
+            rows.setdefault((o, key), {})[t] = cell
+    head = ["op", "bucketed problem", *(f"{t}: default → tuned, us" for t in targets)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (o, key), cells in sorted(rows.items(), key=lambda kv: (kv[0][0], _natural((kv[0][1], 0)))):
+        out.append(
+            f"| {o} | {_compact_problem(key)} | "
+            + " | ".join(cells.get(t, "–") for t in targets)
+            + " |"
+        )
+    if speedups:
+        gm = math.exp(sum(math.log(x) for x in speedups) / len(speedups))
+        out.append("")
+        out.append(
+            f"{len(speedups)} entries; speedup geomean x{gm:.3f}, max x{max(speedups):.2f}, "
+            f"min x{min(speedups):.2f}. Latencies: " + "; ".join(sorted(measurers)) + "."
+        )
+    return out
+
+
+def run_configs(args: argparse.Namespace) -> int:
+    """`nki-kernels configs show|summary|diff|which|validate`."""
+    if args.configs_cmd == "which":
+        return _which(args)
+    if args.configs_cmd == "validate":
+        return _validate(args)
+    if args.configs_cmd == "summary":
+        lines = _configs_summary(_dirs(args.config_dir)[0], args.op)
+        print("\n".join(lines) if len(lines) > 2 else "no stored configs")
+        return 0
+    if args.configs_cmd == "show":
+        from .export import describe_entry
+
+        found = False
+        if args.markdown:
+            print("| op | target | bucketed problem | default (us) | tuned (us) | speedup | "
+                  "tuned config | measurer |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+        for d in _dirs(args.config_dir):
+            for (t, o), path in _files(d, args.target, args.op).items():
+                found = True
+                current = _current_hash(o)
+                if not args.markdown:
+                    print(f"{path}  ({t}, {o})")
+                entries = _entries_or_report(path)
+                for key, entry in sorted((entries or {}).items(), key=_natural):
+                    bad = _schema_problem(o, entry)
+                    if bad:
+                        print(f"  {key}\n    INVALID: {bad}")
+                        continue
+                    h = entry.get("provenance", {}).get("kernel_hash")
+                    stale = "" if current is None or h == current else "  STALE (kernel changed)"
+                    if args.markdown:
+                        print(_markdown_row(o, t, key, entry, stale))
+                    else:
+                        print(f"  {key}\n    {describe_entry(entry)}{stale}")
+        if not found:
+            print("no stored configs", file=sys.stderr)
+        return 0
+    fa = _files(_dirs(args.a)[0], args.target, args.op)
+    fb = _files(_dirs(args.b)[0], args.target, args.op)
+    changes = 0
+    for to in sorted(set(fa) | set(fb)):
+        ea = (_entries_or_report(fa[to]) or {}) if to in fa else {}
+        eb = (_entries_or_report(fb[to]) or {}) if to in fb else {}
+        for key in sorted(set(ea) | set(eb)):
+            line = _diff_line(ea.get(key), eb.get(key))
+            if line:
+                changes += 1
+                print(f"{to[0]}/{to[1]} {key}: {line}")
+    print(f"{changes} difference(s)")
+    return 0
+
+
+def _natural(item: tuple[str, Any]) -> list[tuple[str, int, str]]:
+    """Sort key of a problem key: numeric fields compare as numbers."""
+    out = []
+    for part in item[0].split(","):
+        name, _, value = part.partition("=")
+        out.append((name, int(value), "") if value.isdigit() else (name, -1, value))
+    return out
+
+
+def _markdown_row(op: str, target: str, key: str, entry: dict[str, Any], stale: str) -> str:
+    prov = entry.get("provenance", {})
+    lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+    cfg = ", ".join(f"{k}={v}" for k, v in entry.get("config", {}).items())
+    return (
+        f"| {op} | {target} | {key} | {dflt / 1e3:.1f} | {lat / 1e3:.1f} | "
+        f"{dflt / lat:.3f}x | {cfg} | {prov.get('measurer', '?')}{stale} |"
+    )
+
+
+def _diff_line(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    if a is None or b is None:
+        return "only in " + ("B" if a is None else "A")
+    ca, cb = a.get("config", {}), b.get("config", {})
+    fields = [
+        f"{k}: {ca.get(k)} -> {cb.get(k)}"
+        for k in sorted(set(ca) | set(cb))
+        if ca.get(k) != cb.get(k)
+    ]
+    la = a.get("provenance", {}).get("latency_ns", math.nan)
+    lb = b.get("provenance", {}).get("latency_ns", math.nan)
+    if not fields and la == lb:
+        return ""
+    lat = f"latency {la / 1e3:.2f} -> {lb / 1e3:.2f} us"
+    return "; ".join([*fields, lat])
+
+
+def _schema_problem(op: str, entry: Any) -> str:
+    """Why `entry` fails the schema of `op`'s config class ('' when it passes or the op
+    is unknown here)."""
+    from ..runtime.config_schema import EntryError, check_entry
+    from ..runtime.config_store import config_class_for
+
+    try:
+        cls = config_class_for(op)
+    except LookupError:
+        return ""
+    try:
+        check_entry(cls, entry)
+    except EntryError as e:
+        return str(e)
+    return ""
+
+
+def _store_for(config_dir: str | None) -> Any:
+    from ..runtime.config_store import SHIPPED_DIR, ConfigStore, default_store
+
+    if config_dir is None:
+        return default_store()
+    return ConfigStore([Path(config_dir), SHIPPED_DIR], None)
+
+
+def _which(args: argparse.Namespace) -> int:
+    import warnings
+
+    from ..runtime.buckets import policy_for, using_policy
+    from .families import get
+
+    spec = get(args.op)
+    policy = policy_for(args.op, args.bucket_policy)
+    if args.size < 1:
+        raise ValueError(f"--size: expected an int >= 1; got {args.size}")
+    b = policy.bucket(args.size)
+    dtype = args.dtype or spec.dtypes[0]
+    with using_policy(policy):
+        problem = spec.make_problem(args.shape, b, dtype)
+    tunable = spec.make_tunable()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = _store_for(args.config_dir).decide(
+            args.op, args.target, problem, kernel_hash=tunable.source_hash()
+        )
+    print(f"size {args.size} -> bucket {b} ({spec.bucket_dim}, policy {policy.name()})")
+    print(d.describe())
+    for w in caught:
+        if "reported once" not in str(w.message):
+            print(f"  warning: {w.message}")
+    return 0
+
+
+def _problem_of(op: str, key: str) -> Any:
+    """The bucketed problem a stored key names (None when the op is not tunable here)."""
+    import dataclasses
+
+    from ..runtime.config_store import _parse_key
+    from .families import OPS
+
+    if op not in OPS:
+        return None
+    spec = OPS[op]
+    cls = type(spec.make_problem(spec.shapes[0], spec.standard_buckets[0], spec.dtypes[0]))
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = _parse_key(key)
+    if set(values) != fields:
+        raise ValueError(f"key fields {sorted(values)} are not {cls.__name__}'s {sorted(fields)}")
+    return cls(**values)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from ..kernel_config import InvalidConfig
+    from ..runtime.config_schema import EntryError, check_entry
+    from ..runtime.config_store import config_class_for
+    from ..targets import get_target
+
+    bad = total = 0
+    for d in _dirs(args.config_dir):
+        for (t, o), path in _files(d, args.target, args.op).items():
+            entries = _entries_or_report(path)
+            if entries is None:
+                bad += 1
+                continue
+            current = _current_hash(o)
+            for key, entry in sorted(entries.items(), key=_natural):
+                total += 1
+                try:
+                    cfg, prov = check_entry(config_class_for(o), entry)
+                    problem = _problem_of(o, key)
+                    if problem is not None:
+                        cfg.validate(problem, get_target(t))
+                    if current is not None and prov["kernel_hash"] != current:
+                        raise ValueError(f"stale: tuned for kernel hash {prov['kernel_hash']}, "
+                                         f"current {current}")  # fmt: skip
+                except (EntryError, InvalidConfig, ValueError, TypeError, LookupError) as e:
+                    bad += 1
+                    print(f"{path}: entry {key!r}: {e}")
+    print(f"{total} entries checked, {bad} problem(s)")
+    return 1 if bad else 0
