@@ -321,6 +321,7 @@ def flash_attention(
     attn_mask: Tensor | None = None,
     softcap: float | None = None,
     return_lse: bool = False,
+    bucket_policy: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """`torch.ops.nki.flash_attention`, returning `out` (or `(out, lse)` with return_lse).
 
@@ -331,7 +332,8 @@ def flash_attention(
     `attn_mask` (bool: True = allowed, or additive float) broadcastable to [B, Hq, Sq, Sk]
     combines with all of them; `softcap` c > 0 soft-caps the scaled scores to
     c * tanh(score / c) before the mask is added. Rows with no allowed key return
-    out = 0, lse = -inf (as torch's SDPA and flex_attention do).
+    out = 0, lse = -inf (as torch's SDPA and flex_attention do). `bucket_policy`: the
+    sequence-length buckets of this call (`runtime.buckets.parse_policy` spec).
     """
     out, lse = torch.ops.nki.flash_attention(
         q,
@@ -345,6 +347,7 @@ def flash_attention(
         attn_mask=attn_mask,
         softcap=softcap,
         return_lse=return_lse,
+        bucket_policy=bucket_policy,
     )
     return (out, lse) if return_lse else out
 

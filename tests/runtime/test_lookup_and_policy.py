@@ -228,3 +228,15 @@ def test_written_files_are_group_readable_and_leave_no_debris(tmp_path: Path) ->
         os.umask(old)
     assert sorted(x.name for x in path.parent.iterdir()) == ["rms_norm.json"]
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_attention_follows_a_per_call_policy() -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 200, 64, generator=g) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with cs.recording_decisions() as seen:
+            out = nki_kernels.flash_attention(q, k, v, causal=True, bucket_policy="384")
+    assert seen and all("seq_k=384" in d.problem and "seq_q=384" in d.problem for d in seen)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
