@@ -75,15 +75,23 @@ def test_nearest_is_taken_along_the_bucketed_dimension_only() -> None:
     assert shipped().decide("rms_norm", "trn2", exact).source == TUNED
 
 
-def test_explain_names_config_source_and_provenance() -> None:
-    x = torch.randn(200, 4096, dtype=torch.bfloat16)
-    w = torch.ones(4096, dtype=torch.bfloat16)
-    e = nki_kernels.explain("rms_norm", x, w, 1e-6)
+def test_explain_names_config_source_and_provenance(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(cs, "_default", None)
+    store = cs.set_config_dir(tmp_path)
+    stored = NormProblem(rows=512, hidden=64, dtype="float32", affine="w")
+    prov = Provenance(kernel_source_hash(rms_norm_fwd), "modeled (test)", 1.0, 2.0, 3, "d")
+    cfg_cls = type(store.decide("rms_norm", "trn2", stored).config)
+    store.put("rms_norm", "trn2", stored, cfg_cls(**GOOD), prov)
+    x, w = torch.randn(200, 64), torch.ones(64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = nki_kernels.explain("rms_norm", x, w, 1e-6)
     (d,) = e.decisions
-    assert d.problem == "affine=w,dtype=bfloat16,hidden=4096,rows=256"
-    assert d.source == NEAREST and d.provenance is not None
+    assert d.problem == "affine=w,dtype=float32,hidden=64,rows=256"
+    assert d.source == NEAREST and d.entry_key == cs.problem_key(stored), d.skipped
+    assert d.provenance == prov and d.config == cfg_cls(**GOOD)
     text = str(e)
-    assert "nearest bucket" in text and d.provenance.kernel_hash in text
+    assert "nearest bucket" in text and prov.kernel_hash in text and "modeled (test)" in text
     with pytest.raises(ValueError, match="op: expected one of"):
         nki_kernels.explain("no_such_op", x)
 
@@ -174,7 +182,7 @@ def _user_file(tmp_path: Path, config: dict[str, Any], key: str | None = None) -
     return ConfigStore([tmp_path], tmp_path)
 
 
-GOOD = {"bufs": 2, "chunk": 64, "gpsimd_eighths": 0, "resident": True,
+GOOD = {"bufs": 3, "chunk": 64, "gpsimd_eighths": 0, "resident": True,
         "rows_per_partition": 1, "scale_mode": "vector"}  # fmt: skip
 
 
