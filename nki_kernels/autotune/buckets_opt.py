@@ -171,6 +171,8 @@ def coarsened_candidates(
     dist: LengthDistribution, align: int = 1, extra: Iterable[int] = ()
 ) -> tuple[tuple[int, ...], int]:
     """(candidates, alignment used): `align` doubled until at most MAX_CANDIDATES remain."""
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+        raise ValueError(f"align: expected an int >= 1; got {align!r}")
     extra = list(extra)
     a = align
     while True:
@@ -179,7 +181,7 @@ def coarsened_candidates(
         except ValueError:
             if a > dist.max_length:
                 raise
-            a *= 2
+            a *= 2  # too many candidates at this alignment: coarsen
 
 
 def optimize(
