@@ -218,7 +218,25 @@ def _tune_cmd(tmp_path: Path, *extra: str) -> list[str]:
 def test_sigint_ends_with_one_line_and_the_resume_command(tmp_path) -> None:
     proc = subprocess.Popen(_tune_cmd(tmp_path, "--trials", "400", "--strategy", "tpe"),
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(25)  # import, study creation and a few trials
+    # wait until trials run (imports take long on a loaded machine), then interrupt
+    from optuna.trial import TrialState as _State
+
+    db = tmp_path / "s.db"
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline
+        if db.exists():
+            try:
+                st = open_storage(str(db))
+                done = sum(
+                    len(st.get_all_trials(s._study_id, deepcopy=False, states=(_State.COMPLETE,)))
+                    for s in st.get_all_studies()
+                )
+            except Exception:
+                done = 0
+            if done >= 2:
+                break
+        time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

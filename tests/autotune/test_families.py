@@ -53,7 +53,7 @@ def test_model_shape_problems_use_the_runtime_buckets():
     assert (proxy.q_heads, proxy.kv_heads, proxy.seq_q, proxy.seq_k) == (4, 1, 2048, 5120)
     m = get("moe_mlp").make_problem("mixtral-8x7b", 512, "bfloat16")
     assert (m.tokens, m.experts, m.top_k, m.intermediate) == (512, 8, 2, 14336)
-    with pytest.raises(ValueError, match="shape: expected one of"):
+    with pytest.raises(ValueError, match="shape: expected one model name of"):
         get("rms_norm").make_problem("gpt-2", 512, "bfloat16")
     with pytest.raises(ValueError, match="op: expected one of"):
         get("conv2d")
