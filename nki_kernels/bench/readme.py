@@ -21,9 +21,15 @@ def _geo(values: list[float]) -> float:
 
 
 def speedups(
-    rows: Sequence[BenchRow], family: str, target: str, lnc: int, other: str
+    rows: Sequence[BenchRow],
+    family: str,
+    target: str,
+    lnc: int,
+    other: str,
+    cost_model: str | None = None,
 ) -> list[tuple[str, str, float]]:
-    """(op, case, other / ours) for every case of the family with both figures."""
+    """(op, case, other / ours) for every case of the family with both figures (priced by
+    `cost_model` when given)."""
     out = []
     for (fam, op, case, tgt, n), impls in group(rows).items():
         if fam != family or tgt != target or n != lnc:
@@ -33,11 +39,39 @@ def speedups(
             continue
         if ours.provenance != o.provenance:  # different cost models are not compared
             continue
+        if cost_model is not None and f"cost model {cost_model}," not in ours.provenance:
+            continue
         out.append((op, case, o.latency_us / ours.latency_us))
     return out
 
 
-def headline(rows: Sequence[BenchRow], targets: Sequence[str], lnc: int) -> list[str]:
+def geo_band(
+    rows: Sequence[BenchRow], family: str, target: str, lnc: int, other: str, cost_model: str
+) -> tuple[float, float] | None:
+    """The geometric-mean speedup's band: the geometric mean per parameter set (the same
+    set on both sides of each ratio), min and max over the sets; None without samples."""
+    per_set: list[list[float]] = []
+    for (fam, _op, _case, tgt, n), impls in group(rows).items():
+        if fam != family or tgt != target or n != lnc:
+            continue
+        ours, o = impls.get("nki"), impls.get(other)
+        if ours is None or o is None or math.isnan(o.latency_us):
+            continue
+        if ours.provenance != o.provenance or f"cost model {cost_model}," not in ours.provenance:
+            continue
+        a, b = ours.extra.get("samples_us"), o.extra.get("samples_us")
+        if not a or not b or len(a) != len(b):
+            return None
+        per_set.append([y / x for x, y in zip(a, b, strict=True)])
+    if not per_set:
+        return None
+    means = [_geo([r[i] for r in per_set]) for i in range(len(per_set[0]))]
+    return min(means), max(means)
+
+
+def headline(
+    rows: Sequence[BenchRow], targets: Sequence[str], lnc: int, cost_model: str | None = None
+) -> list[str]:
     """One Markdown bullet per (family, target): geometric mean and range of the speedups
     over AWS's kernels and over the native path, the goal, and the losing cases."""
     lines = []
@@ -45,21 +79,27 @@ def headline(rows: Sequence[BenchRow], targets: Sequence[str], lnc: int) -> list
         for target in targets:
             parts = []
             for other, name in (("aws", "AWS's kernel"), ("native", "TorchNeuron's path")):
-                sp = speedups(rows, family, target, lnc, other)
+                sp = speedups(rows, family, target, lnc, other, cost_model)
                 if not sp:
                     parts.append(f"vs {name}: no figure")
                     continue
                 vals = [s for _, _, s in sp]
                 lost = sum(v < 1.0 for v in vals)
-                text = (
-                    f"vs {name}: {_geo(vals):.2f}x geometric mean "
-                    f"({min(vals):.2f}–{max(vals):.2f}x over {len(vals)} cases"
+                band = (
+                    geo_band(rows, family, target, lnc, other, cost_model) if cost_model else None
                 )
-                text += f", ours slower in {lost})" if lost else ")"
+                btxt = f" (band {band[0]:.2f}–{band[1]:.2f}x)" if band else ""
+                text = (
+                    f"vs {name}: {_geo(vals):.2f}x{btxt} geometric mean; "
+                    f"{min(vals):.2f}–{max(vals):.2f}x over {len(vals)} cases"
+                )
+                text += f", ours slower in {lost}" if lost else ""
                 if other == "aws":
                     goal = GOALS[family]
                     text += f" — goal {goal}x: " + ("met" if _geo(vals) >= goal else "missed")
                 parts.append(text)
+            if all(p.endswith("no figure") for p in parts):
+                continue
             lines.append(f"- **{title}, {target}, LNC {lnc}**: " + "; ".join(parts) + ".")
     return lines
 
@@ -78,7 +118,8 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
     the LNC 1 tables with the capacity-factor rows (manual)."""
     targets = sorted({r.target for r in rows})
     head = [
-        f"### The table (committed rows; every figure modeled, cost model {cost_model})",
+        "### The table (committed rows; every figure modeled, each row labelled with its "
+        "cost model)",
         "",
         "Ours vs AWS's nki-library kernel vs TorchNeuron's native path for the same "
         "PyTorch code, each priced by the same interpreter and cost model (no Trainium "
@@ -88,11 +129,23 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
         f"nki-library {', '.join(commits) or 'none'}), then `nki-kernels bench --markdown "
         "docs/readme/02-benchmark-table.md` and `python scripts/build_readme.py`.",
         "",
-        "**Headline (LNC 2, the default on trn2; assumed on trn3).**",
+        f"**Headline (LNC 2, the default on trn2; assumed on trn3; cost model {cost_model} "
+        "rows only, with bands: the range over the cost model's parameter sets).**",
         "",
-        *headline(rows, targets, 2),
+        *(headline(rows, targets, 2, cost_model) or ["- no case priced by this cost model yet"]),
         "",
     ]
+    older = sorted(
+        {r.provenance.split(",")[0] for r in rows if f"model {cost_model}," not in r.provenance}
+    )
+    if older:
+        head += [
+            f"Rows labelled {', '.join(o.replace('modeled (', '') for o in older)} were priced "
+            f"before cost model {cost_model} and are not re-priced yet (`nki-kernels bench "
+            "--reprice --full --bands`, `--peer PATH --full`); rows of different cost models "
+            "are never compared ('mixed').",
+            "",
+        ]
     if cost_model == "v1":
         head += [f"*Caveat.* {V1_CAVEAT}", ""]
     failing = sorted(
@@ -115,7 +168,7 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
         "",
         "The same cases at LNC 1 (one physical core), from the same committed rows.",
         "",
-        *headline(rows, targets, 1),
+        *headline(rows, targets, 1, cost_model),
         "",
     ]
     for family, title in FAMILIES:

@@ -177,10 +177,10 @@ def test_headline_states_geometric_means_goal_and_losing_cases():
     line = headline(rows, ["trn2"], 2)[0]
     # vs AWS: sqrt(2.0 * 0.5) = 1.00x, one loss; vs native: sqrt(4 * 1) = 2.00x
     assert (
-        "vs AWS's kernel: 1.00x geometric mean (0.50–2.00x over 2 cases, ours slower in 1)" in line
+        "vs AWS's kernel: 1.00x geometric mean; 0.50–2.00x over 2 cases, ours slower in 1" in line
     )
     assert "goal 1.1x: missed" in line
-    assert "vs TorchNeuron's path: 2.00x geometric mean (1.00–4.00x over 2 cases)" in line
+    assert "vs TorchNeuron's path: 2.00x geometric mean; 1.00–4.00x over 2 cases" in line
 
 
 def test_markdown_puts_lnc2_in_the_headline_page_and_lnc1_in_the_details():
