@@ -1,5 +1,5 @@
 """`nki-kernels hwcheck`: what it says without a device, and -- as a SIMULATION -- its
-measure -> rows -> calibrate-input loop.
+measure -> rows -> calibrate loop.
 
 The simulated device below runs the kernels in the interpreter (CPU tensors) and uses the
 cost model, times a hidden factor, as its clock. It exists only in this test: nothing
@@ -95,6 +95,15 @@ def test_simulated_measure_rows_calibrate_loop(tmp_path: Any, lnc: int) -> None:
     assert cal.median_ns / repriced.latency_ns == pytest.approx(CLOCK_FACTOR, rel=1e-9)
     assert any("measured (hardware, simulated" in line and "| modeled (cost model" in line
                for line in lines)  # fmt: skip
+    # calibrate fits the rows it can re-price (the calibration kernel's) and skips the
+    # op kernels, which no registry entry re-builds
+    from nki_kernels.perfmodel.calibrate import calibrate
+
+    fit = calibrate(rows, "trn2", source=out.name, with_loo=False)
+    (used,) = fit.rows
+    assert used.measured_ns == cal.median_ns
+    assert used.before_ns == pytest.approx(cal.modeled_ns, rel=1e-6)
+    assert len(fit.skipped) == len(rows) - 1
 
 
 def test_forward_and_backward_of_every_quick_case_pass_on_cpu() -> None:
