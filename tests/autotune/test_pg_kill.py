@@ -2,7 +2,8 @@
 process behind, and no RUNNING trial once a run with --stale-after has passed over it.
 
 Needs a real server: `export NKI_KERNELS_TEST_PG_URL="$(scripts/ci_postgres.sh)"` (CI does);
-skipped otherwise. Small budget: rms_norm at one 256-row bucket.
+skipped otherwise. Small budget: rms_norm at one 2048-row bucket (1,152 configs, so the
+run cannot end before the kill).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from nki_kernels.autotune.storage import open_storage
 from nki_kernels.cli import main
 
 PG = os.environ.get("NKI_KERNELS_TEST_PG_URL")
-ARGS = ["rms_norm", "--buckets", "256", "--shape", "llama3-8b", "--no-export", "--no-progress",
+ARGS = ["rms_norm", "--buckets", "2048", "--shape", "llama3-8b", "--no-export", "--no-progress",
         "--seed", "16"]  # fmt: skip
 
 
@@ -46,11 +47,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _trials(state: TrialState) -> int:
+def _trials(state: TrialState, skip: frozenset[str] = frozenset()) -> int:
     storage = open_storage(PG)
     n = 0
     for s in storage.get_all_studies():
-        if s.study_name.startswith("rms_norm/trn2/rows256-h4096") and "#claim#" not in s.study_name:
+        if s.study_name in skip or "#claim#" in s.study_name:
+            continue
+        if s.study_name.startswith("rms_norm/trn2/rows2048-h4096"):
             n += len(storage.get_all_trials(s._study_id, deepcopy=False, states=(state,)))
     return n
 
@@ -59,11 +62,16 @@ def _trials(state: TrialState) -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_four_worker_run_killed_at_the_parent_leaves_nothing_behind() -> None:
     assert main(["tune", *ARGS, "--storage", PG, "--reset"]) == 0  # a fresh study
+    # studies of other kernel / cost-model versions in the same database are not ours
+    old = frozenset(s.study_name for s in open_storage(PG).get_all_studies())
     cmd = [sys.executable, "-m", "nki_kernels.cli", "tune", *ARGS, "--storage", PG,
            "--workers", "4", "--trials", "300", "--strategy", "tpe"]  # fmt: skip
     parent = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
-    while _trials(TrialState.COMPLETE) + _trials(TrialState.PRUNED) < 8:
+    while (
+        _trials(TrialState.COMPLETE, old) + _trials(TrialState.PRUNED, old) < 8
+        or len(_children(parent.pid)) < 3
+    ):
         assert parent.poll() is None and time.monotonic() < deadline
         time.sleep(1.0)
     workers = _children(parent.pid)
@@ -81,4 +89,4 @@ def test_four_worker_run_killed_at_the_parent_leaves_nothing_behind() -> None:
     # the workers mark their own trial abandoned on SIGTERM; the parent's trial (and any a
     # worker could not mark) is reaped by the next run: its owner's process is gone
     assert main(["tune", *ARGS, "--storage", PG, "--trials", "1", "--stale-after", "1"]) == 0
-    assert _trials(TrialState.RUNNING) == 0
+    assert _trials(TrialState.RUNNING, old) == 0
