@@ -169,6 +169,31 @@ def _alarm(deadline: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a trial is created: `study.ask()` writes the RUNNING
+    trial before it returns, so an interrupt inside it would leave a trial nobody owns.
+    A held signal is raised again on exit, once the caller has the trial to abandon.
+    (Python runs signal handlers in the main thread whichever thread the OS picked, so
+    swapping the handlers holds them where a thread signal mask would not.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: held.append(signum))
+                for s in _DEFERRED_SIGNALS}  # fmt: skip
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """One trial as the tuner sees it."""
@@ -630,12 +655,15 @@ class Tuner:
             if dups >= self.options.dup_patience:
                 self._enqueue_unseen()
                 dups = 0
-            trial = study.ask()
+            trial = None
             try:
+                with _signals_deferred():
+                    trial = study.ask()
                 with _alarm(deadline):
                     rec = self.evaluate(trial)
             except TrialTimeout:
-                self._abandon_running(trial)
+                if trial is not None:
+                    self._abandon_running(trial)
                 break
             except UpdateFinishedTrialError:
                 # a storage without atomic row locks handed this trial to another worker
@@ -645,7 +673,8 @@ class Tuner:
             except BaseException:
                 # Ctrl-C, SIGTERM (lifecycle.Terminated), a storage failure: the trial
                 # must not stay RUNNING
-                self._abandon_running(trial)
+                if trial is not None:
+                    self._abandon_running(trial)
                 raise
             dups = dups + 1 if not rec.evaluated else 0
             if on_trial is not None:

@@ -4,6 +4,8 @@ wrong configs, and the full-grid mode."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 
@@ -83,6 +85,30 @@ def test_an_interrupted_trial_is_abandoned_not_left_running(monkeypatch) -> None
     # resuming measures the abandoned config again and reaches the budget
     monkeypatch.setattr(t.measurer, "measure", real)
     assert t.run(n_trials=10).distinct_done == 10
+
+
+def test_an_interrupt_while_a_trial_is_created_leaves_nothing_running(monkeypatch) -> None:
+    # Ctrl-C delivered inside study.ask(), after it wrote the RUNNING trial: the signal
+    # is held until the tuner has the trial, which it then abandons
+    t = tuner(strategy="grid")
+    study = t.study()
+    real_ask = study.ask
+    calls = {"n": 0}
+
+    def ask(*a, **k):  # type: ignore[no-untyped-def]
+        trial = real_ask(*a, **k)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # an unheld SIGINT raises here, inside ask
+        return trial
+
+    monkeypatch.setattr(study, "ask", ask)
+    monkeypatch.setattr(t, "study", lambda: study)
+    with pytest.raises(KeyboardInterrupt):
+        t.run(n_trials=10)
+    assert running(t) == []
+    assert t.report().distinct_done == 2
 
 
 def test_stale_after_reaps_a_running_trial_of_another_host() -> None:
