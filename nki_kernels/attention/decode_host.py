@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..kernel_config import InvalidConfig, KernelConfig
-from ..runtime import launch
+from ..runtime.launch import launch
 from ..targets import Target, get_target
 from .decode import decode_attention_fwd
 
