@@ -53,7 +53,7 @@ def tile_work(classes: Any, t: int, kb: int, nk: int, sk: int, diag: bool = Fals
         classes[t][u] if len(classes) > 0 else FULL
         for u in range(kb * GROUP, kb * GROUP + -(-n // P))
     ]
-    if all(c == SKIP for c in cls):
+    if all([c == SKIP for c in cls]):
         return None
     if n == UNIT:
         subs = [(ul, kb * GROUP + ul, _kind(c, diag)) for ul, c in enumerate(cls)]
@@ -105,7 +105,7 @@ def head_group_plan(
             for j, t in enumerate(range(qb * GROUP, min(nq, qb * GROUP + GROUP))):
                 work = [tile_work(classes, t, kb, nk, sk, diag) for kb in range(nkb)]
                 rows = P if il else min(P, sq - t * P)
-                if any(w is not None for w in work):
+                if any([w is not None for w in work]):
                     unit["items"].append({"h": h, "t": t, "j": j, "rows": rows, "work": work})
                 else:
                     zero_tiles.append((h, t, j, il, r0, rows))

@@ -73,7 +73,7 @@ def write_zeros(ctx, zero_tiles):
     for kb in range(len(touch)):
         k0 = kb * UNIT
         if k0 + UNIT <= sk:
-            if all(len(touch[kb][j]) == 0 for j in range(GROUP)):
+            if all([len(touch[kb][j]) == 0 for j in range(GROUP)]):
                 empty_keys.append((k0, UNIT))
         else:
             for ul in range(GROUP):

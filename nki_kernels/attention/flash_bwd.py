@@ -156,7 +156,7 @@ def flash_attention_bwd(
 
 
 def _has_diag(plan) -> bool:
-    return any(c == DIAG for per_b in plan for row in per_b for c in row)
+    return any([c == DIAG for per_b in plan for row in per_b for c in row])
 
 
 def _run_pairs(progs, bounds):
@@ -197,7 +197,7 @@ def _active_blocks(ctx, units):
     return [
         kb
         for kb in range(nkb)
-        if any(it["work"][kb] is not None for u in units for it in u["items"])
+        if any([it["work"][kb] is not None for u in units for it in u["items"]])
     ]
 
 
@@ -237,9 +237,15 @@ def _run_section(ctx, si, cur, nxt, kv_first):
     # its score columns in slot order: dS^T slot j is then a contiguous column range
     kinds: dict = {}
     for job in jobs:
-        kinds.setdefault(job["a"], set()).update(k for _, _, k in job["w"]["subs"])
-        kinds[job["a"]].add("il" if job["w"]["slots"][0][2] else "natural")
-    slot_order = {a: ks in ({NONE, "il"}, {DIAG, "il"}) for a, ks in kinds.items()}
+        seen = kinds.setdefault(job["a"], [])
+        for kind in [k for _, _, k in job["w"]["subs"]] + [
+            "il" if job["w"]["slots"][0][2] else "natural"
+        ]:
+            if kind not in seen:
+                seen.append(kind)
+    slot_order = {}
+    for a, ks in kinds.items():  # the distinct kinds are exactly {NONE, il} or {DIAG, il}
+        slot_order[a] = len(ks) == 2 and "il" in ks and (NONE in ks or DIAG in ks)
     for i, job in enumerate(jobs):
         job["slot_order"] = slot_order[job["a"]]
         job["i"] = i
@@ -464,8 +470,8 @@ def _stage_grads(job, ctx):
         )
         written[ul] = True
     dst_sb = rings["dst"][i % DST_RING]
-    full = all(kr == P for _, kr, _ in slots)
-    contiguous = all(slots[x + 1][0] == slots[x][0] + 1 for x in range(len(slots) - 1))
+    full = all([kr == P for _, kr, _ in slots])
+    contiguous = all([slots[x + 1][0] == slots[x][0] + 1 for x in range(len(slots) - 1)])
     n_dma = 0
     if rings["two_byte"] and full and contiguous:
         n_dma = min(dma_quarters, len(slots))
@@ -481,7 +487,7 @@ def _stage_grads(job, ctx):
             if len(part) == 0:
                 continue
             u0, u1 = part[0][0], part[-1][0] + 1
-            if all(kr == P for _, kr, _ in part) and u1 - u0 == len(part):
+            if all([kr == P for _, kr, _ in part]) and u1 - u0 == len(part):
                 nisa.tensor_copy(
                     dst=dst_sb[:, u0:u1, :rows],
                     src=tp[:, u0:u1, :rows],

@@ -230,7 +230,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
             base = len(tstate)
             for h, t, steps in chunk:
                 tstate.append({"h": h, "t": t, "rows": min(P, sq - t * P), "n": len(steps)})
-            longest = max(len(c[2]) for c in chunk)
+            longest = max([len(c[2]) for c in chunk])
             for s in range(longest):
                 for a, (_, _, steps) in enumerate(chunk):
                     if s < len(steps):
@@ -244,7 +244,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
         kv_buffers > 1
         and len(ctxs) > 1
         and min(sizes) > 0
-        and all(n >= pv_lag + Q_PREFETCH for n in sizes[1:-1])
+        and all([n >= pv_lag + Q_PREFETCH for n in sizes[1:-1]])
     )
     segments = [(0, len(jobs))] if continuous else [(c["first"], c["last"] + 1) for c in ctxs]
     rings = _rings(n_sub, d, cdt, q_tiles, pv_lag, cfg[3])

@@ -74,6 +74,7 @@ from .tiles import (
     block_row0,
     cdiv,
     device_bounds,
+    dtype_bytes,
     matmul,
     psum_accumulators,
     slot_tiles,
@@ -416,7 +417,7 @@ ACT_RING_ENGINES = (nisa.engine.vector, nisa.engine.scalar)  # a chunk's act / d
 
 def _store_group(d: dict[str, Any]) -> int:
     """Chunks whose token-major act / dg / du rows are stored by one DMA each."""
-    per = d["TI"] * d["dt"].itemsize
+    per = d["TI"] * dtype_bytes(d["dt"])
     return max(1, min(cdiv(d["I"], d["TI"]), STORE_RUN_BYTES // per))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nl
-from .tiles import PSUM_FP32, P
+from .tiles import PSUM_FP32, P, dtype_bytes
 
 COMBINE_BYTES = 4096  # gathered bytes per partition per slot row chunk (bounds SBUF use)
 
@@ -51,7 +51,7 @@ def combine(
     lo, hi = col_range if col_range is not None else (0, h)
     k = token_slot.shape[1]
     dt = slots.dtype
-    cols = min(h, max(PSUM_FP32, COMBINE_BYTES // dt.itemsize))
+    cols = min(h, max(PSUM_FP32, COMBINE_BYTES // dtype_bytes(dt)))
     for t0 in range(0, t_count, P):
         rows = min(P, t_count - t0)
         r = slice(0, rows)

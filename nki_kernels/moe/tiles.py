@@ -18,6 +18,17 @@ from typing import Any
 
 from ..nki import nisa, nl
 
+
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes per element, by comparing the dtype by value: NKI dtypes are strings on the
+    compiler (NKI 0.6 `DType = str`), so `dtype.itemsize` does not exist there."""
+    if dtype == nl.float32 or dtype == nl.int32 or dtype == nl.uint32:
+        return 4
+    if dtype == nl.bfloat16 or dtype == nl.float16 or dtype == nl.int16 or dtype == nl.uint16:
+        return 2
+    return 1
+
+
 # ---- limits ---------------------------------------------------------------------------
 P = 128  # partitions: tokens per sub-tile, contraction rows per matmul
 PSUM_FP32 = 512  # fp32 elements per PSUM bank row: the matmul N limit with an fp32 dst
@@ -181,7 +192,7 @@ def load_weight_cols(
     width = w.shape[2]
     full = ncols // P
     rest = ncols - full * P
-    if w.dtype.itemsize == 2:
+    if dtype_bytes(w.dtype) == 2:
         if full:
             pat = [[width, nrows], [P, full], [1, P]]
             src = w.ap(pat, offset=row0 * width + col0, scalar_offset=exp, indirect_dim=0)

@@ -57,8 +57,8 @@ def weight_grads(
     tiles, cols = panel
     static_blocks, nb, bounds = blocks
     ns, dt = d["NS"], d["dt"]
-    lt_rows = min(tiles * P, max(g[0].shape[1] for g in grads))
-    rt_cols = min(cols, max(g[0].shape[2] for g in grads))
+    lt_rows = min(tiles * P, max([g[0].shape[1] for g in grads]))
+    rt_cols = min(cols, max([g[0].shape[2] for g in grads]))
     sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(2)]
     meta = (block_expert, block_keep)
     for dst, left, right in grads:

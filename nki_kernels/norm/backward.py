@@ -59,6 +59,7 @@ from .tiling import (
     prefetch_start,
     prefetch_take,
     programs,
+    ring,
     ring_alloc,
     rings,
     row_segments,
@@ -227,7 +228,7 @@ def _stage_a_inline(ctx: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
 def _stage_a(ctx: dict[str, Any], tile: Any, sbufs: Any) -> dict[str, Any]:
     """Load (resident); the loaded statistics; then the gradient terms."""
     rows, kk, off = tile[1], tile[2], tile[4]
-    cols = tuple(s[0:rows, off : off + kk] for s in sbufs)
+    cols = tuple([s[0:rows, off : off + kk] for s in sbufs])
     ld = prefetch_take(ctx["pf"]) if ctx["plan"]["resident"] else None
     return _gradient_terms(ctx, tile, cols, ld)
 
@@ -240,8 +241,10 @@ def _gradient_terms(ctx: dict[str, Any], tile: Any, cols: Any, ld: Any) -> dict[
         "tile": tile,
         "cols": cols,
         "sums": tuple(
-            nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
-            for _ in range(2 if ctx["ln"] else 1)
+            [
+                nl.ndarray((P, kk, len(ctx["chunks"])), dtype=nl.float32, buffer=nl.sbuf)
+                for _ in range(2 if ctx["ln"] else 1)
+            ]
         ),
         # operands of the row sums, reduced in stage R so that ScalarE never waits for
         # this tile's products within a step; g is also dx's (stage D)
@@ -250,9 +253,9 @@ def _gradient_terms(ctx: dict[str, Any], tile: Any, cols: Any, ld: Any) -> dict[
     }
     if ctx["defer"]:  # held until stage R
         depth = 4 if ctx["split_q"] else 2
-        st["q"] = ring_alloc(ctx["rings"]["q"], depth, (P, kk, hdim), nl.float32)
+        st["q"] = ring_alloc(ring(ctx, "q"), depth, (P, kk, hdim), nl.float32)
     if ctx["keep_g"]:
-        st["g"] = ring_alloc(ctx["rings"]["g"], NSTAGES, (P, kk, hdim), nl.float32)  # to D
+        st["g"] = ring_alloc(ring(ctx, "g"), NSTAGES, (P, kk, hdim), nl.float32)  # to D
     st["ld"] = ld
     each_chunk(ctx, tile, ld, _pass1_chunk, st)
     return st
@@ -384,7 +387,7 @@ def _products(
         return
     dy_v = dyj[:, sl]
     if ctx["eye"] is not None:
-        dyp = ring_alloc(ctx["rings"]["dyp"], DY_RING, (P, PSUM_COLS), nl.float32, nl.psum)
+        dyp = ring_alloc(ring(ctx, "dyp"), DY_RING, (P, PSUM_COLS), nl.float32, nl.psum)
         dy_v = dyp[0:rows, 0:m]
         nisa.nc_matmul(
             dst=dy_v, stationary=ctx["eye"][0:rows, 0:rows], moving=dyj[:, sl], accumulate=False
@@ -472,7 +475,7 @@ def _pass2_chunk(
     w_sb, dx = ctx["w_sb"], ctx["dx"]
     c0_col, c1_col = st["coefs"]
     rcol = st["cols"][-1]
-    dxt = ring_alloc(ctx["rings"]["dx"], 2, (P, kk, ctx["plan"]["chunk"]), dx.dtype)
+    dxt = ring_alloc(ring(ctx, "dx"), 2, (P, kk, ctx["plan"]["chunk"]), dx.dtype)
     vw, blocks = _split(ctx, cw)
     for j in range(kk):
         gj, recompute = dyc[:, j, :], False
@@ -495,7 +498,7 @@ def _pass2_chunk(
             s0, m = blocks[b - 1]
             # x * c1 + c0 lands in a PSUM bank so that the VectorE combine below reads one
             # PSUM operand (half the cycles of two SBUF operands)
-            xs = ring_alloc(ctx["rings"]["xs"], PSUM_RING, (P, PSUM_COLS), nl.float32, nl.psum)
+            xs = ring_alloc(ring(ctx, "xs"), PSUM_RING, (P, PSUM_COLS), nl.float32, nl.psum)
             xsv = xs[0:rows, 0:m]
             nisa.activation(
                 dst=xsv,

@@ -27,6 +27,7 @@ from .tiling import (
     load_row_vector,
     prefetch_take,
     programs,
+    ring,
     ring_alloc,
     rings,
     row_plan,
@@ -82,7 +83,7 @@ def fwd_rows(
     n, hdim = x.shape
     outs: dict[str, Any] = {
         "stats": tuple(
-            nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm) for _ in range(nstats)
+            [nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm) for _ in range(nstats)]
         ),
         "y": nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm) if y else None,
         "h": nl.ndarray((n, hdim), dtype=x.dtype, buffer=nl.shared_hbm)
@@ -156,7 +157,7 @@ def _affine_store(ctx: dict[str, Any], tile: Any, xc: Any, c0: int) -> None:
         nisa.dma_copy(dst=yv, src=xc)
         return
     eng = plan["gpsimd_eighths"]
-    yt = ring_alloc(ctx["rings"]["y"], 2, (P, kk, plan["chunk"]), y.dtype)
+    yt = ring_alloc(ring(ctx, "y"), 2, (P, kk, plan["chunk"]), y.dtype)
     for j in range(kk):
         dst, src = yt[0:rows, j, 0:cw], xc[:, j, :]
         if w_sb is not None:

@@ -14,7 +14,6 @@ result leaves in contiguous 512 B rows.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from ..nki import nisa, nl
@@ -54,8 +53,13 @@ def row_plan(
 
 
 def rings() -> dict[str, dict[str, Any]]:
-    """Named buffer rings for `ring_alloc`, each created empty on first use."""
-    return defaultdict(dict)
+    """Named buffer rings for `ring_alloc` (see `ring`)."""
+    return {}
+
+
+def ring(ctx: dict[str, Any], name: str) -> dict[str, Any]:
+    """The buffer ring `name` of ctx["rings"], created empty on first use."""
+    return ctx["rings"].setdefault(name, {})  # type: ignore[no-any-return]
 
 
 def row_segments(
@@ -173,12 +177,12 @@ def load_row_vector(v: Any, hdim: int) -> Any:
 def temp(ctx: dict[str, Any], name: str) -> Any:
     """A [P, chunk] fp32 temporary from its own TEMP_RING-buffer ring (stable addresses, so
     it only ever waits on its own previous use)."""
-    return ring_alloc(ctx["rings"][name], TEMP_RING, (P, ctx["plan"]["chunk"]), nl.float32)
+    return ring_alloc(ring(ctx, name), TEMP_RING, (P, ctx["plan"]["chunk"]), nl.float32)
 
 
 def stats_alloc(ctx: dict[str, Any], seg: dict[str, Any]) -> tuple[Any, ...]:
     """One `stat_tile` per per-row statistic in ctx["stats"] ([N] HBM vectors)."""
-    return tuple(stat_tile(seg) for _ in ctx["stats"])
+    return tuple([stat_tile(seg) for _ in ctx["stats"]])
 
 
 def stats_load(ctx: dict[str, Any], seg: dict[str, Any]) -> tuple[Any, ...]:
@@ -287,8 +291,9 @@ def colsum_store(state: dict[str, Any], out: Any) -> None:
     """Write the accumulated column sums to `out` ([hdim] HBM, cast by the DMA); zeros
     when no rows were added (an LNC program that was given no row tiles)."""
     hdim, ncol = state["hdim"], state["ncol"]
-    empty = not any(state["started"])
-    assert empty or all(state["started"]), "every column block must have received a sum"
+    started = state["started"]
+    empty = started.count(True) == 0
+    assert empty or started.count(True) == len(started), "every column block must have a sum"
     prows = min(P, hdim)
     sb = nl.ndarray((P, ncol), dtype=nl.float32, buffer=nl.sbuf)
     if empty:
@@ -344,7 +349,7 @@ def issue_rows_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
     """
     tile, ch = job
     rows, kk = tile[1], tile[2]
-    plan, rings = ctx["plan"], ctx["rings"]
+    plan = ctx["plan"]
     out = {}
     for name, src in ctx["loads"]:
         if src is None:
@@ -352,7 +357,7 @@ def issue_rows_load(ctx: dict[str, Any], job: Any) -> dict[str, Any]:
         width = src.shape[1] if ch is None else plan["chunk"]
         pieces = ctx["chunks"] if ch is None else [ch]
         depth = ctx.get("ring_depths", {}).get(name, plan["bufs"])
-        t = ring_alloc(rings[name], depth, (P, kk, width), src.dtype)
+        t = ring_alloc(ring(ctx, name), depth, (P, kk, width), src.dtype)
         sv = rows_view(src, tile)
         for c0, cw in pieces:
             d0 = c0 if ch is None else 0
@@ -395,10 +400,12 @@ def pipeline_order(
     earlier steps produced: no engine waits on another across stages within a step, and
     the engines overlap across tiles.
     """
-    ntiles = sum(len(seg["tiles"]) for seg in segs)
+    ntiles = 0
+    for seg in segs:
+        ntiles += len(seg["tiles"])
     order = []
     ks = step_order or tuple(range(nstages))
-    assert sorted(ks) == list(range(nstages)), f"step_order: a permutation; got {ks}"
+    assert len(ks) == nstages and all_in(ks, nstages), f"step_order: a permutation; got {ks}"
     for step in range(ntiles + nstages - 1):
         for k in ks:
             i = step - k
@@ -425,8 +432,16 @@ def pipeline_jobs(
             if k == 0:
                 jobs.append((tiles[i], None))
         elif k == 0 or (reload_last and k == nstages - 1):
-            jobs.extend((tiles[i], ch) for ch in chunks)
+            jobs.extend([(tiles[i], ch) for ch in chunks])
     return jobs
+
+
+def all_in(ks: tuple[int, ...], n: int) -> bool:
+    """Whether `ks` holds each of 0..n-1 exactly once (given len(ks) == n)."""
+    for k in range(n):
+        if k not in ks:
+            return False
+    return True
 
 
 def prefetch_depth(resident: bool, bufs: int, nstages: int) -> int:
