@@ -37,12 +37,9 @@ from typing import Any
 
 from .errors import fail
 
-# The project's own kernels, whose violations only warn for now: the fixes of the
-# attention / MoE / norm kernels (branch issue-10-kernels) change their source hashes, so
-# they land together with a re-tune of the shipped configs
-# (scripts/tune_shipped_configs.py); the baseline and calibration kernels still use
-# `.itemsize`. Every other kernel (AWS's, a user's) fails the check.
-TRANSITIONAL = ("nki_kernels.",)
+# Module prefixes whose violations only warn. Empty: the project's own kernels pass the
+# check like every other kernel (AWS's, a user's).
+TRANSITIONAL: tuple[str, ...] = ()
 
 ALLOWED_BUILTINS = frozenset(
     {

@@ -220,10 +220,17 @@ def dma_sweep(src: Any, bytes_per_partition: int, slots: int) -> Any:
     microbenchmark. Returns a small tensor so the launch has an output.
     """
     p, total = src.shape
-    width = bytes_per_partition // src.dtype.itemsize
+    # NKI dtypes are strings on the compiler (no `.itemsize`): compare them by value
+    if src.dtype == nl.float32:
+        nbytes = 4
+    elif src.dtype == nl.bfloat16 or src.dtype == nl.float16:
+        nbytes = 2
+    else:
+        nbytes = 1
+    width = bytes_per_partition // nbytes
     if width <= 0 or total % width:
         raise ValueError(
-            f"bytes_per_partition: expected a divisor of {total * src.dtype.itemsize}; "
+            f"bytes_per_partition: expected a divisor of {total * nbytes}; "
             f"got {bytes_per_partition}"
         )
     buf = nl.ndarray((p, slots, width), dtype=src.dtype, buffer=nl.sbuf)
