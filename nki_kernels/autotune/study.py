@@ -499,9 +499,10 @@ class Tuner:
         worker = t.user_attrs.get("worker")
         if not isinstance(worker, dict):
             # attributes follow a trial's creation within milliseconds: none after
-            # ORPHAN_AFTER_S means its worker died between creating it and starting work
+            # ORPHAN_AFTER_S (or the user's shorter stale_after_s) means its worker died
+            # between creating it and starting work
             start = t.datetime_start.timestamp() if t.datetime_start else time.time()
-            return time.time() - start > ORPHAN_AFTER_S
+            return time.time() - start > min(ORPHAN_AFTER_S, self.options.stale_after_s)
         host, _, pid = str(worker.get("id", "")).rpartition(":")
         if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
             return True

@@ -87,6 +87,8 @@ def test_four_worker_run_killed_at_the_parent_leaves_nothing_behind() -> None:
             pytest.fail("workers outlived their SIGKILLed parent")
         time.sleep(0.2)
     # the workers mark their own trial abandoned on SIGTERM; the parent's trial (and any a
-    # worker could not mark) is reaped by the next run: its owner's process is gone
+    # worker could not mark) is reaped by the next run: its owner's process is gone, or,
+    # killed before it could write its worker id, it is older than --stale-after
+    time.sleep(2.0)
     assert main(["tune", *ARGS, "--storage", PG, "--trials", "1", "--stale-after", "1"]) == 0
     assert _trials(TrialState.RUNNING, old) == 0

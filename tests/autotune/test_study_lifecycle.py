@@ -122,6 +122,18 @@ def test_stale_after_reaps_a_running_trial_of_another_host() -> None:
     assert t.reap_stale() == 1 and running(t) == []
 
 
+def test_a_trial_orphaned_before_its_worker_id_is_reaped_after_stale_after() -> None:
+    # a worker SIGKILLed between creating a trial and writing its worker id leaves a
+    # RUNNING trial with no owner: reaped after ORPHAN_AFTER_S, or the shorter --stale-after
+    storage = open_storage("memory")
+    t = tuner(storage, strategy="grid", stale_after_s=0.3)
+    t.study().ask()
+    keep = tuner(storage, strategy="grid")
+    time.sleep(0.5)
+    assert keep.reap_stale() == 0 and len(running(keep)) == 1
+    assert t.reap_stale() == 1 and running(t) == []
+
+
 def test_export_skips_wrong_configs_found_with_the_gate_off(tmp_path) -> None:
     t = tuner(strategy="grid", gate="off")
     report = t.run()
