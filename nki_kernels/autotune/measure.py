@@ -9,7 +9,10 @@ with two implementations:
   with `nki.jit` and places seeded inputs on the neuron device once; the measurer then
   runs it `warmup` times untimed and `repeats` times timed, and reports the median. It is
   deliberately thin: it cannot run where there is no device, so everything it does beyond
-  timing a callable lives in the op's launcher.
+  timing a callable lives in the op's launcher. Each measurement is also a measured row
+  in `hwcheck`'s JSONL format (`perfmodel.measurements.MeasuredRow`, in
+  `details["row"]`, appended to `rows` when given), so `calibrate` and `bench` read the
+  tuner's measurements like hwcheck's.
 
 `select_measurer("auto")` picks hardware when the real `nki` package and a neuron device
 are present, else the cost model. Interpreter rule errors (`NkiValidationError`, including
@@ -22,7 +25,8 @@ import statistics
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ..interp.trace import Trace
@@ -109,6 +113,7 @@ class HardwareMeasurer(Measurer):
         warmup: int = 3,
         repeats: int = 20,
         clock: Callable[[], float] = time.perf_counter,
+        rows: str | Path | None = None,
     ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup: expected >= 0; got {warmup}")
@@ -117,6 +122,7 @@ class HardwareMeasurer(Measurer):
         self.warmup = warmup
         self.repeats = repeats
         self._clock = clock
+        self.rows = rows
 
     def measure(
         self, tunable: Tunable, problem: Any, config: KernelConfig, target: Target
@@ -134,9 +140,54 @@ class HardwareMeasurer(Measurer):
             times.append(self._clock() - t0)
         median_ns = statistics.median(times) * 1e9
         spread = (max(times) - min(times)) * 1e9
+        row = measured_row(tunable, problem, config, target, [t * 1e9 for t in times])
+        if self.rows is not None:
+            from ..perfmodel.measurements import append_row
+
+            append_row(self.rows, row)
         return Measurement(
-            median_ns, "measured (hardware)", {"repeats": self.repeats, "spread_ns": spread}
+            median_ns,
+            "measured (hardware)",
+            {"repeats": self.repeats, "spread_ns": spread, "row": row.to_dict()},
         )
+
+
+def measured_row(
+    tunable: Tunable, problem: Any, config: KernelConfig, target: Target, samples_ns: list[float]
+) -> Any:
+    """The tuner's hardware measurement of one config as hwcheck's measured row (device
+    and versions from `hwcheck.neuron_device_info`, LNC the runtime's)."""
+    from ..commands.hwcheck import neuron_device_info
+    from ..perfmodel.measurements import MeasuredRow, latency_stats, now_utc_iso
+    from ..runtime.lnc import runtime_lnc
+
+    info = neuron_device_info()
+    shape = {
+        f.name: v
+        for f in fields(problem)
+        if isinstance(v := getattr(problem, f.name), int) and not isinstance(v, bool) and v > 0
+    }
+    kernel = tunable.kernels[0]
+    return MeasuredRow(
+        device=info.device,
+        sdk_version=info.sdk_version,
+        torch_neuronx_version=info.torch_neuronx_version,
+        lnc=runtime_lnc(target),
+        target=target.name,
+        estimable=None,
+        kernel=getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel)),
+        kernel_hash=tunable.source_hash(),
+        shape=shape,
+        dtype=tunable.dtype(problem),
+        config={
+            k: v
+            for k, v in config.to_dict().items()
+            if v is None or isinstance(v, (bool, int, float, str))
+        },
+        latency_ns=latency_stats(samples_ns),
+        modeled_ns=None,
+        timestamp=now_utc_iso(),
+    )
 
 
 def hardware_available() -> bool:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .rows import BenchRow
 
@@ -72,16 +73,20 @@ def group(rows: Sequence[BenchRow]) -> dict[Key, dict[str, BenchRow]]:
     return keyed
 
 
-def comparison_table(rows: Sequence[BenchRow]) -> str:
+def comparison_table(rows: Sequence[BenchRow], measured: Mapping[Any, Any] | None = None) -> str:
     """A Markdown table with one line per (op, case, target, LNC).
 
     "vs AWS" = AWS kernel latency / ours, "vs native" = native latency / ours (> 1: ours
     is faster). MFU counts useful FLOPs only (masked attention pairs and padding
     excluded); "HBM" is the minimum HBM traffic time over the latency. A missing AWS cell
     means nki-library has no kernel for the op at that shape, or the peer run failed
-    (`peer_notes`).
+    (`peer_notes`). `measured` (`bench.measured.figures`, by (op, case, target, LNC)):
+    adds a "measured (hardware)" column beside ours, stale figures marked stale.
     """
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    cols = list(COLUMNS)
+    if measured:
+        cols.insert(cols.index("ours (us)") + 1, "ours measured (hardware, us)")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for (_family, op, case, target, lnc), impls in group(rows).items():
         ours, aws, nat = impls.get("nki"), impls.get("aws"), impls.get("native")
         ref = ours or aws or nat
@@ -91,7 +96,7 @@ def comparison_table(rows: Sequence[BenchRow]) -> str:
             eff = _pct(ours.mfu) if ours.mfu is not None else _pct(ours.hbm_fraction)
             if ours.mfu is None and eff:
                 eff += " HBM"
-        cells = (
+        cells: tuple[str, ...] = (
             op,
             case,
             target,
@@ -106,6 +111,9 @@ def comparison_table(rows: Sequence[BenchRow]) -> str:
             ours.bound_by if ours else "",
             ref.provenance,
         )
+        if measured:
+            fig = measured.get((op, case, target, lnc))
+            cells = (*cells[:5], fig.cell() if fig else "", *cells[5:])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

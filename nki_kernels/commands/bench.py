@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"append the live rows to this JSON-lines file (default {DEFAULT_ROWS}; '-' = none)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help=f"committed rows (default {DATA})")
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        metavar="FILE",
+        help="measured rows (`nki-kernels hwcheck --out`) shown beside ours as 'measured "
+        "(hardware)' (default benchmarks/data/measured_rows.jsonl when it exists)",
+    )
     parser.add_argument("--plot", type=Path, help="draw the speedups into this PNG file")
     parser.add_argument(
         "--markdown",
@@ -173,22 +180,40 @@ def run(args: argparse.Namespace) -> int:
         print(f"no committed rows in {bench_path}; run `nki-kernels bench --reprice --full`")
         return 1
     all_rows = merge_peer(committed, peer)
+    from ..bench.measured import for_bench, unmatched
+    from ..perfmodel.measurements import MeasurementFileError
+
+    try:
+        measured, measured_notes = for_bench(args.measured)
+    except MeasurementFileError as exc:
+        print(f"bench: --measured: {exc}", file=sys.stderr)
+        return 2
     commits = sorted({str(r.extra.get("nki_library_commit")) for r in peer})
     print(
         f"nki-kernels vs AWS's nki-library kernels vs TorchNeuron's native path -- modeled "
-        f"(cost model {COST_MODEL_VERSION}); no figure below is a hardware measurement.\n"
-        f"Rows: {bench_path} and {peer_path} (nki-library {', '.join(commits) or 'none'}). "
+        f"(cost model {COST_MODEL_VERSION})"
+        + (
+            "; only the 'measured (hardware)' column holds hardware measurements.\n"
+            if measured
+            else "; no figure below is a hardware measurement.\n"
+        )
+        + f"Rows: {bench_path} and {peer_path} (nki-library {', '.join(commits) or 'none'}). "
         f"{LNC2_METHOD}.\n"
     )
     for name in names:
         fam = [r for r in all_rows if r.family == name]
         print(f"## {name}\n")
-        print(comparison_table(fam))
+        print(comparison_table(fam, measured))
         drop = dropping_table(fam)
         if drop:
             print("\nNot a dropless baseline (tokens over capacity are dropped):\n")
             print(drop)
         print()
+    for note in measured_notes + unmatched(
+        measured, [(r.op, r.case, r.target, r.lnc) for r in all_rows]
+    ):
+        print(f"- {note}")
+    print()
     notes = peer_notes(peer)
     if notes:
         print("AWS kernels that did not run through the interpreter:")

@@ -80,6 +80,9 @@ class Case:
     call: Callable[[dict[str, Any]], Any]  # inputs (on the device) -> output tensor
     reference: Callable[[dict[str, Any]], Any]  # fp32 inputs -> fp32 output
     reduction: int  # longest sum behind any output or gradient (tolerance growth)
+    # the benchmark rows this case measures: (forward op, backward op, case), the
+    # `BenchRow.op` / `.case` texts of `make bench` (None: a case the bench has not)
+    bench: tuple[str, str, str] | None = None
 
 
 @dataclass
@@ -120,8 +123,29 @@ def _float_inputs(inputs: dict[str, Any]) -> list[str]:
     return [k for k, v in inputs.items() if v.is_floating_point() and not k.startswith("_")]
 
 
-def check_case(case: Case, device: str, seed: int = 0) -> list[str]:
-    """Forward and backward of `case` on `device` against the reference; failures."""
+def _recorded(phases: dict[str, list[Any]] | None, phase: str) -> Any:
+    import contextlib
+
+    from ..runtime.launch import record_launches
+
+    if phases is None:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def block() -> Any:
+        with record_launches() as seen:
+            yield
+        phases.setdefault(phase, []).extend(seen)
+
+    return block()
+
+
+def check_case(
+    case: Case, device: str, seed: int = 0, phases: dict[str, list[Any]] | None = None
+) -> list[str]:
+    """Forward and backward of `case` on `device` against the reference; failures.
+    With `phases`, the launches of the forward and of the backward are appended to
+    `phases["fwd"]` and `phases["bwd"]`."""
     import torch
 
     from ..testing.tolerances import tolerance
@@ -130,10 +154,12 @@ def check_case(case: Case, device: str, seed: int = 0) -> list[str]:
     grads = _float_inputs(inputs)
     dev = {k: v.detach().to(device).requires_grad_(k in grads) for k, v in inputs.items()}
     ref = {k: v.detach().float().requires_grad_(k in grads) for k, v in inputs.items()}
-    out = case.call(dev)
+    with _recorded(phases, "fwd"):
+        out = case.call(dev)
     want = case.reference(ref)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1))
-    out.backward(g.to(out.dtype).to(device))
+    with _recorded(phases, "bwd"):
+        out.backward(g.to(out.dtype).to(device))
     want.backward(g.to(out.dtype).float())
     pairs = [("output", out, want)] + [(f"d{k}", dev[k].grad, ref[k].grad) for k in grads]
     failures = []
@@ -189,11 +215,17 @@ def measure(
     repeats: int,
     estimable: str | None = None,
     shape: dict[str, int] | None = None,
+    bench: tuple[str, str] | None = None,
 ) -> list[Any]:
-    """One measured row per distinct specialization among `launches`."""
+    """One measured row per distinct specialization among `launches` (with how many
+    times it was launched); `bench` = (op, case) labels the rows with a benchmark row."""
     from ..perfmodel.measurements import MeasuredRow, latency_stats, now_utc_iso
     from ..runtime.kernel_cache import kernel_source_hash
 
+    launches = list(launches)
+    counts: dict[Any, int] = {}
+    for launch in launches:
+        counts[launch.spec.key] = counts.get(launch.spec.key, 0) + 1
     rows, seen = [], set()
     for launch in launches:
         key = launch.spec.key
@@ -224,18 +256,24 @@ def measure(
                 latency_ns=latency_stats(samples),
                 modeled_ns=modeled_ns(launch),
                 timestamp=now_utc_iso(),
+                op=bench[0] if bench else None,
+                case=bench[1] if bench else None,
+                launches=counts[key],
             )
         )
     return rows
 
 
 def run_case(case: Case, info: DeviceInfo, timer: Timer, warmup: int, repeats: int) -> Result:
-    """Check `case` and measure the kernels its forward and backward launched."""
-    from ..runtime.launch import record_launches
-
-    with record_launches() as launches:
-        failures = check_case(case, info.torch_device)
-    return Result(case, failures, measure(launches, info, timer, warmup, repeats))
+    """Check `case` and measure the kernels its forward and backward launched (rows of
+    a case the bench has are labelled with its forward / backward benchmark rows)."""
+    phases: dict[str, list[Any]] = {}
+    failures = check_case(case, info.torch_device, phases=phases)
+    rows = []
+    for i, phase in enumerate(("fwd", "bwd")):
+        label = (case.bench[i], case.bench[2]) if case.bench else None
+        rows += measure(phases.get(phase, []), info, timer, warmup, repeats, bench=label)
+    return Result(case, failures, rows)
 
 
 def calibration_rows(

@@ -4,6 +4,11 @@ Shapes come from `nki_kernels.model_shapes` (Llama-3 8B / 70B norms and attentio
 2048 tokens, Mixtral-8x7B MoE at 512 tokens), bf16; `quick=True` gives small shapes of
 the same ops (odd sizes, ragged tiles) for a smoke test. Each case's reference is the
 fp32 torch composition of `nki_kernels/*/reference.py`.
+
+Cases that `make bench` also has (the norms at [16384, 4096], causal attention at
+S = 2048) carry its row texts, so their measured rows show beside the modeled ones. The
+bench's MoE cases fix the experts' token counts (uniform / skewed) rather than routing
+logits, so no hwcheck MoE row is labelled with them.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ EPS = 1e-6
 BF16 = torch.bfloat16
 
 
-def _norm_cases(rows: int, hidden: int, label: str) -> list[Case]:
+def _norm_cases(rows: int, hidden: int, label: str, bench: bool = False) -> list[Case]:
     def make(g: torch.Generator) -> dict[str, Any]:
         return {
             "x": torch.randn(rows, hidden, generator=g).to(BF16),
@@ -37,20 +42,28 @@ def _norm_cases(rows: int, hidden: int, label: str) -> list[Case]:
     red = max(rows, hidden)
     shape = f"{label} [{rows}, {hidden}] bf16"
     nki = torch.ops.nki
+
+    def rows_of(op: str) -> tuple[str, str, str] | None:  # `make bench`'s norm row texts
+        return (f"{op} fwd", f"{op} bwd", f"[{rows}, {hidden}] bf16") if bench else None
+
     return [
         Case("rms_norm", shape, only("x", "weight"),
              lambda i: nki.rms_norm(i["x"], i["weight"], EPS),
-             lambda i: rms_norm_ref(i["x"], i["weight"], EPS)[0], red),
+             lambda i: rms_norm_ref(i["x"], i["weight"], EPS)[0], red, rows_of("rms_norm")),
         Case("layer_norm", shape, only("x", "weight", "bias"),
              lambda i: nki.layer_norm(i["x"], i["weight"], i["bias"], 1e-5),
-             lambda i: layer_norm_ref(i["x"], i["weight"], i["bias"], 1e-5)[0], red),
+             lambda i: layer_norm_ref(i["x"], i["weight"], i["bias"], 1e-5)[0], red,
+             rows_of("layer_norm")),
         Case("add_rms_norm", shape, only("x", "residual", "weight"),
              lambda i: nki.add_rms_norm(i["x"], i["residual"], i["weight"], EPS)[0],
-             lambda i: add_rms_norm_ref(i["x"], i["residual"], i["weight"], EPS)[0], red),
+             lambda i: add_rms_norm_ref(i["x"], i["residual"], i["weight"], EPS)[0], red,
+             rows_of("add_rms_norm")),
     ]  # fmt: skip
 
 
-def _attention_case(b: int, hq: int, hkv: int, s: int, d: int, label: str) -> Case:
+def _attention_case(
+    b: int, hq: int, hkv: int, s: int, d: int, label: str, bench: bool = False
+) -> Case:
     from ..attention.reference import attention_reference
 
     def make(g: torch.Generator) -> dict[str, Any]:
@@ -60,6 +73,12 @@ def _attention_case(b: int, hq: int, hkv: int, s: int, d: int, label: str) -> Ca
             "v": torch.randn(b, hkv, s, d, generator=g).to(BF16),
         }
 
+    # `make bench`'s attention row texts (its cases have B = 1)
+    bench_rows = (
+        "flash_attention fwd causal",
+        "flash_attention bwd causal",
+        f"B={b} H={hq}/{hkv} S={s} D={d} bf16",
+    )
     return Case(
         "flash_attention",
         f"{label} B={b} Hq={hq} Hkv={hkv} S={s} D={d} causal bf16",
@@ -67,6 +86,7 @@ def _attention_case(b: int, hq: int, hkv: int, s: int, d: int, label: str) -> Ca
         lambda i: torch.ops.nki.flash_attention(i["q"], i["k"], i["v"], causal=True),
         lambda i: attention_reference(i["q"], i["k"], i["v"], causal=True)[0],
         max(s, d),
+        bench_rows if bench else None,
     )
 
 
@@ -105,7 +125,8 @@ def all_cases(quick: bool = False) -> list[Case]:
     return [
         *_norm_cases(2048, LLAMA3_8B_NORM.hidden, "llama3-8b"),
         *_norm_cases(2048, LLAMA3_70B_NORM.hidden, "llama3-70b"),
-        _attention_case(1, a.num_heads, a.num_kv_heads, 2048, a.head_dim, a.model),
+        *_norm_cases(16384, LLAMA3_8B_NORM.hidden, "bench", bench=True),
+        _attention_case(1, a.num_heads, a.num_kv_heads, 2048, a.head_dim, a.model, bench=True),
         _moe_case(512, m.hidden, m.intermediate, m.num_experts, m.top_k, m.model),
     ]
 

@@ -38,6 +38,14 @@ Fields (all required; `null` only where said):
   (float, or null); kept to show the model's error at measurement time.
 - `timestamp`: ISO 8601 time of the measurement, with a UTC offset.
 
+Optional fields (absent in older files; written only when set):
+
+- `op`, `case`: the benchmark row this launch belongs to (`BenchRow.op` / `.case`, e.g.
+  "rms_norm fwd", "[16384, 4096] bf16"), so `nki-kernels bench` can show the op's measured
+  figure beside its modeled one (`bench.measured`); both strings or both absent.
+- `launches`: how many times the op launched this specialization (int >= 1, default 1):
+  the op's measured latency is the sum of median x launches over its rows.
+
 Use from the hardware check:
 
 ```python
@@ -87,6 +95,7 @@ FIELDS = (
     "modeled_ns",
     "timestamp",
 )
+OPTIONAL_FIELDS = ("op", "case", "launches")
 
 
 class MeasurementError(ValueError):
@@ -135,6 +144,9 @@ class MeasuredRow:
     modeled_ns: float | None
     timestamp: str
     kind: str = field(default=KIND)
+    op: str | None = None
+    case: str | None = None
+    launches: int = 1
 
     def __post_init__(self) -> None:
         _expect(self.kind == KIND, "kind", repr(KIND), self.kind)
@@ -189,6 +201,15 @@ class MeasuredRow:
                 "timestamp", f"expected ISO 8601 with a UTC offset; got {self.timestamp!r}"
             ) from None
         _expect(stamp.tzinfo is not None, "timestamp", "a UTC offset", self.timestamp)
+        for name in ("op", "case"):
+            value = getattr(self, name)
+            _expect(value is None or (isinstance(value, str) and value != ""), name,
+                    "a non-empty string or absent", value)  # fmt: skip
+        _expect((self.op is None) == (self.case is None), "case", "set together with op",
+                self.case)  # fmt: skip
+        n = self.launches
+        _expect(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "launches",
+                "an integer >= 1", n)  # fmt: skip
 
     @property
     def median_ns(self) -> float:
@@ -196,11 +217,17 @@ class MeasuredRow:
         return float(self.latency_ns["median"])
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as the JSON object written to the file (keys in `FIELDS` order)."""
-        return {
+        """The row as the JSON object written to the file (keys in `FIELDS` order, then
+        the optional fields that are set)."""
+        out = {
             name: (dict(v) if isinstance(v := getattr(self, name), Mapping) else v)
             for name in FIELDS
         }
+        if self.op is not None:
+            out.update(op=self.op, case=self.case)
+        if self.launches != 1:
+            out["launches"] = self.launches
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MeasuredRow:
@@ -210,10 +237,12 @@ class MeasuredRow:
         missing = [f for f in FIELDS if f not in data]
         if missing:
             raise MeasurementError(missing[0], "missing")
-        unknown = sorted(set(data) - set(FIELDS))
+        unknown = sorted(set(data) - set(FIELDS) - set(OPTIONAL_FIELDS))
         if unknown:
-            raise MeasurementError(unknown[0], f"unknown field; expected only {FIELDS}")
-        return cls(**{name: data[name] for name in FIELDS})
+            raise MeasurementError(
+                unknown[0], f"unknown field; expected only {FIELDS + OPTIONAL_FIELDS}"
+            )
+        return cls(**{name: data[name] for name in (*FIELDS, *OPTIONAL_FIELDS) if name in data})
 
 
 def latency_stats(samples_ns: Sequence[float]) -> dict[str, float]:
