@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..kernel_config import InvalidConfig, KernelConfig
+from ..runtime.host_array import host_numpy
 from ..runtime.launch import launch
 from ..targets import Target, get_target
 from .decode import decode_attention_fwd
@@ -118,7 +119,7 @@ def decode(
     b, hq, sq, d = q.shape
     paged = block_table is not None
     hkv = k_cache.shape[2] if paged else k_cache.shape[1]
-    lens = cache_lens.detach().cpu().numpy().astype(np.int64)
+    lens = host_numpy(cache_lens).astype(np.int64)
     limit = k_cache.shape[1] * block_table.shape[1] if block_table is not None else k_cache.shape[2]
     if lens.size and (lens.min() < 0 or lens.max() > limit):
         what = "max_blocks * block_size" if paged else "S_max"
@@ -137,7 +138,7 @@ def decode(
     slots = None
     if paged:
         assert block_table is not None
-        bt = block_table.detach().cpu().numpy().astype(np.int64)
+        bt = host_numpy(block_table).astype(np.int64)
         slots_np = paged_slots(bt, lens, k_cache.shape[1], n_steps * cfg.kv_tile)
         slots = torch.from_numpy(slots_np).to(q.device)
     out, lse = launch(

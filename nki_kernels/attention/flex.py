@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..runtime.host_array import host_numpy
 from . import masks
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -56,7 +57,7 @@ class BlockMask:
 
     def tile_classes(self) -> np.ndarray:
         """SKIP / PARTIAL / FULL per (batch, 128-query tile, 128-key tile)."""
-        return masks.classify_dense(self.allowed.cpu().numpy())
+        return masks.classify_dense(host_numpy(self.allowed))
 
     def sparsity(self) -> float:
         """Fraction of tiles skipped."""

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..runtime import launch, lookup_config, pad_dim, pad_to_bucket
+from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from . import masks
 from ._bwd_plan import bwd_row_order, mark_diagonal
@@ -30,7 +31,7 @@ def check_data(kv_lens: Tensor | None, segment_ids: Tensor | None, sk: int) -> N
         if lo < 0 or hi > sk:
             raise ValueError(f"kv_lens: expected values in [0, {sk}] (Sk); got min {lo}, max {hi}")
     if segment_ids is not None:
-        masks.segment_runs(segment_ids.detach().cpu().numpy())
+        masks.segment_runs(host_numpy(segment_ids))
 
 
 def softmax_scale_of(q: Tensor, softmax_scale: float | None) -> float:
@@ -84,10 +85,10 @@ def dense_of(attn_mask: Tensor, sq: int, sk: int, scale: float) -> DenseMask:
     bm, hm = am.shape[0], am.shape[1]
     am = am.expand(bm, hm, sq, sk)
     if am.dtype == torch.bool:
-        allowed_u = am.numpy()
+        allowed_u = host_numpy(am)
         add = None
     else:
-        af = am.to(torch.float64).numpy()
+        af = host_numpy(am.to(torch.float64))
         allowed_u = af > -np.inf
         add = np.where(allowed_u, af / scale, 0.0)
         add = np.maximum(add, -1e30).astype(np.float32)  # stays finite for the kernels
@@ -215,12 +216,12 @@ def _bounds(
 ) -> tuple[np.ndarray, np.ndarray]:
     seg = None
     if m.segment_ids is not None:
-        s = m.segment_ids.detach().cpu().numpy().astype(np.int64)
+        s = host_numpy(m.segment_ids).astype(np.int64)
         # ids as ranks 0..n-1 (equal ids stay equal; any int64 value is fine), so the
         # padded positions' document of their own, -1, never collides or overflows
         s = np.unique(s, return_inverse=True)[1].reshape(s.shape)
         seg = np.concatenate([s, np.full((b, sqb - sq), -1, dtype=np.int64)], axis=1)
-    kl = m.kv_lens.detach().cpu().numpy() if m.kv_lens is not None else None
+    kl = host_numpy(m.kv_lens) if m.kv_lens is not None else None
     return masks.query_bounds(
         b,
         sqb,

@@ -108,7 +108,11 @@ def _torch_bits() -> dict[Any, tuple[Any, np.dtype, np.dtype]]:
 def _torch_to_numpy(where: str, t: Any) -> np.ndarray:
     if t.device.type != "cpu":
         raise fail("LAUNCH", f"{where}: the interpreter takes CPU tensors; got {t.device}")
-    t = t.detach().contiguous()
+    import torch
+
+    # a private copy: .numpy() on the caller's tensor would mark its storage not
+    # resizable for good, and FSDP2 frees unsharded parameters with storage.resize_(0)
+    t = t.detach().clone(memory_format=torch.contiguous_format)
     bits = _torch_bits().get(t.dtype)
     if bits is not None:
         return t.view(bits[0]).numpy().view(bits[2])  # type: ignore[no-any-return]

@@ -29,6 +29,7 @@ from ..moe.reference import MoERouting
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
 from ..runtime.buckets import current_policy
+from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
 from .registry import define_op
@@ -165,8 +166,8 @@ def _route(logits: Tensor, top_k: int, scoring: str, renormalize: bool) -> tuple
 
 def _plan(weights: Tensor, ids: Tensor, t: int, e: int, block: int, cf: float | None) -> BlockPlan:
     tb = weights.shape[0]
-    w = weights[:t].detach().cpu().numpy()
-    i = ids[:t].detach().cpu().numpy()
+    w = host_numpy(weights[:t])
+    i = host_numpy(ids[:t])
     return plan_blocks(i, w, e, block, cf, num_tokens=tb, min_tokens=min(t, _bucket_floor(tb)))
 
 

@@ -72,6 +72,7 @@ def simulate(
     import torch
 
     from .. import nki as seam
+    from .host_array import host_numpy
 
     del target
 
@@ -81,8 +82,8 @@ def simulate(
         if a.dtype == torch.bfloat16:
             import ml_dtypes
 
-            return a.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return a.contiguous().numpy()
+            return host_numpy(a.view(torch.int16)).view(ml_dtypes.bfloat16)
+        return host_numpy(a)
 
     arrays = [to_np(a) for a in args]
     fn = seam.nki.simulate(kernel if lnc == 1 else kernel[lnc])
