@@ -38,6 +38,16 @@ dx per slot goes to an HBM scratch; the combine (combine.py, on TensorE) sums ea
 token's k slots (j ascending) into dhidden and gathers d_weights[t, j] = dws[slot(t, j)]
 (0 for dropped assignments, which point at the scratch's zero row).
 
+LNC 2 (`kernel[2]`): the programs split the hidden columns (`blockwise_mlp.
+_program_columns`: halves in whole 512-column PSUM banks, as the forward). Each program
+recomputes every block's gT, uT, gaT (they contract over all of H), then computes only
+its columns of everything that has an H axis in its output: dx (dgrad), dW_gate_up's H
+rows, dW_down's H columns, and the combine into dhidden; d_weights' token tiles alternate
+between the programs that have columns. Every output element is written by exactly one
+program, with the same arithmetic as under LNC 1, so the results are bit-identical and
+the programs never wait for each other (their slot scratch is private HBM). A program
+with no columns (H <= 512) does nothing.
+
 Blocks [0, static_blocks) are a static loop, the rest device loops up to `block_count`
 (`tiles.block_loop`); both issue the same instructions (block indices as registers).
 
@@ -52,6 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nki, nl
+from .blockwise_mlp import _program_columns
 from .combine import combine, zero_row
 from .config import STORE_RUN_BYTES
 from .rows_bwd import (
@@ -142,8 +153,12 @@ def moe_mlp_bwd(
         "STB": strip_bufs,
         "PF": prefetch_rows,
     }
+    d["C0"], d["C1"] = _program_columns(h)
+    d["PID"], d["NPA"] = _column_programs(h)
     dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
     d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)
+    if d["C0"] == d["C1"]:  # an LNC program without hidden columns
+        return dhidden, d_weights
     # + one row for dropped assignments (combine.zero_row)
     dx_slots = nl.ndarray((nb * block_size + 1, h), dtype=dt, buffer=nl.hbm)
     dws_slots = nl.ndarray((nb * block_size + 1, 1), dtype=nl.float32, buffer=nl.hbm)
@@ -177,14 +192,23 @@ def moe_mlp_bwd(
 
     block_loop(body, static_blocks, nb, bounds)
     state.clear()
+    cols = (d["C0"], d["C1"])
     grads = (
-        (dw_gate_up, scratch["x"], scratch["gu"]),
-        (dw_down, scratch["act"], scratch["dy"]),
+        (dw_gate_up, scratch["x"], scratch["gu"], cols, (0, 2 * i)),  # this program's H rows
+        (dw_down, scratch["act"], scratch["dy"], (0, i), cols),  # and H columns
     )
     panel = (wgrad_tiles, wgrad_cols)
     weight_grads(d, grads, block_expert, block_keep, panel, (static_blocks, nb, bounds))
     _combine_grads(d, dhidden, d_weights, dx_slots, dws_slots, token_slot, may_drop)
     return dhidden, d_weights
+
+
+def _column_programs(h: int) -> tuple[int, int]:
+    """(this program's id, how many programs have hidden columns) of the LNC launch."""
+    if nl.program_ndim() == 0 or nl.num_programs(0) == 1:
+        return 0, 1
+    share = cdiv(cdiv(h, nl.num_programs(0)), PSUM_FP32) * PSUM_FP32
+    return nl.program_id(0), cdiv(h, share)
 
 
 # ---- phase A: one block ------------------------------------------------------------------
@@ -394,9 +418,9 @@ def _dgrad(
     replace them behind the dgrad.
     """
     wgT, wuT = strips
-    h, nit = d["H"], cdiv(icw, P)
-    for n0 in range(0, h, PSUM_FP32):
-        nw = min(PSUM_FP32, h - n0)
+    nit = cdiv(icw, P)
+    for n0 in range(d["C0"], d["C1"], PSUM_FP32):  # this LNC program's hidden columns
+        nw = min(PSUM_FP32, d["C1"] - n0)
         n = slice(n0, n0 + nw)
         for c in range(d["SB"] // P):
             tok = slice(c * P, (c + 1) * P)
@@ -460,13 +484,14 @@ def _store_dx(
     view = scr["dws"].ap([[1, 1], [1, sb]], offset=r0, scalar_offset=blk["row0"])
     nisa.dma_copy(dst=view, src=dws)
     nsa = sb // P
+    c0, c1 = d["C0"], d["C1"]
     for c in range(nsa):
         out = nl.ndarray((P, h), dtype=d["dt"], buffer=nl.sbuf)
         w_col = blk["meta"]["wsl"][:, s * nsa + c : s * nsa + c + 1]
-        nisa.activation(dst=out, op=nl.copy, data=dx[c], scale=w_col)
-        off = (r0 + c * P) * h
-        view = scr["dx"].ap([[h, P], [1, h]], offset=off, scalar_offset=blk["row0"])
-        nisa.dma_copy(dst=view, src=out)
+        nisa.activation(dst=out[:, c0:c1], op=nl.copy, data=dx[c][:, c0:c1], scale=w_col)
+        off = (r0 + c * P) * h + c0
+        view = scr["dx"].ap([[h, P], [1, c1 - c0]], offset=off, scalar_offset=blk["row0"])
+        nisa.dma_copy(dst=view, src=out[:, c0:c1])
 
 
 # ---- combine ------------------------------------------------------------------------------
@@ -480,12 +505,13 @@ def _combine_grads(
     may_drop: bool,
 ) -> None:
     """d_weights[t, j] = dws_slots[slot(t, j)] (0 when dropped); dhidden[t] = sum_j
-    dx_slots[slot(t, j)] (`combine.combine`, identity stationaries)."""
+    dx_slots[slot(t, j)] (`combine.combine`, identity stationaries), this LNC program's
+    columns; the programs with columns take alternate token tiles of d_weights."""
     k = d["K"]
     if may_drop:
         zero_row(dx_slots)
         zero_row(dws_slots)
-    for t0 in range(0, d["T"], P):
+    for t0 in range(d["PID"] * P, d["T"], d["NPA"] * P):
         rows = min(P, d["T"] - t0)
         sl = nl.ndarray((P, k), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=sl[0:rows, :], src=token_slot[t0 : t0 + rows, :])
@@ -495,4 +521,4 @@ def _combine_grads(
             view = dws_slots.ap([[1, rows], [1, 1]], offset=0, vector_offset=idx, indirect_dim=0)
             nisa.dma_copy(dst=dwt[0:rows, j : j + 1], src=view)
         nisa.dma_copy(dst=d_weights[t0 : t0 + rows, :], src=dwt[0:rows, :])
-    combine(dhidden, dx_slots, token_slot, None)
+    combine(dhidden, dx_slots, token_slot, None, (d["C0"], d["C1"]))

@@ -49,7 +49,9 @@ def weight_grads(
     panel: tuple[int, int],
     blocks: tuple[int, int, Any],
 ) -> None:
-    """Every (dW [E, M, N], L scratch [NB+1, B, M], R scratch [NB+1, B, N]) in `grads`.
+    """Every (dW [E, M, N], L scratch [NB+1, B, M], R scratch [NB+1, B, N], rows
+    (m_lo, m_hi), columns (n_lo, n_hi)) in `grads`: dW[:, m_lo:m_hi, n_lo:n_hi] (an LNC
+    program's share; the whole of dW under LNC 1).
 
     `panel` = (row tiles R / 128, columns C); `blocks` = (static blocks, NB,
     `tiles.device_bounds` registers or None).
@@ -61,12 +63,11 @@ def weight_grads(
     rt_cols = min(cols, max([g[0].shape[2] for g in grads]))
     sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(2)]
     meta = (block_expert, block_keep)
-    for dst, left, right in grads:
-        m, n = dst.shape[1], dst.shape[2]
-        for m0 in range(0, m, tiles * P):
-            rows = min(tiles * P, m - m0)
-            for n0 in range(0, n, cols):
-                cw = min(cols, n - n0)
+    for dst, left, right, (m_lo, m_hi), (n_lo, n_hi) in grads:
+        for m0 in range(m_lo, m_hi, tiles * P):
+            rows = min(tiles * P, m_hi - m0)
+            for n0 in range(n_lo, n_hi, cols):
+                cw = min(cols, n_hi - n0)
                 acc = nl.ndarray((P, cdiv(rows, P), cw), dtype=nl.float32, buffer=nl.sbuf)
                 if static_blocks == 0:  # no static first block: start from zeros
                     nisa.memset(dst=acc, value=0.0)

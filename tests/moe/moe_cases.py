@@ -124,10 +124,11 @@ def bwd_kernel(
     plan: BlockPlan,
     dw_dtype: torch.dtype | None = None,
     static_blocks: int | None = None,
+    lnc: int = 1,
     **cfg: int,
 ) -> tuple[torch.Tensor, ...]:
-    """Run the backward kernel; dw_gate_up / dw_down start as zeros of `dw_dtype`
-    (default: the weights' dtype); `static_blocks` overrides the plan's."""
+    """Run the backward kernel (at `lnc`); dw_gate_up / dw_down start as zeros of
+    `dw_dtype` (default: the weights' dtype); `static_blocks` overrides the plan's."""
     e, h, i2 = layer["w_gate_up"].shape
     wdt = dw_dtype or layer["w_gate_up"].dtype
     dgu = torch.zeros(e, h, i2, dtype=wdt)
@@ -154,6 +155,7 @@ def bwd_kernel(
         plan.may_drop,
         plan.block_size,
         *args.values(),
+        lnc=lnc,
     )
     dx, dw = res.outputs
     return dx, dw, dgu, dd

@@ -142,3 +142,31 @@ def test_forward_lnc2_splits_hidden_columns_bit_for_bit(h: int) -> None:
     one = fwd_kernel(layer, plan, static_blocks=static, tile_i=128)
     two = fwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128)
     assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("h", [1100, 72])
+def test_backward_lnc2_splits_hidden_columns_bit_for_bit(h: int) -> None:
+    """kernel[2] of the backward: each program computes dx, dW_gate_up's H rows, dW_down's
+    H columns and the combine of its hidden columns (H = 1100: 1024 | 76; H = 72: all on
+    the first), and half of d_weights' token tiles -- the LNC 1 arithmetic, so every
+    gradient is identical, and all match the fp32 reference."""
+    t, i, e = 300, 160, 4  # 3 token tiles: d_weights' tiles alternate between programs
+    layer = make_layer(t, h, i, e, BF16, seed=11)
+    ids, w = random_routing(t, e, 2, seed=11)
+    plan = plan_for(ids, w, e, 128)
+    static = plan.used_blocks - 2  # two blocks in device loops
+    one = bwd_kernel(layer, plan, static_blocks=static, tile_i=128)
+    two = bwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128)
+    for name, a, b in zip(("dx", "dw", "dgu", "dd"), one, two):
+        assert torch.equal(a, b), name
+    x = layer["hidden"].float().clone().requires_grad_()
+    wt = torch.from_numpy(w).clone().requires_grad_()
+    wgu = layer["w_gate_up"].float().clone().requires_grad_()
+    wd = layer["w_down"].float().clone().requires_grad_()
+    ref = mlp_with_routing({"hidden": x, "w_gate_up": wgu, "w_down": wd}, ids, wt, None)
+    ref.backward(layer["dout"].float())
+    dx, dw, dgu, dd = two
+    assert_close_scaled(dx, x.grad, BF16, "d hidden")
+    assert_close_scaled(dgu, wgu.grad, BF16, "d w_gate_up")
+    assert_close_scaled(dd, wd.grad, BF16, "d w_down")
+    assert_close_scaled(dw, wt.grad, BF16, "d routing weights")
