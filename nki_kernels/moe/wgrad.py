@@ -43,7 +43,7 @@ from .tiles import PSUM_FP32, P, block_ap, block_loop, cdiv, matmul, slot_tiles
 
 def weight_grads(
     d: dict[str, Any],
-    grads: tuple[tuple[Any, Any, Any], ...],
+    grads: tuple[tuple[Any, Any, Any, tuple[int, int], tuple[int, int]], ...],
     block_expert: Any,
     block_keep: Any,
     panel: tuple[int, int],
