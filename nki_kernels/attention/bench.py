@@ -156,8 +156,11 @@ def price(
     max_instructions: int = MAX_INSTRUCTIONS,
     config: Any = None,
     force: str | None = None,
+    lnc: int = 1,
 ) -> Row:
-    """Model one case; see the module docstring for the pricing method."""
+    """Model one case; see the module docstring for the pricing method. `lnc` 2: launched
+    as kernel[2] (both programs traced, each on its own physical core, one kv head each
+    per launch); the latency is the logical core's."""
     from ..perfmodel import estimate_trace, modeled_label, trace_kernel
 
     tgt = get_target(target)
@@ -188,9 +191,10 @@ def price(
         mult = 1
     else:
         group = shape.num_heads // shape.num_kv_heads
-        kernel, args = _specs(op, seq, shape, 1, group, 1, dtype, causal, cfg)
-        mult = pairs
-    trace = trace_kernel(kernel, *args, target=tgt)
+        unit = lnc if pairs % lnc == 0 else 1  # one (batch, kv head) pair per program
+        kernel, args = _specs(op, seq, shape, 1, group * unit, unit, dtype, causal, cfg)
+        mult = pairs // unit
+    trace = trace_kernel(kernel, *args, target=tgt, lnc=lnc)
     est = estimate_trace(trace, tgt)
     elapsed = time.perf_counter() - t0
     latency = est.latency_ns * mult
@@ -214,7 +218,8 @@ def price(
         tensor_active=act.get("tensor", 0.0),
         vector_active=act.get("vector", 0.0),
         scalar_active=act.get("scalar", 0.0),
-        pricing="full trace" if mult == 1 else f"1 of {pairs} pairs x {pairs}",
+        pricing=("full trace" if mult == 1 else f"{pairs // mult} of {pairs} pairs x {mult}")
+        + (f", kernel[{lnc}]" if lnc > 1 else ""),
         instructions=len(trace),
         price_seconds=elapsed,
         config=cfg.key(),

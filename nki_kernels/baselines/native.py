@@ -84,7 +84,14 @@ def rms_norm_bwd(rows: int, hidden: int, dtype: str) -> list[Step]:
 def layer_norm_fwd(rows: int, hidden: int, dtype: str) -> list[Step]:
     x = _t((rows, hidden), dtype)
     w = _t((hidden,), dtype)
-    return [Step("fused layer_norm (one pass)", norm_steps.norm_rows, (x, None, w, True, dtype))]
+    # nn.LayerNorm / F.layer_norm with weight and bias (our layer_norm rows have both)
+    return [
+        Step(
+            "fused layer_norm (one pass)",
+            norm_steps.norm_rows,
+            (x, None, w, True, dtype, w, 1e-5),
+        )
+    ]
 
 
 def layer_norm_bwd(rows: int, hidden: int, dtype: str) -> list[Step]:

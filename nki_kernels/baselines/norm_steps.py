@@ -29,13 +29,23 @@ def _chunks(cols: int, dtype: Any) -> list[tuple[int, int]]:
 
 
 @nki.jit
-def norm_rows(x: Any, residual: Any, w: Any, centered: bool, out_dtype: Any) -> Any:
-    """One fused norm pass: y = (x [+ residual] - mean?) * rstd * w, per 128-row tile.
+def norm_rows(
+    x: Any,
+    residual: Any,
+    w: Any,
+    centered: bool,
+    out_dtype: Any,
+    b: Any = None,
+    eps: float = 1e-6,
+) -> Any:
+    """One fused norm pass: y = (x [+ residual] - mean?) * rstd * w [+ b], per 128-row tile.
 
-    x, residual: [R, C] (residual may be None: then s = x); w: [C]. `centered` adds the
-    mean (LayerNorm); else RMSNorm. Returns y [R, C] and, with a residual, also writes
-    s = x + residual (what `add_rms_norm`'s composition returns). The row tile stays in
-    SBUF between the statistics and the scale pass (rows up to 24 KiB per partition).
+    x, residual: [R, C] (residual may be None: then s = x); w, b: [C] (b may be None).
+    `centered`: LayerNorm (mean subtracted, var = E[x^2] - mean^2, one pass over x);
+    else RMSNorm (rstd = (E[x^2] + eps)^-1/2). Returns y [R, C] and, with a residual, also
+    writes s = x + residual (what `add_rms_norm`'s composition returns). The row tile
+    stays in SBUF between the statistics and the scale pass (rows up to 24 KiB per
+    partition).
     """
     rows, cols = x.shape
     y = nl.ndarray((rows, cols), dtype=out_dtype, buffer=nl.shared_hbm)
@@ -48,6 +58,10 @@ def norm_rows(x: Any, residual: Any, w: Any, centered: bool, out_dtype: Any) -> 
     nch = len(chunks)
     wt = nl.ndarray((P, cols), dtype=w.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=wt[:, :], src=w.reshape((1, cols)).broadcast(0, P))
+    bt = None
+    if b is not None:
+        bt = nl.ndarray((P, cols), dtype=b.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bt[:, :], src=b.reshape((1, cols)).broadcast(0, P))
     nstat = 2 if centered else 1
     # row tiles rotate through RING buffers, so tile i + 1 loads while tile i computes
     ring = [nl.ndarray((P, cols), dtype=x.dtype, buffer=nl.sbuf) for _ in range(RING)]
@@ -93,13 +107,25 @@ def norm_rows(x: Any, residual: Any, w: Any, centered: bool, out_dtype: Any) -> 
             op0=nl.multiply,
             operand0=1.0 / cols,
             op1=nl.add,
-            operand1=1e-6,
+            operand1=eps,
         )
-        nisa.tensor_scalar(dst=rstd[0:rs, :], data=rstd[0:rs, :], op0=nl.rsqrt, operand0=None)
+        # the shift subtracted before scaling: the mean (LayerNorm) or 0 (RMSNorm)
         shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(
-            dst=shift[0:rs, :], data=stats[0:rs, nstat - 1 : nstat], op0=nl.multiply, operand0=0.0
+            dst=shift[0:rs, :],
+            data=stats[0:rs, nstat - 1 : nstat],
+            op0=nl.multiply,
+            operand0=1.0 / cols if centered else 0.0,
         )
+        if centered:  # E[x^2] + eps - mean^2
+            msq = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(
+                dst=msq[0:rs, :], data1=shift[0:rs, :], data2=shift[0:rs, :], op=nl.multiply
+            )
+            nisa.tensor_tensor(
+                dst=rstd[0:rs, :], data1=rstd[0:rs, :], data2=msq[0:rs, :], op=nl.subtract
+            )
+        nisa.tensor_scalar(dst=rstd[0:rs, :], data=rstd[0:rs, :], op0=nl.rsqrt, operand0=None)
         for ci in range(nch):
             c0, cs = chunks[ci]
             # VectorE: (x - mean) * rstd (one tensor_scalar, bf16 fast mode), then * w;
@@ -120,6 +146,9 @@ def norm_rows(x: Any, residual: Any, w: Any, centered: bool, out_dtype: Any) -> 
                 data2=wt[0:rs, c0 : c0 + cs],
                 op=nl.multiply,
             )
+            if bt is not None:
+                bc = bt[0:rs, c0 : c0 + cs]
+                nisa.tensor_tensor(dst=yt[0:rs, 0:cs], data1=yt[0:rs, 0:cs], data2=bc, op=nl.add)
             nisa.dma_copy(dst=y[r0 : r0 + rs, c0 : c0 + cs], src=yt[0:rs, 0:cs])
     if residual is not None:
         return y, s_out

@@ -17,8 +17,12 @@ LNC. trn2's default is LNC = 2 (two physical cores per logical core; "With LNC=2
 default is not stated in the docs read (aws-neuron-sdk @ 81ce03ae); its tutorials run
 LNC = 2 and the NKI FAQ allows "up to two physical NeuronCores" on Trn2 or Trn3, so LNC
 = 2 is assumed for trn3 too. Rows with `lnc` = 1 are per physical core; rows with `lnc`
-= 2 are per logical core, modeled as two physical cores each running half of the work
-(`LNC2_METHOD`), for every implementation alike. Nothing here is a measurement.
+= 2 are per logical core (`LNC2_METHOD`): our kernels and AWS's are launched as
+kernel[2] and both programs are traced by the interpreter and each scheduled on its own
+physical core (the latency is the later core's), so each kernel's own LNC split (rows,
+kv heads, hidden columns) and its imbalance are priced; TorchNeuron's native
+compositions (not kernels) are priced as two cores each running half of the work.
+Nothing here is a measurement.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from ..targets import Target, get_target
 from .rows import BenchRow
 
 LNC2_METHOD = (
-    "LNC 2 = two physical cores, each running half of the work (norm rows, attention "
-    "kv-head groups, MoE tokens) at LNC 1; no cross-core traffic or barrier modeled"
+    "LNC 2 = one logical core of two physical cores: our kernels and AWS's launched as "
+    "kernel[2], both programs traced and each scheduled on its own core (the kernel's "
+    "own split); TorchNeuron's native compositions as half of the work per core; no "
+    "shared-HBM contention between the cores modeled"
 )
 DEFAULT_LNC = {"trn2": 2, "trn3": 2}  # trn3: assumed, see the module docstring
 
@@ -133,7 +139,7 @@ def norm_rows(
                     part_rows = _half(n, lnc)
                     for (op, kind), build in _NORM_NATIVE.items():
                         c = Case("norm", f"{op} {kind}", f"[{n}, {h}] bf16", target, lnc)
-                        parts = nb.op_parts(op, kind, part_rows, h, target)
+                        parts = nb.op_parts(op, kind, n, h, target, lnc)
                         latency = sum(p.latency_us for p in parts)
                         min_bytes = _NORM_MIN_TENSORS[(op, kind)] * part_rows * h * 2.0
                         rows.append(
@@ -145,10 +151,13 @@ def norm_rows(
                                 impl="nki",
                                 latency_us=latency,
                                 provenance=parts[0].label,
-                                hbm_fraction=parts[0].bound_us / latency,
+                                hbm_fraction=parts[0].bound_us / latency / lnc,
                                 bound_by=parts[0].busiest,
                                 lnc=lnc,
-                                extra={"kernels": [[p.kernel, p.latency_us] for p in parts]},
+                                extra={
+                                    "kernels": [[p.kernel, p.latency_us] for p in parts],
+                                    "config": parts[0].config,
+                                },
                             )
                         )
                         rows.append(
@@ -188,21 +197,17 @@ def attention_rows(
                     case = (
                         f"B=1 H={full.num_heads}/{full.num_kv_heads} S={seq} D={full.head_dim} bf16"
                     )
-                    # one kv-head group priced and multiplied by the groups, for every
-                    # S: the method of the AWS rows (an upper bound for ours: the full
-                    # trace overlaps one group's tail with the next group's staging)
-                    one = attn.price(op, seq, target, causal, shape=full, force="pair")
                     for lnc in lncs:
+                        # per launch one kv-head group per program (kernel[lnc]), times the
+                        # remaining groups, for every S: the method of the AWS rows (an
+                        # upper bound for ours: the full trace overlaps one group's tail
+                        # with the next group's staging)
+                        r = attn.price(op, seq, target, causal, shape=full, force="pair", lnc=lnc)
                         shape = AttentionShape(
                             full.model,
                             num_heads=full.num_heads // lnc,
                             num_kv_heads=full.num_kv_heads // lnc,
                             head_dim=full.head_dim,
-                        )
-                        r = replace(
-                            one,
-                            latency_us=one.latency_us / lnc,
-                            pricing=f"1 of {shape.num_kv_heads} kv groups x {shape.num_kv_heads}",
                         )
                         flops = attn.useful_flops(
                             op, seq, seq, full.head_dim, shape.num_heads, 1, causal
@@ -282,8 +287,8 @@ def _moe_case(
 ) -> list[BenchRow]:
     h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
     c = Case("moe", f"moe_mlp fwd {routing}", moe_case_text(shape, t), target, lnc)
-    r = layer_row(shape, part, routing, target)
-    flops = 2.0 * part * k * 3 * h * i
+    r = layer_row(shape, t, routing, target, lnc=lnc)  # kernel[lnc] on the whole batch
+    flops = 2.0 * part * k * 3 * h * i  # per physical core (the MFU's denominator)
     out = [
         BenchRow(
             family="moe",
@@ -293,7 +298,7 @@ def _moe_case(
             impl="nki",
             latency_us=r["latency_ms"] * 1e3,
             provenance=r["label"],
-            mfu=r["mfu_routed_pct"] / 100.0,
+            mfu=r["mfu_routed_pct"] / 100.0 / lnc,
             bound_by=r["busiest_engine"],
             lnc=lnc,
             extra={"blocks": r["blocks"], "config": r["config"]},

@@ -30,8 +30,11 @@ Kernels and how they are called (signatures read from nki-library @ d2ad3a57):
   its `shard_on_block` kernel launched as kernel[2] on the whole batch (AWS's own LNC 2
   split), called directly rather than through moe_cte's dispatch (see `moe_calls`).
 
-LNC 2 rows of attention and norms use the same method as ours (`compare.LNC2_METHOD`):
-half the work per core.
+LNC 2 rows are traced as launched at LNC 2 (`kernel[2]`: both programs interpreted and
+each scheduled on its own physical core; `compare.LNC2_METHOD`), as ours: attention with
+two kv heads per launch (attention_cte shards its batch of query heads, attention_bwd
+its (batch, kv head) pairs over the programs) times the remaining kv groups, the norm on
+the whole batch (rmsnorm_quant's 1-D SPMD row split), MoE as above.
 """
 
 from __future__ import annotations
@@ -99,8 +102,10 @@ def checkout_commit(checkout: Path) -> str:
 def attention_calls(op: str, seq: int, causal: bool, lnc: int) -> tuple[list[PeerCall], int]:
     """The AWS launches of one Llama-3 8B attention case (one kv group) and its multiplier."""
     s = LLAMA3_8B_ATTN
-    g, d = s.num_heads // s.num_kv_heads, s.head_dim
-    groups = s.num_kv_heads // lnc
+    # one kv head per program: lnc kv heads (and their query heads) per launch
+    kvh, d = lnc, s.head_dim
+    g = kvh * s.num_heads // s.num_kv_heads
+    groups = s.num_kv_heads // kvh
     if op == "fwd":
         call = PeerCall(
             "attention_cte",
@@ -108,8 +113,8 @@ def attention_calls(op: str, seq: int, causal: bool, lnc: int) -> tuple[list[Pee
             "attention_cte",
             (
                 TensorSpec((g, seq, d), BF16),
-                TensorSpec((1, d, seq), BF16),
-                TensorSpec((1, seq, d), BF16),
+                TensorSpec((kvh, d, seq), BF16),
+                TensorSpec((kvh, seq, d), BF16),
             ),
             {
                 "scale": d**-0.5,
@@ -118,10 +123,11 @@ def attention_calls(op: str, seq: int, causal: bool, lnc: int) -> tuple[list[Pee
                 "tp_k": False,
                 "cache_softmax": True,
             },
+            lnc=lnc,
         )
     else:
         qs = TensorSpec((1, g, d, seq), BF16)
-        kv = TensorSpec((1, 1, d, seq), BF16)
+        kv = TensorSpec((1, kvh, d, seq), BF16)
         lse = TensorSpec((1, g, 128, seq // 128), F32)
         call = PeerCall(
             "attention_bwd",
@@ -129,11 +135,14 @@ def attention_calls(op: str, seq: int, causal: bool, lnc: int) -> tuple[list[Pee
             "attention_bwd",
             (qs, kv, kv, qs, qs, lse),
             {"use_causal_mask": causal, "mixed_precision": True, "softmax_scale": d**-0.5},
+            lnc=lnc,
         )
     return [call], groups
 
 
-def rms_norm_calls(rows: int, hidden: int) -> list[PeerCall]:
+def rms_norm_calls(rows: int, hidden: int, lnc: int = 1) -> list[PeerCall]:
+    """rmsnorm_quant on the whole [rows, hidden] batch, launched as kernel[lnc]."""
+
     def kargs(mod: Any) -> dict[str, Any]:
         return {"kargs": mod.RmsNormQuantKernelArgs()}
 
@@ -143,6 +152,7 @@ def rms_norm_calls(rows: int, hidden: int) -> list[PeerCall]:
             "nkilib.core.rmsnorm.rmsnorm_quant",
             "rmsnorm_quant_kernel",
             (TensorSpec((1, rows, hidden), BF16), TensorSpec((hidden,), BF16)),
+            lnc=lnc,
             object_args=kargs,
         )
     ]
@@ -340,7 +350,7 @@ def peer_rows(
         for lnc in lncs:
             if "norm" in fams:
                 for n, h in norm_shapes:
-                    calls = rms_norm_calls(-(-n // lnc), h)
+                    calls = rms_norm_calls(n, h, lnc)
                     res = [(c, price_call(root, c, target)) for c in calls]
                     rows.append(
                         _row(

@@ -118,7 +118,13 @@ def _bwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
 
 @functools.lru_cache(maxsize=256)
 def _price(
-    kind: str, p: MoEProblem, cfg: Any, nb: int, target: Target, may_drop: bool = True
+    kind: str,
+    p: MoEProblem,
+    cfg: Any,
+    nb: int,
+    target: Target,
+    may_drop: bool = True,
+    lnc: int = 1,
 ) -> Estimate:
     if kind == "fwd":
         specs = _fwd_specs(p, nb, cfg.block_size)
@@ -127,7 +133,7 @@ def _price(
         specs = _bwd_specs(p, nb, cfg.block_size)
         kernel = moe_mlp_bwd
     fields = cfg.to_dict()
-    trace = trace_kernel(kernel, *specs, nb, may_drop, *fields.values(), target=target)
+    trace = trace_kernel(kernel, *specs, nb, may_drop, *fields.values(), target=target, lnc=lnc)
     return estimate_trace(trace, target)
 
 
@@ -160,16 +166,23 @@ class BlockPricing:
 
 
 def price_blocks(
-    kind: str, p: MoEProblem, cfg: Any, blocks: int, target: Target, may_drop: bool = True
+    kind: str,
+    p: MoEProblem,
+    cfg: Any,
+    blocks: int,
+    target: Target,
+    may_drop: bool = True,
+    lnc: int = 1,
 ) -> BlockPricing:
-    """Modeled latency of the forward ('fwd') or backward ('bwd') kernel with `blocks` used."""
+    """Modeled latency of the forward ('fwd') or backward ('bwd') kernel with `blocks` used,
+    launched as kernel[lnc] (LNC 2: both programs traced, each on its own core)."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}; got {kind!r}")
     if not isinstance(blocks, int) or blocks < 1:
         raise ValueError(f"blocks: expected a positive int; got {blocks!r}")
     n0 = REPRESENTATIVE_BLOCKS[kind]
     if blocks <= n0 + 3:
-        e = _price(kind, p, cfg, blocks, target, may_drop)
+        e = _price(kind, p, cfg, blocks, target, may_drop, lnc)
         return BlockPricing(
             e.latency_ns,
             e.latency_ns / blocks,
@@ -179,7 +192,7 @@ def price_blocks(
             e.compute_bound_ns,
             e.memory_bound_ns,
         )
-    est = [_price(kind, p, cfg, n0 + j, target, may_drop) for j in range(4)]
+    est = [_price(kind, p, cfg, n0 + j, target, may_drop, lnc) for j in range(4)]
     # blocks n0+3 .. blocks-1 remain: the first has the parity of increment d2 (block
     # n0+1), then they alternate with d3's (block n0+2)
     rest = blocks - (n0 + 3)
@@ -227,10 +240,13 @@ def price_kernel(
     return price_blocks(kind, problem, config, blocks, tgt, may_drop)
 
 
-def price_router(p: MoEProblem, target: Target, logits_dtype: str = "bfloat16") -> Estimate:
-    """Modeled cost of the NKI router on [T, E] logits (softmax, renormalized top-k)."""
+def price_router(
+    p: MoEProblem, target: Target, logits_dtype: str = "bfloat16", lnc: int = 1
+) -> Estimate:
+    """Modeled cost of the NKI router on [T, E] logits (softmax, renormalized top-k),
+    launched as kernel[lnc]."""
     logits = TensorSpec((p.tokens, p.experts), logits_dtype)
-    trace = trace_kernel(moe_router_fwd, logits, p.top_k, "softmax", True, target=target)
+    trace = trace_kernel(moe_router_fwd, logits, p.top_k, "softmax", True, target=target, lnc=lnc)
     return estimate_trace(trace, target)
 
 
@@ -250,17 +266,21 @@ def layer_row(
     target: str | Target,
     dtype: str = "bfloat16",
     backward: bool = False,
+    lnc: int = 1,
 ) -> dict[str, Any]:
     """One benchmark row: modeled forward (router + experts + combine) of one MoE layer;
     with `backward`, also the op's backward: router recompute + expert backward (dgrad,
-    weight gradients, combine) + router backward."""
+    weight gradients, combine) + router backward. `lnc` 2 (forward only): the router and
+    the expert kernel launched as kernel[2] on the whole batch (per logical core)."""
+    if backward and lnc != 1:
+        raise ValueError(f"lnc: the backward is priced at LNC 1 only; got lnc={lnc}")
     tgt = get_target(target)
     p = MoEProblem(tokens, shape.hidden, shape.intermediate, shape.num_experts, shape.top_k, dtype)
     cfg = MoEMLPConfig.heuristic(p, tgt)
     ids = routing_ids(kind, tokens, shape.num_experts, shape.top_k)
     blocks = used_blocks(ids, shape.num_experts, cfg.block_size)
-    mlp = price_blocks("fwd", p, cfg, blocks, tgt)
-    router = price_router(p, tgt)
+    mlp = price_blocks("fwd", p, cfg, blocks, tgt, lnc=lnc)
+    router = price_router(p, tgt, lnc=lnc)
     latency = mlp.latency_ns + router.latency_ns
     routed_flops = 2 * tokens * shape.top_k * 3 * shape.hidden * shape.intermediate
     peak = tgt.tensor_peak_flops_per_ns

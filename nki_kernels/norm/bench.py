@@ -113,8 +113,12 @@ KERNELS = (
 )
 
 
-def price(op: str, kernel: str, tokens: int, hidden: int, target: str = "trn2") -> Row:
-    """Model one kernel at [tokens, hidden] bf16 with the config its op would use."""
+def price(
+    op: str, kernel: str, tokens: int, hidden: int, target: str = "trn2", lnc: int = 1
+) -> Row:
+    """Model one kernel at [tokens, hidden] bf16 with the config its op would use, launched
+    as kernel[lnc] (LNC 2: both programs traced, each on its own physical core; the
+    latency is the logical core's)."""
     tgt = get_target(target)
     fn, args, nbytes, _ = _specs(op, kernel, tokens, hidden)
     cfg = _config(op, kernel, tokens, hidden, tgt)
@@ -128,7 +132,7 @@ def price(op: str, kernel: str, tokens: int, hidden: int, target: str = "trn2") 
     else:
         f = TensorSpec((tokens,), "float32")
         args = tuple(f if a is STATS else a for a in args)
-    est = estimate(fn, *args, target=tgt, **kwargs)
+    est = estimate(fn, *args, target=tgt, lnc=lnc, **kwargs)
     bound = nbytes / tgt.hbm_bytes_per_ns
     busy = {k: v for k, v in est.busy_ns.items() if k != "dma"}
     return Row(
@@ -157,15 +161,22 @@ def _config(op: str, kernel: str, tokens: int, hidden: int, tgt: Any) -> Any:
         return lookup_config(cfg_op, problem, fn, target=tgt, config_cls=C.CONFIGS[cfg_op])
 
 
-def op_parts(op: str, kind: str, tokens: int, hidden: int, target: str = "trn2") -> list[Row]:
+def op_parts(
+    op: str, kind: str, tokens: int, hidden: int, target: str = "trn2", lnc: int = 1
+) -> list[Row]:
     """The kernels one call of the op launches, priced (`kind` fwd or bwd): the backward
     kernel, preceded by the statistics kernel unless the backward computes them itself."""
-    parts = [price(op, kind, tokens, hidden, target)]
+    parts = [price(op, kind, tokens, hidden, target, lnc)]
     cfg = _config(op, kind, tokens, hidden, get_target(target))
     if kind == "bwd" and not C.stats_in_kernel(cfg):
         parts.append(
             price(
-                "layer_norm" if op == "layer_norm" else "rms_norm", "stats", tokens, hidden, target
+                "layer_norm" if op == "layer_norm" else "rms_norm",
+                "stats",
+                tokens,
+                hidden,
+                target,
+                lnc,
             )
         )
     return parts

@@ -120,3 +120,27 @@ def test_every_native_composition_traces_and_prices(build):
     assert est.label == f"modeled (cost model {COST_MODEL_VERSION}, trn2)"
     assert all(ns > 0 for _, ns in est.steps)
     assert est.latency_ns == pytest.approx(sum(ns for _, ns in est.steps))
+
+
+@pytest.mark.parametrize("centered", [False, True])
+def test_fused_norm_pass_computes_the_norm_it_is_priced_as(centered):
+    # the native step is priced as the op it stands for: run it with values (fp32) and
+    # compare with the definition (LayerNorm with weight and bias, or RMSNorm)
+    import numpy as np
+
+    from nki_kernels.interp import run
+
+    rng = np.random.default_rng(0)
+    n, h, eps = 200, 384, 1e-5
+    x = (rng.standard_normal((n, h)) * 2 + 3).astype(np.float32)
+    w = rng.standard_normal(h).astype(np.float32)
+    b = rng.standard_normal(h).astype(np.float32) if centered else None
+    y = run(norm_steps.norm_rows, x, None, w, centered, "float32", b, eps).outputs
+    y = np.asarray(y[0] if isinstance(y, tuple) else y)
+    xd = x.astype(np.float64)
+    if centered:
+        c = xd - xd.mean(1, keepdims=True)
+        ref = c / np.sqrt((c**2).mean(1, keepdims=True) + eps) * w + b
+    else:
+        ref = xd / np.sqrt((xd**2).mean(1, keepdims=True) + eps) * w
+    np.testing.assert_allclose(y, ref, rtol=2e-4, atol=2e-4)
