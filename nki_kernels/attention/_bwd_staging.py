@@ -98,28 +98,48 @@ def write_zeros(ctx, zero_tiles):
                 nisa.dma_copy(dst=out[s0 : s0 + n, :], src=zeros[:n, 0, :])
 
 
+def dchunks(d):
+    """(chunk, first column, rows) of each 128-row head_dim chunk: Q^T, dO^T, K^T, V^T
+    keep D on partitions (at most 128), so S = Q K^T and dP = dO V^T contract in one
+    accumulating pass per chunk."""
+    return [(c, c * P, min(P, d - c * P)) for c in range((d + P - 1) // P)]
+
+
+def score_buffers(d):
+    """PSUM buffers of S and of dP: 2 (job i + 1's scores overlap job i's softmax) for
+    D <= 128; 1 beyond, where dK and dV take 2 banks each ([128, 4 slots, D] fp32 is
+    4 KiB per partition at D = 256), so that S, dP (2) + dK, dV (4) + the transpose and
+    dQ banks (2) are the 8 banks of 2 KiB."""
+    return 2 if d <= P else 1
+
+
 def make_rings(cdt, d, kv_dtype):
     """Buffers rotated by job / block index, so a buffer is rewritten only well after
     its last reader (in-order engines then never wait on write-after-read)."""
     f32, sb, ps = nl.float32, nl.sbuf, nl.psum
+    nsb = score_buffers(d)
+    dp_, nch = min(d, P), len(dchunks(d))
     r = {
-        "s": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(2)],
-        "dp": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(2)],
-        "dk": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
-        "dv": nl.ndarray((P, GROUP, d), dtype=f32, buffer=ps),
+        "s": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(nsb)],
+        "dp": [nl.ndarray((P, UNIT), dtype=f32, buffer=ps) for _ in range(nsb)],
+        # D > 128: slots padded to 256 columns, two per bank (a matmul dst must not
+        # cross a bank boundary; 129 <= D < 256 unpadded would)
+        "dk": nl.ndarray((P, GROUP, d if d <= P else 2 * P), dtype=f32, buffer=ps),
+        "dv": nl.ndarray((P, GROUP, d if d <= P else 2 * P), dtype=f32, buffer=ps),
         # bank 0: dS^T / K^T / V^T transposes (2-byte: two job slots); bank 1: dQ (2-byte:
         # two job slots) and the Q^T / dO^T transposes
         "aux": [nl.ndarray((P, BANK_F32), dtype=f32, buffer=ps) for _ in range(2)],
         "p": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
         "ds": [nl.ndarray((P, UNIT), dtype=cdt, buffer=sb) for _ in range(JOB_RING)],
         "dst": [nl.ndarray((P, GROUP, P), dtype=cdt, buffer=sb) for _ in range(DST_RING)],
-        "kt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
-        "vt": [nl.ndarray((d, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
+        "kt": [nl.ndarray((dp_, nch, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
+        "vt": [nl.ndarray((dp_, nch, UNIT), dtype=cdt, buffer=sb) for _ in range(2)],
         "blk": [nl.ndarray((P, GROUP, d), dtype=f32, buffer=sb) for _ in range(2)],
         "blk_out": [nl.ndarray((P, GROUP, d), dtype=kv_dtype, buffer=sb) for _ in range(4)],
         "dq_out": [nl.ndarray((P, GROUP, d), dtype=cdt, buffer=sb) for _ in range(2)],
     }
     r["two_byte"] = cdt != f32
+    r["wide"] = d > P
     return r
 
 
@@ -133,18 +153,23 @@ def tp_view(rings, slot, cdt):
 
 
 def dq_view(rings, slot, d):
-    if rings["two_byte"]:
+    """dQ of one job in the second auxiliary bank: two job slots of 128 fp32 columns for
+    2-byte D <= 128, else one slot of D columns (columns 0..255 at most)."""
+    if rings["two_byte"] and not rings["wide"]:
         return rings["aux"][1][:, (slot % 2) * P : (slot % 2) * P + d]
     return rings["aux"][1][:, 0:d]
 
 
 def prep_view(rings, slot, cdt):
-    """A [128, 2, 128] cdt view for the Q^T and dO^T transposes of one tile."""
+    """A [128, 2, 128] cdt view for the Q^T and dO^T transposes of one tile (one head_dim
+    chunk at a time), in columns 256..511 of the second auxiliary bank (fp32 D <= 128:
+    128..383), clear of dQ."""
     bank = rings["aux"][1]
     if rings["two_byte"]:
         c0 = 2 * P + (slot % 2) * P
         return bank[:, c0 : c0 + P].view(cdt).reshape((P, 2, P))
-    return bank[:, P : 3 * P].reshape((P, 2, P))
+    c0 = 2 * P if rings["wide"] else P
+    return bank[:, c0 : c0 + 2 * P].reshape((P, 2, P))
 
 
 def load_section_stats(units, ctx):
@@ -260,19 +285,24 @@ def prep_item(it, unit, staged, ctx):
         return
     it["prepped"] = True
     unit_stats(unit, staged, ctx)
+    d, cdt = ctx["d"], ctx["cdt"]
+    chunks = dchunks(d)
     if "qt" not in unit:
-        unit["qt"] = nl.ndarray((ctx["d"], GROUP, P), dtype=ctx["cdt"], buffer=nl.sbuf)
-        unit["dot"] = nl.ndarray((ctx["d"], GROUP, P), dtype=ctx["cdt"], buffer=nl.sbuf)
-        unit["dq_acc"] = nl.ndarray((P, GROUP, ctx["d"]), dtype=nl.float32, buffer=nl.sbuf)
+        shape = (min(d, P), len(chunks), GROUP, P)
+        unit["qt"] = nl.ndarray(shape, dtype=cdt, buffer=nl.sbuf)
+        unit["dot"] = nl.ndarray(shape, dtype=cdt, buffer=nl.sbuf)
+        unit["dq_acc"] = nl.ndarray((P, GROUP, d), dtype=nl.float32, buffer=nl.sbuf)
         unit["left"] = len(unit["items"])
     c = ctx["counters"]
-    tp = prep_view(ctx["rings"], c["prep"], ctx["cdt"])
-    c["prep"] += 1
-    rows, j, d = it["rows"], it["j"], ctx["d"]
-    nisa.nc_transpose(dst=tp[:d, 0, :rows], data=unit["q"][:rows, j, :d])
-    nisa.nc_transpose(dst=tp[:d, 1, :rows], data=unit["do"][:rows, j, :d])
-    nisa.tensor_copy(dst=unit["qt"][:d, j, :rows], src=tp[:d, 0, :rows], engine=copy_engine(True))
-    nisa.tensor_copy(dst=unit["dot"][:d, j, :rows], src=tp[:d, 1, :rows], engine=copy_engine(False))
+    rows, j = it["rows"], it["j"]
+    for ch, c0, dc in chunks:
+        tp = prep_view(ctx["rings"], c["prep"], cdt)
+        c["prep"] += 1
+        qt, dot = unit["qt"][:dc, ch, j, :rows], unit["dot"][:dc, ch, j, :rows]
+        nisa.nc_transpose(dst=tp[:dc, 0, :rows], data=unit["q"][:rows, j, c0 : c0 + dc])
+        nisa.nc_transpose(dst=tp[:dc, 1, :rows], data=unit["do"][:rows, j, c0 : c0 + dc])
+        nisa.tensor_copy(dst=qt, src=tp[:dc, 0, :rows], engine=copy_engine(True))
+        nisa.tensor_copy(dst=dot, src=tp[:dc, 1, :rows], engine=copy_engine(False))
 
 
 def load_kv(ctx, kb, slot):
@@ -300,22 +330,25 @@ def prep_kv(kv, ctx, slot_order):
     kt, vt = rings["kt"][kv["slot"] % 2], rings["vt"][kv["slot"] % 2]
     for raw, dst, w in ((kv["k_raw"], kt, 0), (kv["v_raw"], vt, 1)):
         tp = tp_view(rings, w, cdt)
-        if slot_order:
-            for j in range(GROUP):
-                nisa.nc_transpose(dst=tp[:d, j, :], data=raw[:, j, :d])
-            nisa.tensor_copy(
-                dst=dst[:d, 0:UNIT].reshape((d, GROUP, P)),
-                src=tp[:d, :, :],
-                engine=copy_engine(w == 0),
-            )
-        else:
-            transpose_kt_group(raw, dst, 0, n, d, cdt, w == 0, tp=tp)
+        for ch, c0, dc in dchunks(d):
+            part = raw[:, :, c0 : c0 + dc]
+            if slot_order:
+                for j in range(GROUP):
+                    nisa.nc_transpose(dst=tp[:dc, j, :], data=part[:, j, :])
+                nisa.tensor_copy(
+                    dst=dst[:dc, ch, 0:UNIT].reshape((dc, GROUP, P)),
+                    src=tp[:dc, :, :],
+                    engine=copy_engine(w == 0),
+                )
+            else:
+                transpose_kt_group(part, dst[:, ch, :], 0, n, dc, cdt, w == 0, tp=tp)
     kv["kt"], kv["vt"] = kt, vt
 
 
 __all__ = [
     "DST_RING",
     "JOB_RING",
+    "dchunks",
     "diag_tiles",
     "dq_view",
     "load_kv",
@@ -325,6 +358,7 @@ __all__ = [
     "prep_item",
     "prep_kv",
     "prep_view",
+    "score_buffers",
     "stats_product",
     "tp_view",
     "unit_stats",

@@ -30,6 +30,10 @@ DMA_QUARTERS = (0, 2, 3, 4)
 KV_BUFFERS = (1, 2)
 FWD_SCALAR_EVAC = (3, 4, 5, 6)
 BWD_SECTIONS = (16, 32, 64)
+# heuristic fallbacks below the searched sections: fp32 at head_dim 256 keeps 20 KiB of
+# operands per 4-tile unit resident (twice, the next section's loading), which overflows
+# trn2's SBUF at 16 items
+BWD_SMALL_SECTIONS = (8, 4)
 BWD_SCALAR_EVAC = (4, 6, 8)
 DRY_RUN_Q_TILES = 2  # query tiles in a forward dry run (SBUF use does not grow with Sq)
 # keys per query row x DMA bytes/ns from which the forward heuristic DMA-transposes 3 of
@@ -255,11 +259,11 @@ class FlashBwdConfig(KernelConfig):
         # TensorE's work off the busiest engine (modeled best on trn2 / trn3 at 2 K and
         # 8 K keys, causal or not; fp32 has no DMA transposes here)
         dq = 4 if problem.itemsize == 2 else 0
-        for section in sorted(BWD_SECTIONS, reverse=True):
+        for section in sorted(BWD_SECTIONS, reverse=True) + list(BWD_SMALL_SECTIONS):
             cfg = cls(section=section, dma_quarters=dq, scalar_evac=8)
             if cfg.is_valid(problem, target):
                 return cfg
-        return cls(section=min(BWD_SECTIONS), dma_quarters=dq, scalar_evac=8)
+        return cls(section=min(BWD_SMALL_SECTIONS), dma_quarters=dq, scalar_evac=8)
 
     @classmethod
     def search_space(cls, problem: AttentionProblem, target: Target) -> dict[str, tuple[Any, ...]]:

@@ -31,8 +31,13 @@ Loops, per batch b and key/value head g (program = (b, g); LNC splits the list):
 
 PSUM: S and dP double-buffered (4 banks), dK and dV (2), dS^T transposes (1), dQ and
 the Q^T / dO^T transposes (1) = 8 banks. SKIP tiles issue nothing.
+head_dim 129..256: Q^T, dO^T, K^T, V^T are kept in 128-row chunks of D (the partition
+limit) and S, dP contract in one accumulating pass per chunk. dK and dV ([128, 4, D]
+fp32) then take 2 banks each, so S and dP are single-buffered (2 + 4 + 2 = 8 banks) and
+a job's softmax stage is issued before the next job's scores overwrite them; dQ
+(D <= 256 fp32 columns) keeps one slot of its bank.
 `lse` must hold +inf for rows without any allowed key (their P is then exactly 0).
-Needs NeuronCore-v3+ (range_select). D <= 128.
+Needs NeuronCore-v3+ (range_select). D <= 256.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ._bwd_plan import DIAG, GROUP, NONE, SELECT, UNIT, P, head_group_plan, runs
 from ._bwd_staging import (
     DST_RING,
     JOB_RING,
+    dchunks,
     diag_tiles,
     dq_view,
     load_kv,
@@ -50,6 +56,7 @@ from ._bwd_staging import (
     make_rings,
     prep_item,
     prep_kv,
+    score_buffers,
     stats_product,
     tp_view,
     unit_stats,
@@ -265,7 +272,11 @@ def _run_section(ctx, si, cur, nxt, kv_first):
     kv_out = None
     n = len(jobs)
     lag = DQ_LAG_DMA if ctx["cfg"][2] > 0 and ctx["rings"]["two_byte"] else 3
+    # one S / dP buffer (D > 128): job i - 1's softmax reads it before job i's scores
+    early_softmax = score_buffers(ctx["d"]) == 1
     for i in range(n + lag):
+        if early_softmax and 0 <= i - 1 < n:
+            _stage_softmax(jobs[i - 1], ctx)
         if i < n:
             job = jobs[i]
             if job["first"]:
@@ -290,7 +301,7 @@ def _run_section(ctx, si, cur, nxt, kv_first):
             for jj in range(i, min(n, i + PREP_AHEAD + 1)):
                 prep_item(jobs[jj]["it"], jobs[jj]["unit"], cur, ctx)
             _stage_scores(job, kvs[job["a"]], ctx)
-        if 0 <= i - 1 < n:
+        if not early_softmax and 0 <= i - 1 < n:
             _stage_softmax(jobs[i - 1], ctx)
         if 0 <= i - 2 < n:
             job = jobs[i - 2]
@@ -336,21 +347,17 @@ def _stage_scores(job, kv, ctx):
     unit, it, i = job["unit"], job["it"], job["i"]
     rows, j, d, sk = it["rows"], it["j"], ctx["d"], ctx["sk"]
     rings = ctx["rings"]
-    s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
+    s_ps, dp_ps = _score_banks(rings, i)
     for ul, u, cnt, _ in runs(job["w"]["subs"]):
         c0, nc = _cols(ul, u, cnt, sk)
-        nisa.nc_matmul(
-            dst=s_ps[:rows, c0 : c0 + nc],
-            stationary=unit["qt"][:d, j, :rows],
-            moving=kv["kt"][:d, c0 : c0 + nc],
-            accumulate=False,
-        )
-        nisa.nc_matmul(
-            dst=dp_ps[:rows, c0 : c0 + nc],
-            stationary=unit["dot"][:d, j, :rows],
-            moving=kv["vt"][:d, c0 : c0 + nc],
-            accumulate=False,
-        )
+        for dst, lhs, rhs in ((s_ps, unit["qt"], kv["kt"]), (dp_ps, unit["dot"], kv["vt"])):
+            for ch, _, dc in dchunks(d):
+                nisa.nc_matmul(
+                    dst=dst[:rows, c0 : c0 + nc],
+                    stationary=lhs[:dc, ch, j, :rows],
+                    moving=rhs[:dc, ch, c0 : c0 + nc],
+                    accumulate=ch > 0,
+                )
     if "mk" in rings:
         _load_dense(job, ctx)
     bias = "bias_slots" if job["slot_order"] else "bias"
@@ -363,6 +370,12 @@ def _stage_scores(job, kv, ctx):
                 moving=ctx["diag"][bias][:rows, j, c0 : c0 + nc],
                 accumulate=True,
             )
+
+
+def _score_banks(rings, i):
+    """The S and dP PSUM buffers of job i (rotating over however many there are)."""
+    n = len(rings["s"])
+    return rings["s"][i % n], rings["dp"][i % n]
 
 
 def _load_dense(job, ctx):
@@ -387,7 +400,7 @@ def _stage_softmax(job, ctx):
     unit, it, i = job["unit"], job["it"], job["i"]
     rows, j, t, sk = it["rows"], it["j"], it["t"], ctx["sk"]
     rings, bnd = ctx["rings"], ctx["bnd"]
-    s_ps, dp_ps = rings["s"][i % 2], rings["dp"][i % 2]
+    s_ps, dp_ps = _score_banks(rings, i)
     p_sb, ds_sb = rings["p"][i % JOB_RING], rings["ds"][i % JOB_RING]
     cap = ctx["softcap"]
     for ul, u, cnt, kind in runs(job["w"]["subs"], split_masked=True):
@@ -585,7 +598,7 @@ def _finish_block(ctx, written, si, kb):
         c["blk"] += 1
         for u0, u1, kr, secs, view in pieces:
             first, last = secs[0] == si, secs[-1] == si
-            src_ps = ps[:kr, u0:u1, :]
+            src_ps = ps[:kr, u0:u1, :d]
             if first and last:
                 nisa.activation(dst=out_t[:kr, u0:u1, :], op=nl.copy, data=src_ps, scale=sc)
                 nisa.dma_copy(dst=view(dst_hbm), src=_flat(out_t, kr, u0, u1))

@@ -32,9 +32,9 @@ from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
 from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
 from .registry import define_op
 
-HEAD_DIM_MAX_FWD = 256  # forward: Q^T / K^T in 128-row chunks, one contraction pass each
-HEAD_DIM_MAX_BWD = 128  # the backward kernel keeps D on partitions in one pass
-HEAD_DIM_MAX = HEAD_DIM_MAX_BWD  # forward and backward (what a training integration needs)
+# forward and backward: Q^T / K^T (and dO^T / V^T) in 128-row chunks of D, one
+# accumulating contraction pass each
+HEAD_DIM_MAX = 256
 # Masked scores are filled with FP32_MIN (range_select's only fill) before scaling; below
 # this scale, exp(scale * (FP32_MIN - max)) would no longer underflow to exactly 0
 # (that needs scale * 3.4e38 >~ 104), so masked keys would get weight. 1e-30 leaves a
@@ -69,7 +69,6 @@ def _check(
     segment_ids: Any,
     kw: Any,
     attn_mask: Any = None,
-    backward: bool = False,
 ) -> None:
     """Checks of the inputs and options both ops take (`kw`: their keyword arguments)."""
     causal = kw.get("causal", False)
@@ -82,13 +81,8 @@ def _check(
     check_same("k", k, "q", q)
     check_same("v", v, "q", q)
     b, hq, sq, d = q.shape
-    if d > HEAD_DIM_MAX_FWD:
-        raise ValueError(f"q: expected head_dim (dim 3) <= {HEAD_DIM_MAX_FWD}; got {d}")
-    if backward and d > HEAD_DIM_MAX_BWD:
-        raise ValueError(
-            f"q: the backward expects head_dim (dim 3) <= {HEAD_DIM_MAX_BWD} (the forward takes "
-            f"up to {HEAD_DIM_MAX_FWD}); got {d}"
-        )
+    if d > HEAD_DIM_MAX:
+        raise ValueError(f"q: expected head_dim (dim 3) <= {HEAD_DIM_MAX}; got {d}")
     if k.shape[0] != b:
         raise ValueError(f"k: expected batch {b} (as q); got {k.shape[0]}")
     if k.shape[3] != d:
@@ -258,7 +252,7 @@ def _bwd_validate(
     attn_mask: Any = None,
     **kw: Any,
 ) -> None:
-    _check(q, k, v, kv_lens, segment_ids, kw, attn_mask, backward=True)
+    _check(q, k, v, kv_lens, segment_ids, kw, attn_mask)
     for arg, t in (("grad_out", grad_out), ("out", out)):
         check_tensor(arg, t, min_dim=4)
         if tuple(t.shape) != tuple(q.shape):
@@ -325,7 +319,7 @@ def flash_attention(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """`torch.ops.nki.flash_attention`, returning `out` (or `(out, lse)` with return_lse).
 
-    q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D] (Hq a multiple of Hkv; D <= 128). Causal
+    q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D] (Hq a multiple of Hkv; D <= 256). Causal
     masks align bottom-right (query i sees keys <= i + Sk - Sq); `sliding_window` W keeps
     the W most recent keys (and implies causal); `kv_lens` [B] masks keys >= kv_lens[b];
     `segment_ids` [B, S] restricts attention to each query's own (contiguous) document;
@@ -529,11 +523,8 @@ def _sdpa_unsupported(
         return f"dtype {query.dtype} (supported: float32, bfloat16, float16, all equal)"
     if query.device.type not in ("cpu", "neuron"):
         return f"device {query.device} (supported: cpu, neuron)"
-    needs_grad = any(t.requires_grad for t in (query, key, value))
-    limit = HEAD_DIM_MAX_BWD if needs_grad and torch.is_grad_enabled() else HEAD_DIM_MAX_FWD
-    if query.shape[-1] > limit or key.shape[-1] != query.shape[-1]:
-        why = " with gradients" if limit == HEAD_DIM_MAX_BWD else ""
-        return f"head_dim {query.shape[-1]} (supported: <= {limit}{why})"
+    if query.shape[-1] > HEAD_DIM_MAX or key.shape[-1] != query.shape[-1]:
+        return f"head_dim {query.shape[-1]} (supported: <= {HEAD_DIM_MAX})"
     if value.shape != key.shape or key.shape[0] != query.shape[0]:
         return "key/value shapes that differ from the [B, Hkv, Sk, D] layout"
     if query.shape[1] != key.shape[1] and not (enable_gqa and query.shape[1] % key.shape[1] == 0):
@@ -562,7 +553,7 @@ def sdpa(
     """Drop-in for `torch.nn.functional.scaled_dot_product_attention` on the NKI kernels.
 
     Calls the NKI op cannot serve (dropout, other layouts, head_dim >
-    128, ...) go to torch's SDPA, with one `SdpaFallbackWarning` per reason that says why.
+    256, ...) go to torch's SDPA, with one `SdpaFallbackWarning` per reason that says why.
     """
     reason = _sdpa_unsupported(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa

@@ -25,8 +25,8 @@ def test_probe_mixtral_lists_norms_attention_and_moe_taken_and_linears_not() -> 
 
 
 def test_probe_says_why_not() -> None:
-    wide = probe(tiny_model("llama", head_dim=192))
-    assert not _by_op(wide)["attention"].taken and "head_dim 192" in _by_op(wide)["attention"].why
+    wide = probe(tiny_model("llama", head_dim=320))
+    assert not _by_op(wide)["attention"].taken and "head_dim 320" in _by_op(wide)["attention"].why
     dropout = _by_op(probe(tiny_model("llama", attention_dropout=0.1)))
     assert not dropout["attention (training)"].taken
     gelu = _by_op(probe(tiny_model("mixtral", hidden_act="gelu")))
