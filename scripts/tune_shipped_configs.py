@@ -30,6 +30,8 @@ PLAN: dict[str, tuple[tuple[str, ...], tuple[int, ...], int | None, tuple[str, .
     # whole grid (48 configs); mixtral-8x7b has the same attention shape as llama3-8b
     "flash_attention": (("llama3-8b", "llama3-70b"), (2048, 8192, 32768), None, ()),
     "moe_mlp": (("mixtral-8x7b", "fine-grained-64e"), (512, 4096, 16384), 40, ()),
+    # whole grid (12 configs); buckets are cache lengths (Sq = 1, contiguous cache)
+    "decode_attention": (("llama3-8b", "llama3-70b"), (2048, 32768, 131072), None, ()),
 }
 
 

@@ -168,7 +168,8 @@ def decode_rows(
     rows = []
     for cache in caches:
         for pg in paged:
-            prob = DecodeProblem(1, GROUP * KV_HEADS, KV_HEADS, 1, cache, D, "bfloat16", pg)
+            layout = "paged" if pg else "contiguous"
+            prob = DecodeProblem(1, GROUP * KV_HEADS, KV_HEADS, 1, cache, D, "bfloat16", layout)
             cfg = DecodeConfig.heuristic(prob, tgt)
             steps = -(-cache // cfg.kv_tile)
             q = TensorSpec((1, GROUP, 1, D), "bfloat16")

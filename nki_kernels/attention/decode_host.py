@@ -1,13 +1,19 @@
 """Host side of decode attention (torch + NumPy): config, bounds, paged slots, launch.
 
+The op's config comes from the config store (`runtime.config_store.lookup_config`:
+tuned entry, nearest cache-length bucket, else `DecodeConfig.heuristic`), keyed by the
+per-program problem (batch 1, the cache length bucketed); the tuner family is
+`autotune/decode_family.py`.
+
 `torch.ops.nki.decode_attention` (registered in `nki_kernels.ops.attention`) calls
 `decode` here. The kernel is `decode.decode_attention_fwd`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,6 +21,8 @@ import torch
 from torch import Tensor
 
 from ..kernel_config import InvalidConfig, KernelConfig
+from ..runtime.buckets import bucket
+from ..runtime.config_store import lookup_config
 from ..runtime.host_array import host_numpy
 from ..runtime.launch import launch
 from ..targets import Target, get_target
@@ -25,19 +33,48 @@ KV_TILES = (128, 256, 512)  # keys per step: one fp32 PSUM bank holds 512 scores
 MAX_SPLITS = 8
 
 
+LAYOUTS = ("contiguous", "paged")
+DRY_RUN_STEPS = 8  # key steps of the fit check's trace (SBUF / PSUM use is per step)
+
+
 @dataclass(frozen=True)
 class DecodeProblem:
-    """A decode call's static shape: batch, heads, new queries, cached keys (the step
-    count's keys), head_dim, dtype, paged or not."""
+    """A decode call's static shape: batch, heads, new queries, keys of the longest
+    sequence (`seq_k`, bucketed when the op looks a config up), head_dim, dtype, cache
+    layout ("contiguous" or "paged").
+
+    The op looks configs up with batch = 1: every (sequence, KV head) program runs the
+    same step schedule one after another, so the batch does not change the choice.
+    """
 
     batch: int
     q_heads: int
     kv_heads: int
     seq_q: int
-    cache_keys: int
+    seq_k: int
     head_dim: int
     dtype: str
-    paged: bool = False
+    layout: str = "contiguous"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "q_heads", "kv_heads", "seq_q", "seq_k", "head_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int; got {v!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(
+                f"q_heads: expected a multiple of kv_heads ({self.kv_heads}); got {self.q_heads}"
+            )
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {LAYOUTS}; got {self.layout!r}")
+
+    @property
+    def paged(self) -> bool:
+        return self.layout == "paged"
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
 
 
 @dataclass(frozen=True)
@@ -58,11 +95,7 @@ class DecodeConfig(KernelConfig):
 
     @classmethod
     def heuristic(cls, problem: DecodeProblem, target: Target) -> DecodeConfig:
-        kv = (
-            512
-            if problem.cache_keys >= 512
-            else max(128, 1 << (problem.cache_keys - 1).bit_length())
-        )
+        kv = 512 if problem.seq_k >= 512 else max(128, 1 << (problem.seq_k - 1).bit_length())
         # one accumulator: the kernel's three-stage software pipeline already overlaps
         # consecutive steps; more splits model no faster at Sq = 1 (trn2, cost model v1:
         # 32 K keys, 4 packed rows, 1 vs 4 splits: 209 vs 213 us per program)
@@ -77,9 +110,52 @@ class DecodeConfig(KernelConfig):
             raise InvalidConfig(f"kv_tile: expected one of {KV_TILES}; got {self.kv_tile}")
         if not 1 <= self.splits <= MAX_SPLITS:
             raise InvalidConfig(f"splits: expected 1..{MAX_SPLITS}; got {self.splits}")
-        rows = problem.q_heads // problem.kv_heads * problem.seq_q
+        rows = problem.group * problem.seq_q
         if rows > P:
             raise InvalidConfig(f"(Hq / Hkv) * Sq = {rows} packed rows exceed {P} partitions")
+        err = _dry_run(self, problem, target)
+        if err is not None:
+            raise InvalidConfig(f"does not fit on {target.name}: {err}")
+
+
+def kernel_args(
+    problem: DecodeProblem, config: DecodeConfig, block_size: int = 16
+) -> tuple[Any, ...]:
+    """TensorSpec arguments of one launch of `decode_attention_fwd` for `problem` (a
+    paged pool of `block_size`-key blocks holding every sequence's keys)."""
+    from ..interp import TensorSpec
+
+    p, dt = problem, problem.dtype
+    steps = -(-p.seq_k // config.kv_tile)
+    q = TensorSpec((p.batch, p.q_heads, p.seq_q, p.head_dim), dt)
+    bounds = TensorSpec((p.batch, P, 2), "float32")
+    slots = None
+    if p.paged:
+        blocks = p.batch * -(-steps * config.kv_tile // block_size)
+        kv = TensorSpec((blocks, block_size, p.kv_heads, p.head_dim), dt)
+        slots = TensorSpec((p.batch, steps * config.kv_tile, 1), "int32")
+    else:
+        kv = TensorSpec((p.batch, p.kv_heads, p.seq_k, p.head_dim), dt)
+    scale = 1.0 / math.sqrt(p.head_dim)
+    return (q, kv, kv, slots, bounds, scale, steps, config.kv_tile, config.splits)
+
+
+@functools.lru_cache(maxsize=512)
+def _dry_run(config: DecodeConfig, problem: DecodeProblem, target: Target) -> str | None:
+    """The interpreter's complaint about a trace-only run of one program of `problem`
+    (at most DRY_RUN_STEPS key steps), or None."""
+    from ..interp import run
+    from ..interp.errors import NkiValidationError
+
+    keys = min(problem.seq_k, DRY_RUN_STEPS * config.kv_tile)
+    unit = replace(problem, batch=1, q_heads=problem.group, kv_heads=1, seq_k=keys)
+    try:
+        res = run(decode_attention_fwd, *kernel_args(unit, config), target=target, trace_only=True)
+    except NkiValidationError as err:
+        return str(err)
+    if res.peak_sbuf_bytes > target.sbuf_usable_bytes:
+        return f"SBUF overflow: peak {res.peak_sbuf_bytes} B > {target.sbuf_usable_bytes} B"
+    return None
 
 
 def decode_bounds(cache_lens: np.ndarray, group: int, sq: int) -> np.ndarray:
@@ -129,9 +205,15 @@ def decode(
         )
     longest = max(1, int(lens.max(initial=1)))
     target = get_target(None)
-    problem = DecodeProblem(b, hq, hkv, sq, longest, d, str(q.dtype).removeprefix("torch."), paged)
-    cfg = config or DecodeConfig.heuristic(problem, target)
-    cfg.validate(problem, target)
+    dtype = str(q.dtype).removeprefix("torch.")
+    layout = "paged" if paged else "contiguous"
+    problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, layout)
+    if config is None:
+        cfg = lookup_config("decode_attention", problem, decode_attention_fwd, target=target)
+        assert isinstance(cfg, DecodeConfig)
+    else:
+        cfg = config
+        cfg.validate(problem, target)
     n_steps = -(-longest // cfg.kv_tile)  # one specialization per kv_tile-bucket of length
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     bounds = torch.from_numpy(decode_bounds(lens, hq // hkv, sq)).to(q.device)
@@ -162,4 +244,11 @@ def decode(
     return out, lse
 
 
-__all__ = ["DecodeConfig", "DecodeProblem", "decode", "decode_bounds", "paged_slots"]
+__all__ = [
+    "DecodeConfig",
+    "DecodeProblem",
+    "decode",
+    "decode_bounds",
+    "kernel_args",
+    "paged_slots",
+]

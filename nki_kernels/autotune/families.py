@@ -605,6 +605,11 @@ OPS: dict[str, OpSpec] = {
 }
 
 
+from .decode_family import register as _register_decode  # noqa: E402 (uses OpSpec)
+
+_register_decode(OPS)
+
+
 def get(op: str) -> OpSpec:
     """The `OpSpec` of `op`."""
     if op not in OPS:

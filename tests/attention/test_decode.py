@@ -212,7 +212,7 @@ def test_decode_config_heuristic_space_and_validity() -> None:
         cfg = DecodeConfig.heuristic(prob, tgt)
         cfg.validate(prob, tgt)
         assert cfg.kv_tile == kv_tile  # the smallest step holding the keys, at most 512
-    prob = DecodeProblem(1, 8, 2, 4, 2048, 64, "float32", paged=True)
+    prob = DecodeProblem(1, 8, 2, 4, 2048, 64, "float32", layout="paged")
     space = list(DecodeConfig.space(prob, tgt))
     assert len(space) == 3 * 4 and all(c.is_valid(prob, tgt) for c in space)
     with pytest.raises(InvalidConfig, match="kv_tile: expected one of"):

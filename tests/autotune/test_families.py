@@ -23,6 +23,10 @@ def small_problem(op: str):
 
         return AttentionProblem(seq_q=384, seq_k=1024, head_dim=64, q_heads=2, kv_heads=1,
                                 mask="causal")  # fmt: skip
+    if op == "decode_attention":
+        from nki_kernels.attention.decode_host import DecodeProblem
+
+        return DecodeProblem(1, 8, 2, 1, 1000, 64, "bfloat16", "paged")
     if op == "moe_mlp":
         from nki_kernels.moe.config import MoEProblem
 

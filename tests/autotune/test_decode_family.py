@@ -1,0 +1,69 @@
+"""The decode-attention tuner family: problems, tuning, export and the op's lookup."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from nki_kernels.attention.decode_host import DecodeConfig, DecodeProblem
+from nki_kernels.autotune.export import export_best
+from nki_kernels.autotune.families import get
+from nki_kernels.autotune.measure import CostModelMeasurer
+from nki_kernels.autotune.storage import open_storage
+from nki_kernels.autotune.study import OK, TuneOptions, Tuner
+from nki_kernels.ops.decode import decode_attention
+from nki_kernels.runtime import config_store as cs
+from nki_kernels.targets import TRN2
+
+
+def test_model_shape_problem_is_the_ops_lookup_key() -> None:
+    spec = get("decode_attention")
+    p = spec.make_problem("llama3-8b", 30000, "bfloat16")
+    assert p == DecodeProblem(1, 32, 8, 1, 30720, 128, "bfloat16", "contiguous")
+    proxy = spec.make_tunable().proxy(p)
+    assert (proxy.batch, proxy.q_heads, proxy.kv_heads, proxy.seq_k) == (1, 4, 1, 30720)
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        DecodeProblem(1, 8, 2, 1, 64, 64, "bfloat16", "ring")
+
+
+def test_tuned_decode_config_is_what_the_op_uses(tmp_path: Any, monkeypatch: Any) -> None:
+    spec = get("decode_attention")
+    tunable = spec.make_tunable()
+    problem = DecodeProblem(1, 4, 2, 1, 1024, 64, "float32", "contiguous")
+    tuner = Tuner(tunable, problem, TRN2, storage=open_storage("memory"),
+                  measurer=CostModelMeasurer(), options=TuneOptions(seed=0, gate="improving"))  # fmt: skip
+    report = tuner.run(n_trials=6)
+    assert report.best.outcome == OK
+    monkeypatch.setattr(cs, "_default", None)
+    store = cs.set_config_dir(tmp_path)
+    out = export_best(tuner, store)
+    # the export prices one (sequence, KV head) program and counts the two
+    assert out.provenance.measurer == "modeled (cost model v2, trn2; one of 2 identical units, x2)"
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 1, 64, generator=g)
+    kc, vc = torch.randn(3, 2, 1000, 64, generator=g), torch.randn(3, 2, 1000, 64, generator=g)
+    lens = torch.tensor([1000, 700, 5])  # the longest is 1000 keys: the 1024 bucket
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a tuned entry: no fallback, not stale
+        with cs.recording_decisions() as seen:
+            got = decode_attention(q, kc, vc, lens)
+    (d,) = [d for d in seen if d.op == "decode_attention"]
+    assert d.source == cs.TUNED and d.config == out.config and isinstance(d.config, DecodeConfig)
+    ref = decode_attention(q, kc, vc, lens)  # the same call: deterministic
+    torch.testing.assert_close(got, ref)
+    monkeypatch.setattr(cs, "_default", None)
+
+
+def test_decode_config_validity_at_the_largest_shapes() -> None:
+    from nki_kernels.kernel_config import InvalidConfig
+
+    wide = DecodeProblem(1, 64, 1, 4, 4096, 256, "float32", "paged")
+    with pytest.raises(InvalidConfig, match="256 packed rows exceed 128"):
+        DecodeConfig().validate(wide, TRN2)
+    # 128 packed rows, head_dim 256, fp32: every config of the space fits (dry run)
+    ok = DecodeProblem(1, 16, 1, 8, 4096, 256, "float32", "paged")
+    space = list(DecodeConfig.space(ok, TRN2))
+    assert space and all(c.is_valid(ok, TRN2) for c in space)
