@@ -33,8 +33,9 @@ def test_tuned_decode_config_is_what_the_op_uses(tmp_path: Any, monkeypatch: Any
     spec = get("decode_attention")
     tunable = spec.make_tunable()
     problem = DecodeProblem(1, 4, 2, 1, 1024, 64, "float32", "contiguous")
+    opts = TuneOptions(seed=0, gate="improving")
     tuner = Tuner(tunable, problem, TRN2, storage=open_storage("memory"),
-                  measurer=CostModelMeasurer(), options=TuneOptions(seed=0, gate="improving"))  # fmt: skip
+                  measurer=CostModelMeasurer(), options=opts)  # fmt: skip
     report = tuner.run(n_trials=6)
     assert report.best.outcome == OK
     monkeypatch.setattr(cs, "_default", None)
