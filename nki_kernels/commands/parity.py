@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--nproc",
         type=int,
         default=1,
-        help="N > 1: the same check under DDP on N CPU processes (torchrun, gloo)",
+        help="N > 1: the same check under DDP and FSDP2 on N CPU processes (torchrun, gloo), "
+        "with a sharded checkpoint restored mid-run in fresh processes",
     )
     p.add_argument(
         "--device",
@@ -70,24 +71,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _distributed(args: argparse.Namespace) -> int:
-    from ..parity.distributed import launch
+    from ..parity import distributed
 
-    ok = True
-    for spec in args.model or ["tiny-llama", "tiny-mixtral"]:
-        out = args.out / f"{spec.replace(':', '_')}-ddp{args.nproc}.json"
-        r = launch(args.nproc, spec, args.data, args.steps, args.seed, args.lr, args.tolerance, out)
-        print(
-            f"[parity] {spec}: {r['world_size']} ranks, {r['backend']}; tolerance "
-            f"{r['tolerance']:.3g} ({r['tolerance_rule']})"
-        )
-        print(
-            f"[parity] max |Δloss| {max(r['deltas']):.3g}, first divergent step "
-            f"{r['first_divergent_step']}, parameters identical on all ranks after every "
-            f"step: {r['params_in_sync']}; verdict {'PASS' if r['passed'] else 'FAIL'}"
-        )
-        print(f"[parity] wrote {out}")
-        ok &= bool(r["passed"])
-    return 0 if ok else 1
+    models = args.model or ["tiny-llama", "tiny-mixtral"]
+    reports = distributed.launch(
+        args.nproc, models, args.data, args.steps, args.seed, args.lr, args.tolerance, args.out
+    )
+    for m, r in reports.items():
+        print("\n".join(distributed.summary(r)))
+        print(f"[parity] wrote {distributed.report_path(args.out, m, args.nproc)}")
+    return 0 if all(r["passed"] for r in reports.values()) else 1
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,12 +17,22 @@ takes, once per forward pass (not per layer), as an `NkiMask` plan:
    - "segments" (Sq == Sk, prefill and training): the 2-D padding mask becomes
      `segment_ids`, one id per run of real tokens / padding, so left- and right-padded
      rows and their padding keep to themselves;
-   - "compact" (Sq == 1, a decode step over a KV cache): the keys each row may see are
-     gathered to the front (in order) and `kv_lens` masks the rest. This is how
-     left-padded batched `generate()` runs on the existing op (Sq != Sk with padding has
-     no other exact mapping onto kv_lens / segment_ids);
-   - "dense": anything else (a padded chunk of several queries over a cache, a custom
-     mask): the op's dense `attn_mask` path, with transformers' boolean mask.
+   - "decode" (a few new queries over a KV cache, Sq < Sk, Sq <= DECODE_SQ_MAX): the
+     keys each row may see are gathered to the front, in order (no copy when that is
+     the identity), and `torch.ops.nki.decode_attention` runs with `cache_lens` = their
+     count: query i sees the first cache_len - Sq + i + 1 of them. This is how
+     left-padded batched `generate()` runs (Sq != Sk with padding has no exact mapping
+     onto flash_attention's kv_lens / segment_ids). decode_attention has no backward:
+     when autograd needs the gradient, Sq == 1 runs flash_attention on the same
+     gathered keys with `kv_lens`, longer chunks take the dense path;
+   - "dense": anything else (a custom mask, a chunk whose rows see no key): the op's
+     dense `attn_mask` path, with transformers' boolean mask.
+
+Under `torch.compile` the plan cannot read mask values (each check would break the
+graph), so it is chosen from what is static: no 2-D padding mask (with a dynamic cache:
+keys from position 0, queries last) is "plain" causal with the sliding window, exactly
+transformers' mask for those arguments; any padding mask takes the "dense" path, exact
+for every mask. Both compile with `fullgraph=True`.
 
 What the op cannot do at all (attention dropout, logit softcapping, head_dim > 128) runs
 through torch's SDPA with the same mask; `fallbacks()` counts those calls by reason, so
@@ -45,8 +55,10 @@ import torch
 from torch import Tensor
 
 from ..ops.attention import HEAD_DIM_MAX, TORCH_SDPA, flash_attention
+from ..ops.decode import PACKED_ROWS_MAX
 
 NAME = "nki"
+DECODE_SQ_MAX = 16  # new queries per decode step routed to decode_attention
 _FALLBACKS: collections.Counter[str] = collections.Counter()
 
 
@@ -99,7 +111,11 @@ def plan(
 ) -> NkiMask:
     """The plan for one forward pass: `dense` is transformers' boolean mask [B|1, 1, Sq, Sk]
     (None: plain causal), `padding` its 2-D padding mask [B, kv_offset + Sk] (or None)."""
+    decode_shape = sq < sk and sq <= DECODE_SQ_MAX
     if dense is None:
+        if decode_shape and window is None:  # the whole cache, every row
+            lens = torch.full((batch,), sk, dtype=torch.int32, device=device)
+            return NkiMask("decode", kv_lens=lens)
         return NkiMask("plain", causal=True, window=window)
     m = dense[:, 0].expand(batch, sq, sk)
     rows = m.any(-1)  # query rows that see some key (the others get zeros)
@@ -115,12 +131,27 @@ def plan(
             ours = base & (seg[:, :, None] == seg[:, None, :])
             if bool(((m == ours).all(-1) | ~rows).all()):
                 return NkiMask("segments", causal, win, segment_ids=seg, dense=dense, rows=empty)
-    if sq == 1:
-        keep = m[:, 0]
-        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
-        lens = keep.sum(1).to(torch.int32)
-        return NkiMask("compact", causal=False, gather=order, kv_lens=lens, dense=dense)
-    return NkiMask("dense", dense=dense)
+    if decode_shape and empty is None:
+        decode = _decode_plan(m, batch, sq, sk, device)
+        if decode is not None:
+            return NkiMask("decode", causal=False, dense=dense, gather=decode[0], kv_lens=decode[1])
+    return NkiMask("dense", causal=False, dense=dense, rows=empty)
+
+
+def _decode_plan(
+    m: Tensor, batch: int, sq: int, sk: int, device: Any
+) -> tuple[Tensor | None, Tensor] | None:
+    """(key order or None for the identity, cache_lens) when decode_attention's rule on
+    the gathered keys reproduces `m` [B, Sq, Sk] exactly; else None."""
+    keep = m[:, -1]  # the last query sees every key any query of its row sees
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    lens = keep.sum(1).to(torch.int32)
+    seen = torch.arange(sq, device=device)[None, :, None] + lens[:, None, None] - sq
+    ours = torch.arange(sk, device=device)[None, None, :] <= seen
+    if not bool((m.gather(2, order[:, None, :].expand(batch, sq, sk)) == ours).all()):
+        return None
+    identity = bool((order == torch.arange(sk, device=device)).all())
+    return (None if identity else order), lens
 
 
 def nki_mask(
@@ -137,11 +168,15 @@ def nki_mask(
     """The mask function of the "nki" implementation (transformers' mask-interface API)."""
     from transformers.masking_utils import sdpa_mask
 
-    kwargs.pop("allow_is_causal_skip", None)
-    device = kwargs.pop("device", "cpu")
+    plain_causal = bool(kwargs.pop("allow_is_causal_skip", True))  # transformers: False
+    device = kwargs.pop("device", "cpu")  # when or / and / packed masks were added
     extra: dict[str, Any] = {}
     if mask_function is not None:
         extra["mask_function"] = mask_function
+    compiling = torch.compiler.is_compiling()
+    if compiling and plain_causal and attention_mask is None and kv_offset == 0:
+        if isinstance(q_offset, int) and q_offset + q_length == kv_length:
+            return NkiMask("plain", causal=True, window=local_size)  # see module doc
     dense = sdpa_mask(
         batch_size=batch_size,
         q_length=q_length,
@@ -155,6 +190,10 @@ def nki_mask(
         use_vmap=kwargs.get("use_vmap", False),
         **extra,
     )
+    if compiling:
+        if dense is None:
+            return NkiMask("plain", causal=True, window=local_size)
+        return NkiMask("dense", causal=False, dense=dense)
     return plan(
         dense, attention_mask, batch_size, q_length, kv_length, kv_offset, local_size, device
     )
@@ -184,6 +223,29 @@ def _sdpa(
         scale=scale,
         enable_gqa=query.shape[1] != key.shape[1],
     )
+
+
+def _decode(query: Tensor, key: Tensor, value: Tensor, m: NkiMask, scale: Any) -> Any:
+    """decode_attention's output [B, Hq, Sq, D] for a "decode" plan, or None when autograd
+    needs a gradient (the op has no backward) or the step is too wide for it."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        return None
+    if query.shape[1] // key.shape[1] * query.shape[2] > PACKED_ROWS_MAX:
+        return None
+    if m.gather is not None:
+        key, value = _gather_keys(key, m.gather), _gather_keys(value, m.gather)
+    assert m.kv_lens is not None
+    out, _ = torch.ops.nki.decode_attention(query, key, value, m.kv_lens, softmax_scale=scale)
+    return out
+
+
+def _grad_plan(m: NkiMask, sq: int) -> NkiMask:
+    """The flash_attention plan of a "decode" plan (when decode_attention cannot run)."""
+    if m.dense is None:
+        return NkiMask("plain", causal=True)
+    if sq == 1:  # the new token sees exactly the gathered keys
+        return NkiMask("compact", causal=False, gather=m.gather, kv_lens=m.kv_lens)
+    return NkiMask("dense", causal=False, dense=m.dense)
 
 
 def nki_attention_forward(
@@ -217,13 +279,17 @@ def nki_attention_forward(
         reason = f"head_dim {query.shape[-1]} > {HEAD_DIM_MAX}"
     if reason is not None:
         dense = m.dense
-        if dense is None and m.window is not None:
-            sq, sk = query.shape[2], key.shape[2]
-            dense = _allowed(sq, sk, True, m.window, query.device)
+        sq, sk = query.shape[2], key.shape[2]
+        if dense is None and m.causal and (m.window is not None or sq != sk):
+            dense = _allowed(sq, sk, True, m.window, query.device)  # bottom-right, as ours
         fallback = _sdpa(query, key, value, dense, scaling, m.causal, reason)
         return fallback.transpose(1, 2), None
-    if m.kind == "compact":
-        assert m.gather is not None
+    if m.kind == "decode":
+        decoded = _decode(query, key, value, m, scaling)
+        if decoded is not None:
+            return decoded.transpose(1, 2), None
+        m = _grad_plan(m, query.shape[2])
+    if m.gather is not None:
         key, value = _gather_keys(key, m.gather), _gather_keys(value, m.gather)
     out: Any = flash_attention(
         query,

@@ -1,24 +1,30 @@
 """`nki-kernels parity --nproc N`: the golden-batch check at the smallest distributed scale.
 
-`launch()` starts N processes with torchrun (`torch.distributed.run`); each runs
-`main()`: a gloo process group on CPU, the model wrapped in DistributedDataParallel, each
-rank training on its rows of every batch (rows rank::N). It runs the reference and the
-NKI path N steps each (same seed, same data order) and checks, after every step, that
-the parameters are identical on all ranks (gradients stayed synchronized through the
-ops' backward). Rank 0 writes the report: per-step mean loss over ranks for both paths,
-their deltas against the tolerance, and the synchronization check. The tolerance is the
+`launch()` runs two torchrun (`torch.distributed.run`) launches of N CPU processes each,
+gloo backend, every model in the same launch (`dist_rank` is the rank side):
+
+1. **train**: under DistributedDataParallel and under FSDP2 (`fully_shard`, one group
+   per decoder layer), the reference path and the NKI path (`nki_kernels.patch`) train N
+   steps each on the same batches, each rank on its rows; the full parameters are
+   compared across ranks after every step; the NKI run saves a sharded checkpoint
+   (torch.distributed.checkpoint) before step N // 2;
+2. **resume**: fresh processes build fresh patched models, load each checkpoint (model
+   and optimizer state dicts through `set_state_dict`) and run steps N // 2 .. N-1.
+
+The report per model and wrapper: per-step mean loss over ranks for both paths, their
+deltas against the tolerance, the first divergent step, whether the parameters stayed
+identical on all ranks, the resumed run's max |Δloss| against the uninterrupted NKI
+run, and FSDP2 against DDP on the same path (the two reduce gradients differently, so
+this shows FSDP2's reduce-scatter gives DDP's all-reduce result). The tolerance is the
 single-process rule's ulp term (16 fp32 ulps of the first loss): there are no
 noise-floor runs here, so this mode is for fp32 models (or pass --tolerance).
 
-Not covered yet: FSDP2 (`fully_shard`) and a sharded (torch.distributed.checkpoint)
-save / reload mid-run.
+Each rank's output goes to `<out>/logs/<phase>/`; when a launch fails, the error quotes
+the failing ranks' last lines (torchrun itself reports only an exit code).
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import importlib
 import json
 import subprocess
 import sys
@@ -26,141 +32,166 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from .harness import tolerance_for
-
-
-def _entry(spec: str) -> Any:
-    from .data import BUILTIN as DATA
-    from .models import BUILTIN as MODELS
-
-    if spec in MODELS:
-        return MODELS[spec]
-    if spec in DATA:
-        return DATA[spec]
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
+from .dist_rank import WRAPPERS
+from .harness import ULPS, tolerance_for
 
 
-def _shard(batch: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    return {k: v[rank::world] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def _digest(model: nn.Module) -> torch.Tensor:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().float().contiguous().numpy().tobytes())
-    return torch.tensor(list(h.digest()[:8]), dtype=torch.int64)
-
-
-def _train(model: nn.Module, data: Any, seed: int, steps: int, lr: float) -> tuple[list, bool]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    ddp = DDP(model.train())
-    opt = torch.optim.AdamW(ddp.parameters(), lr=lr, foreach=False)
-    losses, in_sync = [], True
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        out = ddp(**_shard(data(seed, step), rank, world))
-        loss = out.loss if hasattr(out, "loss") else out
-        loss.backward()
-        opt.step()
-        mean = loss.detach().float().clone()
-        dist.all_reduce(mean)
-        losses.append(float(mean) / world)
-        digests = [torch.zeros(8, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(digests, _digest(model))
-        in_sync &= all(torch.equal(d, digests[0]) for d in digests)
-    return losses, in_sync
-
-
-def main(argv: list[str] | None = None) -> int:
-    """One rank of the distributed check (started by torchrun)."""
-    import nki_kernels
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--tolerance", type=float, default=None)
-    p.add_argument("--out", type=Path, required=True)
-    a = p.parse_args(argv)
-    dist.init_process_group("gloo")
-    factory, data = _entry(a.model), _entry(a.data)
-    ref, ref_sync = _train(factory(seed=a.seed), data, a.seed, a.steps, a.lr)
-    cand_model = factory(seed=a.seed)
-    nki_kernels.patch(cand_model)
-    cand, cand_sync = _train(cand_model, data, a.seed, a.steps, a.lr)
-    if dist.get_rank() == 0:
-        tol, _ = tolerance_for(0.0, ref[0], torch.float32)
-        rule = "16 x eps(float32) x |loss0| (no noise-floor runs under --nproc)"
-        if a.tolerance is not None:
-            tol, rule = a.tolerance, "given (--tolerance)"
-        deltas = [abs(x - y) for x, y in zip(cand, ref)]
-        first = next((i for i, d in enumerate(deltas) if not d <= tol), None)
-        report = {
-            "model": a.model,
-            "world_size": dist.get_world_size(),
-            "backend": "gloo (CPU), DistributedDataParallel",
-            "steps": a.steps,
-            "tolerance": tol,
-            "tolerance_rule": rule,
-            "reference_losses": ref,
-            "candidate_losses": cand,
-            "deltas": deltas,
-            "first_divergent_step": first,
-            "params_in_sync": {"reference": ref_sync, "candidate": cand_sync},
-            "passed": first is None and ref_sync and cand_sync,
-        }
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
-def launch(
-    nproc: int,
-    model: str,
-    data: str,
-    steps: int,
-    seed: int,
-    lr: float,
-    tolerance: float | None,
-    out: Path,
-) -> dict[str, Any]:
-    """Run `main` on `nproc` CPU processes with torchrun; returns rank 0's report."""
+def _torchrun(nproc: int, phase: str, work: Path, args: list[str]) -> dict[str, Any]:
+    logs = work / "logs" / phase
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nproc}",
+        f"--log-dir={logs}",
+        "--redirects=3",
         "-m",
-        "nki_kernels.parity.distributed",
-        "--model",
-        model,
-        "--data",
-        data,
-        "--steps",
-        str(steps),
-        "--seed",
-        str(seed),
-        "--lr",
-        str(lr),
-        "--out",
-        str(out),
+        "nki_kernels.parity.dist_rank",
+        "--phase",
+        phase,
+        "--work",
+        str(work),
+        *args,
     ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tails = [
+            f"--- {f.relative_to(logs)}:\n" + "\n".join(f.read_text().splitlines()[-25:])
+            for f in sorted(logs.rglob("std*.log"))
+            if f.stat().st_size
+        ]
+        raise RuntimeError(
+            f"parity --nproc {nproc}: the {phase} launch failed (exit {proc.returncode})\n"
+            + "\n".join(tails or [proc.stderr[-4000:]])
+        )
+    return json.loads((work / f"{phase}.json").read_text())  # type: ignore[no-any-return]
+
+
+def _first_divergent(a: list[float], b: list[float], tol: float) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if not abs(x - y) <= tol), None)
+
+
+def _max_delta(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def merge(
+    model: str,
+    world: int,
+    steps: int,
+    train: dict[str, Any],
+    resume: dict[str, Any],
+    tolerance: float | None,
+) -> dict[str, Any]:
+    """One model's report from the two phases' results."""
+    tol, _ = tolerance_for(0.0, train["ddp/reference"]["losses"][0], torch.float32)
+    rule = f"{ULPS} x eps(float32) x |reference loss0| (no noise-floor runs under --nproc)"
     if tolerance is not None:
-        cmd += ["--tolerance", str(tolerance)]
-    subprocess.run(cmd, check=True)
-    return json.loads(out.read_text())
+        tol, rule = float(tolerance), "given (--tolerance)"
+    half = steps // 2
+    out: dict[str, Any] = {
+        "model": model,
+        "world_size": world,
+        "backend": "gloo (CPU)",
+        "steps": steps,
+        "tolerance": tol,
+        "tolerance_rule": rule,
+        "resume_from": half,
+    }
+    passed = True
+    for w in WRAPPERS:
+        ref, cand = train[f"{w}/reference"], train[f"{w}/nki"]
+        resumed = resume[f"{w}/resumed"]
+        deltas = [abs(x - y) for x, y in zip(cand["losses"], ref["losses"], strict=True)]
+        first = _first_divergent(cand["losses"], ref["losses"], tol)
+        resume_delta = _max_delta(resumed["losses"], cand["losses"][half:])
+        sync = {"reference": ref["params_in_sync"], "candidate": cand["params_in_sync"]}
+        sync["resumed"] = resumed["params_in_sync"]
+        ok = first is None and all(sync.values()) and resume_delta <= tol
+        out[w] = {
+            "wrapper": "DistributedDataParallel" if w == "ddp" else "FSDP2 (fully_shard)",
+            "reference_losses": ref["losses"],
+            "candidate_losses": cand["losses"],
+            "resumed_losses": resumed["losses"],
+            "deltas": deltas,
+            "max_delta": max(deltas),
+            "first_divergent_step": first,
+            "params_in_sync": sync,
+            "resume_max_delta": resume_delta,
+            "seconds_per_step": {
+                "reference": ref["seconds_per_step"],
+                "candidate": cand["seconds_per_step"],
+            },
+            "passed": ok,
+        }
+        passed &= ok
+    fsdp_vs_ddp = {
+        p: _max_delta(train[f"fsdp2/{p}"]["losses"], train[f"ddp/{p}"]["losses"])
+        for p in ("reference", "nki")
+    }
+    out["fsdp2_vs_ddp_max_delta"] = fsdp_vs_ddp
+    out["passed"] = passed and max(fsdp_vs_ddp.values()) <= tol
+    return out
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def report_path(out: Path, model: str, nproc: int) -> Path:
+    """Where `launch` writes a model's report."""
+    return out / f"{model.replace(':', '_')}-dist{nproc}.json"
+
+
+def launch(
+    nproc: int,
+    models: list[str],
+    data: str,
+    steps: int,
+    seed: int,
+    lr: float,
+    tolerance: float | None,
+    out: Path,
+) -> dict[str, dict[str, Any]]:
+    """Both phases on `nproc` CPU processes; writes and returns each model's report."""
+    if steps < 2:
+        raise ValueError(
+            f"steps: expected >= 2 (a resume point needs a step before it); got {steps}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    args = ["--data", data, "--steps", str(steps), "--seed", str(seed), "--lr", str(lr)]
+    for m in models:
+        args += ["--model", m]
+    train = _torchrun(nproc, "train", out, args)
+    resume = _torchrun(nproc, "resume", out, args)
+    reports = {}
+    for m in models:
+        r = merge(m, nproc, steps, train[m], resume[m], tolerance)
+        report_path(out, m, nproc).write_text(json.dumps(r, indent=1) + "\n")
+        reports[m] = r
+    return reports
+
+
+def summary(r: dict[str, Any]) -> list[str]:
+    """The verdict lines of one model's distributed report."""
+    lines = [
+        f"[parity] {r['model']}: {r['world_size']} ranks, {r['backend']}; tolerance "
+        f"{r['tolerance']:.3g} ({r['tolerance_rule']}), fixed before the runs"
+    ]
+    for w in WRAPPERS:
+        x = r[w]
+        first = x["first_divergent_step"]
+        lines.append(
+            f"[parity]   {x['wrapper']}: max |Δloss| {x['max_delta']:.3g}, first divergent "
+            f"step {'none' if first is None else first}, parameters identical on all ranks "
+            f"after every step {x['params_in_sync']}, sharded checkpoint at step "
+            f"{r['resume_from']} -> fresh processes -> continue: max |Δloss| "
+            f"{x['resume_max_delta']:.3g}; {'PASS' if x['passed'] else 'FAIL'}"
+        )
+    d = r["fsdp2_vs_ddp_max_delta"]
+    lines.append(
+        f"[parity]   FSDP2 vs DDP, same path: max |Δloss| reference {d['reference']:.3g}, "
+        f"NKI {d['nki']:.3g}; verdict {'PASS' if r['passed'] else 'FAIL'}"
+    )
+    return lines
+
+
+__all__ = ["launch", "merge", "report_path", "summary"]

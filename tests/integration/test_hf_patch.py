@@ -113,10 +113,16 @@ def test_mask_plans() -> None:
     assert p.kind == "segments" and p.segment_ids.tolist() == [[0] * 6, [0, 0, 1, 1, 1, 1]]
     step = sdpa_mask(batch_size=2, q_length=1, kv_length=6, q_offset=5, attention_mask=pad)
     p = hf_attention.plan(step, pad, 2, 1, 6, 0, None, "cpu")
-    assert p.kind == "compact" and p.kv_lens.tolist() == [6, 4]
+    assert p.kind == "decode" and p.kv_lens.tolist() == [6, 4]
     assert p.gather[1, :4].tolist() == [2, 3, 4, 5]
-    chunk = sdpa_mask(batch_size=2, q_length=2, kv_length=6, q_offset=4, attention_mask=pad)
-    assert hf_attention.plan(chunk, pad, 2, 2, 6, 0, None, "cpu").kind == "dense"
+    holes = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 1]], dtype=torch.bool)
+    chunk = sdpa_mask(batch_size=2, q_length=2, kv_length=6, q_offset=4, attention_mask=holes)
+    p = hf_attention.plan(chunk, holes, 2, 2, 6, 0, None, "cpu")
+    assert p.kind == "decode" and p.kv_lens.tolist() == [6, 4]
+    assert p.gather[1, :4].tolist() == [0, 2, 4, 5]
+    assert hf_attention.plan(None, None, 2, 1, 6, 0, None, "cpu").kind == "decode"
+    custom = torch.tensor([[[[True, False, True, True, False, True]] * 2]])
+    assert hf_attention.plan(custom, None, 2, 2, 6, 0, None, "cpu").kind == "dense"
     assert hf_attention.plan(None, None, 2, 6, 6, 0, 4, "cpu").window == 4
 
 
@@ -147,11 +153,9 @@ def test_plain_pytorch_swap_by_class() -> None:
 
 
 def test_a_mask_with_no_segment_form_runs_the_dense_path() -> None:
-    from transformers.masking_utils import sdpa_mask
-
-    pad = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)
-    dense = sdpa_mask(batch_size=2, q_length=2, kv_length=6, q_offset=4, attention_mask=pad)
-    plan = hf_attention.plan(dense, pad, 2, 2, 6, 0, None, "cpu")
+    dense = torch.tensor([[[[True, False, True, True, False, True]] * 2]])  # no causal form
+    plan = hf_attention.plan(dense, None, 2, 2, 6, 0, None, "cpu")
+    assert plan.kind == "dense"
     q, k, v = torch.randn(2, 4, 2, 16), torch.randn(2, 2, 6, 16), torch.randn(2, 2, 6, 16)
     before = hf_attention.fallbacks()
     out, _ = hf_attention.nki_attention_forward(torch.nn.Module(), q, k, v, plan, scaling=0.25)
@@ -162,3 +166,59 @@ def test_a_mask_with_no_segment_form_runs_the_dense_path() -> None:
     assert hf_attention.fallbacks() == before
     hf_attention.nki_attention_forward(torch.nn.Module(), q, k, v, plan, dropout=0.1)
     assert hf_attention.fallbacks()["attention dropout (0.1)"] >= 1
+
+
+class _OpCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the nki ops dispatched (by name) while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if name.startswith("nki."):
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_generate_decode_steps_run_decode_attention() -> None:
+    """Left-padded batched generate: the prefill runs flash_attention, every decode step
+    decode_attention (2 layers x 5 steps), and the tokens are the unpatched model's."""
+    model = tiny_model("llama")
+    ids, mask = _batch(seed=3, s=9, pad=3)
+    kw = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    ref = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    nki_kernels.patch(model)
+    with _OpCalls() as seen:
+        out = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    assert torch.equal(out, ref)
+    assert seen.calls.get("nki.decode_attention") == 2 * 5
+    assert seen.calls.get("nki.flash_attention") == 2  # the prefill, one per layer
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+def test_decode_plan_matches_sdpa_on_a_padded_cache(sq: int) -> None:
+    """A chunk of sq new queries over a cache with padding holes: decode_attention (no
+    grad) and the flash_attention fallback (grad) both give SDPA's output."""
+    from transformers.masking_utils import sdpa_mask
+
+    pad = torch.tensor([[1] * 8, [0, 0, 1, 1, 0, 1, 1, 1]], dtype=torch.bool)
+    dense = sdpa_mask(batch_size=2, q_length=sq, kv_length=8, q_offset=8 - sq, attention_mask=pad)
+    plan = hf_attention.plan(dense, pad, 2, sq, 8, 0, None, "cpu")
+    assert plan.kind == "decode"
+    g = torch.Generator().manual_seed(sq)
+    q = torch.randn(2, 4, sq, 16, generator=g)
+    k, v = torch.randn(2, 2, 8, 16, generator=g), torch.randn(2, 2, 8, 16, generator=g)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=dense, scale=0.3, enable_gqa=True
+    ).transpose(1, 2)
+    with torch.no_grad(), _OpCalls() as seen:
+        out, _ = hf_attention.nki_attention_forward(torch.nn.Module(), q, k, v, plan, scaling=0.3)
+    assert seen.calls == {"nki.decode_attention": 1}
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    qg = q.clone().requires_grad_()
+    out, _ = hf_attention.nki_attention_forward(torch.nn.Module(), qg, k, v, plan, scaling=0.3)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()

@@ -100,40 +100,57 @@ def test_a_model_without_a_loss_is_refused_by_name() -> None:
 
 
 @pytest.mark.slow
-def test_nproc_2_runs_under_ddp_with_parameters_in_sync(tmp_path) -> None:
+def test_nproc_2_ddp_and_fsdp2_with_a_sharded_checkpoint_resumed_in_fresh_processes(
+    tmp_path,
+) -> None:
+    """One run of the command (two torchrun launches) on the tiny Mixtral: norms,
+    attention and MoE ops under DDP and FSDP2, parameters identical on all ranks, the
+    NKI path on the reference's trajectory, the DCP checkpoint restored and continued."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    here = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parents[1]), str(here)])}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nki_kernels.cli",
-            "parity",
-            "--nproc",
-            "2",
-            "--model",
-            "plain_model:model",
-            "--data",
-            "plain_model:data",
-            "--steps",
-            "2",
-            "--out",
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    saved = json.loads((tmp_path / "plain_model_model-ddp2.json").read_text())
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "nki_kernels.cli", "parity", "--nproc", "2"]
+    cmd += ["--model", "tiny-mixtral", "--steps", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    saved = json.loads((tmp_path / "tiny-mixtral-dist2.json").read_text())
     assert saved["world_size"] == 2 and saved["passed"]
-    assert saved["params_in_sync"] == {"reference": True, "candidate": True}
+    for wrapper in ("ddp", "fsdp2"):
+        w = saved[wrapper]
+        assert w["params_in_sync"] == {"reference": True, "candidate": True, "resumed": True}
+        assert w["max_delta"] <= saved["tolerance"] and w["first_divergent_step"] is None
+        assert len(w["resumed_losses"]) == 1 and w["resume_max_delta"] <= saved["tolerance"]
+    assert max(saved["fsdp2_vs_ddp_max_delta"].values()) <= saved["tolerance"]
+    assert (tmp_path / "checkpoints" / "tiny-mixtral-fsdp2" / ".metadata").is_file()
+    assert "FSDP2 (fully_shard)" in proc.stdout
+
+
+def _phase(losses: list[float], sync: bool = True) -> dict:
+    return {"losses": losses, "params_in_sync": sync, "seconds_per_step": 0.1}
+
+
+def _phases(cand: list[float], resumed: list[float], sync: bool = True) -> tuple[dict, dict]:
+    ref = [2.0, 1.9, 1.8, 1.7]
+    train = {f"{w}/{p}": _phase(ref) for w in ("ddp", "fsdp2") for p in ("reference", "nki")}
+    train["fsdp2/nki"] = _phase(cand, sync)
+    return train, {"ddp/resumed": _phase(ref[2:]), "fsdp2/resumed": _phase(resumed)}
+
+
+def test_distributed_merge_flags_divergence_a_bad_resume_and_lost_sync() -> None:
+    from nki_kernels.parity.distributed import merge
+
+    good = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7]), None)
+    assert good["passed"] and good["fsdp2"]["resume_max_delta"] == 0.0
+    diverged = merge("m", 2, 4, *_phases([2.0, 1.9, 1.85, 1.7], [1.85, 1.7]), None)
+    assert not diverged["passed"] and diverged["fsdp2"]["first_divergent_step"] == 2
+    bad_resume = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.75]), None)
+    assert not bad_resume["fsdp2"]["passed"] and bad_resume["fsdp2"]["resume_max_delta"] > 0.04
+    unsynced = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7], sync=False), None)
+    assert not unsynced["passed"] and unsynced["ddp"]["passed"]
 
 
 def test_device_mode_compares_the_neuron_device_with_cpu(neuron: str) -> None:
