@@ -3,7 +3,13 @@
     nki-kernels tune <op> --target trn2 --buckets 2048,8192 [--shape llama3-8b | hidden=5120]
         [--bucket-policy SPEC] [--trials N] [--storage URL] [--workers K] [--timeout S]
         [--stale-after S] [--gate improving|always|off] [--strategy auto|tpe|grid|random|full]
-        [--config-dir DIR] [--regate] [--reset [STUDY]]
+        [--config-dir DIR] [--regate] [--reset [STUDY]] [--lnc 1|2]
+        [--rank nominal|pessimistic]
+
+`--lnc` is the LNC the kernel is launched (and priced) at: default the target's runtime
+default (`runtime.lnc`: $NEURON_LOGICAL_NC_CONFIG, else 2 on trn2 / trn3, 1 on trn1), so
+the exported configs are the ones a default device looks up. `--rank pessimistic` ranks
+configs by the slow end of the cost model's band instead of its nominal figure.
 
 `--storage` defaults to `$NKI_KERNELS_STORAGE` (read here, once), else an SQLite file.
 Worker processes of `tune --workers K` run this module (`python -m nki_kernels.autotune.cli
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shlex
 import sys
@@ -110,6 +117,21 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measurer", choices=("auto", "cost-model", "hardware"), default="auto")
     p.add_argument("--gate", choices=GATES, default="improving")
     p.add_argument(
+        "--lnc",
+        type=int,
+        choices=(1, 2),
+        default=None,
+        help="LNC the kernel is launched and priced at (default: the target's runtime "
+        "default: $NEURON_LOGICAL_NC_CONFIG, else 2 on trn2/trn3, 1 on trn1)",
+    )
+    p.add_argument(
+        "--rank",
+        choices=("nominal", "pessimistic"),
+        default="nominal",
+        help="rank configs by the nominal modeled latency or by the slow end of its band "
+        "(the highest latency over the cost model's leave-one-out parameter sets)",
+    )
+    p.add_argument(
         "--config-dir", default=None, help="export here (default: $NKI_KERNELS_CONFIG_DIR)"
     )
     p.add_argument("--no-export", action="store_true", help="tune only; write no config")
@@ -171,31 +193,55 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
     with using_policy(policy):
         for s in shapes:
             spec.make_problem(s, buckets[0], dtype)  # the shape's own error, one line
+    lnc = tune_lnc(args)
+    if lnc != 1:
+        spec.tunable(lnc)  # a family tuned at LNC 1 only: its one-line error
     return [
         {"op": args.op, "shape": s, "bucket": b, "dtype": dtype, "target": args.target,
-         "bucket_policy": policy.name()}
+         "bucket_policy": policy.name(), "lnc": lnc, "rank": args.rank}
         for s in shapes
         for b in buckets
     ]  # fmt: skip
 
 
+def tune_lnc(args: argparse.Namespace) -> int:
+    """The LNC of a `tune` run: --lnc, else $NEURON_LOGICAL_NC_CONFIG, else the target's
+    documented default (what a default device launches at)."""
+    from ..runtime.lnc import configured_lnc, default_lnc
+
+    if getattr(args, "lnc", None) is not None:
+        return int(args.lnc)
+    configured = configured_lnc()
+    return configured if configured is not None else default_lnc(args.target)
+
+
 def _tuner(job: dict[str, Any], storage: Any, options: Any, worker: int = 0) -> Any:
     from ..runtime.buckets import parse_policy, using_policy
+    from ..runtime.lnc import LNC_ENV_VAR, runtime_lnc
     from ..targets import get_target
     from .families import get
-    from .measure import select_measurer
+    from .measure import HardwareMeasurer, select_measurer
     from .study import Tuner
 
     spec = get(job["op"])
     with using_policy(parse_policy(job.get("bucket_policy", "default"))):
         problem = spec.make_problem(job["shape"], job["bucket"], job["dtype"])
+    lnc, target = int(job.get("lnc", 1)), get_target(job["target"])
+    measurer = select_measurer(
+        job.get("measurer", "auto"), bands=job.get("rank", "nominal") == "pessimistic"
+    )
+    if isinstance(measurer, HardwareMeasurer) and lnc != runtime_lnc(target):
+        raise UsageError(
+            f"--lnc: the hardware measurer launches at the runtime's LNC "
+            f"({runtime_lnc(target)}, ${LNC_ENV_VAR}); got --lnc {lnc}"
+        )
     return Tuner(
-        spec.make_tunable(),
+        spec.tunable(lnc),
         problem,
-        get_target(job["target"]),
+        target,
         storage=storage,
-        measurer=select_measurer(job.get("measurer", "auto")),
-        options=options,
+        measurer=measurer,
+        options=dataclasses.replace(options, rank=job.get("rank", "nominal")),
         worker=worker,
     )
 
@@ -267,7 +313,7 @@ def resume_command(args: argparse.Namespace) -> str:
     """The `nki-kernels tune ...` command that continues this run (storage redacted)."""
     from .storage import redact
 
-    parts = ["nki-kernels", "tune", args.op, "--target", args.target]
+    parts = ["nki-kernels", "tune", args.op, "--target", args.target, "--lnc", str(tune_lnc(args))]
     if args.buckets:
         parts += ["--buckets", ",".join(map(str, args.buckets))]
     for s in args.shape or []:
@@ -280,8 +326,10 @@ def resume_command(args: argparse.Namespace) -> str:
         parts += ["--storage", redact(args.storage)]
     if args.workers > 1:
         parts += ["--workers", str(args.workers)]
+    rank = getattr(args, "rank", "nominal")
     for flag, value, default in (("--strategy", args.strategy, "auto"), ("--gate", args.gate,
-                                 "improving"), ("--seed", args.seed, 0)):  # fmt: skip
+                                 "improving"), ("--seed", args.seed, 0),
+                                 ("--rank", rank, "nominal")):  # fmt: skip
         if value != default:
             parts += [flag, str(value)]
     if args.no_export:

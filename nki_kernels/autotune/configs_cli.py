@@ -4,12 +4,14 @@
     nki-kernels configs summary [--op rms_norm] [--config-dir DIR|shipped]
     nki-kernels configs diff DIR_A DIR_B [--target trn2] [--op rms_norm]
     nki-kernels configs which OP --shape SHAPE --size N [--target trn2] [--dtype D]
-        [--bucket-policy SPEC] [--config-dir DIR]
+        [--bucket-policy SPEC] [--config-dir DIR] [--lnc 1|2]
     nki-kernels configs validate [--config-dir DIR] [--target trn2] [--op rms_norm]
 
 `which` answers what a call of OP at dynamic size N (rows / tokens / sequence length) of
 that shape uses: the bucket (under the op's policy), the config, from where (tuned entry,
-nearest bucket, heuristic default) and its provenance, through the same lookup the op runs.
+nearest bucket, heuristic default) and its provenance, through the same lookup the op runs,
+at the LNC it names (--lnc; default, as `tune`: $NEURON_LOGICAL_NC_CONFIG, else the
+target's default on a device: 2 on trn2 / trn3).
 `show` and `validate` report a file that does not parse, or an entry that fails the schema
 or its own problem's fit check, instead of stopping; `validate` exits 1 if any does.
 """
@@ -52,6 +54,14 @@ def add_configs_arguments(p: argparse.ArgumentParser) -> None:
     which.add_argument("--dtype", default=None)
     which.add_argument("--bucket-policy", default=None, help="default: the op's policy")
     which.add_argument("--config-dir", default=None, help="a user dir (default: env + shipped)")
+    which.add_argument(
+        "--lnc",
+        type=int,
+        choices=(1, 2),
+        default=None,
+        help="LNC of the call (default: $NEURON_LOGICAL_NC_CONFIG, else the target's "
+        "default on a device)",
+    )
     val = sub.add_parser("validate", help="check every stored entry (schema, fit, kernel hash)")
     val.add_argument("--target", default=None)
     val.add_argument("--op", default=None)
@@ -272,13 +282,17 @@ def _which(args: argparse.Namespace) -> int:
     dtype = args.dtype or spec.dtypes[0]
     with using_policy(policy):
         problem = spec.make_problem(args.shape, b, dtype)
+    from .cli import tune_lnc
+
+    lnc = tune_lnc(args)
     tunable = spec.make_tunable()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         d = _store_for(args.config_dir).decide(
-            args.op, args.target, problem, kernel_hash=tunable.source_hash()
+            args.op, args.target, problem, kernel_hash=tunable.source_hash(), lnc=lnc
         )
-    print(f"size {args.size} -> bucket {b} ({spec.bucket_dim}, policy {policy.name()})")
+    print(f"size {args.size} -> bucket {b} ({spec.bucket_dim}, policy {policy.name()}), "
+          f"LNC {lnc}")  # fmt: skip
     print(d.describe())
     for w in caught:
         if "reported once" not in str(w.message):
@@ -299,6 +313,7 @@ def _problem_of(op: str, key: str) -> Any:
     cls = type(spec.make_problem(spec.shapes[0], spec.standard_buckets[0], spec.dtypes[0]))
     fields = {f.name for f in dataclasses.fields(cls)}
     values = _parse_key(key)
+    values.pop("lnc", None)  # the launch's LNC (config_store.lnc_items), not a problem field
     if set(values) != fields:
         raise ValueError(f"key fields {sorted(values)} are not {cls.__name__}'s {sorted(fields)}")
     return cls(**values)

@@ -3,10 +3,14 @@
 The entry is keyed by the bucketed problem (`runtime.config_store.problem_key`) and
 carries its provenance: the kernel source hash the study measured (lookup refuses the
 entry, with a `StaleConfigWarning`, once the kernel changes), the measurer's label
-("modeled (cost model v1, trn2)" or "measured (hardware)"), the best latency, the
+("modeled (cost model v2, trn2, LNC 2)" or "measured (hardware)"), the best latency, the
 heuristic default's latency in the same study, the number of distinct configs tried, and
-the date. When the study measured a cheaper proxy problem (`Tunable.search_problem`), both
-latencies are measured again on the real problem before they are recorded. The store
+the date; the LNC the study launched at (the key carries it: `lnc=2`) and its ranking;
+and, from the cost model, the band [fast, slow] of both latencies and of the speedup over
+the model's parameter sets (`perfmodel.band`; the speedup's band is the range of
+default / tuned taken set by set). When the study measured a cheaper proxy problem
+(`Tunable.search_problem`), both latencies are measured again on the real problem before
+they are recorded. The store
 writes atomically (temporary file + rename, under a file lock).
 
 A config is exported only if it passed the correctness gate. A best config that the study
@@ -25,8 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from ..kernel_config import KernelConfig
-from ..runtime.config_store import ConfigStore, Provenance, default_store, problem_key
+from ..runtime.config_store import (
+    ConfigStore,
+    Provenance,
+    default_store,
+    lnc_items,
+    problem_key,
+)
 from .gate import CorrectnessGate
+from .measure import Measurer
 from .study import OK, Tuner
 
 
@@ -90,12 +101,17 @@ def export_best(
     else:
         default_latency = float(heur.latency_ns)
     latency, label = float(best.latency_ns), best.label or tuner.measurer.name  # type: ignore[arg-type]
-    if tuner.search_problem != tuner.problem:
-        # trials measured a cheaper proxy problem: price both configs on the real one
-        latency, label = _full_price(tuner, config)
+    bands = _band_measurer(tuner)
+    heur_cfg = tuner.tunable.heuristic(tuner.problem, tuner.target)
+    tuned_sets = default_sets = None
+    if tuner.search_problem != tuner.problem or bands is not None:
+        # trials measured a cheaper proxy problem (or priced no band): price both
+        # configs on the real one
+        m = _full_price(tuner, config, bands)
+        latency, label, tuned_sets = m.latency_ns, m.label, m.set_ns
         if not math.isnan(default_latency):
-            heur_cfg = tuner.tunable.heuristic(tuner.problem, tuner.target)
-            default_latency, _ = _full_price(tuner, heur_cfg)
+            d = _full_price(tuner, heur_cfg, bands)
+            default_latency, default_sets = d.latency_ns, d.set_ns
     prov = Provenance(
         kernel_hash=tuner.key.kernel_hash,
         measurer=label,
@@ -103,6 +119,15 @@ def export_best(
         default_latency_ns=default_latency,
         trials=report.distinct_done,
         date=Provenance.now(),
+        lnc=_measured_lnc(tuner),
+        rank=tuner.options.rank,
+        latency_band_ns=_span(tuned_sets),
+        default_latency_band_ns=_span(default_sets),
+        speedup_band=_span(
+            None
+            if tuned_sets is None or default_sets is None
+            else [d / t for d, t in zip(default_sets, tuned_sets)]
+        ),
     )
     target = store if store is not None else default_store()
     path = target.put(
@@ -114,30 +139,46 @@ def export_best(
         directory=directory,
         lnc=_measured_lnc(tuner),
     )
-    return Exported(
-        tuner.tunable.op, tuner.target.name, problem_key(tuner.problem), config, prov, path
-    )
+    key = problem_key(lnc_items(tuner.problem, prov.lnc))
+    return Exported(tuner.tunable.op, tuner.target.name, key, config, prov, path)
 
 
 def _measured_lnc(tuner: Tuner) -> int:
     """The LNC the measured launches ran at (the key the config is stored under): the
-    hardware measurer launches at the runtime's (`runtime.lnc`), the cost model traces
-    one logical core."""
+    hardware measurer launches at the runtime's (`runtime.lnc`), the cost model prices
+    the launch at the tunable's (`Tunable.lnc`)."""
     from ..runtime.lnc import runtime_lnc
     from .measure import HardwareMeasurer
 
-    return runtime_lnc(tuner.target) if isinstance(tuner.measurer, HardwareMeasurer) else 1
+    if isinstance(tuner.measurer, HardwareMeasurer):
+        return runtime_lnc(tuner.target)
+    return tuner.tunable.lnc
 
 
-def _full_price(tuner: Tuner, config: KernelConfig) -> tuple[float, str]:
-    """Latency of `config` on the tuner's full problem, and its label."""
+def _band_measurer(tuner: Tuner) -> Measurer | None:
+    """A measurer that prices the band: the tuner's cost model with bands on (None for
+    other measurers, which have no band)."""
+    from .measure import CostModelMeasurer
+
+    m = tuner.measurer
+    if not isinstance(m, CostModelMeasurer):
+        return None
+    return m if m.bands else CostModelMeasurer(bands=True)
+
+
+def _span(values: Any) -> list[float] | None:
+    return None if not values else [float(min(values)), float(max(values))]
+
+
+def _full_price(tuner: Tuner, config: KernelConfig, measurer: Measurer | None = None) -> Any:
+    """`Measurement` of `config` on the tuner's full problem (label says how it was priced)."""
     unit, n = tuner.problem, 1
     if tuner.tunable.repricing is not None:
         unit, n = tuner.tunable.repricing(tuner.problem)
-    m = tuner.measurer.measure(tuner.tunable, unit, config, tuner.target)
+    m = (measurer or tuner.measurer).measure(tuner.tunable, unit, config, tuner.target)
     if n == 1:
-        return m.latency_ns, m.label
-    return m.latency_ns * n, f"{m.label.rstrip(')')}; one of {n} identical units, x{n})"
+        return m
+    return m.scaled(n, f"{m.label.rstrip(')')}; one of {n} identical units, x{n})")
 
 
 def describe_entry(entry: dict[str, Any]) -> str:

@@ -34,12 +34,27 @@ class OpSpec:
 
     op: str
     family: str
-    make_tunable: Callable[[], Tunable]
+    make_tunable: Callable[..., Tunable]  # (lnc=1): the op as launched at that LNC
     make_problem: Callable[[str, int, str], Any]  # (model shape name, bucket, dtype)
     shapes: tuple[str, ...]  # model shape names (model_shapes) the op is tuned for
     bucket_dim: str  # what the bucket counts: "rows" | "tokens" | "seq"
     standard_buckets: tuple[int, ...]
     dtypes: tuple[str, ...] = ("bfloat16",)
+
+    def tunable(self, lnc: int = 1) -> Tunable:
+        """The op's `Tunable` as launched at `lnc` logical cores (`kernel[lnc]`)."""
+        from ..runtime.lnc import check_lnc
+
+        check_lnc(lnc, "lnc")
+        if lnc == 1:
+            return self.make_tunable()
+        try:
+            return self.make_tunable(lnc=lnc)
+        except TypeError:
+            raise ValueError(
+                f"lnc: op {self.op!r} is tuned at LNC 1 only (its tuner family takes no "
+                f"LNC); got {lnc}"
+            ) from None
 
 
 # --------------------------------------------------------------------------- norms
@@ -101,10 +116,11 @@ def _norm_tol(problem: Any, n_row_outputs: int, n_sum_outputs: int) -> list[tupl
 class _NormOp:
     """Launch arguments, numeric inputs and reference of one norm op."""
 
-    def __init__(self, op: str) -> None:
+    def __init__(self, op: str, lnc: int = 1) -> None:
         from ..norm import config as ncfg
 
         self.op = op
+        self.lnc = lnc
         self.config_cls = ncfg.CONFIGS[op]
 
     def kernel(self) -> Any:
@@ -147,7 +163,7 @@ class _NormOp:
         from ..interp import run
 
         args, kw = self._call(p, config, None)
-        return run(self.kernel(), *args, target=target, trace_only=True, **kw).trace
+        return run(self.kernel(), *args, target=target, lnc=self.lnc, trace_only=True, **kw).trace
 
     def _call(
         self, p: Any, config: KernelConfig, arrays: dict[str, Any] | None
@@ -213,10 +229,16 @@ class _NormOp:
             a["mean"], a["rstd"] = _np(mean), _np(rstd)
             expect = ref.layer_norm_bwd_ref(_torch(a["dy"]), x, w, b, EPS)
         args, kw = self._call(p, config, a)
-        out = run(self.kernel(), *args, target=target, **kw).outputs
+        out = run(self.kernel(), *args, target=target, lnc=self.lnc, **kw).outputs
         outs = list(out) if isinstance(out, tuple) else [out]
         refs = [_np(e) for e in expect if e is not None]
         outs = [o for o in outs if o is not None]
+        # LNC 2 backward: weight / bias gradients come back as [programs, H] fp32 column
+        # sums, one row per program, which the op adds (ops/norm.py)
+        outs = [
+            np.asarray(o, np.float64).sum(0) if np.ndim(o) == 2 and np.ndim(r) == 1 else o
+            for o, r in zip(outs, refs)
+        ]
         return [np.asarray(o, dtype=np.float64) for o in outs], refs
 
     def tolerance(self, p: Any) -> list[tuple[float, float]]:
@@ -239,6 +261,7 @@ class _NormOp:
             kernels=(self.kernel(),),
             device_launcher=self.device_launcher,
             describe=lambda p: f"rows={p.rows} hidden={p.hidden} {p.dtype} affine={p.affine}",
+            lnc=self.lnc,
         )
 
 
@@ -265,7 +288,7 @@ def _norm_spec(op: str, affine: str) -> OpSpec:
     return OpSpec(
         op=op,
         family="norm",
-        make_tunable=lambda: _NormOp(op).tunable(),
+        make_tunable=lambda lnc=1: _NormOp(op, lnc).tunable(),
         make_problem=_norm_problem(affine),
         shapes=("llama3-8b", "llama3-70b"),
         bucket_dim="rows",
@@ -281,6 +304,9 @@ class _AttentionOp:
     """Flash attention forward: launch arguments, numeric run and reference."""
 
     op = "flash_attention"
+
+    def __init__(self, lnc: int = 1) -> None:
+        self.lnc = lnc
 
     def kernel(self) -> Any:
         from ..attention.flash_fwd import flash_attention_fwd
@@ -308,8 +334,8 @@ class _AttentionOp:
         kv = TensorSpec((p.batch, p.kv_heads, p.seq_k, p.head_dim), p.dtype)
         scale = 1.0 / math.sqrt(p.head_dim)
         kw = config.to_dict()
-        return run(self.kernel(), q, kv, kv, spec, scale, plan, target=target, trace_only=True,
-                   **kw).trace  # fmt: skip
+        return run(self.kernel(), q, kv, kv, spec, scale, plan, target=target, lnc=self.lnc,
+                   trace_only=True, **kw).trace  # fmt: skip
 
     def numeric(
         self, p: Any, config: KernelConfig, target: Target, seed: int
@@ -321,7 +347,8 @@ class _AttentionOp:
 
         args = self.args(p, seed)
         q, k, v, _, scale, _ = args
-        out, lse = run(self.kernel(), *args, target=target, **config.to_dict()).outputs
+        out, lse = run(self.kernel(), *args, target=target, lnc=self.lnc,
+                       **config.to_dict()).outputs  # fmt: skip
         t = [torch.from_numpy(a.astype(np.float32)) for a in (q, k, v)]
         ref_out, ref_lse = attention_reference(*t, causal=p.mask == "causal", softmax_scale=scale)
         from ..ops.attention import _lse_from_kernel  # the kernels' partition-major lse
@@ -347,11 +374,11 @@ class _AttentionOp:
 
     def reduced(self, p: Any, config: KernelConfig, target: Target) -> Any:
         """Two query tiles per interleave group plus a ragged one; two key steps plus a
-        ragged sub-tile; one GQA group of two query heads."""
+        ragged sub-tile; GQA groups of two query heads, one per LNC program."""
         qt, kv = int(getattr(config, "q_tiles", 1)), int(getattr(config, "kv_tile", 512))
         sq = min(p.seq_q, 2 * 128 * qt + 77)
         sk = min(p.seq_k, 2 * kv + 77)
-        return replace(p, seq_q=sq, seq_k=sk, q_heads=2, kv_heads=1, batch=1)
+        return replace(p, seq_q=sq, seq_k=sk, q_heads=2 * self.lnc, kv_heads=self.lnc, batch=1)
 
     def tolerance(self, p: Any) -> list[tuple[float, float]]:
         import torch
@@ -375,34 +402,42 @@ class _AttentionOp:
             dtype=lambda p: p.dtype,
             kernels=(self.kernel(),),
             device_launcher=self.device_launcher,
-            search_problem=_attn_proxy,
-            repricing=_attn_units,
+            search_problem=lambda p: _attn_proxy(p, self.lnc),
+            repricing=lambda p: _attn_units(p, self.lnc),
             describe=lambda p: (
                 f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Sq={p.seq_q} Sk={p.seq_k} "
                 f"D={p.head_dim} {p.dtype} mask={p.mask}"
             ),
+            lnc=self.lnc,
         )
 
 
-def _attn_proxy(p: Any) -> Any:
-    """One KV-head group of one sequence and at most ATTN_PROXY_QUERIES query rows (the
-    last ones: under a bottom-right causal mask they see the most keys). Heads and
-    sequences run the same tile schedule one after another, and every query tile streams
-    all its keys, so configs rank alike on the proxy."""
-    return replace(
-        p,
-        batch=1,
-        q_heads=p.q_heads // p.kv_heads,
-        kv_heads=1,
-        seq_q=min(p.seq_q, ATTN_PROXY_QUERIES),
-    )
+def _attn_items(p: Any, lnc: int) -> Any:
+    """The problem of `lnc` (sequence, KV-head group) items -- one per LNC program, which
+    is how the kernel splits them (`flash_fwd`: items round robin over the programs) --
+    or of every item when there are fewer."""
+    kv = min(p.kv_heads, lnc)
+    batch = min(p.batch, -(-lnc // kv))
+    return replace(p, batch=batch, q_heads=kv * (p.q_heads // p.kv_heads), kv_heads=kv)
 
 
-def _attn_units(p: Any) -> tuple[Any, int]:
-    """One (sequence, KV-head group) pair at full length, and how many pairs there are:
-    the kernel runs the pairs one after another with the same schedule."""
-    unit = replace(p, batch=1, q_heads=p.q_heads // p.kv_heads, kv_heads=1)
-    return unit, p.batch * p.kv_heads
+def _attn_proxy(p: Any, lnc: int = 1) -> Any:
+    """One KV-head group of one sequence per LNC program, and at most ATTN_PROXY_QUERIES
+    query rows (the last ones: under a bottom-right causal mask they see the most keys).
+    Heads and sequences run the same tile schedule one after another on each program, and
+    every query tile streams all its keys, so configs rank alike on the proxy. At LNC 2 a
+    proxy of one group would leave the second program idle and rank the configs as at
+    LNC 1, so it has one group per program."""
+    return replace(_attn_items(p, lnc), seq_q=min(p.seq_q, ATTN_PROXY_QUERIES))
+
+
+def _attn_units(p: Any, lnc: int = 1) -> tuple[Any, int]:
+    """One unit of `lnc` (sequence, KV-head group) items at full length -- one per LNC
+    program -- and how many units run one after another: each program runs its items in
+    turn with the same schedule, so the busiest program runs ceil(items / lnc) of them."""
+    unit = _attn_items(p, lnc)
+    n_unit = unit.batch * unit.kv_heads
+    return unit, -(-(p.batch * p.kv_heads) // n_unit)
 
 
 def _config_cls(op: str) -> type[KernelConfig]:
@@ -437,6 +472,9 @@ class _MoEOp:
 
     op = "moe_mlp"
 
+    def __init__(self, lnc: int = 1) -> None:
+        self.lnc = lnc
+
     def kernel(self) -> Any:
         from ..moe.blockwise_mlp import moe_mlp_fwd
 
@@ -464,7 +502,7 @@ class _MoEOp:
             used,
             False,
         )
-        return run(self.kernel(), *args, target=target, trace_only=True,
+        return run(self.kernel(), *args, target=target, lnc=self.lnc, trace_only=True,
                    **config.to_dict()).trace  # fmt: skip
 
     def numeric(
@@ -476,7 +514,7 @@ class _MoEOp:
         from ..moe.reference import moe_reference
 
         args, logits = self.args(p, config, seed)
-        out = run(self.kernel(), *args, target=target, **config.to_dict()).outputs
+        out = run(self.kernel(), *args, target=target, lnc=self.lnc, **config.to_dict()).outputs
         t = [torch.from_numpy(a.astype(np.float32)) for a in args[:3]]
         ref = moe_reference(t[0], torch.from_numpy(logits), t[1], t[2], p.top_k)
         return [np.asarray(out, np.float64)], [_np(ref)]
@@ -548,20 +586,23 @@ class _MoEOp:
             dtype=lambda p: p.dtype,
             kernels=(self.kernel(),),
             device_launcher=self.device_launcher,
-            price=_moe_price,
+            price=lambda p, config, target: _moe_price(p, config, target, self.lnc),
             describe=lambda p: (
                 f"T={p.tokens} H={p.hidden} I={p.intermediate} E={p.experts} k={p.top_k} "
                 f"{p.dtype} (balanced routing)"
             ),
+            lnc=self.lnc,
         )
 
 
-def _moe_price(p: Any, config: KernelConfig, target: Target) -> tuple[float, dict[str, Any]]:
+def _moe_price(
+    p: Any, config: KernelConfig, target: Target, lnc: int = 1
+) -> tuple[float, dict[str, Any]]:
     """The MoE family's pricing (moe.pricing): trace-only runs of a few blocks under
-    balanced routing, extrapolated to the used blocks."""
+    balanced routing, extrapolated to the used blocks, launched at `lnc`."""
     from ..moe.pricing import price_kernel
 
-    bp = price_kernel("fwd", p, config, target, routing="uniform")
+    bp = price_kernel("fwd", p, config, target, routing="uniform", lnc=lnc)
     return bp.latency_ns, {"extrapolation_check": bp.extrapolation_check, "exact": bp.exact}
 
 
@@ -586,7 +627,7 @@ OPS: dict[str, OpSpec] = {
         OpSpec(
             op="flash_attention",
             family="attention",
-            make_tunable=lambda: _AttentionOp().tunable(),
+            make_tunable=lambda lnc=1: _AttentionOp(lnc).tunable(),
             make_problem=_attn_problem("causal"),
             shapes=("llama3-8b", "llama3-70b", "mixtral-8x7b"),
             bucket_dim="seq",
@@ -595,7 +636,7 @@ OPS: dict[str, OpSpec] = {
         OpSpec(
             op="moe_mlp",
             family="moe",
-            make_tunable=lambda: _MoEOp().tunable(),
+            make_tunable=lambda lnc=1: _MoEOp(lnc).tunable(),
             make_problem=_moe_problem,
             shapes=("mixtral-8x7b", "fine-grained-64e"),
             bucket_dim="tokens",

@@ -33,7 +33,17 @@ def _price(tuner: Tuner, config: KernelConfig) -> dict[str, Any]:
         return {"outcome": INVALID, "rule": e.rule, "reason": str(e)}
     except Exception as e:
         return {"outcome": ERROR, "reason": f"measure: {type(e).__name__}: {e}"}
-    return {"outcome": OK, "latency_ns": m.latency_ns, "label": m.label}
+    out = {"outcome": OK, "latency_ns": m.latency_ns, "label": m.label}
+    if m.set_ns:
+        out["set_ns"] = list(m.set_ns)
+    return out
+
+
+def _rank(tuner: Tuner, result: dict[str, Any]) -> float:
+    """The figure `tuner` ranks by (`TuneOptions.rank`): latency or the band's slow end."""
+    if tuner.options.rank == "pessimistic" and result.get("set_ns"):
+        return float(max(result["set_ns"]))
+    return float(result["latency_ns"])
 
 
 def _gate(tuner: Tuner, config: KernelConfig, result: dict[str, Any]) -> None:
@@ -64,8 +74,9 @@ def run_full_grid(tuner: Tuner) -> StudyReport:
         if config.key() not in seen:
             priced.append((config, _price(tuner, config)))
     gated_best = tuner.report().best
-    bar = gated_best.latency_ns if gated_best is not None and gated_best.gate == "passed" else None
-    ok = sorted((r["latency_ns"], i) for i, (_, r) in enumerate(priced) if r["outcome"] == OK)
+    passed = gated_best is not None and gated_best.gate == "passed"
+    bar = gated_best.rank_ns(tuner.options.rank) if gated_best is not None and passed else None
+    ok = sorted((_rank(tuner, r), i) for i, (_, r) in enumerate(priced) if r["outcome"] == OK)
     for latency, i in ok:
         config, result = priced[i]
         if tuner.gate is None or tuner.options.gate == "off":
@@ -85,7 +96,7 @@ def run_full_grid(tuner: Tuner) -> StudyReport:
         study.add_trial(
             optuna.trial.create_trial(
                 state=state.get(result["outcome"], TrialState.FAIL),
-                value=result.get("latency_ns") if result["outcome"] == OK else None,
+                value=_rank(tuner, result) if result["outcome"] == OK else None,
                 params=tuner.space.encode(config),
                 distributions=dists,
                 user_attrs={"worker": worker, "config": config.key(), RESULT: result},

@@ -96,7 +96,7 @@ class CorrectnessGate:
         """Check `config`; interpreter rule errors on the reduced problem propagate."""
         reduced = tunable.reduced(problem, config, target)
         desc = tunable.describe(reduced)
-        key = (tunable.op, target.name, config.key(), desc)
+        key = (tunable.op, target.name, config.key(), f"{desc} lnc={tunable.lnc}")
         if key in self._cache:
             return self._cache[key]
         outputs, refs = tunable.run_numeric(reduced, config, target, self.seed)

@@ -14,6 +14,12 @@ with two implementations:
   `details["row"]`, appended to `rows` when given), so `calibrate` and `bench` read the
   tuner's measurements like hwcheck's.
 
+Both launch the kernel at the tunable's LNC (`Tunable.lnc`, `kernel[lnc]`); the cost
+model's label names it ("modeled (cost model v2, trn2, LNC 2)"). With `bands=True` the
+cost model also prices each config under every parameter set of its band
+(`perfmodel.band.parameter_sets`: the leave-one-out fits and the unanchored corners) and
+reports them (`Measurement.set_ns`, `band_ns`): the pessimistic ranking ranks by the slow end.
+
 `select_measurer("auto")` picks hardware when the real `nki` package and a neuron device
 are present, else the cost model. Interpreter rule errors (`NkiValidationError`, including
 `MemoryPlanError`) and `InvalidConfig` propagate: the study driver records them.
@@ -40,8 +46,21 @@ class Measurement:
     """One config's latency and where it came from."""
 
     latency_ns: float
-    label: str  # "modeled (cost model v1, trn2)" or "measured (hardware)"
+    label: str  # "modeled (cost model v2, trn2, LNC 2)" or "measured (hardware)"
     details: dict[str, Any] = field(default_factory=dict)
+    # latency under each parameter set of the cost model's band (the first is the shipped
+    # set, = latency_ns); None when not priced (bands off, or hardware)
+    set_ns: tuple[float, ...] | None = None
+
+    @property
+    def band_ns(self) -> tuple[float, float] | None:
+        """(fast end, slow end) of the band, or None."""
+        return None if not self.set_ns else (min(self.set_ns), max(self.set_ns))
+
+    def scaled(self, n: int, label: str) -> Measurement:
+        """This measurement for `n` identical units run one after another."""
+        sets = None if self.set_ns is None else tuple(v * n for v in self.set_ns)
+        return Measurement(self.latency_ns * n, label, self.details, sets)
 
 
 class Measurer(ABC):
@@ -75,10 +94,16 @@ class TraceMeasurer(Measurer):
         return Measurement(float(latency), f"modeled ({self.name}, {target.name})", details)
 
 
-class CostModelMeasurer(TraceMeasurer):
-    """The default measurer: the project's cost model over a trace-only launch."""
+def with_lnc(label: str, lnc: int) -> str:
+    """'modeled (cost model v2, trn2)' -> 'modeled (cost model v2, trn2, LNC 2)'."""
+    return f"{label[:-1]}, LNC {lnc})" if label.endswith(")") else f"{label} (LNC {lnc})"
 
-    def __init__(self) -> None:
+
+class CostModelMeasurer(TraceMeasurer):
+    """The default measurer: the project's cost model over a trace-only launch at the
+    tunable's LNC; with `bands`, also under every parameter set of the band."""
+
+    def __init__(self, bands: bool = False) -> None:
         from ..perfmodel import COST_MODEL_VERSION, estimate_trace
 
         def price(trace: Trace, target: Target) -> tuple[float, dict[str, Any]]:
@@ -88,19 +113,28 @@ class CostModelMeasurer(TraceMeasurer):
 
         super().__init__(price, f"cost-model {COST_MODEL_VERSION}")
         self.version = COST_MODEL_VERSION
+        self.bands = bands
 
     def measure(
         self, tunable: Tunable, problem: Any, config: KernelConfig, target: Target
     ) -> Measurement:
         from ..perfmodel import modeled_label
+        from ..perfmodel.band import parameter_sets
+        from ..perfmodel.timeline import schedule
 
-        label = modeled_label(target.name, self.version)
+        label = with_lnc(modeled_label(target.name, self.version), tunable.lnc)
+        sets = parameter_sets(target)[1:] if self.bands else []
         if tunable.price is not None:
             config.validate(problem, target)
             latency, details = tunable.price(problem, config, target)
-            return Measurement(float(latency), label, details)
-        m = super().measure(tunable, problem, config, target)
-        return Measurement(m.latency_ns, label, m.details)
+            others = [float(tunable.price(problem, config, t)[0]) for t in sets]
+        else:
+            config.validate(problem, target)
+            trace = tunable.trace(problem, config, target)
+            latency, details = self._price(trace, target)
+            others = [float(schedule(trace, t).latency_ns) for t in sets]
+        set_ns = (float(latency), *others) if self.bands else None
+        return Measurement(float(latency), label, details, set_ns)
 
 
 class HardwareMeasurer(Measurer):
@@ -198,12 +232,13 @@ def hardware_available() -> bool:
     return is_real_neuron()
 
 
-def select_measurer(kind: str = "auto") -> Measurer:
-    """'auto' (hardware where a device exists, else cost model), 'cost-model' or 'hardware'."""
+def select_measurer(kind: str = "auto", bands: bool = False) -> Measurer:
+    """'auto' (hardware where a device exists, else cost model), 'cost-model' or 'hardware';
+    `bands`: the cost model prices every parameter set of its band too."""
     if kind == "auto":
         kind = "hardware" if hardware_available() else "cost-model"
     if kind == "cost-model":
-        return CostModelMeasurer()
+        return CostModelMeasurer(bands=bands)
     if kind == "hardware":
         if not hardware_available():
             raise RuntimeError(

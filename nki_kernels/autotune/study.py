@@ -83,6 +83,7 @@ RESULT = "result"
 GATE_VERDICT = "gate:"
 STRATEGIES = ("auto", "tpe", "grid", "random")
 GATE_MODES = ("always", "improving", "off")
+RANKS = ("nominal", "pessimistic")
 
 
 @dataclass(frozen=True)
@@ -103,15 +104,18 @@ class StudyKey:
         return f"{self.op}/{self.target}/{self.bucket}/{self.dtype}@{m}:{self.kernel_hash[:8]}"
 
 
-def _measurer_tag(measurer: Any, target: Target) -> str:
-    """The measurer part of a study key: hardware timings also name the LNC they ran at
-    (the runtime's, `runtime.lnc`), so studies at LNC 1 and 2 never mix; the cost model
-    traces one logical core and keeps its plain name."""
+def _measurer_tag(measurer: Any, target: Target, lnc: int = 1, rank: str = "nominal") -> str:
+    """The measurer part of a study key, so studies at LNC 1 and 2 (and ranked by the
+    nominal or the pessimistic figure) never mix: hardware timings name the LNC they ran
+    at (the runtime's, `runtime.lnc`); the cost model names the LNC it priced the launch
+    at (`Tunable.lnc`) when it is not 1, so LNC-1 studies keep their names, and a
+    pessimistic ranking."""
     from ..runtime.lnc import runtime_lnc
 
     if isinstance(measurer, HardwareMeasurer):
         return f"{measurer.name}-lnc{runtime_lnc(target)}"
-    return str(measurer.name)
+    tag = str(measurer.name) + (f"-lnc{lnc}" if lnc != 1 else "")
+    return tag + ("-pessimistic" if rank == "pessimistic" else "")
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,11 @@ class TuneOptions:
     even so: export gates a best that was not checked and moves on to the next best when
     it fails (`export.export_best`), so the exported config has always passed the gate.
     `stale_after_s`: a RUNNING trial older than this is taken as abandoned (its worker
-    died on another host; on this host a dead process is noticed at once)."""
+    died on another host; on this host a dead process is noticed at once).
+    `rank`: 'nominal' ranks trials by the modeled latency with the shipped parameters;
+    'pessimistic' by the slow end of its band (the highest latency over the cost model's
+    parameter sets, `perfmodel.band.parameter_sets`; needs a measurer with `bands`), so a
+    config that wins only under optimistic parameters is not the best."""
 
     strategy: str = "auto"
     seed: int = 0
@@ -133,12 +141,15 @@ class TuneOptions:
     stale_after_s: float = 3600.0
     dup_patience: int = 5
     enqueue_default: bool = True  # False only for measuring search efficiency from scratch
+    rank: str = "nominal"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}; got {self.strategy!r}")
         if self.gate not in GATE_MODES:
             raise ValueError(f"gate: expected one of {GATE_MODES}; got {self.gate!r}")
+        if self.rank not in RANKS:
+            raise ValueError(f"rank: expected one of {RANKS}; got {self.rank!r}")
         if not self.stale_after_s > 0:
             raise ValueError(f"stale_after_s: expected a number > 0; got {self.stale_after_s}")
 
@@ -207,8 +218,18 @@ class TrialRecord:
     duplicate_of: int | None = None
     worker: str | None = None
     gate: str | None = None  # "passed" | "skipped" | "off" for outcome ok
-    label: str | None = None  # the measurer's label ("modeled (cost model v1, trn2)")
+    label: str | None = None  # the measurer's label ("modeled (cost model v2, trn2)")
     key: str | None = None  # the config key (`KernelConfig.key()`)
+    set_ns: tuple[float, ...] | None = None  # latency per band parameter set (bands on)
+
+    @property
+    def latency_hi_ns(self) -> float | None:
+        """The slow end of the band (None when the trial priced no band)."""
+        return max(self.set_ns) if self.set_ns else None
+
+    def rank_ns(self, rank: str) -> float | None:
+        """The figure trials are ranked by: the latency, or the band's slow end."""
+        return self.latency_hi_ns if rank == "pessimistic" else self.latency_ns
 
     @property
     def evaluated(self) -> bool:
@@ -282,7 +303,8 @@ def record_of(t: FrozenTrial) -> TrialRecord:
 
     Trial user attributes: `worker` = {"id": "host:pid", "started": unix time} (written
     first), `config` = the config key (JSON), `result` = {"outcome", "latency_ns", "rule",
-    "reason", "duplicate_of", "gate", "label"} (written once, when the trial ends).
+    "reason", "duplicate_of", "gate", "label", "set_ns"} (written once, when the trial
+    ends; `set_ns` only when the measurer priced the band).
     """
     a = t.user_attrs
     r = result_of(t)
@@ -301,6 +323,7 @@ def record_of(t: FrozenTrial) -> TrialRecord:
         gate=r.get("gate"),
         label=r.get("label"),
         key=a.get("config"),
+        set_ns=tuple(r["set_ns"]) if r.get("set_ns") else None,
     )
 
 
@@ -328,12 +351,17 @@ class Tuner:
         self.gate = gate if gate is not None or self.options.gate == "off" else CorrectnessGate()
         self.worker = worker
         self.space = SearchSpace(tunable.config_cls, problem, target)
+        if self.options.rank == "pessimistic" and not getattr(measurer, "bands", False):
+            raise ValueError(
+                f"rank: 'pessimistic' needs a measurer that prices the cost model's band "
+                f"(CostModelMeasurer(bands=True)); got {getattr(measurer, 'name', measurer)!r}"
+            )
         self.key = StudyKey(
             tunable.op,
             target.name,
             tunable.bucket_key(problem),
             tunable.dtype(problem),
-            _measurer_tag(measurer, target),
+            _measurer_tag(measurer, target, tunable.lnc, self.options.rank),
             tunable.source_hash(),
         )
         self._study: optuna.Study | None = None
@@ -386,6 +414,8 @@ class Tuner:
                 "dtype": self.key.dtype,
                 "measurer": self.key.measurer,
                 "kernel_hash": self.key.kernel_hash,
+                "lnc": self.tunable.lnc,
+                "rank": self.options.rank,
                 "problem": self.tunable.describe(self.problem),
                 "search_problem": self.tunable.describe(self.search_problem),
                 "space": self.space.describe(),
@@ -413,12 +443,14 @@ class Tuner:
         return out
 
     def report(self) -> StudyReport:
-        """Counts, the best trial (outcome ok, lowest latency) and the heuristic's trial."""
+        """Counts, the best trial (outcome ok, lowest latency -- or slow end of the band
+        under the pessimistic ranking) and the heuristic's trial."""
         study = self.study()
         verdicts = self.verdicts()
         recs = tuple(self._with_verdict(r, verdicts.get(r.number)) for r in self.records())
-        ok = [r for r in recs if r.outcome == OK and r.evaluated and r.latency_ns is not None]
-        best = min(ok, key=lambda r: (r.latency_ns, r.number), default=None)
+        rank = self.options.rank
+        ok = [r for r in recs if r.outcome == OK and r.evaluated and r.rank_ns(rank) is not None]
+        best = min(ok, key=lambda r: (r.rank_ns(rank), r.number), default=None)
         hkey = study.user_attrs.get("heuristic")
         heur = next((r for r in recs if r.evaluated and r.key == hkey), None)
         return StudyReport(self.key.name, self.space.size, recs, best, heur)
@@ -567,7 +599,9 @@ class Tuner:
         result = {"outcome": outcome, "latency_ns": latency, **attrs}
         trial.set_user_attr(RESULT, {k: v for k, v in result.items() if v is not None})
         if outcome == OK:
-            study.tell(trial, latency)
+            sets = attrs.get("set_ns")
+            pessimistic = self.options.rank == "pessimistic" and sets
+            study.tell(trial, max(sets) if sets and pessimistic else latency)
         elif outcome in (INVALID, REJECTED):
             study.tell(trial, state=TrialState.PRUNED)
         else:
@@ -581,8 +615,9 @@ class Tuner:
         return self._finish(trial, r["outcome"], r.get("latency_ns"), **copied)
 
     def _best_latency(self) -> float | None:
+        """The best trial's ranking figure (`TrialRecord.rank_ns`)."""
         best = self.report().best
-        return best.latency_ns if best else None
+        return best.rank_ns(self.options.rank) if best else None
 
     def evaluate(self, trial: optuna.Trial) -> TrialRecord:
         """Run one asked trial to completion (see the module docstring)."""
@@ -615,9 +650,11 @@ class Tuner:
         except Exception as e:
             return self._finish(trial, ERROR, reason=f"measure: {type(e).__name__}: {e}")
         gate_state = "off"
+        band = {"set_ns": list(m.set_ns)} if m.set_ns else {}
         if self.gate is not None and self.options.gate != "off":
             best = self._best_latency() if self.options.gate == "improving" else None
-            if best is not None and m.latency_ns > best:
+            mine = max(m.set_ns) if m.set_ns and self.options.rank == "pessimistic" else None
+            if best is not None and (m.latency_ns if mine is None else mine) > best:
                 gate_state = "skipped"
             else:
                 try:
@@ -631,10 +668,10 @@ class Tuner:
                 if not res.ok:
                     return self._finish(
                         trial, REJECTED, m.latency_ns, rule="gate", label=m.label,
-                        reason=f"wrong output on {res.problem}: {res.reason}",
+                        reason=f"wrong output on {res.problem}: {res.reason}", **band,
                     )  # fmt: skip
                 gate_state = "passed"
-        return self._finish(trial, OK, m.latency_ns, gate=gate_state, label=m.label)
+        return self._finish(trial, OK, m.latency_ns, gate=gate_state, label=m.label, **band)
 
     # ----------------------------------------------------------------- the loop
     def run(

@@ -52,7 +52,10 @@ class Tunable:
       export then prices one unit and multiplies, saying so in the label;
     - `price(problem, config, target)`: optional, the family's own cost-model pricing of
       one launch, `(latency_ns, details)` (MoE: trace-only runs of a few blocks,
-      extrapolated per block); the cost-model measurer uses it instead of a full trace.
+      extrapolated per block); the cost-model measurer uses it instead of a full trace;
+    - `lnc`: the logical-core count every call above launches the kernel at
+      (`kernel[lnc]`: LNC 2 splits the work over two programs, one per physical core);
+      studies, exported keys and provenance carry it.
     """
 
     op: str
@@ -69,6 +72,7 @@ class Tunable:
     repricing: Callable[[Any], tuple[Any, int]] | None = None
     price: Callable[[Any, KernelConfig, Target], tuple[float, dict[str, Any]]] | None = None
     describe: Callable[[Any], str] = field(default=repr)
+    lnc: int = 1
 
     def proxy(self, problem: Any) -> Any:
         """The problem trials are measured on (`search_problem`, or `problem` itself)."""

@@ -43,6 +43,10 @@ _PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# optional provenance fields (written since LNC-2 tuning and bands): name -> check
+_OPTIONAL_PROVENANCE = ("lnc", "rank", "latency_band_ns", "default_latency_band_ns",
+                        "speedup_band")  # fmt: skip
+
 _TYPES: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {}
 
 
@@ -122,7 +126,28 @@ def check_provenance(data: Any) -> dict[str, Any]:
             )
     if data["trials"] < 0:
         raise EntryError("provenance.trials", f"expected >= 0; got {data['trials']}")
-    return {k: data[k] for k in _PROVENANCE_TYPES}
+    out = {k: data[k] for k in _PROVENANCE_TYPES}
+    for name in _OPTIONAL_PROVENANCE:
+        v = data.get(name)
+        if v is None:
+            continue
+        if name == "lnc":
+            ok = isinstance(v, int) and not isinstance(v, bool) and v in (1, 2)
+            want = "1 or 2"
+        elif name == "rank":
+            ok, want = v in ("nominal", "pessimistic"), "'nominal' or 'pessimistic'"
+        else:
+            ok = (
+                isinstance(v, list)
+                and len(v) == 2
+                and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+                and v[0] <= v[1]
+            )
+            want = "[low, high] numbers"
+        if not ok:
+            raise EntryError(f"provenance.{name}", f"expected {want}; got {v!r}")
+        out[name] = v
+    return out
 
 
 def check_entry(cls: type[KernelConfig], entry: Any) -> tuple[KernelConfig, dict[str, Any]]:

@@ -14,11 +14,11 @@ def test_tune_exports_and_configs_show_lists_it(tmp_path, capsys):
     argv = [
         "tune", "rms_norm", "--target", "trn2", "--buckets", "256", "--shape", "llama3-8b",
         "--trials", "6", "--storage", str(tmp_path / "s.db"), "--config-dir", str(cfg),
-        "--no-progress",
+        "--no-progress", "--lnc", "1",
     ]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "best" in out and "modeled (cost model v2, trn2)" in out
+    assert "best" in out and "modeled (cost model v2, trn2, LNC 1)" in out
     data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
     (key,) = data["entries"]
     assert key == "affine=w,dtype=bfloat16,hidden=4096,rows=256"

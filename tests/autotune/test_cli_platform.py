@@ -63,7 +63,8 @@ def test_tune_any_shape_and_policy_then_configs_which_sees_it(tmp_path, capsys, 
     assert "1408 is not a boundary" in err and "Traceback" not in err and err.count("\n") == 1
     assert main([*base, "--buckets", "1408", "--bucket-policy", "explicit[384,1408]"]) == 0
     data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
-    assert list(data["entries"]) == ["affine=w,dtype=bfloat16,hidden=5120,rows=1408"]
+    # tuned at the target's default LNC (2 on trn2), which `configs which` also looks up
+    assert list(data["entries"]) == ["affine=w,dtype=bfloat16,hidden=5120,lnc=2,rows=1408"]
     policy = tmp_path / "policy.json"
     buckets.write_policy_file(policy, buckets.parse_policy("384,1408"), op="rms_norm")
     monkeypatch.setenv(buckets.POLICY_ENV_VAR, str(policy))
@@ -72,7 +73,7 @@ def test_tune_any_shape_and_policy_then_configs_which_sees_it(tmp_path, capsys, 
     which = ["configs", "which", "rms_norm", "--shape", "hidden=5120", "--config-dir", str(cfg)]
     assert main([*which, "--size", "1000"]) == 0
     out = capsys.readouterr().out
-    assert "bucket 1408" in out and "tuned entry" in out and "modeled" in out
+    assert "bucket 1408" in out and "tuned entry" in out and "modeled" in out and "LNC 2" in out
     # a shape with no entry of its own hidden size gets the heuristic default
     assert main(["configs", "which", "rms_norm", "--shape", "hidden=6144", "--size", "1000",
                  "--config-dir", str(cfg)]) == 0  # fmt: skip

@@ -43,7 +43,7 @@ def test_heuristic_default_is_priced_and_passes_the_gate(op):
     problem = small_problem(op)
     config = tunable.heuristic(problem, TRN2)
     m = CostModelMeasurer().measure(tunable, tunable.proxy(problem), config, TRN2)
-    assert m.latency_ns > 0 and m.label == "modeled (cost model v2, trn2)"
+    assert m.latency_ns > 0 and m.label == "modeled (cost model v2, trn2, LNC 1)"
     res = CorrectnessGate().check(tunable, problem, config, TRN2)
     assert res.ok, res.reason
 
@@ -96,7 +96,7 @@ def test_attention_export_reprices_the_full_problem(tmp_path):
     # the export prices one full-length KV group and counts the two groups
     assert out.provenance.latency_ns == pytest.approx(2 * one_group.latency_ns)
     assert out.provenance.measurer == (
-        "modeled (cost model v2, trn2; one of 2 identical units, x2)"
+        "modeled (cost model v2, trn2, LNC 1; one of 2 identical units, x2)"
     )
     # against a full trace of both groups: pairs run back to back, but the full trace
     # overlaps one group's tail with the next one's loads, which the per-unit export does
@@ -104,6 +104,40 @@ def test_attention_export_reprices_the_full_problem(tmp_path):
     full = CostModelMeasurer().measure(tunable, problem, out.config, TRN2).latency_ns
     assert out.provenance.latency_ns == pytest.approx(full, rel=0.1)
     assert out.provenance.latency_ns > report.best.latency_ns
+
+
+def test_attention_lnc2_proxy_and_units_match_a_full_lnc2_trace(tmp_path):
+    """At LNC 2 the kernel deals the (sequence, KV group) items round robin to the two
+    programs: the proxy holds one group per program (a one-group proxy would leave the
+    second core idle and rank configs as at LNC 1), and the export prices units of two
+    groups, one per program, run in turn. Held against a full LNC-2 trace of all four
+    groups with the same 10 % as the LNC-1 shortcut above (the full trace overlaps a
+    group's tail with the next one's loads; the units do not)."""
+    from nki_kernels.attention.config import AttentionProblem
+
+    tunable = get("flash_attention").tunable(2)
+    problem = AttentionProblem(seq_q=512, seq_k=512, head_dim=64, q_heads=8, kv_heads=4,
+                               mask="causal")  # fmt: skip
+    tuner = Tuner(tunable, problem, TRN2, storage=open_storage("memory"),
+                  measurer=CostModelMeasurer(), options=TuneOptions(gate="improving"))  # fmt: skip
+    assert (tuner.search_problem.kv_heads, tuner.search_problem.q_heads) == (2, 4)
+    assert tunable.repricing(problem) == (tuner.search_problem, 2)
+    tuner.run(n_trials=3)
+    out = export_best(tuner, ConfigStore([tmp_path], tmp_path))
+    assert out.key.endswith(",lnc=2,mask=causal,q_heads=8,seq_k=512,seq_q=512")
+    assert out.provenance.lnc == 2
+    assert out.provenance.measurer == (
+        "modeled (cost model v2, trn2, LNC 2; one of 2 identical units, x2)"
+    )
+    full = CostModelMeasurer().measure(tunable, problem, out.config, TRN2).latency_ns
+    assert out.provenance.latency_ns == pytest.approx(full, rel=0.1)
+    # and the split pays: the same config on one core takes longer
+    one_core = (
+        CostModelMeasurer()
+        .measure(get("flash_attention").tunable(1), problem, out.config, TRN2)
+        .latency_ns
+    )
+    assert full < 0.7 * one_core
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "flash_attention", "moe_mlp"])
