@@ -600,9 +600,11 @@ def _moe_price(
 ) -> tuple[float, dict[str, Any]]:
     """The MoE family's pricing (moe.pricing): trace-only runs of a few blocks under
     balanced routing, extrapolated to the used blocks, launched at `lnc`."""
-    from ..moe.pricing import price_kernel
+    from ..moe.pricing import price_blocks, routing_ids, used_blocks
 
-    bp = price_kernel("fwd", p, config, target, routing="uniform", lnc=lnc)
+    ids = routing_ids("uniform", p.tokens, p.experts, p.top_k)
+    blocks = used_blocks(ids, p.experts, int(config.block_size))  # type: ignore[attr-defined]
+    bp = price_blocks("fwd", p, config, blocks, target, lnc=lnc)
     return bp.latency_ns, {"extrapolation_check": bp.extrapolation_check, "exact": bp.exact}
 
 

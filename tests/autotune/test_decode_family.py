@@ -42,7 +42,9 @@ def test_tuned_decode_config_is_what_the_op_uses(tmp_path: Any, monkeypatch: Any
     store = cs.set_config_dir(tmp_path)
     out = export_best(tuner, store)
     # the export prices one (sequence, KV head) program and counts the two
-    assert out.provenance.measurer == "modeled (cost model v2, trn2; one of 2 identical units, x2)"
+    assert out.provenance.measurer == (
+        "modeled (cost model v2, trn2, LNC 1; one of 2 identical units, x2)"
+    )
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 1, 64, generator=g)
     kc, vc = torch.randn(3, 2, 1000, 64, generator=g), torch.randn(3, 2, 1000, 64, generator=g)
