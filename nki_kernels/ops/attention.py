@@ -142,29 +142,27 @@ def _check(
         _check_attn_mask(attn_mask, q, k)
 
 
+OPTIONAL_TENSORS = ("kv_lens", "segment_ids", "attn_mask")  # both ops, after their tensors
+
+
+def _optional_tensors(rest: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """kv_lens, segment_ids, attn_mask of an op call, by position (`rest`) or by name
+    (taken out of `kw`, which then holds the options only)."""
+    vals = [*rest, *(None,) * (len(OPTIONAL_TENSORS) - len(rest))]
+    for i, name in enumerate(OPTIONAL_TENSORS):
+        if name in kw:
+            vals[i] = kw.pop(name)
+    return vals[0], vals[1], vals[2]
+
+
 # ---- the ops --------------------------------------------------------------------------------
-def _fwd_fake(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    kv_lens: Any = None,
-    segment_ids: Any = None,
-    attn_mask: Any = None,
-    **kw: Any,
-) -> tuple[Tensor, Tensor]:
+def _fwd_fake(q: Tensor, *args: Any, **kw: Any) -> tuple[Tensor, Tensor]:
     b, h, s, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
 
 
-def _fwd_validate(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    kv_lens: Any = None,
-    segment_ids: Any = None,
-    attn_mask: Any = None,
-    **kw: Any,
-) -> None:
+def _fwd_validate(q: Tensor, k: Tensor, v: Tensor, *rest: Any, **kw: Any) -> None:
+    kv_lens, segment_ids, attn_mask = _optional_tensors(rest, kw)
     _check(q, k, v, kv_lens, segment_ids, kw, attn_mask)
     if not isinstance(kw.get("return_lse", False), bool):
         raise TypeError(f"return_lse: expected a bool; got {type(kw['return_lse']).__name__}")
@@ -228,13 +226,7 @@ def _flash_attention_op(
 
 
 def _bwd_fake(
-    grad_out: Tensor,
-    grad_lse: Tensor | None,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *args: Any,
-    **kw: Any,
+    grad_out: Tensor, grad_lse: Any, q: Tensor, k: Tensor, v: Tensor, *args: Any, **kw: Any
 ) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
@@ -247,11 +239,10 @@ def _bwd_validate(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
-    kv_lens: Any = None,
-    segment_ids: Any = None,
-    attn_mask: Any = None,
+    *rest: Any,
     **kw: Any,
 ) -> None:
+    kv_lens, segment_ids, attn_mask = _optional_tensors(rest, kw)
     _check(q, k, v, kv_lens, segment_ids, kw, attn_mask)
     for arg, t in (("grad_out", grad_out), ("out", out)):
         check_tensor(arg, t, min_dim=4)
