@@ -22,6 +22,7 @@ README = ROOT / "README.md"
 MANUAL = ROOT / "docs" / "MANUAL.md"
 PARITY = ROOT / "benchmarks" / "results" / "parity"
 PARITY_MARK = "<!-- parity-table -->"
+PARITY_DIST_MARK = "<!-- parity-dist-table -->"
 
 # the README page, in order (the headline table is the benchmark page's table)
 README_PAGES = ("00-overview.md", "use-in-a-model.md", "02-benchmark-table.md")
@@ -101,10 +102,40 @@ def parity_table() -> str:
     return "\n".join(rows)
 
 
+def parity_dist_table() -> str:
+    """The `--nproc` reports in benchmarks/results/parity/distributed (measured), a row
+    per model and wrapper."""
+    rows = [
+        "| model | ranks | wrapper | steps | tolerance | max abs Δloss | first divergent step "
+        "| params identical on all ranks | resume Δ (fresh processes) | FSDP2 vs DDP Δ "
+        "| s/step torch | s/step NKI | verdict |",
+        "|---|---:|---|---:|---:|---:|:---:|:---:|---:|---:|---:|---:|:---:|",
+    ]
+    for path in sorted((PARITY / "distributed").glob("*.json")):
+        r = json.loads(path.read_text())
+        for w in ("ddp", "fsdp2"):
+            x = r[w]
+            first = x["first_divergent_step"]
+            cross = max(r["fsdp2_vs_ddp_max_delta"].values())
+            rows.append(
+                f"| {r['model']} | {r['world_size']} | {x['wrapper']} | {r['steps']} "
+                f"| {r['tolerance']:.2e} | {x['max_delta']:.2e} "
+                f"| {'none' if first is None else first} "
+                f"| {'yes' if all(x['params_in_sync'].values()) else '**no**'} "
+                f"| {x['resume_max_delta']:.1e} | {cross:.1e} "
+                f"| {x['seconds_per_step']['reference']:.2f} "
+                f"| {x['seconds_per_step']['candidate']:.2f} "
+                f"| {'PASS' if x['passed'] else 'FAIL'} |"
+            )
+    return "\n".join(rows)
+
+
 def _page(name: str) -> str:
     text = (PAGES / name).read_text().strip()
     if PARITY_MARK in text:
         text = text.replace(PARITY_MARK, parity_table())
+    if PARITY_DIST_MARK in text:
+        text = text.replace(PARITY_DIST_MARK, parity_dist_table())
     return _lift(text) if name in LIFT else text
 
 

@@ -90,6 +90,9 @@ def test_parity_table_is_the_committed_reports() -> None:
     table = build_readme.parity_table()
     assert table.count("\n") >= 3, "no parity reports in benchmarks/results/parity"
     assert table in README
+    dist = build_readme.parity_dist_table()
+    assert "FSDP2 (fully_shard)" in dist and "DistributedDataParallel" in dist
+    assert dist in README
 
 
 def test_manual_holds_every_page() -> None:
