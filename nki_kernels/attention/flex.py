@@ -182,7 +182,8 @@ def alibi(slopes: Tensor) -> ScoreMod:
     """score + slopes[h] * (kv_idx - q_idx) (ALiBi; `slopes` [H])."""
 
     def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score + slopes.to(score.dtype)[h] * (kv_idx - q_idx).to(score.dtype)
+        w = slopes.to(device=score.device, dtype=score.dtype)  # the call may be on a device
+        return score + w[h] * (kv_idx - q_idx).to(score.dtype)
 
     return mod
 

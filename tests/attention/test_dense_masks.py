@@ -165,18 +165,36 @@ def test_block_map_classifies_empty_full_and_partial_tiles() -> None:
     np.testing.assert_array_equal(classes[0], expected)
 
 
-def test_random_block_sparse_mask_matches_torch() -> None:
+@pytest.mark.parametrize(
+    "backend,device", [("eager", "cpu"), ("aot_eager", "cpu"), ("aot_eager", "neuron")]
+)
+def test_random_block_sparse_mask_matches_torch(
+    backend: str, device: str, request: pytest.FixtureRequest
+) -> None:
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    torch._dynamo.reset()
     allowed, kinds = _block_mask(2, 4, seed=3)
     assert {0, 1, 2} <= set(kinds.ravel().tolist())
-    q, k, v = _inputs(1, 2, 1, 256, 512, 64, torch.bfloat16)
+    q, k, v = (
+        t.detach().to(device).requires_grad_()
+        for t in _inputs(1, 2, 1, 256, 512, 64, torch.bfloat16)
+    )
     mask = torch.from_numpy(allowed)
-    out = flash_attention(q, k, v, attn_mask=mask)
+
+    def f(q, k, v, mask):  # type: ignore[no-untyped-def]
+        return flash_attention(q, k, v, attn_mask=mask)
+
+    fn = f if backend == "eager" else torch.compile(f, backend=backend, fullgraph=True)
+    out = fn(q, k, v, mask.to(device))
+    assert out.device.type == q.device.type
     grad = torch.randn(out.shape).to(torch.bfloat16)
-    out.backward(grad)
-    ref, ref_grads = _reference(q, k, v, grad, mask)
+    out.backward(grad.to(device))
+    ref, ref_grads = _reference(q.cpu(), k.cpu(), v.cpu(), grad, mask)
     tol_out, tol_grad = TOLERANCES[torch.bfloat16]
     assert_rel_close(out, ref, tol_out, "out")
     for got, want in zip((q.grad, k.grad, v.grad), ref_grads):
+        assert got is not None and got.device.type == q.device.type
         assert_rel_close(got, want, tol_grad, "grad")
 
 

@@ -168,21 +168,37 @@ def test_non_additive_score_mod_is_rejected() -> None:
         flex_attention(q, k, v)
 
 
-def test_flex_under_torch_compile_fullgraph() -> None:
+@pytest.mark.parametrize(
+    "backend,device,score",
+    [
+        ("aot_eager", "cpu", "alibi"),
+        ("eager", "neuron", "softcap+alibi"),
+        ("aot_eager", "neuron", "alibi"),
+        ("aot_eager", "neuron", "softcap"),
+    ],
+)
+def test_flex_on_devices_and_under_torch_compile_fullgraph(
+    backend: str, device: str, score: str, request: pytest.FixtureRequest
+) -> None:
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
     torch._dynamo.reset()
-    q, k, v = _inputs(torch.float32)
+    q, k, v = (t.detach().to(device).requires_grad_() for t in _inputs(torch.float32))
     bm = flex.create_block_mask(MASKS["window"], B, None, SQ, SK)
-    score = SCORES["alibi"]
+    mod = SCORES[score]
 
     def f(q, k, v):  # type: ignore[no-untyped-def]
-        return flex_attention(q, k, v, score_mod=score, block_mask=bm, enable_gqa=True)
+        return flex_attention(q, k, v, score_mod=mod, block_mask=bm, enable_gqa=True)
 
-    out = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    fn = f if backend == "eager" else torch.compile(f, backend=backend, fullgraph=True)
+    out = fn(q, k, v)
+    assert out.device.type == q.device.type
     grad = torch.randn(out.shape)
-    out.backward(grad)
-    ref, ref_grads = _math_reference(q, k, v, grad, MASKS["window"], score)
+    out.backward(grad.to(device))
+    ref, ref_grads = _math_reference(q.cpu(), k.cpu(), v.cpu(), grad, MASKS["window"], mod)
     assert_rel_close(out, ref, TOLERANCES[torch.float32][0], "out")
     for got, want in zip((q.grad, k.grad, v.grad), ref_grads):
+        assert got is not None and got.device.type == q.device.type
         assert_rel_close(got, want, TOLERANCES[torch.float32][1], "grad")
 
 

@@ -75,8 +75,12 @@ def test_varlen_matches_per_document_attention(case: tuple) -> None:
         assert_rel_close(got, want, tol_grad, name)
 
 
-@pytest.mark.parametrize("device", ["cpu", "neuron"])
-def test_varlen_on_devices_and_under_compile(device: str, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(
+    "backend,device", [("aot_eager", "cpu"), ("eager", "neuron"), ("aot_eager", "neuron")]
+)
+def test_varlen_on_devices_and_under_compile(
+    backend: str, device: str, request: pytest.FixtureRequest
+) -> None:
     if device == "neuron":
         device = request.getfixturevalue("neuron")
     torch._dynamo.reset()
@@ -87,7 +91,8 @@ def test_varlen_on_devices_and_under_compile(device: str, request: pytest.Fixtur
     def f(q, k, v):  # type: ignore[no-untyped-def]
         return flash_attention_varlen(q, k, v, cu, cu, 60, 60, causal=True)
 
-    out = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    fn = f if backend == "eager" else torch.compile(f, backend=backend, fullgraph=True)
+    out = fn(q, k, v)
     grad = torch.randn(out.shape)
     out.backward(grad.to(device))
     ref, ref_grads = _reference(q.cpu(), k.cpu(), v.cpu(), lens, lens, True, grad)
