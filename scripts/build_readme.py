@@ -107,9 +107,9 @@ def parity_dist_table() -> str:
     per model and wrapper."""
     rows = [
         "| model | ranks | wrapper | steps | tolerance | max abs Δloss | first divergent step "
-        "| params identical on all ranks | resume Δ (fresh processes) | FSDP2 vs DDP Δ "
-        "| s/step torch | s/step NKI | verdict |",
-        "|---|---:|---|---:|---:|---:|:---:|:---:|---:|---:|---:|---:|:---:|",
+        "| NaN/Inf grads | params identical on all ranks | resume Δ (fresh processes) "
+        "| FSDP2 vs DDP Δ | s/step torch | s/step NKI | verdict |",
+        "|---|---:|---|---:|---:|---:|:---:|---:|:---:|---:|---:|---:|---:|:---:|",
     ]
     for path in sorted((PARITY / "distributed").glob("*.json")):
         r = json.loads(path.read_text())
@@ -121,6 +121,7 @@ def parity_dist_table() -> str:
                 f"| {r['model']} | {r['world_size']} | {x['wrapper']} | {r['steps']} "
                 f"| {r['tolerance']:.2e} | {x['max_delta']:.2e} "
                 f"| {'none' if first is None else first} "
+                f"| {sum(x['nonfinite_grads']['candidate'])} "
                 f"| {'yes' if all(x['params_in_sync'].values()) else '**no**'} "
                 f"| {x['resume_max_delta']:.1e} | {cross:.1e} "
                 f"| {x['seconds_per_step']['reference']:.2f} "

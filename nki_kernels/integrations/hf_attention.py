@@ -17,7 +17,8 @@ takes, once per forward pass (not per layer), as an `NkiMask` plan:
    - "segments" (Sq == Sk, prefill and training): the 2-D padding mask becomes
      `segment_ids`, one id per run of real tokens / padding, so left- and right-padded
      rows and their padding keep to themselves;
-   - "decode" (a few new queries over a KV cache, Sq < Sk, Sq <= DECODE_SQ_MAX): the
+   - "decode" (a few new queries over a KV cache, Sq < Sk, Sq <= DECODE_SQ_MAX; tried
+     first for such shapes): the
      keys each row may see are gathered to the front, in order (no copy when that is
      the identity), and `torch.ops.nki.decode_attention` runs with `cache_lens` = their
      count: query i sees the first cache_len - Sq + i + 1 of them. This is how
@@ -120,6 +121,10 @@ def plan(
     m = dense[:, 0].expand(batch, sq, sk)
     rows = m.any(-1)  # query rows that see some key (the others get zeros)
     empty = None if bool(rows.all()) else rows
+    if decode_shape and empty is None:
+        decode = _decode_plan(m, batch, sq, sk, device)
+        if decode is not None:
+            return NkiMask("decode", causal=False, dense=dense, gather=decode[0], kv_lens=decode[1])
     for causal in (True, False):
         base = _allowed(sq, sk, causal, window if causal else None, device)
         win = window if causal else None
@@ -131,10 +136,6 @@ def plan(
             ours = base & (seg[:, :, None] == seg[:, None, :])
             if bool(((m == ours).all(-1) | ~rows).all()):
                 return NkiMask("segments", causal, win, segment_ids=seg, dense=dense, rows=empty)
-    if decode_shape and empty is None:
-        decode = _decode_plan(m, batch, sq, sk, device)
-        if decode is not None:
-            return NkiMask("decode", causal=False, dense=dense, gather=decode[0], kv_lens=decode[1])
     return NkiMask("dense", causal=False, dense=dense, rows=empty)
 
 
@@ -168,8 +169,9 @@ def nki_mask(
     """The mask function of the "nki" implementation (transformers' mask-interface API)."""
     from transformers.masking_utils import sdpa_mask
 
-    plain_causal = bool(kwargs.pop("allow_is_causal_skip", True))  # transformers: False
-    device = kwargs.pop("device", "cpu")  # when or / and / packed masks were added
+    # transformers passes False when it added or / and / packed-sequence masks
+    plain_causal = bool(kwargs.pop("allow_is_causal_skip", True))
+    device = kwargs.pop("device", "cpu")
     extra: dict[str, Any] = {}
     if mask_function is not None:
         extra["mask_function"] = mask_function
@@ -185,7 +187,7 @@ def nki_mask(
         kv_offset=kv_offset,
         attention_mask=attention_mask,
         local_size=local_size,
-        allow_is_causal_skip=True,
+        allow_is_causal_skip=plain_causal,
         device=device,
         use_vmap=kwargs.get("use_vmap", False),
         **extra,

@@ -3,7 +3,8 @@
 Phase "train": for each model, under each wrapper (DistributedDataParallel, then FSDP2
 `fully_shard`), the reference path and the NKI path train N steps each (same seed, same
 data order, each rank on its rows `rank::N` of every batch). After every step the full
-parameters are hashed on every rank and the hashes compared (under DDP the parameters
+parameters are hashed on every rank and the hashes compared, and the non-finite
+gradient elements counted (under DDP the parameters
 are replicas, so gradients that stayed synchronized keep them bit-identical; under FSDP2
 each rank gathers the shards, so the check is that the gathered model is one model). The
 NKI run saves a sharded checkpoint (`torch.distributed.checkpoint`, model and optimizer
@@ -59,6 +60,21 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def _nonfinite(model: nn.Module, sharded: bool) -> int:
+    """Non-finite gradient elements of the whole model: FSDP2 ranks hold disjoint shards
+    (summed), DDP ranks hold the same reduced gradients (the largest count)."""
+    from torch.distributed.tensor import DTensor
+
+    count = torch.zeros((), dtype=torch.int64)
+    for p in model.parameters():
+        g = p.grad
+        if g is not None:
+            local = g.to_local() if isinstance(g, DTensor) else g
+            count += (~torch.isfinite(local.detach())).sum()
+    dist.all_reduce(count, op=dist.ReduceOp.SUM if sharded else dist.ReduceOp.MAX)
+    return int(count)
+
+
 def _digest(model: nn.Module) -> torch.Tensor:
     """A hash of the full parameters (gathered under FSDP2), from private copies."""
     h = hashlib.sha256()
@@ -103,7 +119,8 @@ def _train(
     save_to: Path | None = None,
 ) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    losses, in_sync = [], True
+    losses, nonfinite, in_sync = [], [], True
+    sharded = call is params  # FSDP2 shards the module itself; DDP wraps it
     t0 = time.perf_counter()
     for step in steps:
         if step == save_at:
@@ -112,6 +129,7 @@ def _train(
         out = call(**_shard(data(seed, step), rank, world))
         loss = out.loss if hasattr(out, "loss") else out
         loss.backward()
+        nonfinite.append(_nonfinite(params, sharded))
         opt.step()
         mean = loss.detach().float().clone()
         dist.all_reduce(mean)
@@ -120,7 +138,12 @@ def _train(
         dist.all_gather(digests, _digest(params))
         in_sync &= all(torch.equal(d, digests[0]) for d in digests)
     seconds = (time.perf_counter() - t0) / max(1, len(steps))
-    return {"losses": losses, "params_in_sync": in_sync, "seconds_per_step": seconds}
+    return {
+        "losses": losses,
+        "nonfinite_grads": nonfinite,
+        "params_in_sync": in_sync,
+        "seconds_per_step": seconds,
+    }
 
 
 def _save(model: nn.Module, opt: torch.optim.Optimizer, path: Path | None) -> None:

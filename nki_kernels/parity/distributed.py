@@ -12,12 +12,13 @@ gloo backend, every model in the same launch (`dist_rank` is the rank side):
    and optimizer state dicts through `set_state_dict`) and run steps N // 2 .. N-1.
 
 The report per model and wrapper: per-step mean loss over ranks for both paths, their
-deltas against the tolerance, the first divergent step, whether the parameters stayed
-identical on all ranks, the resumed run's max |Δloss| against the uninterrupted NKI
-run, and FSDP2 against DDP on the same path (the two reduce gradients differently, so
-this shows FSDP2's reduce-scatter gives DDP's all-reduce result). The tolerance is the
-single-process rule's ulp term (16 fp32 ulps of the first loss): there are no
-noise-floor runs here, so this mode is for fp32 models (or pass --tolerance).
+deltas against the tolerance, the first divergent step, non-finite gradient elements
+per step, whether the parameters stayed identical on all ranks, the resumed run's max
+|Δloss| against the uninterrupted NKI run, and FSDP2 against DDP on the same path (the
+two reduce gradients differently, so this shows FSDP2's reduce-scatter gives DDP's
+all-reduce result). The tolerance is the single-process rule's ulp term (16 fp32 ulps
+of the first loss): there are no noise-floor runs here, so this mode is for fp32 models
+(or pass --tolerance).
 
 Each rank's output goes to `<out>/logs/<phase>/`; when a launch fails, the error quotes
 the failing ranks' last lines (torchrun itself reports only an exit code).
@@ -109,7 +110,11 @@ def merge(
         resume_delta = _max_delta(resumed["losses"], cand["losses"][half:])
         sync = {"reference": ref["params_in_sync"], "candidate": cand["params_in_sync"]}
         sync["resumed"] = resumed["params_in_sync"]
-        ok = first is None and all(sync.values()) and resume_delta <= tol
+        new_nonfinite = any(
+            c > 0 and r == 0
+            for c, r in zip(cand["nonfinite_grads"], ref["nonfinite_grads"], strict=True)
+        )
+        ok = first is None and all(sync.values()) and resume_delta <= tol and not new_nonfinite
         out[w] = {
             "wrapper": "DistributedDataParallel" if w == "ddp" else "FSDP2 (fully_shard)",
             "reference_losses": ref["losses"],
@@ -119,6 +124,10 @@ def merge(
             "max_delta": max(deltas),
             "first_divergent_step": first,
             "params_in_sync": sync,
+            "nonfinite_grads": {
+                "reference": ref["nonfinite_grads"],
+                "candidate": cand["nonfinite_grads"],
+            },
             "resume_max_delta": resume_delta,
             "seconds_per_step": {
                 "reference": ref["seconds_per_step"],
@@ -182,7 +191,9 @@ def summary(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"[parity]   {x['wrapper']}: max |Δloss| {x['max_delta']:.3g}, first divergent "
             f"step {'none' if first is None else first}, parameters identical on all ranks "
-            f"after every step {x['params_in_sync']}, sharded checkpoint at step "
+            f"after every step {x['params_in_sync']}, non-finite gradient elements "
+            f"{sum(x['nonfinite_grads']['candidate'])} (reference "
+            f"{sum(x['nonfinite_grads']['reference'])}), sharded checkpoint at step "
             f"{r['resume_from']} -> fresh processes -> continue: max |Δloss| "
             f"{x['resume_max_delta']:.3g}; {'PASS' if x['passed'] else 'FAIL'}"
         )

@@ -124,13 +124,20 @@ def test_nproc_2_ddp_and_fsdp2_with_a_sharded_checkpoint_resumed_in_fresh_proces
         assert w["params_in_sync"] == {"reference": True, "candidate": True, "resumed": True}
         assert w["max_delta"] <= saved["tolerance"] and w["first_divergent_step"] is None
         assert len(w["resumed_losses"]) == 1 and w["resume_max_delta"] <= saved["tolerance"]
+        assert w["nonfinite_grads"] == {"reference": [0, 0], "candidate": [0, 0]}
     assert max(saved["fsdp2_vs_ddp_max_delta"].values()) <= saved["tolerance"]
     assert (tmp_path / "checkpoints" / "tiny-mixtral-fsdp2" / ".metadata").is_file()
     assert "FSDP2 (fully_shard)" in proc.stdout
 
 
-def _phase(losses: list[float], sync: bool = True) -> dict:
-    return {"losses": losses, "params_in_sync": sync, "seconds_per_step": 0.1}
+def _phase(losses: list[float], sync: bool = True, bad: int = 0) -> dict:
+    nonfinite = [bad] * len(losses)
+    return {
+        "losses": losses,
+        "nonfinite_grads": nonfinite,
+        "params_in_sync": sync,
+        "seconds_per_step": 0.1,
+    }
 
 
 def _phases(cand: list[float], resumed: list[float], sync: bool = True) -> tuple[dict, dict]:
@@ -151,6 +158,12 @@ def test_distributed_merge_flags_divergence_a_bad_resume_and_lost_sync() -> None
     assert not bad_resume["fsdp2"]["passed"] and bad_resume["fsdp2"]["resume_max_delta"] > 0.04
     unsynced = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7], sync=False), None)
     assert not unsynced["passed"] and unsynced["ddp"]["passed"]
+    train, resume = _phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7])
+    train["ddp/nki"] = _phase([2.0, 1.9, 1.8, 1.7], bad=3)
+    nonfinite = merge("m", 2, 4, train, resume, None)
+    assert (
+        not nonfinite["ddp"]["passed"] and nonfinite["ddp"]["nonfinite_grads"]["candidate"][0] == 3
+    )
 
 
 def test_device_mode_compares_the_neuron_device_with_cpu(neuron: str) -> None:
