@@ -80,6 +80,8 @@ def _distributed(args: argparse.Namespace) -> int:
     for m, r in reports.items():
         print("\n".join(distributed.summary(r)))
         print(f"[parity] wrote {distributed.report_path(args.out, m, args.nproc)}")
+    png = distributed.plot(list(reports.values()), args.out / f"parity-dist{args.nproc}.png")
+    print(f"[parity] wrote {png}" if png else "[parity] no plot (matplotlib not installed)")
     return 0 if all(r["passed"] for r in reports.values()) else 1
 
 

@@ -205,4 +205,39 @@ def summary(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["launch", "merge", "report_path", "summary"]
+def plot(reports: list[dict[str, Any]], path: Path) -> Path | None:
+    """Per model: loss curves (reference, NKI under DDP and FSDP2, the resumed run) and
+    |Δloss| per wrapper against the tolerance; None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(2, len(reports), figsize=(5 * len(reports), 6), squeeze=False)
+    for col, r in enumerate(reports):
+        top, bottom = axes[0][col], axes[1][col]
+        steps, half = list(range(r["steps"])), r["resume_from"]
+        top.plot(steps, r["ddp"]["reference_losses"], label="reference (torch), DDP", lw=2)
+        for w, style in (("ddp", "--"), ("fsdp2", ":")):
+            x = r[w]
+            top.plot(steps, x["candidate_losses"], style, label=f"NKI, {x['wrapper']}", lw=2)
+            top.plot(steps[half:], x["resumed_losses"], "x", label=f"resumed, {w}")
+            deltas = [max(d, 1e-12) for d in x["deltas"]]
+            bottom.semilogy(steps, deltas, "o" + style, label=f"|Δloss| {w} (0 drawn at 1e-12)")
+        top.set_title(f"{r['model']}, {r['world_size']} ranks (fp32)")
+        top.set_ylabel("training loss (mean over ranks)")
+        top.legend(fontsize=7)
+        bottom.axhline(r["tolerance"], color="red", lw=1, label=f"tolerance {r['tolerance']:.2g}")
+        bottom.axvline(half, color="grey", lw=1, label=f"checkpoint (step {half})")
+        bottom.set_xlabel("step")
+        bottom.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["launch", "merge", "plot", "report_path", "summary"]
