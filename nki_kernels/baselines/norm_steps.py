@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
-from .steps import CHUNK_BYTES, P, itemsize
+from .steps import CHUNK_BYTES, P
 
 RING = 3  # row-tile buffers: 3 x 16 KiB per partition at H = 8192 bf16
 
 
 def _chunks(cols: int, dtype: Any) -> list[tuple[int, int]]:
-    fc = max(1, min(cols, CHUNK_BYTES // itemsize(dtype)))
+    fc = max(1, min(cols, CHUNK_BYTES // dtype_bytes(dtype)))
     return [(c0, min(fc, cols - c0)) for c0 in range(0, cols, fc)]
 
 

@@ -16,26 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
 
 P = 128  # partitions
 # 8 KiB per partition per DMA: ~99% of peak DMA efficiency (HARDWARE.md) and small enough
 # that three streams double-buffered stay far below the SBUF budget.
 CHUNK_BYTES = 8192
-
-
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
-_NAMES = "bfloat16, float16, float32, float8_e4m3, float8_e5m2"
-
-
-def itemsize(dtype: Any) -> int:
-    """Bytes per element of an NKI dtype: dtype names compared as strings, as nki-library
-    does (NKI 0.6 dtypes are strings with no `.itemsize`); the interpreter's dtypes print
-    as the same names."""
-    name = str(dtype)
-    if name not in _ITEMSIZE:
-        raise ValueError(f"dtype: expected one of {_NAMES}; got {name!r}")
-    return _ITEMSIZE[name]
 
 
 def _chunk_cols(cols: int, nbytes: int) -> int:
@@ -61,7 +48,7 @@ def stream_rows(
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, cols), dtype=out_dtype, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, itemsize(x.dtype))
+    fc = _chunk_cols(cols, dtype_bytes(x.dtype))
     for c0 in range(0, cols, fc):
         cs = min(fc, cols - c0)
         colt = None
@@ -136,7 +123,7 @@ def reduce_rows(x: Any, square: bool, n_outputs: int) -> Any:
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, n_outputs), dtype=nl.float32, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, itemsize(x.dtype))
+    fc = _chunk_cols(cols, dtype_bytes(x.dtype))
     nch = (cols + fc - 1) // fc
     turn = 0
     for r0 in range(0, rows, P):
@@ -183,9 +170,9 @@ def softmax_rows(x: Any, scale: float, out_dtype: Any) -> Any:
     """
     rows, cols = x.shape
     out = nl.ndarray((rows, cols), dtype=out_dtype, buffer=nl.shared_hbm)
-    fc = _chunk_cols(cols, itemsize(x.dtype))
+    fc = _chunk_cols(cols, dtype_bytes(x.dtype))
     nch = (cols + fc - 1) // fc
-    resident = cols * (itemsize(x.dtype) + 4) <= 96 * 1024
+    resident = cols * (dtype_bytes(x.dtype) + 4) <= 96 * 1024
     for r0 in range(0, rows, P):
         rs = min(P, rows - r0)
         mx = nl.ndarray((P, nch), dtype=nl.float32, buffer=nl.sbuf)
@@ -293,7 +280,7 @@ def matmul_step(a_t: Any, b: Any, out_dtype: Any) -> Any:
     _, n_dim = b.shape
     out = nl.ndarray((m_dim, n_dim), dtype=out_dtype, buffer=nl.shared_hbm)
     nk = (k_dim + P - 1) // P
-    kbt = max(1, MM_BLOCK_K_TILES * 2 // itemsize(b.dtype))  # same bytes per block for fp32
+    kbt = max(1, MM_BLOCK_K_TILES * 2 // dtype_bytes(b.dtype))  # same bytes per block for fp32
     single_k_block = nk <= kbt
     for n0 in range(0, n_dim, MM_BLOCK_N):
         ns = min(MM_BLOCK_N, n_dim - n0)

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
 from .blockwise_mlp import _program_columns
 from .combine import combine, zero_row
@@ -85,7 +86,6 @@ from .tiles import (
     block_row0,
     cdiv,
     device_bounds,
-    dtype_bytes,
     matmul,
     psum_accumulators,
     slot_tiles,

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nl
-from .tiles import PSUM_FP32, P, dtype_bytes
+from .tiles import PSUM_FP32, P
 
 COMBINE_BYTES = 4096  # gathered bytes per partition per slot row chunk (bounds SBUF use)
 

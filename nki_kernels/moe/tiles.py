@@ -16,18 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nl
-
-
-def dtype_bytes(dtype: Any) -> int:
-    """Bytes per element, by comparing the dtype by value: NKI dtypes are strings on the
-    compiler (NKI 0.6 `DType = str`), so `dtype.itemsize` does not exist there."""
-    if dtype == nl.float32 or dtype == nl.int32 or dtype == nl.uint32:
-        return 4
-    if dtype == nl.bfloat16 or dtype == nl.float16 or dtype == nl.int16 or dtype == nl.uint16:
-        return 2
-    return 1
-
 
 # ---- limits ---------------------------------------------------------------------------
 P = 128  # partitions: tokens per sub-tile, contraction rows per matmul

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nl
 from .layernorm import HOOKS as LN_HOOKS
 from .layernorm import LN_VECTOR, STATS_MIXED, STATS_SCALAR
@@ -176,7 +177,7 @@ def bwd_rows(
     # steps (or, within dx, for the few coefficient instructions VectorE issues first)
     if inline:  # what the statistics hooks read: column pieces of <= STATS_JUNK_BYTES
         jdt = nl.float32 if ln else x.dtype
-        scols = stats_cols(plan["chunk"], 4 if ln else _itemsize(x.dtype))
+        scols = stats_cols(plan["chunk"], 4 if ln else dtype_bytes(x.dtype))
         ctx["sctx"] = {
             "x": x,
             "eps": eps,
@@ -202,10 +203,6 @@ def bwd_rows(
     ctx["pf"] = prefetch_start(jobs, ahead, issue_rows_load, ctx)
     run_pipeline(ctx, segs, stages, seg_begin, step_order=order)
     return ctx
-
-
-def _itemsize(dtype: Any) -> int:
-    return 4 if dtype == nl.float32 else 2
 
 
 # --- stages ----------------------------------------------------------------------------

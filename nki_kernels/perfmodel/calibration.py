@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
 
 # ---- tile sizes: the TensorE limits (stationary 128 x 128, moving 128 x 512) -----------
@@ -220,13 +221,7 @@ def dma_sweep(src: Any, bytes_per_partition: int, slots: int) -> Any:
     microbenchmark. Returns a small tensor so the launch has an output.
     """
     p, total = src.shape
-    # NKI dtypes are strings on the compiler (no `.itemsize`): compare them by value
-    if src.dtype == nl.float32:
-        nbytes = 4
-    elif src.dtype == nl.bfloat16 or src.dtype == nl.float16:
-        nbytes = 2
-    else:
-        nbytes = 1
+    nbytes = dtype_bytes(src.dtype)
     width = bytes_per_partition // nbytes
     if width <= 0 or total % width:
         raise ValueError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nki_kernels.baselines import moe_native, native, norm_steps, steps
+from nki_kernels.baselines import moe_native, native, norm_steps
 from nki_kernels.interp import TensorSpec
 from nki_kernels.perfmodel import COST_MODEL_VERSION, estimate
 
@@ -91,13 +91,6 @@ def test_norm_backward_reduction_pass_has_no_fp32_intermediate_in_hbm():
     # dy and x once, rstd once, w broadcast; writes only c [n] and dw, db [h] in fp32
     assert e.hbm_read_bytes == 2 * n * h * 2 + n * 4 + 128 * h * 2
     assert e.hbm_write_bytes == n * 4 + 2 * h * 4
-
-
-def test_itemsize_accepts_dtype_names_and_rejects_others():
-    assert steps.itemsize("bfloat16") == 2
-    assert steps.itemsize("float32") == 4
-    with pytest.raises(ValueError, match="dtype: expected one of"):
-        steps.itemsize("int4")
 
 
 @pytest.mark.parametrize(
