@@ -69,6 +69,35 @@ def geo_band(
     return min(means), max(means)
 
 
+def goal_text(family: str, geo: float, band: tuple[float, float] | None) -> str:
+    """The issue's goal for the family (geometric mean >= GOALS[family] and the band's
+    low end >= 1.0x) and whether it is met; when missed, by how much."""
+    goal = GOALS[family]
+    text = f"goal {goal}x with band low end >= 1.0x: "
+    misses = []
+    if geo < goal:
+        misses.append(f"geometric mean {geo:.2f}x is {goal - geo:.2f}x short")
+    if band is None:
+        misses.append("no band")
+    elif band[0] < 1.0:
+        misses.append(f"band low end {band[0]:.2f}x")
+    return text + ("met" if not misses else "missed (" + ", ".join(misses) + ")")
+
+
+def configs_note(rows: Sequence[BenchRow]) -> str:
+    """Which shipped configs priced our rows (main's commit when the rows were priced)."""
+    commits = sorted(
+        {str(r.extra["configs_commit"]) for r in rows if r.extra.get("configs_commit")}
+    )
+    if not commits:
+        return ""
+    return (
+        "Our norm rows use the configs the op looks up (`nki_kernels/configs/`, as on main at "
+        f"commit {', '.join(commits)} when they were priced); attention and MoE rows use the "
+        "kernels' heuristic defaults."
+    )
+
+
 def headline(
     rows: Sequence[BenchRow], targets: Sequence[str], lnc: int, cost_model: str | None = None
 ) -> list[str]:
@@ -95,8 +124,7 @@ def headline(
                 )
                 text += f", ours slower in {lost}" if lost else ""
                 if other == "aws":
-                    goal = GOALS[family]
-                    text += f" — goal {goal}x: " + ("met" if _geo(vals) >= goal else "missed")
+                    text += " — " + goal_text(family, _geo(vals), band)
                 parts.append(text)
             if all(p.endswith("no figure") for p in parts):
                 continue
@@ -135,6 +163,9 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
         *(headline(rows, targets, 2, cost_model) or ["- no case priced by this cost model yet"]),
         "",
     ]
+    note = configs_note(rows)
+    if note:
+        head += [note, ""]
     older = sorted(
         {r.provenance.split(",")[0] for r in rows if f"model {cost_model}," not in r.provenance}
     )

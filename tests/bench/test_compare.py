@@ -185,7 +185,9 @@ def test_headline_states_geometric_means_goal_and_losing_cases():
     assert (
         "vs AWS's kernel: 1.00x geometric mean; 0.50–2.00x over 2 cases, ours slower in 1" in line
     )
-    assert "goal 1.1x: missed" in line
+    assert (
+        "goal 1.1x with band low end >= 1.0x: missed (geometric mean 1.00x is 0.10x short" in line
+    )
     assert "vs TorchNeuron's path: 2.00x geometric mean; 1.00–4.00x over 2 cases" in line
 
 
@@ -228,3 +230,12 @@ def test_lnc2_rows_are_traced_as_kernel_2_launches(monkeypatch):
     by_op = {r.op: r.latency_us for r in one if r.impl == "nki"}
     for r in ours:  # two cores on 320 rows each: faster than one core on 640, not > 2x
         assert by_op[r.op] / 2 <= r.latency_us < by_op[r.op], r.op
+
+
+def test_goal_needs_the_mean_and_the_band_low_end():
+    from nki_kernels.bench.readme import goal_text
+
+    assert goal_text("attention", 1.5, (1.1, 1.8)).endswith(": met")
+    assert "band low end 0.95x" in goal_text("attention", 1.5, (0.95, 1.8))
+    assert "0.20x short" in goal_text("moe", 1.1, (1.05, 1.2))
+    assert goal_text("norm", 1.2, None).endswith("missed (no band)")
