@@ -333,8 +333,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs) -> tuple[Tensor, Tenso
         parts.append((out_c, lse_c.masked_fill(empty, float("-inf"))))
     out, lse = parts[0] if len(parts) == 1 else _merge(parts)
     out, lse = out[:, :, :sq], lse[:, :, :sq]
-    empty = torch.from_numpy(_empty_rows(x)[:, :, :sq]).to(q.device)
-    if bool(empty.any()):
+    empty_rows = _empty_rows(x)[:, :, :sq]
+    if empty_rows.any():  # decided on the host plan (no tensor data read: traceable)
+        empty = torch.from_numpy(empty_rows).to(q.device)
         out = out.masked_fill(empty[..., None], 0.0)
         lse = lse.masked_fill(empty, float("-inf"))
     return out.contiguous(), lse.contiguous()
@@ -435,7 +436,7 @@ def backward(
     op, dop = pad_dim(out, 2, sqb), pad_dim(grad_out.to(q.dtype), 2, sqb)
     # rows without an allowed key (and padded rows) get lse = +inf: their P is exactly 0
     empty = torch.from_numpy(_empty_rows(x)).to(q.device)
-    if bool(empty[..., :sq].any()):
+    if _empty_rows(x)[..., :sq].any():  # decided on the host plan (traceable)
         # their output is 0 whatever the inputs: their grad_out must not reach dV
         dop = dop.masked_fill(empty[..., None], 0.0)
     lse_p = pad_dim(lse.float(), 2, sqb).masked_fill(empty, float("inf"))

@@ -30,7 +30,7 @@ from ..attention.host import MaskArgs, backward, forward
 from ..attention.host import lse_from_kernel as _lse_from_kernel  # noqa: F401 (autotune uses it)
 from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
 from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
-from .registry import define_op
+from .registry import call_host_op, define_host_op, define_op, tracing
 
 # forward and backward: Q^T / K^T (and dO^T / V^T) in 128-row chunks of D, one
 # accumulating contraction pass each
@@ -198,14 +198,6 @@ def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     return [((q, k, v), {"causal": True})]
 
 
-@define_op(
-    "flash_attention",
-    fake=_fwd_fake,
-    validate=_fwd_validate,
-    backward=_grad,
-    setup_context=_setup,
-    examples=_examples,
-)
 def _flash_attention_op(
     q: Tensor,
     k: Tensor,
@@ -221,8 +213,18 @@ def _flash_attention_op(
     return_lse: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(scale * q k^T + mask) v; see the module docstring."""
+    if tracing(kv_lens, segment_ids, attn_mask):  # the tile plan reads the masks' values
+        return call_host_op("flash_attention", q, k, v, kv_lens, segment_ids, attn_mask,
+                            causal=causal, softmax_scale=softmax_scale,
+                            sliding_window=sliding_window, softcap=softcap,
+                            return_lse=return_lse)  # fmt: skip
     m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask, softcap)
     return forward(q, k, v, m)
+
+
+define_host_op("flash_attention", _flash_attention_op, fake=_fwd_fake, validate=_fwd_validate)
+define_op("flash_attention", _flash_attention_op, fake=_fwd_fake, validate=_fwd_validate,
+          backward=_grad, setup_context=_setup, examples=_examples, traceable=True)  # fmt: skip
 
 
 def _bwd_fake(
@@ -264,12 +266,6 @@ def _bwd_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     return [((g, None, q.detach(), k.detach(), v.detach(), out, lse), kw)]
 
 
-@define_op(
-    "flash_attention_backward",
-    fake=_bwd_fake,
-    validate=_bwd_validate,
-    examples=_bwd_examples,
-)
 def _flash_attention_backward_op(
     grad_out: Tensor,
     grad_lse: Tensor | None,
@@ -288,8 +284,19 @@ def _flash_attention_backward_op(
     softcap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of flash_attention from its saved output and log-sum-exp."""
+    if tracing(kv_lens, segment_ids, attn_mask):  # the tile plan reads the masks' values
+        return call_host_op("flash_attention_backward", grad_out, grad_lse, q, k, v, out, lse,
+                            kv_lens, segment_ids, attn_mask, causal=causal,
+                            softmax_scale=softmax_scale, sliding_window=sliding_window,
+                            softcap=softcap)  # fmt: skip
     m = MaskArgs(causal, softmax_scale, sliding_window, kv_lens, segment_ids, attn_mask, softcap)
     return backward(grad_out, grad_lse, q, k, v, out, lse, m)
+
+
+define_host_op("flash_attention_backward", _flash_attention_backward_op, fake=_bwd_fake,
+               validate=_bwd_validate)  # fmt: skip
+define_op("flash_attention_backward", _flash_attention_backward_op, fake=_bwd_fake,
+          validate=_bwd_validate, examples=_bwd_examples, traceable=True)  # fmt: skip
 
 
 # ---- Python API ------------------------------------------------------------------------------

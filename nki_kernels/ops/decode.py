@@ -12,6 +12,10 @@ Its own op rather than a mode of flash_attention: the arguments differ (a block 
 a cache longer than the keys in use), the kernel differs (no query tiles or bucket
 padding of Sq; the query heads of a KV head packed into one tile; split-K), and decode
 needs no backward, so the op is inference-only (its autograd raises).
+
+The kernel's split over the cache is planned from `cache_lens` (and the block table) on
+the host, so under `torch.compile` (traced through TorchNeuron's `nki_op`) the whole call
+is one `nki_host::decode_attention` node.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import Tensor
 
 from ..attention.decode_host import decode
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
-from .registry import define_op
+from .registry import call_host_op, define_host_op, define_op, tracing
 
 HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks
 PACKED_ROWS_MAX = 128  # (Hq / Hkv) * Sq rows share one 128-partition tile
@@ -106,7 +110,6 @@ def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     ]
 
 
-@define_op("decode_attention", fake=_fake, validate=_validate, examples=_examples)
 def _decode_attention_op(
     q: Tensor,
     k_cache: Tensor,
@@ -117,7 +120,15 @@ def _decode_attention_op(
     softmax_scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of Sq new queries over the cache; see the module docstring."""
+    if tracing(q, k_cache, cache_lens, block_table):  # the split plan reads cache_lens
+        return call_host_op("decode_attention", q, k_cache, v_cache, cache_lens, block_table,
+                            softmax_scale=softmax_scale)  # fmt: skip
     return decode(q, k_cache, v_cache, cache_lens, block_table, softmax_scale)
+
+
+define_host_op("decode_attention", _decode_attention_op, fake=_fake, validate=_validate)
+define_op("decode_attention", _decode_attention_op, fake=_fake, validate=_validate,
+          examples=_examples, traceable=True)  # fmt: skip
 
 
 def decode_attention(

@@ -11,6 +11,10 @@ block plan (grouping.py) -> config lookup per bucket -> NKI blockwise MLP -> unp
 The backward recomputes the routing from the logits (cheap, deterministic) instead of
 saving it, plans its own blocks and accumulates the weight gradients on chip in fp32
 (one rounding to the weights' dtype).
+
+Every op's body is traceable (`define_op(traceable=True)`): under `torch.compile` the
+router and expert kernels are graph nodes, and the block plan, which reads the routing,
+is one `nki_host::moe_block_plan` node; its static block count depends on shapes only.
 """
 
 from __future__ import annotations
@@ -24,15 +28,15 @@ from torch import Tensor
 from ..moe.blockwise_mlp import moe_mlp_fwd
 from ..moe.blockwise_mlp_bwd import moe_mlp_bwd
 from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
-from ..moe.grouping import BlockPlan, plan_blocks
-from ..moe.reference import MoERouting
+from ..moe.grouping import PARTITIONS, max_blocks, min_blocks, plan_blocks
+from ..moe.reference import MoERouting, capacity
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
 from ..runtime.buckets import current_policy
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
-from .registry import define_op
+from .registry import call_host_op, define_host_op, define_op, tracing
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
 ID_DTYPES = (torch.int32, torch.int64)
@@ -164,26 +168,77 @@ def _route(logits: Tensor, top_k: int, scoring: str, renormalize: bool) -> tuple
     return launch(moe_router_fwd, logits, top_k, scoring, renormalize, target=get_target(None))
 
 
-def _plan(weights: Tensor, ids: Tensor, t: int, e: int, block: int, cf: float | None) -> BlockPlan:
+PLAN_TENSORS = (
+    "slot_token",
+    "slot_weight",
+    "block_expert",
+    "block_keep",
+    "block_count",
+    "token_slot",
+    "token_weight",
+)
+
+
+def _block_plan(
+    weights: Tensor,
+    ids: Tensor,
+    tokens: int,
+    experts: int,
+    block: int,
+    capacity_factor: float | None,
+    min_tokens: int,
+) -> list[Tensor]:
+    """The host block plan (grouping.py) of the padded routing as tensors on its device
+    (`PLAN_TENSORS`); the body of the `nki_host::moe_block_plan` node under tracing."""
     tb = weights.shape[0]
-    w = host_numpy(weights[:t])
-    i = host_numpy(ids[:t])
-    return plan_blocks(i, w, e, block, cf, num_tokens=tb, min_tokens=min(t, _bucket_floor(tb)))
+    w, i = host_numpy(weights[:tokens]), host_numpy(ids[:tokens])
+    plan = plan_blocks(i, w, experts, block, capacity_factor, num_tokens=tb, min_tokens=min_tokens)
+    return [torch.from_numpy(getattr(plan, n)).to(weights.device) for n in PLAN_TENSORS]
 
 
-def _meta(plan: BlockPlan, device: torch.device) -> dict[str, Tensor]:
-    def put(a: Any) -> Tensor:
-        return torch.from_numpy(a).to(device)
+def _block_plan_fake(
+    weights: Tensor,
+    ids: Tensor,
+    tokens: int,
+    experts: int,
+    block: int,
+    capacity_factor: float | None,
+    min_tokens: int,
+) -> list[Tensor]:
+    tb, k = ids.shape
+    cap = None if capacity_factor is None else capacity(tb, experts, k, capacity_factor)
+    nb = max_blocks(tb, k, experts, block, cap)
+    ns = block // PARTITIONS
+    i32, f32 = torch.int32, torch.float32
+    shapes = (
+        ((nb, PARTITIONS, ns), i32),
+        ((nb, PARTITIONS, ns), f32),
+        ((nb, 1), i32),
+        ((nb, 1), f32),
+        ((1, 1), i32),
+        ((tb, k), i32),
+        ((tb, k), f32),
+    )
+    return [weights.new_empty(shape, dtype=dt) for shape, dt in shapes]
 
-    return {
-        "slot_token": put(plan.slot_token),
-        "slot_weight": put(plan.slot_weight),
-        "block_expert": put(plan.block_expert),
-        "block_keep": put(plan.block_keep),
-        "block_count": put(plan.block_count),
-        "token_slot": put(plan.token_slot),
-        "token_weight": put(plan.token_weight),
-    }
+
+define_host_op("moe_block_plan", _block_plan, fake=_block_plan_fake)
+
+
+def _plan(
+    weights: Tensor, ids: Tensor, t: int, e: int, block: int, cf: float | None
+) -> tuple[dict[str, Tensor], int]:
+    """(plan tensors by name, static block count) of the padded routing. The static count
+    depends on shapes only; the plan reads the routing, so while the op body is traced
+    it is the `nki_host::moe_block_plan` node."""
+    tb, k = ids.shape
+    lowest = min(t, _bucket_floor(tb))
+    static = min_blocks(lowest, k, e, block, None if cf is None else capacity(lowest, e, k, cf))
+    if tracing(weights, ids):
+        tensors = call_host_op("moe_block_plan", weights, ids, t, e, block, cf, lowest)
+    else:
+        tensors = _block_plan(weights, ids, t, e, block, cf, lowest)
+    return dict(zip(PLAN_TENSORS, tensors)), static
 
 
 def _problem(tb: int, w_gate_up: Tensor, top_k: int) -> MoEProblem:
@@ -193,16 +248,16 @@ def _problem(tb: int, w_gate_up: Tensor, top_k: int) -> MoEProblem:
 
 def _routed_plan(
     op: str, kernel: Any, hidden: Tensor, lp: Tensor, w_gate_up: Tensor, r: MoERouting
-) -> tuple[Any, BlockPlan, dict[str, Tensor], Tensor]:
+) -> tuple[Any, int, dict[str, Tensor], Tensor]:
     """Route the padded logits `lp`, look up `op`'s config for the bucket and plan its
-    blocks: (config, plan, plan tensors on hidden's device, expert ids)."""
+    blocks: (config, static blocks, plan tensors on hidden's device, expert ids)."""
     weights, ids = _route(lp, r.top_k, r.scoring, r.renormalize)
     problem = _problem(lp.shape[0], w_gate_up, r.top_k)
     cfg = lookup_config(op, problem, kernel, target=get_target(None))
     t, e = hidden.shape[0], w_gate_up.shape[0]
     assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
-    plan = _plan(weights, ids, t, e, cfg.block_size, r.capacity_factor)
-    return cfg, plan, _meta(plan, hidden.device), ids
+    meta, static = _plan(weights, ids, t, e, cfg.block_size, r.capacity_factor)
+    return cfg, static, meta, ids
 
 
 # ---- moe_route ------------------------------------------------------------------------------
@@ -288,7 +343,8 @@ def moe_route_backward(
     scoring: str = "softmax",
 ) -> Tensor:
     """d router_logits from d weights (NKI router backward)."""
-    _check_ids(ids, router_logits.shape[1])
+    if not tracing(ids):  # values are read only where there are values
+        _check_ids(ids, router_logits.shape[1])
     t = router_logits.shape[0]
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
     ip, _ = pad_to_bucket(ids.to(torch.int32), 0)
@@ -349,6 +405,7 @@ def mlp_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     backward=_mlp_backward,
     setup_context=_mlp_setup,
     examples=mlp_examples,
+    traceable=True,
 )
 def moe_mlp(
     hidden: Tensor,
@@ -367,7 +424,7 @@ def moe_mlp(
     t = hidden.shape[0]
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    cfg, plan, m, _ = _routed_plan("moe_mlp", moe_mlp_fwd, hidden, lp, w_gate_up, routing)
+    cfg, static, m, _ = _routed_plan("moe_mlp", moe_mlp_fwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPConfig)
     out = launch(
         moe_mlp_fwd,
@@ -381,7 +438,7 @@ def moe_mlp(
         m["token_weight"],
         config=cfg,
         target=target,
-        static_blocks=plan.static_blocks,
+        static_blocks=static,
         may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
     )
     return unpad(out, 0, t).contiguous()
@@ -413,6 +470,7 @@ def _mlp_bwd_fake(
         ((torch.randn(a[0].shape), *(x.detach() for x in a)), MoERouting(**kw).kwargs())
         for a, kw in mlp_examples()[:1]
     ],
+    traceable=True,
 )
 def moe_mlp_backward(
     grad: Tensor,
@@ -433,7 +491,7 @@ def moe_mlp_backward(
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    cfg, plan, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
+    cfg, static, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPBwdConfig)
     # written in place for every expert with a block (fp32 sums on chip, one rounding)
     dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hidden.device)
@@ -455,7 +513,7 @@ def moe_mlp_backward(
         config=cfg,
         target=target,
         mutated=(10, 11),
-        static_blocks=plan.static_blocks,
+        static_blocks=static,
         may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
     )
     dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)

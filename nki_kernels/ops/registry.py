@@ -306,9 +306,10 @@ def define_op(
     is defined through `torch_neuronx.nki_op`, as its docs say custom ops with NKI kernels
     are (torch/guides/how-to-work-with-nki): `torch.compile(backend="neuron")` then traces
     into the body and each kernel call becomes one node of the captured graph; `nki_op`
-    registers the body itself as the fake, and the body serves every device. Without
-    TorchNeuron, or for ops whose body plans on host data (MoE routing, attention masks),
-    nothing changes: a plain custom op with `fake`.
+    registers the body itself as the fake, and the body serves every device. A body
+    whose planning reads tensor data (MoE routing, attention masks, cache lengths) hands
+    that part, when `tracing()`, to a `define_host_op` op: one opaque node. Without
+    TorchNeuron nothing changes: a plain custom op with `fake`.
     """
     if impl is None:
         return functools.partial(
@@ -360,6 +361,57 @@ def define_op(
                    tuple(mutates_args), traceable, via_nki_op=False)  # fmt: skip
 
 
+HOST_NAMESPACE = "nki_host"
+
+
+def tracing(*values: Any) -> bool:
+    """True when a tensor among `values` (nested in tuples / lists too) has no data: a
+    FakeTensor or a functional wrapper, i.e. the op body is being traced by
+    `torch.compile` or run as its own fake (what `nki_op` registers)."""
+    from torch._subclasses.fake_tensor import is_fake
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    for v in values:
+        if isinstance(v, (tuple, list)) and tracing(*v):
+            return True
+        if isinstance(v, torch.Tensor) and (is_fake(v) or isinstance(v, FunctionalTensor)):
+            return True
+    return False
+
+
+def define_host_op(
+    name: str,
+    impl: Callable[..., Any],
+    *,
+    fake: Callable[..., Any],
+    validate: Callable[..., Any] | None = None,
+) -> Any:
+    """`torch.ops.nki_host.<name>`: a plain custom op (cpu and neuron kernels, `fake`,
+    the keyword-only `bucket_policy`) for the part of a traceable op's body that plans
+    on tensor data (masks, cache lengths, routing): the body calls it when `tracing()`,
+    so under `torch.compile` that part is one opaque node of the captured graph. Not
+    recorded in `registered_ops()` (the op it serves is)."""
+    qualname = f"{HOST_NAMESPACE}::{name}"
+    schema = _schema_with_policy(strict_schema(torch.library.infer_schema(impl, mutates_args=())))
+    op = torch.library.custom_op(qualname, _unsupported(name, impl), mutates_args=(), schema=schema)
+    run = _policy_scope(name, _checked(validate, _dense(impl)))
+    op.register_kernel("cpu")(run)
+    pu1 = _privateuse1_device()
+    if pu1 is not None:
+        op.register_kernel(pu1)(run)
+    op.register_fake(_policy_scope(name, _checked(validate, _dense(fake))))
+    return op
+
+
+def call_host_op(name: str, *args: Any, **kwargs: Any) -> Any:
+    """`torch.ops.nki_host.<name>(*args, **kwargs)` under the bucket policy in effect now
+    (passed by name: the node runs after tracing, outside this call's policy scope)."""
+    from ..runtime.buckets import current_policy
+
+    op = getattr(getattr(torch.ops, HOST_NAMESPACE), name)
+    return op(*args, **kwargs, **{POLICY_ARG: current_policy().name()})
+
+
 def _record(
     name: str,
     op: Any,
@@ -387,12 +439,16 @@ def _record(
 
 
 __all__ = [
+    "HOST_NAMESPACE",
     "NAMESPACE",
     "POLICY_ARG",
     "SUPPORTED_DEVICES",
     "Example",
     "NkiOp",
+    "call_host_op",
+    "define_host_op",
     "define_op",
     "registered_ops",
     "torchneuron_nki_op",
+    "tracing",
 ]

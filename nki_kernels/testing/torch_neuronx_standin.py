@@ -139,8 +139,33 @@ def _output_structure(call_id: int, tensors: list[torch.Tensor]) -> Any:
         kernel, lnc, pos, kw = _interp_args(
             call_id, tensors, lambda t: TensorSpec(tuple(t.shape), _np_dtype(t.dtype))
         )
-        _STRUCTURES[key] = run(kernel, *pos, lnc=lnc, grid=lnc > 1, trace_only=True, **kw).outputs
+        with _unknown_trips_as_zero():
+            out = run(kernel, *pos, lnc=lnc, grid=lnc > 1, trace_only=True, **kw).outputs
+        _STRUCTURES[key] = out
     return _STRUCTURES[key]
+
+
+@contextlib.contextmanager
+def _unknown_trips_as_zero() -> Iterator[None]:
+    """Within the block, a trace-only device loop whose bound is a register loaded from
+    memory (no value without data: the MoE kernels' block count) runs zero trips instead
+    of failing. Only for finding a kernel's output shapes, which its allocations fix
+    before any loop (as `dump_config(...).return_types` finds them by compiling)."""
+    from ..interp import loops
+
+    bound = loops._bound
+
+    def lenient(x: Any, arg: str, where: str) -> int:
+        if isinstance(x, loops.VirtualRegister) and x._value is None:
+            return 0
+        return bound(x, arg, where)
+
+    with _lock:
+        loops._bound = lenient  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            loops._bound = bound  # type: ignore[assignment]
 
 
 def _specs(out: Any) -> Any:
@@ -150,6 +175,8 @@ def _specs(out: Any) -> Any:
         return type(out)(_specs(v) for v in out)
     if out is None:
         return None
+    if isinstance(out, np.ndarray):
+        return TensorSpec(out.shape, out.dtype)
     return TensorSpec(tuple(out.shape), _np_dtype(out.dtype))
 
 
@@ -161,7 +188,13 @@ def _np_dtype(dtype: torch.dtype) -> Any:
         torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
         torch.float8_e5m2: ml_dtypes.float8_e5m2,
     }
-    return table.get(dtype) or torch.empty(0, dtype=dtype).numpy().dtype
+    if dtype in table:
+        return table[dtype]
+    # a real (non-fake) tensor even while a FakeTensorMode is active (tracing)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 @torch.library.custom_op("nki_standin::kernel_call", mutates_args=())
