@@ -1,7 +1,7 @@
 """Masked attention and decode: modeled latency with bands against the alternatives (trn2).
 
 Run: `python benchmarks/bench_attention_masks.py [--quick] [--json rows.json]
-[--nki-library PATH] [--aws-data FILE]`.
+[--nki-library PATH] [--aws-data FILE] [--only masks|decode]`.
 
 Masks: document + causal, sliding window 1024, ALiBi + causal, random block-sparse 50 %,
 at S = 2048 and 8192 (forward, Llama-3 8B attention, B = 1): our kernel with its block
@@ -29,6 +29,7 @@ from nki_kernels.attention.bench_masks import (
     mask_rows,
     rows_as_dicts,
 )
+from nki_kernels.bench.peer import checkout_commit
 from nki_kernels.perfmodel import COST_MODEL_VERSION
 
 AWS_DATA = Path(__file__).resolve().parent / "data" / "decode_aws_rows.json"
@@ -41,10 +42,12 @@ def _aws(a: argparse.Namespace, caches: tuple[int, ...]) -> list[DecodeRow]:
         for cache in caches:
             for paged in (False, True):
                 rows += aws_decode_rows(a.nki_library, (1, 8, 64), cache, paged, "trn2")
-        path.write_text(
-            json.dumps({"cost_model": COST_MODEL_VERSION, "rows": rows_as_dicts(rows)}, indent=1)
-            + "\n"
-        )
+        head = {
+            "cost_model": COST_MODEL_VERSION,
+            "nki_library_commit": checkout_commit(Path(a.nki_library)),
+            "harness": "nki_kernels.bench.peer_decode.tkg_harness",
+        }
+        path.write_text(json.dumps({**head, "rows": rows_as_dicts(rows)}, indent=1) + "\n")
         return rows
     if not path.exists():
         return []
@@ -67,10 +70,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--nki-library", default=None, help="aws-neuron/nki-library checkout")
     ap.add_argument("--aws-data", default=str(AWS_DATA))
+    ap.add_argument("--only", choices=("masks", "decode"), default=None)
     a = ap.parse_args()
     caches = (2048, 32768) if a.quick else (2048, 32768, 131072)
-    mrows = mask_rows((2048,) if a.quick else (2048, 8192))
-    drows = decode_rows(caches=caches) + _aws(a, caches)
+    mrows = [] if a.only == "decode" else mask_rows((2048,) if a.quick else (2048, 8192))
+    drows = [] if a.only == "masks" else decode_rows(caches=caches) + _aws(a, caches)
     print(f"{'mask':18s} {'S':>5s} {'method':28s} {'latency us (band)':>30s} {'tiles %':>7s}")
     for r in mrows:
         print(
