@@ -118,3 +118,20 @@ def test_head_dim_beyond_256_is_a_named_error() -> None:
     q, k, v = _inputs(272, torch.float32, sq=8, sk=8)
     with pytest.raises(ValueError, match=r"q: expected head_dim \(dim 3\) <= 256; got 272"):
         flash_attention(q, k, v)
+
+
+def test_large_head_dim_backward_over_several_sections(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one 4-tile unit per section: dK / dV partial sums go through the fp32 HBM scratch
+    from nki_kernels.attention import config
+
+    def small(cls, problem, target):  # type: ignore[no-untyped-def]
+        return cls(section=4, dma_quarters=4, scalar_evac=8)
+
+    monkeypatch.setattr(config.FlashBwdConfig, "heuristic", classmethod(small))
+    from nki_kernels.runtime.config_store import recording_decisions
+
+    q, k, v = (t.requires_grad_() for t in _inputs(256, torch.bfloat16, sq=600, sk=600))
+    out = flash_attention(q, k, v, causal=True)
+    with recording_decisions() as seen:
+        _check_grads(q, k, v, out, torch.bfloat16, attn_mask=_bottom_right(600, 600))
+    assert [d.config.section for d in seen if d.op == "flash_attention_bwd"] == [4]
