@@ -4,7 +4,8 @@ Needs TorchNeuron, the Neuron `nki` and a visible `neuron` device (trn2 / trn3);
 without them it prints what is missing and exits 2. For every op at the README's model
 shapes (`--quick`: small shapes, a smoke test):
 
-1. forward and backward on the device against the fp32 torch reference, at the
+1. forward and backward (forward only for decode) on the device against the fp32 torch
+   reference, at the
    per-dtype tolerances of `testing.tolerances` (scaled by the reference's magnitude,
    grown with the reduction length);
 2. every kernel launch the op made (one per specialization: kernel, bucket shapes,
@@ -83,6 +84,7 @@ class Case:
     # the benchmark rows this case measures: (forward op, backward op, case), the
     # `BenchRow.op` / `.case` texts of `make bench` (None: a case the bench has not)
     bench: tuple[str, str, str] | None = None
+    backward: bool = True  # False: an inference-only op (decode), forward checked alone
 
 
 @dataclass
@@ -151,16 +153,17 @@ def check_case(
     from ..testing.tolerances import tolerance
 
     inputs = case.make(torch.Generator().manual_seed(seed))
-    grads = _float_inputs(inputs)
+    grads = _float_inputs(inputs) if case.backward else []
     dev = {k: v.detach().to(device).requires_grad_(k in grads) for k, v in inputs.items()}
     ref = {k: v.detach().float().requires_grad_(k in grads) for k, v in inputs.items()}
     with _recorded(phases, "fwd"):
         out = case.call(dev)
     want = case.reference(ref)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1))
-    with _recorded(phases, "bwd"):
-        out.backward(g.to(out.dtype).to(device))
-    want.backward(g.to(out.dtype).float())
+    if case.backward:
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1))
+        with _recorded(phases, "bwd"):
+            out.backward(g.to(out.dtype).to(device))
+        want.backward(g.to(out.dtype).float())
     pairs = [("output", out, want)] + [(f"d{k}", dev[k].grad, ref[k].grad) for k in grads]
     failures = []
     for name, got, exp in pairs:

@@ -1,7 +1,8 @@
 """The cases `nki-kernels hwcheck` runs: every op at the README's model shapes.
 
 Shapes come from `nki_kernels.model_shapes` (Llama-3 8B / 70B norms and attention at
-2048 tokens, Mixtral-8x7B MoE at 512 tokens), bf16; `quick=True` gives small shapes of
+2048 tokens, Llama-3 8B decode over a 2048-slot cache of ragged lengths, Mixtral-8x7B MoE
+at 512 tokens), bf16; `quick=True` gives small shapes of
 the same ops (odd sizes, ragged tiles) for a smoke test. Each case's reference is the
 fp32 torch composition of `nki_kernels/*/reference.py`.
 
@@ -22,6 +23,7 @@ from ..model_shapes import LLAMA3_8B_ATTN, LLAMA3_8B_NORM, LLAMA3_70B_NORM, MIXT
 from .hwcheck import Case
 
 EPS = 1e-6
+DECODE_LENS = [2048, 1500, 700, 33]  # ragged cache lengths of the decode case
 BF16 = torch.bfloat16
 
 
@@ -90,6 +92,32 @@ def _attention_case(
     )
 
 
+def _decode_case(
+    b: int, hq: int, hkv: int, s_max: int, d: int, lens: list[int], label: str
+) -> Case:
+    """One new token per sequence over a contiguous cache of ragged lengths (inference)."""
+    from ..attention.reference import attention_reference
+
+    def make(g: torch.Generator) -> dict[str, Any]:
+        return {
+            "q": torch.randn(b, hq, 1, d, generator=g).to(BF16),
+            "k_cache": torch.randn(b, hkv, s_max, d, generator=g).to(BF16),
+            "v_cache": torch.randn(b, hkv, s_max, d, generator=g).to(BF16),
+            "cache_lens": torch.tensor(lens),
+        }
+
+    def call(i: dict[str, Any]) -> Any:
+        return torch.ops.nki.decode_attention(i["q"], i["k_cache"], i["v_cache"],
+                                              i["cache_lens"])[0]  # fmt: skip
+
+    def ref(i: dict[str, Any]) -> Any:  # Sq = 1: the new token sees keys < cache_len
+        lens_t = i["cache_lens"].to(torch.int64)
+        return attention_reference(i["q"], i["k_cache"], i["v_cache"], kv_lens=lens_t)[0]
+
+    shape = f"{label} B={b} Hq={hq} Hkv={hkv} S_max={s_max} D={d} lens={lens} bf16"
+    return Case("decode_attention", shape, make, call, ref, max(s_max, d), backward=False)
+
+
 def _moe_case(t: int, h: int, inter: int, e: int, k: int, label: str) -> Case:
     from ..moe.reference import moe_reference
 
@@ -119,6 +147,7 @@ def all_cases(quick: bool = False) -> list[Case]:
         return [
             *_norm_cases(300, 256, "small"),
             _attention_case(1, 2, 1, 640, 64, "small"),
+            _decode_case(2, 4, 2, 150, 64, [150, 37], "small"),
             _moe_case(100, 128, 256, 4, 2, "small"),
         ]
     a, m = LLAMA3_8B_ATTN, MIXTRAL_8X7B_MOE
@@ -127,6 +156,7 @@ def all_cases(quick: bool = False) -> list[Case]:
         *_norm_cases(2048, LLAMA3_70B_NORM.hidden, "llama3-70b"),
         *_norm_cases(16384, LLAMA3_8B_NORM.hidden, "bench", bench=True),
         _attention_case(1, a.num_heads, a.num_kv_heads, 2048, a.head_dim, a.model, bench=True),
+        _decode_case(4, a.num_heads, a.num_kv_heads, 2048, a.head_dim, DECODE_LENS, a.model),
         _moe_case(512, m.hidden, m.intermediate, m.num_experts, m.top_k, m.model),
     ]
 

@@ -113,3 +113,13 @@ def test_forward_and_backward_of_every_quick_case_pass_on_cpu() -> None:
         if case.op in ("flash_attention", "moe_mlp"):
             continue  # slow in the interpreter; their op tests cover them
         assert hwcheck.check_case(case, "cpu") == [], case.op
+
+
+def test_decode_is_checked_forward_only() -> None:
+    """decode_attention (inference-only) is one of hwcheck's ops: forward vs reference."""
+    (case,) = cases_for(["decode_attention"], quick=True)
+    assert not case.backward
+    assert hwcheck.check_case(case, "cpu") == []
+    bad = hwcheck.Case(case.op, case.shape, case.make, lambda i: case.call(i) * 1.05,
+                       case.reference, case.reduction, backward=False)  # fmt: skip
+    assert hwcheck.check_case(bad, "cpu")[0].startswith("decode_attention small")
