@@ -7,22 +7,28 @@ OMP_NUM_THREADS (a Llama-3-8B-shaped attention forward + backward at S = 1024 to
 with the default OpenBLAS threads and 1.37 s with one, as reported in issue 14). So each
 `run()` limits the BLAS libraries loaded in the process to one thread and restores the
 caller's setting when it returns (threadpoolctl); nested runs keep the limit.
+
+The libraries are looked up again whenever modules were imported since the last look
+(a scan costs ~2 ms): importing e.g. scipy.linalg loads a second OpenBLAS, which a
+controller made before it would leave multi-threaded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 _depth = 0
 _controller: Any = None
+_modules_seen = -1  # len(sys.modules) when _controller scanned the loaded libraries
 
 
 @contextlib.contextmanager
 def one_blas_thread() -> Iterator[None]:
     """BLAS limited to one thread inside the block (no-op without threadpoolctl)."""
-    global _depth, _controller
+    global _depth, _controller, _modules_seen
     if _depth:
         _depth += 1
         try:
@@ -35,7 +41,8 @@ def one_blas_thread() -> Iterator[None]:
     except ImportError:  # an optional speed-up: the results are the same either way
         yield
         return
-    if _controller is None:
+    if _controller is None or len(sys.modules) != _modules_seen:
+        _modules_seen = len(sys.modules)
         _controller = ThreadpoolController()
     _depth = 1
     try:
