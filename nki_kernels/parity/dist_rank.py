@@ -37,6 +37,17 @@ WRAPPERS = ("ddp", "fsdp2")
 PATHS = ("reference", "nki")
 
 
+def tolerance_of(loss0: float, given: float | None) -> tuple[float, str]:
+    """The --nproc tolerance on |Δloss| and its rule: 16 fp32 ulps of the reference's
+    first loss (no noise-floor runs here), or the given value."""
+    from .harness import ULPS, tolerance_for
+
+    if given is not None:
+        return float(given), "given (--tolerance)"
+    tol, _ = tolerance_for(0.0, loss0, torch.float32)
+    return tol, f"{ULPS} x eps(float32) x |reference loss0| (no noise-floor runs under --nproc)"
+
+
 def entry(spec: str) -> Any:
     """A built-in model / data factory by name, or `module:function`."""
     from .data import BUILTIN as DATA
@@ -179,10 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--tolerance", type=float, default=None)
     p.add_argument("--work", type=Path, required=True)
     a = p.parse_args(argv)
     dist.init_process_group("gloo")
     data, half = entry(a.data), a.steps // 2
+
+    def say(line: str) -> None:
+        if dist.get_rank() == 0:
+            print(line, flush=True)
+
     result: dict[str, Any] = {}
     for spec in a.model:
         factory = entry(spec)
@@ -191,12 +208,19 @@ def main(argv: list[str] | None = None) -> int:
             ckpt = checkpoint_dir(a.work, spec, wrapper)
             if a.phase == "train":
                 for path in PATHS:
+                    say(f"[parity] {spec}: {wrapper} {path} run, {a.steps} steps")
                     call, params = _build(factory, a.seed, path == "nki", wrapper)
                     opt = _optimizer(params, a.lr)
                     save = half if path == "nki" else None
                     runs[f"{wrapper}/{path}"] = _train(
                         call, params, opt, data, a.seed, range(a.steps), save, ckpt
                     )
+                    if wrapper == "ddp" and path == "reference":
+                        tol, rule = tolerance_of(runs["ddp/reference"]["losses"][0], a.tolerance)
+                        say(
+                            f"[parity] {spec}: tolerance, fixed before the NKI runs: "
+                            f"|Δloss| <= {tol:.3g} = {rule}"
+                        )
             else:
                 call, params = _build(factory, a.seed, True, wrapper)
                 opt = _optimizer(params, a.lr)

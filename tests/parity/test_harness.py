@@ -128,6 +128,8 @@ def test_nproc_2_ddp_and_fsdp2_with_a_sharded_checkpoint_resumed_in_fresh_proces
     assert max(saved["fsdp2_vs_ddp_max_delta"].values()) <= saved["tolerance"]
     assert (tmp_path / "checkpoints" / "tiny-mixtral-fsdp2" / ".metadata").is_file()
     assert "FSDP2 (fully_shard)" in proc.stdout
+    out = proc.stdout
+    assert out.index("tolerance, fixed before the NKI runs") < out.index("ddp nki run")
     pytest.importorskip("matplotlib")
     assert (tmp_path / "parity-dist2.png").stat().st_size > 0
 
