@@ -36,7 +36,7 @@ import optuna
 
 from nki_kernels.autotune.families import get
 from nki_kernels.autotune.measure import CostModelMeasurer, Measurement, Measurer
-from nki_kernels.autotune.space import SearchSpace
+from nki_kernels.autotune.space import ENCODINGS, SearchSpace
 from nki_kernels.autotune.storage import open_storage
 from nki_kernels.autotune.study import TuneOptions, Tuner
 from nki_kernels.interp.errors import NkiValidationError
@@ -101,9 +101,11 @@ class ReplayMeasurer(Measurer):
 
 
 def trials_to_target(op: str, shape: str, bucket: int, target: Any, table: dict[str, Any],
-                     strategy: str, seed: int, default_first: bool) -> int | None:  # fmt: skip
+                     strategy: str, seed: int, default_first: bool,
+                     encoding: str = "values") -> int | None:  # fmt: skip
     """Distinct configs evaluated until the best is within WITHIN of the grid optimum
-    (`default_first`: the heuristic default is trial 0, as in a real tuning run)."""
+    (`default_first`: the heuristic default is trial 0, as in a real tuning run;
+    `encoding`: how the study stores parameters, `space.ENCODINGS`)."""
     spec = get(op)
     problem = spec.make_problem(shape, bucket, spec.dtypes[0])
     best = min(v for v in table.values() if not isinstance(v, str))
@@ -114,7 +116,11 @@ def trials_to_target(op: str, shape: str, bucket: int, target: Any, table: dict[
         storage=open_storage("memory"),
         measurer=ReplayMeasurer(table, target.name),
         options=TuneOptions(
-            strategy=strategy, seed=seed, gate="off", enqueue_default=default_first
+            strategy=strategy,
+            seed=seed,
+            gate="off",
+            enqueue_default=default_first,
+            encoding=encoding,
         ),
     )
     found: list[int] = []
@@ -138,10 +144,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--target", default="trn2")
     ap.add_argument("--ops", default=None, help="comma-separated subset of the ops")
+    ap.add_argument("--buckets", default=None, help="comma-separated subset of the buckets")
+    ap.add_argument(
+        "--encoding",
+        default="values",
+        choices=ENCODINGS,
+        help="how studies store parameters (values: as the dashboard shows them)",
+    )
+    ap.add_argument(
+        "--variants",
+        default="tpe,tpe_cold,random_cold",
+        help="comma-separated subset of tpe, tpe_cold, random_cold",
+    )
+    ap.add_argument("--first-seed", type=int, default=0)  # fmt: skip
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     target = get_target(args.target)
     only = set(args.ops.split(",")) if args.ops else None
+    only_buckets = {int(b) for b in args.buckets.split(",")} if args.buckets else None
     rows = []
     label = modeled_label(target.name)
     print(f"search efficiency, {label}: distinct configs evaluated until within 2% of the "
@@ -149,12 +169,16 @@ def main(argv: list[str] | None = None) -> int:
           "default = heuristic vs optimum")  # fmt: skip
     print(f"{'op':<16}{'bucket':>7}{'grid':>6}{'valid':>6}{'default':>9}"
           f"{'TPE':>9}{'TPE cold':>10}{'random':>10}{'cold/grid':>10}")  # fmt: skip
-    variants = (("tpe", "tpe", True), ("tpe_cold", "tpe", False), ("random_cold", "random", False))
+    every = (("tpe", "tpe", True), ("tpe_cold", "tpe", False), ("random_cold", "random", False))
+    variants = tuple(v for v in every if v[0] in args.variants.split(","))
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     for op, shape, buckets in CASES:
         if only and op not in only:
             continue
         spec = get(op)
         for bucket in buckets:
+            if only_buckets and bucket not in only_buckets:
+                continue
             g = grid_table(op, shape, bucket, target)
             table = g["table"]
             lat = [v for v in table.values() if not isinstance(v, str)]
@@ -163,18 +187,23 @@ def main(argv: list[str] | None = None) -> int:
             default = table[spec.make_tunable().heuristic(problem, target).key()]
             gap = default / optimum - 1 if not isinstance(default, str) else float("nan")
             res = {}
+            counts_by_variant = {}
             for name, strategy, first in variants:
                 counts = [
-                    trials_to_target(op, shape, bucket, target, table, strategy, s, first)
-                    for s in range(args.seeds)
+                    trials_to_target(
+                        op, shape, bucket, target, table, strategy, s, first, args.encoding
+                    )
+                    for s in seeds
                 ]
+                counts_by_variant[name] = counts
                 ok = [c for c in counts if c is not None]
                 res[name] = (statistics.median(ok), max(ok)) if ok else (None, None)
-            frac = res["tpe_cold"][0] / g["size"] if res["tpe_cold"][0] else float("nan")
+            cold = res.get("tpe_cold", (None, None))[0]
+            frac = cold / g["size"] if cold else float("nan")
             cell = {k: f"{v[0]:g}/{v[1]}" for k, v in res.items()}
             print(f"{op:<16}{bucket:>7}{g['size']:>6}{len(lat):>6}{gap:>+9.1%}"
-                  f"{cell['tpe']:>9}{cell['tpe_cold']:>10}{cell['random_cold']:>10}"
-                  f"{frac:>10.1%}", flush=True)  # fmt: skip
+                  f"{cell.get('tpe', '-'):>9}{cell.get('tpe_cold', '-'):>10}"
+                  f"{cell.get('random_cold', '-'):>10}{frac:>10.1%}", flush=True)  # fmt: skip
             rows.append({
                 "bench": "autotune_efficiency", "op": op, "shape": shape, "bucket": bucket,
                 "target": target.name, "label": label, "grid": g["size"], "valid": len(lat),
@@ -182,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 **{f"{k}_median": v[0] for k, v in res.items()},
                 **{f"{k}_worst": v[1] for k, v in res.items()},
                 "tpe_cold_fraction": frac, "seeds": args.seeds, "within": WITHIN,
+                "first_seed": args.first_seed, "encoding": args.encoding,
+                "counts": counts_by_variant,
                 "problem": g["problem"], "kernel_hash": g["stamp"]["kernel_hash"],
                 "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             })  # fmt: skip

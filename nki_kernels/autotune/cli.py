@@ -437,6 +437,8 @@ def run_tune(args: argparse.Namespace) -> int:
                         time.sleep(0.5)
         except (KeyboardInterrupt, Terminated) as e:
             bar.close()
+            with contextlib.suppress(Exception):
+                tuner.drop_claims()  # the abandoned trial is finished: its claim goes too
             report = tuner.report()
             best = f"best {report.best.latency_ns / 1e3:.2f} us" if report.best else "no best yet"
             why = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"

@@ -71,7 +71,7 @@ from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target
 from .gate import CorrectnessGate
 from .measure import HardwareMeasurer, Measurer
-from .space import GRID_THRESHOLD, SearchSpace
+from .space import ENCODINGS, GRID_THRESHOLD, CandidateSampler, SearchSpace
 from .tunable import Tunable
 
 OK, INVALID, REJECTED, ERROR = "ok", "invalid", "rejected", "error"
@@ -81,6 +81,7 @@ CLAIM_SEP = "#claim#"
 ORPHAN_AFTER_S = 10.0
 RESULT = "result"
 GATE_VERDICT = "gate:"
+ENCODING_ATTR = "param_encoding"
 STRATEGIES = ("auto", "tpe", "grid", "random")
 GATE_MODES = ("always", "improving", "off")
 RANKS = ("nominal", "pessimistic")
@@ -142,6 +143,7 @@ class TuneOptions:
     dup_patience: int = 5
     enqueue_default: bool = True  # False only for measuring search efficiency from scratch
     rank: str = "nominal"
+    encoding: str = "values"  # parameters of a new study (`space.ENCODINGS`)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -150,6 +152,8 @@ class TuneOptions:
             raise ValueError(f"gate: expected one of {GATE_MODES}; got {self.gate!r}")
         if self.rank not in RANKS:
             raise ValueError(f"rank: expected one of {RANKS}; got {self.rank!r}")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding: expected one of {ENCODINGS}; got {self.encoding!r}")
         if not self.stale_after_s > 0:
             raise ValueError(f"stale_after_s: expected a number > 0; got {self.stale_after_s}")
 
@@ -350,7 +354,9 @@ class Tuner:
         self.options = options or TuneOptions()
         self.gate = gate if gate is not None or self.options.gate == "off" else CorrectnessGate()
         self.worker = worker
-        self.space = SearchSpace(tunable.config_cls, problem, target)
+        self.space = SearchSpace(
+            tunable.config_cls, problem, target, encoding=self.options.encoding
+        )
         if self.options.rank == "pessimistic" and not getattr(measurer, "bands", False):
             raise ValueError(
                 f"rank: 'pessimistic' needs a measurer that prices the cost model's band "
@@ -382,7 +388,7 @@ class Tuner:
             # one shared seed: every worker must see the same grid order
             return _Grid(self.space.grid(), seed=self.options.seed)
         if self.strategy == "random":
-            return RandomSampler(seed=seed)
+            return CandidateSampler(RandomSampler(seed=seed), self.space, seed)
         startup = self.options.n_startup_trials
         if startup is None:
             # Optuna's 10 random trials before TPE models the space (fewer only for tiny
@@ -390,9 +396,10 @@ class Tuner:
             startup = min(10, max(1, self.space.size // 4))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return TPESampler(
+            tpe = TPESampler(
                 seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup
             )
+        return CandidateSampler(tpe, self.space, seed)
 
     def study(self) -> optuna.Study:
         """Create or load the study; enqueue the heuristic default into a new one."""
@@ -405,6 +412,15 @@ class Tuner:
             sampler=self._sampler(),
             load_if_exists=True,
         )
+        # a study keeps the parameter encoding it was created with (older ones: indices)
+        enc = study.user_attrs.get(ENCODING_ATTR) or self.space.encoding_of(
+            study.get_trials(deepcopy=False)
+        )
+        if enc is not None and enc != self.space.encoding:
+            self.space = self.space.with_encoding(enc)
+            study.sampler = self._sampler()
+        if ENCODING_ATTR not in study.user_attrs:
+            study.set_user_attr(ENCODING_ATTR, self.space.encoding)
         heuristic = self.tunable.heuristic(self.problem, self.target)
         if "op" not in study.user_attrs:
             attrs = {

@@ -10,10 +10,13 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
+import nki_kernels
 from nki_kernels.autotune import lifecycle
 from nki_kernels.autotune.buckets_cli import _price_sizes
 from nki_kernels.autotune.buckets_opt import (
@@ -24,9 +27,11 @@ from nki_kernels.autotune.buckets_opt import (
 )
 from nki_kernels.autotune.shapes import resolve_shape
 from nki_kernels.autotune.storage import StorageError, normalize_url, open_storage, redact, scrub
+from nki_kernels.autotune.study import CLAIM_SEP
 from nki_kernels.cli import main
 from nki_kernels.model_shapes import ATTENTION_SHAPES, MOE_SHAPES, NORM_SHAPES
-from nki_kernels.runtime import buckets
+from nki_kernels.runtime import buckets, lnc
+from nki_kernels.runtime import config_store as cs
 
 SECRET = "s3cr3t-pw"
 
@@ -61,21 +66,37 @@ def test_tune_any_shape_and_policy_then_configs_which_sees_it(tmp_path, capsys, 
     assert main([*base, "--buckets", "1408"]) == 2
     err = capsys.readouterr().err
     assert "1408 is not a boundary" in err and "Traceback" not in err and err.count("\n") == 1
-    assert main([*base, "--buckets", "1408", "--bucket-policy", "explicit[384,1408]"]) == 0
+    assert main([*base, "--buckets", "384", "--bucket-policy", "explicit[384,1408]"]) == 0
     data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
     # tuned at the target's default LNC (2 on trn2), which `configs which` also looks up
-    assert list(data["entries"]) == ["affine=w,dtype=bfloat16,hidden=5120,lnc=2,rows=1408"]
+    key = "affine=w,dtype=bfloat16,hidden=5120,lnc=2,rows=384"
+    assert list(data["entries"]) == [key]
+    tuned = data["entries"][key]["config"]
+    # apply it: the policy file the ops read, and the config directory
     policy = tmp_path / "policy.json"
     buckets.write_policy_file(policy, buckets.parse_policy("384,1408"), op="rms_norm")
     monkeypatch.setenv(buckets.POLICY_ENV_VAR, str(policy))
+    monkeypatch.setenv(cs.CONFIG_DIR_ENV_VAR, str(cfg))
+    monkeypatch.setattr(cs, "_default", None)
     buckets.reset_bucket_policies()
+    # run the ops at LNC 2, as a default trn2 does (without a device they run at LNC 1,
+    # where this LNC-2 entry does not apply and the default would be used)
+    monkeypatch.setattr(lnc, "_state", {"read": True, "value": 2})
     capsys.readouterr()
     which = ["configs", "which", "rms_norm", "--shape", "hidden=5120", "--config-dir", str(cfg)]
-    assert main([*which, "--size", "1000"]) == 0
+    assert main([*which, "--size", "300"]) == 0
     out = capsys.readouterr().out
-    assert "bucket 1408" in out and "tuned entry" in out and "modeled" in out and "LNC 2" in out
+    assert "bucket 384" in out and "tuned entry" in out and "modeled" in out and "LNC 2" in out
+    # and the op itself, called on 300 rows, pads to 384 and launches the tuned config
+    x = torch.randn(300, 5120, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = nki_kernels.explain("rms_norm", x, torch.ones(5120, dtype=torch.bfloat16), 1e-6)
+    (d,) = e.decisions
+    assert d.problem == key, d.problem
+    assert d.source == cs.TUNED and d.entry_key == key and d.config.to_dict() == tuned
     # a shape with no entry of its own hidden size gets the heuristic default
-    assert main(["configs", "which", "rms_norm", "--shape", "hidden=6144", "--size", "1000",
+    assert main(["configs", "which", "rms_norm", "--shape", "hidden=6144", "--size", "300",
                  "--config-dir", str(cfg)]) == 0  # fmt: skip
     assert "heuristic default" in capsys.readouterr().out
 
@@ -247,6 +268,8 @@ def test_sigint_ends_with_one_line_and_the_resume_command(tmp_path) -> None:
     storage = open_storage(str(tmp_path / "s.db"))
     from optuna.trial import TrialState
 
+    # the interrupted run dropped its claims too: the dashboard sees the one study
+    assert [s.study_name for s in storage.get_all_studies() if CLAIM_SEP in s.study_name] == []
     for s in storage.get_all_studies():
         trials = storage.get_all_trials(s._study_id, states=(TrialState.RUNNING,))
         assert trials == []
@@ -288,3 +311,31 @@ def test_trials_must_be_at_least_one(trials, capsys) -> None:
         main(["tune", "rms_norm", "--trials", trials])
     assert e.value.code == 2
     assert "--trials" in capsys.readouterr().err
+
+
+# -- finding 7: what optuna-dashboard sees -------------------------------------------------
+def test_the_dashboard_sees_one_study_per_bucket_with_parameters_as_values(tmp_path) -> None:
+    import optuna
+
+    db = tmp_path / "s.db"
+    argv = ["tune", "rms_norm", "--buckets", "256,512", "--shape", "llama3-8b", "--storage",
+            str(db), "--no-export", "--no-progress", "--trials", "4", "--strategy", "tpe",
+            "--gate", "off"]  # fmt: skip
+    assert main(argv) == 0
+    # optuna's own storage API, as optuna-dashboard reads it
+    summaries = optuna.get_all_study_summaries(storage=f"sqlite:///{db}")
+    names = sorted(s.study_name for s in summaries)
+    # (op, target, bucket, dtype) @ measurer : kernel hash -- and no claim markers
+    assert [n.split("@")[0] for n in names] == [
+        "rms_norm/trn2/rows256-h4096-w/bfloat16",
+        "rms_norm/trn2/rows512-h4096-w/bfloat16",
+    ], names
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+        trials = [t for t in study.trials if t.params]
+        assert len(trials) >= 4
+        for t in trials:
+            # every parameter is the config field's value (chunk: 4096, not an index)
+            config = json.loads(t.user_attrs["config"])
+            assert t.params == {k: config[k] for k in t.params}, (t.params, config)
+        assert "chunk" in trials[0].params
