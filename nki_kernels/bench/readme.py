@@ -170,11 +170,15 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
         {r.provenance.split(",")[0] for r in rows if f"model {cost_model}," not in r.provenance}
     )
     if older:
+        cases = sorted(
+            {f"{r.family} {r.case}" for r in rows if f"model {cost_model}," not in r.provenance}
+        )
         head += [
             f"Rows labelled {', '.join(o.replace('modeled (', '') for o in older)} were priced "
             f"before cost model {cost_model} and are not re-priced yet (`nki-kernels bench "
-            "--reprice --full --bands`, `--peer PATH --full`); rows of different cost models "
-            "are never compared ('mixed').",
+            "--reprice --full --bands`, `--peer PATH --full`); they are left out of the "
+            "headline, and rows of different cost models are never compared ('mixed'). "
+            f"Those cases: {'; '.join(cases)}.",
             "",
         ]
     if cost_model == "v1":
