@@ -16,7 +16,8 @@ neuron tensors goes to `handle_kernel_call` -- the double of torch-neuronx's int
 * same page: "Inside torch.compile(backend="neuron"): The kernel call becomes one node in
   the captured graph" -> every call is one `torch.ops.nki_standin.kernel_call` node,
   whose fake gives the output shapes from a trace-only interpretation (the double of
-  `dump_config(...).return_types` in `torch_neuronx/nki_hop.py`).
+  `dump_config(...).return_types` in `torch_neuronx/nki_hop.py`; device loops whose trip
+  count is read from memory run zero trips there, since outputs are allocated first).
 * `nki.jit` (nki/api/nki/__init__.py): "The LNC value must match the
   NEURON_LOGICAL_NC_CONFIG environment variable set for the Neuron Runtime. Mismatching
   the two will cause a runtime error." -> `RuntimeError` when the launch's LNC differs
