@@ -459,10 +459,13 @@ def run_tune(args: argparse.Namespace) -> int:
                 print(f"  not exported: {e}", file=sys.stderr)
                 status = 1
             else:
+                from ..runtime.config_store import _banded_us
+
                 prov = out.provenance
-                tuned, dflt = prov.latency_ns / 1e3, prov.default_latency_ns / 1e3
-                print(f"  exported to {out.path} [{out.key}]: {tuned:.2f} us "
-                      f"(default {dflt:.2f} us) {prov.measurer}")  # fmt: skip
+                tuned = _banded_us(prov.latency_ns, prov.latency_band_ns)
+                dflt = _banded_us(prov.default_latency_ns, prov.default_latency_band_ns)
+                print(f"  exported to {out.path} [{out.key}]: {tuned} (default {dflt}) "
+                      f"{prov.measurer}, {prov.rank} ranking")  # fmt: skip
         if deadline is not None and time.monotonic() >= deadline:
             print("tune: --timeout reached", file=sys.stderr)
             break
@@ -483,7 +486,12 @@ def _summary(tuner: Any, report: Any) -> str:
         lines.append(f"  trials priced {tuner.tunable.describe(tuner.search_problem)}")
     if best is None:
         return lines[0] + "\n  no valid config"
-    lines.append(f"  best      {best.latency_ns / 1e3:10.2f} us {label}  {best.config}")
+    slow = (
+        ""
+        if best.latency_hi_ns is None
+        else f" (band's slow end {best.latency_hi_ns / 1e3:.2f} us)"
+    )
+    lines.append(f"  best      {best.latency_ns / 1e3:10.2f} us{slow} {label}  {best.config}")
     if heur is not None and heur.latency_ns is not None and heur.outcome == "ok":
         gain = heur.latency_ns / best.latency_ns
         lines.append(f"  default   {heur.latency_ns / 1e3:10.2f} us {label}  (tuned x{gain:.3f})")

@@ -1,7 +1,7 @@
 """`nki-kernels configs show|summary|diff|which|validate`: the stored tuned configs.
 
     nki-kernels configs show [--target trn2] [--op rms_norm] [--config-dir DIR]
-    nki-kernels configs summary [--op rms_norm] [--config-dir DIR|shipped]
+    nki-kernels configs summary [--op rms_norm] [--config-dir DIR|shipped] [--lnc 1|2]
     nki-kernels configs diff DIR_A DIR_B [--target trn2] [--op rms_norm]
     nki-kernels configs which OP --shape SHAPE --size N [--target trn2] [--dtype D]
         [--bucket-policy SPEC] [--config-dir DIR] [--lnc 1|2]
@@ -12,7 +12,11 @@ that shape uses: the bucket (under the op's policy), the config, from where (tun
 nearest bucket, heuristic default) and its provenance, through the same lookup the op runs,
 at the LNC it names (--lnc; default, as `tune`: $NEURON_LOGICAL_NC_CONFIG, else the
 target's default on a device: 2 on trn2 / trn3).
-`show` and `validate` report a file that does not parse, or an entry that fails the schema
+`summary` prints every modeled latency and speedup with its band where the entry has one
+("1.23 ms (1.20–1.26)": the range over the cost model's parameter sets, stated once under
+the table), labels the entries by cost model when the table holds more than one, and
+gives the speedup geomean per cost model and LNC (figures of different models are never
+pooled). `show` and `validate` report a file that does not parse, or an entry that fails the schema
 or its own problem's fit check, instead of stopping; `validate` exits 1 if any does.
 """
 
@@ -41,6 +45,7 @@ def add_configs_arguments(p: argparse.ArgumentParser) -> None:
     )
     summ.add_argument("--op", default=None)
     summ.add_argument("--config-dir", default="shipped", help="default: the packaged configs")
+    summ.add_argument("--lnc", type=int, choices=(1, 2), default=None, help="only this LNC")
     diff = sub.add_parser("diff", help="compare two config directories ('shipped' = packaged)")
     diff.add_argument("a")
     diff.add_argument("b")
@@ -117,40 +122,106 @@ def _compact_problem(key: str) -> str:
     return ", ".join(parts)
 
 
-def _configs_summary(directory: Path, op: str | None) -> list[str]:
+def _unit(ns_values: list[float]) -> tuple[str, float]:
+    """The unit ('ms' or 'us') that suits the largest of `ns_values`, and its scale."""
+    return ("ms", 1e6) if max(ns_values) >= 1e6 else ("us", 1e3)
+
+
+def banded_latency(ns: float, band: Any) -> str:
+    """'1.23 ms (1.20–1.26)' (the band in the figure's unit), or '1.23 ms' without one."""
+    unit, scale = _unit([ns, *(band or [])])
+    digits = 2 if ns / scale < 100 else 1
+    text = f"{ns / scale:.{digits}f} {unit}"
+    if band:
+        text += f" ({band[0] / scale:.{digits}f}–{band[1] / scale:.{digits}f})"
+    return text
+
+
+def banded_speedup(x: float, band: Any) -> str:
+    """'x1.23 (1.20–1.26)', or 'x1.23' without a band."""
+    return f"x{x:.2f}" + (f" ({band[0]:.2f}–{band[1]:.2f})" if band else "")
+
+
+def _model_tag(measurer: str) -> str:
+    """'modeled (cost model v2, trn2, LNC 2; one of 8 units, x8)' -> 'cost model v2'."""
+    m = re.search(r"cost model (v\d+)", measurer)
+    return f"cost model {m.group(1)}" if m else measurer
+
+
+def _configs_summary(directory: Path, op: str | None, lnc: int | None = None) -> list[str]:
+    """The markdown table of `configs summary` (see the module docstring)."""
+    from ..runtime.config_store import BAND_MEANING
+
     files = _files(directory, None, op)
     targets = sorted({t for t, _ in files})
     rows: dict[tuple[str, str], dict[str, str]] = {}
-    speedups: list[float] = []
+    speedups: list[tuple[str, float, Any]] = []
     measurers: set[str] = set()
+    cells: list[tuple[tuple[str, str], str, str, str]] = []
     for (t, o), path in files.items():
         current = _current_hash(o)
         for key, entry in (_entries_or_report(path) or {}).items():
             prov = entry.get("provenance", {}) if isinstance(entry, dict) else {}
             if not isinstance(prov, dict):
                 continue
+            if lnc is not None and ("lnc=2" in key.split(",")) != (lnc == 2):
+                continue
             lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
             stale = "" if current is None or prov.get("kernel_hash") == current else " STALE"
-            speedups.append(dflt / lat)
+            at = 2 if "lnc=2" in key.split(",") else 1
+            group = f"{_model_tag(str(prov.get('measurer', 'unlabeled')))}, LNC {at}"
+            speedups.append((group, dflt / lat, prov.get("speedup_band")))
             # "modeled (cost model v1, trn2; one of 8 units, x8)" -> "modeled (cost model v1, trn2)"
             measurers.add(re.sub(r";[^)]*\)", ")", str(prov.get("measurer", "unlabeled"))))
-            cell = f"{dflt / 1e3:.1f} → {lat / 1e3:.1f} (x{dflt / lat:.2f}){stale}"
-            rows.setdefault((o, key), {})[t] = cell
-    head = ["op", "bucketed problem", *(f"{t}: default → tuned, us" for t in targets)]
+            cell = (
+                f"{banded_latency(dflt, prov.get('default_latency_band_ns'))} → "
+                f"{banded_latency(lat, prov.get('latency_band_ns'))}, "
+                f"{banded_speedup(dflt / lat, prov.get('speedup_band'))}"
+            )
+            tag = _model_tag(str(prov.get("measurer", "unlabeled")))
+            rank = f", {prov['rank']}" if prov.get("rank") == "pessimistic" else ""
+            cells.append(((o, key), t, cell + stale, tag + rank))
+    tags = {c[3].split(",")[0] for c in cells}
+    for (o, key), t, cell, tag in cells:
+        # label each entry with its cost model when the table holds more than one, and
+        # name the entries ranked by the band's slow end
+        show = tag if len(tags) > 1 else tag.partition(", ")[2]
+        rows.setdefault((o, key), {})[t] = cell + (f" [{show}]" if show else "")
+    head = ["op", "bucketed problem", *(f"{t}: default → tuned, speedup" for t in targets)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (o, key), cells in sorted(rows.items(), key=lambda kv: (kv[0][0], _natural((kv[0][1], 0)))):
+    for (o, key), by_target in sorted(
+        rows.items(), key=lambda kv: (kv[0][0], _natural((kv[0][1], 0)))
+    ):
         out.append(
             f"| {o} | {_compact_problem(key)} | "
-            + " | ".join(cells.get(t, "–") for t in targets)
+            + " | ".join(by_target.get(t, "–") for t in targets)
             + " |"
         )
     if speedups:
-        gm = math.exp(sum(math.log(x) for x in speedups) / len(speedups))
         out.append("")
-        out.append(
-            f"{len(speedups)} entries; speedup geomean x{gm:.3f}, max x{max(speedups):.2f}, "
-            f"min x{min(speedups):.2f}. Latencies: " + "; ".join(sorted(measurers)) + "."
-        )
+        groups = sorted({g for g, _, _ in speedups})
+        # one line per cost model and LNC: figures of different models are not pooled
+        for g in groups:
+            xs = [x for gg, x, _ in speedups if gg == g]
+            bands = [b for gg, _, b in speedups if gg == g and b]
+            gm = math.exp(sum(math.log(x) for x in xs) / len(xs))
+            band = ""
+            if len(bands) == len(xs):
+                lo = math.exp(sum(math.log(b[0]) for b in bands) / len(bands))
+                hi = math.exp(sum(math.log(b[1]) for b in bands) / len(bands))
+                band = f" ({lo:.3f}–{hi:.3f}: geomeans of the band ends)"
+            out.append(
+                f"{g}: {len(xs)} entries; speedup geomean x{gm:.3f}{band}, "
+                f"max x{max(xs):.2f}, min x{min(xs):.2f}."
+            )
+        out.append("Latencies: " + "; ".join(sorted(measurers)) + ".")
+        n_banded = sum(1 for _, _, b in speedups if b)
+        if n_banded:
+            out.append(f"Bands: {BAND_MEANING}; the speedup's band is default / tuned taken "
+                       "parameter set by parameter set.")  # fmt: skip
+        if n_banded < len(speedups):
+            out.append(f"{len(speedups) - n_banded} entries have no band (tuned before "
+                       "bands were recorded).")  # fmt: skip
     return out
 
 
@@ -161,7 +232,7 @@ def run_configs(args: argparse.Namespace) -> int:
     if args.configs_cmd == "validate":
         return _validate(args)
     if args.configs_cmd == "summary":
-        lines = _configs_summary(_dirs(args.config_dir)[0], args.op)
+        lines = _configs_summary(_dirs(args.config_dir)[0], args.op, args.lnc)
         print("\n".join(lines) if len(lines) > 2 else "no stored configs")
         return 0
     if args.configs_cmd == "show":

@@ -71,12 +71,54 @@ def test_configs_summary_puts_targets_side_by_side(tmp_path, capsys):
         (d / "toy_op.json").write_text(json.dumps({"format": 1, "entries": entries}))
     assert main(["configs", "summary", "--config-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    head = "| op | bucketed problem | trn2: default → tuned, us | trn3: default → tuned, us |"
+    head = "| op | bucketed problem | trn2: default → tuned, speedup | trn3: default → tuned, "
     assert head in out
-    assert "| toy_op | hidden=64, rows=256 | 2.0 → 1.5 (x1.33) | 2.0 → 1.0 (x2.00) |" in out
-    assert "2 entries; speedup geomean x1.633, max x2.00, min x1.33" in out
+    assert (
+        "| toy_op | hidden=64, rows=256 | 2.00 us → 1.50 us, x1.33 | 2.00 us → 1.00 us, x2.00 |"
+        in out
+    )
+    assert "cost model v1, LNC 1: 2 entries; speedup geomean x1.633, max x2.00, min x1.33" in out
     # every latency says how it was obtained
     assert "Latencies: modeled (cost model v1, trn2); modeled (cost model v1, trn3)." in out
+    assert "2 entries have no band" in out and "Bands:" not in out
+
+
+def test_configs_summary_prints_every_modeled_figure_with_its_band(tmp_path, capsys):
+    """Banded entries: '1.23 ms (1.20–1.26)' for both latencies and the speedup, the
+    band's meaning once; entries of another cost model are labelled and never pooled."""
+    d = tmp_path / "trn2"
+    d.mkdir()
+    v2 = {
+        "config": {"chunk": 512},
+        "provenance": {
+            "latency_ns": 1.23e6,
+            "default_latency_ns": 1.5e6,
+            "lnc": 2,
+            "rank": "pessimistic",
+            "latency_band_ns": [1.20e6, 1.26e6],
+            "default_latency_band_ns": [1.45e6, 1.6e6],
+            "speedup_band": [1.19, 1.27],
+            "measurer": "modeled (cost model v2, trn2, LNC 2)",
+        },
+    }
+    v1 = {"config": {"chunk": 512},
+          "provenance": {"latency_ns": 1500.0, "default_latency_ns": 2000.0,
+                         "measurer": "modeled (cost model v1, trn2)"}}  # fmt: skip
+    entries = {"hidden=64,lnc=2,rows=256": v2, "hidden=64,rows=256": v1}
+    (d / "toy_op.json").write_text(json.dumps({"format": 1, "entries": entries}))
+    assert main(["configs", "summary", "--config-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| toy_op | hidden=64, lnc=2, rows=256 | 1.50 ms (1.45–1.60) → 1.23 ms (1.20–1.26), "
+        "x1.22 (1.19–1.27) [cost model v2, pessimistic] |"
+    ) in out
+    assert "| toy_op | hidden=64, rows=256 | 2.00 us → 1.50 us, x1.33 [cost model v1] |" in out
+    assert out.count("Bands: (low–high) = the range of the modeled figure") == 1
+    assert "cost model v2, LNC 2: 1 entries; speedup geomean x1.220 (1.190–1.270" in out
+    assert "cost model v1, LNC 1: 1 entries; speedup geomean x1.333," in out
+    assert main(["configs", "summary", "--config-dir", str(tmp_path), "--lnc", "2"]) == 0
+    only2 = capsys.readouterr().out
+    assert "lnc=2" in only2 and "cost model v1" not in only2
 
 
 def test_shipped_configs_match_the_current_kernels(capsys):
