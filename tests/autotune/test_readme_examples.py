@@ -20,6 +20,7 @@ import pytest
 from nki_kernels.cli import main
 from nki_kernels.runtime import buckets
 from nki_kernels.runtime import config_store as cs
+from nki_kernels.runtime.lnc import LNC_ENV_VAR, set_runtime_lnc
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "readme" / "autotune.md"
@@ -75,12 +76,15 @@ def test_every_example_runs_as_written(tmp_path, monkeypatch) -> None:
         (code,) = _blocks("python")
         monkeypatch.setattr(cs, "_default", None)
         buckets.reset_bucket_policies()
+        monkeypatch.delenv(LNC_ENV_VAR, raising=False)  # restored at teardown
+        set_runtime_lnc(None)  # the block's NEURON_LOGICAL_NC_CONFIG is read afresh
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             exec(compile(code, str(DOC), "exec"), {})
     finally:
-        for var in ("NKI_KERNELS_CONFIG_DIR", "NKI_KERNELS_BUCKET_POLICY"):
+        for var in ("NKI_KERNELS_CONFIG_DIR", "NKI_KERNELS_BUCKET_POLICY", LNC_ENV_VAR):
             os.environ.pop(var, None)
+        set_runtime_lnc(None)
         monkeypatch.setattr(cs, "_default", None)
         buckets.reset_bucket_policies()
     assert (tmp_path / "my-configs" / "trn2" / "rms_norm.json").exists()
