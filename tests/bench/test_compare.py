@@ -239,3 +239,14 @@ def test_goal_needs_the_mean_and_the_band_low_end():
     assert "band low end 0.95x" in goal_text("attention", 1.5, (0.95, 1.8))
     assert "0.20x short" in goal_text("moe", 1.1, (1.05, 1.2))
     assert goal_text("norm", 1.2, None).endswith("missed (no band)")
+
+
+def test_attention_lnc2_prices_one_kv_head_per_program():
+    from nki_kernels.attention import bench as attn
+
+    one = attn.price("fwd", 512, "trn2", False, force="pair")
+    two = attn.price("fwd", 512, "trn2", False, force="pair", lnc=2)
+    assert one.pricing == "1 of 8 pairs x 8"
+    assert two.pricing == "2 of 8 pairs x 4, kernel[2]"
+    # two cores, one kv head each per launch: at most the LNC 1 latency, at least half
+    assert one.latency_us / 2 <= two.latency_us <= one.latency_us

@@ -71,3 +71,30 @@ def test_price_kernel_prices_the_ops_launch() -> None:
         price_kernel("fwd2", p, cfg, TRN2)
     with pytest.raises(ValueError, match="blocks: expected a positive int; got 0"):
         price_kernel("bwd", p, cfg, TRN2, routing=0)
+
+
+def test_layer_row_at_lnc2_traces_kernel_2_launches(monkeypatch) -> None:
+    # LNC 2: the router and the expert kernel are traced as kernel[2] on the whole batch
+    # (both programs, each on its own core), not an LNC 1 figure halved
+    import pytest
+
+    from nki_kernels.perfmodel import api
+
+    seen: list[int] = []
+    real = api.run
+
+    def run(kernel, *args, lnc=1, **kwargs):
+        seen.append(lnc)
+        return real(kernel, *args, lnc=lnc, **kwargs)
+
+    monkeypatch.setattr(api, "run", run)
+    shape = MoEShape("tiny-lnc", hidden=1024, intermediate=512, num_experts=4, top_k=2)
+    one = layer_row(shape, 512, "uniform", "trn2")
+    assert seen and set(seen) == {1}
+    seen.clear()
+    two = layer_row(shape, 512, "uniform", "trn2", lnc=2)
+    assert seen and set(seen) == {2}
+    # the second core takes half of the down projection and the combine, not the gate/up
+    assert one["latency_ms"] / 2 < two["latency_ms"] < one["latency_ms"]
+    with pytest.raises(ValueError, match="lnc"):
+        layer_row(shape, 512, "uniform", "trn2", backward=True, lnc=2)
