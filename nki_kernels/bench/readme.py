@@ -152,8 +152,8 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
         "Ours vs AWS's nki-library kernel vs TorchNeuron's native path for the same "
         "PyTorch code, each priced by the same interpreter and cost model (no Trainium "
         "here); how each baseline is built, and its public source, is on the manual's "
-        "benchmarks page. Regenerate: `nki-kernels bench --reprice --full` (ours and "
-        "native), `nki-kernels bench --peer PATH` (AWS's kernels; rows here from "
+        "benchmarks page. Regenerate: `nki-kernels bench --reprice --full --bands` (ours "
+        "and native), `nki-kernels bench --peer PATH --full` (AWS's kernels; rows here from "
         f"nki-library {', '.join(commits) or 'none'}), then `nki-kernels bench --markdown "
         "docs/readme/02-benchmark-table.md` and `python scripts/build_readme.py`.",
         "",
