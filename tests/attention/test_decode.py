@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from _helpers import LSE_ATOL, TOLERANCES, assert_rel_close
 
 from nki_kernels.attention.decode import decode_attention_fwd
-from nki_kernels.attention.decode_host import DecodeConfig, decode, decode_bounds
+from nki_kernels.attention.decode_host import DecodeConfig, decode, decode_bounds, paged_slots
 from nki_kernels.interp import TensorSpec, run
 from nki_kernels.ops.decode import decode_attention
 
@@ -224,3 +224,33 @@ def test_decode_config_heuristic_space_and_validity() -> None:
         DecodeConfig().validate(wide, tgt)
     with pytest.raises(dataclasses.FrozenInstanceError):
         DecodeConfig().splits = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_lnc2_programs_split_the_sequences_and_match_lnc1(paged: bool) -> None:
+    """kernel[2]: the (sequence, KV head) items are shared by the two programs (an odd
+    count here, so one program takes more), and the outputs equal the LNC 1 launch's."""
+    hkv, sq, kv_tile, steps = 1, 2, 128, 3
+    lens = np.array([300, 5, 384])
+    q = _rand(3, 4 * hkv, sq, D, seed=11, dtype=torch.float32).numpy()
+    bounds = decode_bounds(lens, 4, sq)
+    if paged:
+        block, slots_per_seq = 16, steps * kv_tile
+        n_blocks = 3 * slots_per_seq // block
+        k = _rand(n_blocks, block, hkv, D, seed=12, dtype=torch.float32).numpy()
+        v = _rand(n_blocks, block, hkv, D, seed=13, dtype=torch.float32).numpy()
+        perm = np.random.default_rng(0).permutation(n_blocks).reshape(3, -1)
+        slots = paged_slots(perm, lens, block, slots_per_seq)
+    else:
+        k = _rand(3, hkv, steps * kv_tile, D, seed=12, dtype=torch.float32).numpy()
+        v = _rand(3, hkv, steps * kv_tile, D, seed=13, dtype=torch.float32).numpy()
+        slots = None
+    args = (q, k, v, slots, bounds, 0.125, steps, kv_tile, 1)
+    one = run(decode_attention_fwd, *args, lnc=1)
+    two = run(decode_attention_fwd, *args, lnc=2)
+    for a, b in zip(one.outputs, two.outputs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    per_program = [
+        sum(1 for i in two.trace if i.program == p and i.opcode == "nc_matmul") for p in (0, 1)
+    ]
+    assert per_program[0] > 0 and per_program[1] > 0, per_program
