@@ -254,3 +254,29 @@ def test_lnc2_programs_split_the_sequences_and_match_lnc1(paged: bool) -> None:
         sum(1 for i in two.trace if i.program == p and i.opcode == "nc_matmul") for p in (0, 1)
     ]
     assert per_program[0] > 0 and per_program[1] > 0, per_program
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_contiguous_decode_sq4_on_devices_and_under_compile(
+    device: str, request: pytest.FixtureRequest
+) -> None:
+    """The other half of the decode matrix under compile: contiguous cache, Sq = 4,
+    ragged lengths (one below Sq), GQA 8 : 2."""
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    torch._dynamo.reset()
+    lens = torch.tensor([260, 3])
+    q = _rand(2, HQ, 4, D, seed=12, dtype=torch.bfloat16)
+    k = _rand(2, HKV, 260, D, seed=13, dtype=torch.bfloat16)
+    v = _rand(2, HKV, 260, D, seed=14, dtype=torch.bfloat16)
+    ref, _ = _reference(q, k, v, lens)
+
+    def step(q, k, v, lens):  # type: ignore[no-untyped-def]
+        return decode_attention(q, k, v, lens)
+
+    args = [t.to(device) for t in (q, k, v, lens)]
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        out = fn(*args)
+        assert out.device.type == args[0].device.type
+        assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "out")
+        assert (out[1, :, :1].cpu() == 0).all()  # query 0 of the 3-key sequence sees none

@@ -256,3 +256,12 @@ def test_dense_mask_on_devices_and_under_compile(
     for got, want in zip((q.grad, k.grad, v.grad), ref_grads):
         assert got is not None and got.device.type == q.device.type
         assert_rel_close(got, want, tol_grad, "grad")
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_opcheck_with_a_dense_mask(kind: str) -> None:
+    """The op's own examples carry no mask: opcheck (schema, fake strides, autograd
+    registration, aot_dispatch) on the dense-mask path, the mask broadcast over heads."""
+    q, k, v = _inputs(1, 2, 1, 70, 90, 64, torch.float32)
+    mask = _random_mask((1, 1, 70, 90), kind)
+    torch.library.opcheck(torch.ops.nki.flash_attention.default, (q, k, v), {"attn_mask": mask})

@@ -216,3 +216,36 @@ def test_torch_block_mask_is_accepted() -> None:
     torch.testing.assert_close(out, ours, rtol=0, atol=0)
     with pytest.raises(TypeError, match="block_mask: expected a BlockMask"):
         flex_attention(q, k, v, block_mask=torch.ones(SQ, SK, dtype=torch.bool), enable_gqa=True)
+
+
+def test_interval_masks_reach_the_kernel_as_bounds_and_gapped_ones_as_tiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the forward kernel is launched with: an interval mask_mod passes row bounds
+    and no mask tile (range_select in the kernel), a gapped one a uint8 mask tile."""
+    from nki_kernels.attention import host
+
+    seen: list[tuple[bool, bool]] = []
+    real = host.launch
+
+    def spy(kernel, *args, **kw):  # type: ignore[no-untyped-def]
+        if kernel is host.flash_attention_fwd:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            seen.append((args[3] is not None, any(t.dtype == torch.uint8 for t in tensors)))
+        return real(kernel, *args, **kw)
+
+    monkeypatch.setattr(host, "launch", spy)
+
+    def stripes(b, h, q_idx, kv_idx):  # type: ignore[no-untyped-def]
+        return (kv_idx % 3 == 0) | (q_idx == kv_idx)
+
+    q, k, v = (t.detach() for t in _inputs(torch.float32))
+    for mod, want in (
+        (MASKS["document+causal"], (True, False)),
+        (MASKS["window"], (True, False)),
+        (stripes, (False, True)),
+    ):
+        seen.clear()
+        bm = flex.create_block_mask(mod, B, None, SQ, SK)
+        flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
+        assert seen and all(s == want for s in seen), (mod, seen)
