@@ -41,7 +41,7 @@ ALU_BITVEC = frozenset(
     {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
 )
 
-_DNAMES: dict[np.dtype, str] = {d: d.name for d in dt.ALL_DTYPES}
+_DNAMES: dict[dt.NkiDtype, str] = {d: str(d) for d in dt.ALL_DTYPES}
 # Partitions of every NeuronCore generation (targets.py); allocation enforces the target's.
 PMAX = 128
 
@@ -270,7 +270,8 @@ def _flat(t: NkiTensor) -> np.ndarray:
         t._st.pending.flush()
     data = t._st.data
     assert data is not None
-    return data.view(t.dtype) if data.dtype != t.dtype else data
+    nd = t.dtype._np
+    return data.view(nd) if data.dtype != nd else data
 
 
 def read(t: NkiTensor, oob_skip: bool = False) -> np.ndarray:
@@ -287,7 +288,7 @@ def read(t: NkiTensor, oob_skip: bool = False) -> np.ndarray:
                 f"indirect read of '{t.name}' out of bounds (element {bad} of "
                 f"{t.storage_elements()}); pass oob_mode=nisa.oob_mode.skip to skip it",
             )
-        out = np.zeros(t.shape, dtype=t.dtype)
+        out = np.zeros(t.shape, dtype=t.dtype._np)
         out[valid] = flat[addr[valid]]
         return out
     return flat[addr]
@@ -302,7 +303,7 @@ def mm_view(t: NkiTensor) -> np.ndarray | None:
     """The PSUM 'written by a matmul' mask of a view (None outside PSUM or for a reinterpreted
     view), used by accumulate=None."""
     st = t._st
-    if st.mm_mask is None or t.dtype.itemsize != st.dtype.itemsize:
+    if st.mm_mask is None or t.dtype._size != st.dtype._size:
         return None
     return np.ndarray(t.shape, np.bool_, buffer=st.mm_mask, offset=t.offset, strides=t.strides)
 
@@ -330,7 +331,7 @@ def write(t: NkiTensor, values: np.ndarray, mask: np.ndarray | None = None) -> N
     _flat(t)[addr[keep]] = vals[keep]
 
 
-def convert(values: np.ndarray, src: np.dtype, dst: np.dtype) -> np.ndarray:
+def convert(values: np.ndarray, src: dt.NkiDtype, dst: dt.NkiDtype) -> np.ndarray:
     """A copy engine's conversion: bit-exact for equal dtypes, otherwise through fp32."""
     if src == dst:
         return values
@@ -358,7 +359,7 @@ def emit(
     for t in srcs:
         reads.append(t.region())
         if not t._st.buffer.on_chip:
-            hbm_read += _size(t.shape) * t.dtype.itemsize
+            hbm_read += _size(t.shape) * t.dtype._size
         ind = t.indirect
         if ind is not None and type(ind.index) is NkiTensor:
             reads.append(ind.index.region())
@@ -367,7 +368,7 @@ def emit(
     for t in dsts:
         writes.append(t.region())
         if not t._st.buffer.on_chip:
-            hbm_write += _size(t.shape) * t.dtype.itemsize
+            hbm_write += _size(t.shape) * t.dtype._size
         ind = t.indirect
         if ind is not None and type(ind.index) is NkiTensor:
             reads.append(ind.index.region())
@@ -394,6 +395,8 @@ def emit(
     instrs = launch.trace.instrs
     instr.index = len(instrs)
     instrs.append(instr)
+    if launch.liveness is not None:
+        launch.liveness.touched(dsts, srcs)
     return instr
 
 

@@ -66,6 +66,7 @@ RULES: dict[str, str] = {
     "PART": "operands of one instruction use the same number of partitions",
     "FREE": "operands of one instruction hold the same number of elements per partition",
     "DTYPE": "operand dtypes are legal for the instruction",
+    "DTYPE_STR": "NKI dtypes are strings compared by value (no NumPy dtype attributes)",
     "MM_K": "matmul contraction (partition) size K is at most 128",
     "MM_M": "matmul stationary free size M is at most 128",
     "MM_N": "matmul moving free size N is at most 512 (NC-v4: 4096 fp32 / 8192 bf16 dst)",

@@ -68,7 +68,7 @@ def activation(
     bias_v = scalar_or_column(bias, p, "bias", instr)
     scale_v = scalar_or_column(scale, p, "scale", instr)
     if isinstance(scale, NkiTensor) and scale.dtype != dt.float32:
-        raise fail("DTYPE", f"activation: a scale tile must be fp32; got {scale.dtype.name}")
+        raise fail("DTYPE", f"activation: a scale tile must be fp32; got {scale.dtype}")
     if reduce_res is not None:
         on_chip(reduce_res, "reduce_res", instr)
         if reduce_res.shape[0] != p or reduce_res.free_size != 1:

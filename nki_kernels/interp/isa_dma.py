@@ -45,7 +45,7 @@ def _dma_attrs(dst: NkiTensor, src: NkiTensor, nelem: int, dge: Any, queue: str)
     indirect = src.indirect is not None or dst.indirect is not None
     if indirect:  # indirect rows are contiguous only within the gathered row
         run = min(run, max(1, dst.shape[-1]))
-    isz = max(dst.dtype.itemsize, src.dtype.itemsize)
+    isz = max(dst.dtype._size, src.dtype._size)
     dbuf, sbuf_ = dst._st.buffer, src._st.buffer
     chip = dst if dbuf.on_chip else src if sbuf_.on_chip else None
     return {
@@ -131,8 +131,8 @@ def dma_copy(
     if dge_mode is dge_mode_enum.hwdge and dst.dtype != src.dtype:
         raise fail(
             "DTYPE",
-            f"dma_copy with dge_mode.hwdge needs equal dtypes; got dst {dst.dtype.name}, "
-            f"src {src.dtype.name} (use .view())",
+            f"dma_copy with dge_mode.hwdge needs equal dtypes; got dst {dst.dtype}, "
+            f"src {src.dtype} (use .view())",
         )
     launch = current()
     # software DGE generates descriptors on GpSimd; hardware DGE on the issuing engine
@@ -151,7 +151,7 @@ def dma_copy(
         (src,),
         chip.shape[0] if chip is not None else 1,
         chip.free_size if chip is not None else dsize,
-        nbytes=dsize * dst.dtype.itemsize,
+        nbytes=dsize * dst.dtype._size,
         attrs=_dma_attrs(dst, src, dsize, dge_mode, queue),
         name=name,
     )
@@ -235,12 +235,11 @@ def dma_transpose(
     # 4-byte elements: trn2's DMA transposes them too (trainium2_arch), but not the hardware
     # DGE or indirect (gather) forms, and NC-v2 documents 2-byte transposes only
     wide = current().target.nc_version >= 3 and not indirect and dge_mode is not dge_mode_enum.hwdge
-    if src.dtype.itemsize not in ((2, 4) if wide else (2,)) or dst.dtype != src.dtype:
+    if src.dtype._size not in ((2, 4) if wide else (2,)) or dst.dtype != src.dtype:
         sizes = "2- or 4-byte" if wide else "2-byte"
         raise fail(
             "DTYPE",
-            f"{instr} needs matching {sizes} dtypes; got src {src.dtype.name}, "
-            f"dst {dst.dtype.name}",
+            f"{instr} needs matching {sizes} dtypes; got src {src.dtype}, dst {dst.dtype}",
         )
     if src.shape[-1] > 128 and (indirect or dge_mode is dge_mode_enum.hwdge):
         raise fail("TRANSPOSE", f"{instr}: src.shape[-1] {src.shape[-1]} exceeds 128")
@@ -253,7 +252,7 @@ def dma_transpose(
             raise fail("TRANSPOSE", f"{instr}(hwdge): src shape {src.shape} not supported")
     if indirect:
         need_version(3, f"indirect {instr}")
-    isz = src.dtype.itemsize
+    isz = src.dtype._size
     attrs = _dma_attrs(dst, src, dst.size, dge_mode, "sync")
     # the access pattern is element-granular; transposing hardware moves it in blocks of
     # the destination (the cost model prices from the shape: partitions, inner size, kind)
@@ -340,7 +339,7 @@ def dma_compute(
         tuple(srcs),
         chip.shape[0] if chip is not None else 1,
         chip.free_size if chip is not None else n,
-        nbytes=n * dst.dtype.itemsize * (len(srcs) + 1),
+        nbytes=n * dst.dtype._size * (len(srcs) + 1),
         attrs=_dma_attrs(dst, srcs[0], n, dge_mode_enum.unknown, "sync"),
         name=name,
     )

@@ -106,7 +106,7 @@ def memset(
     if dt.is_int(dst.dtype) and not is_int_value:
         raise fail(
             "MEMSET_KIND",
-            f"memset: value {value!r} must be an int literal for {dst.dtype.name} dst "
+            f"memset: value {value!r} must be an int literal for {dst.dtype} dst "
             f"'{dst.name}' (write {int(value) if float(value).is_integer() else '...'})",
         )
     ins = emit(eng, "memset", (dst,), (), dst.shape[0], dst.free_size, name=name)
@@ -134,7 +134,7 @@ def _need_int(o: ops.Op, instr: str, **operands: NkiTensor) -> None:
         if not dt.is_int(t.dtype):
             raise fail(
                 "DTYPE",
-                f"{instr}: bitvec op nl.{o.name} needs integer dtypes; {arg} is {t.dtype.name}",
+                f"{instr}: bitvec op nl.{o.name} needs integer dtypes; {arg} is {t.dtype}",
             )
 
 
@@ -190,11 +190,11 @@ def tensor_tensor(
     return ins
 
 
-def _bits(res: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _bits(res: np.ndarray, dtype: dt.NkiDtype) -> np.ndarray:
     """Bitvec results keep their low bits (wrap-around), they do not saturate."""
     if not dt.is_int(dtype) or dtype == dt.bool_:
         return res
-    return np.asarray(res).astype(np.int64).astype(dtype)
+    return np.asarray(res).astype(np.int64).astype(dtype._np)
 
 
 def _scalar_operand(
@@ -221,9 +221,7 @@ def _scalar_operand(
         and operand.dtype != dt.float32
         and instr != "scalar_tensor_tensor"
     ):
-        raise fail(
-            "DTYPE", f"{instr}: arithmetic tile {arg} must be fp32; got {operand.dtype.name}"
-        )
+        raise fail("DTYPE", f"{instr}: arithmetic tile {arg} must be fp32; got {operand.dtype}")
     if bitvec:
         if isinstance(operand, NkiTensor):
             on_chip(operand, arg, instr)

@@ -194,8 +194,7 @@ def tensor_partition_reduce(
     if o.is_bitvec and not (is_int and dt.is_int(dst.dtype)):
         raise fail(
             "DTYPE",
-            f"{instr}: nl.{o.name} needs integer tiles; got data {data.dtype.name}, "
-            f"dst {dst.dtype.name}",
+            f"{instr}: nl.{o.name} needs integer tiles; got data {data.dtype}, dst {dst.dtype}",
         )
     p = data.shape[0]
     ins = emit(

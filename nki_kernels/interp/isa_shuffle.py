@@ -32,9 +32,7 @@ def nc_stream_shuffle(
     on_chip(dst, "dst", instr)
     on_chip(src, "src", instr)
     if dst.dtype != src.dtype:
-        raise fail(
-            "DTYPE", f"{instr}: dst and src need one dtype; got {dst.dtype.name}, {src.dtype.name}"
-        )
+        raise fail("DTYPE", f"{instr}: dst and src need one dtype; got {dst.dtype}, {src.dtype}")
     if dst.free_size != src.free_size:
         raise fail(
             "FREE",
@@ -93,9 +91,9 @@ def nonzero_with_count(
     on_chip(src, "src", instr, sbuf_only=True)
     assert dst.buffer is sbuf
     if src.dtype not in (dt.float32, dt.int32):
-        raise fail("DTYPE", f"{instr}: src must be float32 or int32; got {src.dtype.name}")
+        raise fail("DTYPE", f"{instr}: src must be float32 or int32; got {src.dtype}")
     if dst.dtype != dt.int32:
-        raise fail("DTYPE", f"{instr}: dst must be int32; got {dst.dtype.name}")
+        raise fail("DTYPE", f"{instr}: dst must be int32; got {dst.dtype}")
     if dst.shape[0] != src.shape[0]:
         raise fail(
             "PART", f"{instr}: dst and src partitions differ ({dst.shape[0]}, {src.shape[0]})"

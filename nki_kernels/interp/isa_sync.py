@@ -83,21 +83,19 @@ def sendrecv(
         if t.buffer is not sbuf:
             raise fail("BUF", f"{instr}: {arg} must be in SBUF; got {t.buffer!r} ('{t.name}')")
     if src.dtype != dst.dtype:
-        raise fail(
-            "DTYPE", f"{instr}: src and dst need one dtype; got {src.dtype.name}, {dst.dtype.name}"
-        )
+        raise fail("DTYPE", f"{instr}: src and dst need one dtype; got {src.dtype}, {dst.dtype}")
     if src.shape != dst.shape:
         raise fail("FREE", f"{instr}: src and dst need one shape; got {src.shape}, {dst.shape}")
     if not isinstance(dma_engine, dma_engine_enum):
         raise fail("ARG", f"{instr}: dma_engine must be an nisa.dma_engine; got {dma_engine!r}")
     if dma_engine is dma_engine_enum.gpsimd_dma:
-        per_part = src.free_size * src.dtype.itemsize
-        limit = {4: 1024, 2: 512, 1: 256}.get(src.dtype.itemsize, 1024)
+        per_part = src.free_size * src.dtype._size
+        limit = {4: 1024, 2: 512, 1: 256}.get(src.dtype._size, 1024)
         if per_part > limit:
             raise fail(
                 "ARG",
                 f"{instr}: gpsimd_dma moves at most {limit} B per partition of "
-                f"{src.dtype.name}; got {per_part}",
+                f"{src.dtype}; got {per_part}",
             )
     for arg, r in (("send_to_rank", send_to_rank), ("recv_from_rank", recv_from_rank)):
         if type(r) is not int or not 0 <= r < launch.lnc:
@@ -113,7 +111,7 @@ def sendrecv(
         (src,),
         src.shape[0],
         src.free_size,
-        nbytes=src.size * src.dtype.itemsize,
+        nbytes=src.size * src.dtype._size,
         attrs={"send_to": send_to_rank, "recv_from": recv_from_rank, "pipe_id": pipe_id},
         name=name,
     )

@@ -40,12 +40,11 @@ def _check_dtypes(
     allowed = _MM_IN_V4 if nc_version >= 4 else _MM_IN
     if sd not in allowed or md not in allowed:
         arg, t = ("stationary", sd) if sd not in allowed else ("moving", md)
-        raise fail("DTYPE", f"nc_matmul: {arg} dtype {t.name} is not a matmul input dtype")
+        raise fail("DTYPE", f"nc_matmul: {arg} dtype {t} is not a matmul input dtype")
     if (sd == dt.float32) != (md == dt.float32):
         raise fail(
             "DTYPE",
-            f"nc_matmul: fp32 on one side needs fp32 on the other (stationary {sd.name}, "
-            f"moving {md.name})",
+            f"nc_matmul: fp32 on one side needs fp32 on the other (stationary {sd}, moving {md})",
         )
     if sd != md and {sd, md} == {dt.float8_e4m3fn, dt.float8_e4m3}:
         raise fail("DTYPE", "nc_matmul: float8_e4m3fn cannot be mixed with float8_e4m3")
@@ -53,16 +52,16 @@ def _check_dtypes(
         if dst.dtype != sd:
             raise fail(
                 "DTYPE",
-                f"nc_matmul(is_transpose=True): dst dtype {dst.dtype.name} must equal the "
-                f"input dtype {sd.name}",
+                f"nc_matmul(is_transpose=True): dst dtype {dst.dtype} must equal the "
+                f"input dtype {sd}",
             )
         return
     ok = _MM_DST_V4 if nc_version >= 4 else _MM_DST
     if dst.dtype not in ok:
-        names = "/".join(sorted(d.name for d in ok))
+        names = "/".join(sorted([str(d) for d in ok]))
         raise fail(
             "DTYPE",
-            f"nc_matmul: dst dtype must be {names} on NC-v{nc_version}; got {dst.dtype.name}",
+            f"nc_matmul: dst dtype must be {names} on NC-v{nc_version}; got {dst.dtype}",
         )
 
 
@@ -111,7 +110,7 @@ def nc_matmul(
             raise fail("ARG", "nc_matmul: double_row cannot combine with transpose or tiling")
         for arg, t in (("stationary", stationary), ("moving", moving)):
             if t.dtype not in dt.FP8_DTYPES:
-                raise fail("DTYPE", f"nc_matmul(double_row): {arg} must be fp8; got {t.dtype.name}")
+                raise fail("DTYPE", f"nc_matmul(double_row): {arg} must be fp8; got {t.dtype}")
             if t.ndim != 3 or t.shape[1] != 2:
                 raise fail(
                     "MM_SHAPE", f"nc_matmul(double_row): {arg} must be [K, 2, X]; got {t.shape}"
@@ -315,7 +314,7 @@ def _accumulate_psum(
         else:
             arr[...] = dt.cast(dt.to_f32(arr) + prod, dst.dtype)
     else:
-        arr[...] = prod if arr.dtype == dt.float32 else dt.cast(prod, dst.dtype)
+        arr[...] = prod if arr.dtype == np.float32 else dt.cast(prod, dst.dtype)
     if mm is not None:
         mm[...] = True
 
@@ -345,7 +344,7 @@ def nc_transpose(
     if dst.dtype != data.dtype:
         raise fail(
             "DTYPE",
-            f"nc_transpose: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}",
+            f"nc_transpose: dst dtype {dst.dtype} must equal data dtype {data.dtype}",
         )
     if dst.shape[0] != f or dst.free_size != p:
         raise fail(

@@ -165,12 +165,12 @@ def _match(x: np.ndarray, vals: np.ndarray, order: range) -> tuple[np.ndarray, n
 
 def _index_dtype(t: NkiTensor, arg: str, instr: str) -> None:
     if t.dtype not in _INDEX_DTYPES:
-        raise fail("DTYPE", f"{instr}: {arg} must be uint16 or uint32; got {t.dtype.name}")
+        raise fail("DTYPE", f"{instr}: {arg} must be uint16 or uint32; got {t.dtype}")
 
 
-def _indices(pos: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    sentinel = np.iinfo(dtype).max  # all-ones: value not found
-    return np.where(pos < 0, sentinel, pos).astype(dtype)
+def _indices(pos: np.ndarray, dtype: dt.NkiDtype) -> np.ndarray:
+    sentinel = np.iinfo(dtype._np).max  # all-ones: value not found
+    return np.where(pos < 0, sentinel, pos).astype(dtype._np)
 
 
 @instruction
@@ -324,7 +324,7 @@ def tensor_copy_predicated(
     if predicate.dtype not in _PREDICATE_DTYPES:
         raise fail(
             "DTYPE",
-            f"{instr}: predicate must be uint8, uint16 or uint32; got {predicate.dtype.name}",
+            f"{instr}: predicate must be uint8, uint16 or uint32; got {predicate.dtype}",
         )
     srcs: tuple[NkiTensor, ...] = (predicate,)
     if isinstance(src, NkiTensor):
@@ -333,7 +333,7 @@ def tensor_copy_predicated(
         if src.dtype != dst.dtype:
             raise fail(
                 "DTYPE",
-                f"{instr}: src dtype {src.dtype.name} must equal dst dtype {dst.dtype.name}",
+                f"{instr}: src dtype {src.dtype} must equal dst dtype {dst.dtype}",
             )
         p = same_partitions(instr, dst=dst, src=src, predicate=predicate)
         n = same_free(instr, dst=dst, src=src, predicate=predicate)

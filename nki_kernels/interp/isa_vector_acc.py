@@ -91,7 +91,7 @@ def _reduce_res(t: NkiTensor | None, p: int, instr: str) -> None:
     if t.shape[0] != p or t.free_size != 1:
         raise fail("FREE", f"{instr}: reduce_res must be a ({p}, 1) tile; got {t.shape}")
     if not dt.is_float(t.dtype):
-        raise fail("DTYPE", f"{instr}: reduce_res must have a float dtype; got {t.dtype.name}")
+        raise fail("DTYPE", f"{instr}: reduce_res must have a float dtype; got {t.dtype}")
 
 
 def _max_only(reduce_op: Any, instr: str) -> None:
@@ -134,7 +134,7 @@ def range_select(
     on_chip(on_true_tile, "on_true_tile", instr)
     if not dt.is_float(on_true_tile.dtype):
         raise fail(
-            "DTYPE", f"{instr}: on_true_tile must be a float dtype; got {on_true_tile.dtype.name}"
+            "DTYPE", f"{instr}: on_true_tile must be a float dtype; got {on_true_tile.dtype}"
         )
     on_chip(bound0, "bound0", instr)
     on_chip(bound1, "bound1", instr)
@@ -144,7 +144,7 @@ def range_select(
         if b.free_size != 1:
             raise fail("FREE", f"{instr}: {arg} must be a ({p}, 1) tile; got {b.shape}")
         if b.dtype != dt.float32:
-            raise fail("DTYPE", f"{instr}: {arg} must be fp32; got {b.dtype.name}")
+            raise fail("DTYPE", f"{instr}: {arg} must be fp32; got {b.dtype}")
     _reduce_res(reduce_res, p, instr)
     if isinstance(on_false_value, NkiTensor) or np.float32(on_false_value) != np.float32(FP32_MIN):
         raise fail(
@@ -206,10 +206,10 @@ def select_reduce(
     if predicate.dtype not in _SELECT_PRED:
         raise fail(
             "DTYPE",
-            f"{instr}: predicate must be int8, uint8, int16 or uint16; got {predicate.dtype.name}",
+            f"{instr}: predicate must be int8, uint8, int16 or uint16; got {predicate.dtype}",
         )
     if on_true.dtype in (dt.int32, dt.uint32):
-        raise fail("DTYPE", f"{instr}: on_true cannot be {on_true.dtype.name}")
+        raise fail("DTYPE", f"{instr}: on_true cannot be {on_true.dtype}")
     p = same_partitions(instr, dst=dst, predicate=predicate, on_true=on_true)
     n = same_free(instr, dst=dst, predicate=predicate, on_true=on_true)
     fill = scalar_or_column(on_false, p, "on_false", instr)
@@ -291,10 +291,10 @@ def tensor_scalar_reduce(
         v0 = None
     else:
         if isinstance(operand0, NkiTensor) and operand0.dtype != dt.float32:
-            raise fail("DTYPE", f"{instr}: a tile operand0 must be fp32; got {operand0.dtype.name}")
+            raise fail("DTYPE", f"{instr}: a tile operand0 must be fp32; got {operand0.dtype}")
         v0 = scalar_or_column(operand0, p, "operand0", instr)
     if isinstance(reduce_init, NkiTensor) and reduce_init.dtype != dt.float32:
-        raise fail("DTYPE", f"{instr}: reduce_init tile must be fp32; got {reduce_init.dtype.name}")
+        raise fail("DTYPE", f"{instr}: reduce_init tile must be fp32; got {reduce_init.dtype}")
     init = scalar_or_column(reduce_init, p, "reduce_init", instr)
     _reduce_res(reduce_res, p, instr)
     srcs = (data, *[x for x in (operand0, reduce_init) if isinstance(x, NkiTensor)])

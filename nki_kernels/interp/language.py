@@ -391,7 +391,7 @@ from .nl_compute import (  # noqa: E402, F401
 )
 from .nl_compute import sum_ as sum  # noqa: E402, F401
 
-DType = Any  # NKI 0.6 `DType = str`; annotation only here
+DType = str  # NKI 0.6 `DType = str`: every nl dtype is an NkiDtype (a str subclass)
 # Packed 4-per-32-bit MX dtypes (NC-v4 matmul_mx): names only, refused where a dtype is
 # used (as_dtype raises NotSupportedError naming them).
 float8_e5m2_x4 = "float8_e5m2_x4"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import operator
 import warnings
 from collections.abc import Callable, Iterator
@@ -22,7 +23,8 @@ import numpy as np
 from ..targets import Target, get_target
 from . import dtypes as dt
 from . import state
-from .errors import NkiValidationError, fail
+from .errors import MemoryPlanError, NkiValidationError, fail
+from .liveness import Liveness
 from .nkiobject import NKIObject
 from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
@@ -91,11 +93,11 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def _torch_bits() -> dict[Any, tuple[Any, np.dtype, np.dtype]]:
+def _torch_bits() -> dict[Any, tuple[Any, np.dtype, dt.NkiDtype]]:
     """torch dtypes NumPy cannot hold: torch dtype -> (torch carrier, NumPy carrier, NKI dtype)."""
     import torch
 
-    table: dict[Any, tuple[Any, np.dtype, np.dtype]] = {
+    table: dict[Any, tuple[Any, np.dtype, dt.NkiDtype]] = {
         torch.bfloat16: (torch.int16, np.dtype(np.int16), dt.bfloat16),
         torch.float8_e4m3fn: (torch.uint8, np.dtype(np.uint8), dt.float8_e4m3fn),
         torch.float8_e5m2: (torch.uint8, np.dtype(np.uint8), dt.float8_e5m2),
@@ -115,7 +117,7 @@ def _torch_to_numpy(where: str, t: Any) -> np.ndarray:
     t = t.detach().clone(memory_format=torch.contiguous_format)
     bits = _torch_bits().get(t.dtype)
     if bits is not None:
-        return t.view(bits[0]).numpy().view(bits[2])  # type: ignore[no-any-return]
+        return t.view(bits[0]).numpy().view(bits[2]._np)  # type: ignore[no-any-return]
     try:
         a = t.numpy()
         dt.as_dtype(a.dtype)
@@ -129,9 +131,9 @@ def _numpy_to_torch(a: np.ndarray) -> Any:
 
     a = np.ascontiguousarray(a)
     for tdtype, (_, carrier, ndtype) in _torch_bits().items():
-        if a.dtype == ndtype:
+        if a.dtype == ndtype._np:
             return torch.from_numpy(a.view(carrier)).view(tdtype)
-    if a.dtype == dt.float8_e4m3:
+    if a.dtype == dt.float8_e4m3._np:
         # Trainium's e4m3 has no torch dtype: hand back the exact values as fp32
         return torch.from_numpy(a.astype(np.float32))
     return torch.from_numpy(a)
@@ -248,10 +250,42 @@ def run(
         raise fail("LAUNCH", f"lnc: expected 1 or 2; got {lnc!r}")
     tgt = get_target(target if target is not None else _settings["target"])
     t_only = bool(_settings["trace_only"] if trace_only is None else trace_only)
-    launch = state.Launch(tgt, lnc, t_only)
-    launch.grid = lnc > 1 if grid is None else grid
     wrapped = [_classify(f"argument {i}", a, t_only) for i, a in enumerate(args)]
     kw_wrapped = {k: _classify(f"argument {k!r}", v, t_only) for k, v in kwargs.items()}
+    every = [*wrapped, *kw_wrapped.values()]
+
+    def attempt(liveness: Liveness | None) -> tuple[Any, state.Launch]:
+        launch = state.Launch(tgt, lnc, t_only)
+        launch.grid = lnc > 1 if grid is None else grid
+        launch.liveness = liveness
+        return _interpret(fn, launch, wrapped, kw_wrapped), launch
+
+    try:
+        result, launch = attempt(None)
+    except MemoryPlanError as first:
+        # The plan with Python lifetimes overflows: replay with the compiler's lifetimes
+        # (each tile freed after its last use; see liveness.py).
+        recorder = Liveness()
+        with contextlib.redirect_stdout(io.StringIO()):  # kernel prints: once per replay
+            attempt(recorder)
+        try:
+            result, launch = attempt(Liveness(recorder.counts))
+        except MemoryPlanError as e:
+            msg = str(e).rsplit(" (rule ", 1)[0]
+            raise MemoryPlanError(
+                e.rule, f"{msg}, even with every tile freed after its last use"
+            ) from first
+    if not t_only:
+        _write_back(every)
+    return RunResult(result, launch.trace)
+
+
+def _interpret(
+    fn: Callable[..., Any], launch: state.Launch, wrapped: list[_Arg], kw_wrapped: dict[str, _Arg]
+) -> Any:
+    """Run the kernel body once in `launch`; the launch's outputs."""
+    t_only = launch.trace_only
+    lnc = launch.lnc
     every = [*wrapped, *kw_wrapped.values()]
     as_torch = any(a.kind == "torch" for a in every)
     buffer = shared_hbm if lnc > 1 else hbm
@@ -273,12 +307,9 @@ def run(
                 outputs = launch.concurrent.run(lambda: fn(*call_args, **call_kw))[0]
         launch.program_id = 0
         launch.finish()
-        result = _result(outputs, t_only, as_torch)
+        return _result(outputs, t_only, as_torch)
     finally:
         state.pop()
-    if not t_only:
-        _write_back(every)
-    return RunResult(result, launch.trace)
 
 
 def _write_back(args: list[_Arg]) -> None:

@@ -162,10 +162,8 @@ def _scalar_tensor(t: Any, arg: str, instr: str) -> NkiTensor:
         raise fail("REGISTER", f"{instr}: {arg} must hold exactly one element; got shape {t.shape}")
     if t.buffer is psum:
         raise fail("BUF", f"{instr}: {arg} must be in SBUF or HBM; got PSUM ('{t.name}')")
-    if not dt.is_int(t.dtype) or t.dtype.itemsize > 4:
-        raise fail(
-            "DTYPE", f"{instr}: {arg} must be a 32-bit or narrower integer; got {t.dtype.name}"
-        )
+    if not dt.is_int(t.dtype) or t.dtype._size > 4:
+        raise fail("DTYPE", f"{instr}: {arg} must be a 32-bit or narrower integer; got {t.dtype}")
     return t
 
 

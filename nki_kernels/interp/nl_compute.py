@@ -115,10 +115,11 @@ def _unary(o: ops.Op) -> Any:
     return call
 
 
-def _all_ones(dtype: np.dtype) -> int:
+def _all_ones(dtype: dt.NkiDtype) -> int:
     if not dt.is_int(dtype) or dtype == dt.bool_:
-        raise fail("DTYPE", f"nl.invert needs an integer tile; got {dtype.name}")
-    return -1 if np.iinfo(dtype).min < 0 else int(np.iinfo(dtype).max)
+        raise fail("DTYPE", f"nl.invert needs an integer tile; got {dtype}")
+    info = np.iinfo(dtype._np)
+    return -1 if info.min < 0 else int(info.max)
 
 
 def logical_not(x: Any, dtype: Any = None) -> NkiTensor:

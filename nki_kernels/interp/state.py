@@ -32,6 +32,7 @@ class Program:
         self.scalar_acc = np.zeros(target.partitions, dtype=np.float32)
         self.vector_acc = np.zeros(target.partitions, dtype=np.float32)
         self.shared_hbm_count = 0
+        self.onchip_count = 0  # on-chip allocations so far: the liveness key of the next
 
 
 class Launch:
@@ -49,6 +50,7 @@ class Launch:
         self.next_sid = 1
         self.warned: set[str] = set()
         self.concurrent: Any = None  # programs.Programs under LNC > 1
+        self.liveness: Any = None  # liveness.Liveness when replaying with last-use frees
 
     @property
     def program(self) -> Program:

@@ -16,8 +16,9 @@ or passed by name, resolved through the function's globals and closure):
   `itertools.*`, `functools.*`);
 
 - `.itemsize`: an NKI dtype is a string (NKI 0.6 `DType = str`), so `dtype.itemsize`
-  fails at specialization on the real compiler; the interpreter's dtypes are NumPy
-  dtypes, so it is caught here instead;
+  fails at specialization on the real compiler; reported here with its line (the
+  interpreter's dtypes also raise rule DTYPE_STR for any NumPy dtype attribute at run
+  time);
 
 each reported with the construct, the file and the line (rule LANGUAGE). Functions of
 the interpreter itself (the `nki` API) are not inspected.

@@ -75,6 +75,7 @@ class Storage:
         "dirty",
         "dtype",
         "is_input",
+        "key",
         "memory",
         "mm_mask",
         "name",
@@ -82,6 +83,7 @@ class Storage:
         "pending",
         "pinned",
         "pstride",
+        "remaining",
         "shape",
         "sid",
         "size",
@@ -91,7 +93,7 @@ class Storage:
         self,
         launch: Launch,
         shape: tuple[int, ...],
-        dtype: np.dtype,
+        dtype: dt.NkiDtype,
         buffer: Buffer,
         name: str = "",
         data: np.ndarray | None = None,
@@ -121,32 +123,47 @@ class Storage:
                     f"partition dim {shape[0]} of {buffer.name} tensor '{self.name}' {shape} "
                     f"exceeds {limit}",
                 )
-            self.nbytes_pp = nb = self.pstride * dtype.itemsize
-            mem = launch.programs[launch.program_id].memory
-            if buffer is psum:
-                self.addr = mem.place_psum(nb, self, address)
-            else:
-                self.addr = mem.place_sbuf(nb, self, address)
-            self.pinned = address is not None
-            self.memory = mem
+            self.nbytes_pp = nb = self.pstride * dtype._size
+            prog = launch.programs[launch.program_id]
+            self.key: tuple[int, int] | None = (launch.program_id, prog.onchip_count)
+            prog.onchip_count += 1
+            live = launch.liveness
+            if live is None or not live.recording:
+                mem = prog.memory
+                if buffer is psum:
+                    self.addr = mem.place_psum(nb, self, address)
+                else:
+                    self.addr = mem.place_sbuf(nb, self, address)
+                self.pinned = address is not None
+                self.memory = mem
+                if live is not None:
+                    self.remaining = live.uses(self.key)
+                    if self.remaining == 0:
+                        self.release()  # no instruction ever touches it
+        else:
+            self.key = None
         if launch.trace_only:
             self.data = None
         elif data is not None:
             self.data = data
         else:
-            self.data = np.full(size, dt.fresh_fill(dtype), dtype=dtype)
+            self.data = np.full(size, dt.fresh_fill(dtype), dtype=dtype._np)
             if buffer is psum:
                 self.mm_mask = np.zeros(size, dtype=np.bool_)
 
     def describe(self) -> str:
         """'name' shape dtype, for error messages."""
-        return f"'{self.name}' {self.shape} {self.dtype.name}"
+        return f"'{self.name}' {self.shape} {self.dtype}"
 
-    def __del__(self) -> None:
+    def release(self) -> None:
+        """Give the storage's on-chip place back (at most once)."""
         mem = self.memory
         if mem is not None:
             self.memory = None
             mem.release(self.buffer is psum, self.addr, self.nbytes_pp, self.pinned)
+
+    def __del__(self) -> None:
+        self.release()
 
 
 class NkiTensor(ViewMethods):
@@ -163,7 +180,7 @@ class NkiTensor(ViewMethods):
         shape: tuple[int, ...],
         strides: tuple[int, ...],
         offset: int,
-        dtype: np.dtype,
+        dtype: dt.NkiDtype,
         indirect: Indirect | None = None,
     ) -> None:
         self._st = storage
@@ -217,7 +234,7 @@ class NkiTensor(ViewMethods):
     def __repr__(self) -> str:
         return (
             f"NkiTensor({self._st.name}, {self.buffer!r}, shape={self.shape}, "
-            f"dtype={self.dtype.name}, strides={self.strides}, offset={self.offset})"
+            f"dtype={self.dtype}, strides={self.strides}, offset={self.offset})"
         )
 
     def __len__(self) -> int:
@@ -388,7 +405,7 @@ class NkiTensor(ViewMethods):
     def storage_elements(self) -> int:
         """Size of the storage in elements of this view's dtype."""
         st = self._st
-        return st.size * st.dtype.itemsize // self.dtype.itemsize
+        return st.size * st.dtype._size // self.dtype._size
 
     def check_bounds(self) -> None:
         """Rule IDX unless every element of the view lies inside its storage."""
@@ -414,10 +431,10 @@ class NkiTensor(ViewMethods):
         """A NumPy view of a direct (non-indirect) tensor's elements (numeric mode only)."""
         if self._st.pending is not None:
             self._st.pending.flush()
-        isz = self.dtype.itemsize
+        isz = self.dtype._size
         return np.ndarray(
             self.shape,
-            self.dtype,
+            self.dtype._np,
             buffer=self._st.data,
             offset=self.offset * isz,
             strides=tuple([s * isz for s in self.strides]),
@@ -430,8 +447,8 @@ class NkiTensor(ViewMethods):
         if self.indirect is not None:
             if buf.on_chip:
                 return (buf.space, 0, 0, st.shape[0], st.addr, st.addr + st.nbytes_pp)
-            return (HBM, st.sid, 0, 1, 0, st.size * st.dtype.itemsize)
-        isz = self.dtype.itemsize
+            return (HBM, st.sid, 0, 1, 0, st.size * st.dtype._size)
+        isz = self.dtype._size
         shape = self.shape
         strides = self.strides
         lo = hi = self.offset
@@ -520,7 +537,7 @@ def allocate(
         raise fail("ARG", f"shape: expected a tuple of ints; got {shape!r}") from None
     if not shape or min(shape) <= 0:
         raise fail("ARG", f"shape: expected a non-empty tuple of positive ints; got {shape}")
-    d = dtype if isinstance(dtype, np.dtype) and dtype in dt.ALL_DTYPES else dt.as_dtype(dtype)
+    d = dtype if type(dtype) is dt.NkiDtype and dtype in dt.ALL_DTYPES else dt.as_dtype(dtype)
     if buffer is shared_hbm and data is None:
         prog = launch.programs[launch.program_id]
         i = prog.shared_hbm_count
@@ -532,7 +549,7 @@ def allocate(
                 raise fail(
                     "LAUNCH",
                     f"shared_hbm allocation #{i} differs between programs: {st.shape} "
-                    f"{st.dtype.name} vs {shape} {d.name}",
+                    f"{st.dtype} vs {shape} {d}",
                 )
             return NkiTensor(st, shape, row_major(shape), 0, d)
         st = Storage(launch, shape, d, buffer, name)

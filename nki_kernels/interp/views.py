@@ -50,7 +50,7 @@ class ViewMethods:
         shape: tuple[int, ...]
         strides: tuple[int, ...]
         offset: int
-        dtype: np.dtype
+        dtype: dt.NkiDtype
         indirect: Indirect | None
 
         def __getitem__(self, key: Any) -> NkiTensor: ...
@@ -71,7 +71,7 @@ class ViewMethods:
         shape: tuple[int, ...],
         strides: tuple[int, ...],
         offset: int,
-        dtype: np.dtype,
+        dtype: dt.NkiDtype,
         indirect: Indirect | None = None,
     ) -> NkiTensor:
         return type(self)(self._st, shape, strides, offset, dtype, indirect)  # type: ignore[call-arg, return-value]
@@ -294,21 +294,21 @@ class ViewMethods:
         """Bit-level reinterpretation; the last dim is rescaled by the itemsize ratio."""
         self._no_indirect("view(dtype)")
         new = dt.as_dtype(dtype, "view(dtype)")
-        old_sz, new_sz = self.dtype.itemsize, new.itemsize
+        old_sz, new_sz = self.dtype._size, new._size
         if old_sz == new_sz:
             return self._new(self.shape, self.strides, self.offset, new)
         if self.strides[-1] != 1 and self.shape[-1] != 1:
-            raise fail("VIEW", f"view({new.name}) needs a contiguous last dim on '{self.name}'")
+            raise fail("VIEW", f"view({new}) needs a contiguous last dim on '{self.name}'")
         last_bytes = self.shape[-1] * old_sz
         if last_bytes % new_sz or (self.offset * old_sz) % new_sz:
             raise fail(
                 "VIEW",
-                f"view({new.name}) of '{self.name}': last dim of {last_bytes} B is not a multiple "
+                f"view({new}) of '{self.name}': last dim of {last_bytes} B is not a multiple "
                 f"of {new_sz} B",
             )
         for s in self.strides[:-1]:
             if (s * old_sz) % new_sz:
-                raise fail("VIEW", f"view({new.name}) of '{self.name}': strides do not divide")
+                raise fail("VIEW", f"view({new}) of '{self.name}': strides do not divide")
         strides = (*(s * old_sz // new_sz for s in self.strides[:-1]), 1)
         shape = (*self.shape[:-1], last_bytes // new_sz)
         return self._new(shape, strides, self.offset * old_sz // new_sz, new)
@@ -344,12 +344,12 @@ class ViewMethods:
         if scalar_offset is not None and vector_offset is not None:
             raise fail("VIEW", ".ap(): scalar_offset and vector_offset are mutually exclusive")
         st = self._st
-        old_sz, new_sz = self.dtype.itemsize, new_dtype.itemsize
+        old_sz, new_sz = self.dtype._size, new_dtype._size
         if (self.offset * old_sz) % new_sz:
-            raise fail("VIEW", f".ap(dtype={new_dtype.name}): the view offset does not divide")
+            raise fail("VIEW", f".ap(dtype={new_dtype}): the view offset does not divide")
         off = self.offset * old_sz // new_sz + (0 if offset is None else _index(offset))
         if st.buffer.on_chip:
-            pstride = st.pstride * st.dtype.itemsize // new_sz
+            pstride = st.pstride * st.dtype._size // new_sz
             if pairs[0][0] != pstride:
                 raise fail(
                     "VIEW",
@@ -375,7 +375,7 @@ class ViewMethods:
             if (self.strides[d] * old_sz) % new_sz:
                 raise fail(
                     "VIEW",
-                    f".ap(): stride of indirect_dim {d} does not divide into {new_dtype.name}",
+                    f".ap(): stride of indirect_dim {d} does not divide into {new_dtype}",
                 )
             row = self.strides[d] * old_sz // new_sz
             ind = Indirect("scalar", _index_operand(scalar_offset, ".ap(scalar_offset)"), row)

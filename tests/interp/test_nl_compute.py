@@ -256,7 +256,7 @@ def test_matmul_transpose_x_into_psum():
 
     def fn(x, y):
         r = nl.matmul(x, y, transpose_x=True)
-        assert r.buffer is nl.psum and r.dtype == np.float32
+        assert r.buffer is nl.psum and r.dtype == nl.float32
         return r
 
     got, trace = compute(fn, a, b)

@@ -1,0 +1,114 @@
+"""On-chip tiles die after their last use, as the compiler allocates them: a kernel that
+keeps references to finished tiles still fits; one whose tiles are truly live together
+overflows with the numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_kernels.interp import MemoryPlanError, nisa, nl, run
+
+P = 128
+BANK_COLS = 512  # fp32 columns of one 2 KiB PSUM bank
+
+
+def _psum_tiles_kept(n_tiles: int, read_all_at_end: bool, calls: list[int]):
+    """A (P, n_tiles) output: column j = sum over partitions of x, via n_tiles matmuls.
+    Every PSUM tile is kept in a Python list until the kernel returns; with
+    `read_all_at_end` every tile is also read at the end (truly live together)."""
+
+    def kernel(x):
+        calls.append(1)
+        out = nl.ndarray((n_tiles, BANK_COLS), dtype=nl.float32, buffer=nl.shared_hbm)
+        xs = nl.ndarray((P, BANK_COLS), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xs, src=x)
+        ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=ones, value=1.0)
+        kept = []
+        for j in range(n_tiles):
+            acc = nl.ndarray((1, BANK_COLS), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=acc, stationary=ones, moving=xs)
+            kept.append(acc)
+            if not read_all_at_end:
+                res = nl.ndarray((1, BANK_COLS), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(res, acc, nl.multiply, float(j + 1))
+                nisa.dma_copy(dst=out[j : j + 1, :], src=res)
+        if read_all_at_end:
+            for j, acc in enumerate(kept):
+                res = nl.ndarray((1, BANK_COLS), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(res, acc, nl.multiply, float(j + 1))
+                nisa.dma_copy(dst=out[j : j + 1, :], src=res)
+        return out
+
+    return kernel
+
+
+def _x() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((P, BANK_COLS)).astype(np.float32)
+
+
+def _want(x: np.ndarray, n_tiles: int) -> np.ndarray:
+    col = x.astype(np.float64).sum(axis=0)
+    return np.stack([col * (j + 1) for j in range(n_tiles)]).astype(np.float32)
+
+
+def test_psum_tiles_are_reused_after_their_last_use():
+    calls: list[int] = []
+    x = _x()
+    res = run(_psum_tiles_kept(12, False, calls), x)  # 12 banks referenced, 1 in use at a time
+    np.testing.assert_allclose(res.outputs, _want(x, 12), rtol=1e-5, atol=1e-4)
+    assert res.trace.peak_psum_banks[0] <= 2  # freed after the copy that reads it
+    assert len(calls) == 3  # Python-lifetime plan overflowed, recorded, replayed
+
+
+def test_true_psum_overflow_fails_with_the_numbers():
+    calls: list[int] = []
+    with pytest.raises(MemoryPlanError) as e:
+        run(_psum_tiles_kept(9, True, calls), _x())  # 9 banks live together: 8 exist
+    msg = str(e.value)
+    assert e.value.rule == "PSUM_OVERFLOW"
+    assert "needs 1 bank(s) of 2048 B but 8 of 8 banks are live" in msg
+    assert "even with every tile freed after its last use" in msg
+
+
+def test_a_kernel_that_fits_runs_once_with_its_python_lifetime_plan():
+    calls: list[int] = []
+    x = _x()
+    res = run(_psum_tiles_kept(8, True, calls), x)  # 8 banks: fits as written
+    np.testing.assert_allclose(res.outputs, _want(x, 8), rtol=1e-5, atol=1e-4)
+    assert len(calls) == 1 and res.trace.peak_psum_banks[0] == 8
+
+
+def _sbuf_kernel(n_tiles: int, keep_live: bool, cols: int):
+    def kernel(x):
+        out = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.shared_hbm)
+        tiles = []
+        for _j in range(n_tiles):
+            t = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=x)
+            tiles.append(t)
+        acc = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=acc, value=0.0)
+        for t in tiles if keep_live else tiles[-1:]:
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+        nisa.dma_copy(dst=out, src=acc)
+        return out
+
+    return kernel
+
+
+def test_sbuf_tiles_written_but_never_read_again_are_reused():
+    cols = 16 * 1024  # 64 KiB per partition each; 6 would need 384 KiB
+    x = np.ones((P, cols), np.float32)
+    res = run(_sbuf_kernel(6, False, cols), x, trace_only=False)
+    np.testing.assert_array_equal(res.outputs, x)
+
+
+def test_true_sbuf_overflow_names_the_tile_and_bytes():
+    cols = 16 * 1024
+    with pytest.raises(MemoryPlanError) as e:
+        run(_sbuf_kernel(6, True, cols), np.ones((P, cols), np.float32))
+    msg = str(e.value)
+    assert e.value.rule == "SBUF_OVERFLOW" and "needs 65536 B per partition" in msg
+    assert "even with every tile freed after its last use" in msg
