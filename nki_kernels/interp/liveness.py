@@ -11,8 +11,10 @@ is replayed twice:
 1. a recording pass, without placement, counts the instructions that touch each on-chip
    tile (keyed by program and allocation order: the meta-program is deterministic, the
    LNC programs take turns, so the keys repeat);
-2. the placing pass frees each tile right after its last counted use (a tile no
-   instruction touches is freed at once).
+2. the placing pass frees each tile right after its last counted use. A tile no
+   instruction touches keeps its Python lifetime: dry runs of a reduced problem (one
+   head, a few blocks) allocate every buffer of the full plan but use some of them
+   only at full size, so they still count.
 
 A plan that still does not fit is a true overflow and fails with the numbers. Loops are
 unrolled Python (`range` and its aliases), so "last use" is the last use in the

@@ -137,9 +137,9 @@ class Storage:
                 self.pinned = address is not None
                 self.memory = mem
                 if live is not None:
+                    # a tile no instruction touches keeps its Python lifetime (a dry run
+                    # of a reduced problem then still counts every buffer it allocates)
                     self.remaining = live.uses(self.key)
-                    if self.remaining == 0:
-                        self.release()  # no instruction ever touches it
         else:
             self.key = None
         if launch.trace_only:
