@@ -51,6 +51,7 @@ from typing import Any
 
 from ..interp.launch import Kernel
 from ..interp.launch import jit as _jit
+from ..interp.launch import settings
 from ..interp.package import MODULES
 
 NKILIB_SRC = Path("src") / "nkilib_src"  # holds the `nkilib` package
@@ -65,14 +66,26 @@ def _is_mapped(name: str) -> bool:
 
 @contextlib.contextmanager
 def mapped_nki() -> Iterator[None]:
-    """Within the block, `import nki...` (and `neuronxcc.nki.typing`) gives the interpreter."""
+    """Within the block, `import nki...` (and `neuronxcc.nki.typing`) gives the interpreter,
+    `import neuron_dtypes` a stand-in when AWS's package is absent, and launches drop dead on-chip allocations as the compiler does
+    (`settings(free_unused_tiles=True)`: AWS's small test shapes leave buffers unused)."""
     saved = {k: v for k, v in sys.modules.items() if _is_mapped(k)}
     for k in saved:
         del sys.modules[k]
     sys.modules.update(MODULES)
+    standin = (
+        "neuron_dtypes" not in sys.modules and importlib.util.find_spec("neuron_dtypes") is None
+    )
+    if standin:
+        from . import neuron_dtypes_standin
+
+        sys.modules["neuron_dtypes"] = neuron_dtypes_standin
     try:
-        yield
+        with settings(free_unused_tiles=True):
+            yield
     finally:
+        if standin:
+            sys.modules.pop("neuron_dtypes", None)
         for k in [k for k in sys.modules if _is_mapped(k)]:
             del sys.modules[k]
         sys.modules.update(saved)

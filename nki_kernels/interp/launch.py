@@ -71,17 +71,28 @@ class RunResult:
         return max(self.trace.peak_psum_banks)
 
 
-_settings: dict[str, Any] = {"target": None, "trace_only": False}
+_settings: dict[str, Any] = {"target": None, "trace_only": False, "free_unused_tiles": False}
 
 
 @contextlib.contextmanager
-def settings(target: str | Target | None = None, trace_only: bool | None = None) -> Iterator[None]:
-    """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`)."""
+def settings(
+    target: str | Target | None = None,
+    trace_only: bool | None = None,
+    free_unused_tiles: bool | None = None,
+) -> Iterator[None]:
+    """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`).
+
+    `free_unused_tiles=True`: when a launch is replayed with last-use lifetimes
+    (liveness.py), an on-chip tile no instruction touches is freed at once, as the
+    compiler drops a dead allocation (default: it keeps its Python lifetime).
+    """
     saved = dict(_settings)
     if target is not None:
         _settings["target"] = get_target(target)
     if trace_only is not None:
         _settings["trace_only"] = trace_only
+    if free_unused_tiles is not None:
+        _settings["free_unused_tiles"] = free_unused_tiles
     try:
         yield
     finally:
@@ -269,7 +280,8 @@ def run(
         with contextlib.redirect_stdout(io.StringIO()):  # kernel prints: once per replay
             attempt(recorder)
         try:
-            result, launch = attempt(Liveness(recorder.counts))
+            plan = Liveness(recorder.counts, free_unused=bool(_settings["free_unused_tiles"]))
+            result, launch = attempt(plan)
         except MemoryPlanError as e:
             msg = str(e).rsplit(" (rule ", 1)[0]
             raise MemoryPlanError(

@@ -12,9 +12,11 @@ is replayed twice:
    tile (keyed by program and allocation order: the meta-program is deterministic, the
    LNC programs take turns, so the keys repeat);
 2. the placing pass frees each tile right after its last counted use. A tile no
-   instruction touches keeps its Python lifetime: dry runs of a reduced problem (one
-   head, a few blocks) allocate every buffer of the full plan but use some of them
-   only at full size, so they still count.
+   instruction touches keeps its Python lifetime by default: the project's dry runs of
+   a reduced problem (one head, a few blocks) allocate every buffer of the full plan
+   but use some only at full size, so they must still count. The compiler drops such a
+   dead allocation; `settings(free_unused_tiles=True)` does too (the conformance loader
+   sets it for AWS's kernels, whose small test shapes leave some buffers unused).
 
 A plan that still does not fit is a true overflow and fails with the numbers. Loops are
 unrolled Python (`range` and its aliases), so "last use" is the last use in the
@@ -35,8 +37,9 @@ Key = tuple[int, int]  # (program id, on-chip allocation number within the progr
 class Liveness:
     """Per-launch use counting (`plan is None`: recording) or freeing at the last use."""
 
-    def __init__(self, plan: dict[Key, int] | None = None) -> None:
+    def __init__(self, plan: dict[Key, int] | None = None, free_unused: bool = False) -> None:
         self.recording = plan is None
+        self.free_unused = free_unused
         self.plan: dict[Key, int] = {} if plan is None else plan
         self.counts: dict[Key, int] = {}
 

@@ -140,6 +140,8 @@ class Storage:
                     # a tile no instruction touches keeps its Python lifetime (a dry run
                     # of a reduced problem then still counts every buffer it allocates)
                     self.remaining = live.uses(self.key)
+                    if self.remaining == 0 and live.free_unused:
+                        self.release()  # a dead allocation, dropped as the compiler does
         else:
             self.key = None
         if launch.trace_only:
