@@ -49,9 +49,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..interp.launch import Kernel
+from ..interp.launch import Kernel, settings
 from ..interp.launch import jit as _jit
-from ..interp.launch import settings
 from ..interp.package import MODULES
 
 NKILIB_SRC = Path("src") / "nkilib_src"  # holds the `nkilib` package
@@ -67,8 +66,9 @@ def _is_mapped(name: str) -> bool:
 @contextlib.contextmanager
 def mapped_nki() -> Iterator[None]:
     """Within the block, `import nki...` (and `neuronxcc.nki.typing`) gives the interpreter,
-    `import neuron_dtypes` a stand-in when AWS's package is absent, and launches drop dead on-chip allocations as the compiler does
-    (`settings(free_unused_tiles=True)`: AWS's small test shapes leave buffers unused)."""
+    `import neuron_dtypes` a stand-in when AWS's package is absent, and launches drop dead
+    on-chip allocations as the compiler does (`settings(free_unused_tiles=True)`: AWS's
+    small test shapes leave buffers unused)."""
     saved = {k: v for k, v in sys.modules.items() if _is_mapped(k)}
     for k in saved:
         del sys.modules[k]
