@@ -1,0 +1,332 @@
+"""nki-library's own test cases, run through the interpreter.
+
+AWS's tests (`test/integration/nkilib/**/test_*.py` of an nki-library checkout) build
+each case's inputs, call their harness (`UnitTestFramework`, `RangeTestHarness` or the
+orchestrator directly), and hand one `KernelArgs` (kernel, LNC, inputs, golden outputs,
+tolerances) to the `test_manager` fixture's `execute`. In their simulation mode that
+runs the kernel on the CPU simulator. Here pytest collects the checkout's tests marked
+`fast` (the hand-written vectors; sweeps come from AWS's conftest and are not
+collected), without AWS's conftest, and a `test_manager` of ours runs each case through
+the interpreter and compares with the case's own golden outputs and tolerances.
+AWS's harness modules are imported unmodified; the third-party packages they import
+only to talk to hosts, S3 or HTML reports (`fabric2`, `boto3`, `paramiko`, ...) get
+inert stand-ins, and `neuron_dtypes` the loader's stand-in.
+
+Each test module runs in its own subprocess with a time limit, so a case too large for
+a CPU (AWS's simulation mode skips ids naming 4096+ sizes; so does this) cannot stall
+the table.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import json
+import subprocess
+import sys
+import time
+import types
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+# ids AWS's simulation mode skips as too slow for a CPU (test/utils/simulation_setup.py)
+LARGE_SHAPE_PATTERNS = ("4096", "5120", "8192", "16384", "32768", "36864")
+# packages AWS's harness imports for remote hosts, uploads and reports
+INERT = (
+    "fabric2", "boto3", "botocore", "paramiko", "plotext", "pytest_html", "filelock",
+    "aws_embedded_metrics", "allpairspy", "attr",
+)  # fmt: skip
+TESTS = Path("test") / "integration"
+MARK = "@@nki-kernels-case "  # prefixes the worker's result lines among pytest's output
+
+
+@dataclass
+class CaseResult:
+    """One AWS test case: pytest node id, status and the first line of the reason."""
+
+    nodeid: str
+    status: str  # pass | wrong | rejected | missing-API | error | skipped | timeout
+    detail: str = ""
+    seconds: float = 0.0
+
+
+class _Inert(types.ModuleType):
+    """A module whose every attribute is an inert class (imports and decorators work)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return type(name, (), {"__init__": lambda self, *a, **k: None})
+
+
+class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.split(".")[0] in INERT:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        return _Inert(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = []  # type: ignore[attr-defined]
+
+
+def _target(platform: Any) -> str:
+    name = str(getattr(platform, "value", platform) or "trn2").lower()
+    return {"gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}.get(name, name)
+
+
+def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> None:
+    import numpy as np
+
+    g = np.asarray(got, dtype=np.float64) if got is not None else None
+    w = np.asarray(want, dtype=np.float64)
+    if g is None:
+        raise AssertionError(f"output {name!r}: the kernel returned nothing")
+    if g.shape != w.shape:
+        if g.size != w.size:
+            raise AssertionError(f"output {name!r}: shape {g.shape}, golden {w.shape}")
+        g = g.reshape(w.shape)
+    bad = ~np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    if bad.any():
+        err = float(np.nanmax(np.abs(g - w)))
+        raise AssertionError(
+            f"output {name!r}: {bad.mean():.1%} of elements outside rtol={rtol} atol={atol} "
+            f"(max |err| {err:.3g})"
+        )
+
+
+class InterpreterOrchestrator:
+    """The `test_manager` AWS's tests call: `execute(kernel_args)` runs the kernel through
+    the interpreter at the case's LNC and target and checks the golden outputs."""
+
+    def execute(self, kernel_args: Any) -> None:
+        """Run one AWS `KernelArgs` and raise AssertionError on a mismatch."""
+        from ..interp import run
+        from . import loader
+
+        compiler = kernel_args.compiler_input
+        lnc = int(getattr(compiler, "logical_nc_config", 1) or 1)
+        target = _target(getattr(compiler, "platform_target", None))
+        inputs = kernel_args.kernel_input or {}
+        if hasattr(inputs, "for_rank"):
+            inputs = inputs.for_rank(0)
+        inputs = {k.removesuffix(".must_alias_input"): v for k, v in inputs.items()}
+        kernel = loader.jit(kernel_args.kernel_func)
+        res = run(kernel[lnc] if lnc > 1 else kernel, target=target, **inputs)
+        out = res.outputs
+        outs = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+        val = kernel_args.validation_args
+        if val is None:
+            return
+        golden_obj = val.golden_output
+        if hasattr(golden_obj, "for_rank"):
+            golden = golden_obj.for_rank(0)
+        elif hasattr(golden_obj, "output_ndarray"):
+            golden = golden_obj.golden
+            if golden is None:
+                return
+        else:
+            golden = golden_obj
+        if len(outs) != len(golden):
+            raise AssertionError(f"kernel returned {len(outs)} outputs, golden has {len(golden)}")
+        for (name, want), got in zip(golden.items(), outs):
+            if hasattr(want, "validator"):  # CustomValidatorWithOutputTensorData
+                if not want.validator().validate(got):
+                    raise AssertionError(f"output {name!r}: the case's custom validator failed")
+                continue
+            _compare(name, got, want, val.relative_accuracy, val.absolute_accuracy)
+
+
+class _NoopCollector:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+class _Plugin:
+    """pytest plugin: the fixtures AWS's tests request, and the outcome of each case."""
+
+    def __init__(self, stream: bool = False) -> None:
+        self.results: list[CaseResult] = []
+        self.stream = stream
+
+    def pytest_configure(self, config: Any) -> None:
+        for m in ("fast", "simulation", "slow_simulation", "coverage_parametrize", "platforms"):
+            config.addinivalue_line("markers", f"{m}: nki-library marker")
+
+    def pytest_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
+        import pytest
+
+        skip = pytest.mark.skip(reason="large shape (AWS's simulation mode skips it too)")
+        for item in items:
+            if item.get_closest_marker("slow_simulation") or any(
+                p in item.name for p in LARGE_SHAPE_PATTERNS
+            ):
+                item.add_marker(skip)
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            exc = getattr(report.longrepr, "reprcrash", None)
+            text = exc.message if exc is not None else str(report.longrepr)
+            last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["collection failed"]
+            self.results.append(CaseResult(report.nodeid, "error", last[0][:300]))
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self.results.append(_classify(report))
+            if self.stream:  # the parent keeps what finished if the file times out
+                print(f"\n{MARK}{json.dumps(asdict(self.results[-1]))}", flush=True)
+
+
+def _classify(report: Any) -> CaseResult:
+    secs = float(getattr(report, "duration", 0.0))
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        return CaseResult(report.nodeid, "skipped", reason.removeprefix("Skipped: "), secs)
+    if report.passed:
+        return CaseResult(report.nodeid, "pass", "", secs)
+    exc = getattr(report.longrepr, "reprcrash", None)
+    msg = (exc.message if exc is not None else str(report.longrepr)).splitlines()[0][:300]
+    if "NotSupportedError" in msg or "not supported by the interpreter" in msg:
+        status = "missing-API"
+    elif "(rule " in msg:
+        status = "rejected"
+    elif msg.startswith("AssertionError: output") or "outputs, golden" in msg:
+        status = "wrong"
+    else:
+        status = "error"
+    return CaseResult(report.nodeid, status, msg, secs)
+
+
+def _fixtures() -> types.ModuleType:
+    import pytest
+
+    mod = types.ModuleType("nki_kernels_aws_fixtures")
+
+    @pytest.fixture
+    def test_manager() -> InterpreterOrchestrator:
+        return InterpreterOrchestrator()
+
+    @pytest.fixture
+    def collector() -> _NoopCollector:
+        return _NoopCollector()
+
+    @pytest.fixture
+    def platform_target() -> Any:
+        from test.utils.common_dataclasses import Platforms  # the checkout's enum
+
+        return Platforms.TRN2
+
+    mod.test_manager = test_manager  # type: ignore[attr-defined]
+    mod.collector = collector  # type: ignore[attr-defined]
+    mod.platform_target = platform_target  # type: ignore[attr-defined]
+    return mod
+
+
+def run_module(
+    root: Path, module: Path, select: str | None = None, stream: bool = False
+) -> list[CaseResult]:
+    """Collect and run the `fast` cases of one AWS test file in this process (`stream`:
+    print each result as a JSON line when it is known)."""
+    import pytest
+
+    from . import loader
+
+    sys.meta_path.insert(0, _InertFinder())
+    plugin = _Plugin(stream)
+    args = [str(module), "-m", "fast", "--noconftest", "-q", "-p", "no:cacheprovider"]
+    args += ["--rootdir", str(root), "-o", "addopts=", "-W", "ignore", "--tb=line"]
+    if select:
+        args += ["-k", select]
+    with loader.checkout_context(root):
+        loader._forget("test")  # the checkout's `test` package, not the standard library's
+        import test.utils  # noqa: F401
+
+        orch = types.ModuleType("test.utils.test_orchestrator")
+        orch.Orchestrator = InterpreterOrchestrator  # type: ignore[attr-defined]
+        sys.modules[orch.__name__] = orch  # the hardware orchestrator: replaced, not imported
+        pytest.main(args, plugins=[plugin, _fixtures()])
+    return plugin.results
+
+
+def test_modules(root: Path) -> list[Path]:
+    """The checkout's AWS test files (helpers and model-config tables excluded)."""
+    base = Path(root) / TESTS
+    return sorted(
+        p
+        for p in base.rglob("test_*.py")
+        if not p.stem.endswith(("_common", "_utils", "_model_config", "_wrapper"))
+    )
+
+
+def run_all(
+    root: Path,
+    modules: list[Path] | None = None,
+    timeout_s: float = 600.0,
+    select: str | None = None,
+) -> list[CaseResult]:
+    """Every selected AWS test file in a subprocess with a time limit; their results."""
+    out: list[CaseResult] = []
+    for mod in modules if modules is not None else test_modules(root):
+        cmd = [sys.executable, "-m", "nki_kernels.conformance.aws_tests", str(root), str(mod)]
+        if select:
+            cmd.append(select)
+        t0 = time.perf_counter()
+        rel = str(mod.relative_to(root))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            stdout, stderr, timed_out = proc.stdout, proc.stderr, False
+        except subprocess.TimeoutExpired as e:
+            stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            stderr, timed_out = "", True
+        done = [
+            CaseResult(**json.loads(ln.split(MARK, 1)[1]))
+            for ln in stdout.splitlines()
+            if MARK in ln
+        ]
+        out += done
+        if timed_out:
+            detail = f"the rest of the file: over {timeout_s:.0f} s (after {len(done)} cases)"
+            out.append(CaseResult(rel + "::<rest>", "timeout", detail, timeout_s))
+        elif not done:
+            tail = (stderr.strip().splitlines() or ["no cases collected"])[-1][:300]
+            out.append(CaseResult(rel, "error", tail, time.perf_counter() - t0))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Worker entry: `python -m nki_kernels.conformance.aws_tests ROOT FILE [SELECT]`."""
+    root, module = Path(argv[0]), Path(argv[1])
+    results = run_module(root, module, argv[2] if len(argv) > 2 else None, stream=True)
+    if not results:
+        none = CaseResult(str(module), "error", "no fast cases collected")
+        print(f"\n{MARK}{json.dumps(asdict(none))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+
+
+def summary(results: list[CaseResult]) -> dict[str, int]:
+    """Cases per status."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return counts
+
+
+def table(results: list[CaseResult]) -> str:
+    """A Markdown table of the cases and a one-line summary."""
+    rows = ["| AWS test case | result | detail |", "|---|---|---|"]
+    for r in results:
+        name = r.nodeid.removeprefix(str(TESTS) + "/")
+        detail = r.detail.replace("|", "\\|")
+        rows.append(f"| `{name}` | {r.status} | {detail} |")
+    counts = summary(results)
+    ran = len(results) - counts.get("skipped", 0)
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    rows += ["", f"{counts.get('pass', 0)} of {ran} cases run pass ({parts})."]
+    return "\n".join(rows)
