@@ -79,22 +79,34 @@ def _target(platform: Any) -> str:
 
 
 def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> None:
+    """AWS's criterion (their validator's `maxAllClose`, "max" mode): an element matches
+    when |got - want| <= atol + rtol * max|want|. Their own function is used when the
+    checkout's comparators import."""
     import numpy as np
 
-    g = np.asarray(got, dtype=np.float64) if got is not None else None
-    w = np.asarray(want, dtype=np.float64)
-    if g is None:
+    if got is None:
         raise AssertionError(f"output {name!r}: the kernel returned nothing")
+    g = np.asarray(got, dtype=np.float32)
+    w = np.asarray(want, dtype=np.float32)
     if g.shape != w.shape:
         if g.size != w.size:
             raise AssertionError(f"output {name!r}: shape {g.shape}, golden {w.shape}")
         g = g.reshape(w.shape)
-    bad = ~np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-    if bad.any():
-        err = float(np.nanmax(np.abs(g - w)))
+    try:
+        from test.integration.nkilib.utils.comparators import maxAllClose
+
+        ok = bool(maxAllClose(g, w, rtol, atol, verbose=0))
+    except ImportError:
+        finite = np.abs(w[np.isfinite(w)])
+        scale = float(finite.max()) if finite.size else 0.0
+        ok = bool(np.all(np.abs(g.astype(np.float64) - w) <= atol + rtol * scale))
+    if not ok:
+        diff = np.abs(g.astype(np.float64) - w)
+        err = float(np.nanmax(diff)) if diff.size else 0.0
+        nan = int(np.count_nonzero(np.isnan(g) != np.isnan(w)))
         raise AssertionError(
-            f"output {name!r}: {bad.mean():.1%} of elements outside rtol={rtol} atol={atol} "
-            f"(max |err| {err:.3g})"
+            f"output {name!r}: outside rtol={rtol} x max|golden| + atol={atol} "
+            f"(max |err| {err:.3g}, {nan} NaN mismatches)"
         )
 
 

@@ -40,8 +40,18 @@ def test_the_orchestrator_runs_the_case_and_accepts_its_golden():
 def test_a_wrong_golden_fails_with_the_tolerance_and_error():
     with loader.checkout_context(FAKE_LIB), pytest.raises(AssertionError) as e:
         InterpreterOrchestrator().execute(_kernel_args(lambda x: {"out": x * 2.0 + 0.5}))
-    assert "100.0% of elements outside rtol=1e-05 atol=1e-06" in str(e.value)
-    assert "max |err| 0.5" in str(e.value)
+    assert "outside rtol=1e-05 x max|golden| + atol=1e-06" in str(e.value)
+    assert "max |err| 0.5, 0 NaN mismatches" in str(e.value)
+
+
+def test_the_tolerance_is_relative_to_the_largest_golden_value():
+    """AWS's criterion: |got - want| <= atol + rtol * max|want| (not per element)."""
+
+    def golden(x):  # off by 1e-4 * max everywhere: fine for rtol 2e-4 of the maximum
+        return {"out": x * 2.0 + float(np.abs(x * 2.0).max()) * 1e-4}
+
+    with loader.checkout_context(FAKE_LIB):
+        InterpreterOrchestrator().execute(_kernel_args(golden, rtol=2e-4))
 
 
 def test_a_lazy_golden_is_computed_and_a_count_mismatch_named():
