@@ -1,7 +1,7 @@
 """Bytes per element of an NKI dtype, by value.
 
 On the compiler an NKI dtype is a string (NKI 0.6 `DType = str`) with no `.itemsize`;
-the interpreter's dtypes are NumPy dtypes that compare equal to their names. So the size
+the interpreter's dtypes are strings too (holding the NumPy dtype they are stored in). So the size
 is found by comparing the dtype with the `nl` dtypes (`==`), which works for both and for
 a plain dtype name. Kernels and host code use this one helper; it imports only the
 `nki` seam, so any module may import it without a cycle.
