@@ -116,7 +116,7 @@ class InterpreterOrchestrator:
 
     def execute(self, kernel_args: Any) -> None:
         """Run one AWS `KernelArgs` and raise AssertionError on a mismatch."""
-        from ..interp import run
+        from ..interp.launch import run_call
         from . import loader
 
         compiler = kernel_args.compiler_input
@@ -127,7 +127,7 @@ class InterpreterOrchestrator:
             inputs = inputs.for_rank(0)
         inputs = {k.removesuffix(".must_alias_input"): v for k, v in inputs.items()}
         kernel = loader.jit(kernel_args.kernel_func)
-        res = run(kernel[lnc] if lnc > 1 else kernel, target=target, **inputs)
+        res = run_call(kernel[lnc] if lnc > 1 else kernel, (), inputs, target=target)
         out = res.outputs
         outs = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
         val = kernel_args.validation_args

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..interp import run
 from ..interp.errors import NkiValidationError, NotSupportedError
+from ..interp.launch import run_call
 from . import loader
 
 STATUSES = ("pass", "wrong", "rejected", "missing-API", "error")
@@ -158,7 +158,7 @@ def run_case(root: str | Path, case: Case, seed: int = 0) -> Outcome:
         args, kwargs = case.build(rng, ctx) if wants_ctx else case.build(rng)
         with loader.checkout_context(root):
             launch = kernel[case.lnc] if case.lnc != 1 else kernel
-            res = run(launch, *args, **kwargs)
+            res = run_call(launch, tuple(args), dict(kwargs))
             got = res.outputs if case.select is None else case.select(res.outputs)
             out.instructions = len(res.trace.instrs)
             if case.expect_rule is not None:

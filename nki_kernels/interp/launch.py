@@ -250,8 +250,25 @@ def run(
     `target` is 'trn1' | 'trn2' | 'trn3' (default: the `settings()` block, else
     NEURON_PLATFORM_TARGET_OVERRIDE, else trn2). `lnc=2` runs two programs that share
     HBM. `trace_only=True` skips the arithmetic: arguments may be `TensorSpec`s and
-    outputs come back as `TensorSpec`s.
+    outputs come back as `TensorSpec`s. These keywords are `run`'s own; a kernel
+    parameter of the same name (`lnc`, `target`, ...) is passed with `run_call`.
     """
+    return run_call(kernel, args, kwargs, lnc=lnc, target=target, trace_only=trace_only, grid=grid)
+
+
+def run_call(
+    kernel: Callable[..., Any] | Kernel | _Launcher,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    lnc: int = 1,
+    target: str | Target | None = None,
+    trace_only: bool | None = None,
+    grid: bool | None = None,
+) -> RunResult:
+    """`run` with the kernel's arguments as a tuple and a dict: every keyword in `kwargs`
+    reaches the kernel, also one named like an option of `run` (AWS's test wrappers take
+    `lnc`)."""
     if isinstance(kernel, _Launcher):  # run(kernel[2], ...)
         lnc, grid, kernel = kernel.lnc, True if grid is None else grid, kernel.kernel
     if isinstance(kernel, Kernel):
@@ -396,7 +413,7 @@ class Kernel:
         if state.active() is not None:
             return self.fn(*args, **kwargs)
         handled, out = _device_call(self, 1, args, kwargs)
-        return out if handled else run(self, *args, **kwargs).outputs
+        return out if handled else run_call(self, args, kwargs).outputs
 
     def __getitem__(self, lnc: Any) -> _Launcher:
         if isinstance(lnc, tuple) or type(lnc) is not int or not 1 <= lnc <= 2:
@@ -424,7 +441,7 @@ class _Launcher:
         handled, out = _device_call(self.kernel, self.lnc, args, kwargs)
         if handled:
             return out
-        return run(self.kernel, *args, lnc=self.lnc, grid=True, **kwargs).outputs
+        return run_call(self.kernel, args, kwargs, lnc=self.lnc, grid=True).outputs
 
 
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:

@@ -356,3 +356,19 @@ def test_device_print_prints_values(capsys):
 
     run(kernel, np.array([[1.0, 2.0, 3.0]], np.float32))
     assert "t = [[1. 2. 3.]]" in capsys.readouterr().out
+
+
+def test_kernel_parameters_named_like_run_options_reach_the_kernel():
+    """AWS's test wrappers take `lnc` (and kernels may take `target`, `grid`): a call of the
+    kernel passes them to it, they do not configure the launch."""
+    got = {}
+
+    def body(x, lnc, target, grid, trace_only):
+        got.update(lnc=lnc, target=target, grid=grid, trace_only=trace_only, pid=nl.program_id(0))
+
+    k = nki.jit(body)
+    x = np.zeros((2, 2), np.float32)
+    k(x, lnc=2, target="trn3", grid=7, trace_only="no")
+    assert got == dict(lnc=2, target="trn3", grid=7, trace_only="no", pid=0)
+    k[2](x, lnc=1, target=None, grid=None, trace_only=False)
+    assert got["lnc"] == 1 and got["pid"] == 1  # two programs ran; the last was program 1
