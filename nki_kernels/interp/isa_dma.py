@@ -206,10 +206,11 @@ def dma_transpose(
     indirect = src.indirect is not None
     if dge_mode is dge_mode_enum.swdge and not indirect:
         raise fail("ARG", f"{instr}: dge_mode.swdge is for indirect sources only")
-    if dge_mode is dge_mode_enum.hwdge and indirect:
+    # dge_mode.none (static descriptors, no DGE) is among the documented values of the
+    # parameter and nki-library's mlp_tkg passes it (raw 3); an indirect source is gathered
+    # by a DGE, so it needs unknown or swdge
+    if dge_mode in (dge_mode_enum.hwdge, dge_mode_enum.none) and indirect:
         raise fail("ARG", f"{instr}: an indirect source needs dge_mode unknown or swdge")
-    if dge_mode is dge_mode_enum.none:
-        raise fail("ARG", f"{instr}: dge_mode must be unknown, hwdge or swdge")
     if not isinstance(oob_mode, oob_mode_enum):
         raise fail("ARG", f"{instr}: oob_mode must be an nisa.oob_mode member; got {oob_mode!r}")
     if oob_mode is oob_mode_enum.skip and not indirect:

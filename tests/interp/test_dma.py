@@ -483,3 +483,40 @@ def test_dma_rules(kernel, rule, target):
 def test_dma_count_error_names_both_counts():
     err = _raises("DMA_COUNT", _k_count, np.zeros((4, 4), np.float32))
     assert "holds 20 elements" in str(err) and "holds 16" in str(err)
+
+
+def test_dma_transpose_with_static_descriptors_dge_none():
+    """dge_mode.none is a documented value (nki-library's mlp_tkg passes it as 3)."""
+    x = rng.standard_normal((48, 20)).astype(BF16)
+
+    def kernel(h):
+        sb = nl.ndarray((20, 48), nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=sb, src=h, dge_mode=nisa.dge_mode.none)
+        sb2 = nl.ndarray((48, 20), nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=sb2, src=sb, dge_mode=3)
+        o = nl.ndarray((20, 48), nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=sb)
+        o2 = nl.ndarray((48, 20), nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o2, src=sb2)
+        return o, o2
+
+    t, back = run(kernel, x).outputs
+    np.testing.assert_array_equal(t, x.T)
+    np.testing.assert_array_equal(back, x)
+
+
+def test_indirect_dma_transpose_needs_a_dge():
+    src = rng.standard_normal((40, 16)).astype(np.float16)
+    idx = np.arange(8, dtype=np.uint32).reshape(8, 1)
+
+    def kernel(h, i):
+        it = nl.ndarray((8, 1), nl.uint32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=it, src=i)
+        sb = nl.ndarray((16, 8), nl.float16, buffer=nl.sbuf)
+        view = h.ap([[16, 8], [1, 16]], vector_offset=it)
+        nisa.dma_transpose(dst=sb, src=view, dge_mode=nisa.dge_mode.none)
+
+    with pytest.raises(NkiValidationError) as e:
+        run(kernel, src, idx)
+    assert e.value.rule == "ARG"
+    assert "indirect source needs dge_mode unknown or swdge" in str(e.value)
