@@ -39,3 +39,11 @@ def test_probe_plain_model_and_cli(capsys) -> None:
     assert not plain["scaled_dot_product_attention calls"].taken
     assert main(["probe", "tiny-llama"]) == 0
     assert "| LlamaRMSNorm -> nki rms_norm | 5 | yes |" in capsys.readouterr().out
+
+
+def test_probe_names_the_dtype_it_does_not_take() -> None:
+    half = [f for f in probe(tiny_model("mixtral").half()) if "MoeBlock" in f.op]
+    assert len(half) == 1 and not half[0].taken
+    assert "dtype torch.float16 (supported: float32, bfloat16)" in half[0].op
+    bf16 = [f for f in probe(tiny_model("mixtral").bfloat16()) if "MoeBlock" in f.op]
+    assert len(bf16) == 1 and bf16[0].taken
