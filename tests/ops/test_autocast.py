@@ -113,10 +113,18 @@ def test_sdpa_monkeypatch_falls_back_to_torch_without_recursion(monkeypatch) -> 
     monkeypatch.setattr(F, "scaled_dot_product_attention", nki_kernels.sdpa)
     q = torch.randn(1, 2, 5, 8)
     mask = torch.rand(5, 5) > 0.3
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SdpaFallbackWarning)
-        out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)  # falls back
-    torch.testing.assert_close(out, original(q, q, q, attn_mask=mask))
+    # a dense mask stays on the kernel now; a 3-D call is one that really falls back
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = F.scaled_dot_product_attention(q[0], q[0], q[0], attn_mask=mask)
+    assert any(issubclass(w.category, SdpaFallbackWarning) for w in rec)
+    torch.testing.assert_close(out, original(q[0], q[0], q[0], attn_mask=mask))
+    torch.testing.assert_close(
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask),
+        original(q, q, q, attn_mask=mask),
+        atol=1e-5,
+        rtol=1e-5,
+    )
     torch.testing.assert_close(
         F.scaled_dot_product_attention(q, q, q), original(q, q, q), atol=1e-5, rtol=1e-5
     )
