@@ -17,6 +17,12 @@ search from scratch (the baseline). Goal: TPE cold's median <= 25% of the grid.
 Every latency is modeled (cost model vN, trn2); nothing here is a measurement.
 
     python benchmarks/bench_autotune.py [--seeds 5] [--target trn2] [--ops rms_norm,...]
+        [--buckets 2048,...] [--encoding values|index|categorical] [--variants tpe_cold,...]
+        [--first-seed N]
+
+`--encoding` picks how the studies store parameters (`autotune.space`): comparing runs
+of the same grid and seeds under each measures what showing values in the dashboard
+costs the search.
 
 Rows are appended to `benchmarks/data/autotune_efficiency.jsonl`.
 """

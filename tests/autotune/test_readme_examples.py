@@ -48,7 +48,7 @@ def test_the_section_has_examples() -> None:
     assert _blocks("python")
 
 
-def test_every_example_runs_as_written(tmp_path, monkeypatch) -> None:
+def test_every_example_runs_as_written(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     for var in ("NKI_KERNELS_STORAGE", "NKI_KERNELS_CONFIG_DIR", "NKI_KERNELS_BUCKET_POLICY"):
@@ -78,9 +78,13 @@ def test_every_example_runs_as_written(tmp_path, monkeypatch) -> None:
         buckets.reset_bucket_policies()
         monkeypatch.delenv(LNC_ENV_VAR, raising=False)  # restored at teardown
         set_runtime_lnc(None)  # the block's NEURON_LOGICAL_NC_CONFIG is read afresh
+        capsys.readouterr()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             exec(compile(code, str(DOC), "exec"), {})
+        # the call the example explains uses the entry the example tuned, at its bucket
+        out = capsys.readouterr().out
+        assert "rows=1408" in out and "tuned entry" in out, out
     finally:
         for var in ("NKI_KERNELS_CONFIG_DIR", "NKI_KERNELS_BUCKET_POLICY", LNC_ENV_VAR):
             os.environ.pop(var, None)
