@@ -584,14 +584,19 @@ class Tuner:
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
         for attempt in range(1000):
             name = f"{study.study_name}{CLAIM_SEP}{digest}.{attempt}"
-            try:
-                with _quiet_optuna():
-                    sid = self.storage.create_new_study([StudyDirection.MINIMIZE], name)
-            except DuplicatedStudyError:
-                sid = self.storage.get_study_id_from_name(name)
-            else:
-                self.storage.set_study_user_attr(sid, "trial", number)
+            # an interrupt between creating the claim and naming its owner would leave a
+            # claim nobody can drop: hold Ctrl-C / SIGTERM across both writes
+            with _signals_deferred():
+                try:
+                    with _quiet_optuna():
+                        sid = self.storage.create_new_study([StudyDirection.MINIMIZE], name)
+                except DuplicatedStudyError:
+                    sid = -1
+                else:
+                    self.storage.set_study_user_attr(sid, "trial", number)
+            if sid != -1:
                 return None
+            sid = self.storage.get_study_id_from_name(name)
             owner_number = self.storage.get_study_user_attrs(sid).get("trial")
             if owner_number is None:  # the winner has not written its trial number yet
                 return _RUNNING_STANDIN
