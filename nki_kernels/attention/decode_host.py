@@ -209,7 +209,9 @@ def decode(
     layout = "paged" if paged else "contiguous"
     problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, layout)
     if config is None:
-        cfg = lookup_config("decode_attention", problem, decode_attention_fwd, target=target)
+        # The config describes one (sequence, KV head) program, which does the same work at
+        # any LNC (kernel[2] only shares the items out), so its entries are keyed at LNC 1.
+        cfg = lookup_config("decode_attention", problem, decode_attention_fwd, target=target, lnc=1)
         assert isinstance(cfg, DecodeConfig)
     else:
         cfg = config

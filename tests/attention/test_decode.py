@@ -280,3 +280,21 @@ def test_contiguous_decode_sq4_on_devices_and_under_compile(
         assert out.device.type == args[0].device.type
         assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "out")
         assert (out[1, :, :1].cpu() == 0).all()  # query 0 of the 3-key sequence sees none
+
+
+def test_a_default_trn2_at_lnc2_finds_the_shipped_decode_config() -> None:
+    """Decode configs are per program, keyed at LNC 1; a process at LNC 2 (trn2's
+    default) uses the shipped tuned entry rather than falling back to the heuristic."""
+    from nki_kernels.runtime.explain import explain
+    from nki_kernels.runtime.lnc import set_runtime_lnc
+
+    q = _rand(1, 32, 1, 128, seed=14, dtype=torch.bfloat16)
+    k = _rand(1, 8, 1500, 128, seed=15, dtype=torch.bfloat16)
+    set_runtime_lnc(2)
+    try:
+        report = explain("decode_attention", q, k, k, torch.tensor([1500]))
+    finally:
+        set_runtime_lnc(None)
+    (decision,) = {d.describe(): d for d in report.decisions}.values()
+    assert decision.source == "tuned entry" and decision.entry_key is not None, str(report)
+    assert "seq_k=2048" in decision.entry_key
