@@ -239,6 +239,10 @@ def test_goal_needs_the_mean_and_the_band_low_end():
     assert "band low end 0.95x" in goal_text("attention", 1.5, (0.95, 1.8))
     assert "0.20x short" in goal_text("moe", 1.1, (1.05, 1.2))
     assert goal_text("norm", 1.2, None).endswith("missed (no band)")
+    partial = goal_text("moe", 3.4, (2.9, 3.8), (2, 4))
+    assert "judged on the 2 of 4 cases that have an AWS figure" in partial
+    assert partial.endswith(": met")
+    assert "judged on" not in goal_text("moe", 3.4, (2.9, 3.8), (4, 4))
 
 
 def test_attention_lnc2_prices_one_kv_head_per_program():
