@@ -80,8 +80,8 @@ def goal_text(
     if cases is not None and cases[0] < cases[1]:
         text = (
             f"goal {goal}x with band low end >= 1.0x, judged on the {cases[0]} of {cases[1]} "
-            "cases that have an AWS figure (the others: AWS's kernel does not run through "
-            "the interpreter): "
+            "cases that have an AWS figure (the others: no nki-library kernel for the op, or "
+            "it does not run through the interpreter; see the notes): "
         )
     misses = []
     if geo < goal:

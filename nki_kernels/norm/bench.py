@@ -121,7 +121,7 @@ def price(
     latency is the logical core's)."""
     tgt = get_target(target)
     fn, args, nbytes, _ = _specs(op, kernel, tokens, hidden)
-    cfg = _config(op, kernel, tokens, hidden, tgt)
+    cfg = _config(op, kernel, tokens, hidden, tgt, lnc)
     kwargs = cfg.to_dict()
     if C.stats_in_kernel(cfg):  # statistics computed in the kernel: none read
         eps = 1e-5 if op == "layer_norm" else 1e-6
@@ -151,14 +151,15 @@ def price(
     )
 
 
-def _config(op: str, kernel: str, tokens: int, hidden: int, tgt: Any) -> Any:
-    """The config the op would use for this kernel (config store, else heuristic)."""
+def _config(op: str, kernel: str, tokens: int, hidden: int, tgt: Any, lnc: int = 1) -> Any:
+    """The config the op would use for this kernel launched at `lnc` (config store at
+    that LNC's keys, else heuristic)."""
     fn, _, _, cfg_op = _specs(op, kernel, tokens, hidden)
     affine = "wb" if op == "layer_norm" else "w"
     problem = C.NormProblem(tokens, hidden, DTYPE, affine)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return lookup_config(cfg_op, problem, fn, target=tgt, config_cls=C.CONFIGS[cfg_op])
+        return lookup_config(cfg_op, problem, fn, target=tgt, config_cls=C.CONFIGS[cfg_op], lnc=lnc)
 
 
 def op_parts(
@@ -167,7 +168,7 @@ def op_parts(
     """The kernels one call of the op launches, priced (`kind` fwd or bwd): the backward
     kernel, preceded by the statistics kernel unless the backward computes them itself."""
     parts = [price(op, kind, tokens, hidden, target, lnc)]
-    cfg = _config(op, kind, tokens, hidden, get_target(target))
+    cfg = _config(op, kind, tokens, hidden, get_target(target), lnc)
     if kind == "bwd" and not C.stats_in_kernel(cfg):
         parts.append(
             price(

@@ -254,3 +254,17 @@ def test_attention_lnc2_prices_one_kv_head_per_program():
     assert two.pricing == "2 of 8 pairs x 4, kernel[2]"
     # two cores, one kv head each per launch: at most the LNC 1 latency, at least half
     assert one.latency_us / 2 <= two.latency_us <= one.latency_us
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_norm_rows_use_the_config_entry_of_the_lnc_they_launch_at(lnc: int) -> None:
+    """A row priced as kernel[2] uses the config a default trn2 (LNC 2) looks up, not
+    the LNC 1 entry: the shipped rms_norm entries exist at both LNCs."""
+    from nki_kernels.norm import bench as nb
+    from nki_kernels.runtime.config_store import recording_decisions
+
+    with recording_decisions() as seen:
+        nb.op_parts("rms_norm", "fwd", 16384, 4096, "trn2", lnc)
+    assert seen and all(d.lnc == lnc for d in seen)
+    assert all(d.entry_key is not None for d in seen), [d.describe() for d in seen]
+    assert all(("lnc=2" in str(d.entry_key)) == (lnc == 2) for d in seen)
