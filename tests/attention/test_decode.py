@@ -298,3 +298,18 @@ def test_a_default_trn2_at_lnc2_finds_the_shipped_decode_config() -> None:
     (decision,) = {d.describe(): d for d in report.decisions}.values()
     assert decision.source == "tuned entry" and decision.entry_key is not None, str(report)
     assert "seq_k=2048" in decision.entry_key
+
+
+def test_split_k_combines_on_chip() -> None:
+    """The split accumulators are merged in SBUF: a launch with 4 splits writes exactly
+    what a 1-split launch writes to HBM (out and lse), no per-split partial results."""
+    b, hkv, sq, steps, kv_tile = 2, 2, 1, 8, 128
+    q = TensorSpec((b, 4 * hkv, sq, D), "bfloat16")
+    kv = TensorSpec((b, hkv, steps * kv_tile, D), "bfloat16")
+    bnd = TensorSpec((b, 128, 2), "float32")
+    written = []
+    for splits in (1, 4):
+        args = (q, kv, kv, None, bnd, 0.125, steps, kv_tile, splits)
+        trace = run(decode_attention_fwd, *args, trace_only=True).trace
+        written.append(sum(i.hbm_write for i in trace))
+    assert written[0] == written[1] > 0, written

@@ -109,8 +109,12 @@ def test_autocast_on_the_neuron_device(neuron: str) -> None:
 
 
 def test_sdpa_monkeypatch_falls_back_to_torch_without_recursion(monkeypatch) -> None:
+    from nki_kernels.ops import attention as attention_ops
+
     original = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", nki_kernels.sdpa)
+    # the warning is once per reason per process: start from none warned, whatever ran before
+    monkeypatch.setattr(attention_ops, "_WARNED", set())
     q = torch.randn(1, 2, 5, 8)
     mask = torch.rand(5, 5) > 0.3
     # a dense mask stays on the kernel now; a 3-D call is one that really falls back
