@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .dist_rank import WRAPPERS, tolerance_of
+from .report import loss_figure, save_figure
 
 
 def _torchrun(nproc: int, phase: str, work: Path, args: list[str]) -> dict[str, Any]:
@@ -205,14 +206,10 @@ def summary(r: dict[str, Any]) -> list[str]:
 def plot(reports: list[dict[str, Any]], path: Path) -> Path | None:
     """Per model: loss curves (reference, NKI under DDP and FSDP2, the resumed run) and
     |Δloss| per wrapper against the tolerance; None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    figure = loss_figure(len(reports))
+    if figure is None:
         return None
-    fig, axes = plt.subplots(2, len(reports), figsize=(5 * len(reports), 6), squeeze=False)
+    plt, fig, axes = figure
     for col, r in enumerate(reports):
         top, bottom = axes[0][col], axes[1][col]
         steps, half = list(range(r["steps"])), r["resume_from"]
@@ -230,11 +227,7 @@ def plot(reports: list[dict[str, Any]], path: Path) -> Path | None:
         bottom.axvline(half, color="grey", lw=1, label=f"checkpoint (step {half})")
         bottom.set_xlabel("step")
         bottom.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 __all__ = ["launch", "merge", "plot", "report_path", "summary"]

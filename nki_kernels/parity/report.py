@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from .harness import Report
 
@@ -52,14 +53,10 @@ def write_json(r: Report, path: Path) -> Path:
 def plot(reports: list[Report], path: Path) -> Path | None:
     """Loss curves (reference, NKI) and |Δloss| with the tolerance and the noise floor, one
     column per report; None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    figure = loss_figure(len(reports))
+    if figure is None:
         return None
-    fig, axes = plt.subplots(2, len(reports), figsize=(5 * len(reports), 6), squeeze=False)
+    plt, fig, axes = figure
     for col, r in enumerate(reports):
         top, bottom = axes[0][col], axes[1][col]
         steps = range(r.steps)
@@ -76,6 +73,25 @@ def plot(reports: list[Report], path: Path) -> Path | None:
         bottom.axhline(r.tolerance, color="red", lw=1, label=f"tolerance {r.tolerance:.2g}")
         bottom.set_xlabel("step")
         bottom.legend(fontsize=8)
+    return save_figure(plt, fig, path)
+
+
+def loss_figure(columns: int) -> tuple[Any, Any, Any] | None:
+    """(pyplot, figure, axes [2][columns]): loss curves above |Δloss| per column; None
+    when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(2, columns, figsize=(5 * columns, 6), squeeze=False)
+    return plt, fig, axes
+
+
+def save_figure(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write `fig` to `path` (creating its folder) and close it."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -83,4 +99,4 @@ def plot(reports: list[Report], path: Path) -> Path | None:
     return path
 
 
-__all__ = ["plot", "summary", "table", "write_json"]
+__all__ = ["loss_figure", "plot", "save_figure", "summary", "table", "write_json"]
