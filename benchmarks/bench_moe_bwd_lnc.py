@@ -6,7 +6,8 @@ At LNC 2 the two programs of `moe_mlp_bwd` split the hidden columns (dgrad, weig
 gradients, combine; the gate/up/down recompute runs on both): see
 `nki_kernels/moe/blockwise_mlp_bwd.py`. This prices the kernel with `--blocks` used
 blocks (all static) at the heuristic config, at LNC 1 and LNC 2, with
-`nki_kernels.perfmodel.api.estimate`. Every figure is "modeled (cost model vN, target)";
+`nki_kernels.moe.pricing.price_blocks` (exact traces up to a few blocks, extrapolated
+beyond). Every figure is "modeled (cost model vN, target)";
 none is a measurement. The cost model prices an LNC 2 launch as its slower program.
 """
 
@@ -17,32 +18,11 @@ import json
 import time
 from typing import Any
 
-from nki_kernels.interp import TensorSpec
 from nki_kernels.model_shapes import MOE_SHAPES
-from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
 from nki_kernels.moe.config import MoEMLPBwdConfig, MoEProblem
+from nki_kernels.moe.pricing import price_blocks
 from nki_kernels.perfmodel import COST_MODEL_VERSION, modeled_label
-from nki_kernels.perfmodel.api import estimate
 from nki_kernels.targets import get_target
-
-
-def _specs(p: MoEProblem, nb: int, block: int) -> list[TensorSpec]:
-    dt, t, h, i, e, k = p.dtype, p.tokens, p.hidden, p.intermediate, p.experts, p.top_k
-    ns = block // 128
-    return [
-        TensorSpec((t, h), dt),
-        TensorSpec((e, h, 2 * i), dt),
-        TensorSpec((e, i, h), dt),
-        TensorSpec((t, h), dt),
-        TensorSpec((nb, 128, ns), "int32"),
-        TensorSpec((nb, 128, ns), "float32"),
-        TensorSpec((nb, 1), "int32"),
-        TensorSpec((nb, 1), "float32"),
-        TensorSpec((1, 1), "int32"),
-        TensorSpec((t, k), "int32"),
-        TensorSpec((e, h, 2 * i), dt),
-        TensorSpec((e, i, h), dt),
-    ]
 
 
 def row(shape: Any, tokens: int, blocks: int, target: str) -> dict[str, Any]:
@@ -59,9 +39,8 @@ def row(shape: Any, tokens: int, blocks: int, target: str) -> dict[str, Any]:
         "label": modeled_label(target, COST_MODEL_VERSION),
     }
     for lnc in (1, 2):
-        est = estimate(moe_mlp_bwd, *_specs(p, blocks, cfg.block_size), blocks, True,
-                       *cfg.to_dict().values(), target=target, lnc=lnc)  # fmt: skip
-        out[f"lnc{lnc}_us"] = est.latency_ns / 1e3
+        priced = price_blocks("bwd", p, cfg, blocks, get_target(target), True, lnc)
+        out[f"lnc{lnc}_us"] = priced.latency_ns / 1e3
     out["speedup"] = out["lnc1_us"] / out["lnc2_us"]
     return out
 
