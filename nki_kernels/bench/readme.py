@@ -20,6 +20,31 @@ def _geo(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def _pairs(
+    rows: Sequence[BenchRow],
+    family: str,
+    target: str,
+    lnc: int,
+    other: str,
+    cost_model: str | None,
+) -> list[tuple[str, str, BenchRow, BenchRow]]:
+    """(op, case, ours, other's row) for every case of the family with both figures from
+    the same cost model (`cost_model` when given): rows of different models never pair."""
+    out = []
+    for (fam, op, case, tgt, n), impls in group(rows).items():
+        if fam != family or tgt != target or n != lnc:
+            continue
+        ours, o = impls.get("nki"), impls.get(other)
+        if ours is None or o is None or math.isnan(o.latency_us):
+            continue
+        if ours.provenance != o.provenance:
+            continue
+        if cost_model is not None and f"cost model {cost_model}," not in ours.provenance:
+            continue
+        out.append((op, case, ours, o))
+    return out
+
+
 def speedups(
     rows: Sequence[BenchRow],
     family: str,
@@ -30,19 +55,8 @@ def speedups(
 ) -> list[tuple[str, str, float]]:
     """(op, case, other / ours) for every case of the family with both figures (priced by
     `cost_model` when given)."""
-    out = []
-    for (fam, op, case, tgt, n), impls in group(rows).items():
-        if fam != family or tgt != target or n != lnc:
-            continue
-        ours, o = impls.get("nki"), impls.get(other)
-        if ours is None or o is None or math.isnan(o.latency_us):
-            continue
-        if ours.provenance != o.provenance:  # different cost models are not compared
-            continue
-        if cost_model is not None and f"cost model {cost_model}," not in ours.provenance:
-            continue
-        out.append((op, case, o.latency_us / ours.latency_us))
-    return out
+    pairs = _pairs(rows, family, target, lnc, other, cost_model)
+    return [(op, case, o.latency_us / ours.latency_us) for op, case, ours, o in pairs]
 
 
 def geo_band(
@@ -51,14 +65,7 @@ def geo_band(
     """The geometric-mean speedup's band: the geometric mean per parameter set (the same
     set on both sides of each ratio), min and max over the sets; None without samples."""
     per_set: list[list[float]] = []
-    for (fam, _op, _case, tgt, n), impls in group(rows).items():
-        if fam != family or tgt != target or n != lnc:
-            continue
-        ours, o = impls.get("nki"), impls.get(other)
-        if ours is None or o is None or math.isnan(o.latency_us):
-            continue
-        if ours.provenance != o.provenance or f"cost model {cost_model}," not in ours.provenance:
-            continue
+    for _op, _case, ours, o in _pairs(rows, family, target, lnc, other, cost_model):
         a, b = ours.extra.get("samples_us"), o.extra.get("samples_us")
         if not a or not b or len(a) != len(b):
             return None
