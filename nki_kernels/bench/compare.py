@@ -27,8 +27,11 @@ Nothing here is a measurement.
 
 from __future__ import annotations
 
+import functools
+import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,6 +97,21 @@ def _busiest_step(est: native.NativeEstimate) -> str:
     return f"step: {name}"
 
 
+@functools.cache
+def _configs_commit() -> dict[str, str]:
+    """{"configs_commit": the checkout's short commit} when the package runs from a git
+    checkout with no uncommitted change to its shipped configs, else {} (the README's note
+    on which configs priced the rows reads it)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True)
+        head = run(["git", "rev-parse", "--short", "HEAD"], check=True).stdout.strip()
+        dirty = run(["git", "status", "--porcelain", "--", "nki_kernels/configs"], check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {} if dirty.stdout.strip() or not head else {"configs_commit": head}
+
+
 def _half(n: int, lnc: int) -> int:
     return -(-n // lnc)
 
@@ -157,6 +175,7 @@ def norm_rows(
                                 extra={
                                     "kernels": [[p.kernel, p.latency_us] for p in parts],
                                     "config": parts[0].config,
+                                    **_configs_commit(),
                                 },
                             )
                         )
