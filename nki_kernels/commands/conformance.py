@@ -7,13 +7,17 @@ interpreter's rule) / missing-API (a documented NKI name the interpreter lacks) 
 --imports also tries to import every kernel module of the checkout. --aws-tests runs
 nki-library's own test cases instead (its `test/integration` tests marked `fast`, with
 their inputs, golden outputs and tolerances; each test file in a subprocess, at most
---timeout seconds).
+--timeout seconds, --jobs at once). Results are cached per file (--cache DIR); a re-run
+skips files whose cached run matches the checkout's commit and the interpreter version
+(--rerun runs them again); --report prints the per-file table from the cache without
+running anything, --out FILE also writes it to FILE.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 NAME = "conformance"
 HELP = "run an AWS nki-library / aws-neuron-sdk checkout's kernels in the interpreter"
@@ -44,6 +48,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-k", dest="select", default=None, metavar="EXPR", help="pytest -k filter (--aws-tests)"
     )
+    parser.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="SUBSTR",
+        help="only the AWS test files whose path contains SUBSTR (repeatable; --aws-tests)",
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="test files run at once (--aws-tests)")
+    parser.add_argument(
+        "--cache",
+        default=str(Path.home() / ".cache" / "nki-kernels" / "aws-tests"),
+        metavar="DIR",
+        help="per-file result cache (--aws-tests)",
+    )
+    parser.add_argument(
+        "--rerun", action="store_true", help="run files again even when cached (--aws-tests)"
+    )
+    parser.add_argument(
+        "--report", action="store_true", help="print the table from the cache only (--aws-tests)"
+    )
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,15 +100,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _aws_tests(args: argparse.Namespace, kind: str) -> int:
-    from pathlib import Path
-
-    from ..conformance import aws_tests
+    from ..conformance import aws_runs, aws_tests
 
     if kind != "nki-library":
         print("conformance: --aws-tests needs an nki-library checkout", file=sys.stderr)
         return 2
     root = Path(args.path)
     mods = aws_tests.test_modules(root)
-    print(f"nki-library checkout {args.path}: {len(mods)} test files (interpreter, numeric)\n")
-    print(aws_tests.table(aws_tests.run_all(root, mods, args.timeout, args.select)))
+    if args.file:
+        mods = [m for m in mods if any(f in str(m) for f in args.file)]
+        if not mods:
+            print(f"conformance: --file: no AWS test file matches {args.file}", file=sys.stderr)
+            return 2
+    cache = Path(args.cache)
+    if args.report:
+        rels = {str(m.relative_to(root)) for m in mods}
+        runs = [r for r in aws_runs.load_cache(cache) if r.file in rels]
+    else:
+        print(f"nki-library checkout {args.path}: {len(mods)} test files (interpreter, numeric)")
+
+        def progress(run: aws_runs.FileRun, cached: bool) -> None:
+            counts = aws_runs.summary(run.results)
+            how = "cached" if cached else f"{run.seconds:.0f} s"
+            print(f"  {run.file}: {counts} ({how})", flush=True)
+
+        runs = aws_runs.run_files(
+            root, mods, args.timeout, args.select, args.jobs, cache, args.rerun, progress
+        )
+        print()
+    text = aws_runs.file_table(runs)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
     return 0

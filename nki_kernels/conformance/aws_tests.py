@@ -5,16 +5,17 @@ each case's inputs, call their harness (`UnitTestFramework`, `RangeTestHarness` 
 orchestrator directly), and hand one `KernelArgs` (kernel, LNC, inputs, golden outputs,
 tolerances) to the `test_manager` fixture's `execute`. In their simulation mode that
 runs the kernel on the CPU simulator. Here pytest collects the checkout's tests marked
-`fast` (the hand-written vectors; sweeps come from AWS's conftest and are not
-collected), without AWS's conftest, and a `test_manager` of ours runs each case through
-the interpreter and compares with the case's own golden outputs and tolerances.
+`fast`, without AWS's conftest: the cases of `coverage_parametrize` sweeps and
+`range_test_config` tests are generated as that conftest does, by the checkout's own
+generators (`sweep_cases`), and a `test_manager` of ours runs each case through the
+interpreter and compares with the case's own golden outputs and tolerances.
 AWS's harness modules are imported unmodified; the third-party packages they import
 only to talk to hosts, S3 or HTML reports (`fabric2`, `boto3`, `paramiko`, ...) get
 inert stand-ins, and `neuron_dtypes` the loader's stand-in.
 
-Each test module runs in its own subprocess with a time limit, so a case too large for
-a CPU (AWS's simulation mode skips ids naming 4096+ sizes; so does this) cannot stall
-the table.
+Each test module runs in its own subprocess with a time limit (`aws_runs`), so a case
+too large for a CPU cannot stall the table; ids naming 4096+ sizes are skipped, as
+AWS's CPU-simulation mode skips them (`LARGE_SHAPE_PATTERNS`, their list).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import json
-import subprocess
+import os
+import re
 import sys
-import time
 import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,10 +36,11 @@ LARGE_SHAPE_PATTERNS = ("4096", "5120", "8192", "16384", "32768", "36864")
 # packages AWS's harness imports for remote hosts, uploads and reports
 INERT = (
     "fabric2", "boto3", "botocore", "paramiko", "plotext", "pytest_html", "filelock",
-    "aws_embedded_metrics", "allpairspy", "attr",
+    "aws_embedded_metrics", "attr",
 )  # fmt: skip
 TESTS = Path("test") / "integration"
 MARK = "@@nki-kernels-case "  # prefixes the worker's result lines among pytest's output
+COLLECTED = "@@nki-kernels-collected "  # the worker's line naming every collected case
 
 
 @dataclass
@@ -46,7 +48,7 @@ class CaseResult:
     """One AWS test case: pytest node id, status and the first line of the reason."""
 
     nodeid: str
-    status: str  # pass | wrong | rejected | missing-API | error | skipped | sweep | timeout
+    status: str  # pass | wrong | rejected | missing-API | error | skipped | timeout | no-fast
     detail: str = ""
     seconds: float = 0.0
 
@@ -158,15 +160,26 @@ class _NoopCollector:
 
 
 class _Plugin:
-    """pytest plugin: the fixtures AWS's tests request, and the outcome of each case."""
+    """pytest plugin: the fixtures AWS's tests request, the cases AWS's conftest would
+    generate, and the outcome of each case."""
 
     def __init__(self, stream: bool = False) -> None:
         self.results: list[CaseResult] = []
         self.stream = stream
 
+    def _emit(self, result: CaseResult) -> None:
+        self.results.append(result)
+        if self.stream:  # the parent keeps what finished if the file times out
+            print(f"\n{MARK}{json.dumps(asdict(result))}", flush=True)
+
     def pytest_configure(self, config: Any) -> None:
         for m in ("fast", "simulation", "slow_simulation", "coverage_parametrize", "platforms"):
             config.addinivalue_line("markers", f"{m}: nki-library marker")
+
+    def pytest_generate_tests(self, metafunc: Any) -> None:
+        """The parametrization AWS's conftest gives `coverage_parametrize` sweeps and
+        `range_test_config` tests, through the checkout's own generators."""
+        sweep_cases(metafunc)
 
     def pytest_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
         import pytest
@@ -178,18 +191,76 @@ class _Plugin:
             ):
                 item.add_marker(skip)
 
+    def pytest_collection_finish(self, session: Any) -> None:
+        if self.stream:  # the parent names each case a time-out leaves unrun
+            ids = [item.nodeid for item in session.items]
+            print(f"\n{COLLECTED}{json.dumps(ids)}", flush=True)
+
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
-            exc = getattr(report.longrepr, "reprcrash", None)
-            text = exc.message if exc is not None else str(report.longrepr)
-            last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["collection failed"]
-            self.results.append(CaseResult(report.nodeid, "error", last[0][:300]))
+            self._emit(CaseResult(report.nodeid, "error", _collect_error(report)))
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.when == "call" or (report.when == "setup" and not report.passed):
-            self.results.append(_classify(report))
-            if self.stream:  # the parent keeps what finished if the file times out
-                print(f"\n{MARK}{json.dumps(asdict(self.results[-1]))}", flush=True)
+            self._emit(_classify(report))
+
+
+def sweep_cases(metafunc: Any) -> None:
+    """Parametrize one AWS test as AWS's conftest does: a `range_test_options` fixture
+    from `RangeTestHarness` over the test's `range_test_config`, a `coverage_parametrize`
+    marker from `generate_parametrized_test_case` (coverage "singles" unless the marker
+    names one: the default of AWS's `--coverage` option). Both generators are the
+    checkout's; Python's `random` is seeded (AWS's `NEURON_PYTHONHASHSEED`, default 0)
+    so the generated ids are the same in every run."""
+    import random
+
+    seed = int(os.environ.get("NEURON_PYTHONHASHSEED", "0"))
+    if "range_test_options" in metafunc.fixturenames:
+        from test.utils import ranged_test_harness as rth
+
+        config = getattr(metafunc.function, rth.RANGE_TEST_CONFIG_ATTR_KEY, None)
+        if config is None:
+            return
+        extra = {}
+        limit = getattr(metafunc.function, rth.RANGE_TEST_LIMIT_NUM_TESTS_ATTR_KEY, None)
+        if limit is not None:
+            extra[rth.RANGE_TEST_LIMIT_NUM_TESTS_ATTR_KEY] = limit
+        random.seed(seed)
+        ids, configs = rth.RangeTestHarness(config, **extra).get_unique_test_cases()
+        metafunc.parametrize("range_test_options", configs, ids=ids)
+        return
+    marker = metafunc.definition.get_closest_marker("coverage_parametrize")
+    if marker is None:
+        return
+    from test.utils import coverage_parametrized_tests as cpt
+
+    params = dict(marker.kwargs)
+    coverage = params.pop("coverage", None) or "singles"
+    options = {
+        "filter_func": params.pop("filter", None),
+        "enable_automatic_boundary_tests": params.pop("enable_automatic_boundary_tests", True),
+        "enable_invalid_combination_tests": params.pop("enable_invalid_combination_tests", True),
+        "n_tests_per_boundary_value": params.pop("n_tests_per_boundary_value", 3),
+        "max_invalid_tests": params.pop("max_invalid_tests", 30),
+    }
+    random.seed(seed)
+    cases = cpt.generate_parametrized_test_case(params=params, coverage=coverage, **options)
+    names, values, ids = cpt.extract_parametrize_args(params, cases)
+    metafunc.parametrize(names, values, ids=ids)
+
+
+def _collect_error(report: Any) -> str:
+    """The error that stopped a file's collection, with the checkout file and line of a
+    syntax error (nki-library's own `core/mlp/mlp.py` has one at d2ad3a57)."""
+    exc = getattr(report.longrepr, "reprcrash", None)
+    text = exc.message if exc is not None else str(report.longrepr)
+    lines = [ln.strip().removeprefix("E").strip() for ln in text.splitlines() if ln.strip()]
+    last = lines[-1] if lines else "collection failed"
+    where = re.findall(r'File "([^"]+)", line (\d+)', text)
+    if where and ("SyntaxError" in last or "IndentationError" in last):
+        path = "/".join(Path(where[-1][0]).parts[-2:])
+        last = f"{last} (syntax error in the checkout: {path}:{where[-1][1]})"
+    return last[:300]
 
 
 def _classify(report: Any) -> CaseResult:
@@ -200,12 +271,9 @@ def _classify(report: Any) -> CaseResult:
     if report.passed:
         return CaseResult(report.nodeid, "pass", "", secs)
     text = str(report.longrepr)
-    if report.when == "setup" and "fixture '" in text and "not found" in text:
-        # a `coverage_parametrize` sweep: AWS's conftest generates its cases (pairwise
-        # over the marker's value lists), which this runner does not load
-        return CaseResult(report.nodeid, "sweep", "cases generated by AWS's conftest", secs)
     exc = getattr(report.longrepr, "reprcrash", None)
     msg = (exc.message if exc is not None else text).splitlines()[0][:300]
+    msg = msg.removeprefix("nki_kernels.interp.errors.")  # the class name is enough
     if "NotSupportedError" in msg or "not supported by the interpreter" in msg:
         status = "missing-API"
     elif "(rule " in msg:
@@ -278,72 +346,15 @@ def test_modules(root: Path) -> list[Path]:
     )
 
 
-def run_all(
-    root: Path,
-    modules: list[Path] | None = None,
-    timeout_s: float = 600.0,
-    select: str | None = None,
-) -> list[CaseResult]:
-    """Every selected AWS test file in a subprocess with a time limit; their results."""
-    out: list[CaseResult] = []
-    for mod in modules if modules is not None else test_modules(root):
-        cmd = [sys.executable, "-m", "nki_kernels.conformance.aws_tests", str(root), str(mod)]
-        if select:
-            cmd.append(select)
-        t0 = time.perf_counter()
-        rel = str(mod.relative_to(root))
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-            stdout, stderr, timed_out = proc.stdout, proc.stderr, False
-        except subprocess.TimeoutExpired as e:
-            stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            stderr, timed_out = "", True
-        done = [
-            CaseResult(**json.loads(ln.split(MARK, 1)[1]))
-            for ln in stdout.splitlines()
-            if MARK in ln
-        ]
-        out += done
-        if timed_out:
-            detail = f"the rest of the file: over {timeout_s:.0f} s (after {len(done)} cases)"
-            out.append(CaseResult(rel + "::<rest>", "timeout", detail, timeout_s))
-        elif not done:
-            tail = (stderr.strip().splitlines() or ["no cases collected"])[-1][:300]
-            out.append(CaseResult(rel, "error", tail, time.perf_counter() - t0))
-    return out
-
-
 def main(argv: list[str]) -> int:
     """Worker entry: `python -m nki_kernels.conformance.aws_tests ROOT FILE [SELECT]`."""
     root, module = Path(argv[0]), Path(argv[1])
     results = run_module(root, module, argv[2] if len(argv) > 2 else None, stream=True)
     if not results:
-        none = CaseResult(str(module), "error", "no fast cases collected")
+        none = CaseResult(str(module), "no-fast", "the file marks no case `fast`")
         print(f"\n{MARK}{json.dumps(asdict(none))}")
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
-
-
-def summary(results: list[CaseResult]) -> dict[str, int]:
-    """Cases per status."""
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    return counts
-
-
-def table(results: list[CaseResult]) -> str:
-    """A Markdown table of the cases and a one-line summary."""
-    rows = ["| AWS test case | result | detail |", "|---|---|---|"]
-    for r in results:
-        name = r.nodeid.removeprefix(str(TESTS) + "/")
-        detail = r.detail.replace("|", "\\|")
-        rows.append(f"| `{name}` | {r.status} | {detail} |")
-    counts = summary(results)
-    ran = len(results) - counts.get("skipped", 0) - counts.get("sweep", 0)
-    parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    rows += ["", f"{counts.get('pass', 0)} of {ran} cases run pass ({parts})."]
-    return "\n".join(rows)

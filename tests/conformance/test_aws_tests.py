@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nki_kernels.conformance import aws_tests, loader
+from nki_kernels.conformance import aws_runs, loader
 from nki_kernels.conformance.aws_tests import CaseResult, InterpreterOrchestrator
 
 HERE = Path(__file__).parent
@@ -67,13 +67,83 @@ def test_table_counts_every_status():
         CaseResult("test/integration/a.py::t[2]", "rejected", "rule X | y"),
         CaseResult("test/integration/a.py::t[3]", "skipped", "large shape"),
     ]
-    text = aws_tests.table(rs)
+    text = aws_runs.table(rs)
     assert "| `a.py::t[2]` | rejected | rule X \\| y |" in text
     assert text.endswith("1 of 2 cases run pass (pass 1, rejected 1, skipped 1).")
 
 
+def _run(rel, statuses, checkout="c0", interp="v0", timeout_s=60.0):
+    results = [CaseResult(f"{rel}::t[{i}]", st) for i, st in enumerate(statuses)]
+    return aws_runs.FileRun(rel, checkout, interp, "p", None, timeout_s, "t", 1.0, 0.5, results)
+
+
+def test_file_table_counts_per_file_and_totals_the_cases_not_skipped():
+    runs = [
+        _run("test/integration/nkilib/core/a/test_a.py", ["pass", "pass", "skipped", "timeout"]),
+        _run("test/integration/nkilib/core/b/test_b.py", ["wrong", "pass"]),
+        _run("test/integration/nkilib/x/test_none.py", ["no-fast"]),
+    ]
+    runs[1].results[0].detail = "output 'o': off | far"
+    text = aws_runs.file_table(runs)
+    assert "| `core/a/test_a.py` | 2 | 0 | 0 | 0 | 0 | 1 | 1 |" in text
+    assert "| `core/b/test_b.py` | 1 | 1 | 0 | 0 | 0 | 0 | 0 | output 'o': off / far |" in text
+    assert "3 of the 5 cases not skipped pass (60.0 %)" in text
+    assert "Files that mark no case `fast`: `x/test_none.py`." in text
+
+
+def test_the_cache_round_trips_and_is_fresh_only_for_the_same_commit_and_version(tmp_path):
+    run = _run("test/integration/nkilib/core/a/test_a.py", ["pass", "timeout"])
+    aws_runs._save(tmp_path, run)
+    (back,) = aws_runs.load_cache(tmp_path)
+    assert back == run
+    assert aws_runs._fresh(back, "c0", "v0", None, 60.0)
+    assert not aws_runs._fresh(back, "c1", "v0", None, 60.0)  # another checkout commit
+    assert not aws_runs._fresh(back, "c0", "v1", None, 60.0)  # another interpreter
+    assert not aws_runs._fresh(back, "c0", "v0", "cumsum", 60.0)  # another -k
+    assert not aws_runs._fresh(back, "c0", "v0", None, 900.0)  # a time-out, longer limit now
+
+
+def test_run_files_skips_fresh_cached_files_unless_rerun(tmp_path, monkeypatch):
+    root = tmp_path / "lib"
+    mod = root / "test/integration/nkilib/core/a/test_a.py"
+    mod.parent.mkdir(parents=True)
+    mod.write_text("")
+    calls = []
+
+    def fake_run_file(root_, mod_, timeout_s, select=None):
+        calls.append(mod_)
+        rel = str(mod_.relative_to(root_))
+        return _run(rel, ["pass"], aws_runs.git_commit(root_), aws_runs.interpreter_version())
+
+    monkeypatch.setattr(aws_runs, "run_file", fake_run_file)
+    cache = tmp_path / "cache"
+    first = aws_runs.run_files(root, [mod], cache_dir=cache, jobs=2)
+    again = aws_runs.run_files(root, [mod], cache_dir=cache)
+    assert len(calls) == 1 and again == first
+    aws_runs.run_files(root, [mod], cache_dir=cache, rerun=True)
+    assert len(calls) == 2
+
+
 @pytest.mark.skipif(not REAL_LIB.exists(), reason="needs the nki-library checkout")
-def test_aws_cumsum_fast_cases_pass_against_their_golden():
+def test_aws_cumsum_fast_cases_pass_against_their_golden(tmp_path):
     mod = REAL_LIB / "test/integration/nkilib/core/cumsum/test_cumsum.py"
-    results = aws_tests.run_all(REAL_LIB, [mod], timeout_s=300)
-    assert len(results) == 3 and {r.status for r in results} == {"pass"}, results
+    (run,) = aws_runs.run_files(REAL_LIB, [mod], timeout_s=300, cache_dir=tmp_path)
+    assert len(run.results) == 3 and {r.status for r in run.results} == {"pass"}, run.results
+    assert run.checkout.startswith("d2ad3a57") or run.checkout
+
+
+@pytest.mark.skipif(not REAL_LIB.exists(), reason="needs the nki-library checkout")
+def test_a_coverage_sweep_is_generated_by_the_checkouts_own_generator(tmp_path):
+    """test_rope's fast test is a `coverage_parametrize` sweep (AWS's conftest expands it)."""
+    mod = REAL_LIB / "test/integration/nkilib/core/embeddings/test_rope.py"
+    run = aws_runs.run_file(REAL_LIB, mod, timeout_s=300)
+    assert run.results and {r.status for r in run.results} == {"pass"}, run.results
+    assert all("test_rope_fast[" in r.nodeid for r in run.results)
+
+
+@pytest.mark.skipif(not REAL_LIB.exists(), reason="needs the nki-library checkout")
+def test_a_checkout_syntax_error_is_named_with_its_file_and_line():
+    mod = REAL_LIB / "test/integration/nkilib/core/mlp/test_mlp_cte.py"
+    (res,) = aws_runs.run_file(REAL_LIB, mod, timeout_s=300).results
+    assert res.status == "error"
+    assert res.detail.endswith("(syntax error in the checkout: mlp/mlp.py:203)"), res.detail

@@ -100,13 +100,23 @@ def test_a_two_core_barrier_under_lnc1_has_no_partner_and_completes():
     res = run(k, np.ones((2, 2), np.float32))
     assert res.trace.instrs[0].opcode == "core_barrier" and (res.outputs == 1).all()
 
-    def on_chip(x):
-        t = nl.ndarray(x.shape, x.dtype)
-        nisa.core_barrier(t, (0, 1))
 
-    with pytest.raises(NkiValidationError) as e:
-        run(on_chip, np.ones((2, 2), np.float32))
-    assert e.value.rule == "BUF"
+def test_a_barrier_on_an_sbuf_counter_is_accepted_as_nki_librarys_moe_cte_uses_it():
+    """bwmm_shard_on_I barriers on its SBUF block counter (docs: shared HBM data)."""
+
+    @nki.jit
+    def k(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        counter = nl.ndarray((1, 1), buffer=nl.sbuf, dtype=nl.int32)
+        nisa.memset(counter, value=0)
+        nisa.core_barrier(counter, (0, 1))
+        if nl.program_id(0) == 0:
+            nisa.dma_copy(dst=out, src=x)
+        return out
+
+    res = run(k[2], np.ones((2, 2), np.float32))
+    assert [i.opcode for i in res.trace.instrs].count("core_barrier") == 2
+    assert (res.outputs == 1).all()
 
 
 @pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16])

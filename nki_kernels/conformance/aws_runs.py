@@ -1,0 +1,231 @@
+"""Run nki-library's test files through the interpreter: subprocesses, cache, tables.
+
+Each AWS test file runs in its own worker process (`python -m
+nki_kernels.conformance.aws_tests ROOT FILE [SELECT]`) with a time limit; `jobs`
+workers run at once. The worker prints every case's result as it finishes and, first,
+the ids it collected, so a file that runs out of time still reports what finished and
+names each case left unrun (`timeout`).
+
+Results are cached per file (`cache_dir/<file>.json`) with the checkout's commit, the
+interpreter version (`interpreter_version`: a hash of the interpreter's and the
+harness's sources), the `-k` filter and the time limit. A re-run skips a file whose
+cache entry matches all of them (a time-out is re-run when the limit grew) unless
+`rerun`; `file_table(load_cache(...))` prints the per-file table from the cache alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .aws_tests import COLLECTED, MARK, TESTS, CaseResult
+
+STATUSES = ("pass", "wrong", "rejected", "missing-API", "error", "timeout", "skipped")
+_PACKAGE = Path(__file__).resolve().parent.parent  # nki_kernels/
+
+
+@dataclass
+class FileRun:
+    """One AWS test file's cached run."""
+
+    file: str  # relative to the checkout root
+    checkout: str  # the checkout's commit
+    interpreter: str  # interpreter_version() when it ran
+    project: str  # this repository's commit when it ran ("" outside git)
+    select: str | None
+    timeout_s: float
+    started: str  # UTC, ISO 8601
+    seconds: float
+    load: float  # 1-minute load average when it started
+    results: list[CaseResult] = field(default_factory=list)
+
+    def timed_out(self) -> bool:
+        """Whether the time limit stopped the file."""
+        return any(r.status == "timeout" for r in self.results)
+
+
+def interpreter_version() -> str:
+    """A hash of the sources a result depends on (the interpreter and this harness)."""
+    h = hashlib.sha256()
+    for sub in ("interp", "conformance"):
+        for path in sorted((_PACKAGE / sub).glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def git_commit(path: Path) -> str:
+    """The commit checked out at `path` ("" if it is not a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+    except OSError:
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def cache_path(cache_dir: Path, rel: str) -> Path:
+    """Where one test file's run is cached."""
+    return Path(cache_dir) / (rel.replace("/", "__") + ".json")
+
+
+def load_cache(cache_dir: Path) -> list[FileRun]:
+    """Every cached file run under `cache_dir`, by file name."""
+    runs = []
+    for path in sorted(Path(cache_dir).glob("*.json")):
+        data = json.loads(path.read_text())
+        data["results"] = [CaseResult(**r) for r in data["results"]]
+        runs.append(FileRun(**data))
+    return runs
+
+
+def _save(cache_dir: Path, run: FileRun) -> None:
+    path = cache_path(cache_dir, run.file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(run), indent=1))
+    tmp.replace(path)
+
+
+def _fresh(run: FileRun, checkout: str, version: str, select: str | None, limit: float) -> bool:
+    if (run.checkout, run.interpreter, run.select) != (checkout, version, select):
+        return False
+    return not (run.timed_out() and limit > run.timeout_s)
+
+
+def run_file(root: Path, mod: Path, timeout_s: float, select: str | None = None) -> FileRun:
+    """One AWS test file in a worker subprocess, at most `timeout_s` seconds."""
+    root = Path(root)
+    rel = str(Path(mod).resolve().relative_to(root.resolve()))
+    cmd = [sys.executable, "-m", "nki_kernels.conformance.aws_tests", str(root), str(mod)]
+    if select:
+        cmd.append(select)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        stdout, stderr, timed_out = proc.stdout, proc.stderr, False
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stderr, timed_out = "", True
+    lines = stdout.splitlines()
+    done = [CaseResult(**json.loads(ln.split(MARK, 1)[1])) for ln in lines if MARK in ln]
+    collected = [json.loads(ln.split(COLLECTED, 1)[1]) for ln in lines if COLLECTED in ln]
+    results = list(done)
+    if timed_out:
+        finished = {r.nodeid for r in done}
+        left = [n for n in (collected[0] if collected else []) if n not in finished]
+        detail = f"not reached in {timeout_s:.0f} s (the file's limit)"
+        if not left:  # nothing collected yet: the file as one time-out
+            left = [rel + "::<collection>"]
+        results += [CaseResult(n, "timeout", detail, 0.0) for n in left]
+    elif not done:
+        tail = (stderr.strip().splitlines() or ["the worker printed no result"])[-1][:300]
+        results.append(CaseResult(rel, "error", tail, 0.0))
+    return FileRun(
+        rel, git_commit(root), interpreter_version(), git_commit(_PACKAGE.parent), select,
+        timeout_s, started, time.perf_counter() - t0, load, results,
+    )  # fmt: skip
+
+
+def run_files(
+    root: Path,
+    modules: list[Path],
+    timeout_s: float = 600.0,
+    select: str | None = None,
+    jobs: int = 1,
+    cache_dir: Path | None = None,
+    rerun: bool = False,
+    progress: Callable[[FileRun, bool], None] | None = None,
+) -> list[FileRun]:
+    """Every file of `modules`, `jobs` at a time; files whose cache entry is fresh are
+    not run again (unless `rerun`). `progress(run, cached)` is called per file."""
+    root = Path(root)
+    checkout, version = git_commit(root), interpreter_version()
+    cached = {r.file: r for r in load_cache(cache_dir)} if cache_dir is not None else {}
+
+    def one(mod: Path) -> FileRun:
+        rel = str(Path(mod).resolve().relative_to(root.resolve()))
+        old = cached.get(rel)
+        if not rerun and old is not None and _fresh(old, checkout, version, select, timeout_s):
+            if progress is not None:
+                progress(old, True)
+            return old
+        run = run_file(root, mod, timeout_s, select)
+        if cache_dir is not None:
+            _save(cache_dir, run)
+        if progress is not None:
+            progress(run, False)
+        return run
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, modules))
+
+
+def summary(results: list[CaseResult]) -> dict[str, int]:
+    """Cases per status."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return counts
+
+
+def _ran(counts: dict[str, int]) -> int:
+    return sum(v for k, v in counts.items() if k not in ("skipped", "no-fast"))
+
+
+def table(results: list[CaseResult]) -> str:
+    """A Markdown table of the cases and a one-line summary."""
+    rows = ["| AWS test case | result | detail |", "|---|---|---|"]
+    for r in results:
+        name = r.nodeid.removeprefix(str(TESTS) + "/")
+        detail = r.detail.replace("|", "\\|")
+        rows.append(f"| `{name}` | {r.status} | {detail} |")
+    counts = summary(results)
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    rows += ["", f"{counts.get('pass', 0)} of {_ran(counts)} cases run pass ({parts})."]
+    return "\n".join(rows)
+
+
+def _first_reason(results: list[CaseResult]) -> str:
+    for status in ("wrong", "rejected", "missing-API", "error", "timeout"):
+        for r in results:
+            if r.status == status:
+                return r.detail.replace("|", "/")[:120]
+    return ""
+
+
+def file_table(runs: list[FileRun]) -> str:
+    """The per-file Markdown table (cases per status, the first reason a case does not
+    pass) and the totals: pass / cases that ran to an outcome or timed out."""
+    head = "| AWS test file | " + " | ".join(STATUSES) + " | first reason not passing |"
+    rows = [head, "|---|" + "---|" * (len(STATUSES) + 1)]
+    total: dict[str, int] = {}
+    empty = []
+    for run in sorted(runs, key=lambda r: r.file):
+        counts = summary(run.results)
+        if set(counts) == {"no-fast"}:
+            empty.append(run.file.removeprefix(str(TESTS / "nkilib") + "/"))
+            continue
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + v
+        cells = " | ".join(str(counts.get(s, 0)) for s in STATUSES)
+        name = run.file.removeprefix(str(TESTS / "nkilib") + "/")
+        rows.append(f"| `{name}` | {cells} | {_first_reason(run.results)} |")
+    ran, passed = _ran(total), total.get("pass", 0)
+    pct = f"{100 * passed / ran:.1f} %" if ran else "n/a"
+    parts = ", ".join(f"{total.get(s, 0)} {s}" for s in STATUSES)
+    rows += ["", f"Total: {parts}; {passed} of the {ran} cases not skipped pass ({pct})."]
+    if empty:
+        rows.append("Files that mark no case `fast`: " + ", ".join(f"`{e}`" for e in empty) + ".")
+    return "\n".join(rows)
