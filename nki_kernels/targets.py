@@ -129,6 +129,8 @@ class Target:
         ("tensor_scalar_reduce", 1.0, 64.0),  # "N + 64" (nki.isa cost table). H
         ("iota", 1.0, 150.0),  # GpSimd ~150 + N. H
         ("affine_select", 1.0, 150.0),  # GpSimd ~150 + N. H
+        # QuantizeMX: "four input elements per partition, per cycle" (trainium3_arch). H
+        ("quantize_mx", 0.25, 0.0),
     )
     activation_reduce_cycles: int = 64  # activation with a reduction adds ~64. H (NC-v2)
     # DMA transpose throughput as a fraction of the DMA engines' copy rate, for

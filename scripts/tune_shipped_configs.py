@@ -41,9 +41,7 @@ PLAN: dict[str, tuple[tuple[str, ...], tuple[int, ...], int | None, str, tuple[s
     "flash_attention": (("llama3-8b", "llama3-70b"), (2048, 8192, 32768), 16, "nominal", ()),
     "moe_mlp": (("mixtral-8x7b", "fine-grained-64e"), (512, 4096, 16384), 8, "nominal", ()),
     # whole grid (12 configs); buckets are cache lengths (Sq = 1, contiguous cache)
-    "decode_attention": (
-        ("llama3-8b", "llama3-70b"), (2048, 32768, 131072), None, "nominal", ()
-    ),
+    "decode_attention": (("llama3-8b", "llama3-70b"), (2048, 32768, 131072), None, "nominal", ()),
 }
 # families whose tuner takes no LNC (autotune/families.OpSpec.tunable): LNC 1 only
 LNC1_ONLY = frozenset({"decode_attention"})

@@ -354,6 +354,10 @@ def emit(
     extra_reads: tuple[Region, ...] = (),
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
+    for t in dsts + srcs:
+        if t.dtype in _PACKED:
+            _packed_operands(opcode, dsts, srcs)
+            break
     reads = []
     hbm_read = 0
     for t in srcs:
@@ -398,6 +402,29 @@ def emit(
     if launch.liveness is not None:
         launch.liveness.touched(dsts, srcs)
     return instr
+
+
+_PACKED = dt.PACKED_MX_DTYPES
+# Instructions that move packed MX words unchanged (all their operands of one dtype), or
+# that fill / produce / consume them by definition.
+_X4_COPIES = frozenset({"dma_copy", "dma_transpose", "tensor_copy", "nc_transpose"})
+_X4_OWN = frozenset({"memset", "quantize_mx", "nc_matmul_mx"})
+
+
+def _packed_operands(opcode: str, dsts: tuple[NkiTensor, ...], srcs: tuple[NkiTensor, ...]) -> None:
+    """Packed MX operands only in copies between equal dtypes and the MX instructions."""
+    if opcode in _X4_OWN:
+        return
+    kinds = {t.dtype for t in dsts + srcs}
+    if opcode in _X4_COPIES and len(kinds) == 1:
+        return
+    names = ", ".join(sorted(str(d) for d in kinds))
+    raise fail(
+        "DTYPE_X4",
+        f"{opcode} on packed MX operands ({names}): engines cannot convert values to or from "
+        "the *_x4 dtypes; only copies between equal dtypes, memset(value=0), "
+        "nisa.quantize_mx and nisa.nc_matmul_mx handle them",
+    )
 
 
 def _size(shape: tuple[int, ...]) -> int:

@@ -29,6 +29,7 @@ from .isa_elementwise import (  # noqa: F401
     tensor_tensor,
 )
 from .isa_gpsimd import affine_select, iota, tensor_partition_reduce  # noqa: F401
+from .isa_mx import nc_matmul_mx, quantize_mx  # noqa: F401
 from .isa_shuffle import nc_stream_shuffle, nonzero_with_count  # noqa: F401
 from .isa_sync import core_barrier, sendrecv  # noqa: F401
 from .isa_tensor import nc_matmul, nc_transpose  # noqa: F401
@@ -64,8 +65,6 @@ def get_nc_sub_version() -> int:
 
 NOT_SUPPORTED: dict[str, str] = {
     "NkiInstruction": "",
-    "nc_matmul_mx": "MX (microscaling) matmul",
-    "quantize_mx": "MX (microscaling) quantization",
     "tensor_scalar_cumulative": "",
     "activate2": "",
     "local_gather": "",

@@ -109,6 +109,11 @@ def memset(
             f"memset: value {value!r} must be an int literal for {dst.dtype} dst "
             f"'{dst.name}' (write {int(value) if float(value).is_integer() else '...'})",
         )
+    if dt.is_packed(dst.dtype) and value != 0:
+        # nki.isa.memset: "For x4 packed types ... only value=0 is supported"
+        raise fail(
+            "MEMSET_X4", f"memset: {dst.dtype} dst '{dst.name}' takes only value=0; got {value!r}"
+        )
     ins = emit(eng, "memset", (dst,), (), dst.shape[0], dst.free_size, name=name)
     if current().trace_only:
         return ins

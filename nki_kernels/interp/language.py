@@ -372,7 +372,7 @@ _ops.copy._call = _copy_call
 # ---- device loops (loops.py) ------------------------------------------------------------
 from .loops import dynamic_range, fori_loop, no_reorder, while_loop  # noqa: E402, F401
 
-# ---- NKIObject, dtype names the interpreter only knows by name ---------------------------
+# ---- NKIObject, packed MX dtypes ---------------------------------------------------------
 from .nkiobject import NKIObject  # noqa: E402, F401
 
 # ---- the experimental nl compute layer (nl_compute.py; makes the op tokens callable) -----
@@ -392,11 +392,10 @@ from .nl_compute import (  # noqa: E402, F401
 from .nl_compute import sum_ as sum  # noqa: E402, F401
 
 DType = str  # NKI 0.6 `DType = str`: every nl dtype is an NkiDtype (a str subclass)
-# Packed 4-per-32-bit MX dtypes (NC-v4 matmul_mx): names only, refused where a dtype is
-# used (as_dtype raises NotSupportedError naming them).
-float8_e5m2_x4 = "float8_e5m2_x4"
-float8_e4m3fn_x4 = "float8_e4m3fn_x4"
-float4_e2m1fn_x4 = "float4_e2m1fn_x4"
+# Packed MX dtypes (4 values per element; NC-v4 quantize_mx / nc_matmul_mx operands)
+float8_e5m2_x4 = _dt.float8_e5m2_x4
+float8_e4m3fn_x4 = _dt.float8_e4m3fn_x4
+float4_e2m1fn_x4 = _dt.float4_e2m1fn_x4
 
 NOT_SUPPORTED: dict[str, str] = {
     "MemoryRegion": "",

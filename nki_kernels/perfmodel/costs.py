@@ -7,7 +7,8 @@ module only turns them into per-instruction costs:
   columns (LoadStationary of the next weights runs in the background and, at <= M/4
   cycles, always hides under the 64-cycle floor); fp32 operands 4x; transposes (identity
   matmuls) `max(P, 64)` cycles with their own fp32 factor; fp8 `double_row` contracts 2K
-  rows in the same cycles, so it doubles the FLOPs per cycle rather than shortening one.
+  rows in the same cycles, so it doubles the FLOPs per cycle rather than shortening one;
+  `nc_matmul_mx` likewise contracts 4x the rows (K = 4 x partitions) in those cycles.
 - VectorE / ScalarE / GpSimd: `max(MIN_II, cycles_per_element * N / perf_mode) + extra`
   cycles; N is elements per partition (fewer than 128 partitions cost the same). Perf
   modes: bf16/fp16 SBUF copy and tensor_scalar (VectorE up to 4x on trn2+; ScalarE 2x on
@@ -35,6 +36,8 @@ _FAST_REDUCE_OPS = frozenset({"add", "maximum", "max"})
 _FAST_TT_OPS = frozenset({"add", "subtract", "multiply"})
 # DMA transposes write [128 partitions, 16 elements] destination blocks (trainium2_arch). H
 TRANSPOSE_BLOCK = 16
+# nc_matmul_mx contracts 4 values per PE per cycle (trainium3_arch, Quad-MXFP8/MXFP4). H
+MX_MATMUL_SPEEDUP = 4.0
 
 
 def _opcode_table(target: Target) -> dict[str, tuple[float, float]]:
@@ -77,6 +80,10 @@ def tensor_ideal_ns(instr: Instr, target: Target) -> float:
         peak /= target.fp32_matmul_slowdown
     elif a.get("double_row"):
         peak *= target.fp8_matmul_speedup
+    elif a.get("mx"):
+        # "An MX matmul with either the MXFP8 or MXFP4 datatype runs at 4x the throughput
+        # compared to a BF16/FP16 matmul" (trainium3_arch): 4x the contraction per cycle
+        peak *= MX_MATMUL_SPEEDUP
     return instr.flops / peak
 
 
