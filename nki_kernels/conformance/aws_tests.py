@@ -282,7 +282,18 @@ def _classify(report: Any) -> CaseResult:
         status = "wrong"
     else:
         status = "error"
-    return CaseResult(report.nodeid, status, msg, secs)
+    where = _kernel_line(report)
+    return CaseResult(report.nodeid, status, msg + (f" [at {where}]" if where else ""), secs)
+
+
+def _kernel_line(report: Any) -> str:
+    """file:line of the innermost frame in the checkout's kernel sources (`nkilib_src`)."""
+    entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", [])
+    for entry in reversed(entries):
+        loc = getattr(entry, "reprfileloc", None)
+        if loc is not None and "nkilib_src" in str(loc.path):
+            return f"{Path(str(loc.path)).name}:{loc.lineno}"
+    return ""
 
 
 def _fixtures() -> types.ModuleType:
@@ -322,7 +333,7 @@ def run_module(
     sys.meta_path.insert(0, _InertFinder())
     plugin = _Plugin(stream)
     args = [str(module), "-m", "fast", "--noconftest", "-q", "-p", "no:cacheprovider"]
-    args += ["--rootdir", str(root), "-o", "addopts=", "-W", "ignore", "--tb=line"]
+    args += ["--rootdir", str(root), "-o", "addopts=", "-W", "ignore", "--tb=short"]
     if select:
         args += ["-k", select]
     with loader.checkout_context(root):

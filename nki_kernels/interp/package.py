@@ -7,7 +7,9 @@ code that does `import nki.language as nl` can run here unmodified once the map 
 Besides `nki.language` and `nki.isa` it provides `nki.isa.constants` (the enums, where
 nki-library imports them from), `nki.typing` (`nt.tensor[shape]`,
 `nt.mutable_tensor`: annotations only), `nki.collectives` (`ReplicaGroup`; the
-collective calls are named as unsupported) and `nki.dtype` (annotation only). The legacy
+collective calls are named as unsupported) and `nki.dtype` (the dtype names, as the
+CPU simulator's `nki.dtype` module has them; nki-library's qkv tests do
+`import nki.dtype as nt; nt.float8_e4m3`; also usable as an annotation). The legacy
 `neuronxcc.nki.typing` path, which one nki-library kernel still imports, maps to the same
 `nki.typing`; nothing else of `neuronxcc` is provided.
 """
@@ -92,7 +94,18 @@ nki.language = nl  # type: ignore[attr-defined]
 nki.isa = nisa  # type: ignore[attr-defined]
 nki.typing = typing_mod  # type: ignore[attr-defined]
 nki.collectives = collectives  # type: ignore[attr-defined]
-nki.dtype = nl.DType  # type: ignore[attr-defined]
+
+
+def _dtype_by_name(name: str) -> Any:
+    value = getattr(nl, name, None) if not name.startswith("_") else None
+    if isinstance(value, str):  # nki.language's dtypes (NKI 0.6: DType = str)
+        return value
+    raise AttributeError(f"module 'nki.dtype' has no attribute {name!r}")
+
+
+dtype_mod = _module("nki.dtype", "The NKI dtypes by name (the same values as nki.language's).")
+dtype_mod.__getattr__ = _dtype_by_name  # type: ignore[method-assign]
+nki.dtype = dtype_mod  # type: ignore[attr-defined]
 nisa.constants = constants  # type: ignore[attr-defined]
 
 _legacy = _module("neuronxcc", "Only `neuronxcc.nki.typing` is mapped (to nki.typing).")
@@ -107,6 +120,7 @@ MODULES: dict[str, types.ModuleType] = {
     "nki.isa.constants": constants,
     "nki.typing": typing_mod,
     "nki.collectives": collectives,
+    "nki.dtype": dtype_mod,
     "neuronxcc": _legacy,
     "neuronxcc.nki": _legacy_nki,
     "neuronxcc.nki.typing": typing_mod,

@@ -328,7 +328,9 @@ class ViewMethods:
 
         Addresses are in elements of `dtype` (default: the view's dtype), starting at the
         view's offset plus `offset`. `vector_offset` (a (P, 1) SBUF index; HBM tensors
-        only) makes row i of the pattern start at `index[i] * pattern[0][0]`;
+        only) makes row i of the pattern start at `index[i] * strides[-2]` (a row of this
+        view's last dimension; an element of a 1-D view: the index replaces the pattern's
+        partition stride);
         `scalar_offset` moves the whole pattern by `index * strides[indirect_dim]`.
         """
         self._no_indirect(".ap()")
@@ -369,20 +371,30 @@ class ViewMethods:
                     "VIEW", f".ap(): vector_offset supports indirect_dim=0 only; got {indirect_dim}"
                 )
             _vector_index(vector_offset, shape[0], ".ap()")
-            ind = Indirect("vector", vector_offset, strides[0])
+            # The index counts rows of the indexed tensor's last dimension (its dim -2
+            # stride; elements of a 1-D tensor), not steps of the pattern's partition
+            # pair. nki-library relies on all three: router_topk scatters into a (T*E,)
+            # view with partition stride k; attention_block_tkg into (B*S, d) with
+            # stride 1 ("the DMA engine scales token_indices[b] by d_head"); moe_cte's
+            # shard_on_I gathers token rows of an (shards, T, H) output.
+            row_dim = len(self.shape) - 2 if len(self.shape) >= 2 else 0
+            ind = Indirect("vector", vector_offset, self._row_stride(row_dim, old_sz, new_dtype))
         elif scalar_offset is not None:
             d = self._dim(indirect_dim, ".ap(indirect_dim)")
-            if (self.strides[d] * old_sz) % new_sz:
-                raise fail(
-                    "VIEW",
-                    f".ap(): stride of indirect_dim {d} does not divide into {new_dtype}",
-                )
-            row = self.strides[d] * old_sz // new_sz
+            row = self._row_stride(d, old_sz, new_dtype)
             ind = Indirect("scalar", _index_operand(scalar_offset, ".ap(scalar_offset)"), row)
         view = self._new(shape, strides, off, new_dtype, ind)
         if ind is None:
             view.check_bounds()
         return view
+
+    def _row_stride(self, d: int, old_sz: int, new_dtype: Any) -> int:
+        """The stride of this view's dim `d` in elements of `new_dtype` (an index's unit)."""
+        if (self.strides[d] * old_sz) % new_dtype._size:
+            raise fail(
+                "VIEW", f".ap(): stride of indirect_dim {d} does not divide into {new_dtype}"
+            )
+        return self.strides[d] * old_sz // new_dtype._size
 
 
 def _int_arg(value: Any, arg: str, what: str) -> int:

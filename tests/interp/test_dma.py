@@ -197,6 +197,48 @@ def test_sharded_vector_gather_uses_the_pattern_row_stride():
         np.testing.assert_array_equal(got, data[shard, idx[:, 0]])
 
 
+def test_a_vector_index_counts_rows_of_the_tensor_not_pattern_partition_steps():
+    """router_topk scatters into a flattened (T*E,) view with partition stride k (the
+    index is the flat element); attention_block_tkg writes a (B*S, d) cache with
+    partition stride 1 (the index is a row, scaled by d)."""
+    t, e, k = 4, 8, 2
+    flat_idx = np.array([[1], [9], [18], [31]], np.int32)  # token r's expert: r*E + expert
+    vals = np.arange(1, t + 1, dtype=np.float32).reshape(t, 1)
+
+    def scatter_flat(ix, v):
+        idx_sb = nl.ndarray((t, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx_sb, src=ix)
+        v_sb = nl.ndarray((t, 1), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v_sb, src=v)
+        out = nl.ndarray((t, e), nl.float32, buffer=nl.shared_hbm)
+        zero = nl.ndarray((t, e), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=zero, value=0.0)
+        nisa.dma_copy(dst=out, src=zero)
+        flat = out.reshape((t * e,))
+        nisa.dma_copy(dst=flat.ap([[k, t], [1, 1]], offset=0, vector_offset=idx_sb), src=v_sb)
+        return out
+
+    want = np.zeros(t * e, np.float32)
+    want[flat_idx[:, 0]] = vals[:, 0]
+    got = run(scatter_flat, flat_idx, vals).outputs
+    np.testing.assert_array_equal(got, want.reshape(t, e))
+
+    rows, d = 6, 4
+    cache = rng.standard_normal((rows, d)).astype(np.float32)
+    row_idx = np.array([[5], [2]], np.int32)
+
+    def gather_rows(c, ix):
+        idx_sb = nl.ndarray((2, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx_sb, src=ix)
+        sb = nl.ndarray((2, d), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=sb, src=c.ap([[1, 2], [1, d]], offset=0, vector_offset=idx_sb))
+        out = nl.ndarray((2, d), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=sb)
+        return out
+
+    np.testing.assert_array_equal(run(gather_rows, cache, row_idx).outputs, cache[[5, 2]])
+
+
 def test_vector_offset_scatter_writes_rows_back_in_place():
     out = np.zeros((12, 5), np.float32)
     src = rng.standard_normal((4, 5)).astype(np.float32)

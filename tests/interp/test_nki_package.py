@@ -130,3 +130,15 @@ def test_dma_copy_takes_the_raw_dge_mode_value_nki_library_passes():
     with pytest.raises(NkiValidationError) as e:
         run(bad, np.ones((2, 2), np.float32))
     assert e.value.rule == "ARG" and "dge_mode" in str(e.value)
+
+
+def test_nki_dtype_is_a_module_of_the_dtype_names_as_nki_librarys_qkv_tests_import_it():
+    from nki_kernels.conformance.loader import mapped_nki
+
+    with mapped_nki():
+        import nki.dtype as nt  # type: ignore[import-not-found]
+
+        assert nt.float8_e4m3 == nl.float8_e4m3 and nt.bfloat16 == "bfloat16"
+        assert np.zeros(2, dtype=nt.float8_e4m3).dtype.name == "float8_e4m3"
+        with pytest.raises(AttributeError, match=r"'nki\.dtype' has no attribute 'ndarray'"):
+            nt.ndarray  # noqa: B018
