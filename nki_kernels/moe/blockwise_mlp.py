@@ -11,9 +11,18 @@ expert. Per block b with expert e (slot layout s = b*B + c*128 + p):
         y   += actT^T @ Wd_e[chunk, :]              [B, H] (fp32 SBUF across chunks)
     y_slots[b*B : (b+1)*B] = y                       unweighted expert outputs (HBM scratch)
 
-then the combine (combine.py, on TensorE), per 128-token tile: out[t] = sum_j
+then the combine (combine.py, ScalarE / VectorE), per 128-token tile: out[t] = sum_j
 token_weight[t, j] * y_slots[token_slot[t, j]] (fp32 sums, j ascending, one rounding), so
 results are deterministic; dropped assignments point at y_slots' zero row.
+
+LNC 2 (kernel[2]): the programs split the blocks, not the columns. Program p runs blocks
+b = p, p + 2, ... (static ones and, past `static_blocks`, a device loop of step 2 up to
+the run-time `block_count`), writing their slot rows to the shared-HBM `y_slots`; after a
+`core_barrier` (every slot row written, the drop row zeroed by program 0) each program
+combines every other 128-token tile. Each block's arithmetic and each token's combine are
+those of LNC 1, so the outputs are bit-identical. Alternate blocks balance skewed
+routing too (blocks are sorted by expert); splitting the columns instead would make both
+cores run every block's gate/up projection.
 
 Weights stream from HBM once per block: `.ap(scalar_offset=expert)` picks the expert's
 slice at run time. Loop orders for the gate/up projections (config `loop_order`):
@@ -31,10 +40,10 @@ rows out of the head and starts on the head unit; the head is refilled for block
 soon as each part is consumed (rows after the transposes, the unit when the block moves
 to its second unit), so the next block starts without waiting for its gathers or weights.
 
-Blocks [0, static_blocks) are a static loop (every routing uses them); the rest run in
-device loops up to `block_count` (`tiles.block_loop`), so a kernel is specialized on shapes
-only, never on the routing; both issue the same instructions (block indices are
-registers). Ragged H / I (not multiples of 128) are sliced.
+Blocks [0, static_blocks) are a static loop (every routing uses them); the rest run in a
+device loop up to `block_count`, so a kernel is specialized on shapes only, never on the
+routing; both issue the same instructions (block indices are registers). Ragged H / I
+(not multiples of 128) are sliced.
 
 Limits: B in {128, 256, 512, 1024}; H, I any size (SBUF/PSUM fit is checked by
 config.validate); dtype bf16 or fp32 for hidden and weights alike.
@@ -49,16 +58,16 @@ from .combine import combine, zero_row
 from .tiles import (
     PSUM_FP32,
     P,
+    as_register,
     block_ap,
-    block_loop,
     block_row0,
     cdiv,
-    device_bounds,
     gather_rows,
     load_weight_rows,
     psum_accumulators,
     tile_rows,
     transpose_into,
+    used_block_register,
 )
 
 
@@ -95,41 +104,37 @@ def moe_mlp_fwd(
     assert block_size == P * ns, "moe_mlp_fwd: block_size does not match slot_token"
     assert loop_order in ("h_outer", "i_outer"), "moe_mlp_fwd: unknown loop_order"
     d = _dims(hidden, w_gate_up, slot_token, token_slot)
-    d["C0"], d["C1"] = _program_columns(h)
+    pid, nprog = _program()
+    d["step"] = nprog  # this program's blocks: pid, pid + nprog, ...
     cfg = {"tile_i": tile_i, "loop_order": loop_order, "down_n": down_n, "w_bufs": w_bufs}
     cfg["dma_h"] = dma_h
     out = nl.ndarray((t_count, h), dtype=hidden.dtype, buffer=nl.shared_hbm)
-    if d["C1"] <= d["C0"]:  # LNC 2 with H too narrow to split: the other program has it all
-        return out
-    # + one row for dropped assignments (combine.zero_row)
-    y_slots = nl.ndarray((nb * block_size + 1, h), dtype=hidden.dtype, buffer=nl.hbm)
+    # + one row for dropped assignments (combine.zero_row); shared: every program writes
+    # the rows of its blocks and gathers any token's rows
+    y_slots = nl.ndarray((nb * block_size + 1, h), dtype=hidden.dtype, buffer=nl.shared_hbm)
     ws = (hidden, w_gate_up, w_down, slot_token, block_expert, y_slots)
 
-    head = _head_buffers(d, cfg)
-    first = (nisa.register_alloc(0), 0)
-    _prefetch_meta(d, ws, head, first)
-    _prefetch_rows(d, hidden, head)
-    _prefetch_unit(d, cfg, w_gate_up, head)
-    bounds = device_bounds(block_count, static_blocks) if static_blocks < nb else None
-    _run_blocks(d, cfg, ws, head, (static_blocks, nb, bounds))
-    del head  # the combine reuses its SBUF
-    if may_drop:
+    if pid < nb:  # else (a one-block plan at LNC 2) this program has no block to run
+        head = _head_buffers(d, cfg)
+        _prefetch_meta(d, ws, head, (nisa.register_alloc(pid), 0))
+        _prefetch_rows(d, hidden, head)
+        _prefetch_unit(d, cfg, w_gate_up, head)
+        count = used_block_register(block_count) if static_blocks < nb else None
+        _run_blocks(d, cfg, ws, head, (static_blocks, nb, count, pid))
+        del head  # the combine reuses its SBUF
+    if may_drop and pid == 0:
         zero_row(y_slots)
-    combine(out, y_slots, token_slot, token_weight, (d["C0"], d["C1"]))
+    if nprog > 1:  # every slot row (and the drop row) is in HBM before any core gathers
+        nisa.core_barrier(data=y_slots, cores=tuple(range(nprog)))
+    combine(out, y_slots, token_slot, token_weight, tiles=(pid, nprog))
     return out
 
 
-def _program_columns(h: int) -> tuple[int, int]:
-    """The hidden columns [c0, c1) whose down projection, slot rows and combine this LNC
-    program computes (all of them under LNC 1): halves in whole 512-column PSUM banks.
-    Each program keeps its own slot scratch (private HBM) and writes only its columns of
-    the shared output, so the cores never wait for each other; the gate/up projections
-    (contracting over all of H) are computed by both."""
+def _program() -> tuple[int, int]:
+    """(this LNC program's index, the number of programs): (0, 1) under LNC 1."""
     if nl.program_ndim() == 0 or nl.num_programs(0) == 1:
-        return 0, h
-    nprog, pid = nl.num_programs(0), nl.program_id(0)
-    share = cdiv(cdiv(h, nprog), PSUM_FP32) * PSUM_FP32
-    return min(h, pid * share), min(h, (pid + 1) * share)
+        return 0, 1
+    return nl.program_id(0), nl.num_programs(0)
 
 
 def _dims(hidden: Any, w_gate_up: Any, slot_token: Any, token_slot: Any) -> dict[str, Any]:
@@ -194,14 +199,22 @@ def _run_blocks(
     cfg: dict[str, Any],
     ws: tuple[Any, ...],
     head: dict[str, Any],
-    blocks: tuple[int, int, Any],
+    blocks: tuple[int, int, Any, int],
 ) -> None:
-    static_blocks, nb, bounds = blocks
+    """This program's blocks in order: the static ones below `static_blocks`, then a
+    device loop (step d["step"]) up to the used-block register `count`."""
+    static_blocks, nb, count, pid = blocks
+    step = d["step"]
+    for b in range(pid, min(static_blocks, nb), step):
+        _fwd_block(d, cfg, ws, head, (as_register(b), 0))
+    if static_blocks >= nb:
+        return
+    start = static_blocks + (pid - static_blocks) % step  # first block >= S of this program
 
-    def body(addr: Any, parity: int, first: bool) -> None:
-        _fwd_block(d, cfg, ws, head, addr)
+    def body(i: Any) -> None:
+        _fwd_block(d, cfg, ws, head, (i, 0))
 
-    block_loop(body, static_blocks, nb, bounds)
+    nl.fori_loop(start, count, body, step=step)
 
 
 def _fwd_block(
@@ -212,7 +225,7 @@ def _fwd_block(
     exp = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=exp, src=head["exp"])
     reg, extra = addr
-    _prefetch_meta(d, ws, head, (reg, extra + 1))
+    _prefetch_meta(d, ws, head, (reg, extra + d["step"]))  # this program's next block
     fetch = _weight_stream(d, cfg, w_gate_up, exp, head)
     xT = nl.ndarray((P, d["HT"], d["B"]), dtype=dt, buffer=nl.sbuf)
     parity = 0
@@ -223,11 +236,10 @@ def _fwd_block(
     _prefetch_rows(d, hidden, head)
     y = _expert_mlp(d, cfg, w_down, exp, xT, fetch)
     row0 = block_row0(addr, d["B"])
-    c0, c1 = d["C0"], d["C1"]
     for c in range(ns):
-        off = (extra * d["B"] + c * P) * h + c0
-        view = y_slots.ap([[h, P], [1, c1 - c0]], offset=off, scalar_offset=row0, indirect_dim=0)
-        nisa.dma_copy(dst=view, src=y[c][:, c0:c1])
+        off = (extra * d["B"] + c * P) * h
+        view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0, indirect_dim=0)
+        nisa.dma_copy(dst=view, src=y[c])
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -316,8 +328,8 @@ def _expert_mlp(
         i0 = ic * ti
         icw = min(ti, d["I"] - i0)
         nit = cdiv(icw, P)
-        wd = nl.ndarray((P, nit, d["C1"] - d["C0"]), dtype=dt, buffer=nl.sbuf)
-        load_weight_rows(w_down, exp, i0, icw, d["C0"], d["C1"] - d["C0"], wd)
+        wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
+        load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
         if cfg["loop_order"] == "h_outer":
             _gate_up_h_outer(d, cfg, fetch, xT, icw, act)
@@ -386,18 +398,18 @@ def _down_proj(
     d: dict[str, Any], cfg: dict[str, Any], act: Any, wd: Any, icw: int, ic: int, y: list[Any]
 ) -> None:
     """y[c] (+)= act[:, :, c]^T @ wd over this chunk's I tiles, per 128-token sub-tile."""
-    c0, c1, dn = d["C0"], d["C1"], cfg["down_n"]
+    h, dn = d["H"], cfg["down_n"]
     nit = cdiv(icw, P)
     for c in range(d["NS"]):
-        for n0 in range(c0, c1, dn):
-            nw = min(dn, c1 - n0)
+        for n0 in range(0, h, dn):
+            nw = min(dn, h - n0)
             ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)
             for it in range(nit):
                 cw = min(P, icw - it * P)
                 nisa.nc_matmul(
                     dst=ps[:, 0:nw],
                     stationary=act[0:cw, it, c * P : (c + 1) * P],
-                    moving=wd[0:cw, it, n0 - c0 : n0 - c0 + nw],
+                    moving=wd[0:cw, it, n0 : n0 + nw],
                     accumulate=it != 0,
                 )
             dst = y[c][:, n0 : n0 + nw]

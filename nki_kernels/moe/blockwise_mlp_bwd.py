@@ -38,8 +38,8 @@ dx per slot goes to an HBM scratch; the combine (combine.py, on TensorE) sums ea
 token's k slots (j ascending) into dhidden and gathers d_weights[t, j] = dws[slot(t, j)]
 (0 for dropped assignments, which point at the scratch's zero row).
 
-LNC 2 (`kernel[2]`): the programs split the hidden columns (`blockwise_mlp.
-_program_columns`: halves in whole 512-column PSUM banks, as the forward). Each program
+LNC 2 (`kernel[2]`): the programs split the hidden columns (`tiles.program_columns`:
+halves in whole 512-column PSUM banks; the forward splits blocks instead). Each program
 recomputes every block's gT, uT, gaT (they contract over all of H), then computes only
 its columns of everything that has an H axis in its output: dx (dgrad), dW_gate_up's H
 rows, dW_down's H columns, and the combine into dhidden; d_weights' token tiles alternate
@@ -63,7 +63,6 @@ from typing import Any
 
 from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
-from .blockwise_mlp import _program_columns
 from .combine import combine, zero_row
 from .config import STORE_RUN_BYTES
 from .rows_bwd import (
@@ -87,6 +86,7 @@ from .tiles import (
     cdiv,
     device_bounds,
     matmul,
+    program_columns,
     psum_accumulators,
     slot_tiles,
     tile_rows,
@@ -153,7 +153,7 @@ def moe_mlp_bwd(
         "STB": strip_bufs,
         "PF": prefetch_rows,
     }
-    d["C0"], d["C1"] = _program_columns(h)
+    d["C0"], d["C1"] = program_columns(h)
     d["PID"], d["NPA"] = _column_programs(h)
     dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
     d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)

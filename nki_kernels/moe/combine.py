@@ -44,16 +44,19 @@ def combine(
     token_slot: Any,
     token_weight: Any | None,
     col_range: tuple[int, int] | None = None,
+    tiles: tuple[int, int] = (0, 1),
 ) -> None:
     """out [T, H] = the weighted (or plain, `token_weight` None) sum of each token's k slot
     rows of `slots` [NB * B + 1, H] (see the module docstring); only columns
-    `col_range` = (lo, hi) when given (an LNC program's share)."""
+    `col_range` = (lo, hi) when given, and only the 128-token tiles first, first + step,
+    ... for `tiles` = (first, step) (an LNC program's share)."""
     t_count, h = out.shape
+    first, step = tiles
     lo, hi = col_range if col_range is not None else (0, h)
     k = token_slot.shape[1]
     dt = slots.dtype
     cols = min(h, max(PSUM_FP32, COMBINE_BYTES // dtype_bytes(dt)))
-    for t0 in range(0, t_count, P):
+    for t0 in range(first * P, t_count, step * P):
         rows = min(P, t_count - t0)
         r = slice(0, rows)
         sl = nl.ndarray((P, k), dtype=nl.int32, buffer=nl.sbuf)

@@ -35,6 +35,16 @@ def tile_rows(total: int, tile: int) -> int:
     return min(P, total - tile * P)
 
 
+def program_columns(h: int) -> tuple[int, int]:
+    """The hidden columns [c0, c1) an LNC program owns (all of them under LNC 1): halves
+    in whole 512-column PSUM banks (the backward's LNC split)."""
+    if nl.program_ndim() == 0 or nl.num_programs(0) == 1:
+        return 0, h
+    nprog, pid = nl.num_programs(0), nl.program_id(0)
+    share = cdiv(cdiv(h, nprog), PSUM_FP32) * PSUM_FP32
+    return min(h, pid * share), min(h, (pid + 1) * share)
+
+
 def as_register(b: Any) -> Any:
     """A block index as a register: ints become immediates, registers pass through."""
     return nisa.register_alloc(b) if isinstance(b, int) else b
@@ -49,15 +59,23 @@ def block_ap(t: Any, addr: tuple[Any, int], pat: list[list[int]], offset: int = 
     return t.ap(pat, offset=offset + extra * stride, scalar_offset=reg, indirect_dim=0)
 
 
+def used_block_register(block_count: Any, cnt: Any | None = None) -> Any:
+    """A register holding block_count [1, 1] (HBM int32), loaded through SBUF (`cnt`)."""
+    if cnt is None:
+        cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt, src=block_count)
+    count = nisa.register_alloc()
+    nisa.register_load(count, cnt)
+    return count
+
+
 def device_bounds(block_count: Any, static_blocks: int) -> tuple[Any, Any]:
     """Registers (used blocks, end of the pairs) for `block_loop`'s device loops.
 
     The pairs end at S + 2 * floor((count - S) / 2), computed on chip (S = static_blocks).
     """
     cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt, src=block_count)
-    count = nisa.register_alloc()
-    nisa.register_load(count, cnt)
+    count = used_block_register(block_count, cnt)
     end = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=end, data=cnt, op0=nl.subtract, operand0=static_blocks)
     nisa.tensor_scalar(dst=end, data=end, op0=nl.bitwise_and, operand0=-2)

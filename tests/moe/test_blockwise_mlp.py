@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 from moe_cases import (
     assert_close_scaled,
     bwd_kernel,
@@ -129,19 +130,74 @@ def test_device_loops_match_static_blocks_bit_for_bit(device_blocks: int) -> Non
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("h", [1100, 72])
-def test_forward_lnc2_splits_hidden_columns_bit_for_bit(h: int) -> None:
-    """kernel[2]: each program computes the down projection, slot rows and combine of its
-    hidden columns (H = 1100: 1024 | 76; H = 72: all on the first), the same arithmetic
-    as LNC 1 -- so the outputs are identical."""
-    t, i, e = 100, 160, 4
-    layer = make_layer(t, h, i, e, BF16, seed=7)
-    ids, w = random_routing(t, e, 2, seed=7)
-    plan = plan_for(ids, w, e, 128)
-    static = plan.used_blocks - 2  # two blocks in device loops
+# name: (T, H, I, E, k, B, routing, capacity_factor, blocks left to device loops)
+LNC2_FWD_CASES = {
+    # 5 used blocks: program 0 runs 3, program 1 runs 2; 3 in the device loop (odd start)
+    "odd-blocks-device": (100, 200, 160, 5, 2, 128, "random", None, 3),
+    # every block static, an odd count
+    "odd-blocks-static": (100, 72, 160, 5, 2, 128, "random", None, 0),
+    # skewed routing with capacity drops: the drop row is zeroed by program 0 only
+    "skewed-drops": (140, 64, 96, 8, 2, 128, "skewed", 0.5, 2),
+    # one block in the plan: program 1 has no block, it only combines
+    "one-block": (1, 96, 160, 8, 1, 128, "random", None, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LNC2_FWD_CASES))
+def test_forward_lnc2_splits_blocks_bit_for_bit(name: str) -> None:
+    """kernel[2]: program p runs blocks p, p + 2, ... (static and device loop), a
+    core_barrier, then combines every other token tile -- each block's and each token's
+    arithmetic is LNC 1's, so the outputs are identical (and match the reference)."""
+    t, h, i, e, k, b, kind, cf, device_blocks = LNC2_FWD_CASES[name]
+    layer = make_layer(t, h, i, e, BF16, seed=len(name))
+    ids, w = _routing(kind, t, e, k, seed=len(name))
+    plan = plan_for(ids, w, e, b, cf)
+    if cf is not None:
+        assert not plan.kept.all(), "the capacity case must drop something"
+    if name == "one-block":
+        assert plan.num_blocks == 1
+    if name.startswith("odd"):
+        assert plan.used_blocks % 2 == 1
+    static = plan.used_blocks - device_blocks
+    assert static >= 1
     one = fwd_kernel(layer, plan, static_blocks=static, tile_i=128)
     two = fwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128)
     assert torch.equal(one, two)
+    ref = mlp_with_routing(layer, ids, torch.from_numpy(w), cf)
+    assert_close_scaled(two, ref, BF16, f"{name}: out")
+
+
+def test_forward_lnc2_programs_share_the_matmuls() -> None:
+    """Trace-only: at LNC 2 the two programs issue the LNC 1 launch's TensorE FLOPs between
+    them (no block is computed twice), program 0 one block more for an odd count."""
+    from nki_kernels.interp import TensorSpec
+    from nki_kernels.perfmodel import trace_kernel
+
+    t, h, i, e, k, b, nb = 512, 256, 256, 4, 2, 128, 5
+    specs = (
+        TensorSpec((t, h), "bfloat16"),
+        TensorSpec((e, h, 2 * i), "bfloat16"),
+        TensorSpec((e, i, h), "bfloat16"),
+        TensorSpec((nb, 128, b // 128), "int32"),
+        TensorSpec((nb, 1), "int32"),
+        TensorSpec((1, 1), "int32"),
+        TensorSpec((t, k), "int32"),
+        TensorSpec((t, k), "float32"),
+    )
+    cfg = (b, 128, "h_outer", 512, 2, 1)
+
+    def flops(lnc: int) -> list[float]:
+        trace = trace_kernel(moe_mlp_fwd, *specs, nb, True, *cfg, target="trn2", lnc=lnc)
+        per = [0.0] * lnc
+        for ins in trace.instrs:
+            if ins.engine == "tensor":
+                per[ins.program] += ins.flops
+        return per
+
+    (one,) = flops(1)
+    p0, p1 = flops(2)
+    assert p0 + p1 == pytest.approx(one)
+    assert p0 == pytest.approx(one * 3 / 5, rel=0.02) and p1 == pytest.approx(one * 2 / 5, rel=0.02)
 
 
 @pytest.mark.parametrize("h", [1100, 72])
