@@ -46,7 +46,19 @@ def core_barrier(
     if not isinstance(engine, engine_enum):
         raise fail("ARG", f"{instr}: engine must be an nisa.engine member; got {engine!r}")
     members = _cores(cores, instr)
-    rec = emit(
+    progs = launch.concurrent
+    # Under LNC 1 there is no partner: nki-library's router_topk calls
+    # core_barrier(..., (0, 1)) unconditionally, so the barrier completes at once.
+    if progs is not None and len(members) > 1:
+        m = progs.meet(instr, members, members, None)
+        progs.release(m)
+        progs.yield_to_waiters()
+    # Recorded once the meeting is complete, so in the trace every member's barrier
+    # follows what all members issued before theirs: the cost model then makes it wait
+    # for the other cores' writes to `data`, and never makes those writes wait for it
+    # (recorded on arrival, an early core's barrier would be a reader of `data` that the
+    # later core's pre-barrier writes must not overtake).
+    return emit(
         "gpsimd" if engine is engine_enum.unknown else engine.name,
         instr,
         (),
@@ -56,14 +68,6 @@ def core_barrier(
         attrs={"cores": members},
         name=name,
     )
-    progs = launch.concurrent
-    # Under LNC 1 there is no partner: nki-library's router_topk calls
-    # core_barrier(..., (0, 1)) unconditionally, so the barrier completes at once.
-    if progs is not None and len(members) > 1:
-        m = progs.meet(instr, members, members, None)
-        progs.release(m)
-        progs.yield_to_waiters()
-    return rec
 
 
 @instruction

@@ -26,10 +26,11 @@ trace record's cost), so a kernel's latency is
 exact once the software pipeline reaches its periodic regime. The backward alternates two
 buffer sets between consecutive blocks, so its increments may have period 2; so do the
 forward's at LNC 2, whose programs take alternate blocks (a block added to the program
-that is behind costs little; n0 is doubled so that each program is past its first block). `price_blocks`
-interprets the kernel (trace-only, the full T) with n0 .. n0 + 3 blocks (n0 = 2 forward,
-4 forward at LNC 2, 1 backward), takes the last increment of each parity and
-extrapolates to the routing's used blocks; `extrapolation_check` = |d3 - d1| / d3 compares the two increments of the
+that is behind costs little; n0 is doubled so that each program is past its first
+block). `price_blocks` interprets the kernel (trace-only, the full T) with n0 .. n0 + 3
+blocks (n0 = 2 forward, 4 forward at LNC 2, 1 backward), takes the last increment of
+each parity and extrapolates to the routing's used blocks; `extrapolation_check` =
+|d3 - d1| / d3 compares the two increments of the
 same parity, so the reader sees how close to periodic the schedule is. Used blocks
 <= n0 + 3 are priced exactly. Routing (uniform, skewed) only changes the used blocks.
 

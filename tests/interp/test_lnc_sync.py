@@ -34,6 +34,44 @@ def test_core_barrier_makes_the_other_programs_writes_visible():
     np.testing.assert_allclose(out, np.exp(x), rtol=1e-6)
 
 
+def test_a_barrier_is_recorded_after_every_members_pre_barrier_work():
+    """Trace order p0 pre, p1 pre, p0 barrier, p0 post, p1 barrier, p1 post: so in the cost
+    model each core's barrier waits for both cores' writes to `data`, and the later core's
+    pre-barrier writes never wait for the early core's barrier (a reader of `data`)."""
+    from nki_kernels.perfmodel.timeline import schedule
+
+    @nki.jit
+    def skewed_work(x):
+        n, f = x.shape
+        pid = nl.program_id(0)
+        stage = nl.ndarray((n, f), x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((1, f), x.dtype)
+        nisa.dma_copy(dst=t, src=x[pid : pid + 1, :])
+        for _ in range(20 * pid):  # program 1 arrives much later
+            nisa.activation(dst=t, data=t, op=nl.exp)
+        nisa.dma_copy(dst=stage[pid : pid + 1, :], src=t)
+        nisa.core_barrier(stage, (0, 1))
+        u = nl.ndarray((1, f), x.dtype)
+        nisa.dma_copy(dst=u, src=stage[1 - pid : 2 - pid, :])
+        out = nl.ndarray((n, f), x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[1 - pid : 2 - pid, :], src=u)
+        return out
+
+    res = run(skewed_work[2], np.ones((2, 3), np.float32), trace_only=True)
+    instrs = res.trace.instrs
+    seq = [(i.program, i.opcode) for i in instrs if i.opcode in ("core_barrier", "dma_copy")]
+    assert seq[:2] == [(0, "dma_copy"), (0, "dma_copy")] and seq[2][0] == 1
+    bar = [k for k, i in enumerate(instrs) if i.opcode == "core_barrier"]
+    p1_store = max(k for k, i in enumerate(instrs[: bar[0]]) if i.program == 1)
+    assert [instrs[k].program for k in bar] == [0, 1] and p1_store < bar[0]
+    sched = schedule(res.trace, "trn2")
+    last_exp = max(k for k, i in enumerate(instrs) if i.opcode == "activation")
+    # program 1's store follows its own work, not program 0's barrier; both barriers end
+    # after it (the data both cores wrote is complete)
+    assert sched.start[p1_store] >= sched.end[last_exp]
+    assert all(sched.start[k] >= sched.end[p1_store] for k in bar)
+
+
 def test_without_the_barrier_program_0_reads_unwritten_memory():
     @nki.jit
     def racy(x):

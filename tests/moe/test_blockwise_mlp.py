@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 from moe_cases import (
     assert_close_scaled,
     bwd_kernel,
@@ -15,6 +14,8 @@ from moe_cases import (
     plan_for,
     random_routing,
 )
+
+from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 
 F32, BF16 = torch.float32, torch.bfloat16
 

@@ -76,6 +76,28 @@ def test_skewed_routing_and_experts_without_tokens() -> None:
     _check_fwd_bwd(args, F32, top_k=2)
 
 
+def test_the_op_at_lnc2_gives_the_lnc1_results_bit_for_bit() -> None:
+    """The custom op launched at LNC 2 (forward: programs split the blocks; backward: the
+    hidden columns), with capacity drops and skewed routing: outputs and gradients equal
+    the LNC 1 launch's exactly."""
+    from nki_kernels.runtime import lnc as runtime_lnc
+
+    bias = torch.tensor([6.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    args = _inputs(150, 72, 96, 8, BF16, seed=3, bias=bias)
+    results = []
+    for lnc in (1, 2):
+        runtime_lnc.set_runtime_lnc(lnc)
+        try:
+            leaves = [a.detach().requires_grad_() for a in args]
+            out = torch.ops.nki.moe_mlp(*leaves, top_k=2, capacity_factor=0.9)
+            out.float().square().sum().backward()
+            results.append([out.detach(), *(a.grad for a in leaves)])
+        finally:
+            runtime_lnc.set_runtime_lnc(None)
+    for name, a, b in zip(("out", "hidden", "logits", "w_gate_up", "w_down"), *results):
+        assert a is not None and b is not None and torch.equal(a, b), name
+
+
 def test_moe_route_op_and_its_gradient() -> None:
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(50, 16, generator=g, requires_grad=True)
