@@ -77,7 +77,8 @@ class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def _target(platform: Any) -> str:
     name = str(getattr(platform, "value", platform) or "trn2").lower()
-    return {"gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}.get(name, name)
+    # trn3_a0: a trn3 stepping (AWS's Platforms enum); the interpreter models trn3
+    return {"gen2": "trn1", "gen3": "trn2", "gen4": "trn3", "trn3_a0": "trn3"}.get(name, name)
 
 
 def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> None:
@@ -88,8 +89,9 @@ def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> None:
 
     if got is None:
         raise AssertionError(f"output {name!r}: the kernel returned nothing")
-    g = np.asarray(got, dtype=np.float32)
-    w = np.asarray(want, dtype=np.float32)
+    from ..interp.dtypes import host_float32  # packed MX words compare as their values
+
+    g, w = host_float32(got), host_float32(want)
     if g.shape != w.shape:
         if g.size != w.size:
             raise AssertionError(f"output {name!r}: shape {g.shape}, golden {w.shape}")
@@ -310,9 +312,15 @@ def _fixtures() -> types.ModuleType:
         return _NoopCollector()
 
     @pytest.fixture
-    def platform_target() -> Any:
+    def platform_target(request: Any) -> Any:
         from test.utils.common_dataclasses import Platforms  # the checkout's enum
 
+        # trn2, unless the test excludes it (`platforms(exclude=[...TRN2])`: AWS's conftest
+        # deselects it from a trn2 run); then trn3, where AWS runs it (the NC-v4 MX tests)
+        marker = request.node.get_closest_marker("platforms")
+        excluded = set(marker.kwargs.get("exclude") or []) if marker else set()
+        if Platforms.TRN2 in excluded and Platforms.TRN3 not in excluded:
+            return Platforms.TRN3
         return Platforms.TRN2
 
     mod.test_manager = test_manager  # type: ignore[attr-defined]

@@ -1,12 +1,21 @@
 """A stand-in for AWS's `neuron_dtypes` package, which nki-library's test helpers and
 torch references import (`static_cast`, `sizeinbytes`, `finfo`, `is_float_type`,
-`bfloat16`) and which is published only on the Neuron pip repository.
+`bfloat16`, the packed MX dtypes) and which is published only on the Neuron pip
+repository.
 
 Written here from how those call sites use it: `static_cast(array, dtype)` converts
 with round-to-nearest-even (through `ml_dtypes` for bf16 / fp8) and, for integer
-targets, rounds and saturates, as NKI's fp32 -> int conversion does. The packed MX x4
-dtypes are names only (their casts name themselves as unsupported). The conformance
-loader installs it as `neuron_dtypes` only when the real package is not importable.
+targets, rounds and saturates, as NKI's fp32 -> int conversion does. The packed MX
+dtypes are NumPy dtypes of their raw words (the interpreter's, `interp.dtypes`):
+`static_cast(values [..., 4F], float8_e4m3fn_x4)` packs to [..., F] (nearest-even,
+saturating) and `static_cast(words, np.float32)` unpacks to [..., 4F]; AWS's code then
+uses them as NumPy dtypes by name (`np.zeros(shape, dtype="float8_e4m3fn_x4")`,
+`"x4" in str(a.dtype)`, `a.view(np.uint32)`), which importing this module makes work: it
+registers the names with NumPy and gives the tagged dtypes their names in `str` /
+`repr` / `.name`. Unlike AWS's dtypes, `astype(np.float32)` of such an array yields the
+raw words as numbers; unpack with `static_cast` (or `as_float32`) instead. The
+conformance loader installs this module as `neuron_dtypes` only when the real package
+is not importable.
 """
 
 from __future__ import annotations
@@ -15,31 +24,73 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import numpy._core._dtype as _np_dtype_text
 
-from ..interp.errors import not_supported
+from ..interp import dtypes as _dt
 
 bfloat16 = ml_dtypes.bfloat16
 float8_e4m3 = ml_dtypes.float8_e4m3
 float8_e4m3fn = ml_dtypes.float8_e4m3fn
 float8_e5m2 = ml_dtypes.float8_e5m2
 float8_e8m0fnu = ml_dtypes.float8_e8m0fnu
-float8_e5m2_x4 = "float8_e5m2_x4"
-float8_e4m3fn_x4 = "float8_e4m3fn_x4"
-float4_e2m1fn_x4 = "float4_e2m1fn_x4"
-_PACKED = {float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4}
+float8_e5m2_x4 = _dt.np_dtype(_dt.float8_e5m2_x4)
+float8_e4m3fn_x4 = _dt.np_dtype(_dt.float8_e4m3fn_x4)
+float4_e2m1fn_x4 = _dt.np_dtype(_dt.float4_e2m1fn_x4)
 
 
-def _np(dtype: Any) -> np.dtype:
-    if isinstance(dtype, str) and dtype in _PACKED:
-        raise not_supported(f"neuron_dtypes {dtype}", "packed MX dtypes are not modeled")
-    return np.dtype(dtype)
+def _x4_name(d: np.dtype) -> str | None:
+    meta = d.metadata
+    return None if meta is None else meta.get(_dt.X4_META)
+
+
+def _named(original: Any, spell: Any) -> Any:
+    def text(d: np.dtype) -> Any:
+        name = _x4_name(d)
+        return original(d) if name is None else spell(name)
+
+    text.__wrapped__ = original  # type: ignore[attr-defined]
+    return text
+
+
+def _register_with_numpy() -> None:
+    """`np.dtype("float8_e4m3fn_x4")` and the names in str / repr / .name (idempotent)."""
+    for d in (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4):
+        np.sctypeDict[_x4_name(d)] = d  # type: ignore[index]
+    m = _np_dtype_text
+    if not hasattr(m.__str__, "__wrapped__"):
+        m.__str__ = _named(m.__str__, lambda n: n)  # type: ignore[assignment]
+        m.__repr__ = _named(m.__repr__, lambda n: f"dtype('{n}')")  # type: ignore[assignment]
+        m._name_get = _named(m._name_get, lambda n: n)
+
+
+_register_with_numpy()
+
+
+def _resolve(dtype: Any) -> tuple[np.dtype, _dt.NkiDtype | None]:
+    """The NumPy dtype of `dtype` and, for a packed MX dtype, its NKI dtype."""
+    if isinstance(dtype, str) and dtype in _dt.PACKED_MX_DTYPES:
+        x4 = _dt.as_dtype(dtype)
+        return x4._np, x4
+    d = np.dtype(dtype)
+    name = _x4_name(d)
+    return d, None if name is None else _dt.as_dtype(name)
+
+
+as_float32 = _dt.host_float32
 
 
 def static_cast(values: Any, dtype: Any) -> np.ndarray:
     """`values` converted to `dtype`: floats round to nearest-even; integers round to
-    nearest-even and saturate."""
-    d = _np(dtype)
+    nearest-even and saturate; packed MX dtypes pack / unpack their last dim by 4."""
+    d, x4 = _resolve(dtype)
     a = np.asarray(values)
+    src_x4 = _x4_name(a.dtype)
+    if x4 is not None:
+        if src_x4 == x4:
+            return a.copy()
+        return _dt.pack_x4(as_float32(a), x4)
+    if src_x4 is not None:
+        a = as_float32(a)
     if d.kind in "iu":
         info = np.iinfo(d)
         v = np.rint(a.astype(np.float64)) if a.dtype.kind not in "iub" else a.astype(np.int64)
@@ -51,19 +102,21 @@ def static_cast(values: Any, dtype: Any) -> np.ndarray:
 
 
 def sizeinbytes(dtype: Any) -> int:
-    """Bytes per element of `dtype`."""
-    return int(_np(dtype).itemsize)
+    """Bytes per element of `dtype` (a packed MX element: 4, float4_e2m1fn_x4: 2)."""
+    return int(_resolve(dtype)[0].itemsize)
 
 
 def finfo(dtype: Any) -> Any:
-    """`ml_dtypes.finfo` (NumPy's for the IEEE types)."""
-    return ml_dtypes.finfo(_np(dtype))
+    """`ml_dtypes.finfo` (NumPy's for the IEEE types; a packed dtype's element type's)."""
+    d, x4 = _resolve(dtype)
+    return ml_dtypes.finfo(_dt.X4_ELEMENT[x4][0] if x4 is not None else d)
 
 
 def is_float_type(dtype: Any) -> bool:
-    """Whether `dtype` is a floating-point type (bf16 and fp8 included)."""
-    d = _np(dtype)
-    return d.kind == "f" or d in (
+    """Whether `dtype` is a floating-point type (bf16 and fp8 included; not the packed MX
+    dtypes, whose arrays hold words, not values)."""
+    d, x4 = _resolve(dtype)
+    return (x4 is None and d.kind == "f") or d in (
         np.dtype(bfloat16),
         np.dtype(float8_e4m3),
         np.dtype(float8_e4m3fn),

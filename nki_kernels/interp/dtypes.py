@@ -294,3 +294,12 @@ def unpack_x4(words: np.ndarray, dtype: NkiDtype) -> np.ndarray:
     lanes = np.stack([(w >> (j * bits)) & mask for j in range(4)], axis=-1).astype(np.uint8)
     vals = lanes.view(elem).astype(np.float32)
     return vals.reshape(*w.shape[:-1], w.shape[-1] * 4)
+
+
+def host_float32(values: Any) -> np.ndarray:
+    """Host arrays as fp32 values; packed MX words unpacked ([..., F] -> [..., 4F])."""
+    a = np.asarray(values)
+    meta = a.dtype.metadata
+    if meta is not None and X4_META in meta:
+        return unpack_x4(a, _NAMES[meta[X4_META]])
+    return a.astype(np.float32)

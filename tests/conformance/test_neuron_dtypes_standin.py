@@ -1,0 +1,40 @@
+"""The `neuron_dtypes` stand-in's packed MX dtypes, used the way nki-library's test helpers
+and torch references use AWS's package."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from nki_kernels.conformance import neuron_dtypes_standin as ndt
+from nki_kernels.interp import nl
+
+
+def test_x4_dtypes_are_numpy_dtypes_known_by_name():
+    a = np.zeros((4, 2), dtype=nl.float8_e4m3fn_x4)  # an NKI dtype string, as AWS's tests pass
+    assert str(a.dtype) == "float8_e4m3fn_x4" and "x4" in str(a.dtype)
+    assert a.dtype.name == "float8_e4m3fn_x4" and repr(a.dtype) == "dtype('float8_e4m3fn_x4')"
+    assert np.dtype("float4_e2m1fn_x4") == ndt.float4_e2m1fn_x4
+    assert ndt.float8_e4m3fn_x4 != ndt.float8_e5m2_x4
+    assert a.view(np.uint32).shape == (4, 2)
+    assert np.zeros(3, ndt.float4_e2m1fn_x4).view(np.uint16).shape == (3,)
+    assert str(np.dtype(np.uint32)) == "uint32"  # untagged dtypes keep their names
+    assert [ndt.sizeinbytes(d) for d in ("float8_e5m2_x4", ndt.float4_e2m1fn_x4)] == [4, 2]
+    assert ndt.finfo(nl.float8_e4m3fn_x4).max == 448
+    assert not ndt.is_float_type(ndt.float8_e5m2_x4) and ndt.is_float_type(ml_dtypes.bfloat16)
+
+
+def test_static_cast_packs_and_unpacks_the_last_dim_by_four():
+    vals = np.array([[1.0, -2.0, 0.5, 3.0, 4.0, -1.5, -0.0, 6.0]], np.float32)
+    for name in ("float8_e4m3fn_x4", "float8_e5m2_x4", "float4_e2m1fn_x4"):
+        packed = ndt.static_cast(vals, getattr(ndt, name))
+        assert packed.shape == (1, 2) and str(packed.dtype) == name
+        np.testing.assert_array_equal(ndt.static_cast(packed, np.float32), vals)
+        same = ndt.static_cast(packed, getattr(nl, name))
+        np.testing.assert_array_equal(same.view(np.uint8), packed.view(np.uint8))
+    # lane j of a word sits in bits [8j, 8j + 8): 1.0 in e4m3fn is 0x38
+    word = ndt.static_cast(np.array([1.0, 0, 0, 0], np.float32), ndt.float8_e4m3fn_x4)
+    assert int(word.view(np.uint32)[0]) == 0x38
+    # nearest-even and saturating: 5 -> 4 (tie) and 100 -> 6 in fp4
+    fp4 = ndt.static_cast(np.array([5.0, 100.0, 0.25, 0.75], np.float32), "float4_e2m1fn_x4")
+    np.testing.assert_array_equal(ndt.static_cast(fp4, np.float32), [4.0, 6.0, 0.0, 1.0])
