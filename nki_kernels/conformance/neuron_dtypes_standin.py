@@ -55,7 +55,7 @@ def _named(original: Any, spell: Any) -> Any:
 def _register_with_numpy() -> None:
     """`np.dtype("float8_e4m3fn_x4")` and the names in str / repr / .name (idempotent)."""
     for d in (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4):
-        np.sctypeDict[_x4_name(d)] = d  # type: ignore[index]
+        np.sctypeDict[_x4_name(d)] = d  # type: ignore[index,assignment]
     m = _np_dtype_text
     if not hasattr(m.__str__, "__wrapped__"):
         m.__str__ = _named(m.__str__, lambda n: n)  # type: ignore[assignment]
