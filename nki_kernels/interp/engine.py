@@ -407,8 +407,10 @@ def emit(
 _PACKED = dt.PACKED_MX_DTYPES
 # Instructions that move packed MX words unchanged (all their operands of one dtype), or
 # that fill / produce / consume them by definition.
-_X4_COPIES = frozenset({"dma_copy", "dma_transpose", "tensor_copy", "nc_transpose"})
-_X4_OWN = frozenset({"memset", "quantize_mx", "nc_matmul_mx"})
+_X4_COPIES = frozenset(
+    {"dma_copy", "dma_transpose", "sendrecv", "tensor_copy", "nc_transpose", "nc_stream_shuffle"}
+)
+_X4_OWN = frozenset({"memset", "quantize_mx", "nc_matmul_mx", "core_barrier"})
 
 
 def _packed_operands(opcode: str, dsts: tuple[NkiTensor, ...], srcs: tuple[NkiTensor, ...]) -> None:
