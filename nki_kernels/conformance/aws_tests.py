@@ -26,6 +26,7 @@ import json
 import os
 import re
 import sys
+import traceback
 import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -297,20 +298,36 @@ def _classify(report: Any) -> CaseResult:
 
 def _kernel_line(report: Any) -> str:
     """file:line of the innermost frame in the checkout's kernel sources (`nkilib_src`),
-    else in its tests (an error of the test itself)."""
-    entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", [])
-    locs = [getattr(e, "reprfileloc", None) for e in entries]
+    else in its tests (an error of the test itself); `_where` put it on the report."""
+    return str(getattr(report, "nki_where", ""))
+
+
+def _where(tb: Any) -> str:
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(tb)]
     for part in ("nkilib_src", "/test/"):
-        for loc in reversed(locs):
-            if loc is not None and part in str(loc.path):
-                return f"{Path(str(loc.path)).name}:{loc.lineno}"
+        for filename, lineno in reversed(frames):
+            if part in filename:
+                return f"{Path(filename).name}:{lineno}"
     return ""
+
+
+def platform_for(marker: Any, platforms: Any) -> Any:
+    """The target a test runs at: trn2 unless its `platforms` marker excludes it, then
+    trn3; None when it excludes both."""
+    excluded = set(marker.kwargs.get("exclude") or []) if marker is not None else set()
+    return next((t for t in (platforms.TRN2, platforms.TRN3) if t not in excluded), None)
 
 
 def _fixtures() -> types.ModuleType:
     import pytest
 
     mod = types.ModuleType("nki_kernels_aws_fixtures")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+        outcome = yield
+        if call.excinfo is not None:  # from the frames: cheaper than pytest's formatting
+            outcome.get_result().nki_where = _where(call.excinfo.tb)
 
     @pytest.fixture
     def test_manager() -> InterpreterOrchestrator:
@@ -326,13 +343,12 @@ def _fixtures() -> types.ModuleType:
         runs a session per target and deselects the tests that exclude it)."""
         from test.utils.common_dataclasses import Platforms  # the checkout's enum
 
-        marker = request.node.get_closest_marker("platforms")
-        excluded = set(marker.kwargs.get("exclude") or []) if marker is not None else set()
-        for target in (Platforms.TRN2, Platforms.TRN3):
-            if target not in excluded:
-                return target
-        pytest.skip(f"the test runs on none of trn2, trn3 (excludes {sorted(map(str, excluded))})")
+        target = platform_for(request.node.get_closest_marker("platforms"), Platforms)
+        if target is None:
+            pytest.skip("the test runs on neither trn2 nor trn3 (its platforms marker)")
+        return target
 
+    mod.pytest_runtest_makereport = pytest_runtest_makereport  # type: ignore[attr-defined]
     mod.test_manager = test_manager  # type: ignore[attr-defined]
     mod.collector = collector  # type: ignore[attr-defined]
     mod.platform_target = platform_target  # type: ignore[attr-defined]
@@ -351,7 +367,7 @@ def run_module(
     sys.meta_path.insert(0, _InertFinder())
     plugin = _Plugin(stream)
     args = [str(module), "-m", "fast", "--noconftest", "-q", "-p", "no:cacheprovider"]
-    args += ["--rootdir", str(root), "-o", "addopts=", "-W", "ignore", "--tb=short"]
+    args += ["--rootdir", str(root), "-o", "addopts=", "-W", "ignore", "--tb=native"]
     if select:
         args += ["-k", select]
     with loader.checkout_context(root):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nki_kernels.conformance import aws_runs, loader
+from nki_kernels.conformance import aws_runs, aws_tests, loader
 from nki_kernels.conformance.aws_tests import CaseResult, InterpreterOrchestrator
 
 HERE = Path(__file__).parent
@@ -147,3 +147,31 @@ def test_a_checkout_syntax_error_is_named_with_its_file_and_line():
     (res,) = aws_runs.run_file(REAL_LIB, mod, timeout_s=300).results
     assert res.status == "error"
     assert res.detail.endswith("(syntax error in the checkout: mlp/mlp.py:203)"), res.detail
+
+
+def test_a_test_that_excludes_trn2_runs_at_trn3_as_awss_per_target_sessions_do():
+    import enum
+
+    class Platforms(enum.Enum):
+        TRN1, TRN2, TRN3 = "trn1", "trn2", "trn3"
+
+    def marker(*excluded):
+        return SimpleNamespace(kwargs={"exclude": list(excluded)})
+
+    assert aws_tests.platform_for(None, Platforms) is Platforms.TRN2
+    assert aws_tests.platform_for(marker(Platforms.TRN3), Platforms) is Platforms.TRN2
+    assert (
+        aws_tests.platform_for(marker(Platforms.TRN1, Platforms.TRN2), Platforms) is Platforms.TRN3
+    )
+    assert aws_tests.platform_for(marker(Platforms.TRN2, Platforms.TRN3), Platforms) is None
+
+
+@pytest.mark.skipif(not REAL_LIB.exists(), reason="needs the nki-library checkout")
+def test_an_error_in_awss_own_test_code_names_its_line():
+    """gen_mask_tkg's output descriptor looks up 'mask_out_hbm', but its inputs name the
+    key 'mask_out_hbm.must_alias_input' (the checkout's test, before any kernel runs)."""
+    mod = REAL_LIB / "test/integration/nkilib/core/attention/test_gen_mask_tkg.py"
+    run = aws_runs.run_file(REAL_LIB, mod, 300, "test_flat_kv_strided and b-4_qh-1_sc-256")
+    (res,) = run.results
+    assert res.status == "error"
+    assert res.detail == "KeyError: 'mask_out_hbm' [at test_gen_mask_tkg.py:422]", res.detail
