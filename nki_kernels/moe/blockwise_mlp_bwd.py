@@ -38,18 +38,18 @@ dx per slot goes to an HBM scratch; the combine (combine.py, on TensorE) sums ea
 token's k slots (j ascending) into dhidden and gathers d_weights[t, j] = dws[slot(t, j)]
 (0 for dropped assignments, which point at the scratch's zero row).
 
-LNC 2 (`kernel[2]`): the programs split the hidden columns (`tiles.program_columns`:
-halves in whole 512-column PSUM banks; the forward splits blocks instead). Each program
-recomputes every block's gT, uT, gaT (they contract over all of H), then computes only
-its columns of everything that has an H axis in its output: dx (dgrad), dW_gate_up's H
-rows, dW_down's H columns, and the combine into dhidden; d_weights' token tiles alternate
-between the programs that have columns. Every output element is written by exactly one
-program, with the same arithmetic as under LNC 1, so the results are bit-identical and
-the programs never wait for each other (their slot scratch is private HBM). A program
-with no columns (H <= 512) does nothing.
+LNC 2 (`kernel[2]`): phase A splits the blocks, phase B the hidden columns. Program p
+runs phase A for blocks p, p + 2, ... (`block_split`), all columns, writing the scratch
+(shared HBM); after a `core_barrier` per scratch tensor it computes its hidden columns
+(`tiles.program_columns`: halves in whole 512-column PSUM banks) of dW_gate_up's H rows
+and dW_down's H columns over every block (a program with no columns, H <= 512, skips
+phase B), then combines every other token tile of dhidden and d_weights. Every output
+element is computed by one program with the LNC 1 arithmetic, so the results are
+bit-identical.
 
 Blocks [0, static_blocks) are a static loop, the rest device loops up to `block_count`
-(`tiles.block_loop`); both issue the same instructions (block indices as registers).
+(`block_split`, `tiles.block_loop`); both issue the same instructions (block indices as
+registers).
 
 Limits: block_size in {128, 256, 512, 1024}, sub_block in {128, 256, 512} (<= block_size);
 H, I any size (ragged tiles sliced; the SBUF/PSUM fit is checked by config.validate);
@@ -63,6 +63,7 @@ from typing import Any
 
 from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
+from .block_split import program_blocks, split_block_loop, split_bounds
 from .combine import combine, zero_row
 from .config import STORE_RUN_BYTES
 from .rows_bwd import (
@@ -81,7 +82,6 @@ from .rows_bwd import (
 from .tiles import (
     PSUM_FP32,
     P,
-    block_loop,
     block_row0,
     cdiv,
     device_bounds,
@@ -153,34 +153,65 @@ def moe_mlp_bwd(
         "STB": strip_bufs,
         "PF": prefetch_rows,
     }
-    d["C0"], d["C1"] = program_columns(h)
-    d["PID"], d["NPA"] = _column_programs(h)
+    pid, nprog = program_blocks()
+    d["PID"], d["STEP"] = pid, nprog
+    d["C0"], d["C1"] = 0, h  # phase A: every column of its blocks' dx
     dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
     d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)
-    if d["C0"] == d["C1"]:  # an LNC program without hidden columns
-        return dhidden, d_weights
     # + one row for dropped assignments (combine.zero_row)
-    dx_slots = nl.ndarray((nb * block_size + 1, h), dtype=dt, buffer=nl.hbm)
-    dws_slots = nl.ndarray((nb * block_size + 1, 1), dtype=nl.float32, buffer=nl.hbm)
-    # token-major rows for the wgrad, one spare block for its prefetch past the last block
+    dx_slots = nl.ndarray((nb * block_size + 1, h), dtype=dt, buffer=nl.shared_hbm)
+    dws_slots = nl.ndarray((nb * block_size + 1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    # token-major rows for the wgrad, one spare block for its prefetch past the last block;
+    # shared: each program writes its blocks' rows, phase B reads every block's
     scratch = {
-        "x": nl.ndarray((nb + 1, block_size, h), dtype=dt, buffer=nl.hbm),
-        "dy": nl.ndarray((nb + 1, block_size, h), dtype=dt, buffer=nl.hbm),
-        "act": nl.ndarray((nb + 1, block_size, i), dtype=dt, buffer=nl.hbm),
-        "gu": nl.ndarray((nb + 1, block_size, 2 * i), dtype=dt, buffer=nl.hbm),
+        "x": nl.ndarray((nb + 1, block_size, h), dtype=dt, buffer=nl.shared_hbm),
+        "dy": nl.ndarray((nb + 1, block_size, h), dtype=dt, buffer=nl.shared_hbm),
+        "act": nl.ndarray((nb + 1, block_size, i), dtype=dt, buffer=nl.shared_hbm),
+        "gu": nl.ndarray((nb + 1, block_size, 2 * i), dtype=dt, buffer=nl.shared_hbm),
         "dx": dx_slots,
         "dws": dws_slots,
     }
     ws = (hidden, w_gate_up, w_down, dout, slot_token, slot_weight, block_expert, scratch)
 
-    bounds = device_bounds(block_count, static_blocks) if static_blocks < nb else None
+    if pid < nb:  # else (a one-block plan at LNC 2) this program has no phase-A block
+        _phase_a(d, ws, (static_blocks, nb, block_count))
+    if may_drop and pid == 0 and nprog > 1:  # before the barrier (LNC 1: at the combine)
+        zero_row(dx_slots)
+        zero_row(dws_slots)
+    if nprog > 1:  # every program's scratch rows are in HBM before phase B reads them
+        for t in scratch.values():
+            nisa.core_barrier(data=t, cores=tuple(range(nprog)))
+    cols = program_columns(h)
+    if cols[0] < cols[1]:
+        bounds = device_bounds(block_count, static_blocks) if static_blocks < nb else None
+        grads = (
+            (dw_gate_up, scratch["x"], scratch["gu"], cols, (0, 2 * i)),  # this program's
+            (dw_down, scratch["act"], scratch["dy"], (0, i), cols),  # H rows and columns
+        )
+        panel = (wgrad_tiles, wgrad_cols)
+        weight_grads(d, grads, block_expert, block_keep, panel, (static_blocks, nb, bounds))
+    if may_drop and nprog == 1:
+        zero_row(dx_slots)
+        zero_row(dws_slots)
+    _combine_grads(d, dhidden, d_weights, dx_slots, dws_slots, token_slot)
+    return dhidden, d_weights
+
+
+def _phase_a(d: dict[str, Any], ws: tuple[Any, ...], blocks: tuple[int, int, Any]) -> None:
+    """Phase A over this program's blocks (`block_split`)."""
+    static_blocks, nb, block_count = blocks
+    pid, step = d["PID"], d["STEP"]
+    w_gate_up, w_down = ws[1], ws[2]
+    bounds = None
+    if static_blocks < nb:
+        bounds = split_bounds(block_count, static_blocks, pid, step)
     # phase-A row and metadata sets; they die before phase B (state.clear())
     state = {"sets": row_sets(d)}
-    if prefetch_rows:  # block 0's metadata, first chunk's weights and rows; see rows_bwd
+    if d["PF"]:  # the first block's metadata, first chunk's weights and rows; see rows_bwd
         sets = state["sets"]
         sets["head_strips"], sets["wd_head"] = new_strips(d), wd_head(d)
         meta0 = sets["meta"][0]
-        load_meta(d, ws, meta0, (nisa.register_alloc(0), 0))
+        load_meta(d, ws, meta0, (nisa.register_alloc(pid), 0))
         load_strips(d, w_gate_up, meta0["exp"], 0, sets["head_strips"])
         load_wd_head(d, w_down, meta0["exp"], sets["wd_head"])
         gather_unit(d, ws, meta0, sets["rows"], 0)
@@ -190,25 +221,8 @@ def moe_mlp_bwd(
     def body(addr: Any, parity: int, first: bool) -> None:
         _bwd_block(d, ws, state["sets"], addr, parity)
 
-    block_loop(body, static_blocks, nb, bounds)
+    split_block_loop(body, static_blocks, nb, bounds, pid, step)
     state.clear()
-    cols = (d["C0"], d["C1"])
-    grads = (
-        (dw_gate_up, scratch["x"], scratch["gu"], cols, (0, 2 * i)),  # this program's H rows
-        (dw_down, scratch["act"], scratch["dy"], (0, i), cols),  # and H columns
-    )
-    panel = (wgrad_tiles, wgrad_cols)
-    weight_grads(d, grads, block_expert, block_keep, panel, (static_blocks, nb, bounds))
-    _combine_grads(d, dhidden, d_weights, dx_slots, dws_slots, token_slot, may_drop)
-    return dhidden, d_weights
-
-
-def _column_programs(h: int) -> tuple[int, int]:
-    """(this program's id, how many programs have hidden columns) of the LNC launch."""
-    if nl.program_ndim() == 0 or nl.num_programs(0) == 1:
-        return 0, 1
-    share = cdiv(cdiv(h, nl.num_programs(0)), PSUM_FP32) * PSUM_FP32
-    return nl.program_id(0), cdiv(h, share)
 
 
 # ---- phase A: one block ------------------------------------------------------------------
@@ -502,16 +516,12 @@ def _combine_grads(
     dx_slots: Any,
     dws_slots: Any,
     token_slot: Any,
-    may_drop: bool,
 ) -> None:
     """d_weights[t, j] = dws_slots[slot(t, j)] (0 when dropped); dhidden[t] = sum_j
-    dx_slots[slot(t, j)] (`combine.combine`, identity stationaries), this LNC program's
-    columns; the programs with columns take alternate token tiles of d_weights."""
+    dx_slots[slot(t, j)] (`combine.combine`), this LNC program's token tiles of both
+    (every other one at LNC 2)."""
     k = d["K"]
-    if may_drop:
-        zero_row(dx_slots)
-        zero_row(dws_slots)
-    for t0 in range(d["PID"] * P, d["T"], d["NPA"] * P):
+    for t0 in range(d["PID"] * P, d["T"], d["STEP"] * P):
         rows = min(P, d["T"] - t0)
         sl = nl.ndarray((P, k), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=sl[0:rows, :], src=token_slot[t0 : t0 + rows, :])
@@ -521,4 +531,4 @@ def _combine_grads(
             view = dws_slots.ap([[1, rows], [1, 1]], offset=0, vector_offset=idx, indirect_dim=0)
             nisa.dma_copy(dst=dwt[0:rows, j : j + 1], src=view)
         nisa.dma_copy(dst=d_weights[t0 : t0 + rows, :], src=dwt[0:rows, :])
-    combine(dhidden, dx_slots, token_slot, None, (d["C0"], d["C1"]))
+    combine(dhidden, dx_slots, token_slot, None, tiles=(d["PID"], d["STEP"]))

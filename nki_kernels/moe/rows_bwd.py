@@ -1,10 +1,10 @@
 """Token rows of the MoE backward's phase A, optionally gathered one unit ahead of use.
 
 A unit is one sub-block (`sub_block` tokens) of one block; units run in order (block b,
-sub-blocks 0 .. B/SB - 1, then block b+1). A unit first turns its gathered rows of x and
-do into xT / doT (PE transposes) and stores w * x, w * do to the wgrad scratch; after
-that the row set is free. With `prefetch_rows`, unit u+1's rows are then gathered into
-it while unit u computes (after its first chunk's recompute is queued), and at the last
+sub-blocks 0 .. B/SB - 1, then the program's next block: b+1, or b+2 at LNC 2). A unit
+first turns its gathered rows of x and do into xT / doT (PE transposes) and stores
+w * x, w * do to the wgrad scratch; after that the row set is free. With `prefetch_rows`,
+unit u+1's rows are then gathered into it while unit u computes (after its first chunk's recompute is queued), and at the last
 unit of a block the next block's metadata (slot tokens, slot weights, expert id) is
 loaded first, into the other of two metadata sets (chosen by block parity, static in
 every body as in `tiles.block_loop`). So a block starts on rows already on chip instead
@@ -104,7 +104,7 @@ def prefetch_next(
         return
     reg, extra = blk["addr"]
     nxt = sets["meta"][1 - blk["parity"]]
-    load_meta(d, ws, nxt, (reg, extra + 1))
+    load_meta(d, ws, nxt, (reg, extra + d["STEP"]))  # this LNC program's next block
     gather_unit(d, ws, nxt, sets["rows"], 0)
 
 

@@ -201,26 +201,36 @@ def test_forward_lnc2_programs_share_the_matmuls() -> None:
     assert p0 == pytest.approx(one * 3 / 5, rel=0.02) and p1 == pytest.approx(one * 2 / 5, rel=0.02)
 
 
-@pytest.mark.parametrize("h", [1100, 72])
-def test_backward_lnc2_splits_hidden_columns_bit_for_bit(h: int) -> None:
-    """kernel[2] of the backward: each program computes dx, dW_gate_up's H rows, dW_down's
-    H columns and the combine of its hidden columns (H = 1100: 1024 | 76; H = 72: all on
-    the first), and half of d_weights' token tiles -- the LNC 1 arithmetic, so every
-    gradient is identical, and all match the fp32 reference."""
-    t, i, e = 300, 160, 4  # 3 token tiles: d_weights' tiles alternate between programs
-    layer = make_layer(t, h, i, e, BF16, seed=11)
-    ids, w = random_routing(t, e, 2, seed=11)
-    plan = plan_for(ids, w, e, 128)
-    static = plan.used_blocks - 2  # two blocks in device loops
-    one = bwd_kernel(layer, plan, static_blocks=static, tile_i=128)
-    two = bwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128)
-    for name, a, b in zip(("dx", "dw", "dgu", "dd"), one, two):
-        assert torch.equal(a, b), name
+# backward LNC 2 cases: the forward's, plus H = 1100 (phase B's columns 1024 | 76; at
+# H <= 512 program 1 has none); rows prefetched or not
+LNC2_BWD_CASES = {
+    "odd-blocks-device": (LNC2_FWD_CASES["odd-blocks-device"], {"prefetch_rows": 1}),
+    "skewed-drops": (LNC2_FWD_CASES["skewed-drops"], {"prefetch_rows": 0}),
+    "one-block": (LNC2_FWD_CASES["one-block"], {"prefetch_rows": 1}),
+    "wide-h1100": ((300, 1100, 160, 4, 2, 128, "random", None, 2), {"prefetch_rows": 1}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LNC2_BWD_CASES))
+def test_backward_lnc2_splits_blocks_then_columns_bit_for_bit(name: str) -> None:
+    """kernel[2] of the backward: phase A of blocks p, p + 2, ... per program (all of dx's
+    columns), a barrier, phase B of the program's hidden columns of dW_gate_up / dW_down,
+    then every other token tile of the combine -- the LNC 1 arithmetic, so every gradient
+    is identical, and all match the fp32 reference."""
+    (t, h, i, e, k, b, kind, cf, device_blocks), cfg = LNC2_BWD_CASES[name]
+    layer = make_layer(t, h, i, e, BF16, seed=11 + len(name))
+    ids, w = _routing(kind, t, e, k, seed=len(name))
+    plan = plan_for(ids, w, e, b, cf)
+    static = plan.used_blocks - device_blocks
+    one = bwd_kernel(layer, plan, static_blocks=static, tile_i=128, **cfg)
+    two = bwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128, **cfg)
+    for what, a, c in zip(("dx", "dw", "dgu", "dd"), one, two):
+        assert torch.equal(a, c), what
     x = layer["hidden"].float().clone().requires_grad_()
     wt = torch.from_numpy(w).clone().requires_grad_()
     wgu = layer["w_gate_up"].float().clone().requires_grad_()
     wd = layer["w_down"].float().clone().requires_grad_()
-    ref = mlp_with_routing({"hidden": x, "w_gate_up": wgu, "w_down": wd}, ids, wt, None)
+    ref = mlp_with_routing({"hidden": x, "w_gate_up": wgu, "w_down": wd}, ids, wt, cf)
     ref.backward(layer["dout"].float())
     dx, dw, dgu, dd = two
     assert_close_scaled(dx, x.grad, BF16, "d hidden")
