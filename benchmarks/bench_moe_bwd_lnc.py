@@ -2,9 +2,9 @@
 
 Run: `python benchmarks/bench_moe_bwd_lnc.py [--blocks N] [--target trn2] [--json PATH]`.
 
-At LNC 2 the two programs of `moe_mlp_bwd` split the hidden columns (dgrad, weight
-gradients, combine; the gate/up/down recompute runs on both): see
-`nki_kernels/moe/blockwise_mlp_bwd.py`. This prices the kernel with `--blocks` used
+At LNC 2 the two programs of `moe_mlp_bwd` split the blocks of phase A (recompute,
+dgrad; alternate blocks), then the hidden columns of the weight gradients, then the
+combine's token tiles: see `nki_kernels/moe/blockwise_mlp_bwd.py`. This prices the kernel with `--blocks` used
 blocks (all static) at the heuristic config, at LNC 1 and LNC 2, with
 `nki_kernels.moe.pricing.price_blocks` (exact traces up to a few blocks, extrapolated
 beyond). Every figure is "modeled (cost model vN, target)";
