@@ -4,11 +4,11 @@ Run: `python benchmarks/bench_moe_bwd_lnc.py [--blocks N] [--target trn2] [--jso
 
 At LNC 2 the two programs of `moe_mlp_bwd` split the blocks of phase A (recompute,
 dgrad; alternate blocks), then the hidden columns of the weight gradients, then the
-combine's token tiles: see `nki_kernels/moe/blockwise_mlp_bwd.py`. This prices the kernel with `--blocks` used
-blocks (all static) at the heuristic config, at LNC 1 and LNC 2, with
-`nki_kernels.moe.pricing.price_blocks` (exact traces up to a few blocks, extrapolated
-beyond). Every figure is "modeled (cost model vN, target)";
-none is a measurement. The cost model prices an LNC 2 launch as its slower program.
+combine's token tiles: see `nki_kernels/moe/blockwise_mlp_bwd.py`. This prices the
+kernel with `--blocks` used blocks (all static) at the heuristic config, at LNC 1 and
+LNC 2, with `nki_kernels.moe.pricing.price_blocks` (exact traces up to a few blocks,
+extrapolated beyond). Every figure is "modeled (cost model vN, target)"; none is a
+measurement. The cost model prices an LNC 2 launch as its slower program.
 """
 
 from __future__ import annotations

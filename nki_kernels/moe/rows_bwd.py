@@ -4,12 +4,12 @@ A unit is one sub-block (`sub_block` tokens) of one block; units run in order (b
 sub-blocks 0 .. B/SB - 1, then the program's next block: b+1, or b+2 at LNC 2). A unit
 first turns its gathered rows of x and do into xT / doT (PE transposes) and stores
 w * x, w * do to the wgrad scratch; after that the row set is free. With `prefetch_rows`,
-unit u+1's rows are then gathered into it while unit u computes (after its first chunk's recompute is queued), and at the last
-unit of a block the next block's metadata (slot tokens, slot weights, expert id) is
-loaded first, into the other of two metadata sets (chosen by block parity, static in
-every body as in `tiles.block_loop`). So a block starts on rows already on chip instead
-of waiting for its metadata, then its gathers. Without it, a unit gathers its own rows
-(and a block loads its metadata) when it starts.
+unit u+1's rows are then gathered into it while unit u computes (after its first chunk's
+recompute is queued), and at the last unit of a block the next block's metadata (slot
+tokens, slot weights, expert id) is loaded first, into the other of two metadata sets
+(chosen by block parity, static in every body as in `tiles.block_loop`). So a block
+starts on rows already on chip instead of waiting for its metadata, then its gathers.
+Without it, a unit gathers its own rows (and a block loads its metadata) when it starts.
 
 The prefetch after the last used block reads the next block's metadata with
 `oob_mode.skip` (past NB nothing is read); its rows are gathered but never used. Padding
