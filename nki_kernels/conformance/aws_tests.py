@@ -122,8 +122,10 @@ class InterpreterOrchestrator:
     def execute(self, kernel_args: Any) -> None:
         """Run one AWS `KernelArgs` and raise AssertionError on a mismatch."""
         from ..interp.launch import run_call
-        from . import loader
+        from . import aws_ranks, loader
 
+        if aws_ranks.collective_ranks(kernel_args) > 1:  # one launch per rank
+            return aws_ranks.execute_ranks(kernel_args)
         compiler = kernel_args.compiler_input
         lnc = int(getattr(compiler, "logical_nc_config", 1) or 1)
         target = _target(getattr(compiler, "platform_target", None))

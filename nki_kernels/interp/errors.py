@@ -99,7 +99,8 @@ RULES: dict[str, str] = {
     "ACC_CMD": "the reduce_cmd is one the instruction supports (load_reduce needs reduce_init)",
     "NL_API": "the experimental nl compute wrappers are used in their supported forms",
     "LANGUAGE": "kernel code stays inside the NKI language subset (checked at nki.jit time)",
-    "SYNC": "LNC programs meet at core_barrier / sendrecv as on the chip (no unmet waits)",
+    "SYNC": "LNC programs meet at core_barrier / sendrecv, ranks at collectives (no unmet waits)",
+    "COLLECTIVE": "nki.collectives calls follow their documented restrictions",
     "UNSUPPORTED": "a documented NKI name the interpreter does not implement (README list)",
     "NL_SHAPE": "nl compute wrappers take operands of one shape (they do not broadcast)",
 }

@@ -6,8 +6,8 @@ code that does `import nki.language as nl` can run here unmodified once the map 
 
 Besides `nki.language` and `nki.isa` it provides `nki.isa.constants` (the enums, where
 nki-library imports them from), `nki.typing` (`nt.tensor[shape]`,
-`nt.mutable_tensor`: annotations only), `nki.collectives` (`ReplicaGroup`; the
-collective calls are named as unsupported) and `nki.dtype` (the dtype names, as the
+`nt.mutable_tensor`: annotations only), `nki.collectives` (collectives.py: between the
+ranks of a `ranks.run_ranks` launch) and `nki.dtype` (the dtype names, as the
 CPU simulator's `nki.dtype` module has them; nki-library's qkv tests do
 `import nki.dtype as nt; nt.float8_e4m3`; also usable as an annotation). The legacy
 `neuronxcc.nki.typing` path, which one nki-library kernel still imports, maps to the same
@@ -19,12 +19,12 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from . import collectives as _collectives
 from . import enums
 from . import isa as nisa
 from . import language as nl
 from .errors import unsupported_getattr
 from .launch import Kernel, jit, simulate
-from .nkiobject import NKIObject
 
 
 def _module(name: str, doc: str) -> types.ModuleType:
@@ -58,32 +58,11 @@ for _name in ("dge_mode", "oob_mode", "engine", "reduce_cmd", "matmul_perf_mode"
 constants.dma_engine = enums.dma_engine  # type: ignore[attr-defined]
 
 
-class ReplicaGroup(NKIObject):
-    """`nki.collectives.ReplicaGroup`: the ranks taking part in a collective."""
-
-    replica_groups: Any = None
-
-
 collectives = _module("nki.collectives", "Collective communication between ranks.")
-collectives.ReplicaGroup = ReplicaGroup  # type: ignore[attr-defined]
+for _name in _collectives.__all__:
+    setattr(collectives, _name, getattr(_collectives, _name))
 collectives.__getattr__ = unsupported_getattr(  # type: ignore[method-assign]
-    "nki.collectives",
-    {
-        name: "collectives between ranks (devices) are not modeled"
-        for name in (
-            "all_reduce",
-            "all_gather",
-            "all_gather_v",
-            "reduce_scatter",
-            "all_to_all",
-            "all_to_all_v",
-            "collective_permute",
-            "collective_permute_implicit",
-            "collective_permute_implicit_reduce",
-            "collective_permute_implicit_current_processing_rank_id",
-            "rank_id",
-        )
-    },
+    "nki.collectives", _collectives.NOT_SUPPORTED
 )
 
 nki = _module("nki", "The interpreter's stand-in for the `nki` package.")

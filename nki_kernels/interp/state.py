@@ -51,6 +51,8 @@ class Launch:
         self.warned: set[str] = set()
         self.concurrent: Any = None  # programs.Programs under LNC > 1
         self.liveness: Any = None  # liveness.Liveness when replaying with last-use frees
+        self.rank = 0  # this launch's rank among the ranks of a collective launch
+        self.world: Any = None  # ranks.World when launched over several ranks
 
     @property
     def program(self) -> Program:
