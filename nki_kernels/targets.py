@@ -195,11 +195,11 @@ TRN1 = Target(
     throttle_ramp_ns=0.0,
     # --- v2 fit to the trn1 anchors (perfmodel/fit_v2.json): the matmul tutorial's four
     # kernels and the perf guide's dependent activations. The documented 17 B/ns is a
-    # peak; the tutorial's DMA-bound kernels imply far less per engine, and (as on trn2)
-    # almost no per-DMA start latency.
-    dma_engine_bytes_per_ns=6.881,
-    dma_descriptor_min_ns=43.97,
-    dma_fixed_ns=40.62,
+    # peak; the tutorial's DMA-bound kernels imply far less per engine, and a per-DMA
+    # start latency well below the documented ~1300 ns (with rotating buffers, ~0.5 us).
+    dma_engine_bytes_per_ns=6.652,
+    dma_descriptor_min_ns=31.63,
+    dma_fixed_ns=490.0,
     dependent_instr_cycles=140.5,
     dma_dge_ns=0.0,  # hardware DGE arrived with trn2. M
     dge_instances=0,

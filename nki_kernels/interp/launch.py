@@ -282,14 +282,29 @@ def run_call(
     kw_wrapped = {k: _classify(f"argument {k!r}", v, t_only) for k, v in kwargs.items()}
     every = [*wrapped, *kw_wrapped.values()]
 
-    def attempt(liveness: Liveness | None) -> tuple[Any, state.Launch]:
+    def attempt(liveness: Liveness | None, rotate: bool = True) -> tuple[Any, state.Launch]:
         launch = state.Launch(tgt, lnc, t_only)
         launch.grid = lnc > 1 if grid is None else grid
         launch.liveness = liveness
+        for prog in launch.programs:
+            prog.memory.set_rotation(rotate)
+        if not rotate:  # a replay: the kernel's prints were shown by the first attempt
+            with contextlib.redirect_stdout(io.StringIO()):
+                return _interpret(fn, launch, wrapped, kw_wrapped), launch
         return _interpret(fn, launch, wrapped, kw_wrapped), launch
 
+    def placed(liveness: Liveness | None) -> tuple[Any, state.Launch]:
+        # Rotating placement (memory.py) first; where its fragmentation overflows a plan
+        # that lowest-address first-fit places, first-fit.
+        try:
+            return attempt(liveness)
+        except MemoryPlanError as e:
+            if not getattr(e, "fragmented", False):
+                raise
+            return attempt(liveness, rotate=False)
+
     try:
-        result, launch = attempt(None)
+        result, launch = placed(None)
     except MemoryPlanError as first:
         # The plan with Python lifetimes overflows: replay with the compiler's lifetimes
         # (each tile freed after its last use; see liveness.py).
@@ -298,7 +313,7 @@ def run_call(
             attempt(recorder)
         try:
             plan = Liveness(recorder.counts, free_unused=bool(_settings["free_unused_tiles"]))
-            result, launch = attempt(plan)
+            result, launch = placed(plan)
         except MemoryPlanError as e:
             msg = str(e).rsplit(" (rule ", 1)[0]
             raise MemoryPlanError(

@@ -1,11 +1,24 @@
-"""On-chip memory placement: a first-fit allocator per SBUF/PSUM address space.
+"""On-chip memory placement: an allocator per SBUF/PSUM address space.
 
 Every on-chip allocation gets a physical place: a byte range within each partition of
 SBUF, or whole 2 KiB banks of PSUM. A tile dies when the kernel drops its last
-reference (CPython frees it at once), and its bytes go back to the free list, so a tile
-allocated inside a loop rotates between two places -- the double buffering the compiler
-gives such a tile. Placement is what lets the trace name physical regions, and what makes
-a tile plan that does not fit on the chip fail here with the numbers.
+reference (CPython frees it at once), and its bytes go back to the free list. Placement
+is what lets the trace name physical regions, and what makes a tile plan that does not
+fit on the chip fail here with the numbers.
+
+**Rotation** (the default): a new tile goes to the first hole at or after the end of the
+previous placement, wrapping around to the start (next-fit), so the bytes a tile just
+freed are handed out again last. The compiler "analyzes the memory dependency and
+allocates a physical address to each tile" and may give the tiles of a loop body several
+physical buffers so that the next iteration's loads overlap this one's compute (NKI
+migration guide, block dimensions: "the compiler could choose to allocate 2 physical
+tiles ... then the DMA copy from HBM to SBUF can overlap"); the language guide: the
+compiler "may reorder operations that have no data dependencies". Next-fit gives
+exactly that while memory is free, and falls back to reusing recently freed bytes --
+a true memory dependency -- only when the free space has run out. Lowest-address
+first-fit (`rotate=False`) instead reuses the previous iteration's buffers at once, a
+false cross-iteration dependency; the launcher retries a plan that rotation fragments
+into an overflow with first-fit.
 """
 
 from __future__ import annotations
@@ -21,16 +34,19 @@ SBUF_ALIGN = 64  # bytes; allocation granule within a partition (assumed, L)
 
 
 class FirstFit:
-    """First-fit allocator over [0, capacity) with coalescing frees.
+    """Next-fit (`rotate`, default) or first-fit allocator over [0, capacity) with
+    coalescing frees.
 
     Explicit placements (`nl.ndarray(..., address=)`) sit beside it: they may overlap each
     other and earlier tiles (a deliberate overlap is legal), and later first-fit
     placements avoid them while they live. `live` counts the bytes in use by either.
     """
 
-    def __init__(self, capacity: int, granule: int) -> None:
+    def __init__(self, capacity: int, granule: int, rotate: bool = True) -> None:
         self.capacity = capacity
         self.granule = granule
+        self.rotate = rotate
+        self.cursor = 0  # end of the previous placement: where next-fit starts looking
         self.free: list[list[int]] = [[0, capacity]]  # sorted [start, end) holes
         self.live = 0
         self.peak = 0
@@ -50,19 +66,36 @@ class FirstFit:
         g = self.granule
         size = -(-nbytes // g) * g or g
         free = self.free
-        for i, hole in enumerate(free):
-            start, end = hole
-            if self.pinned:
-                clear = self._clear_of_pinned(start, end, size)
-                if clear is None:
-                    continue
-                start = clear
-            if end - start >= size:
-                self._take(i, start, size)
-                self.live += size
-                self._recount()
-                return start
+        if self.rotate and self.cursor:
+            # from the cursor on (the longest-free bytes), then wrap to the start
+            cur = self.cursor
+            i0 = bisect.bisect_right(free, [cur, self.capacity + 1])
+            if i0 and free[i0 - 1][1] > cur:
+                i0 -= 1
+            for i in range(i0, len(free)):
+                got = self._place(i, max(free[i][0], cur), size)
+                if got is not None:
+                    return got
+        for i in range(len(free)):
+            got = self._place(i, free[i][0], size)
+            if got is not None:
+                return got
         return None
+
+    def _place(self, i: int, start: int, size: int) -> int | None:
+        end = self.free[i][1]
+        if self.pinned:
+            clear = self._clear_of_pinned(start, end, size)
+            if clear is None:
+                return None
+            start = clear
+        if end - start < size:
+            return None
+        self._take(i, start, size)
+        self.live += size
+        self.cursor = start + size if start + size < self.capacity else 0
+        self._recount()
+        return start
 
     def _take(self, i: int, start: int, size: int) -> None:
         hole = self.free[i]
@@ -132,13 +165,28 @@ class FirstFit:
             self.peak = self.live
 
 
+def _overflow(space: FirstFit, need: int, rule: str, message: str) -> MemoryPlanError:
+    """The error of a failed placement; `fragmented` tells the launcher whether the bytes
+    were there in total (so first-fit placement might still fit the plan)."""
+    err = MemoryPlanError(rule, message)
+    err.fragmented = space.rotate and space.live + need <= space.capacity  # type: ignore[attr-defined]
+    return err
+
+
 class OnChipMemory:
     """SBUF and PSUM placement for one NeuronCore (one LNC program)."""
 
-    def __init__(self, target_name: str, sbuf_usable: int, psum_banks: int, bank_bytes: int):
+    def __init__(
+        self,
+        target_name: str,
+        sbuf_usable: int,
+        psum_banks: int,
+        bank_bytes: int,
+        rotate: bool = True,
+    ):
         self.target_name = target_name
-        self.sbuf = FirstFit(sbuf_usable, SBUF_ALIGN)
-        self.psum = FirstFit(psum_banks * bank_bytes, bank_bytes)
+        self.sbuf = FirstFit(sbuf_usable, SBUF_ALIGN, rotate)
+        self.psum = FirstFit(psum_banks * bank_bytes, bank_bytes, rotate)
         self.bank_bytes = bank_bytes
         self.psum_banks = psum_banks
 
@@ -159,7 +207,9 @@ class OnChipMemory:
         if addr is None:
             what = storage.describe()
             need = self.sbuf.round(nbytes)
-            raise MemoryPlanError(
+            raise _overflow(
+                self.sbuf,
+                need,
                 "SBUF_OVERFLOW",
                 f"SBUF overflow on {self.target_name}: allocating {what} needs {need} B per "
                 f"partition but {self.sbuf.live} of {self.sbuf.capacity} usable B per partition "
@@ -186,12 +236,18 @@ class OnChipMemory:
             what = storage.describe()
             banks = self.psum.round(nbytes) // self.bank_bytes
             live = self.psum.live // self.bank_bytes
-            raise MemoryPlanError(
+            raise _overflow(
+                self.psum,
+                banks * self.bank_bytes,
                 "PSUM_OVERFLOW",
                 f"PSUM overflow on {self.target_name}: allocating {what} needs {banks} bank(s) of "
                 f"{self.bank_bytes} B but {live} of {self.psum_banks} banks are live",
             )
         return addr
+
+    def set_rotation(self, rotate: bool) -> None:
+        """Next-fit (True) or lowest-address first-fit (False) placement from now on."""
+        self.sbuf.rotate = self.psum.rotate = rotate
 
     def release(self, psum: bool, addr: int, nbytes: int, pinned: bool) -> None:
         """Free a placement made by place_sbuf / place_psum."""

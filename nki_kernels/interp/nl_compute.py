@@ -20,12 +20,13 @@ The result dtype defaults to the (first) input tile's dtype; comparisons give 1 
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import numpy as np
 
 from . import dtypes as dt
-from . import ops
+from . import ops, state
 from .engine import reduce_axes
 from .enums import reduce_cmd
 from .errors import fail
@@ -291,12 +292,33 @@ def expand_dims(x: Any, axis: int) -> NkiTensor:
     return t.expand_dim(axis)
 
 
+# The ones row of a partition broadcast is a constant: made once per program (core) and
+# kept for the launch, as a compiler materializes a constant once (assumed, L).
+_ONES: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], NkiTensor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _ones_row(m: int, dtype: Any) -> NkiTensor:
+    cache = _ONES.setdefault(state.current().program, {})
+    key = (m, str(dtype))
+    ones = cache.get(key)
+    if ones is None:
+        ones = cache[key] = _new((1, m), dtype, "broadcast_ones")
+        memset(ones, 1.0)
+    return ones
+
+
 def broadcast_to(x: Any, shape: Any, dtype: Any = None) -> NkiTensor:
-    """`nl.broadcast_to(x, shape)`: a new SBUF tile of `shape` (numpy rules, same rank).
+    """`nl.broadcast_to(x, shape)`: a new tile of `shape` (numpy rules, same rank).
 
     Free dims broadcast through a stride-0 read (`tensor_copy`). A partition dim of 1
     broadcasts through TensorE: a ones (1, P) stationary times the (1, F) row lands the
-    row on every partition of PSUM (fp32, exact), copied out to SBUF in <= 512 columns.
+    row on every partition of PSUM (fp32, exact) -- "NKI invokes such matmul under the
+    hood" (architecture guide, TensorE alternative use), "a separate instruction on
+    TensorE" (fused Mamba tutorial). An fp32 result of at most one PSUM bank is that PSUM
+    tile, read by its consumer directly (no VectorE copy); otherwise it is copied out to
+    SBUF in <= 512 columns. A plain fp32 / bf16 row is the moving operand itself.
     """
     t = _tile(x, "x", "broadcast_to")
     if not t.buffer.on_chip:
@@ -316,16 +338,23 @@ def broadcast_to(x: Any, shape: Any, dtype: Any = None) -> NkiTensor:
     for d in range(1, t.ndim):
         if t.shape[d] != shape[d]:
             view = view.broadcast(d, shape[d])
-    out = _new(shape, out_dtype, "broadcast_to")
     if shape[0] == t.shape[0]:
+        out = _new(shape, out_dtype, "broadcast_to")
         tensor_copy(out, view)
         return out
     # partition broadcast 1 -> P through TensorE
     free = int(np.prod(shape[1:]))
-    row = _new((1, free), dt.float32, "broadcast_row")
-    tensor_copy(row.reshape((1, *shape[1:])), view)
-    ones = _new((1, shape[0]), dt.float32, "broadcast_ones")
-    memset(ones, 1.0)
+    if view is t and t.buffer is sbuf and t.dtype in (dt.float32, dt.bfloat16) and t.ndim == 2:
+        row = t
+    else:
+        row = _new((1, free), dt.float32, "broadcast_row")
+        tensor_copy(row.reshape((1, *shape[1:])), view)
+    ones = _ones_row(shape[0], row.dtype)
+    if out_dtype == dt.float32 and free * 4 <= 2048 and len(shape) == 2:
+        acc = _new(shape, dt.float32, "broadcast_psum", psum)
+        nc_matmul(acc, ones, row)
+        return acc
+    out = _new(shape, out_dtype, "broadcast_to")
     flat_out = out.reshape((shape[0], free))
     for c0 in range(0, free, 512):
         n = min(512, free - c0)

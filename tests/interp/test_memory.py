@@ -87,7 +87,7 @@ def test_peaks_count_allocation_granules():
     assert res.peak_psum_banks == 2
 
 
-def test_trace_regions_are_physical_and_reused_buffers_alias():
+def test_trace_regions_are_physical_and_freed_buffers_rotate():
     def kernel(x):
         for _ in range(3):
             t = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
@@ -98,7 +98,22 @@ def test_trace_regions_are_physical_and_reused_buffers_alias():
     # (space, 0, partition start, partition end, byte start, byte end): columns 8..15
     assert writes[0][:4] == (0, 0, 0, 4) and writes[0][5] - writes[0][4] == 32
     assert writes[1] != writes[0]  # the previous tile is still live while t is rebound
-    assert writes[2] == writes[0]  # ...then dies: its place is handed out again
+    # ...then dies, but with free SBUF left the next tile goes past it (rotation)
+    assert writes[2][4] > writes[1][4] > writes[0][4]
+
+
+def test_freed_buffers_alias_once_the_free_space_runs_out():
+    third = get_target("trn2").sbuf_usable_bytes // 3 // 64 * 64
+
+    def kernel(x):
+        for _ in range(4):  # two generations of a third of SBUF each: the third wraps
+            t = nl.ndarray((128, third // 4), nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t[0:4, 0:8], src=x)
+
+    res = run(kernel, np.zeros((4, 8), np.float32))
+    starts = [i.writes[0][4] for i in res.trace]
+    assert starts[0] == 0 and starts[1] == third and starts[2] == 2 * third
+    assert starts[3] == 0  # the first generation's place, long dead, is handed out again
     reads = res.trace.instrs[0].reads[0]
     assert reads[0] == 2 and reads[4:] == (0, 4 * 8 * 4)  # HBM byte range of x
 

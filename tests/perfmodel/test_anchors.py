@@ -43,7 +43,12 @@ def test_shipped_parameters_are_the_stored_fit(target):
         assert lo <= value <= hi
         assert getattr(tgt, name) == pytest.approx(value, rel=0.005), name
     for aid, row in rec["anchors"].items():
-        assert abs(row["error_pct"]) <= 15, aid
+        # the record also lists the priced-but-not-fitted anchors (fused Mamba), each
+        # with its error and the reason in anchors.json; the fit's own are within 15 %
+        if row["fitted"]:
+            assert abs(row["error_pct"]) <= 15, aid
+        else:
+            assert next(a for a in load_anchors() if a.id == aid).not_fitted_because
 
 
 def test_an_absent_checkout_makes_an_anchor_unavailable_not_replaced(monkeypatch, tmp_path):
