@@ -28,6 +28,7 @@ from .isa_elementwise import (  # noqa: F401
     tensor_scalar,
     tensor_tensor,
 )
+from .isa_gather import local_gather, nc_n_gather, sequence_bounds  # noqa: F401
 from .isa_gpsimd import affine_select, iota, tensor_partition_reduce  # noqa: F401
 from .isa_mx import nc_matmul_mx, quantize_mx  # noqa: F401
 from .isa_shuffle import nc_stream_shuffle, nonzero_with_count  # noqa: F401
@@ -67,8 +68,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "NkiInstruction": "",
     "tensor_scalar_cumulative": "",
     "activate2": "",
-    "local_gather": "",
-    "nc_n_gather": "",
     "rng": "random numbers are not modeled",
     "dropout": "random numbers are not modeled",
     "set_rng_seed": "random numbers are not modeled",
@@ -76,10 +75,11 @@ NOT_SUPPORTED: dict[str, str] = {
     "rand_get_state": "random numbers are not modeled",
     "rand2": "random numbers are not modeled",
     "exponential": "",
-    "sequence_bounds": "",
     "topk": (
-        "the docs leave the output layout open: the source is one 16-partition snake, yet "
-        "'each partition operates independently' and nki-library de-snakes the results"
+        "its docs leave the output layout open: the source is one snake over each "
+        "16 partitions, yet 'each partition operates independently' and val_dst / idx_dst "
+        "are [par_dim, k], so which partitions receive a snake's top-k is not specified "
+        "(nki-library @ d2ad3a57 does not call it)"
     ),
 }
 
