@@ -205,7 +205,7 @@ class _Plugin:
 
     def pytest_collection_finish(self, session: Any) -> None:
         if self.stream:  # the parent names each case a time-out leaves unrun
-            ids = [item.nodeid for item in session.items]
+            ids = [item.nodeid for item in session.items if not _skip_marked(item)]
             print(f"\n{COLLECTED}{json.dumps(ids)}", flush=True)
 
     def pytest_collectreport(self, report: Any) -> None:
@@ -215,6 +215,10 @@ class _Plugin:
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             self._emit(_classify(report))
+
+
+def _skip_marked(item: Any) -> bool:
+    return any(m.name == "skip" for m in item.iter_markers())
 
 
 def sweep_cases(metafunc: Any) -> None:
@@ -268,10 +272,12 @@ def _collect_error(report: Any) -> str:
     text = exc.message if exc is not None else str(report.longrepr)
     lines = [ln.strip().removeprefix("E").strip() for ln in text.splitlines() if ln.strip()]
     last = lines[-1] if lines else "collection failed"
-    where = re.findall(r'File "([^"]+)", line (\d+)', text)
+    where = re.findall(r'File "([^"]+)", line (\d+)', str(report.longrepr))
     if where and ("SyntaxError" in last or "IndentationError" in last):
         path = "/".join(Path(where[-1][0]).parts[-2:])
         last = f"{last} (syntax error in the checkout: {path}:{where[-1][1]})"
+    elif where:  # e.g. a NameError in the test module itself (test_qkv_tkg at d2ad3a57)
+        last = f"{last} [at {Path(where[-1][0]).name}:{where[-1][1]}]"
     return last[:300]
 
 
