@@ -354,10 +354,15 @@ def emit(
     extra_reads: tuple[Region, ...] = (),
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
+    launch = _active[-1] if _active else current()
     for t in dsts + srcs:
         if t.dtype in _PACKED:
             _packed_operands(opcode, dsts, srcs)
             break
+    if launch.check_operand_bounds:
+        for t in dsts + srcs:
+            if t.indirect is None:
+                t.check_bounds()
     reads = []
     hbm_read = 0
     for t in srcs:
@@ -394,7 +399,6 @@ def emit(
         attrs,
         name,
     )
-    launch = _active[-1] if _active else current()
     instr.program = launch.program_id
     instrs = launch.trace.instrs
     instr.index = len(instrs)

@@ -53,6 +53,9 @@ class Launch:
         self.liveness: Any = None  # liveness.Liveness when replaying with last-use frees
         self.rank = 0  # this launch's rank among the ranks of a collective launch
         self.world: Any = None  # ranks.World when launched over several ranks
+        # set once a `.ap()` view reaches outside its storage: from then on every
+        # instruction checks its operands' bounds (rule IDX at the use, not the view)
+        self.check_operand_bounds = False
 
     @property
     def program(self) -> Program:

@@ -409,11 +409,16 @@ class NkiTensor(ViewMethods):
         st = self._st
         return st.size * st.dtype._size // self.dtype._size
 
+    def in_bounds(self) -> bool:
+        """Whether every element of the view lies inside its storage."""
+        lo, hi = self._extent()
+        return not self.size or (lo >= 0 and hi < self.storage_elements())
+
     def check_bounds(self) -> None:
         """Rule IDX unless every element of the view lies inside its storage."""
-        lo, hi = self._extent()
-        total = self.storage_elements()
-        if self.size and (lo < 0 or hi >= total):
+        if not self.in_bounds():
+            lo, hi = self._extent()
+            total = self.storage_elements()
             raise fail(
                 "IDX",
                 f"view of '{self.name}' reaches elements {lo}..{hi} outside its storage of {total}",

@@ -274,11 +274,34 @@ def test_ap_on_sbuf_needs_the_partition_stride_and_allows_broadcast_free_strides
     assert "partition pair's stride 4" in str(_raises("VIEW", bad))
 
 
-def test_ap_out_of_storage_and_offset_conflicts_fail():
+def test_ap_out_of_storage_fails_where_an_instruction_uses_it_and_offset_conflicts_fail():
     def too_far():
-        nl.ndarray((4, 8), nl.float32, buffer=nl.hbm).ap([[8, 4], [1, 8]], offset=1)
+        h = nl.ndarray((4, 8), nl.float32, buffer=nl.hbm)
+        sb = nl.ndarray((4, 8), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=sb, src=h.ap([[8, 4], [1, 8]], offset=1))
 
-    _raises("IDX", too_far)
+    assert "reaches elements 1..32 outside its storage of 32" in str(_raises("IDX", too_far))
+
+    def built_not_used():  # output_projection_tkg's skipped last partial tile
+        h = nl.ndarray((4, 8), nl.float32, buffer=nl.hbm)
+        h.ap([[8, 4], [1, 8]], offset=1)
+        out = nl.ndarray((4, 8), nl.float32, buffer=nl.shared_hbm)
+        sb = nl.ndarray((4, 8), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=sb, value=1.0)
+        nisa.dma_copy(dst=out, src=sb)
+        return out
+
+    assert (run(built_not_used).outputs == 1).all()
+
+    def used_by_matmul():
+        w = nl.ndarray((4, 8), nl.float32, buffer=nl.sbuf)
+        x = nl.ndarray((4, 8), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=w, value=1.0)
+        nisa.memset(dst=x, value=1.0)
+        ps = nl.ndarray((4, 8), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=w.ap([[8, 4], [1, 4]], offset=5), moving=x)
+
+    _raises("IDX", used_by_matmul)
 
     def both():
         idx = nl.ndarray((4, 1), nl.int32, buffer=nl.sbuf)
