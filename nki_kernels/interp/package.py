@@ -20,6 +20,7 @@ import types
 from typing import Any
 
 from . import collectives as _collectives
+from . import collectives_v as _collectives_v
 from . import enums
 from . import isa as nisa
 from . import language as nl
@@ -59,8 +60,9 @@ constants.dma_engine = enums.dma_engine  # type: ignore[attr-defined]
 
 
 collectives = _module("nki.collectives", "Collective communication between ranks.")
-for _name in _collectives.__all__:
-    setattr(collectives, _name, getattr(_collectives, _name))
+for _mod in (_collectives, _collectives_v):
+    for _name in _mod.__all__:
+        setattr(collectives, _name, getattr(_mod, _name))
 collectives.__getattr__ = unsupported_getattr(  # type: ignore[method-assign]
     "nki.collectives", _collectives.NOT_SUPPORTED
 )

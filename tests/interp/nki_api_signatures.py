@@ -1,7 +1,8 @@
 """The documented signatures of the public NKI 0.6 functions: parameter names in order,
 each with its default as written in the API reference (None: no default; "...": a
 default the reference does not spell out). Facts read from the API reference of
-aws-neuron/aws-neuron-sdk @ 81ce03ae (`nki/api/nki/`), for the signature test."""
+aws-neuron/aws-neuron-sdk @ 81ce03ae (`nki/api/nki/`; `ncc` is `nki.collectives`), for the
+signature test."""
 
 from __future__ import annotations
 
@@ -436,4 +437,89 @@ SIGNATURES: dict[str, tuple[tuple[str, str | None], ...]] = {
         ("n", None),
         ("name", "None"),
     ),
+    "ncc.all_reduce": (
+        ("srcs", None),
+        ("dsts", None),
+        ("replica_group", None),
+        ("op", None),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.all_gather": (
+        ("srcs", None),
+        ("dsts", None),
+        ("replica_group", None),
+        ("collective_dim", None),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.all_gather_v": (
+        ("srcs", None),
+        ("dsts", None),
+        ("replica_group", None),
+        ("metadata_tensor", None),
+        ("recv_counts_known", "False"),
+        ("has_rdispls", "False"),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.reduce_scatter": (
+        ("srcs", None),
+        ("dsts", None),
+        ("replica_group", None),
+        ("collective_dim", None),
+        ("op", None),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.all_to_all": (
+        ("srcs", None),
+        ("dsts", None),
+        ("replica_group", None),
+        ("collective_dim", None),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.all_to_all_v": (
+        ("srcs", None),
+        ("dsts", None),
+        ("replica_group", None),
+        ("metadata_tensor", None),
+        ("recv_counts_known", "False"),
+        ("has_rdispls", "False"),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.collective_permute": (
+        ("srcs", None),
+        ("dsts", None),
+        ("source_target_pairs", None),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.collective_permute_implicit": (
+        ("srcs_by_channel", None),
+        ("dsts_by_channel", None),
+        ("replica_group", None),
+        ("channel_ids", "[0]"),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.collective_permute_implicit_reduce": (
+        ("srcs0_by_channel", None),
+        ("srcs1_by_channel", None),
+        ("dsts_by_channel", None),
+        ("replica_group", None),
+        ("op", None),
+        ("channel_ids", "[0]"),
+        ("priority", "None"),
+        ("name", "None"),
+    ),
+    "ncc.collective_permute_implicit_current_processing_rank_id": (
+        ("iteration_id", None),
+        ("replica_group", None),
+        ("channel_id", "0"),
+        ("name", "None"),
+    ),
+    "ncc.rank_id": (("name", "None"),),
 }

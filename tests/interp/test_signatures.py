@@ -12,7 +12,7 @@ from nki_api_signatures import SIGNATURES
 from nki_kernels.interp import nisa, nki, nl
 from nki_kernels.interp.errors import NotSupportedError
 
-MODULES = {"nki": nki, "nl": nl, "nisa": nisa}
+MODULES = {"nki": nki, "nl": nl, "nisa": nisa, "ncc": nki.collectives}
 # names the docs' defaults use, resolved in our API
 NAMESPACE = {
     "nl": nl,
