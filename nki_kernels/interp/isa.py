@@ -17,6 +17,7 @@ from .enums import (  # noqa: F401 - re-exported
     vector_engine,
 )
 from .errors import NkiValidationError, unsupported_getattr  # noqa: F401
+from .isa_accumulate import activate2, exponential, tensor_scalar_cumulative  # noqa: F401
 from .isa_activation import activation, activation_reduce  # noqa: F401
 from .isa_dma import dma_compute, dma_copy, dma_transpose  # noqa: F401
 from .isa_elementwise import (  # noqa: F401
@@ -52,6 +53,7 @@ from .loops import (  # noqa: F401
     register_store,
 )
 from .state import current as _current
+from .trace import Instr as NkiInstruction  # noqa: F401 - the handle ISA calls return
 
 
 def get_nc_version() -> nc_version:
@@ -65,16 +67,12 @@ def get_nc_sub_version() -> int:
 
 
 NOT_SUPPORTED: dict[str, str] = {
-    "NkiInstruction": "",
-    "tensor_scalar_cumulative": "",
-    "activate2": "",
     "rng": "random numbers are not modeled",
     "dropout": "random numbers are not modeled",
     "set_rng_seed": "random numbers are not modeled",
     "rand_set_state": "random numbers are not modeled",
     "rand_get_state": "random numbers are not modeled",
     "rand2": "random numbers are not modeled",
-    "exponential": "",
     "topk": (
         "its docs leave the output layout open: the source is one snake over each "
         "16 partitions, yet 'each partition operates independently' and val_dst / idx_dst "

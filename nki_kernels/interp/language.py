@@ -390,6 +390,7 @@ from .nl_compute import (  # noqa: E402, F401
     where,
 )
 from .nl_compute import sum_ as sum  # noqa: E402, F401
+from .nl_data import MemoryRegion, gather_flattened, load_transpose2d, rms_norm  # noqa: E402, F401
 
 DType = str  # NKI 0.6 `DType = str`: every nl dtype is an NkiDtype (a str subclass)
 # Packed MX dtypes (4 values per element; NC-v4 quantize_mx / nc_matmul_mx operands)
@@ -397,18 +398,19 @@ float8_e5m2_x4 = _dt.float8_e5m2_x4
 float8_e4m3fn_x4 = _dt.float8_e4m3fn_x4
 float4_e2m1fn_x4 = _dt.float4_e2m1fn_x4
 
+# tan / trunc / fmod / mod: the nl layer lowers each call to ISA instructions so that it is
+# traced and priced; these four have no documented instruction to lower to
+_NO_LOWERING = (
+    "no ISA lowering is documented: it is neither an activation function nor an ALU operator"
+)
 NOT_SUPPORTED: dict[str, str] = {
-    "MemoryRegion": "",
-    "tan": "",
-    "trunc": "",
-    "fmod": "",
-    "mod": "",
-    "rms_norm": "",
+    "tan": _NO_LOWERING,
+    "trunc": _NO_LOWERING,
+    "fmod": _NO_LOWERING,
+    "mod": _NO_LOWERING,
     "dropout": "random numbers are not modeled",
     "random_seed": "random numbers are not modeled",
     "rand": "random numbers are not modeled",
-    "load_transpose2d": "",
-    "gather_flattened": "",
 }
 
 __getattr__ = _unsupported_getattr("nki.language", NOT_SUPPORTED)

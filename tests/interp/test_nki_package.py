@@ -4,6 +4,7 @@ names the interpreter does not support (rule UNSUPPORTED) and raw dge_mode value
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,3 +143,20 @@ def test_nki_dtype_is_a_module_of_the_dtype_names_as_nki_librarys_qkv_tests_impo
         assert np.zeros(2, dtype=nt.float8_e4m3).dtype.name == "float8_e4m3"
         with pytest.raises(AttributeError, match=r"'nki\.dtype' has no attribute 'ndarray'"):
             nt.ndarray  # noqa: B018
+
+
+def test_the_readme_lists_exactly_the_unsupported_names():
+    from pathlib import Path
+
+    from nki_kernels.interp import collectives, isa, language
+
+    doc = (Path(__file__).parents[2] / "docs" / "readme" / "interpreter.md").read_text()
+    part = doc[doc.index("raise `NotSupportedError`") : doc.index("Every `nki.collectives`")]
+    nl_part, nisa_part = part.split("`nisa`:")
+    listed = {
+        "nl": set(re.findall(r"`([a-z_0-9A-Z]+)`", nl_part.split("`nl`:")[1])),
+        "nisa": set(re.findall(r"`([a-z_0-9A-Z]+)`", nisa_part)) - {"val_dst", "idx_dst"},
+    }
+    assert listed["nl"] == set(language.NOT_SUPPORTED)
+    assert listed["nisa"] == set(isa.NOT_SUPPORTED)
+    assert not collectives.NOT_SUPPORTED
