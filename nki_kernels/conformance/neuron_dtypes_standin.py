@@ -12,8 +12,9 @@ saturating) and `static_cast(words, np.float32)` unpacks to [..., 4F]; AWS's cod
 uses them as NumPy dtypes by name (`np.zeros(shape, dtype="float8_e4m3fn_x4")`,
 `"x4" in str(a.dtype)`, `a.view(np.uint32)`), which importing this module makes work: it
 registers the names with NumPy and gives the tagged dtypes their names in `str` /
-`repr` / `.name`. Unlike AWS's dtypes, `astype(np.float32)` of such an array yields the
-raw words as numbers; unpack with `static_cast` (or `as_float32`) instead. The
+`repr` / `.name`, and keeps them through `np.concatenate` / `np.stack` (which drop NumPy
+dtype metadata; `np.where` still does). Unlike AWS's dtypes, `astype(np.float32)` of such
+an array yields the raw words as numbers; unpack with `static_cast` (or `as_float32`) instead. The
 conformance loader installs this module as `neuron_dtypes` only when the real package
 is not importable.
 """
@@ -52,8 +53,26 @@ def _named(original: Any, spell: Any) -> Any:
     return text
 
 
+def _keeps_x4(join: Any) -> Any:
+    """`np.concatenate` / `np.stack` that keep a packed dtype all their inputs share (NumPy
+    drops dtype metadata there; AWS's dtypes are real NumPy dtypes and survive)."""
+
+    def joined(arrays: Any, *args: Any, **kwargs: Any) -> Any:
+        arrays = list(arrays)
+        out = join(arrays, *args, **kwargs)
+        dtypes = [getattr(a, "dtype", None) for a in arrays]
+        names = {None if d is None else _x4_name(d) for d in dtypes}
+        if len(names) == 1 and None not in names and _x4_name(out.dtype) is None:
+            return out.view(dtypes[0])
+        return out
+
+    joined._nki_x4 = True  # type: ignore[attr-defined]
+    return joined
+
+
 def _register_with_numpy() -> None:
-    """`np.dtype("float8_e4m3fn_x4")` and the names in str / repr / .name (idempotent)."""
+    """`np.dtype("float8_e4m3fn_x4")`, the names in str / repr / .name, packed dtypes kept
+    by concatenate / stack (idempotent)."""
     for d in (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4):
         np.sctypeDict[_x4_name(d)] = d  # type: ignore[index,assignment]
     m = _np_dtype_text
@@ -61,6 +80,9 @@ def _register_with_numpy() -> None:
         m.__str__ = _named(m.__str__, lambda n: n)  # type: ignore[assignment]
         m.__repr__ = _named(m.__repr__, lambda n: f"dtype('{n}')")  # type: ignore[assignment]
         m._name_get = _named(m._name_get, lambda n: n)
+    if not hasattr(np.concatenate, "_nki_x4"):
+        np.concatenate = _keeps_x4(np.concatenate)
+        np.stack = _keeps_x4(np.stack)
 
 
 _register_with_numpy()

@@ -38,3 +38,12 @@ def test_static_cast_packs_and_unpacks_the_last_dim_by_four():
     # nearest-even and saturating: 5 -> 4 (tie) and 100 -> 6 in fp4
     fp4 = ndt.static_cast(np.array([5.0, 100.0, 0.25, 0.75], np.float32), "float4_e2m1fn_x4")
     np.testing.assert_array_equal(ndt.static_cast(fp4, np.float32), [4.0, 6.0, 0.0, 1.0])
+
+
+def test_packed_dtypes_survive_concatenate_and_stack():
+    a = ndt.static_cast(np.ones((2, 8), np.float32), ndt.float8_e5m2_x4)
+    assert str(np.concatenate([a, a]).dtype) == "float8_e5m2_x4"
+    assert str(np.stack([a, a], axis=1).dtype) == "float8_e5m2_x4"
+    np.testing.assert_array_equal(ndt.static_cast(np.concatenate([a, a]), np.float32), 1.0)
+    for mixed in ([a.view(np.int32), a], [a, a.view(np.int32)]):  # an untagged input
+        assert str(np.concatenate(mixed).dtype) == "int32"  # NumPy's own result
