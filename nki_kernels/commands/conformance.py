@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jobs", type=int, default=1, help="test files run at once (--aws-tests)")
     parser.add_argument(
+        "--max-cases",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a quick look: only the first N unskipped cases of each file (--aws-tests)",
+    )
+    parser.add_argument(
         "--cache",
         default=str(Path.home() / ".cache" / "nki-kernels" / "aws-tests"),
         metavar="DIR",
@@ -125,8 +132,9 @@ def _aws_tests(args: argparse.Namespace, kind: str) -> int:
             print(f"  {run.file}: {counts} ({how})", flush=True)
 
         runs = aws_runs.run_files(
-            root, mods, args.timeout, args.select, args.jobs, cache, args.rerun, progress
-        )
+            root, mods, args.timeout, args.select, args.jobs, cache, args.rerun, progress,
+            args.max_cases,
+        )  # fmt: skip
         print()
     text = aws_runs.file_table(runs)
     print(text)

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .aws_tests import COLLECTED, MARK, TESTS, CaseResult
+from .aws_tests import COLLECTED, MARK, MAX_CASES_ENV, TESTS, CaseResult
 
 STATUSES = ("pass", "wrong", "rejected", "missing-API", "error", "timeout", "skipped")
 _PACKAGE = Path(__file__).resolve().parent.parent  # nki_kernels/
@@ -46,6 +46,7 @@ class FileRun:
     seconds: float
     load: float  # 1-minute load average when it started
     results: list[CaseResult] = field(default_factory=list)
+    max_cases: int | None = None  # only the first N unskipped cases ran (a quick look)
 
     def timed_out(self) -> bool:
         """Whether the time limit stopped the file."""
@@ -96,14 +97,29 @@ def _save(cache_dir: Path, run: FileRun) -> None:
     tmp.replace(path)
 
 
-def _fresh(run: FileRun, checkout: str, version: str, select: str | None, limit: float) -> bool:
-    if (run.checkout, run.interpreter, run.select) != (checkout, version, select):
+def _fresh(
+    run: FileRun,
+    checkout: str,
+    version: str,
+    select: str | None,
+    limit: float,
+    max_cases: int | None = None,
+) -> bool:
+    key = (run.checkout, run.interpreter, run.select, run.max_cases)
+    if key != (checkout, version, select, max_cases):
         return False
     return not (run.timed_out() and limit > run.timeout_s)
 
 
-def run_file(root: Path, mod: Path, timeout_s: float, select: str | None = None) -> FileRun:
-    """One AWS test file in a worker subprocess, at most `timeout_s` seconds."""
+def run_file(
+    root: Path,
+    mod: Path,
+    timeout_s: float,
+    select: str | None = None,
+    max_cases: int | None = None,
+) -> FileRun:
+    """One AWS test file in a worker subprocess, at most `timeout_s` seconds (`max_cases`:
+    only its first N cases that are not skipped)."""
     root = Path(root)
     rel = str(Path(mod).resolve().relative_to(root.resolve()))
     cmd = [sys.executable, "-m", "nki_kernels.conformance.aws_tests", str(root), str(mod)]
@@ -113,7 +129,9 @@ def run_file(root: Path, mod: Path, timeout_s: float, select: str | None = None)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        env = dict(os.environ)
+        env[MAX_CASES_ENV] = str(max_cases or 0)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         stdout, stderr, timed_out = proc.stdout, proc.stderr, False
     except subprocess.TimeoutExpired as e:
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -134,7 +152,7 @@ def run_file(root: Path, mod: Path, timeout_s: float, select: str | None = None)
         results.append(CaseResult(rel, "error", tail, 0.0))
     return FileRun(
         rel, git_commit(root), interpreter_version(), git_commit(_PACKAGE.parent), select,
-        timeout_s, started, time.perf_counter() - t0, load, results,
+        timeout_s, started, time.perf_counter() - t0, load, results, max_cases,
     )  # fmt: skip
 
 
@@ -147,6 +165,7 @@ def run_files(
     cache_dir: Path | None = None,
     rerun: bool = False,
     progress: Callable[[FileRun, bool], None] | None = None,
+    max_cases: int | None = None,
 ) -> list[FileRun]:
     """Every file of `modules`, `jobs` at a time; files whose cache entry is fresh are
     not run again (unless `rerun`). `progress(run, cached)` is called per file."""
@@ -157,11 +176,12 @@ def run_files(
     def one(mod: Path) -> FileRun:
         rel = str(Path(mod).resolve().relative_to(root.resolve()))
         old = cached.get(rel)
-        if not rerun and old is not None and _fresh(old, checkout, version, select, timeout_s):
+        fresh = old is not None and _fresh(old, checkout, version, select, timeout_s, max_cases)
+        if not rerun and old is not None and fresh:
             if progress is not None:
                 progress(old, True)
             return old
-        run = run_file(root, mod, timeout_s, select)
+        run = run_file(root, mod, timeout_s, select, max_cases)
         if cache_dir is not None:
             _save(cache_dir, run)
         if progress is not None:

@@ -110,7 +110,7 @@ def test_run_files_skips_fresh_cached_files_unless_rerun(tmp_path, monkeypatch):
     mod.write_text("")
     calls = []
 
-    def fake_run_file(root_, mod_, timeout_s, select=None):
+    def fake_run_file(root_, mod_, timeout_s, select=None, max_cases=None):
         calls.append(mod_)
         rel = str(mod_.relative_to(root_))
         return _run(rel, ["pass"], aws_runs.git_commit(root_), aws_runs.interpreter_version())
