@@ -248,4 +248,26 @@ def file_table(runs: list[FileRun]) -> str:
     rows += ["", f"Total: {parts}; {passed} of the {ran} cases not skipped pass ({pct})."]
     if empty:
         rows.append("Files that mark no case `fast`: " + ", ".join(f"`{e}`" for e in empty) + ".")
+    if runs:
+        rows.append(_provenance(runs))
     return "\n".join(rows)
+
+
+def _provenance(runs: list[FileRun]) -> str:
+    """When, at which commits, under what load and limits the cached runs were measured."""
+    days = sorted({r.started[:16].replace("T", " ") for r in runs})
+    projects = sorted({r.project[:7] or "?" for r in runs})
+    checkouts = sorted({r.checkout[:8] or "?" for r in runs})
+    versions = sorted({r.interpreter for r in runs})
+    limits = sorted({f"{r.timeout_s:.0f}" for r in runs})
+    loads = [r.load for r in runs]
+    partial = sum(r.max_cases is not None for r in runs)
+    text = (
+        f"Measured on this machine {days[0]} to {days[-1]} UTC (interpreter numeric mode), "
+        f"nki-library at {', '.join(checkouts)}, this repository at {', '.join(projects)} "
+        f"(interpreter versions {', '.join(versions)}), {'/'.join(limits)} s per file, "
+        f"1-minute load average {min(loads):.1f}-{max(loads):.1f} when a file started."
+    )
+    if partial:
+        text += f" {partial} files ran only their first cases (--max-cases)."
+    return text

@@ -282,7 +282,9 @@ def _collect_error(report: Any) -> str:
     text = exc.message if exc is not None else str(report.longrepr)
     lines = [ln.strip().removeprefix("E").strip() for ln in text.splitlines() if ln.strip()]
     last = lines[-1] if lines else "collection failed"
-    where = re.findall(r'File "([^"]+)", line (\d+)', str(report.longrepr))
+    longrepr = str(report.longrepr)
+    where = re.findall(r'File "([^"]+)", line (\d+)', longrepr)
+    where = where or re.findall(r"(\S+\.py):(\d+): in ", longrepr)  # an ImportError's form
     if where and ("SyntaxError" in last or "IndentationError" in last):
         path = "/".join(Path(where[-1][0]).parts[-2:])
         last = f"{last} (syntax error in the checkout: {path}:{where[-1][1]})"
