@@ -2,7 +2,8 @@
 
 `nki`, `nl` and `nisa` here mirror `import nki`, `import nki.language as nl` and
 `import nki.isa as nisa`. `run()` launches a kernel and returns its outputs together with
-the instruction trace (optionally in trace-only mode, which skips the arithmetic).
+the instruction trace (optionally in trace-only mode, which skips the arithmetic);
+`run_ranks()` launches it once per rank of a collective job (`nki.collectives`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from . import language as nl
 from .errors import RULES, MemoryPlanError, NkiValidationError
 from .launch import Kernel, RunResult, TensorSpec, jit, run, settings, simulate
 from .package import nki
+from .ranks import run_ranks
 from .state import InterpreterWarning
 from .trace import Instr, Trace
 
@@ -30,6 +32,7 @@ __all__ = [
     "nki",
     "nl",
     "run",
+    "run_ranks",
     "settings",
     "simulate",
 ]

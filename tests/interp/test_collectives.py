@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nki_kernels.interp import dtypes as dt
+from nki_kernels.interp import run_ranks
 from nki_kernels.interp.errors import NkiValidationError
 from nki_kernels.interp.package import nki
-from nki_kernels.interp.ranks import run_ranks
 
 nl, nisa, ncc = nki.language, nki.isa, nki.collectives
 RG = ncc.ReplicaGroup
