@@ -329,9 +329,8 @@ class ViewMethods:
 
         Addresses are in elements of `dtype` (default: the view's dtype), starting at the
         view's offset plus `offset`. `vector_offset` (a (P, 1) SBUF index; HBM tensors
-        only) makes row i of the pattern start at `index[i] * strides[-2]` (a row of this
-        view's last dimension; an element of a 1-D view: the index replaces the pattern's
-        partition stride);
+        only) makes row i of the pattern start at `index[i] * strides[0]` (a row of this
+        view's dim 0: the index replaces the pattern's partition stride);
         `scalar_offset` moves the whole pattern by `index * strides[indirect_dim]`.
         """
         self._no_indirect(".ap()")
@@ -372,14 +371,13 @@ class ViewMethods:
                     "VIEW", f".ap(): vector_offset supports indirect_dim=0 only; got {indirect_dim}"
                 )
             _vector_index(vector_offset, shape[0], ".ap()")
-            # The index counts rows of the indexed tensor's last dimension (its dim -2
-            # stride; elements of a 1-D tensor), not steps of the pattern's partition
-            # pair. nki-library relies on all three: router_topk scatters into a (T*E,)
-            # view with partition stride k; attention_block_tkg into (B*S, d) with
-            # stride 1 ("the DMA engine scales token_indices[b] by d_head"); moe_cte's
-            # shard_on_I gathers token rows of an (shards, T, H) output.
-            row_dim = len(self.shape) - 2 if len(self.shape) >= 2 else 0
-            ind = Indirect("vector", vector_offset, self._row_stride(row_dim, old_sz, new_dtype))
+            # The index counts rows of the indexed tensor's dim 0 (its stride), not steps
+            # of the pattern's partition pair; nki-library relies on it: router_topk
+            # scatters into a flattened (T*E,) view with partition stride k,
+            # attention_block_tkg into a (B*S, d) cache with partition stride 1 ("the DMA
+            # engine scales token_indices[b] by d_head (stride of indirect_dim=0)"), and
+            # moe_cte's shard_on_block reads token rows of its (T, 2, H) output.
+            ind = Indirect("vector", vector_offset, self._row_stride(0, old_sz, new_dtype))
         elif scalar_offset is not None:
             d = self._dim(indirect_dim, ".ap(indirect_dim)")
             row = self._row_stride(d, old_sz, new_dtype)

@@ -173,11 +173,11 @@ def test_oob_skip_keeps_integer_destination_bits():
     np.testing.assert_array_equal(got, [[8, 9, 10, 11], [-1, -1, -1, -1], [20, 21, 22, 23]])
 
 
-def test_sharded_vector_gather_uses_the_pattern_row_stride():
-    # output (shards, tokens, H): pattern [[H, P], [1, H]] + offset of the shard; the
-    # index is a token number inside the shard (bwmm_shard_on_I's load_old_block)
-    shards, tokens, h = 3, 11, 6
-    data = rng.standard_normal((shards, tokens, h)).astype(np.float32)
+def test_sharded_vector_gather_reads_token_rows_of_one_shard():
+    # moe_cte shard_on_block: output (T, 2, H), pattern [[2H, P], [1, H]] + offset of the
+    # shard's half; the index is a token, i.e. a row of the tensor's dim 0 (stride 2H)
+    shards, tokens, h = 2, 11, 6
+    data = rng.standard_normal((tokens, shards, h)).astype(np.float32)
     idx = np.array([[4], [0], [10], [4], [7]], np.int32)
 
     def kernel(t, ix):
@@ -186,7 +186,7 @@ def test_sharded_vector_gather_uses_the_pattern_row_stride():
         outs = []
         for shard in range(shards):
             rows = nl.ndarray((5, h), nl.float32, buffer=nl.sbuf)
-            src = t.ap([[h, 5], [1, h]], offset=shard * tokens * h, vector_offset=idx_sb)
+            src = t.ap([[shards * h, 5], [1, h]], offset=shard * h, vector_offset=idx_sb)
             nisa.dma_copy(dst=rows, src=src)
             o = nl.ndarray((5, h), nl.float32, buffer=nl.shared_hbm)
             nisa.dma_copy(dst=o, src=rows)
@@ -194,7 +194,7 @@ def test_sharded_vector_gather_uses_the_pattern_row_stride():
         return tuple(outs)
 
     for shard, got in enumerate(run(kernel, data, idx).outputs):
-        np.testing.assert_array_equal(got, data[shard, idx[:, 0]])
+        np.testing.assert_array_equal(got, data[idx[:, 0], shard])
 
 
 def test_a_vector_index_counts_rows_of_the_tensor_not_pattern_partition_steps():
