@@ -157,6 +157,10 @@ def test_collective_is_priced_as_dma_traffic():
     (rec,) = [i for i in res[0].trace.instrs if i.opcode == "all_reduce"]
     assert rec.engine == "dma"
     assert rec.nbytes == 4 * 8 * 4  # one other rank's 4x8 fp32 contribution received
+    from nki_kernels.perfmodel.api import estimate_trace
+
+    # the cost model prices it with the DMAs: copy in + all_reduce + copy out, 128 B each
+    assert estimate_trace(res[0].trace).dma_bytes == 3 * 4 * 8 * 4
 
 
 # ---- rules ---------------------------------------------------------------------------------
@@ -252,3 +256,15 @@ def test_a_single_launch_is_a_world_of_rank_0():
     np.testing.assert_array_equal(reduce_kernel(x, RG([[0]]), nl.add), x)
     with pytest.raises(NkiValidationError, match="not launched"):
         reduce_kernel(x, RG([[0, 1]]), nl.add)
+
+
+def test_trace_only_ranks_record_the_collectives():
+    from nki_kernels.interp import TensorSpec
+
+    spec = TensorSpec((128, 64), "float32")
+    res = run_ranks(
+        reduce_kernel, [{"x": spec, "g": RG([[0, 1]]), "op": nl.add}] * 2, trace_only=True
+    )
+    for r in res:
+        assert r.outputs == spec
+        assert r.trace.count(opcode="all_reduce") == 1
