@@ -74,10 +74,10 @@ NOT_SUPPORTED: dict[str, str] = {
     "rand_get_state": "random numbers are not modeled",
     "rand2": "random numbers are not modeled",
     "topk": (
-        "its docs leave the output layout open: the source is one snake over each "
-        "16 partitions, yet 'each partition operates independently' and val_dst / idx_dst "
-        "are [par_dim, k], so which partitions receive a snake's top-k is not specified "
-        "(nki-library @ d2ad3a57 does not call it)"
+        "its docs leave the output layout open: the source is a snake over each 16 "
+        "partitions and val_dst / idx_dst are [par_dim, k], but which partitions hold a "
+        "snake's top-k is not given (the SDK's gpsimd-topk library page de-snakes the "
+        "results); nki-library @ d2ad3a57 does not call it"
     ),
 }
 
