@@ -266,7 +266,12 @@ def to_f32(values: np.ndarray) -> np.ndarray:
     meta = values.dtype.metadata
     if meta is not None and X4_META in meta:
         raise _x4_refused(_NAMES[meta[X4_META]], "from")
+    if values.dtype == _BF16_NP:  # bf16 is fp32's upper half: bit-exact, ~2.7x ml_dtypes' cast
+        return (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     return values.astype(np.float32)
+
+
+_BF16_NP = np.dtype(ml_dtypes.bfloat16)
 
 
 def pack_x4(values: np.ndarray, dtype: NkiDtype) -> np.ndarray:

@@ -124,3 +124,13 @@ def test_values_still_round_to_the_stored_dtype():
     want = x.astype(ml_dtypes.bfloat16).astype(np.float32)
     np.testing.assert_array_equal(got, want)
     assert got[0, 0] == 1.0 and got[0, 1] == 1.0 + 2.0**-6
+
+
+def test_bf16_to_fp32_is_bit_exact_for_every_bit_pattern_and_any_strides():
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    b = bits.view(ml_dtypes.bfloat16)
+    want = b.astype(np.float32).view(np.uint32)  # ml_dtypes' conversion
+    got = dt.to_f32(b)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want)
+    grid = b.reshape(256, 256)[::3, 1::2]  # a strided view converts the same
+    assert np.array_equal(dt.to_f32(grid), grid.astype(np.float32), equal_nan=True)
