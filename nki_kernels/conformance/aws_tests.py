@@ -93,7 +93,7 @@ def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> None:
         raise AssertionError(f"output {name!r}: the kernel returned nothing")
     from ..interp.dtypes import host_float32  # packed MX words compare as their values
 
-    g, w = host_float32(got), host_float32(want)
+    g, w = host_float32(got), host_float32(want, like=got)
     if g.shape != w.shape:
         if g.size != w.size:
             raise AssertionError(f"output {name!r}: shape {g.shape}, golden {w.shape}")

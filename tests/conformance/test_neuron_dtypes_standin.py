@@ -47,3 +47,12 @@ def test_packed_dtypes_survive_concatenate_and_stack():
     np.testing.assert_array_equal(ndt.static_cast(np.concatenate([a, a]), np.float32), 1.0)
     for mixed in ([a.view(np.int32), a], [a, a.view(np.int32)]):  # an untagged input
         assert str(np.concatenate(mixed).dtype) == "int32"  # NumPy's own result
+
+
+def test_a_golden_given_as_a_raw_view_is_read_as_the_outputs_words():
+    from nki_kernels.interp.dtypes import host_float32
+
+    words = ndt.static_cast(np.arange(8, dtype=np.float32).reshape(1, 8), ndt.float8_e4m3fn_x4)
+    raw = words.view(np.float32)  # nki-library's mxfp_load golden: `.view(np.float32)`
+    np.testing.assert_array_equal(host_float32(raw, like=words), host_float32(words))
+    assert host_float32(raw).shape == (1, 2)  # alone, a float32 array is its own values
