@@ -72,14 +72,14 @@ def _tensors(x: Any, arg: str, fn: str, exactly_one: bool = False) -> list[NkiTe
 
 def _space(fn: str, tensors: list[NkiTensor], sbuf_ok: bool) -> str:
     """'hbm' or 'sbuf': the one memory space of every operand."""
-    spaces = set()
+    spaces: dict[str, str] = {}  # space -> the first operand found there
     for t in tensors:
         if t.buffer is psum:
             raise fail("BUF", f"ncc.{fn}: '{t.name}' is in PSUM; collectives use HBM or SBUF")
         if t.buffer.on_chip:
-            spaces.add("sbuf")
+            spaces.setdefault("sbuf", t.name)
             continue
-        spaces.add("hbm")
+        spaces.setdefault("hbm", t.name)
         if t.storage.is_input:
             # nki-library's tests: "Collective instruction cannot read/write IO tensors"
             raise _rule(
@@ -90,10 +90,18 @@ def _space(fn: str, tensors: list[NkiTensor], sbuf_ok: bool) -> str:
         if t.buffer is not shared_hbm:
             raise _rule(fn, f"HBM operand '{t.name}' must be nl.shared_hbm; got {t.buffer!r}")
     if len(spaces) > 1:
-        raise _rule(fn, "mixing HBM and SBUF operands is not supported")
-    space = spaces.pop()
+        raise _rule(
+            fn,
+            f"mixing HBM and SBUF operands is not supported; got '{spaces['hbm']}' on HBM "
+            f"and '{spaces['sbuf']}' on SBUF",
+        )
+    space, first = next(iter(spaces.items()))
     if space == "sbuf" and not sbuf_ok:
-        raise _rule(fn, "operands must be on HBM (SBUF is not supported for this collective)")
+        raise _rule(
+            fn,
+            f"operands must be on HBM (SBUF is not supported for this collective); got "
+            f"'{first}' on SBUF",
+        )
     return space
 
 

@@ -221,8 +221,8 @@ def coalesced_sbuf_kernel(x, g):
     "kernel,extra,match",
     [
         (io_kernel, {}, "kernel's IO tensors"),
-        (mixed_kernel, {}, "mixing HBM and SBUF"),
-        (a2a_sbuf_kernel, {}, "must be on HBM"),
+        (mixed_kernel, {}, "mixing HBM and SBUF operands is not supported; got '"),
+        (a2a_sbuf_kernel, {}, "must be on HBM (SBUF is not supported for this collective); got '"),
         (coalesced_sbuf_kernel, {}, "only supported on HBM"),
         (gather_kernel, {"n": 2, "dim": 1, "on_sbuf": False}, "collective_dim must be one of"),
         (reduce_kernel, {"g": RG([[0, 1], [1]]), "op": nl.add}, "must not overlap"),
@@ -238,10 +238,27 @@ def test_documented_restrictions_are_rule_collective(kernel, extra, match):
     assert e.value.rule == "COLLECTIVE" and match in str(e.value)
 
 
+@nki.jit
+def priority_kernel(x, g, priority):
+    src, dst = _staged(x), _staged(x, x.shape)
+    ncc.all_reduce(srcs=[src], dsts=[dst], replica_group=g, op=nl.add, priority=priority)
+    return _out(dst)
+
+
 def test_reduce_op_and_priority_rules():
     x = np.ones((4, 4), dtype=np.float32)
     with pytest.raises(NkiValidationError, match="rule OP"):
         run_ranks(reduce_kernel, [{"x": x, "g": RG([[0, 1]]), "op": nl.multiply}] * 2)
+    kw = {"x": x, "g": RG([[0, 1]])}
+    # priority is a DMA QoS level 0-3, NeuronCore-v4+ only (nki.collectives docs)
+    res = run_ranks(priority_kernel, [{**kw, "priority": 3}] * 2, target="trn3")
+    np.testing.assert_array_equal(res[0].outputs, 2 * x)
+    for bad in (4, -1, True, 1.0):
+        with pytest.raises(NkiValidationError, match="rule ARG") as e:
+            run_ranks(priority_kernel, [{**kw, "priority": bad}] * 2, target="trn3")
+        assert f"priority must be None or 0..3; got {bad!r}" in str(e.value)
+    with pytest.raises(NkiValidationError, match="rule VERSION"):
+        run_ranks(priority_kernel, [{**kw, "priority": 0}] * 2, target="trn2")
 
 
 def test_run_ranks_argument_errors():
