@@ -78,8 +78,8 @@ def test_skewed_routing_and_experts_without_tokens() -> None:
 
 def test_the_op_at_lnc2_gives_the_lnc1_results_bit_for_bit() -> None:
     """The custom op launched at LNC 2 (forward: programs split the blocks; backward: the
-    hidden columns), with capacity drops and skewed routing: outputs and gradients equal
-    the LNC 1 launch's exactly."""
+    blocks of phase A, then the hidden columns of the weight gradients), with capacity
+    drops and skewed routing: outputs and gradients equal the LNC 1 launch's exactly."""
     from nki_kernels.runtime import lnc as runtime_lnc
 
     bias = torch.tensor([6.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
