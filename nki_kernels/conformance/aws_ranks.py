@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .aws_tests import _compare, _target
+from .aws_tests import _target, check_outputs, interpreter_kernel
 
 
 def collective_ranks(kernel_args: Any) -> int:
@@ -34,20 +34,10 @@ def _own_copies(inputs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _golden(val: Any, rank: int) -> dict[str, Any] | None:
-    obj = val.golden_output
-    if hasattr(obj, "for_rank"):
-        return obj.for_rank(rank)  # type: ignore[no-any-return]
-    if hasattr(obj, "output_ndarray"):
-        return obj.golden  # type: ignore[no-any-return]
-    return obj  # type: ignore[no-any-return]
-
-
 def execute_ranks(kernel_args: Any) -> None:
     """Run one AWS collective `KernelArgs` over its ranks and check every rank's outputs
     (AssertionError naming the rank on a mismatch)."""
     from ..interp.ranks import run_ranks
-    from . import loader
 
     n = collective_ranks(kernel_args)
     compiler = kernel_args.compiler_input
@@ -57,27 +47,13 @@ def execute_ranks(kernel_args: Any) -> None:
     per_rank = [
         _own_copies(source.for_rank(r) if hasattr(source, "for_rank") else source) for r in range(n)
     ]
-    kernel = loader.jit(kernel_args.kernel_func)
+    kernel = interpreter_kernel(kernel_args.kernel_func)
     results = run_ranks(kernel[lnc] if lnc > 1 else kernel, per_rank, target=target)
     val = kernel_args.validation_args
     if val is None:
         return
     for r, res in enumerate(results):
-        golden = _golden(val, r)
-        if golden is None:
-            continue
-        out = res.outputs
-        outs = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
-        if len(outs) != len(golden):
-            raise AssertionError(
-                f"rank {r}: kernel returned {len(outs)} outputs, golden has {len(golden)}"
-            )
-        for (name, want), got in zip(golden.items(), outs):
-            try:
-                if hasattr(want, "validator"):
-                    if not want.validator().validate(got):
-                        raise AssertionError(f"output {name!r}: the case's custom validator failed")
-                    continue
-                _compare(name, got, want, val.relative_accuracy, val.absolute_accuracy)
-            except AssertionError as e:
-                raise AssertionError(f"{e} (rank {r} of {n})") from None
+        try:
+            check_outputs(res.outputs, val, rank=r)
+        except AssertionError as e:
+            raise AssertionError(f"{e} (rank {r} of {n})") from None

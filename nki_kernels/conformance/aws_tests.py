@@ -119,6 +119,17 @@ def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> None:
 _KERNELS: dict[Any, Any] = {}  # AWS kernel function -> its interpreter Kernel
 
 
+def interpreter_kernel(func: Any) -> Any:
+    """The interpreter Kernel of AWS kernel function `func`, made once, so its language
+    check runs once per file rather than once per case."""
+    from . import loader
+
+    kernel = _KERNELS.get(func)
+    if kernel is None:
+        kernel = _KERNELS[func] = loader.jit(func)
+    return kernel
+
+
 class InterpreterOrchestrator:
     """The `test_manager` AWS's tests call: `execute(kernel_args)` runs the kernel through
     the interpreter at the case's LNC and target and checks the golden outputs."""
@@ -126,7 +137,7 @@ class InterpreterOrchestrator:
     def execute(self, kernel_args: Any) -> None:
         """Run one AWS `KernelArgs` and raise AssertionError on a mismatch."""
         from ..interp.launch import run_call
-        from . import aws_ranks, loader
+        from . import aws_ranks
 
         if aws_ranks.collective_ranks(kernel_args) > 1:  # one launch per rank
             return aws_ranks.execute_ranks(kernel_args)
@@ -137,39 +148,41 @@ class InterpreterOrchestrator:
         if hasattr(inputs, "for_rank"):
             inputs = inputs.for_rank(0)
         inputs = {k.removesuffix(".must_alias_input"): v for k, v in inputs.items()}
-        kernel = _KERNELS.get(kernel_args.kernel_func)
-        if kernel is None:  # one Kernel per function: its language check runs once
-            kernel = _KERNELS[kernel_args.kernel_func] = loader.jit(kernel_args.kernel_func)
+        kernel = interpreter_kernel(kernel_args.kernel_func)
         res = run_call(kernel[lnc] if lnc > 1 else kernel, (), inputs, target=target)
-        out = res.outputs
-        outs = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
-        val = kernel_args.validation_args
-        if val is None:
-            return
-        golden_obj = val.golden_output
-        names = None
-        if hasattr(golden_obj, "for_rank"):
-            golden = golden_obj.for_rank(0)
-        elif hasattr(golden_obj, "output_ndarray"):
-            golden = golden_obj.golden
-            if golden is None:
-                return
-            # the placeholders name every output in return order; the golden may check some
-            names = list(golden_obj.output_ndarray)
-        else:
-            golden = golden_obj
-        if names is not None and len(names) == len(outs) and set(golden) <= set(names):
-            pairs = [(k, golden[k], outs[names.index(k)]) for k in golden]
-        elif len(outs) != len(golden):
-            raise AssertionError(f"kernel returned {len(outs)} outputs, golden has {len(golden)}")
-        else:
-            pairs = [(k, w, g) for (k, w), g in zip(golden.items(), outs)]
-        for name, want, got in pairs:
-            if hasattr(want, "validator"):  # CustomValidatorWithOutputTensorData
-                if not want.validator().validate(got):
-                    raise AssertionError(f"output {name!r}: the case's custom validator failed")
-                continue
-            _compare(name, got, want, val.relative_accuracy, val.absolute_accuracy)
+        if kernel_args.validation_args is not None:
+            check_outputs(res.outputs, kernel_args.validation_args, rank=0)
+
+
+def check_outputs(out: Any, val: Any, rank: int) -> None:
+    """Check a launch's outputs `out` against the golden values of `val` (AWS's
+    `ValidationArgs`) for `rank`: a per-rank generator's `for_rank(rank)`, a lazy
+    generator's golden (matched by its placeholders' names), or a plain dict."""
+    outs = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+    golden_obj = val.golden_output
+    names = None
+    if hasattr(golden_obj, "for_rank"):
+        golden = golden_obj.for_rank(rank)
+    elif hasattr(golden_obj, "output_ndarray"):
+        golden = golden_obj.golden
+        # the placeholders name every output in return order; the golden may check some
+        names = list(golden_obj.output_ndarray)
+    else:
+        golden = golden_obj
+    if golden is None:
+        return
+    if names is not None and len(names) == len(outs) and set(golden) <= set(names):
+        pairs = [(k, golden[k], outs[names.index(k)]) for k in golden]
+    elif len(outs) != len(golden):
+        raise AssertionError(f"kernel returned {len(outs)} outputs, golden has {len(golden)}")
+    else:
+        pairs = [(k, w, g) for (k, w), g in zip(golden.items(), outs)]
+    for name, want, got in pairs:
+        if hasattr(want, "validator"):  # CustomValidatorWithOutputTensorData
+            if not want.validator().validate(got):
+                raise AssertionError(f"output {name!r}: the case's custom validator failed")
+            continue
+        _compare(name, got, want, val.relative_accuracy, val.absolute_accuracy)
 
 
 class _NoopCollector:
