@@ -355,10 +355,10 @@ def emit(
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
     launch = _active[-1] if _active else current()
-    for t in dsts + srcs:
-        if t.dtype in _PACKED:
-            _packed_operands(opcode, dsts, srcs)
-            break
+    for group in (dsts, srcs):
+        for t in group:
+            if t.dtype in _PACKED:
+                _packed_operands(opcode, dsts, srcs)
     if launch.check_operand_bounds:
         for t in dsts + srcs:
             if t.indirect is None:

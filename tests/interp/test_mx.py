@@ -325,3 +325,30 @@ def test_engines_cannot_convert_values_to_or_from_x4():
     _rule("DTYPE_X4", to_x4, x)
     _rule("DTYPE_X4", from_x4, x)
     _rule("MEMSET_X4", memset_one, x)
+
+
+def test_float8_e8m0fnu_scales_hold_the_same_codes_as_uint8():
+    x = rng.standard_normal((32, 16)).astype(BF16)
+
+    def kernel(xh):
+        src = nl.ndarray((32, 16), xh.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=src, src=xh)
+        q = nl.ndarray((32, 4), nl.float8_e5m2_x4, buffer=nl.sbuf)
+        sc = nl.ndarray((4, 4), nl.float8_e8m0fnu, buffer=nl.sbuf)  # [P // 8, F // 4] for P <= 32
+        nisa.quantize_mx(dst=q, src=src, dst_scale=sc)
+        acc = nl.ndarray((4, 4), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul_mx(dst=acc, stationary=q, moving=q, stationary_scale=sc, moving_scale=sc)
+        so = nl.ndarray((4, 4), nl.uint8, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=so, src=sc.view(nl.uint8))
+        sb = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=sb, src=acc)
+        o = nl.ndarray((4, 4), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=sb)
+        return so, o
+
+    so, o = run(kernel, x, target="trn3").outputs
+    q, code = ref_quantize(x, "float8_e5m2_x4")
+    np.testing.assert_array_equal(so, code)
+    d = q * np.repeat(np.repeat(2.0 ** (code - 127.0), 8, 0), 4, 1)  # [32, 16] dequantized
+    want = np.einsum("kiq,kjq->ij", d.reshape(32, 4, 4), d.reshape(32, 4, 4))
+    np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
