@@ -9,7 +9,7 @@ import pytest
 from tile_harness import expect_rule
 
 from nki_kernels.interp import dtypes as dt
-from nki_kernels.interp import nisa, nl, run
+from nki_kernels.interp import TensorSpec, nisa, nl, run
 from nki_kernels.perfmodel import costs
 from nki_kernels.perfmodel.api import estimate_trace
 from nki_kernels.targets import get_target
@@ -259,6 +259,10 @@ def test_mx_instructions_are_traced_and_priced():
     assert costs.compute_ns(qrec, tgt) == pytest.approx(512 / 4 / tgt.vector_ghz)
     est = estimate_trace(res.trace, "trn3")
     assert est.latency_ns > 0 and est.flops == mrec.flops
+    # trace-only mode records the same instructions without computing
+    spec = run(kernel, TensorSpec((128, 512), nl.bfloat16), target="trn3", trace_only=True)
+    assert [i.opcode for i in spec.trace] == [i.opcode for i in res.trace]
+    assert isinstance(spec.outputs, TensorSpec)
     # the dequantized product of x with itself is x.T @ x up to the fp8 rounding
     xd = x.astype(np.float64)
     want = np.einsum("kiq,kjq->ij", xd.reshape(128, 128, 4), xd.reshape(128, 128, 4))
