@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tile_harness import expect_rule
 
-from nki_kernels.interp import dtypes as dt
 from nki_kernels.interp import TensorSpec, nisa, nl, run
+from nki_kernels.interp import dtypes as dt
 from nki_kernels.perfmodel import costs
 from nki_kernels.perfmodel.api import estimate_trace
 from nki_kernels.targets import get_target
