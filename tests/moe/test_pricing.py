@@ -46,6 +46,18 @@ def test_extrapolated_latency_matches_the_full_trace(kind: str) -> None:
     assert est.busiest == exact.bottleneck
 
 
+def test_extrapolated_lnc2_forward_matches_the_full_trace() -> None:
+    """The benchmark's LNC 2 forward rows are extrapolated too: the programs take
+    alternate blocks (increments of period 2); 13 blocks, so program 0 runs one more."""
+    p = MoEProblem(1024, 256, 512, 4, 2)
+    cfg = MoEMLPConfig(128, 256, "h_outer", 256, 2, 2)
+    est = price_blocks("fwd", p, cfg, 13, TRN2, lnc=2)
+    exact = _price("fwd", p, cfg, 13, TRN2, True, 2)
+    assert not est.exact
+    assert abs(est.latency_ns / exact.latency_ns - 1) < 0.01
+    assert est.busiest == exact.bottleneck
+
+
 def test_layer_row_is_labeled_modeled() -> None:
     shape = MoEShape("tiny", hidden=256, intermediate=512, num_experts=4, top_k=2)
     row = layer_row(shape, 512, "uniform", "trn2")
