@@ -33,7 +33,7 @@ from .errors import MemoryPlanError
 SBUF_ALIGN = 64  # bytes; allocation granule within a partition (assumed, L)
 
 
-class FirstFit:
+class AddressAllocator:
     """Next-fit (`rotate`, default) or first-fit allocator over [0, capacity) with
     coalescing frees.
 
@@ -165,7 +165,7 @@ class FirstFit:
             self.peak = self.live
 
 
-def _overflow(space: FirstFit, need: int, rule: str, message: str) -> MemoryPlanError:
+def _overflow(space: AddressAllocator, need: int, rule: str, message: str) -> MemoryPlanError:
     """The error of a failed placement; `fragmented` tells the launcher whether the bytes
     were there in total (so first-fit placement might still fit the plan)."""
     err = MemoryPlanError(rule, message)
@@ -185,8 +185,8 @@ class OnChipMemory:
         rotate: bool = True,
     ):
         self.target_name = target_name
-        self.sbuf = FirstFit(sbuf_usable, SBUF_ALIGN, rotate)
-        self.psum = FirstFit(psum_banks * bank_bytes, bank_bytes, rotate)
+        self.sbuf = AddressAllocator(sbuf_usable, SBUF_ALIGN, rotate)
+        self.psum = AddressAllocator(psum_banks * bank_bytes, bank_bytes, rotate)
         self.bank_bytes = bank_bytes
         self.psum_banks = psum_banks
 
@@ -261,7 +261,7 @@ class OnChipMemory:
             space.unpin(addr, nbytes)
 
     @staticmethod
-    def _largest_hole(a: FirstFit) -> int:
+    def _largest_hole(a: AddressAllocator) -> int:
         return max((e - s for s, e in a.free), default=0)
 
     @property

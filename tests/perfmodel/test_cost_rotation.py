@@ -9,7 +9,7 @@ of a partition row is one TensorE matmul whose PSUM result the consumer reads.
 from __future__ import annotations
 
 from nki_kernels.interp import TensorSpec, nisa, nki, nl
-from nki_kernels.interp.memory import FirstFit
+from nki_kernels.interp.memory import AddressAllocator
 from nki_kernels.perfmodel import trace_kernel
 from nki_kernels.perfmodel.timeline import schedule
 
@@ -77,13 +77,13 @@ def test_a_real_cross_iteration_dependency_still_serializes():
 
 def test_next_fit_hands_out_the_longest_free_bytes_first_fit_the_lowest():
     for rotate, want in ((True, 2048), (False, 0)):
-        a = FirstFit(8192, 64, rotate=rotate)
+        a = AddressAllocator(8192, 64, rotate=rotate)
         first = a.alloc(1024)
         second = a.alloc(1024)
         a.release(first, 1024)
         assert (first, second) == (0, 1024)
         assert a.alloc(1024) == want
-    a = FirstFit(2048, 64)
+    a = AddressAllocator(2048, 64)
     x, y = a.alloc(1024), a.alloc(1024)
     a.release(x, 1024)
     assert a.alloc(1024) == x  # full: the freed place wraps around
