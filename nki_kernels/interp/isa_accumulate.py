@@ -188,13 +188,19 @@ def exponential(
     if cmd is not _RC.load_reduce and not (
         isinstance(reduce_init, (int, float)) and float(reduce_init) == 0.0
     ):
-        raise fail("ACC_CMD", f"{instr}: reduce_init is 0.0 unless reduce_cmd is load_reduce")
+        raise fail(
+            "ACC_CMD",
+            f"{instr}: reduce_init must be 0.0 unless reduce_cmd is load_reduce; got "
+            f"{reduce_init!r} with reduce_cmd.{cmd.name}",
+        )
     on_chip(dst, "dst", instr)
     on_chip(src, "src", instr)
     if src.dtype not in EXP_SRC_DTYPES:
-        raise fail("DTYPE", f"{instr}: src dtype {src.dtype} is not supported")
+        names = ", ".join(sorted(str(d) for d in EXP_SRC_DTYPES))
+        raise fail("DTYPE", f"{instr}: src dtype must be one of {names}; got {src.dtype}")
     if dst.dtype not in EXP_DST_DTYPES:
-        raise fail("DTYPE", f"{instr}: dst dtype {dst.dtype} is not supported")
+        names = ", ".join(sorted(str(d) for d in EXP_DST_DTYPES))
+        raise fail("DTYPE", f"{instr}: dst dtype must be one of {names}; got {dst.dtype}")
     for arg, t in (("dst", dst), ("src", src)):
         if t.ndim > 4:
             raise fail("ARG", f"{instr}: {arg} may be up to 4-D; got {t.shape}")
@@ -263,7 +269,10 @@ def activate2(
     if (rev0 and t0 is ops.bypass) or (rev1 and t1 is ops.bypass):
         raise fail("ARG", f"{instr}: reverse0 needs op0 and reverse1 needs op1 to be set")
     if not isinstance(reduce_cmd, reduce_cmd_enum) or reduce_cmd is _RC.load_reduce:
-        raise fail("ACC_CMD", f"{instr}: reduce_cmd must be idle, reset, reset_reduce or reduce")
+        raise fail(
+            "ACC_CMD",
+            f"{instr}: reduce_cmd must be idle, reset, reset_reduce or reduce; got {reduce_cmd!r}",
+        )
     r = None if reduce_op is None else op_token(reduce_op, "reduce_op", instr)
     if r is not None and r.name not in _REDUCE2:
         raise fail("OP", f"{instr}: reduce_op must be one of {sorted(_REDUCE2)}; got nl.{r.name}")

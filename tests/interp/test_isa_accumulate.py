@@ -120,8 +120,10 @@ def test_exponential_rules():
     def bad_init(t, out):
         nisa.exponential(dst=out, src=t, reduce_init=1.0)
 
-    expect_rule("ACC_CMD", run_tiles, bad_init, [x], [((4, 4), nl.float32)], target="trn3")
-    expect_rule("DTYPE", run_tiles, body, [x], [((4, 4), nl.uint32)], target="trn3")
+    e = expect_rule("ACC_CMD", run_tiles, bad_init, [x], [((4, 4), nl.float32)], target="trn3")
+    assert "got 1.0 with reduce_cmd.idle" in str(e)
+    e = expect_rule("DTYPE", run_tiles, body, [x], [((4, 4), nl.uint32)], target="trn3")
+    assert "dst dtype must be one of" in str(e) and "got uint32" in str(e)
 
 
 # ---- activate2 ----------------------------------------------------------------------------
