@@ -318,7 +318,7 @@ def all_gather(
                 f"ncc.{fn}: dst '{d.name}' is {d.shape}; {n} ranks of src "
                 f"{s.shape} along dim {dim} make {want}",
             )
-    _record(fn, srcs, dsts, _nbytes(dsts), ranks=group, collective_dim=dim)
+    _record(fn, srcs, dsts, _nbytes(dsts) * (n - 1) // n, ranks=group, collective_dim=dim)
 
     def deliver(got: dict[int, Any]) -> None:
         if _agreed(fn, got, "dim", "shapes"):

@@ -89,6 +89,8 @@ def test_all_gather_concatenates_in_rank_list_order(dim, on_sbuf):
     want = np.concatenate([xs[2], xs[0], xs[1]], axis=dim)
     for r in res:
         np.testing.assert_array_equal(r.outputs, want)
+        (rec,) = [i for i in r.trace.instrs if i.opcode == "all_gather"]
+        assert rec.nbytes == 2 * 19 * 6 * 4  # the two other ranks' 19x6 fp32 received
 
 
 @nki.jit
