@@ -355,8 +355,10 @@ def emit(
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
     launch = _active[-1] if _active else current()
-    if any(t.dtype in _PACKED for t in dsts + srcs):
-        _packed_operands(opcode, dsts, srcs)
+    for group in (dsts, srcs):
+        for t in group:
+            if t.dtype in _PACKED:
+                _packed_operands(opcode, dsts, srcs)
     if launch.check_operand_bounds:
         for t in dsts + srcs:
             if t.indirect is None:
