@@ -25,7 +25,11 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import numpy._core._dtype as _np_dtype_text
+
+try:
+    import numpy._core._dtype as _np_dtype_text
+except ImportError:  # NumPy 1.x (pyproject allows >= 1.26) keeps it under numpy.core
+    import numpy.core._dtype as _np_dtype_text  # type: ignore[no-redef]
 
 from ..interp import dtypes as _dt
 
