@@ -222,6 +222,17 @@ def _record(
     )
 
 
+def _list_operands(
+    fn: str, srcs: Any, dsts: Any, priority: Any, sbuf_ok: bool
+) -> tuple[list[NkiTensor], list[NkiTensor], str]:
+    """The checked (srcs, dsts, memory space) of a collective over paired tensor lists."""
+    srcs, dsts = _tensors(srcs, "srcs", fn), _tensors(dsts, "dsts", fn)
+    space = _space(fn, srcs + dsts, sbuf_ok=sbuf_ok)
+    _pairs(fn, srcs, dsts, space)
+    _priority(fn, priority)
+    return srcs, dsts, space
+
+
 def _nbytes(ts: list[NkiTensor]) -> int:
     return sum(t.size * t.dtype._size for t in ts)
 
@@ -244,10 +255,7 @@ def all_reduce(
 ) -> None:
     """Every dst of the group = `op` over the group's srcs (tensor by tensor)."""
     fn = "all_reduce"
-    srcs, dsts = _tensors(srcs, "srcs", fn), _tensors(dsts, "dsts", fn)
-    space = _space(fn, srcs + dsts, sbuf_ok=True)
-    _pairs(fn, srcs, dsts, space)
-    _priority(fn, priority)
+    srcs, dsts, _ = _list_operands(fn, srcs, dsts, priority, sbuf_ok=True)
     o = _reduce_op(fn, op)
     for s, d in zip(srcs, dsts):
         if s.shape != d.shape:
@@ -297,10 +305,7 @@ def all_gather(
 ) -> None:
     """Every dst of the group = the group's srcs concatenated along `collective_dim`."""
     fn = "all_gather"
-    srcs, dsts = _tensors(srcs, "srcs", fn), _tensors(dsts, "dsts", fn)
-    space = _space(fn, srcs + dsts, sbuf_ok=True)
-    _pairs(fn, srcs, dsts, space)
-    _priority(fn, priority)
+    srcs, dsts, space = _list_operands(fn, srcs, dsts, priority, sbuf_ok=True)
     dim = _dim(fn, collective_dim, (0, 1) if space == "sbuf" else (0,), space)
     if space == "sbuf":
         for t in srcs + dsts:
@@ -346,10 +351,7 @@ def reduce_scatter(
 ) -> None:
     """`op` over the group's srcs, split along dim 0: the k-th rank of the list gets chunk k."""
     fn = "reduce_scatter"
-    srcs, dsts = _tensors(srcs, "srcs", fn), _tensors(dsts, "dsts", fn)
-    space = _space(fn, srcs + dsts, sbuf_ok=True)
-    _pairs(fn, srcs, dsts, space)
-    _priority(fn, priority)
+    srcs, dsts, space = _list_operands(fn, srcs, dsts, priority, sbuf_ok=True)
     o = _reduce_op(fn, op)
     _dim(fn, collective_dim, (0,), space)
     group = _my_group(fn, _groups(fn, replica_group))
@@ -388,10 +390,7 @@ def all_to_all(
 ) -> None:
     """Chunk j (along dim 0) of the k-th rank's src becomes chunk k of the j-th rank's dst."""
     fn = "all_to_all"
-    srcs, dsts = _tensors(srcs, "srcs", fn), _tensors(dsts, "dsts", fn)
-    space = _space(fn, srcs + dsts, sbuf_ok=False)
-    _pairs(fn, srcs, dsts, space)
-    _priority(fn, priority)
+    srcs, dsts, space = _list_operands(fn, srcs, dsts, priority, sbuf_ok=False)
     _dim(fn, collective_dim, (0,), space)
     group = _my_group(fn, _groups(fn, replica_group))
     n = len(group)
