@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_collectives import _out, _staged  # same staging helpers (tests/interp on sys.path)
 
 from nki_kernels.interp.errors import NkiValidationError
 from nki_kernels.interp.package import nki
@@ -12,19 +13,6 @@ from nki_kernels.interp.ranks import run_ranks
 
 nl, nisa, ncc = nki.language, nki.isa, nki.collectives
 RG = ncc.ReplicaGroup
-
-
-def _staged(x, shape=None):
-    t = nl.ndarray(shape or x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    if shape is None:
-        nisa.dma_copy(dst=t, src=x)
-    return t
-
-
-def _out(t):
-    out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=t)
-    return out
 
 
 @nki.jit
