@@ -1,6 +1,7 @@
 """MoE layer benchmark: modeled latency, MFU and bounding resource on trn2 and trn3.
 
-Run: `python benchmarks/bench_moe.py [--json rows.json] [--backward] [--quick]`.
+Run: `python benchmarks/bench_moe.py [--json rows.json] [--backward] [--quick] [--markdown]
+[--no-bands]`.
 The forward table takes ~1 min; `--backward` adds the op's backward (router recompute +
 expert backward + router backward) and takes several minutes (a Mixtral backward block
 interprets ~50k instructions; pricing traces 1..4 blocks per target and T).
@@ -10,7 +11,9 @@ Shapes: a Mixtral-8x7B-like layer (H=4096, I=14336, E=8, top-2) and a fine-grain
 one NeuronCore. The layer forward = NKI router + blockwise expert MLP with the weighted
 combine (the host-side block plan is not modeled). MFU counts the routed FLOPs only,
 2 * T * k * 3 * H * I, against one core's TensorE bf16 peak; padding slots are overhead.
-Every figure is "modeled (cost model vN, target)" -- never a measurement. Pricing uses
+Every figure is "modeled (cost model vN, target)" -- never a measurement -- and, unless
+`--no-bands`, carries its band over the cost model's parameter sets (`--markdown`
+prints them; ~6x the pricing). Pricing uses
 representative blocks (see nki_kernels/moe/pricing.py); `check` is the relative gap
 between the last two per-block increments.
 
@@ -50,15 +53,54 @@ def moe_rows(
     tokens: tuple[int, ...] = TOKEN_COUNTS,
     routings: tuple[str, ...] = ROUTINGS,
     backward: bool = False,
+    bands: bool = False,
 ) -> list[dict[str, Any]]:
-    """Benchmark rows (one per target x shape x T x routing), each labeled 'modeled'."""
+    """Benchmark rows (one per target x shape x T x routing), each labeled 'modeled';
+    `bands`: each latency with its band over the cost model's parameter sets."""
     rows = []
     for target in targets:
         for shape in MOE_SHAPES:
             for t in tokens:
                 for kind in routings:
-                    rows.append(layer_row(shape, t, kind, target, backward=backward))
+                    rows.append(layer_row(shape, t, kind, target, backward=backward, bands=bands))
     return rows
+
+
+def _with_band(ms: float, mfu: float, band: list[float] | None) -> tuple[str, str]:
+    """'12.04 (11.9–12.3)' and its MFU '38.1 (37.3–38.5)' (MFU falls as latency grows)."""
+    if not band:
+        return f"{ms:.2f}", f"{mfu:.1f}"
+    lo, hi = band
+    return (
+        f"{ms:.2f} ({lo:.2f}–{hi:.2f})",
+        f"{mfu:.1f} ({mfu * ms / hi:.1f}–{mfu * ms / lo:.1f})",
+    )
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The README's table: forward (and backward) latency and MFU with their bands."""
+    bwd = any("bwd_ms" in r for r in rows)
+    head = "| target | model | T | routing | blocks | fwd ms | fwd MFU % | fwd busiest |"
+    sep = "|---|---|---:|---|---:|---:|---:|---|"
+    if bwd:
+        head += " bwd blocks | bwd ms | bwd MFU % | bwd busiest |"
+        sep += "---:|---:|---:|---|"
+    lines = [head, sep]
+    for r in rows:
+        eng = r["busiest_engine"]
+        ms, mfu = _with_band(r["latency_ms"], r["mfu_routed_pct"], r.get("latency_band_ms"))
+        line = (
+            f"| {r['target']} | {r['model']} | {r['tokens']} | {r['routing']} | {r['blocks']} | "
+            f"{ms} | {mfu} | {eng} {r['active_pct'][eng]:.0f}% |"
+        )
+        if bwd:
+            beng = r["bwd_busiest_engine"]
+            bms, bmfu = _with_band(r["bwd_ms"], r["bwd_mfu_routed_pct"], r.get("bwd_band_ms"))
+            line += (
+                f" {r['bwd_blocks']} | {bms} | {bmfu} | {beng} {r['bwd_active_pct'][beng]:.0f}% |"
+            )
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -77,14 +119,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         check = "exact" if r["priced_exactly"] else f"{100 * r['extrapolation_check']:.2f}%"
         line = (
             f"| {r['target']} | {r['model']} | {r['tokens']} | {r['routing']} | {r['blocks']} | "
-            f"{r['latency_ms']:.3f} | {r['mfu_routed_pct']:.1f} | {r['roofline_bound']} | "
+            f"{_with_band(r['latency_ms'], r['mfu_routed_pct'], r.get('latency_band_ms'))[0]} | "
+            f"{r['mfu_routed_pct']:.1f} | {r['roofline_bound']} | "
             f"{busy} | {check} |"
         )
         if bwd:
             eng = r["bwd_busiest_engine"]
             bcheck = 100 * r["bwd_extrapolation_check"]
             line += (
-                f" {r['bwd_blocks']} | {r['bwd_ms']:.3f} | {r['bwd_mfu_routed_pct']:.1f} | "
+                f" {r['bwd_blocks']} | "
+                f"{_with_band(r['bwd_ms'], r['bwd_mfu_routed_pct'], r.get('bwd_band_ms'))[0]} | "
+                f"{r['bwd_mfu_routed_pct']:.1f} | "
                 f"{eng} {r['bwd_active_pct'][eng]:.0f}% | {bcheck:.2f}% |"
             )
         lines.append(line)
@@ -119,18 +164,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the rows with provenance")
     p.add_argument("--backward", action="store_true", help="also price the backward kernel")
     p.add_argument("--quick", action="store_true", help="only the goal row's target and T")
+    p.add_argument(
+        "--no-bands", action="store_true", help="skip the bands (about 6x faster pricing)"
+    )
+    p.add_argument("--markdown", action="store_true", help="print the README's markdown table")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
+    bands = not args.no_bands
     if args.quick:
-        rows = moe_rows(targets=("trn2",), tokens=(4096,), backward=args.backward)
+        rows = moe_rows(targets=("trn2",), tokens=(4096,), backward=args.backward, bands=bands)
     else:
-        rows = moe_rows(backward=args.backward)
+        rows = moe_rows(backward=args.backward, bands=bands)
     what = "forward and backward" if args.backward else "forward"
     print(
         f"MoE layer {what} -- "
         + ", ".join(modeled_label(t) for t in sorted({r["target"] for r in rows}))
     )
-    print(format_table(rows))
+    print(markdown_table(rows) if args.markdown else format_table(rows))
     results = goals(rows)
     print()
     for what, minimum, got, met in results:

@@ -63,6 +63,17 @@ class Row:
     config: str
     label: str
     timestamp: str
+    # the latency's band over the cost model's parameter sets (perfmodel.band); None
+    # when priced without bands
+    latency_lo_us: float | None = None
+    latency_hi_us: float | None = None
+
+    def mfu_band(self) -> tuple[float, float] | None:
+        """(low, high) MFU over the band (MFU falls as latency grows)."""
+        if self.latency_lo_us is None or self.latency_hi_us is None:
+            return None
+        scale = self.mfu * self.latency_us
+        return scale / self.latency_hi_us, scale / self.latency_lo_us
 
 
 def useful_flops(
@@ -157,11 +168,14 @@ def price(
     config: Any = None,
     force: str | None = None,
     lnc: int = 1,
+    bands: bool = False,
 ) -> Row:
     """Model one case; see the module docstring for the pricing method. `lnc` 2: launched
     as kernel[2] (both programs traced, each on its own physical core, one kv head each
-    per launch); the latency is the logical core's."""
+    per launch); the latency is the logical core's. `bands`: also price the latency's
+    band (the same trace scheduled under each of the cost model's parameter sets)."""
     from ..perfmodel import estimate_trace, modeled_label, trace_kernel
+    from ..perfmodel.band import band
 
     tgt = get_target(target)
     problem = AttentionProblem(
@@ -196,6 +210,7 @@ def price(
         mult = pairs // unit
     trace = trace_kernel(kernel, *args, target=tgt, lnc=lnc)
     est = estimate_trace(trace, tgt)
+    lo_ns, hi_ns = band(trace, tgt) if bands else (None, None)
     elapsed = time.perf_counter() - t0
     latency = est.latency_ns * mult
     flops = useful_flops(op, seq, seq, shape.head_dim, shape.num_heads, batch, causal)
@@ -225,6 +240,8 @@ def price(
         config=cfg.key(),
         label=modeled_label(tgt.name, est.model_version),
         timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+        latency_lo_us=None if lo_ns is None else lo_ns * mult / 1e3,
+        latency_hi_us=None if hi_ns is None else hi_ns * mult / 1e3,
     )
 
 
@@ -235,10 +252,11 @@ def attention_rows(
     causal: tuple[bool, ...] = (False, True),
     shape: AttentionShape = LLAMA3_8B_ATTN,
     max_instructions: int = MAX_INSTRUCTIONS,
+    bands: bool = False,
 ) -> list[Row]:
-    """Every (target, op, seq, causal) case as a `Row`."""
+    """Every (target, op, seq, causal) case as a `Row` (with `bands`: each with its band)."""
     return [
-        price(op, s, t, c, shape=shape, max_instructions=max_instructions)
+        price(op, s, t, c, shape=shape, max_instructions=max_instructions, bands=bands)
         for t in targets
         for op in ops
         for s in seqs
@@ -259,11 +277,36 @@ def format_table(rows: list[Row]) -> str:
             f"{100 * r.mfu:6.1f} {r.busiest:>8s} {r.tensor_active:5.0f} {r.vector_active:5.0f} "
             f"{r.scalar_active:5.0f}  {r.pricing}"
         )
+        mb = r.mfu_band()
+        if mb is not None and r.latency_lo_us is not None and r.latency_hi_us is not None:
+            lines.append(
+                f"{'':6s} {'':3s} {'':6s} {'band':>6s} "
+                f"{r.latency_lo_us:.1f}-{r.latency_hi_us:.1f} us, MFU "
+                f"{100 * mb[0]:.1f}-{100 * mb[1]:.1f} %"
+            )
     labels = sorted({r.label for r in rows})
     lines.append(
         f"All figures {', '.join(labels)}; {rows[0].model if rows else ''} attention "
         "(B=1, bf16, D=128); MFU counts only unmasked FLOPs."
     )
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The rows as the README's markdown table: latency and MFU with their bands."""
+    lines = [
+        "| target | op | S | causal | modeled latency (ms) | MFU % | busiest |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lat = f"{r.latency_us / 1e3:.2f}"
+        mfu = f"{100 * r.mfu:.1f}"
+        mb = r.mfu_band()
+        if mb is not None and r.latency_lo_us is not None and r.latency_hi_us is not None:
+            lat += f" ({r.latency_lo_us / 1e3:.2f}–{r.latency_hi_us / 1e3:.2f})"
+            mfu += f" ({100 * mb[0]:.1f}–{100 * mb[1]:.1f})"
+        causal = "yes" if r.causal else "no"
+        lines.append(f"| {r.target} | {r.op} | {r.seq} | {causal} | {lat} | {mfu} | {r.busiest} |")
     return "\n".join(lines)
 
 
@@ -287,6 +330,7 @@ __all__ = [
     "Row",
     "attention_rows",
     "format_table",
+    "markdown_table",
     "price",
     "pricing_check",
     "rows_as_dicts",

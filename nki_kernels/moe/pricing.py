@@ -272,11 +272,14 @@ def layer_row(
     dtype: str = "bfloat16",
     backward: bool = False,
     lnc: int = 1,
+    bands: bool = False,
 ) -> dict[str, Any]:
     """One benchmark row: modeled forward (router + experts + combine) of one MoE layer;
     with `backward`, also the op's backward: router recompute + expert backward (dgrad,
     weight gradients, combine) + router backward. `lnc` 2 (forward only): the router and
-    the expert kernel launched as kernel[2] on the whole batch (per logical core)."""
+    the expert kernel launched as kernel[2] on the whole batch (per logical core).
+    `bands`: also `latency_band_ms` (and `bwd_band_ms`), the range of the same pricing
+    over the cost model's parameter sets (`perfmodel.band.parameter_sets`)."""
     if backward and lnc != 1:
         raise ValueError(f"lnc: the backward is priced at LNC 1 only; got lnc={lnc}")
     tgt = get_target(target)
@@ -324,7 +327,39 @@ def layer_row(
         row["bwd_busiest_engine"] = bwd.busiest
         row["bwd_active_pct"] = {k: round(v, 1) for k, v in bwd.active_pct.items()}
         row["bwd_extrapolation_check"] = bwd.extrapolation_check
+    if bands:
+        row.update(_layer_bands(p, cfg, blocks, tgt, lnc, backward, ids, shape))
     return row
+
+
+def _layer_bands(
+    p: MoEProblem,
+    cfg: Any,
+    blocks: int,
+    tgt: Target,
+    lnc: int,
+    backward: bool,
+    ids: np.ndarray,
+    shape: MoEShape,
+) -> dict[str, Any]:
+    """The forward's (and backward's) latency band in ms: `layer_row`'s pricing repeated
+    under every parameter set of the target's band."""
+    from ..perfmodel.band import parameter_sets
+
+    fwd, bwd = [], []
+    if backward:
+        bcfg = MoEMLPBwdConfig.heuristic(p, tgt)
+        bblocks = used_blocks(ids, shape.num_experts, bcfg.block_size)
+    for t in parameter_sets(tgt):
+        router = price_router(p, t, lnc=lnc).latency_ns
+        fwd.append(price_blocks("fwd", p, cfg, blocks, t, lnc=lnc).latency_ns + router)
+        if backward:
+            b = price_blocks("bwd", p, bcfg, bblocks, t).latency_ns
+            bwd.append(b + router + price_router_bwd(p, t).latency_ns)
+    out: dict[str, Any] = {"latency_band_ms": [min(fwd) / 1e6, max(fwd) / 1e6]}
+    if backward:
+        out["bwd_band_ms"] = [min(bwd) / 1e6, max(bwd) / 1e6]
+    return out
 
 
 def pricing_dict(b: BlockPricing) -> dict[str, Any]:

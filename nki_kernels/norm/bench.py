@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..interp import TensorSpec
-from ..perfmodel import COST_MODEL_VERSION, estimate, modeled_label
+from ..perfmodel import COST_MODEL_VERSION, estimate_trace, modeled_label, trace_kernel
+from ..perfmodel.band import band
 from ..runtime import lookup_config
 from ..targets import get_target
 from . import config as C
@@ -52,6 +53,10 @@ class Row:
     busiest: str
     config: str
     label: str
+    # the latency's band over the cost model's parameter sets (perfmodel.band); None
+    # when priced without bands
+    latency_lo_us: float | None = None
+    latency_hi_us: float | None = None
 
 
 STATS = TensorSpec((1,), "float32")  # stands for a per-row statistic argument in _specs
@@ -114,11 +119,18 @@ KERNELS = (
 
 
 def price(
-    op: str, kernel: str, tokens: int, hidden: int, target: str = "trn2", lnc: int = 1
+    op: str,
+    kernel: str,
+    tokens: int,
+    hidden: int,
+    target: str = "trn2",
+    lnc: int = 1,
+    bands: bool = False,
 ) -> Row:
     """Model one kernel at [tokens, hidden] bf16 with the config its op would use, launched
     as kernel[lnc] (LNC 2: both programs traced, each on its own physical core; the
-    latency is the logical core's)."""
+    latency is the logical core's). `bands`: also the latency's band (the same trace
+    scheduled under each of the cost model's parameter sets)."""
     tgt = get_target(target)
     fn, args, nbytes, _ = _specs(op, kernel, tokens, hidden)
     cfg = _config(op, kernel, tokens, hidden, tgt, lnc)
@@ -132,7 +144,9 @@ def price(
     else:
         f = TensorSpec((tokens,), "float32")
         args = tuple(f if a is STATS else a for a in args)
-    est = estimate(fn, *args, target=tgt, lnc=lnc, **kwargs)
+    trace = trace_kernel(fn, *args, target=tgt, lnc=lnc, **kwargs)
+    est = estimate_trace(trace, tgt)
+    lo, hi = band(trace, tgt) if bands else (None, None)
     bound = nbytes / tgt.hbm_bytes_per_ns
     busy = {k: v for k, v in est.busy_ns.items() if k != "dma"}
     return Row(
@@ -148,6 +162,8 @@ def price(
         busiest=max(busy, key=lambda k: busy[k]),
         config=cfg.key(),
         label=modeled_label(tgt.name, COST_MODEL_VERSION),
+        latency_lo_us=None if lo is None else lo / 1e3,
+        latency_hi_us=None if hi is None else hi / 1e3,
     )
 
 
@@ -183,11 +199,21 @@ def op_parts(
     return parts
 
 
-def run(quick: bool = False, target: str = "trn2") -> list[Row]:
-    """Every benchmark row (prints nothing)."""
-    tokens = QUICK_TOKENS if quick else TOKENS
+def run(
+    quick: bool = False,
+    target: str = "trn2",
+    bands: bool = False,
+    tokens: tuple[int, ...] | None = None,
+) -> list[Row]:
+    """Every benchmark row (prints nothing); `bands`: each latency with its band; `tokens`
+    overrides the token counts."""
+    if tokens is None:
+        tokens = QUICK_TOKENS if quick else TOKENS
     return [
-        price(op, kernel, n, h, target) for op, kernel in KERNELS for h in HIDDENS for n in tokens
+        price(op, kernel, n, h, target, bands=bands)
+        for op, kernel in KERNELS
+        for h in HIDDENS
+        for n in tokens
     ]
 
 
@@ -204,10 +230,47 @@ def table(rows: list[Row]) -> str:
             f"{r.op + ' ' + r.kernel:<20} {r.tokens:>6} {r.hidden:>6} {r.latency_us:>11.1f} "
             f"{r.bound_us:>9.1f} {100 * r.hbm_fraction:>7.1f}% {100 * r.mbu:>5.1f}  {r.busiest}"
         )
+    banded = [r for r in rows if r.latency_lo_us is not None and r.latency_hi_us is not None]
+    if banded:
+        lines.append("bands (latency over the cost model's parameter sets, % bound over them):")
+        for r in banded:
+            lo, hi = r.latency_lo_us or 0.0, r.latency_hi_us or 0.0
+            lines.append(
+                f"  {r.op + ' ' + r.kernel:<20} {r.tokens:>6} {r.hidden:>6} "
+                f"{lo:.1f}-{hi:.1f} us, {100 * r.bound_us / hi:.1f}-{100 * r.bound_us / lo:.1f} %"
+            )
     lines.append(
         "% bound = (essential HBM bytes / HBM bandwidth) / modeled latency; "
         "the ops' backward = bwd kernel (+ stats kernel for streamed plans)."
     )
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[Row], shapes: list[tuple[int, int]]) -> str:
+    """One target's README table: per kernel, 'latency us (band), % of bound (band)' for
+    each [tokens, hidden] of `shapes`, and the busiest engine(s)."""
+    by = {(r.op, r.kernel, r.tokens, r.hidden): r for r in rows}
+    head = "| kernel | " + " | ".join(f"[{n}, {h}]" for n, h in shapes) + " | busiest engine |"
+    lines = [head, "|---|" + "---|" * len(shapes) + "---|"]
+    for op, kernel in KERNELS:
+        cells, busiest = [], []
+        for n, h in shapes:
+            r = by.get((op, kernel, n, h))
+            if r is None:
+                cells.append("")
+                continue
+            cell = f"{r.latency_us:.0f} us, {100 * r.hbm_fraction:.1f} %"
+            if r.latency_lo_us is not None and r.latency_hi_us is not None:
+                cell = (
+                    f"{r.latency_us:.0f} us ({r.latency_lo_us:.0f}–{r.latency_hi_us:.0f}), "
+                    f"{100 * r.hbm_fraction:.1f} % "
+                    f"({100 * r.bound_us / r.latency_hi_us:.1f}–"
+                    f"{100 * r.bound_us / r.latency_lo_us:.1f})"
+                )
+            cells.append(cell)
+            if r.busiest not in busiest:
+                busiest.append(r.busiest)
+        lines.append(f"| {op} {kernel} | " + " | ".join(cells) + f" | {' / '.join(busiest)} |")
     return "\n".join(lines)
 
 
