@@ -94,7 +94,7 @@ def tensor_copy(
 def memset(
     dst: NkiTensor, value: Any, engine: engine_enum = engine_enum.unknown, name: str | None = None
 ) -> Instr | None:
-    """Fill with a compile-time constant; integer tiles take an int literal (NKI 0.3+)."""
+    """Fill with a compile-time constant; integer tiles take an int literal or zero (NKI 0.3+)."""
     instr = "memset"
     on_chip(dst, "dst", instr)
     eng = pick_engine(engine, "vector", _VG, instr)
@@ -103,7 +103,10 @@ def memset(
     is_float_value = isinstance(value, (float, np.floating))
     if not (is_int_value or is_float_value):
         raise fail("MEMSET_KIND", f"memset: value must be an int or float literal; got {value!r}")
-    if dt.is_int(dst.dtype) and not is_int_value:
+    # NKI 0.3.0 rejects a float value into an integer tile (its example: 2.0 into int32);
+    # zero is accepted for every dtype (as for the x4 types), which nki-library relies on
+    # (cross_partition_copy memsets 0.0 into uint32 tiles): see interpreter.md, "memset".
+    if dt.is_int(dst.dtype) and not is_int_value and value != 0:
         raise fail(
             "MEMSET_KIND",
             f"memset: value {value!r} must be an int literal for {dst.dtype} dst "

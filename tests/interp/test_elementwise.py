@@ -539,6 +539,26 @@ def test_memset_kind_error_suggests_the_literal():
     assert "must be an int literal for int32" in str(err) and "write 2" in str(err)
 
 
+def test_memset_float_zero_fills_integer_tiles():
+    # zero is accepted for every dtype (nki-library's cross_partition_copy memsets 0.0
+    # into uint32 tiles); a non-zero float into an integer tile stays MEMSET_KIND
+    def body(a, b, c):
+        nisa.memset(dst=a, value=7)
+        nisa.memset(dst=a, value=0.0)
+        nisa.memset(dst=b, value=-0.0, engine=nisa.engine.gpsimd)
+        nisa.memset(dst=c, value=np.float32(0.0))
+
+    outs = [((4, 3), nl.uint32), ((4, 3), nl.int32), ((2, 2), nl.int8)]
+    for got in outputs(body, [], outs):
+        assert got.dtype.kind in "iu" and (got == 0).all()
+
+
+@pytest.mark.parametrize(("value", "dtype"), [(1.0, nl.uint32), (0.5, nl.int8), (-2.0, nl.int16)])
+def test_memset_nonzero_float_into_integer_tile_is_rejected(value, dtype):
+    err = _raises("MEMSET_KIND", lambda o: nisa.memset(dst=o, value=value), [], [((8, 4), dtype)])
+    assert f"value {value!r} must be an int literal for {dtype}" in str(err)
+
+
 def test_bf16_input_is_widened_exactly():
     x = _x((4, 4)).astype(ml_dtypes.bfloat16)
 
