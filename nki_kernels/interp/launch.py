@@ -282,8 +282,10 @@ def run_call(
     kw_wrapped = {k: _classify(f"argument {k!r}", v, t_only) for k, v in kwargs.items()}
     every = [*wrapped, *kw_wrapped.values()]
 
-    def attempt(liveness: Liveness | None, rotate: bool = True) -> tuple[Any, state.Launch]:
-        launch = state.Launch(tgt, lnc, t_only)
+    def attempt(
+        liveness: Liveness | None, rotate: bool = True, arithmetic: bool = True
+    ) -> tuple[Any, state.Launch]:
+        launch = state.Launch(tgt, lnc, t_only or not arithmetic)
         launch.grid = lnc > 1 if grid is None else grid
         launch.liveness = liveness
         for prog in launch.programs:
@@ -308,9 +310,7 @@ def run_call(
     except MemoryPlanError as first:
         # The plan with Python lifetimes overflows: replay with the compiler's lifetimes
         # (each tile freed after its last use; see liveness.py).
-        recorder = Liveness()
-        with contextlib.redirect_stdout(io.StringIO()):  # kernel prints: once per replay
-            attempt(recorder)
+        recorder = _record_uses(attempt)
         try:
             plan = Liveness(recorder.counts, free_unused=bool(_settings["free_unused_tiles"]))
             result, launch = placed(plan)
@@ -322,6 +322,24 @@ def run_call(
     if not t_only:
         _write_back(every)
     return RunResult(result, launch.trace)
+
+
+def _record_uses(attempt: Callable[..., Any]) -> Liveness:
+    """The recording pass of a liveness replay: the use count of every on-chip tile.
+
+    The counts depend only on which instructions the kernel issues, never on the data
+    (the meta-program is deterministic), so the pass skips the arithmetic; a kernel
+    whose control flow reads values from memory (a register-bounded loop), which a
+    trace-only run cannot follow, is recorded with its arithmetic.
+    """
+    with contextlib.redirect_stdout(io.StringIO()):  # kernel prints: once per replay
+        recorder = Liveness()
+        try:
+            attempt(recorder, arithmetic=False)
+        except NkiValidationError:
+            recorder = Liveness()
+            attempt(recorder)
+    return recorder
 
 
 def _interpret(

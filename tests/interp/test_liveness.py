@@ -4,10 +4,14 @@ overflows with the numbers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from nki_kernels.interp import MemoryPlanError, nisa, nl, run
+from nki_kernels.interp import launch as launch_mod
+from nki_kernels.interp.liveness import Liveness
 
 P = 128
 BANK_COLS = 512  # fp32 columns of one 2 KiB PSUM bank
@@ -112,3 +116,74 @@ def test_true_sbuf_overflow_names_the_tile_and_bytes():
     msg = str(e.value)
     assert e.value.rule == "SBUF_OVERFLOW" and "needs 65536 B per partition" in msg
     assert "even with every tile freed after its last use" in msg
+
+
+def _spy_recording(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Capture the recording pass of a liveness replay and, beside it, the use counts
+    a recording pass with its arithmetic gives."""
+    seen: dict[str, Any] = {}
+    real = launch_mod._record_uses
+
+    def spy(attempt: Any) -> Liveness:
+        recorder = real(attempt)
+        numeric = Liveness()
+        attempt(numeric)
+        seen["recorded"], seen["numeric"] = recorder.counts, numeric.counts
+        return recorder
+
+    monkeypatch.setattr(launch_mod, "_record_uses", spy)
+    return seen
+
+
+def _spy_modes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The trace_only flag of every launch attempt, in order."""
+    modes: list[bool] = []
+    real = launch_mod.state.Launch
+
+    def launch_spy(target: Any, lnc: int, trace_only: bool) -> Any:
+        modes.append(trace_only)
+        return real(target, lnc, trace_only)
+
+    monkeypatch.setattr(launch_mod.state, "Launch", launch_spy)
+    return modes
+
+
+def test_the_recording_pass_skips_the_arithmetic_and_counts_as_a_numeric_one(monkeypatch):
+    seen = _spy_recording(monkeypatch)
+    modes = _spy_modes(monkeypatch)
+    x = _x()
+    res = run(_psum_tiles_kept(12, False, []), x)
+    np.testing.assert_allclose(res.outputs, _want(x, 12), rtol=1e-5, atol=1e-4)
+    # Python-lifetime plan, trace-only recording, placed run (+ the spy's numeric one)
+    assert modes[:3] == [False, True, False]
+    assert seen["recorded"] == seen["numeric"] and len(seen["recorded"]) > 12
+
+
+def _register_bounded_psum_kernel(n_tiles: int):
+    """`_psum_tiles_kept` with a register-bounded device loop first: its trip count is
+    read from memory, which a trace-only recording pass cannot follow."""
+    inner = _psum_tiles_kept(n_tiles, False, [])
+
+    def kernel(x, bound):
+        ub_sb = nl.ndarray((1, 1), nl.int32)
+        nisa.dma_copy(ub_sb, bound)
+        ub = nisa.register_alloc()
+        nisa.register_load(ub, ub_sb)
+        row = nl.ndarray((1, BANK_COLS), nl.float32)
+        nl.fori_loop(0, ub, lambda i: nisa.dma_copy(row, x[0:1, :]))
+        return inner(x)
+
+    return kernel
+
+
+def test_a_register_bounded_loop_is_recorded_with_its_arithmetic(monkeypatch):
+    seen = _spy_recording(monkeypatch)
+    modes = _spy_modes(monkeypatch)
+    x = _x()
+    res = run(_register_bounded_psum_kernel(12), x, np.array([[3]], np.int32))
+    # Python lifetimes, trace-only recording (stops at the loop), numeric recording, placed
+    assert modes[:4] == [False, True, False, False]
+    np.testing.assert_allclose(res.outputs, _want(x, 12), rtol=1e-5, atol=1e-4)
+    assert res.trace.count("dma", "dma_copy") == 1 + 3 + 1 + 12
+    assert seen["recorded"] == seen["numeric"]
+    assert res.trace.peak_psum_banks[0] <= 2
