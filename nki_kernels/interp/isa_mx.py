@@ -113,6 +113,14 @@ def _e8m0(codes: np.ndarray) -> np.ndarray:
     return np.where(codes == 0xFF, np.float32(np.nan), v)
 
 
+def _scale_shift() -> int:
+    """1 for NKI 0.5+'s block scale (2x the OCP sample algorithm's), 0 for the OCP one
+    (`settings(mx_scale="pre-0.5")`)."""
+    from .launch import _settings
+
+    return 0 if _settings["mx_scale"] == "pre-0.5" else 1
+
+
 @instruction
 def quantize_mx(
     dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: str | None = None
@@ -154,7 +162,7 @@ def quantize_mx(
     with np.errstate(all="ignore"):
         amax = np.abs(x).max(axis=(1, 3))  # [groups, fd]
     exp = np.frexp(amax)[1].astype(np.int32) - 1  # floor(log2 amax) for amax > 0
-    code = np.clip(exp - (_E_MAX[dst.dtype] - 1) + 127, 0, 254)
+    code = np.clip(exp - (_E_MAX[dst.dtype] - _scale_shift()) + 127, 0, 254)
     code = np.where(amax == 0, 0, code)
     code = np.where(np.isfinite(amax), code, 0xFF).astype(np.uint8)
     block_scale = _e8m0(code)  # X per group

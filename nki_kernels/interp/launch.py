@@ -71,7 +71,14 @@ class RunResult:
         return max(self.trace.peak_psum_banks)
 
 
-_settings: dict[str, Any] = {"target": None, "trace_only": False, "free_unused_tiles": False}
+_settings: dict[str, Any] = {
+    "target": None,
+    "trace_only": False,
+    "free_unused_tiles": False,
+    "mx_scale": "nki-0.6",
+    "fresh_memory": "poison",
+}
+MX_SCALES = ("nki-0.6", "pre-0.5")  # quantize_mx block scale: NKI 0.5+, or the OCP sample one
 
 
 @contextlib.contextmanager
@@ -79,13 +86,25 @@ def settings(
     target: str | Target | None = None,
     trace_only: bool | None = None,
     free_unused_tiles: bool | None = None,
+    mx_scale: str | None = None,
+    fresh_memory: str | None = None,
 ) -> Iterator[None]:
     """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`).
 
     `free_unused_tiles=True`: when a launch is replayed with last-use lifetimes
     (liveness.py), an on-chip tile no instruction touches is freed at once, as the
     compiler drops a dead allocation (default: it keeps its Python lifetime).
+    `mx_scale="pre-0.5"`: `nisa.quantize_mx` uses the block scale of NKI before 0.5, the
+    OCP sample algorithm's, half of NKI 0.5+'s (a compatibility mode for goldens written
+    against it; the default "nki-0.6" is the documented current behaviour).
+    `fresh_memory="zero"`: fresh allocations start as zeros instead of NaN / the integer
+    sentinel ("poison", the default) -- a diagnostic: an output that changes with it
+    depends on memory no instruction wrote.
     """
+    if fresh_memory is not None and fresh_memory not in ("poison", "zero"):
+        raise ValueError(f"fresh_memory: expected 'poison' or 'zero'; got {fresh_memory!r}")
+    if mx_scale is not None and mx_scale not in MX_SCALES:
+        raise ValueError(f"mx_scale: expected one of {', '.join(MX_SCALES)}; got {mx_scale!r}")
     saved = dict(_settings)
     if target is not None:
         _settings["target"] = get_target(target)
@@ -93,10 +112,16 @@ def settings(
         _settings["trace_only"] = trace_only
     if free_unused_tiles is not None:
         _settings["free_unused_tiles"] = free_unused_tiles
+    if mx_scale is not None:
+        _settings["mx_scale"] = mx_scale
+    if fresh_memory is not None:
+        _settings["fresh_memory"] = fresh_memory
+    dt.FRESH_ZERO[0] = _settings["fresh_memory"] == "zero"
     try:
         yield
     finally:
         _settings.update(saved)
+        dt.FRESH_ZERO[0] = _settings["fresh_memory"] == "zero"
 
 
 # ---- torch <-> numpy (bf16 / fp8 travel as raw bits) ------------------------------------

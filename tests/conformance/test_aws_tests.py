@@ -93,6 +93,15 @@ def test_file_table_counts_per_file_and_totals_the_cases_not_skipped():
     assert where in text
 
 
+def test_pre_05_matches_stay_wrong_and_get_a_second_labelled_figure():
+    runs = [_run("test/integration/nkilib/core/m/test_m.py", ["wrong", "wrong", "pass"])]
+    runs[0].results[0].detail = "wrong under NKI 0.6; matches the pre-0.5 scale (output ...)"
+    text = aws_runs.file_table(runs)
+    assert "1 of the 3 cases not skipped pass (33.3 %)" in text
+    assert "Not counted as passes: 1 of the wrong cases match" in text
+    assert "counting them would give 2 of 3 (66.7 %)" in text
+
+
 def test_the_cache_round_trips_and_is_fresh_only_for_the_same_commit_and_version(tmp_path):
     run = _run("test/integration/nkilib/core/a/test_a.py", ["pass", "timeout"])
     aws_runs._save(tmp_path, run)

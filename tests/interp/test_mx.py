@@ -3,12 +3,14 @@ against NumPy references written here from the NKI 0.6 docs, and their rules."""
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
 from tile_harness import expect_rule
 
-from nki_kernels.interp import TensorSpec, nisa, nl, run
+from nki_kernels.interp import TensorSpec, nisa, nl, run, settings
 from nki_kernels.interp import dtypes as dt
 from nki_kernels.perfmodel import costs
 from nki_kernels.perfmodel.api import estimate_trace
@@ -41,18 +43,23 @@ def pack(values: np.ndarray, name: str) -> np.ndarray:
     return word.astype(dt.np_dtype(name))
 
 
-def ref_quantize(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Block scale X = 2^(floor(log2 amax) - (E_max - 1)) per 8 x 4 group (nisa.quantize_mx);
+def ref_quantize(x: np.ndarray, name: str, ocp: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Block scale X = 2^(floor(log2 amax) - (E_max - 1)) per 8 x 4 group (nisa.quantize_mx,
+    NKI 0.5+; `ocp`: 2^(floor(log2 amax) - E_max), the OCP sample algorithm's, pre-0.5);
     returns (values / X rounded to the element type, E8M0 codes [P // 8, F // 4])."""
     elem, _, e_max = ELEM[name]
+    e_max += int(ocp)
     p, f = x.shape
     amax = np.abs(x.astype(np.float64)).reshape(p // 8, 8, f // 4, 4).max(axis=(1, 3))
     with np.errstate(divide="ignore"):
         e = np.floor(np.log2(amax))
     code = np.where(amax == 0, 0, e - (e_max - 1) + 127).astype(np.int64)
     scale = np.repeat(np.repeat(2.0 ** (code - 127), 8, 0), 4, 1)
-    q = (x.astype(np.float64) / scale).astype(np.float32).astype(elem).astype(np.float64)
-    return q, code
+    q = (x.astype(np.float64) / scale).astype(np.float32)
+    if ocp:  # amax / X reaches 2^(E_max + 1), past the largest finite value: saturates
+        big = float(ml_dtypes.finfo(elem).max)
+        q = np.clip(q, -big, big)
+    return q.astype(elem).astype(np.float64), code
 
 
 def scale_slots(p: int) -> np.ndarray:
@@ -142,6 +149,51 @@ def test_quantize_mx_matches_the_documented_block_scale(name, p, f, src_dtype):
     assert code[1, 0] == 0
     untouched = np.setdiff1d(np.arange(p), slots)
     assert (so[untouched] == 7).all()  # only the groups' slots are written
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn_x4", "float8_e5m2_x4"])
+def test_pre_05_mx_scale_is_the_ocp_sample_algorithms(name):
+    x = (rng.standard_normal((32, 16)) * np.exp2(rng.integers(-6, 6, (32, 16)))).astype(BF16)
+    with settings(mx_scale="pre-0.5"):
+        qo, so = run(_quantize_kernel(name, 32, 16), x, target="trn3").outputs
+    q, code = ref_quantize(x, name, ocp=True)
+    np.testing.assert_array_equal(lanes(qo, name), q)
+    np.testing.assert_array_equal(so[scale_slots(32)], code)
+    # the default (NKI 0.6) scale is one exponent code larger in every non-zero group
+    _, so6 = run(_quantize_kernel(name, 32, 16), x, target="trn3").outputs
+    np.testing.assert_array_equal(so6[scale_slots(32)].astype(int), code + 1)
+
+
+def test_mx_scale_and_fresh_memory_settings_name_bad_values():
+    with pytest.raises(
+        ValueError, match=re.escape("mx_scale: expected one of nki-0.6, pre-0.5; got '0.4'")
+    ):
+        with settings(mx_scale="0.4"):
+            pass
+    with pytest.raises(
+        ValueError, match=re.escape("fresh_memory: expected 'poison' or 'zero'; got 'x'")
+    ):
+        with settings(fresh_memory="x"):
+            pass
+
+
+def test_fresh_memory_zero_fills_unwritten_bytes_and_is_restored():
+    def kernel(x):
+        t = nl.ndarray((4, 4), nl.uint8, buffer=nl.sbuf)
+        f = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=t[0:2, :], value=9)
+        out = nl.ndarray((4, 4), nl.uint8, buffer=nl.shared_hbm)
+        outf = nl.ndarray((4, 4), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        nisa.dma_copy(dst=outf, src=f)
+        return out, outf
+
+    x = np.zeros((4, 4), np.float32)
+    with settings(fresh_memory="zero"):
+        t, f = run(kernel, x).outputs
+    assert (t[:2] == 9).all() and (t[2:] == 0).all() and (f == 0).all()
+    t, f = run(kernel, x).outputs  # the default again: poison
+    assert (t[2:] != 0).all() and np.isnan(f).all()
 
 
 def test_quantize_mx_packs_scales_at_a_quadrant_offset():
