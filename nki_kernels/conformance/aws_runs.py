@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -133,28 +134,54 @@ def run_file(
         env = dict(os.environ)
         env[MAX_CASES_ENV] = str(max_cases or 0)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        stdout, stderr, timed_out = proc.stdout, proc.stderr, False
+        stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        stderr, timed_out = "", True
-    lines = stdout.splitlines()
-    done = [CaseResult(**json.loads(ln.split(MARK, 1)[1])) for ln in lines if MARK in ln]
-    collected = [json.loads(ln.split(COLLECTED, 1)[1]) for ln in lines if COLLECTED in ln]
-    results = list(done)
-    if timed_out:
-        finished = {r.nodeid for r in done}
-        left = [n for n in (collected[0] if collected else []) if n not in finished]
-        detail = f"not reached in {timeout_s:.0f} s (the file's limit)"
-        if not left:  # nothing collected yet: the file as one time-out
-            left = [rel + "::<collection>"]
-        results += [CaseResult(n, "timeout", detail, 0.0) for n in left]
-    elif not done:
-        tail = (stderr.strip().splitlines() or ["the worker printed no result"])[-1][:300]
-        results.append(CaseResult(rel, "error", tail, 0.0))
+        stderr, code = "", None
+    results = worker_results(rel, stdout, stderr, code, timeout_s)
     return FileRun(
         rel, git_commit(root), interpreter_version(), git_commit(_PACKAGE.parent), select,
         timeout_s, started, time.perf_counter() - t0, load, results, max_cases,
     )  # fmt: skip
+
+
+def worker_results(
+    rel: str, stdout: str, stderr: str, returncode: int | None, timeout_s: float
+) -> list[CaseResult]:
+    """The case results of one worker run of test file `rel` from its output
+    (`returncode` None: stopped at the time limit). A collected case without a result
+    is a `timeout` when the limit stopped the worker, else an `error` naming how the
+    worker ended (a signal, e.g. SIGKILL from the kernel's out-of-memory killer)."""
+    lines = stdout.splitlines()
+    done = [CaseResult(**json.loads(ln.split(MARK, 1)[1])) for ln in lines if MARK in ln]
+    collected = [json.loads(ln.split(COLLECTED, 1)[1]) for ln in lines if COLLECTED in ln]
+    finished = {r.nodeid for r in done}
+    left = [n for n in (collected[0] if collected else []) if n not in finished]
+    results = list(done)
+    if returncode is None:
+        detail = f"not reached in {timeout_s:.0f} s (the file's limit)"
+        if not left:  # nothing collected yet: the file as one time-out
+            left = [rel + "::<collection>"]
+        results += [CaseResult(n, "timeout", detail, 0.0) for n in left]
+    elif left and returncode != 0:
+        how = _ended(returncode)
+        results.append(CaseResult(left[0], "error", f"the worker {how} while this case ran"))
+        results += [CaseResult(n, "error", f"not reached: the worker {how}") for n in left[1:]]
+    elif not done:
+        tail = (stderr.strip().splitlines() or ["the worker printed no result"])[-1][:300]
+        results.append(CaseResult(rel, "error", tail, 0.0))
+    return results
+
+
+def _ended(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    oom = " (the out-of-memory killer's signal)" if -returncode == signal.SIGKILL else ""
+    return f"was killed by {name}{oom}"
 
 
 def run_files(

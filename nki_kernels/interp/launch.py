@@ -328,11 +328,13 @@ def run_call(
         except MemoryPlanError as e:
             if not getattr(e, "fragmented", False):
                 raise
+            _drop_frames(e)
             return attempt(liveness, rotate=False)
 
     try:
         result, launch = placed(None)
     except MemoryPlanError as first:
+        _drop_frames(first)
         # The plan with Python lifetimes overflows: replay with the compiler's lifetimes
         # (each tile freed after its last use; see liveness.py).
         recorder = _record_uses(attempt)
@@ -347,6 +349,18 @@ def run_call(
     if not t_only:
         _write_back(every)
     return RunResult(result, launch.trace)
+
+
+def _drop_frames(e: BaseException) -> None:
+    """Free the frames of a failed attempt before the next one runs: its traceback holds
+    the kernel's locals, i.e. that attempt's copies of the inputs and its tiles (for
+    AWS's model-sized MoE tests, gigabytes). The error keeps its message and chain."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        cur.__traceback__ = None
+        cur = cur.__cause__ or cur.__context__
 
 
 def _record_uses(attempt: Callable[..., Any]) -> Liveness:

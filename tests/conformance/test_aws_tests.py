@@ -4,6 +4,8 @@ an AWS `KernelArgs` and checks its golden outputs; on a real checkout (skipped w
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -186,3 +188,34 @@ def test_an_error_in_awss_own_test_code_names_its_line():
     (res,) = run.results
     assert res.status == "error"
     assert res.detail == "KeyError: 'mask_out_hbm' [at test_gen_mask_tkg.py:422]", res.detail
+
+
+def _worker_stdout(collected: list[str], done: list[CaseResult]) -> str:
+    lines = ["noise", f"{aws_tests.COLLECTED}{json.dumps(collected)}"]
+    lines += [f"{aws_tests.MARK}{json.dumps(asdict(r))}" for r in done]
+    return "\n".join(lines)
+
+
+def test_a_killed_worker_names_the_case_it_ran_and_the_cases_it_never_reached():
+    ids = ["f.py::t[a]", "f.py::t[b]", "f.py::t[c]"]
+    out = _worker_stdout(ids, [CaseResult(ids[0], "pass")])
+    results = aws_runs.worker_results("f.py", out, "", -9, 600.0)
+    assert [(r.nodeid, r.status) for r in results] == [
+        (i, s) for i, s in zip(ids, ["pass", "error", "error"])
+    ]
+    assert results[1].detail == (
+        "the worker was killed by SIGKILL (the out-of-memory killer's signal) while this case ran"
+    )
+    assert results[2].detail.startswith("not reached: the worker was killed by SIGKILL")
+    crashed = aws_runs.worker_results("f.py", out, "", 3, 600.0)
+    assert crashed[1].detail == "the worker exited with status 3 while this case ran"
+
+
+def test_a_worker_stopped_at_the_limit_reports_time_outs_and_a_complete_one_only_results():
+    ids = ["f.py::t[a]", "f.py::t[b]"]
+    out = _worker_stdout(ids, [CaseResult(ids[0], "wrong", "off")])
+    stopped = aws_runs.worker_results("f.py", out, "", None, 60.0)
+    assert [r.status for r in stopped] == ["wrong", "timeout"]
+    assert stopped[1].detail == "not reached in 60 s (the file's limit)"
+    full = _worker_stdout(ids, [CaseResult(ids[0], "pass"), CaseResult(ids[1], "pass")])
+    assert [r.status for r in aws_runs.worker_results("f.py", full, "", 0, 60.0)] == ["pass"] * 2

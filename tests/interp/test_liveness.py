@@ -4,6 +4,7 @@ overflows with the numbers."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -187,3 +188,21 @@ def test_a_register_bounded_loop_is_recorded_with_its_arithmetic(monkeypatch):
     assert res.trace.count("dma", "dma_copy") == 1 + 3 + 1 + 12
     assert seen["recorded"] == seen["numeric"]
     assert res.trace.peak_psum_banks[0] <= 2
+
+
+def test_a_failed_attempt_frees_its_input_copies_before_the_replay():
+    """The Python-lifetime attempt overflows; its traceback must not keep that attempt's
+    storages (the copies of the inputs) alive while the replays run."""
+    storages: list[Any] = []
+    inner = _psum_tiles_kept(12, False, [])
+
+    def kernel(x):
+        storages.append(weakref.ref(x.storage))
+        if len(storages) == 3:  # the placing pass: the first attempt's copy is gone
+            assert storages[0]() is None
+        return inner(x)
+
+    x = _x()
+    res = run(kernel, x)
+    np.testing.assert_allclose(res.outputs, _want(x, 12), rtol=1e-5, atol=1e-4)
+    assert len(storages) == 3
