@@ -311,6 +311,8 @@ def mm_view(t: NkiTensor) -> np.ndarray | None:
 def write(t: NkiTensor, values: np.ndarray, mask: np.ndarray | None = None) -> None:
     """Store `values` into `t`, rounding to t.dtype; where `mask` is False keep dst."""
     st = t._st
+    if st.borrowed:
+        st.own()
     st.dirty = True
     vals = dt.cast(np.asarray(values), t.dtype)
     if vals.shape != t.shape:

@@ -70,6 +70,7 @@ class Storage:
     __slots__ = (
         "__weakref__",
         "addr",
+        "borrowed",
         "buffer",
         "data",
         "dirty",
@@ -112,6 +113,7 @@ class Storage:
         self.mm_mask: np.ndarray | None = None
         self.pending: Any = None  # deferred matmuls into this PSUM storage (isa_tensor)
         self.dirty = False
+        self.borrowed = False  # `data` is a read-only view of the caller's input array
         self.is_input = False
         self.size = size = _prod(shape)
         self.pstride = _prod(shape[1:])
@@ -152,6 +154,14 @@ class Storage:
             self.data = np.full(size, dt.fresh_fill(dtype), dtype=dtype._np)
             if buffer is psum:
                 self.mm_mask = np.zeros(size, dtype=np.bool_)
+
+    def own(self) -> None:
+        """Before the first write into a borrowed input: take a private copy (the caller's
+        array changes only at the launch's write-back, and a replayed attempt sees it
+        unchanged)."""
+        assert self.data is not None
+        self.data = self.data.copy()
+        self.borrowed = False
 
     def describe(self) -> str:
         """'name' shape dtype, for error messages."""

@@ -99,6 +99,25 @@ def test_unwritten_read_only_input_is_left_alone():
     np.testing.assert_array_equal(scale_rows(x, 3.0), 3 * x)
 
 
+def test_an_input_the_kernel_only_reads_is_not_copied_and_a_written_one_is():
+    seen = []
+
+    @nki.jit
+    def probe(x, y):
+        seen.append((x.storage, y.storage))
+        add_one_in_place.fn(y)
+        return scale_rows.fn(x, 2.0)
+
+    x = rng.standard_normal((130, 6)).astype(np.float32)
+    y = np.zeros((4, 4), np.float32)
+    out = probe(x, y)
+    np.testing.assert_array_equal(out, 2 * x)
+    ((xs, ys),) = seen
+    assert np.shares_memory(xs.data, x) and not xs.data.flags.writeable  # borrowed
+    assert not np.shares_memory(ys.data, y)  # its own copy from the first write on
+    np.testing.assert_array_equal(y, np.ones((4, 4), np.float32))  # written back
+
+
 # ---- LNC2 -------------------------------------------------------------------------------
 def test_program_ids_and_shared_hbm_canonicalization():
     seen = []

@@ -206,3 +206,21 @@ def test_a_failed_attempt_frees_its_input_copies_before_the_replay():
     res = run(kernel, x)
     np.testing.assert_allclose(res.outputs, _want(x, 12), rtol=1e-5, atol=1e-4)
     assert len(storages) == 3
+
+
+def test_a_replayed_launch_sees_the_callers_input_unchanged_until_the_write_back():
+    """Every attempt reads the caller's array as it was; the input the kernel increments
+    is incremented once, by the write-back of the placing pass."""
+    inner = _psum_tiles_kept(12, False, [])
+
+    def kernel(x, counter):
+        t = nl.ndarray((1, 4), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=counter)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+        nisa.dma_copy(dst=counter, src=t)
+        return inner(x)
+
+    x, counter = _x(), np.zeros((1, 4), np.float32)
+    res = run(kernel, x, counter)  # overflows, records, replays
+    np.testing.assert_allclose(res.outputs, _want(x, 12), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(counter, np.ones((1, 4), np.float32))
