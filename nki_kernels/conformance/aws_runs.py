@@ -128,6 +128,8 @@ def run_file(
     if select:
         cmd.append(select)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # stamped before the worker starts: the sources it imports, even if they change later
+    version, project = interpreter_version(), git_commit(_PACKAGE.parent)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
@@ -140,7 +142,7 @@ def run_file(
         stderr, code = "", None
     results = worker_results(rel, stdout, stderr, code, timeout_s)
     return FileRun(
-        rel, git_commit(root), interpreter_version(), git_commit(_PACKAGE.parent), select,
+        rel, git_commit(root), version, project, select,
         timeout_s, started, time.perf_counter() - t0, load, results, max_cases,
     )  # fmt: skip
 

@@ -219,3 +219,19 @@ def test_a_worker_stopped_at_the_limit_reports_time_outs_and_a_complete_one_only
     assert stopped[1].detail == "not reached in 60 s (the file's limit)"
     full = _worker_stdout(ids, [CaseResult(ids[0], "pass"), CaseResult(ids[1], "pass")])
     assert [r.status for r in aws_runs.worker_results("f.py", full, "", 0, 60.0)] == ["pass"] * 2
+
+
+def test_a_run_is_stamped_with_the_interpreter_version_it_started_with(monkeypatch, tmp_path):
+    sources = {"version": "before"}
+    monkeypatch.setattr(aws_runs, "interpreter_version", lambda: sources["version"])
+    mod = tmp_path / "test_x.py"
+    mod.write_text("")
+
+    def fake_run(cmd, **kwargs):
+        if "nki_kernels.conformance.aws_tests" in cmd:
+            sources["version"] = "after"  # the sources change while the worker runs
+        return SimpleNamespace(stdout="", stderr="", returncode=0)
+
+    monkeypatch.setattr(aws_runs.subprocess, "run", fake_run)
+    run = aws_runs.run_file(tmp_path, mod, 10.0)
+    assert sources["version"] == "after" and run.interpreter == "before"
