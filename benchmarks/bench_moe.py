@@ -66,6 +66,18 @@ def moe_rows(
     return rows
 
 
+# columns whose cells are text (left-aligned); every other column is a number
+_TEXT_COLUMNS = {"target", "model", "routing", "bound", "busiest", "fwd busiest", "bwd busiest"}
+
+
+def _header(cols: tuple[str, ...], bwd_cols: tuple[str, ...], bwd: bool) -> list[str]:
+    """A markdown table's header and separator lines (with the backward's columns if
+    `bwd`)."""
+    names = cols + (bwd_cols if bwd else ())
+    sep = "".join("---|" if c in _TEXT_COLUMNS else "---:|" for c in names)
+    return ["| " + " | ".join(names) + " |", "|" + sep]
+
+
 def _with_band(ms: float, mfu: float, band: list[float] | None) -> tuple[str, str]:
     """'12.04 (11.9–12.3)' and its MFU '38.1 (37.3–38.5)' (MFU falls as latency grows)."""
     if not band:
@@ -80,12 +92,11 @@ def _with_band(ms: float, mfu: float, band: list[float] | None) -> tuple[str, st
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The README's table: forward (and backward) latency and MFU with their bands."""
     bwd = any("bwd_ms" in r for r in rows)
-    head = "| target | model | T | routing | blocks | fwd ms | fwd MFU % | fwd busiest |"
-    sep = "|---|---|---:|---|---:|---:|---:|---|"
-    if bwd:
-        head += " bwd blocks | bwd ms | bwd MFU % | bwd busiest |"
-        sep += "---:|---:|---:|---|"
-    lines = [head, sep]
+    lines = _header(
+        ("target", "model", "T", "routing", "blocks", "fwd ms", "fwd MFU %", "fwd busiest"),
+        ("bwd blocks", "bwd ms", "bwd MFU %", "bwd busiest"),
+        bwd,
+    )
     for r in rows:
         eng = r["busiest_engine"]
         ms, mfu = _with_band(r["latency_ms"], r["mfu_routed_pct"], r.get("latency_band_ms"))
@@ -106,14 +117,22 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The printed report (markdown table)."""
     bwd = any("bwd_ms" in r for r in rows)
-    head = (
-        "| target | model | T | routing | blocks | latency ms | MFU % | bound | busiest | check |"
+    lines = _header(
+        (
+            "target",
+            "model",
+            "T",
+            "routing",
+            "blocks",
+            "latency ms",
+            "MFU %",
+            "bound",
+            "busiest",
+            "check",
+        ),
+        ("bwd blocks", "bwd ms", "bwd MFU %", "bwd busiest", "bwd check"),
+        bwd,
     )
-    sep = "|---|---|---:|---|---:|---:|---:|---|---|---:|"
-    if bwd:
-        head += " bwd blocks | bwd ms | bwd MFU % | bwd busiest | bwd check |"
-        sep += "---:|---:|---:|---|---:|"
-    lines = [head, sep]
     for r in rows:
         busy = f"{r['busiest_engine']} {r['active_pct'][r['busiest_engine']]:.0f}%"
         check = "exact" if r["priced_exactly"] else f"{100 * r['extrapolation_check']:.2f}%"
