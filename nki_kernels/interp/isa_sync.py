@@ -17,7 +17,7 @@ from .enums import dma_engine as dma_engine_enum
 from .enums import engine as engine_enum
 from .errors import fail
 from .state import current
-from .tensor import NkiTensor, sbuf
+from .tensor import NkiTensor, psum, sbuf
 from .trace import Instr
 
 
@@ -40,9 +40,14 @@ def core_barrier(
     launch = current()
     need_version(3, f"nisa.{instr}")
     # The docs name shared HBM data, but nki-library's moe_cte shard_on_I (its fast
-    # tests) also barriers on an SBUF block counter; the barrier orders the cores
-    # whatever the buffer, so any tensor is accepted.
+    # tests) also barriers on an SBUF block counter, so SBUF is accepted too; PSUM is
+    # neither documented nor used.
     tensor_arg(data, "data", instr)
+    if data.buffer is psum:
+        raise fail(
+            "BUF",
+            f"{instr}: data must be in HBM (or SBUF); got {data.buffer!r} ('{data.name}')",
+        )
     if not isinstance(engine, engine_enum):
         raise fail("ARG", f"{instr}: engine must be an nisa.engine member; got {engine!r}")
     members = _cores(cores, instr)

@@ -34,6 +34,20 @@ def test_core_barrier_makes_the_other_programs_writes_visible():
     np.testing.assert_allclose(out, np.exp(x), rtol=1e-6)
 
 
+def test_core_barrier_refuses_a_psum_tensor():
+    @nki.jit
+    def on_psum(x):
+        acc = nl.ndarray((2, 3), nl.float32, buffer=nl.psum)
+        nisa.core_barrier(acc, (0, 1))
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        return out
+
+    with pytest.raises(NkiValidationError, match=r"core_barrier: data must be in HBM .*psum") as e:
+        on_psum[2](np.ones((2, 3), np.float32))
+    assert "rule BUF" in str(e.value)
+
+
 def test_a_barrier_is_recorded_after_every_members_pre_barrier_work():
     """Trace order p0 pre, p1 pre, p0 barrier, p0 post, p1 barrier, p1 post: so in the cost
     model each core's barrier waits for both cores' writes to `data`, and the later core's
