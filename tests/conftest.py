@@ -6,6 +6,8 @@ pass: the autograd engine sizes its per-device queues when it first runs.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -19,6 +21,13 @@ threadpool_limits(1)
 torch.set_num_threads(1)
 
 EMULATED = neuron_device.install()
+
+# A suite started in the background by a non-interactive shell (`cmd &`) inherits SIGINT
+# ignored; Python then installs no KeyboardInterrupt handler and every child process
+# inherits the ignore, so the autotuner's Ctrl-C tests would see nothing. Restore the
+# interpreter's default (children exec with SIGINT at its default action again).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Hypothesis profiles of the property-based suite (tests/fuzz), registered here so that
 # `--hypothesis-profile` (applied when pytest configures) finds them. `ci` (default, part
