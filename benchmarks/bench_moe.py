@@ -35,6 +35,7 @@ from typing import Any
 from nki_kernels.model_shapes import MOE_SHAPES, TOKEN_COUNTS
 from nki_kernels.moe.pricing import layer_row
 from nki_kernels.perfmodel import COST_MODEL_VERSION, modeled_label
+from nki_kernels.perfmodel.band import format_band
 
 TARGETS = ("trn2", "trn3")
 ROUTINGS = ("uniform", "skewed")
@@ -83,10 +84,7 @@ def _with_band(ms: float, mfu: float, band: list[float] | None) -> tuple[str, st
     if not band:
         return f"{ms:.2f}", f"{mfu:.1f}"
     lo, hi = band
-    return (
-        f"{ms:.2f} ({lo:.2f}–{hi:.2f})",
-        f"{mfu:.1f} ({mfu * ms / hi:.1f}–{mfu * ms / lo:.1f})",
-    )
+    return format_band(ms, lo, hi, "", 2), format_band(mfu, mfu * ms / hi, mfu * ms / lo, "", 1)
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

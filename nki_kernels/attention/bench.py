@@ -294,6 +294,8 @@ def format_table(rows: list[Row]) -> str:
 
 def markdown_table(rows: list[Row]) -> str:
     """The rows as the README's markdown table: latency and MFU with their bands."""
+    from ..perfmodel.band import format_band
+
     lines = [
         "| target | op | S | causal | modeled latency (ms) | MFU % | busiest |",
         "|---|---|---|---|---|---|---|",
@@ -303,8 +305,10 @@ def markdown_table(rows: list[Row]) -> str:
         mfu = f"{100 * r.mfu:.1f}"
         mb = r.mfu_band()
         if mb is not None and r.latency_lo_us is not None and r.latency_hi_us is not None:
-            lat += f" ({r.latency_lo_us / 1e3:.2f}–{r.latency_hi_us / 1e3:.2f})"
-            mfu += f" ({100 * mb[0]:.1f}–{100 * mb[1]:.1f})"
+            lat = format_band(
+                r.latency_us / 1e3, r.latency_lo_us / 1e3, r.latency_hi_us / 1e3, "", 2
+            )
+            mfu = format_band(100 * r.mfu, 100 * mb[0], 100 * mb[1], "", 1)
         causal = "yes" if r.causal else "no"
         lines.append(f"| {r.target} | {r.op} | {r.seq} | {causal} | {lat} | {mfu} | {r.busiest} |")
     return "\n".join(lines)

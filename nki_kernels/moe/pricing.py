@@ -328,7 +328,8 @@ def layer_row(
         row["bwd_active_pct"] = {k: round(v, 1) for k, v in bwd.active_pct.items()}
         row["bwd_extrapolation_check"] = bwd.extrapolation_check
     if bands:
-        row.update(_layer_bands(p, cfg, blocks, tgt, lnc, backward, ids, shape))
+        bwd_plan = (bcfg, bblocks) if backward else None
+        row.update(_layer_bands(p, cfg, blocks, tgt, lnc, bwd_plan))
     return row
 
 
@@ -338,26 +339,22 @@ def _layer_bands(
     blocks: int,
     tgt: Target,
     lnc: int,
-    backward: bool,
-    ids: np.ndarray,
-    shape: MoEShape,
+    bwd_plan: tuple[Any, int] | None,
 ) -> dict[str, Any]:
-    """The forward's (and backward's) latency band in ms: `layer_row`'s pricing repeated
-    under every parameter set of the target's band."""
+    """The forward's (and, with `bwd_plan` = (backward config, used blocks), the
+    backward's) latency band in ms: `layer_row`'s pricing repeated under every parameter
+    set of the target's band."""
     from ..perfmodel.band import parameter_sets
 
     fwd, bwd = [], []
-    if backward:
-        bcfg = MoEMLPBwdConfig.heuristic(p, tgt)
-        bblocks = used_blocks(ids, shape.num_experts, bcfg.block_size)
     for t in parameter_sets(tgt):
         router = price_router(p, t, lnc=lnc).latency_ns
         fwd.append(price_blocks("fwd", p, cfg, blocks, t, lnc=lnc).latency_ns + router)
-        if backward:
-            b = price_blocks("bwd", p, bcfg, bblocks, t).latency_ns
+        if bwd_plan is not None:
+            b = price_blocks("bwd", p, bwd_plan[0], bwd_plan[1], t).latency_ns
             bwd.append(b + router + price_router_bwd(p, t).latency_ns)
     out: dict[str, Any] = {"latency_band_ms": [min(fwd) / 1e6, max(fwd) / 1e6]}
-    if backward:
+    if bwd_plan is not None:
         out["bwd_band_ms"] = [min(bwd) / 1e6, max(bwd) / 1e6]
     return out
 

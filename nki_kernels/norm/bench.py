@@ -21,7 +21,7 @@ from typing import Any
 
 from ..interp import TensorSpec
 from ..perfmodel import COST_MODEL_VERSION, estimate_trace, modeled_label, trace_kernel
-from ..perfmodel.band import band
+from ..perfmodel.band import band, format_band
 from ..runtime import lookup_config
 from ..targets import get_target
 from . import config as C
@@ -261,12 +261,10 @@ def markdown_table(rows: list[Row], shapes: list[tuple[int, int]]) -> str:
                 continue
             cell = f"{r.latency_us:.0f} us, {100 * r.hbm_fraction:.1f} %"
             if r.latency_lo_us is not None and r.latency_hi_us is not None:
-                cell = (
-                    f"{r.latency_us:.0f} us ({r.latency_lo_us:.0f}–{r.latency_hi_us:.0f}), "
-                    f"{100 * r.hbm_fraction:.1f} % "
-                    f"({100 * r.bound_us / r.latency_hi_us:.1f}–"
-                    f"{100 * r.bound_us / r.latency_lo_us:.1f})"
-                )
+                lo, hi = r.latency_lo_us, r.latency_hi_us
+                lat = format_band(r.latency_us, lo, hi, "us")
+                pct = 100 * r.hbm_fraction, 100 * r.bound_us / hi, 100 * r.bound_us / lo
+                cell = f"{lat}, {format_band(*pct, '%', 1)}"
             cells.append(cell)
             if r.busiest not in busiest:
                 busiest.append(r.busiest)
