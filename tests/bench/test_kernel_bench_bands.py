@@ -41,7 +41,8 @@ def test_norm_row_band_is_the_trace_scheduled_under_every_parameter_set() -> Non
     assert row.latency_lo_us <= row.latency_us <= row.latency_hi_us
     assert len(parameter_sets("trn2")) > 1
     table = norm_markdown([row], [(256, 512)])
-    assert f"{row.latency_us:.0f} us ({row.latency_lo_us:.0f}–{row.latency_hi_us:.0f})" in table
+    lat = f"{row.latency_us:.0f} us ({row.latency_lo_us:.0f}–{row.latency_hi_us:.0f} us)"
+    assert lat in table
     # the band is perfmodel.band's range of the trace of the row's config
     trace = trace_kernel(
         rms_norm_fwd,
