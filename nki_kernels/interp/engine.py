@@ -357,6 +357,9 @@ def emit(
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
     launch = _active[-1] if _active else current()
+    live = launch.liveness
+    if live is not None and live.starts:
+        live.before(launch.program_id)
     for group in (dsts, srcs):
         for t in group:
             if t.dtype in _PACKED:
@@ -406,7 +409,7 @@ def emit(
     instr.index = len(instrs)
     instrs.append(instr)
     if launch.liveness is not None:
-        launch.liveness.touched(dsts, srcs)
+        launch.liveness.touched(dsts, srcs, launch.program_id)
     return instr
 
 

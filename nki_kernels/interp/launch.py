@@ -75,6 +75,7 @@ _settings: dict[str, Any] = {
     "target": None,
     "trace_only": False,
     "free_unused_tiles": False,
+    "reorder_psum_reads": False,
     "mx_scale": "nki-0.6",
     "fresh_memory": "poison",
 }
@@ -88,12 +89,18 @@ def settings(
     free_unused_tiles: bool | None = None,
     mx_scale: str | None = None,
     fresh_memory: str | None = None,
+    reorder_psum_reads: bool | None = None,
 ) -> Iterator[None]:
     """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`).
 
     `free_unused_tiles=True`: when a launch is replayed with last-use lifetimes
     (liveness.py), an on-chip tile no instruction touches is freed at once, as the
     compiler drops a dead allocation (default: it keeps its Python lifetime).
+    `reorder_psum_reads=True`: in that replay, PSUM is accounted as neuronx-cc's default
+    flow schedules it -- a PSUM tile placed at its first access, and an instruction that
+    reads PSUM into SBUF counted right after the last instruction it depends on
+    (liveness.py); for kernels compiled that way, such as nki-library's (default: the
+    program order).
     `mx_scale="pre-0.5"`: `nisa.quantize_mx` uses the block scale of NKI before 0.5, the
     OCP sample algorithm's, half of NKI 0.5+'s (a compatibility mode for goldens written
     against it; the default "nki-0.6" is the documented current behaviour).
@@ -112,6 +119,8 @@ def settings(
         _settings["trace_only"] = trace_only
     if free_unused_tiles is not None:
         _settings["free_unused_tiles"] = free_unused_tiles
+    if reorder_psum_reads is not None:
+        _settings["reorder_psum_reads"] = reorder_psum_reads
     if mx_scale is not None:
         _settings["mx_scale"] = mx_scale
     if fresh_memory is not None:
@@ -349,12 +358,19 @@ def run_call(
         # (each tile freed after its last use; see liveness.py).
         recorder = _record_uses(attempt)
         try:
-            plan = Liveness(recorder.counts, free_unused=bool(_settings["free_unused_tiles"]))
+            plan = Liveness(
+                recorder.counts,
+                free_unused=bool(_settings["free_unused_tiles"]),
+                reorder=recorder.reorder,
+                spans=recorder.spans,
+            )
             result, launch = placed(plan)
         except MemoryPlanError as e:
             msg = str(e).rsplit(" (rule ", 1)[0]
             raise MemoryPlanError(
-                e.rule, f"{msg}, even with every tile freed after its last use"
+                e.rule,
+                f"{msg}, even with every tile freed after its last use"
+                + (" and PSUM read-outs reordered" if recorder.reorder else ""),
             ) from first
     if not t_only:
         _write_back(every)
@@ -382,11 +398,12 @@ def _record_uses(attempt: Callable[..., Any]) -> Liveness:
     trace-only run cannot follow, is recorded with its arithmetic.
     """
     with contextlib.redirect_stdout(io.StringIO()):  # kernel prints: once per replay
-        recorder = Liveness()
+        reorder = bool(_settings["reorder_psum_reads"])
+        recorder = Liveness(reorder=reorder)
         try:
             attempt(recorder, arithmetic=False)
         except NkiValidationError:
-            recorder = Liveness()
+            recorder = Liveness(reorder=reorder)
             attempt(recorder)
     return recorder
 

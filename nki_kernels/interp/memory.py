@@ -165,6 +165,12 @@ class AddressAllocator:
             self.peak = self.live
 
 
+def _site(storage: Any) -> str:
+    """' from file.py:LINE' where the kernel allocated `storage`, when it was recorded."""
+    site = getattr(storage, "site", "")
+    return f" from {site}" if site else ""
+
+
 def _overflow(space: AddressAllocator, need: int, rule: str, message: str) -> MemoryPlanError:
     """The error of a failed placement; `fragmented` tells the launcher whether the bytes
     were there in total (so first-fit placement might still fit the plan)."""
@@ -189,6 +195,9 @@ class OnChipMemory:
         self.psum = AddressAllocator(psum_banks * bank_bytes, bank_bytes, rotate)
         self.bank_bytes = bank_bytes
         self.psum_banks = psum_banks
+        # live tiles by storage id: (in PSUM, shape, dtype, bytes per partition, kernel
+        # line) -- what an overflow message lists
+        self.tiles: dict[int, tuple[bool, Any, Any, int, str]] = {}
 
     def place_sbuf(self, nbytes: int, storage: Any, address: int | None = None) -> int:
         """Place `nbytes` per partition in SBUF (at byte `address` if given); fail with the
@@ -202,6 +211,7 @@ class OnChipMemory:
                     f"address {address} needs bytes [{address}, {address + nbytes}) per "
                     f"partition but {self.sbuf.capacity} B per partition are usable",
                 )
+            self._track(storage, False, nbytes)
             return got
         addr = self.sbuf.alloc(nbytes)
         if addr is None:
@@ -211,10 +221,12 @@ class OnChipMemory:
                 self.sbuf,
                 need,
                 "SBUF_OVERFLOW",
-                f"SBUF overflow on {self.target_name}: allocating {what} needs {need} B per "
-                f"partition but {self.sbuf.live} of {self.sbuf.capacity} usable B per partition "
-                f"are live (largest free hole {self._largest_hole(self.sbuf)} B)",
+                f"SBUF overflow on {self.target_name}: allocating {what}{_site(storage)} needs "
+                f"{need} B per partition but {self.sbuf.live} of {self.sbuf.capacity} usable B "
+                f"per partition are live (largest free hole {self._largest_hole(self.sbuf)} B)"
+                f"{self._live_list(False)}",
             )
+        self._track(storage, False, nbytes)
         return addr
 
     def place_psum(self, nbytes: int, storage: Any, address: int | None = None) -> int:
@@ -230,6 +242,7 @@ class OnChipMemory:
                     f"address {address} needs bytes [{address}, {address + nbytes}) but PSUM "
                     f"has {self.psum_banks} banks of {self.bank_bytes} B",
                 )
+            self._track(storage, True, nbytes + address - bank0)
             return address
         addr = self.psum.alloc(nbytes)
         if addr is None:
@@ -240,17 +253,41 @@ class OnChipMemory:
                 self.psum,
                 banks * self.bank_bytes,
                 "PSUM_OVERFLOW",
-                f"PSUM overflow on {self.target_name}: allocating {what} needs {banks} bank(s) of "
-                f"{self.bank_bytes} B but {live} of {self.psum_banks} banks are live",
+                f"PSUM overflow on {self.target_name}: allocating {what}{_site(storage)} needs "
+                f"{banks} bank(s) of {self.bank_bytes} B but {live} of {self.psum_banks} banks "
+                f"are live{self._live_list(True)}",
             )
+        self._track(storage, True, nbytes)
         return addr
+
+    def _track(self, storage: Any, psum: bool, nbytes: int) -> None:
+        space = self.psum if psum else self.sbuf
+        site = _site(storage)
+        self.tiles[storage.sid] = (psum, storage.shape, storage.dtype, space.round(nbytes), site)
+
+    def _live_list(self, psum: bool, most: int = 8) -> str:
+        """'; live: 12 x (128, 512) float32 (2048 B each) from f.py:999, ...': the live
+        tiles of one space grouped by shape, dtype and kernel line, largest total first."""
+        groups: dict[tuple[str, int, str], int] = {}
+        for in_psum, shape, dtype, size, site in self.tiles.values():
+            if in_psum == psum:
+                key = (f"{shape} {dtype}", size, site)
+                groups[key] = groups.get(key, 0) + 1
+        if not groups:
+            return ""
+        order = sorted(groups.items(), key=lambda g: -g[0][1] * g[1])
+        parts = [f"{n} x {kind} ({size} B each){site}" for (kind, size, site), n in order[:most]]
+        rest = sum(n for _, n in order[most:])
+        more = f", and {rest} smaller tile(s)" if rest else ""
+        return "; live: " + ", ".join(parts) + more
 
     def set_rotation(self, rotate: bool) -> None:
         """Next-fit (True) or lowest-address first-fit (False) placement from now on."""
         self.sbuf.rotate = self.psum.rotate = rotate
 
-    def release(self, psum: bool, addr: int, nbytes: int, pinned: bool) -> None:
-        """Free a placement made by place_sbuf / place_psum."""
+    def release(self, psum: bool, addr: int, nbytes: int, pinned: bool, sid: int = 0) -> None:
+        """Free a placement made by place_sbuf / place_psum (of storage `sid`)."""
+        self.tiles.pop(sid, None)
         space = self.psum if psum else self.sbuf
         if not pinned:
             space.release(addr, nbytes)

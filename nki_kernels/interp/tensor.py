@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import math
 import operator
+import os
+import sys
+import types
 from typing import Any
 
 import numpy as np
@@ -59,6 +62,20 @@ def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+_INTERP_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _kernel_line() -> str:
+    """'file.py:LINE' of the innermost caller outside the interpreter: the kernel line
+    that made an allocation."""
+    f: types.FrameType | None = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_INTERP_DIR):
+        f = f.f_back
+    if f is None:
+        return ""
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
 class Storage:
     """One allocation. `data` is a flat array of `dtype` (None in trace-only mode).
 
@@ -75,6 +92,7 @@ class Storage:
         "data",
         "dirty",
         "dtype",
+        "home",
         "is_input",
         "key",
         "memory",
@@ -87,6 +105,7 @@ class Storage:
         "remaining",
         "shape",
         "sid",
+        "site",
         "size",
     )
 
@@ -107,6 +126,7 @@ class Storage:
         self.buffer = buffer
         self.name = name or f"t{sid}"
         self.memory = None
+        self.home = None
         self.pinned = False
         self.addr = 0
         self.nbytes_pp = 0
@@ -117,6 +137,7 @@ class Storage:
         self.is_input = False
         self.size = size = _prod(shape)
         self.pstride = _prod(shape[1:])
+        self.site = ""
         if buffer.on_chip:
             limit = launch.target.partitions
             if shape[0] > limit:
@@ -130,14 +151,22 @@ class Storage:
             self.key: tuple[int, int] | None = (launch.program_id, prog.onchip_count)
             prog.onchip_count += 1
             live = launch.liveness
-            if live is None or not live.recording:
+            if live is not None and not live.recording:
+                self.site = _kernel_line()  # only a replayed plan can fail for good
+            if live is not None and live.recording:
+                live.allocated(self)
+            else:
                 mem = prog.memory
-                if buffer is psum:
+                self.home = mem
+                if address is None and live is not None and live.allocated(self):
+                    pass  # placed at its first slot (liveness.py: reordered read-outs)
+                elif buffer is psum:
                     self.addr = mem.place_psum(nb, self, address)
+                    self.memory = mem
                 else:
                     self.addr = mem.place_sbuf(nb, self, address)
+                    self.memory = mem
                 self.pinned = address is not None
-                self.memory = mem
                 if live is not None:
                     # a tile no instruction touches keeps its Python lifetime (a dry run
                     # of a reduced problem then still counts every buffer it allocates)
@@ -167,12 +196,18 @@ class Storage:
         """'name' shape dtype, for error messages."""
         return f"'{self.name}' {self.shape} {self.dtype}"
 
+    def place(self) -> None:
+        """Place a PSUM tile whose placement waited for its first slot (liveness.py)."""
+        if self.memory is None and self.home is not None:
+            self.addr = self.home.place_psum(self.nbytes_pp, self)
+            self.memory = self.home
+
     def release(self) -> None:
         """Give the storage's on-chip place back (at most once)."""
         mem = self.memory
         if mem is not None:
             self.memory = None
-            mem.release(self.buffer is psum, self.addr, self.nbytes_pp, self.pinned)
+            mem.release(self.buffer is psum, self.addr, self.nbytes_pp, self.pinned, self.sid)
 
     def __del__(self) -> None:
         self.release()
