@@ -340,7 +340,8 @@ def _classify(report: Any) -> CaseResult:
         return CaseResult(report.nodeid, "pass", "", secs)
     text = str(report.longrepr)
     exc = getattr(report.longrepr, "reprcrash", None)
-    msg = (exc.message if exc is not None else text).splitlines()[0][:300]
+    # an overflow's list of live tiles can be long: keep it, within reason
+    msg = (exc.message if exc is not None else text).splitlines()[0][:1500]
     msg = msg.removeprefix("nki_kernels.interp.errors.")  # the class name is enough
     if "NotSupportedError" in msg or "not supported by the interpreter" in msg:
         status = "missing-API"

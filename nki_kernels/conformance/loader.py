@@ -68,8 +68,8 @@ def mapped_nki() -> Iterator[None]:
     """Within the block, `import nki...` (and `neuronxcc.nki.typing`) gives the interpreter,
     `import neuron_dtypes` a stand-in when AWS's package is absent, and launches drop dead
     on-chip allocations as the compiler does (`settings(free_unused_tiles=True)`: AWS's
-    small test shapes leave buffers unused) and account PSUM as neuronx-cc's default flow
-    schedules it (`settings(reorder_psum_reads=True)`: AWS's tests compile that way)."""
+    small test shapes leave buffers unused) and account memory as neuronx-cc's default
+    flow schedules it (`settings(compiler_schedule=True)`: AWS's tests compile that way)."""
     saved = {k: v for k, v in sys.modules.items() if _is_mapped(k)}
     for k in saved:
         del sys.modules[k]
@@ -82,7 +82,7 @@ def mapped_nki() -> Iterator[None]:
 
         sys.modules["neuron_dtypes"] = neuron_dtypes_standin
     try:
-        with settings(free_unused_tiles=True, reorder_psum_reads=True):
+        with settings(free_unused_tiles=True, compiler_schedule=True):
             yield
     finally:
         if standin:

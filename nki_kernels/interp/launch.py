@@ -75,7 +75,7 @@ _settings: dict[str, Any] = {
     "target": None,
     "trace_only": False,
     "free_unused_tiles": False,
-    "reorder_psum_reads": False,
+    "compiler_schedule": False,
     "mx_scale": "nki-0.6",
     "fresh_memory": "poison",
 }
@@ -89,18 +89,18 @@ def settings(
     free_unused_tiles: bool | None = None,
     mx_scale: str | None = None,
     fresh_memory: str | None = None,
-    reorder_psum_reads: bool | None = None,
+    compiler_schedule: bool | None = None,
 ) -> Iterator[None]:
     """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`).
 
     `free_unused_tiles=True`: when a launch is replayed with last-use lifetimes
     (liveness.py), an on-chip tile no instruction touches is freed at once, as the
     compiler drops a dead allocation (default: it keeps its Python lifetime).
-    `reorder_psum_reads=True`: in that replay, PSUM is accounted as neuronx-cc's default
-    flow schedules it -- a PSUM tile placed at its first access, and an instruction that
+    `compiler_schedule=True`: in that replay, memory is accounted as neuronx-cc's default
+    flow schedules it -- each tile placed at its first access, and an instruction that
     reads PSUM into SBUF counted right after the last instruction it depends on
-    (liveness.py); for kernels compiled that way, such as nki-library's (default: the
-    program order).
+    (liveness.py); for kernels compiled that way, such as nki-library's (default: each
+    tile placed at its allocation, in program order).
     `mx_scale="pre-0.5"`: `nisa.quantize_mx` uses the block scale of NKI before 0.5, the
     OCP sample algorithm's, half of NKI 0.5+'s (a compatibility mode for goldens written
     against it; the default "nki-0.6" is the documented current behaviour).
@@ -119,8 +119,8 @@ def settings(
         _settings["trace_only"] = trace_only
     if free_unused_tiles is not None:
         _settings["free_unused_tiles"] = free_unused_tiles
-    if reorder_psum_reads is not None:
-        _settings["reorder_psum_reads"] = reorder_psum_reads
+    if compiler_schedule is not None:
+        _settings["compiler_schedule"] = compiler_schedule
     if mx_scale is not None:
         _settings["mx_scale"] = mx_scale
     if fresh_memory is not None:
@@ -369,12 +369,20 @@ def run_call(
             msg = str(e).rsplit(" (rule ", 1)[0]
             raise MemoryPlanError(
                 e.rule,
-                f"{msg}, even with every tile freed after its last use"
-                + (" and PSUM read-outs reordered" if recorder.reorder else ""),
+                _even_with(msg, recorder.reorder),
             ) from first
     if not t_only:
         _write_back(every)
     return RunResult(result, launch.trace)
+
+
+def _even_with(msg: str, reorder: bool) -> str:
+    """An overflow message of the replay: what the replay tried, before the live list."""
+    head, sep, tiles = msg.partition("; live: ")
+    tried = ", even with every tile freed after its last use"
+    if reorder:
+        tried += " (placed at its first use, PSUM read-outs moved up)"
+    return head + tried + sep + tiles
 
 
 def _drop_frames(e: BaseException) -> None:
@@ -398,7 +406,7 @@ def _record_uses(attempt: Callable[..., Any]) -> Liveness:
     trace-only run cannot follow, is recorded with its arithmetic.
     """
     with contextlib.redirect_stdout(io.StringIO()):  # kernel prints: once per replay
-        reorder = bool(_settings["reorder_psum_reads"])
+        reorder = bool(_settings["compiler_schedule"])
         recorder = Liveness(reorder=reorder)
         try:
             attempt(recorder, arithmetic=False)

@@ -23,24 +23,29 @@ unrolled Python (`range` and its aliases), so "last use" is the last use in the
 unrolled program: a tile written before a loop and read in every iteration lives until
 the last iteration's read, as on the chip.
 
-**Reordered PSUM read-outs** (`settings(reorder_psum_reads=True)`, set by the
-conformance loader for AWS's kernels): by default neuronx-cc, not the kernel's program
-order, decides the instruction order and the addresses after NKI traces the kernel (NKI
+**The compiler's schedule** (`settings(compiler_schedule=True)`, set by the conformance
+loader for AWS's kernels): by default neuronx-cc, not the kernel's program order,
+decides the addresses and the instruction order after NKI traces the kernel (NKI
 compile-configuration deep dive: "By default, neuronx-cc makes both decisions after NKI
-traces the kernel"). A kernel may then keep more PSUM accumulators than the 8 banks in
-a list and read them out in a later loop, and the compiler evicts each one once its
-accumulation group is done -- nki-library's `shard_on_i` MoE kernel does this with
-I_TP / 128 accumulators, documented for I_TP up to 16384. In this mode the replay
-models that schedule for PSUM only: a PSUM tile is placed at its first access (LINEAR
-allocation's "address to a tile at its first write") and freed after its last access,
-where an instruction that reads PSUM and writes only SBUF (an eviction) counts as if
-it ran right after the last instruction it depends on (the last write of each of its
-sources, the last access of its destinations, the allocation of each operand). An
-instruction touching HBM is never moved. The interpreter still executes the
-instructions in program order (the values do not depend on the order); only the PSUM
-accounting follows the reordered schedule, and the trace's PSUM regions of a moved
-read-out may share a bank with a later tile (a false dependency, never a missed one in
-the values). SBUF keeps the program-order lifetimes.
+traces the kernel"; `Allocation.COLORING`: graph coloring after the trace). In this mode
+the replay models two things it documents or needs:
+
+- a tile lives from its first access, not from its `nl.ndarray` (`Allocation.LINEAR`:
+  "assigns an address to a tile at its first write and releases the address after its
+  last read");
+- an instruction that reads PSUM and writes only SBUF (an accumulator's read-out)
+  counts as if it ran right after the last instruction it depends on: the last write
+  of each of its sources, the last access of each of its destinations, the allocation
+  of each operand. A kernel may keep more PSUM accumulators than the 8 banks in a list
+  and read them out in a later loop, relying on the compiler to evict each once its
+  accumulation group is done: nki-library's `shard_on_i` MoE kernel keeps I_TP / 128
+  per core and is documented for I_TP up to 16384. An instruction that touches HBM is
+  never moved.
+
+The interpreter still executes the instructions in program order (their values do not
+depend on the order); only the accounting follows the schedule, and the trace's region
+of a moved read-out may share an address with a later tile (a false dependency in the
+trace, never a wrong value).
 """
 
 from __future__ import annotations
@@ -56,11 +61,11 @@ Key = tuple[int, int]  # (program id, on-chip allocation number within the progr
 class Liveness:
     """Per-launch use counting (`plan is None`: recording) or freeing at the last use.
 
-    With `reorder` (reordered PSUM read-outs, see above) the recording pass also gives
-    every PSUM tile a lifetime in slots of its program's schedule (slot 2s: instruction s
-    where the kernel issues it; slot 2h + 1: a read-out moved to right after instruction
-    h), and the placing pass places each PSUM tile at its first slot and frees it after
-    its last.
+    With `reorder` (the compiler's schedule, see above) the recording pass also gives
+    every on-chip tile a lifetime in slots of its program's schedule (slot 2s:
+    instruction s where the kernel issues it; slot 2h + 1: a PSUM read-out moved to
+    right after instruction h), and the placing pass places each tile at its first slot
+    and frees it after its last.
     """
 
     def __init__(
@@ -82,7 +87,7 @@ class Liveness:
         self.last_write: dict[Key, int] = {}
         self.last_access: dict[Key, int] = {}
         self.spans: dict[Key, tuple[int, int]] = {} if spans is None else spans
-        # placing, with `reorder`: PSUM tiles to place / free at a slot, per program
+        # placing, with `reorder`: tiles to place / free at a slot, per program
         self.starts: dict[tuple[int, int], list[Storage]] = {}
         self.ends: dict[tuple[int, int], list[Storage]] = {}
 
@@ -91,8 +96,8 @@ class Liveness:
         return self.plan.get(key, 0)
 
     def allocated(self, st: Storage) -> bool:
-        """A new on-chip tile; True if its placement waits for its first slot (a PSUM tile
-        under `reorder` in the placing pass)."""
+        """A new on-chip tile; True if its placement waits for its first slot (under
+        `reorder`, in the placing pass)."""
         key = st.key
         assert key is not None
         if self.recording:
@@ -110,8 +115,8 @@ class Liveness:
         return True
 
     def before(self, program: int) -> None:
-        """Instruction number seq[program] is about to be issued: place the PSUM tiles
-        whose first slot it is."""
+        """Instruction number seq[program] is about to be issued: place the tiles whose
+        first slot it is."""
         if self.starts:
             for st in self.starts.pop((program, 2 * self.seq.get(program, 0)), ()):
                 st.place()
@@ -152,7 +157,7 @@ class Liveness:
         self, s: int, dsts: tuple[NkiTensor, ...], srcs: tuple[NkiTensor, ...], seen: list[Any]
     ) -> None:
         """Recording: the slot of instruction `s` (moved up if it is a PSUM read-out) and
-        the PSUM lifetimes it extends."""
+        the lifetimes it extends."""
         from .language import psum
 
         written = [t._st.key for t in dsts if t._st.key is not None]
@@ -173,12 +178,9 @@ class Liveness:
             slot = min(slot, 2 * h + 1)
         spans = self.spans
         for st in seen:
-            if st.buffer is psum:
-                key = st.key
-                span = spans.get(key)
-                spans[key] = (
-                    (slot, slot) if span is None else (min(span[0], slot), max(span[1], slot))
-                )
+            key = st.key
+            span = spans.get(key)
+            spans[key] = (slot, slot) if span is None else (min(span[0], slot), max(span[1], slot))
         for k in written:
             self.last_write[k] = s
         for st in seen:

@@ -159,7 +159,7 @@ class Storage:
                 mem = prog.memory
                 self.home = mem
                 if address is None and live is not None and live.allocated(self):
-                    pass  # placed at its first slot (liveness.py: reordered read-outs)
+                    pass  # placed at its first slot (liveness.py: the compiler's schedule)
                 elif buffer is psum:
                     self.addr = mem.place_psum(nb, self, address)
                     self.memory = mem
@@ -197,9 +197,12 @@ class Storage:
         return f"'{self.name}' {self.shape} {self.dtype}"
 
     def place(self) -> None:
-        """Place a PSUM tile whose placement waited for its first slot (liveness.py)."""
+        """Place a tile whose placement waited for its first slot (liveness.py)."""
         if self.memory is None and self.home is not None:
-            self.addr = self.home.place_psum(self.nbytes_pp, self)
+            if self.buffer is psum:
+                self.addr = self.home.place_psum(self.nbytes_pp, self)
+            else:
+                self.addr = self.home.place_sbuf(self.nbytes_pp, self)
             self.memory = self.home
 
     def release(self) -> None:

@@ -1,8 +1,8 @@
-"""PSUM read-outs reordered as neuronx-cc schedules them (`settings(reorder_psum_reads=True)`):
+"""Memory accounted as neuronx-cc schedules it (`settings(compiler_schedule=True)`): PSUM
 accumulators kept in a list and read out in a later loop fit when each read-out can run
-right after its accumulation; they still overflow when a read-out depends on something
-written after all of them. Overflow messages list the live tiles and where the kernel
-allocated them."""
+right after its accumulation, and SBUF tiles allocated up front live from their first
+write; both still overflow when the tiles are truly live together. Overflow messages
+list the live tiles and where the kernel allocated them."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _x() -> np.ndarray:
 
 def test_readouts_in_a_later_loop_fit_when_psum_reads_are_reordered():
     x = _x()
-    with settings(reorder_psum_reads=True):
+    with settings(compiler_schedule=True):
         res = run(_later_readout(False), x)
     col = x.astype(np.float64).sum(axis=0)
     want = np.stack([col * (j + 1) for j in range(N_ACC)]).astype(np.float32)
@@ -69,16 +69,16 @@ def test_in_program_order_the_same_kernel_overflows_psum():
         run(_later_readout(False), _x())
     msg = str(e.value)
     assert e.value.rule == "PSUM_OVERFLOW"
-    assert "8 of 8 banks are live" in msg and "even with every tile freed" in msg
-    assert "reordered" not in msg
+    assert "8 of 8 banks are live, even with every tile freed after its last use; live:" in msg
+    assert "first use" not in msg
 
 
 def test_a_readout_that_waits_for_a_later_write_still_overflows():
-    with settings(reorder_psum_reads=True), pytest.raises(MemoryPlanError) as e:
+    with settings(compiler_schedule=True), pytest.raises(MemoryPlanError) as e:
         run(_later_readout(True), _x())
     msg = str(e.value)
     assert e.value.rule == "PSUM_OVERFLOW"
-    assert msg.endswith("and PSUM read-outs reordered (rule PSUM_OVERFLOW)")
+    assert "even with every tile freed after its last use (placed at its first use, PSUM" in msg
 
 
 def test_an_overflow_lists_the_live_tiles_and_their_kernel_lines():
@@ -88,3 +88,48 @@ def test_an_overflow_lists_the_live_tiles_and_their_kernel_lines():
     # the 9th accumulator, with the 8 live ones grouped by shape, dtype and source line
     assert "allocating 't" in msg and "from test_psum_reorder.py:" in msg
     assert "; live: 8 x (1, 512) float32 (2048 B each) from test_psum_reorder.py:" in msg
+
+
+SBUF_COLS = 16 * 1024  # fp32: 64 KiB per partition; 4 need 256 KiB of trn2's 208 KiB
+
+
+def _sbuf_list(read_at_end: bool):
+    """4 SBUF tiles allocated in one list; each is loaded, then added into an
+    accumulator -- right after its load, or (`read_at_end`) all after the last load."""
+
+    def kernel(x):
+        out = nl.ndarray((P, SBUF_COLS // 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        tiles = [nl.ndarray((P, SBUF_COLS), dtype=nl.float32, buffer=nl.sbuf) for _ in range(4)]
+        acc = nl.ndarray((P, SBUF_COLS // 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=acc, value=0.0)
+        for t in tiles:
+            nisa.dma_copy(dst=t, src=x)
+            if not read_at_end:
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=t[:, 0 : SBUF_COLS // 4], op=nl.add)
+        if read_at_end:
+            for t in tiles:
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=t[:, 0 : SBUF_COLS // 4], op=nl.add)
+        nisa.dma_copy(dst=out, src=acc)
+        return out
+
+    return kernel
+
+
+def test_sbuf_tiles_allocated_up_front_live_from_their_first_write():
+    x = np.full((P, SBUF_COLS), 0.5, np.float32)
+    with pytest.raises(MemoryPlanError) as e:
+        run(_sbuf_list(False), x)  # placed at their allocation: all 4 at once
+    assert e.value.rule == "SBUF_OVERFLOW"
+    with settings(compiler_schedule=True):
+        res = run(_sbuf_list(False), x)
+    np.testing.assert_array_equal(res.outputs, np.full((P, SBUF_COLS // 4), 2.0, np.float32))
+    assert res.trace.peak_sbuf_bytes[0] < 3 * SBUF_COLS * 4
+
+
+def test_sbuf_tiles_read_after_the_last_load_still_overflow():
+    x = np.full((P, SBUF_COLS), 0.5, np.float32)
+    with settings(compiler_schedule=True), pytest.raises(MemoryPlanError) as e:
+        run(_sbuf_list(True), x)
+    msg = str(e.value)
+    assert e.value.rule == "SBUF_OVERFLOW" and "needs 65536 B per partition" in msg
+    assert "; live: 2 x (128, 16384) float32 (65536 B each) from test_psum_reorder.py:" in msg
