@@ -77,6 +77,15 @@ class Target:
     # cycles" (perf guide); fitted to its 264-cycle dependent activations (v2). M
     dependent_instr_cycles: float = 100
     sbuf_access_cycles: int = 60  # fixed cost of starting an SBUF/PSUM access. M
+    # The compiler's instruction scheduling ("automatic instruction scheduling", which
+    # "could execute in any order" instructions without a dependency; nl.no_reorder and
+    # with_schedule constrain it: NKI scheduling-APIs guide; on unless
+    # --enable-instruction-scheduling=false): each compute engine may issue a later
+    # independent instruction of its own ahead of an earlier one within this many
+    # pending instructions. The docs give no window. PROTOTYPE (issue 11): 1 = every
+    # engine in program order, the shipped cost model v2; 8 is what the analysis in
+    # docs/readme/cost-model.md prices. L
+    scheduling_window: int = 1
     gpsimd_startup_cycles: int = 150  # GpSimd instruction start-up. M
     matmul_min_cycles: int = 64  # MultiplyMoving floor: max(N, 64). H
     semaphore_ns: float = 50.0  # cross-engine semaphore signal latency (assumed). L

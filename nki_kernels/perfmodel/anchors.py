@@ -187,6 +187,10 @@ def _chain_interval_ns(trace: Trace, target: Target) -> float:
 
 QUANTITIES: dict[str, Callable[[Trace, Target], float]] = {
     "latency": lambda trace, target: schedule(trace, target).latency_ns,
+    # priced with the compiler's instruction scheduling off (nki-autotune's flag)
+    "latency_scheduling_off": lambda trace, target: (
+        schedule(trace, target, scheduling=False).latency_ns
+    ),
     "dma_engine_transfer": _first_dma_engine_ns,
     "instruction_interval": _chain_interval_ns,
 }
@@ -219,7 +223,10 @@ class AnchorSet:
         out = {}
         for a in self.anchors:
             if ids is None or a.id in ids:
-                out[a.id] = QUANTITIES[a.quantity](self.traces[a.id], target)
+                q = a.quantity
+                if q == "latency" and "instruction-scheduling=false" in a.compiler_flags:
+                    q = "latency_scheduling_off"
+                out[a.id] = QUANTITIES[q](self.traces[a.id], target)
         return out
 
     @property

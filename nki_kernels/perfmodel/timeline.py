@@ -44,6 +44,7 @@ O(blocks it touches), so pricing is linear in the trace.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
@@ -151,10 +152,42 @@ def _chip_region(instr: Instr) -> tuple | None:
     return None
 
 
-def schedule(trace: Trace, target: Target | str | None = None, record: bool = False) -> Schedule:
+def _blocks(reg: tuple) -> tuple[int, int, int, int]:
+    """(space, tensor, first block, end block) of a region, at the dependency granule."""
+    shift = HBM_BLOCK_SHIFT if reg[0] == HBM else ONCHIP_BLOCK_SHIFT
+    return reg[0], reg[1], reg[4] >> shift, ((reg[5] - 1) >> shift) + 1
+
+
+def _conflicts(a: Instr, b: Instr) -> bool:
+    """True when `a` and `b` touch a common block and at least one of them writes it."""
+    for x in a.writes:
+        bx = _blocks(x)
+        for y in (*b.reads, *b.writes):
+            by = _blocks(y)
+            if bx[0] == by[0] and bx[1] == by[1] and bx[2] < by[3] and by[2] < bx[3]:
+                return True
+    for x in a.reads:
+        bx = _blocks(x)
+        for y in b.writes:
+            by = _blocks(y)
+            if bx[0] == by[0] and bx[1] == by[1] and bx[2] < by[3] and by[2] < bx[3]:
+                return True
+    return False
+
+
+def schedule(
+    trace: Trace,
+    target: Target | str | None = None,
+    record: bool = False,
+    scheduling: bool = True,
+) -> Schedule:
     """Place every instruction of `trace` on its engine; see the module docstring.
 
     `record=True` also keeps each DMA engine's share of each DMA (for the Chrome trace).
+    `scheduling=False` prices the trace as compiled with the compiler's instruction
+    scheduling off (`--enable-instruction-scheduling=false`): every engine in program
+    order. With it on (the compiler default) each compute engine may issue a later
+    independent instruction ahead of an earlier one, within `scheduling_window`.
     """
     tgt = get_target(target if target is not None else trace.target)
     instrs = trace.instrs
@@ -173,25 +206,21 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
         (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
         for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
     ]
+    window = max(1, int(tgt.scheduling_window)) if scheduling else 1
     sh, hsh = ONCHIP_BLOCK_SHIFT, HBM_BLOCK_SHIFT
-    dge_busy = 0.0
-    latency = 0.0
+    totals = [0.0, 0.0]  # latency, DGE busy
     pricer = Pricer(tgt)
     price_dma, price_compute = pricer.dma_plan, pricer.compute
     assert SBUF == 0 and PSUM == 1
 
-    cur_prog = -1
-    for idx in range(count):
-        ins = instrs[idx]
-        prog = ins.program
-        if prog != cur_prog:
-            while prog >= len(cores):
-                cores.append(_Core(tgt))
-            cur_prog = prog
-            core = cores[prog]
-            cw, cr = core.w, core.r
+    def core_of(prog: int) -> _Core:
+        while prog >= len(cores):
+            cores.append(_Core(tgt))
+        return cores[prog]
 
-        # ---- dependencies -------------------------------------------------------------
+    def ready_time(ins: Instr, core: _Core) -> float:
+        """When the instruction's inputs are written and its outputs free (tables)."""
+        cw, cr = core.w, core.r
         dep = 0.0
         for reg in ins.reads:
             space = reg[0]
@@ -225,8 +254,27 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                 t = max(cr[space][b:e])
             if t > dep:
                 dep = t
+        return dep
 
-        # ---- execution ----------------------------------------------------------------
+    def compute_start(ins: Instr, core: _Core, ei: int, dep: float) -> float:
+        free = core.free[ei]
+        start = dep + sem if dep > free else free
+        if ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei]):
+            drained = free + dep_ns[ei]
+            if drained > start:
+                start = drained
+        ports = price_compute(ins)[1]
+        if ports:
+            if ports & 1 and core.port[1] > start:
+                start = core.port[1]
+            if ports & 2 and core.port[2] > start:
+                start = core.port[2]
+        return start
+
+    def place(idx: int, dep: float) -> None:
+        """Run instruction `idx` now that everything it depends on is placed."""
+        ins = instrs[idx]
+        core = core_of(ins.program)
         eng = ins.engine
         if eng == "dma":
             plan: DmaPlan = price_dma(ins, _chip_region(ins))
@@ -241,7 +289,7 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                 i = min(range(len(slots)), key=slots.__getitem__)
                 s = slots[i] if slots[i] > ready else ready
                 slots[i] = s + plan.dge_ns
-                dge_busy += plan.dge_ns
+                totals[1] += plan.dge_ns
                 ready = s + plan.dge_ns
             elif plan.dge == "sw":
                 g = _ENGINE_INDEX["gpsimd"]
@@ -262,25 +310,16 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                     end = f
                 if record:
                     for q in range(lo, hi):
-                        segments.append(DmaSegment(prog, q, s, f, idx))
+                        segments.append(DmaSegment(ins.program, q, s, f, idx))
             start = first if first < math.inf else t0
         else:
             ei = _ENGINE_INDEX.get(eng)
             if ei is None:  # an engine the model does not know (e.g. a sync barrier)
                 starts[idx] = ends[idx] = dep
-                continue
+                return
             free = core.free[ei]
-            start = dep + sem if dep > free else free
-            if ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei]):
-                drained = free + dep_ns[ei]
-                if drained > start:
-                    start = drained
+            start = compute_start(ins, core, ei, dep)
             work, ports = price_compute(ins)
-            if ports:
-                if ports & 1 and core.port[1] > start:
-                    start = core.port[1]
-                if ports & 2 and core.port[2] > start:
-                    start = core.port[2]
             if ei == 0 and s0 < 1.0:
                 # "If utilization drops below 50% over any ~3 microsecond window ... the
                 # limit re-engages": an idle gap longer than half the ramp window resets it.
@@ -302,10 +341,13 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
 
         starts[idx] = start
         ends[idx] = end
-        if end > latency:
-            latency = end
+        if end > totals[0]:
+            totals[0] = end
+        publish(ins, core, end)
 
-        # ---- publish the new reader / writer times -------------------------------------
+    def publish(ins: Instr, core: _Core, end: float) -> None:
+        """Record `ins` as the latest reader / writer of what it touches."""
+        cw, cr = core.w, core.r
         for reg in ins.reads:
             space = reg[0]
             if space == HBM:
@@ -339,6 +381,13 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
                 if e > b:
                     cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
 
+    if window == 1:
+        for idx in range(count):
+            ins = instrs[idx]
+            place(idx, ready_time(ins, core_of(ins.program)))
+    else:
+        _schedule_window(instrs, window, core_of, ready_time, compute_start, place)
+
     busy = {name: sum(c.busy[i] for c in cores) for i, name in enumerate(COMPUTE_ENGINES)}
     dma_busy = [c.dma.busy() for c in cores]
     busy["dma"] = sum(sum(b) for b in dma_busy) / tgt.dma_engines
@@ -347,9 +396,117 @@ def schedule(trace: Trace, target: Target | str | None = None, record: bool = Fa
         lnc=max(trace.lnc, len(cores)),
         start=starts,
         end=ends,
-        latency_ns=latency,
+        latency_ns=totals[0],
         busy_ns=busy,
         dma_queue_busy_ns=dma_busy,
-        dge_busy_ns=dge_busy,
+        dge_busy_ns=totals[1],
         dma_segments=segments,
     )
+
+
+def _schedule_window(
+    instrs: list[Instr],
+    window: int,
+    core_of: Callable[[int], _Core],
+    ready_time: Callable[[Instr, _Core], float],
+    compute_start: Callable[[Instr, _Core, int, float], float],
+    place: Callable[[int, float], None],
+) -> None:
+    """The compiler's instruction scheduling, as a window of pending instructions per
+    compute engine (see `schedule`).
+
+    Instructions arrive in program order. A compute instruction joins its engine's
+    pending list; once the list holds `window` instructions, the one that can start
+    first is issued (ties: program order). An instruction may be issued only when no
+    earlier pending instruction touches what it touches with a write between them
+    (read-after-write, write-after-read, write-after-write respected), so the
+    dependency tables always hold exactly its producers' times. A DMA (or an
+    instruction of an unknown engine) is issued on arrival, after the pending
+    instructions it depends on. An instruction bypassed `window` times is issued next.
+    """
+    # pending[key] = [idx, ...] in program order, key = (program, engine index)
+    pending: dict[tuple[int, int], list[int]] = {}
+    blockers: dict[int, set[int]] = {}  # idx -> earlier pending idx it conflicts with
+    dep_at: dict[int, float] = {}  # ready time, fixed once blockers is empty
+    bypassed: dict[int, int] = {}
+
+    def all_pending() -> list[int]:
+        return [i for lst in pending.values() for i in lst]
+
+    def issue(idx: int) -> None:
+        """Issue pending `idx` (after the pending instructions it depends on)."""
+        while blockers[idx]:
+            issue(min(blockers[idx]))
+        ins = instrs[idx]
+        key = (ins.program, _ENGINE_INDEX[ins.engine])
+        lst = pending[key]
+        pos = lst.index(idx)
+        for other in lst[:pos]:
+            bypassed[other] += 1
+        del lst[pos]
+        del blockers[idx]
+        del bypassed[idx]
+        dep = dep_at.pop(idx) if idx in dep_at else ready_time(ins, core_of(ins.program))
+        place(idx, dep)
+        for other, bl in blockers.items():
+            if idx in bl:
+                bl.discard(idx)
+                if not bl:
+                    o = instrs[other]
+                    dep_at[other] = ready_time(o, core_of(o.program))
+
+    def advance(key: tuple[int, int]) -> None:
+        """Issue the pending instruction of engine `key` that can start first."""
+        lst = pending[key]
+        # what waits only on other engines' pending instructions gets them issued first
+        for i in list(lst):
+            bl = blockers.get(i)
+            while bl and all(_ENGINE_INDEX[instrs[b].engine] != key[1] for b in bl):
+                issue(min(bl))
+                bl = blockers.get(i)
+        oldest = lst[0]
+        if bypassed[oldest] >= len(lst) or (
+            blockers[oldest] and not any(not blockers[i] for i in lst)
+        ):
+            issue(oldest)
+            return
+        core = core_of(key[0])
+        best, best_t = -1, math.inf
+        for i in lst:
+            if blockers[i]:
+                continue
+            if i not in dep_at:
+                dep_at[i] = ready_time(instrs[i], core)
+            t = compute_start(instrs[i], core, key[1], dep_at[i])
+            if t < best_t:
+                best, best_t = i, t
+        issue(best)
+
+    for idx, ins in enumerate(instrs):
+        ei = _ENGINE_INDEX.get(ins.engine)
+        if ei is None or ins.engine == "dma":
+            if ins.engine != "dma":
+                for i in sorted(all_pending()):
+                    if i in blockers:
+                        issue(i)
+            else:
+                for i in sorted(all_pending()):
+                    if i in blockers and _conflicts(ins, instrs[i]):
+                        issue(i)
+            place(idx, ready_time(ins, core_of(ins.program)))
+            continue
+        bl = {i for i in all_pending() if _conflicts(ins, instrs[i])}
+        key = (ins.program, ei)
+        lst = pending.setdefault(key, [])
+        lst.append(idx)
+        blockers[idx] = bl
+        bypassed[idx] = 0
+        if len(lst) >= window:
+            advance(key)
+    while True:
+        rest = all_pending()
+        if not rest:
+            break
+        first = min(rest)
+        ins = instrs[first]
+        advance((ins.program, _ENGINE_INDEX[ins.engine]))
