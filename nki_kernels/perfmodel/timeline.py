@@ -436,7 +436,7 @@ def _schedule_window(
     def issue(idx: int) -> None:
         """Issue pending `idx` (after the pending instructions it depends on)."""
         while blockers[idx]:
-            issue(min(blockers[idx]))
+            force(min(blockers[idx]))
         ins = instrs[idx]
         key = (ins.program, _ENGINE_INDEX[ins.engine])
         lst = pending[key]
@@ -455,6 +455,14 @@ def _schedule_window(
                     o = instrs[other]
                     dep_at[other] = ready_time(o, core_of(o.program))
 
+    def force(idx: int) -> None:
+        """Issue pending `idx` and, first, its engine's older pending instructions (a
+        wait forced from outside keeps the engine's own order)."""
+        ins = instrs[idx]
+        lst = pending[(ins.program, _ENGINE_INDEX[ins.engine])]
+        while idx in blockers:
+            issue(lst[0])
+
     def advance(key: tuple[int, int]) -> None:
         """Issue the pending instruction of engine `key` that can start first."""
         lst = pending[key]
@@ -462,7 +470,7 @@ def _schedule_window(
         for i in list(lst):
             bl = blockers.get(i)
             while bl and all(_ENGINE_INDEX[instrs[b].engine] != key[1] for b in bl):
-                issue(min(bl))
+                force(min(bl))
                 bl = blockers.get(i)
         oldest = lst[0]
         if bypassed[oldest] >= len(lst) or (
@@ -492,7 +500,7 @@ def _schedule_window(
             else:
                 for i in sorted(all_pending()):
                     if i in blockers and _conflicts(ins, instrs[i]):
-                        issue(i)
+                        force(i)
             place(idx, ready_time(ins, core_of(ins.program)))
             continue
         bl = {i for i in all_pending() if _conflicts(ins, instrs[i])}
