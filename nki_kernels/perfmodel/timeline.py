@@ -44,13 +44,13 @@ O(blocks it touches), so pricing is linear in the trace.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
 from ..targets import Target, get_target
 from .costs import DmaPlan, Pricer
 from .dma_engines import DmaEngines
+from .scheduling import schedule_window
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _ENGINE_INDEX = {name: i for i, name in enumerate(COMPUTE_ENGINES)}
@@ -152,29 +152,6 @@ def _chip_region(instr: Instr) -> tuple | None:
     return None
 
 
-def _blocks(reg: tuple) -> tuple[int, int, int, int]:
-    """(space, tensor, first block, end block) of a region, at the dependency granule."""
-    shift = HBM_BLOCK_SHIFT if reg[0] == HBM else ONCHIP_BLOCK_SHIFT
-    return reg[0], reg[1], reg[4] >> shift, ((reg[5] - 1) >> shift) + 1
-
-
-def _conflicts(a: Instr, b: Instr) -> bool:
-    """True when `a` and `b` touch a common block and at least one of them writes it."""
-    for x in a.writes:
-        bx = _blocks(x)
-        for y in (*b.reads, *b.writes):
-            by = _blocks(y)
-            if bx[0] == by[0] and bx[1] == by[1] and bx[2] < by[3] and by[2] < bx[3]:
-                return True
-    for x in a.reads:
-        bx = _blocks(x)
-        for y in b.writes:
-            by = _blocks(y)
-            if bx[0] == by[0] and bx[1] == by[1] and bx[2] < by[3] and by[2] < bx[3]:
-                return True
-    return False
-
-
 def schedule(
     trace: Trace,
     target: Target | str | None = None,
@@ -256,14 +233,14 @@ def schedule(
                 dep = t
         return dep
 
-    def compute_start(ins: Instr, core: _Core, ei: int, dep: float) -> float:
+    def compute_start(ins: Instr, core: _Core, ei: int, dep: float, ports: int) -> float:
+        """When `ins` (ready at `dep`, holding `ports`) would start on engine `ei` now."""
         free = core.free[ei]
         start = dep + sem if dep > free else free
         if ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei]):
             drained = free + dep_ns[ei]
             if drained > start:
                 start = drained
-        ports = price_compute(ins)[1]
         if ports:
             if ports & 1 and core.port[1] > start:
                 start = core.port[1]
@@ -271,8 +248,9 @@ def schedule(
                 start = core.port[2]
         return start
 
-    def place(idx: int, dep: float) -> None:
-        """Run instruction `idx` now that everything it depends on is placed."""
+    def place(idx: int, dep: float, price: tuple[float, int] | None = None) -> None:
+        """Run instruction `idx` now that everything it depends on is placed (a compute
+        instruction's `price_compute` may be given)."""
         ins = instrs[idx]
         core = core_of(ins.program)
         eng = ins.engine
@@ -318,8 +296,8 @@ def schedule(
                 starts[idx] = ends[idx] = dep
                 return
             free = core.free[ei]
-            start = compute_start(ins, core, ei, dep)
-            work, ports = price_compute(ins)
+            work, ports = price_compute(ins) if price is None else price
+            start = compute_start(ins, core, ei, dep, ports)
             if ei == 0 and s0 < 1.0:
                 # "If utilization drops below 50% over any ~3 microsecond window ... the
                 # limit re-engages": an idle gap longer than half the ramp window resets it.
@@ -386,7 +364,17 @@ def schedule(
             ins = instrs[idx]
             place(idx, ready_time(ins, core_of(ins.program)))
     else:
-        _schedule_window(instrs, window, core_of, ready_time, compute_start, place)
+        schedule_window(
+            instrs,
+            window,
+            _ENGINE_INDEX,
+            (sh, hsh),
+            core_of,
+            ready_time,  # type: ignore[arg-type]
+            compute_start,  # type: ignore[arg-type]
+            price_compute,
+            place,
+        )
 
     busy = {name: sum(c.busy[i] for c in cores) for i, name in enumerate(COMPUTE_ENGINES)}
     dma_busy = [c.dma.busy() for c in cores]
@@ -402,119 +390,3 @@ def schedule(
         dge_busy_ns=totals[1],
         dma_segments=segments,
     )
-
-
-def _schedule_window(
-    instrs: list[Instr],
-    window: int,
-    core_of: Callable[[int], _Core],
-    ready_time: Callable[[Instr, _Core], float],
-    compute_start: Callable[[Instr, _Core, int, float], float],
-    place: Callable[[int, float], None],
-) -> None:
-    """The compiler's instruction scheduling, as a window of pending instructions per
-    compute engine (see `schedule`).
-
-    Instructions arrive in program order. A compute instruction joins its engine's
-    pending list; once the list holds `window` instructions, the one that can start
-    first is issued (ties: program order). An instruction may be issued only when no
-    earlier pending instruction touches what it touches with a write between them
-    (read-after-write, write-after-read, write-after-write respected), so the
-    dependency tables always hold exactly its producers' times. A DMA (or an
-    instruction of an unknown engine) is issued on arrival, after the pending
-    instructions it depends on. An instruction bypassed `window` times is issued next.
-    """
-    # pending[key] = [idx, ...] in program order, key = (program, engine index)
-    pending: dict[tuple[int, int], list[int]] = {}
-    blockers: dict[int, set[int]] = {}  # idx -> earlier pending idx it conflicts with
-    dep_at: dict[int, float] = {}  # ready time, fixed once blockers is empty
-    bypassed: dict[int, int] = {}
-
-    def all_pending() -> list[int]:
-        return [i for lst in pending.values() for i in lst]
-
-    def issue(idx: int) -> None:
-        """Issue pending `idx` (after the pending instructions it depends on)."""
-        while blockers[idx]:
-            force(min(blockers[idx]))
-        ins = instrs[idx]
-        key = (ins.program, _ENGINE_INDEX[ins.engine])
-        lst = pending[key]
-        pos = lst.index(idx)
-        for other in lst[:pos]:
-            bypassed[other] += 1
-        del lst[pos]
-        del blockers[idx]
-        del bypassed[idx]
-        dep = dep_at.pop(idx) if idx in dep_at else ready_time(ins, core_of(ins.program))
-        place(idx, dep)
-        for other, bl in blockers.items():
-            if idx in bl:
-                bl.discard(idx)
-                if not bl:
-                    o = instrs[other]
-                    dep_at[other] = ready_time(o, core_of(o.program))
-
-    def force(idx: int) -> None:
-        """Issue pending `idx` and, first, its engine's older pending instructions (a
-        wait forced from outside keeps the engine's own order)."""
-        ins = instrs[idx]
-        lst = pending[(ins.program, _ENGINE_INDEX[ins.engine])]
-        while idx in blockers:
-            issue(lst[0])
-
-    def advance(key: tuple[int, int]) -> None:
-        """Issue the pending instruction of engine `key` that can start first."""
-        lst = pending[key]
-        # what waits only on other engines' pending instructions gets them issued first
-        for i in list(lst):
-            bl = blockers.get(i)
-            while bl and all(_ENGINE_INDEX[instrs[b].engine] != key[1] for b in bl):
-                force(min(bl))
-                bl = blockers.get(i)
-        oldest = lst[0]
-        if bypassed[oldest] >= len(lst) or (
-            blockers[oldest] and not any(not blockers[i] for i in lst)
-        ):
-            issue(oldest)
-            return
-        core = core_of(key[0])
-        best, best_t = -1, math.inf
-        for i in lst:
-            if blockers[i]:
-                continue
-            if i not in dep_at:
-                dep_at[i] = ready_time(instrs[i], core)
-            t = compute_start(instrs[i], core, key[1], dep_at[i])
-            if t < best_t:
-                best, best_t = i, t
-        issue(best)
-
-    for idx, ins in enumerate(instrs):
-        ei = _ENGINE_INDEX.get(ins.engine)
-        if ei is None or ins.engine == "dma":
-            if ins.engine != "dma":
-                for i in sorted(all_pending()):
-                    if i in blockers:
-                        issue(i)
-            else:
-                for i in sorted(all_pending()):
-                    if i in blockers and _conflicts(ins, instrs[i]):
-                        force(i)
-            place(idx, ready_time(ins, core_of(ins.program)))
-            continue
-        bl = {i for i in all_pending() if _conflicts(ins, instrs[i])}
-        key = (ins.program, ei)
-        lst = pending.setdefault(key, [])
-        lst.append(idx)
-        blockers[idx] = bl
-        bypassed[idx] = 0
-        if len(lst) >= window:
-            advance(key)
-    while True:
-        rest = all_pending()
-        if not rest:
-            break
-        first = min(rest)
-        ins = instrs[first]
-        advance((ins.program, _ENGINE_INDEX[ins.engine]))

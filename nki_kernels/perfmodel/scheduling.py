@@ -1,0 +1,214 @@
+"""The compiler's instruction scheduling, as a window of pending instructions per engine.
+
+`neuronx-cc` reorders independent instructions ("automatic instruction scheduling", on
+unless `--enable-instruction-scheduling=false`; `nl.no_reorder` constrains it). The
+timeline models it as a window: instructions arrive in program order; a compute
+instruction joins the pending list of its (program, compute engine); once that list
+holds `window` instructions, the one that can start first is issued (ties: program
+order). Rules, all on the timeline's dependency granule (64 B on chip, 64 KiB in HBM):
+
+- An instruction is issued only after every earlier pending instruction that touches a
+  block it touches, one of the two writing it (read-after-write, write-after-read,
+  write-after-write), so the dependency tables hold exactly its producers' times when
+  it is placed. On-chip blocks are matched by address across programs (a false
+  dependency between two cores' same-address buffers only constrains issue order).
+- Issuing an instruction first issues those earlier pending instructions; one of another
+  engine is issued together with its own engine's older pending instructions (a wait
+  forced from another engine keeps that engine's order: no priority inversion). A
+  pending instruction that waits only on other engines' pending instructions gets them
+  issued before its engine picks.
+- An instruction bypassed `window` times (its list's length) is issued next.
+- A DMA (or an instruction of an engine the model does not schedule) is issued on
+  arrival: a DMA after the pending instructions it conflicts with, any other after all
+  pending instructions.
+
+Cost: each arriving instruction is matched against the pending instructions through an
+index keyed by (space, tensor, 2 KiB chunk) (HBM: per tensor), and an engine picks by
+scanning its list only up to the first instruction that can start when the engine is
+free (nothing can start earlier), so pricing stays linear in the trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ..interp.trace import HBM, Instr
+
+_CHUNK_SHIFT = 5  # on-chip index chunk: 32 blocks of 64 B = 2 KiB (a PSUM bank)
+
+
+def schedule_window(
+    instrs: list[Instr],
+    window: int,
+    engine_index: dict[str, int],
+    shifts: tuple[int, int],
+    core_of: Callable[[int], Any],
+    ready_time: Callable[[Instr, Any], float],
+    compute_start: Callable[[Instr, Any, int, float, int], float],
+    price_compute: Callable[[Instr], tuple[float, int]],
+    place: Callable[[int, float, tuple[float, int] | None], None],
+) -> None:
+    """Issue every instruction of `instrs` through the window (see the module docstring).
+
+    `place(idx, ready, price)` runs instruction `idx` on the timeline given its
+    dependency-table ready time `ready_time(instr, core)` (and its `price_compute`);
+    `compute_start(instr, core, engine, ready, ports)` is when it would start on its
+    engine now. Both read the timeline's state, so the issue order decides the schedule.
+    """
+    sh, hsh = shifts
+    pending: dict[tuple[int, int], list[int]] = {}  # (program, engine) -> idx, in order
+    # pending idx -> [(program, engine), earlier pending idx it waits for, times
+    # bypassed, price_compute, ready time or None, its index entries, how many of those
+    # it waits for are on its engine (index)]. The ready time of
+    # an instruction with nothing to wait for is computed once: no instruction that
+    # could change the table entries it reads is placed before it.
+    state: dict[int, list[Any]] = {}
+    dependents: dict[int, list[int]] = {}  # pending idx -> pending idx waiting for it
+    # who writes / reads what: on chip by chunk (a list per space), HBM by tensor; each
+    # a dict of (pending idx, first block, end block)
+    chip: list[list[list[dict[tuple[int, int, int], None]]]] = [[[], []], [[], []]]
+    hbm_w: dict[int, dict[tuple[int, int, int], None]] = {}
+    hbm_r: dict[int, dict[tuple[int, int, int], None]] = {}
+
+    def conflicting(ins: Instr, idx: int) -> set[int]:
+        """Pending instructions that touch a block `ins` touches, one of the two writing
+        it; `idx` >= 0 also enters `ins` into the index as pending `idx`."""
+        found: set[int] = set()
+        add = found.add
+        entered: list[tuple[dict, tuple[int, int, int]]] = []
+        for regs, w in ((ins.writes, True), (ins.reads, False)):
+            for reg in regs:
+                space = reg[0]
+                if space == HBM:
+                    b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
+                    cells = [(hbm_w.setdefault(reg[1], {}), hbm_r.setdefault(reg[1], {}))]
+                else:
+                    b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+                    c0 = b >> _CHUNK_SHIFT
+                    # an empty block range still overlaps a range strictly around it
+                    c1 = (e - 1 >> _CHUNK_SHIFT) if e > b else c0
+                    ws, rs = chip[space]
+                    if c1 >= len(ws):
+                        grow = c1 + 1 - len(ws)
+                        ws.extend({} for _ in range(grow))
+                        rs.extend({} for _ in range(grow))
+                    if c0 == c1:
+                        cells = [(ws[c0], rs[c0])]
+                    else:
+                        cells = [(ws[c], rs[c]) for c in range(c0, c1 + 1)]
+                for writers, readers in cells:
+                    for j, b2, e2 in writers:
+                        if b < e2 and b2 < e:
+                            add(j)
+                    if w:
+                        for j, b2, e2 in readers:
+                            if b < e2 and b2 < e:
+                                add(j)
+                    if idx >= 0:
+                        entered.append((writers if w else readers, (idx, b, e)))
+        if idx >= 0:  # after the look-ups: an instruction does not wait for itself
+            for table, entry in entered:
+                table[entry] = None
+            state[idx][5] = entered
+        return found
+
+    def issue(idx: int) -> None:
+        """Issue pending `idx` (after the pending instructions it depends on)."""
+        st = state[idx]
+        bl = st[1]
+        while bl:
+            force(min(bl))
+        lst = pending[st[0]]
+        pos = lst.index(idx)
+        for k in range(pos):
+            state[lst[k]][2] += 1
+        del lst[pos], state[idx]
+        for table, entry in st[5]:
+            table.pop(entry, None)
+        dep = st[4]
+        if dep is None:
+            ins = instrs[idx]
+            dep = ready_time(ins, core_of(ins.program))
+        place(idx, dep, st[3])
+        ek = st[0][1]
+        for other in dependents.pop(idx, ()):
+            o = state[other]
+            o[1].discard(idx)
+            if o[0][1] == ek:
+                o[6] -= 1
+
+    def force(idx: int) -> None:
+        """Issue pending `idx` and, first, its engine's older pending instructions."""
+        lst = pending[state[idx][0]]
+        while idx in state:
+            issue(lst[0])
+
+    def advance(key: tuple[int, int]) -> None:
+        """Issue the pending instruction of engine `key` that can start first."""
+        lst = pending[key]
+        ek = key[1]
+        for i in list(lst):
+            st = state.get(i)
+            while st is not None and st[1] and not st[6]:
+                force(min(st[1]))
+                st = state.get(i)
+        oldest = lst[0]
+        st = state[oldest]
+        if st[2] >= len(lst) or (st[1] and all(state[i][1] for i in lst)):
+            issue(oldest)
+            return
+        core = core_of(key[0])
+        free = core.free[ek]
+        best, best_t = -1, math.inf
+        for i in lst:
+            st = state[i]
+            if st[1]:
+                continue
+            ins = instrs[i]
+            dep = st[4]
+            if dep is None:
+                dep = st[4] = ready_time(ins, core)
+            t = compute_start(ins, core, ek, dep, st[3][1])
+            if t < best_t:
+                best, best_t = i, t
+                if t <= free:  # no instruction starts before its engine is free
+                    break
+        issue(best)
+
+    for idx, ins in enumerate(instrs):
+        ei = engine_index.get(ins.engine)
+        if ei is None:
+            if ins.engine == "dma":
+                if state:
+                    for i in sorted(conflicting(ins, -1)):
+                        if i in state:
+                            force(i)
+            else:
+                for i in sorted(state):
+                    if i in state:
+                        issue(i)
+            place(idx, ready_time(ins, core_of(ins.program)), None)
+            continue
+        key = (ins.program, ei)
+        st = state[idx] = [key, None, 0, price_compute(ins), None, (), 0]
+        bl = st[1] = conflicting(ins, idx)
+        same = 0
+        for j in bl:
+            deps = dependents.get(j)
+            if deps is None:
+                dependents[j] = [idx]
+            else:
+                deps.append(idx)
+            if state[j][0][1] == ei:
+                same += 1
+        st[6] = same
+        lst = pending.get(key)
+        if lst is None:
+            lst = pending[key] = []
+        lst.append(idx)
+        if len(lst) >= window:
+            advance(key)
+    while state:
+        advance(state[min(state)][0])
