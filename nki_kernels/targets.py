@@ -82,9 +82,9 @@ class Target:
     # with_schedule constrain it: NKI scheduling-APIs guide; on unless
     # --enable-instruction-scheduling=false): each compute engine may issue a later
     # independent instruction of its own ahead of an earlier one within this many
-    # pending instructions. The docs give no window. PROTOTYPE (issue 11): 1 = every
-    # engine in program order, the shipped cost model v2; 8 is what the analysis in
-    # docs/readme/cost-model.md prices. L
+    # pending instructions (perfmodel/scheduling.py). The docs give no window: 1 =
+    # every engine in program order (cost model v2 as shipped); 8 is what the issue-11
+    # analysis in docs/readme/cost-model.md prices. L
     scheduling_window: int = 1
     gpsimd_startup_cycles: int = 150  # GpSimd instruction start-up. M
     matmul_min_cycles: int = 64  # MultiplyMoving floor: max(N, 64). H

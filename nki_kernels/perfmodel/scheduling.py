@@ -59,58 +59,57 @@ def schedule_window(
     """
     sh, hsh = shifts
     pending: dict[tuple[int, int], list[int]] = {}  # (program, engine) -> idx, in order
-    # pending idx -> [(program, engine), earlier pending idx it waits for, times
-    # bypassed, price_compute, ready time or None, its index entries, how many of those
-    # it waits for are on its engine (index)]. The ready time of
-    # an instruction with nothing to wait for is computed once: no instruction that
-    # could change the table entries it reads is placed before it.
+    # pending idx -> [0 (program, engine), 1 earlier pending idx it waits for, 2 times
+    # bypassed, 3 price_compute, 4 ready time or None, 5 its index entries, 6 how many
+    # of those it waits for run on its engine (index), 7 pending idx waiting for it].
+    # The ready time of an instruction with nothing to wait for is computed once: no
+    # instruction that could change the table entries it reads is placed before it.
     state: dict[int, list[Any]] = {}
-    dependents: dict[int, list[int]] = {}  # pending idx -> pending idx waiting for it
-    # who writes / reads what: on chip by chunk (a list per space), HBM by tensor; each
-    # a dict of (pending idx, first block, end block)
-    chip: list[list[list[dict[tuple[int, int, int], None]]]] = [[[], []], [[], []]]
-    hbm_w: dict[int, dict[tuple[int, int, int], None]] = {}
-    hbm_r: dict[int, dict[tuple[int, int, int], None]] = {}
+    # pending accesses, {(idx, first block, end block, writes)}: on chip per space and
+    # chunk, in HBM per tensor
+    chip: list[list[dict[tuple[int, int, int, bool], None]]] = [[], []]
+    hbm: dict[int, dict[tuple[int, int, int, bool], None]] = {}
 
     def conflicting(ins: Instr, idx: int) -> set[int]:
         """Pending instructions that touch a block `ins` touches, one of the two writing
         it; `idx` >= 0 also enters `ins` into the index as pending `idx`."""
         found: set[int] = set()
         add = found.add
-        entered: list[tuple[dict, tuple[int, int, int]]] = []
+        entered: list[tuple[dict, tuple[int, int, int, bool]]] = []
         for regs, w in ((ins.writes, True), (ins.reads, False)):
             for reg in regs:
                 space = reg[0]
                 if space == HBM:
                     b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
-                    cells = [(hbm_w.setdefault(reg[1], {}), hbm_r.setdefault(reg[1], {}))]
+                    cell = hbm.get(reg[1])
+                    if cell is None:
+                        if idx < 0:
+                            continue
+                        cell = hbm[reg[1]] = {}
+                    cells = (cell,)
                 else:
                     b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
                     c0 = b >> _CHUNK_SHIFT
                     # an empty block range still overlaps a range strictly around it
                     c1 = (e - 1 >> _CHUNK_SHIFT) if e > b else c0
-                    ws, rs = chip[space]
-                    if c1 >= len(ws):
-                        grow = c1 + 1 - len(ws)
-                        ws.extend({} for _ in range(grow))
-                        rs.extend({} for _ in range(grow))
-                    if c0 == c1:
-                        cells = [(ws[c0], rs[c0])]
-                    else:
-                        cells = [(ws[c], rs[c]) for c in range(c0, c1 + 1)]
-                for writers, readers in cells:
-                    for j, b2, e2 in writers:
-                        if b < e2 and b2 < e:
-                            add(j)
+                    space_cells = chip[space]
+                    if c1 >= len(space_cells):
+                        space_cells.extend({} for _ in range(c1 + 1 - len(space_cells)))
+                    cells = (space_cells[c0],) if c0 == c1 else space_cells[c0 : c1 + 1]
+                for cell in cells:
                     if w:
-                        for j, b2, e2 in readers:
+                        for j, b2, e2, _ in cell:
                             if b < e2 and b2 < e:
                                 add(j)
+                    else:
+                        for j, b2, e2, w2 in cell:
+                            if w2 and b < e2 and b2 < e:
+                                add(j)
                     if idx >= 0:
-                        entered.append((writers if w else readers, (idx, b, e)))
+                        entered.append((cell, (idx, b, e, w)))
         if idx >= 0:  # after the look-ups: an instruction does not wait for itself
-            for table, entry in entered:
-                table[entry] = None
+            for cell, entry in entered:
+                cell[entry] = None
             state[idx][5] = entered
         return found
 
@@ -133,7 +132,7 @@ def schedule_window(
             dep = ready_time(ins, core_of(ins.program))
         place(idx, dep, st[3])
         ek = st[0][1]
-        for other in dependents.pop(idx, ()):
+        for other in st[7]:
             o = state[other]
             o[1].discard(idx)
             if o[0][1] == ek:
@@ -181,8 +180,9 @@ def schedule_window(
         ei = engine_index.get(ins.engine)
         if ei is None:
             if ins.engine == "dma":
-                if state:
-                    for i in sorted(conflicting(ins, -1)):
+                found = conflicting(ins, -1) if state else None
+                if found:
+                    for i in sorted(found):
                         if i in state:
                             force(i)
             else:
@@ -192,18 +192,16 @@ def schedule_window(
             place(idx, ready_time(ins, core_of(ins.program)), None)
             continue
         key = (ins.program, ei)
-        st = state[idx] = [key, None, 0, price_compute(ins), None, (), 0]
+        st = state[idx] = [key, None, 0, price_compute(ins), None, (), 0, []]
         bl = st[1] = conflicting(ins, idx)
-        same = 0
-        for j in bl:
-            deps = dependents.get(j)
-            if deps is None:
-                dependents[j] = [idx]
-            else:
-                deps.append(idx)
-            if state[j][0][1] == ei:
-                same += 1
-        st[6] = same
+        if bl:
+            same = 0
+            for j in bl:
+                sj = state[j]
+                sj[7].append(idx)
+                if sj[0][1] == ei:
+                    same += 1
+            st[6] = same
         lst = pending.get(key)
         if lst is None:
             lst = pending[key] = []

@@ -2,7 +2,9 @@
 
 Each LNC program (physical core) has a TensorE, VectorE, ScalarE and GpSimd, 16 DMA
 engines, its DGE blocks and its share of HBM bandwidth. Every engine runs its
-instructions in trace (issue) order. An instruction starts when
+instructions in issue order: program order, or with the target's `scheduling_window` > 1
+the order the compiler's instruction scheduling picks (`scheduling.py`: each compute
+engine may issue an independent later instruction first). An instruction starts when
 
 - its engine is free (in-order),
 - its inputs are written (read-after-write) and, for its outputs, earlier readers and
@@ -164,7 +166,9 @@ def schedule(
     `scheduling=False` prices the trace as compiled with the compiler's instruction
     scheduling off (`--enable-instruction-scheduling=false`): every engine in program
     order. With it on (the compiler default) each compute engine may issue a later
-    independent instruction ahead of an earlier one, within `scheduling_window`.
+    independent instruction ahead of an earlier one, within `scheduling_window`
+    (`scheduling.schedule_window`); window 1 is program order, through the in-order
+    loop below.
     """
     tgt = get_target(target if target is not None else trace.target)
     instrs = trace.instrs

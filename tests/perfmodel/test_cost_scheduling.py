@@ -1,4 +1,4 @@
-"""The compiler's instruction scheduling as a per-engine window (prototype, issue 11)."""
+"""The compiler's instruction scheduling as a per-engine window (perfmodel/scheduling.py)."""
 
 from __future__ import annotations
 
