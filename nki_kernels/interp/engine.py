@@ -341,6 +341,10 @@ def convert(values: np.ndarray, src: dt.NkiDtype, dst: dt.NkiDtype) -> np.ndarra
 
 
 # ---- trace ------------------------------------------------------------------------------
+# id of the outermost `nl.no_reorder` block being traced (0: none); set by loops.no_reorder
+no_reorder_block = [0]
+
+
 def emit(
     engine: str,
     opcode: str,
@@ -405,6 +409,7 @@ def emit(
         name,
     )
     instr.program = launch.program_id
+    instr.no_reorder = no_reorder_block[0]
     instrs = launch.trace.instrs
     instr.index = len(instrs)
     instrs.append(instr)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes as dt
-from .engine import emit, read, write
+from .engine import emit, no_reorder_block, read, write
 from .errors import NkiValidationError, fail
 from .state import current
 from .tensor import NkiTensor, psum
@@ -35,6 +35,7 @@ MAX_ITERATIONS = 1_000_000  # a device loop running longer than this is taken as
 _INT32 = (-(2**31), 2**32 - 1)  # registers are 32-bit; accept int32 and uint32 values
 _ids = itertools.count(1)
 _no_reorder_depth = [0]
+_block_ids = itertools.count(1)
 
 
 class RegisterUseError(NkiValidationError, TypeError):
@@ -126,12 +127,18 @@ def _check_not_in_no_reorder(what: str) -> None:
 @contextlib.contextmanager
 def no_reorder() -> Iterator[None]:
     """`with nl.no_reorder():` -- the interpreter already runs in program order; device
-    loops are refused inside the block (a compiler rule)."""
+    loops are refused inside the block (a compiler rule). The instructions traced in the
+    block carry its id (`Instr.no_reorder`; a nested block is part of the outer one) so
+    the cost model's instruction scheduling keeps them in program order."""
+    outer = no_reorder_block[0]
+    if not outer:
+        no_reorder_block[0] = next(_block_ids)
     _no_reorder_depth[0] += 1
     try:
         yield
     finally:
         _no_reorder_depth[0] -= 1
+        no_reorder_block[0] = outer
 
 
 # ---- register instructions ------------------------------------------------------------

@@ -24,6 +24,8 @@ class Instr:
     `p` is the number of partitions the instruction uses and `n` the number of elements
     per partition it processes (for matmul: the moving free size N). `attrs` carries the
     opcode-specific details the cost model prices (matmul K/M/N, DMA descriptors, ...).
+    `no_reorder` is the id of the `nl.no_reorder` block it was traced in (0: none); the
+    cost model's instruction scheduling keeps a block's instructions in program order.
     """
 
     __slots__ = (
@@ -38,6 +40,7 @@ class Instr:
         "n",
         "name",
         "nbytes",
+        "no_reorder",
         "opcode",
         "p",
         "program",
@@ -64,6 +67,7 @@ class Instr:
     ) -> None:
         self.index = -1
         self.program = 0
+        self.no_reorder = 0
         self.engine = engine
         self.opcode = opcode
         self.p = p

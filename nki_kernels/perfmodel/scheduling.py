@@ -21,6 +21,12 @@ order). Rules, all on the timeline's dependency granule (64 B on chip, 64 KiB in
 - A DMA (or an instruction of an engine the model does not schedule) is issued on
   arrival: a DMA after the pending instructions it conflicts with, any other after all
   pending instructions.
+- `nl.no_reorder` ("operations inside the block execute in program order"): the compute
+  instructions of one block (`Instr.no_reorder`, the block's id) are issued in program
+  order across all engines -- each waits, like a dependency, for the block's previous
+  compute instruction to be issued. Only the issue order is constrained: engines still
+  run side by side as in program order (window 1), so a block changes nothing at window
+  1. DMAs are issued in program order in any case.
 
 Cost: each arriving instruction is matched against the pending instructions through an
 index keyed by (space, tensor, 2 KiB chunk) (HBM: per tensor), and an engine picks by
@@ -31,7 +37,7 @@ free (nothing can start earlier), so pricing stays linear in the trace.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..interp.trace import HBM, Instr
@@ -69,6 +75,7 @@ def schedule_window(
     # chunk, in HBM per tensor
     chip: list[list[dict[tuple[int, int, int, bool], None]]] = [[], []]
     hbm: dict[int, dict[tuple[int, int, int, bool], None]] = {}
+    block_last: dict[int, int] = {}  # no_reorder block -> its latest compute instruction
 
     def conflicting(ins: Instr, idx: int) -> set[int]:
         """Pending instructions that touch a block `ins` touches, one of the two writing
@@ -76,6 +83,7 @@ def schedule_window(
         found: set[int] = set()
         add = found.add
         entered: list[tuple[dict, tuple[int, int, int, bool]]] = []
+        cells: Sequence[dict[tuple[int, int, int, bool], None]]
         for regs, w in ((ins.writes, True), (ins.reads, False)):
             for reg in regs:
                 space = reg[0]
@@ -194,6 +202,12 @@ def schedule_window(
         key = (ins.program, ei)
         st = state[idx] = [key, None, 0, price_compute(ins), None, (), 0, []]
         bl = st[1] = conflicting(ins, idx)
+        block = ins.no_reorder
+        if block:
+            prev = block_last.get(block)
+            if prev is not None and prev in state:
+                bl.add(prev)
+            block_last[block] = idx
         if bl:
             same = 0
             for j in bl:

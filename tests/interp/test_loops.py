@@ -241,3 +241,23 @@ def test_runaway_while_loop_is_stopped(monkeypatch):
 def test_legacy_loop_aliases_are_plain_ranges():
     assert list(nl.range(2, 8, 3)) == [2, 5]
     assert list(nl.sequential_range(3)) == list(nl.static_range(3)) == [0, 1, 2]
+
+
+def test_no_reorder_blocks_are_recorded_on_their_instructions():
+    def kernel(x):
+        t = nl.ndarray((128, 64), nl.float32)
+        nisa.memset(dst=t, value=0.0)  # outside: 0
+        with nl.no_reorder():
+            nisa.memset(dst=t, value=1.0)
+            with nl.no_reorder():  # nested: part of the outer block
+                nisa.memset(dst=t, value=2.0)
+            nisa.memset(dst=t, value=3.0)
+        with nl.no_reorder():  # a second block: its own id
+            nisa.memset(dst=t, value=4.0)
+        nisa.memset(dst=t, value=5.0)
+
+    trace = run(kernel, TensorSpec((4, 4), "float32"), trace_only=True).trace
+    got = [i.no_reorder for i in trace.instrs if i.opcode == "memset"]
+    assert got[0] == got[5] == 0
+    assert got[1] > 0 and got[1] == got[2] == got[3]
+    assert got[4] > 0 and got[4] != got[1]
