@@ -75,6 +75,8 @@ def schedule_window(
     # chunk, in HBM per tensor
     chip: list[list[dict[tuple[int, int, int, bool], None]]] = [[], []]
     hbm: dict[int, dict[tuple[int, int, int, bool], None]] = {}
+    # pending instructions per (program, engine) that wait only on other engines' ones
+    cross: dict[tuple[int, int], int] = {}
     block_last: dict[int, int] = {}  # no_reorder block -> its latest compute instruction
 
     def conflicting(ins: Instr, idx: int) -> set[int]:
@@ -142,9 +144,14 @@ def schedule_window(
         ek = st[0][1]
         for other in st[7]:
             o = state[other]
-            o[1].discard(idx)
+            obl = o[1]
+            obl.discard(idx)
             if o[0][1] == ek:
                 o[6] -= 1
+                if obl and not o[6]:  # now waits only on other engines
+                    cross[o[0]] += 1
+            elif not obl and not o[6]:  # waited only on other engines, now on nothing
+                cross[o[0]] -= 1
 
     def force(idx: int) -> None:
         """Issue pending `idx` and, first, its engine's older pending instructions."""
@@ -156,11 +163,12 @@ def schedule_window(
         """Issue the pending instruction of engine `key` that can start first."""
         lst = pending[key]
         ek = key[1]
-        for i in list(lst):
-            st = state.get(i)
-            while st is not None and st[1] and not st[6]:
-                force(min(st[1]))
+        if cross[key]:
+            for i in list(lst):
                 st = state.get(i)
+                while st is not None and st[1] and not st[6]:
+                    force(min(st[1]))
+                    st = state.get(i)
         oldest = lst[0]
         st = state[oldest]
         if st[2] >= len(lst) or (st[1] and all(state[i][1] for i in lst)):
@@ -200,6 +208,10 @@ def schedule_window(
             place(idx, ready_time(ins, core_of(ins.program)), None)
             continue
         key = (ins.program, ei)
+        lst = pending.get(key)
+        if lst is None:
+            lst = pending[key] = []
+            cross[key] = 0
         st = state[idx] = [key, None, 0, price_compute(ins), None, (), 0, []]
         bl = st[1] = conflicting(ins, idx)
         block = ins.no_reorder
@@ -216,9 +228,8 @@ def schedule_window(
                 if sj[0][1] == ei:
                     same += 1
             st[6] = same
-        lst = pending.get(key)
-        if lst is None:
-            lst = pending[key] = []
+            if not same:
+                cross[key] += 1
         lst.append(idx)
         if len(lst) >= window:
             advance(key)
