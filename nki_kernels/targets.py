@@ -129,7 +129,6 @@ class Target:
     elementwise_cycles: tuple[tuple[str, float, float], ...] = (
         ("tensor_tensor", 2.0, 0.0),  # 2N; N with a PSUM input. H
         ("scalar_tensor_tensor", 2.0, 0.0),  # two tensor inputs like tensor_tensor. L
-        ("tensor_tensor_scan", 2.0, 0.0),  # two tensor inputs. L
         ("tensor_copy_predicated", 2.0, 0.0),  # data + predicate streams. L
         ("range_select", 2.0, 0.0),  # L
         ("select_reduce", 2.0, 0.0),  # L
@@ -141,6 +140,11 @@ class Target:
         # QuantizeMX: "four input elements per partition, per cycle" (trainium3_arch). H
         ("quantize_mx", 0.25, 0.0),
     )
+    # tensor_tensor_scan cycles per element: its ISA page gives no cost. The two-input rule
+    # of thumb (2N, trainium arch guide) is the upper end, one element per cycle the lower;
+    # cost model v2 fits it on trn1 to the fused-Mamba tutorial's profiles (perfmodel/fit.py)
+    # and carries it to trn2/trn3 (same VectorE instruction; unanchored there). L
+    scan_cycles_per_element: float = 2.0
     activation_reduce_cycles: int = 64  # activation with a reduction adds ~64. H (NC-v2)
     # DMA transpose throughput as a fraction of the DMA engines' copy rate, for
     # hardware-friendly shapes (destination partitions a multiple of 128, inner free dim a

@@ -17,12 +17,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..targets import get_target
+from ..targets import Target, get_target
 from .anchors import AnchorSet, load_anchors
 from .estimate import COST_MODEL_VERSION
-from .fit import FIT_PARAMETERS, UNANCHORED, fit, leave_one_out, pct
+from .fit import FIT_PARAMETERS, SCHEDULING_WINDOWS, UNANCHORED, fit, leave_one_out, pct
 
 FIT_FILE = Path(__file__).with_name("fit_v2.json")
+
+
+def choose_window(
+    aset: AnchorSet, base: Target, windows: tuple[int, ...]
+) -> tuple[int, dict[int, float]]:
+    """The scheduling window of `windows` with the least squared log error over the
+    fitted anchors at `base`'s other parameters, and every window's cost."""
+    ids = aset.fitted_ids
+    costs = {}
+    for w in windows:
+        r = aset.log_errors(base.replace(scheduling_window=w), ids)
+        costs[w] = sum(x * x for x in r.values())
+    return min(costs, key=costs.__getitem__), costs
 
 
 def refit(
@@ -44,7 +57,24 @@ def refit(
         # Schedules of the trn1 tutorial matmuls take seconds each: start from the shipped
         # (previously fitted) values with a small compass step there instead of a grid.
         cheap = sum(len(t.instrs) for t in aset.traces.values()) < 50_000
-        full = fit(aset.log_errors, base, ranges, grid=cheap, step=0.25 if cheap else 0.0625)
+        windows = SCHEDULING_WINDOWS.get(name)
+        window_record: dict[str, Any] = {}
+        if windows:
+            # the integer window by a grid, the continuous parameters by the compass
+            # search at it; once more if the fitted parameters prefer another window
+            for _round in range(2):
+                w, costs = choose_window(aset, base, windows)
+                window_record = {"chosen": w, "grid_cost": {str(k): v for k, v in costs.items()}}
+                log(f"{name}: scheduling window {w} ({window_record['grid_cost']})")
+                if w == base.scheduling_window and _round:
+                    break
+                base = base.replace(scheduling_window=w)
+                full = fit(
+                    aset.log_errors, base, ranges, grid=cheap, step=0.25 if cheap else 0.0625
+                )
+                base = base.replace(**full.params)
+        else:
+            full = fit(aset.log_errors, base, ranges, grid=cheap, step=0.25 if cheap else 0.0625)
         log(f"{name}: fit {full.params} in {full.evaluations} evaluations")
         ids = aset.fitted_ids
         loo = leave_one_out(
@@ -74,6 +104,8 @@ def refit(
             "loo_sets": {k: v.params for k, v in loo.items()},
             "unanchored": {r[0]: [*r[1:], sign] for r, sign in UNANCHORED.get(name, ())},
         }
+        if window_record:
+            out["targets"][name]["scheduling_window"] = window_record
     return out
 
 

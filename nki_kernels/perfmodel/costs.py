@@ -41,7 +41,9 @@ MX_MATMUL_SPEEDUP = 4.0
 
 
 def _opcode_table(target: Target) -> dict[str, tuple[float, float]]:
-    return {op: (per, extra) for op, per, extra in target.elementwise_cycles}
+    table = {op: (per, extra) for op, per, extra in target.elementwise_cycles}
+    table["tensor_tensor_scan"] = (target.scan_cycles_per_element, 0.0)
+    return table
 
 
 def engine_ghz(target: Target, engine: str) -> float:

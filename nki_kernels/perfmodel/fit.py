@@ -49,6 +49,14 @@ _TRANSPOSE: Range = (
     0.5,
     "'up to 90 %' (trainium2_arch); 0.37-0.5 fits AWS's measured attention_cte (issue 11)",
 )
+_SCAN: Range = (
+    "scan_cycles_per_element",
+    1.0,
+    2.0,
+    2.0,
+    "tensor_tensor_scan: no documented cost; one element per cycle .. the two-input 2N rule "
+    "of thumb (trainium arch guide) (L)",
+)
 
 
 def _rate(upper: float, lower: float) -> Range:
@@ -62,7 +70,7 @@ def _rate(upper: float, lower: float) -> Range:
 
 
 FIT_PARAMETERS: dict[str, tuple[Range, ...]] = {
-    "trn1": (_rate(17.0, 4.0), _DMA_FLOOR, _DMA_FIXED, _DEP),
+    "trn1": (_rate(17.0, 4.0), _DMA_FLOOR, _DMA_FIXED, _DEP, _SCAN),
     "trn2": (_rate(23.0, 15.0), _DMA_FLOOR, _DMA_FIXED, _TRANSPOSE),
     # no published trn3 anchor: used only by `calibrate` with a user's trn3 measurements
     "trn3": (_rate(33.0, 20.0), _DMA_FLOOR, _DMA_FIXED, _TRANSPOSE),
@@ -75,6 +83,11 @@ UNANCHORED: dict[str, tuple[tuple[Range, int], ...]] = {
     "trn2": ((_DEP, 1),),
     "trn3": ((_DEP, 1),),
 }
+# The compiler's scheduling window (`Target.scheduling_window`, an integer the docs do not
+# give) is chosen by the fit from these values: the one with the least squared log error
+# at the other parameters (`anchor_fit.refit`), then the continuous fit at that window.
+# trn2's only kernel anchor was measured with scheduling off, so only trn1 has one.
+SCHEDULING_WINDOWS: dict[str, tuple[int, ...]] = {"trn1": (1, 2, 4, 8, 12, 16)}
 PRIOR_WEIGHT = 0.02
 MAX_ITERATIONS = 9  # compass-step halvings: 0.25 -> 0.001
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nki_kernels.perfmodel.anchor_fit import load_fit
+from nki_kernels.perfmodel.anchor_fit import choose_window, load_fit
 from nki_kernels.perfmodel.anchors import AnchorSet, load_anchors
-from nki_kernels.perfmodel.fit import FIT_PARAMETERS
+from nki_kernels.perfmodel.fit import FIT_PARAMETERS, SCHEDULING_WINDOWS
 from nki_kernels.targets import SHIPPED_TARGETS, get_target
 
 CHEAP = ("dma_overview.", "perf_guide.")
@@ -49,6 +49,30 @@ def test_shipped_parameters_are_the_stored_fit(target):
             assert abs(row["error_pct"]) <= 15, aid
         else:
             assert next(a for a in load_anchors() if a.id == aid).not_fitted_because
+    window = rec.get("scheduling_window")
+    if target in SCHEDULING_WINDOWS:
+        assert window["chosen"] == tgt.scheduling_window
+        costs = window["grid_cost"]
+        assert str(window["chosen"]) == min(costs, key=costs.__getitem__)
+    else:
+        assert window is None and tgt.scheduling_window == 1
+
+
+class _StubAnchors:
+    """Residuals that depend only on the scheduling window: best at window 4."""
+
+    fitted_ids = ("a", "b")
+
+    def log_errors(self, target, ids=None):
+        err = 0.1 * abs(target.scheduling_window - 4)
+        return {"a": err, "b": -err / 2}
+
+
+def test_choose_window_takes_the_least_squared_error_window():
+    w, costs = choose_window(_StubAnchors(), get_target("trn1"), (1, 2, 4, 8))
+    assert w == 4
+    assert set(costs) == {1, 2, 4, 8}
+    assert costs[4] == 0.0 and costs[1] == pytest.approx(0.09 + 0.0225)
 
 
 def test_an_absent_checkout_makes_an_anchor_unavailable_not_replaced(monkeypatch, tmp_path):
