@@ -17,7 +17,7 @@ from nki_kernels.perfmodel.costs import (
     tensor_ideal_ns,
 )
 from nki_kernels.perfmodel.timeline import schedule, throttled_duration
-from nki_kernels.targets import TRN1, TRN2, TRN3
+from nki_kernels.targets import TRN1, TRN2, TRN3, get_target
 
 
 def test_one_matmul_costs_its_moving_columns():
@@ -59,7 +59,7 @@ def test_cross_engine_dependency_pays_the_semaphore():
 
 def test_dependent_instruction_on_the_same_engine_pays_the_drain():
     # copy A -> B (512 cycles), then tensor_tensor reading B (2N = 1024 cycles): the second
-    # waits the dependent overhead (140.5 cycles, the v2 fit to the perf guide's 264-cycle
+    # waits the dependent overhead (trn1's fitted cycles, v2: the perf guide's 264-cycle
     # chain) plus a fresh SBUF access (60 cycles)
     v1 = vector("tensor_copy", 512, (sbuf(0, 2048),), (sbuf(2048, 2048),))
     dep = vector(
@@ -69,7 +69,7 @@ def test_dependent_instruction_on_the_same_engine_pays_the_drain():
         "tensor_tensor", 512, (sbuf(0, 2048), sbuf(0, 2048)), (sbuf(8192, 2048),), op="add"
     )
     assert estimate_trace(make_trace("trn1", v1, dep)).latency_ns == pytest.approx(
-        (512 + 200.5 + 1024) / 1.12
+        (512 + get_target("trn1").dependent_instr_cycles + 60 + 1024) / 1.12
     )
     assert estimate_trace(make_trace("trn1", v1, indep)).latency_ns == pytest.approx(
         (512 + 1024) / 1.12
