@@ -83,8 +83,8 @@ class Target:
     # --enable-instruction-scheduling=false): each compute engine may issue a later
     # independent instruction of its own ahead of an earlier one within this many
     # pending instructions (perfmodel/scheduling.py). The docs give no window: 1 =
-    # every engine in program order (cost model v2 as shipped); 8 is what the issue-11
-    # analysis in docs/readme/cost-model.md prices. L
+    # every engine in program order (trn2 / trn3, where no anchor measures it); trn1's
+    # is chosen by the fit (perfmodel/fit.py SCHEDULING_WINDOWS). L
     scheduling_window: int = 1
     gpsimd_startup_cycles: int = 150  # GpSimd instruction start-up. M
     matmul_min_cycles: int = 64  # MultiplyMoving floor: max(N, 64). H
@@ -253,8 +253,8 @@ TRN2 = Target(
     # carried over from the trn1 fit (the perf guide's and the Mamba tutorial's figures
     # are NC-v2's): 140.5 from the fit before the Mamba anchors joined it. The refit's
     # 140.2 is 0.2 % lower (0.2 ns of the 189 ns chain that pins it); it is not carried
-    # over, because the committed rows and configs were priced with 140.5 and re-pricing
-    # them all would move every trn2 / trn3 figure by < 0.1 %. L
+    # over, because the committed rows and configs were priced with 140.5; at 140.2 the
+    # bench's 40 live trn2 / trn3 rows move by at most 0.018 % (modeled, measured once). L
     dependent_instr_cycles=140.5,
     scan_cycles_per_element=1.0,
     dma_dge_ns=600.0,  # "approximately 600 ns" per hwdge DMA instruction (nki-dge). H

@@ -68,8 +68,7 @@ def mapped_nki() -> Iterator[None]:
     """Within the block, `import nki...` (and `neuronxcc.nki.typing`) gives the interpreter,
     `import neuron_dtypes` a stand-in when AWS's package is absent, and launches drop dead
     on-chip allocations as the compiler does (`settings(free_unused_tiles=True)`: AWS's
-    small test shapes leave buffers unused) and account memory as neuronx-cc's default
-    flow schedules it (`settings(compiler_schedule=True)`: AWS's tests compile that way)."""
+    small test shapes leave buffers unused)."""
     saved = {k: v for k, v in sys.modules.items() if _is_mapped(k)}
     for k in saved:
         del sys.modules[k]
@@ -82,7 +81,7 @@ def mapped_nki() -> Iterator[None]:
 
         sys.modules["neuron_dtypes"] = neuron_dtypes_standin
     try:
-        with settings(free_unused_tiles=True, compiler_schedule=True):
+        with settings(free_unused_tiles=True):
             yield
     finally:
         if standin:

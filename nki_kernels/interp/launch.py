@@ -75,7 +75,7 @@ _settings: dict[str, Any] = {
     "target": None,
     "trace_only": False,
     "free_unused_tiles": False,
-    "compiler_schedule": False,
+    "compiler_schedule": True,  # neuronx-cc's default flow (liveness.py)
     "mx_scale": "nki-0.6",
     "fresh_memory": "poison",
 }
@@ -96,11 +96,10 @@ def settings(
     `free_unused_tiles=True`: when a launch is replayed with last-use lifetimes
     (liveness.py), an on-chip tile no instruction touches is freed at once, as the
     compiler drops a dead allocation (default: it keeps its Python lifetime).
-    `compiler_schedule=True`: in that replay, memory is accounted as neuronx-cc's default
-    flow schedules it -- each tile placed at its first access, and an instruction that
-    reads PSUM into SBUF counted right after the last instruction it depends on
-    (liveness.py); for kernels compiled that way, such as nki-library's (default: each
-    tile placed at its allocation, in program order).
+    `compiler_schedule` (default True): in that replay, memory is accounted as neuronx-cc's
+    default flow schedules it -- each tile placed at its first access, and an instruction
+    that reads PSUM into SBUF counted right after the last instruction it depends on
+    (liveness.py); False places each tile at its allocation, in program order.
     `mx_scale="pre-0.5"`: `nisa.quantize_mx` uses the block scale of NKI before 0.5, the
     OCP sample algorithm's, half of NKI 0.5+'s (a compatibility mode for goldens written
     against it; the default "nki-0.6" is the documented current behaviour).

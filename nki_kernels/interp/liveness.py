@@ -23,8 +23,8 @@ unrolled Python (`range` and its aliases), so "last use" is the last use in the
 unrolled program: a tile written before a loop and read in every iteration lives until
 the last iteration's read, as on the chip.
 
-**The compiler's schedule** (`settings(compiler_schedule=True)`, set by the conformance
-loader for AWS's kernels): by default neuronx-cc, not the kernel's program order,
+**The compiler's schedule** (`settings(compiler_schedule=...)`, on by default, for every
+kernel): by default neuronx-cc, not the kernel's program order,
 decides the addresses and the instruction order after NKI traces the kernel (NKI
 compile-configuration deep dive: "By default, neuronx-cc makes both decisions after NKI
 traces the kernel"; `Allocation.COLORING`: graph coloring after the trace). In this mode

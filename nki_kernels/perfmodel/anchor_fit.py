@@ -57,24 +57,20 @@ def refit(
         # Schedules of the trn1 tutorial matmuls take seconds each: start from the shipped
         # (previously fitted) values with a small compass step there instead of a grid.
         cheap = sum(len(t.instrs) for t in aset.traces.values()) < 50_000
-        windows = SCHEDULING_WINDOWS.get(name)
+        windows = SCHEDULING_WINDOWS.get(name, ())
         window_record: dict[str, Any] = {}
-        if windows:
-            # the integer window by a grid, the continuous parameters by the compass
-            # search at it; once more if the fitted parameters prefer another window
-            for _round in range(2):
+        # the integer window by a grid, the continuous parameters by the compass search
+        # at it; once more if the fitted parameters prefer another window
+        for _round in range(2 if windows else 1):
+            if windows:
                 w, costs = choose_window(aset, base, windows)
                 window_record = {"chosen": w, "grid_cost": {str(k): v for k, v in costs.items()}}
                 log(f"{name}: scheduling window {w} ({window_record['grid_cost']})")
-                if w == base.scheduling_window and _round:
+                if _round and w == base.scheduling_window:
                     break
                 base = base.replace(scheduling_window=w)
-                full = fit(
-                    aset.log_errors, base, ranges, grid=cheap, step=0.25 if cheap else 0.0625
-                )
-                base = base.replace(**full.params)
-        else:
             full = fit(aset.log_errors, base, ranges, grid=cheap, step=0.25 if cheap else 0.0625)
+            base = base.replace(**full.params)
         log(f"{name}: fit {full.params} in {full.evaluations} evaluations")
         ids = aset.fitted_ids
         loo = leave_one_out(

@@ -1,4 +1,4 @@
-"""Memory accounted as neuronx-cc schedules it (`settings(compiler_schedule=True)`): PSUM
+"""Memory accounted as neuronx-cc schedules it (`compiler_schedule`, on by default): PSUM
 accumulators kept in a list and read out in a later loop fit when each read-out can run
 right after its accumulation, and SBUF tiles allocated up front live from their first
 write; both still overflow when the tiles are truly live together. Overflow messages
@@ -65,7 +65,7 @@ def test_readouts_in_a_later_loop_fit_when_psum_reads_are_reordered():
 
 
 def test_in_program_order_the_same_kernel_overflows_psum():
-    with pytest.raises(MemoryPlanError) as e:
+    with settings(compiler_schedule=False), pytest.raises(MemoryPlanError) as e:
         run(_later_readout(False), _x())
     msg = str(e.value)
     assert e.value.rule == "PSUM_OVERFLOW"
@@ -82,7 +82,7 @@ def test_a_readout_that_waits_for_a_later_write_still_overflows():
 
 
 def test_an_overflow_lists_the_live_tiles_and_their_kernel_lines():
-    with pytest.raises(MemoryPlanError) as e:
+    with settings(compiler_schedule=False), pytest.raises(MemoryPlanError) as e:
         run(_later_readout(False), _x())
     msg = str(e.value)
     # the 9th accumulator, with the 8 live ones grouped by shape, dtype and source line
@@ -117,7 +117,7 @@ def _sbuf_list(read_at_end: bool):
 
 def test_sbuf_tiles_allocated_up_front_live_from_their_first_write():
     x = np.full((P, SBUF_COLS), 0.5, np.float32)
-    with pytest.raises(MemoryPlanError) as e:
+    with settings(compiler_schedule=False), pytest.raises(MemoryPlanError) as e:
         run(_sbuf_list(False), x)  # placed at their allocation: all 4 at once
     assert e.value.rule == "SBUF_OVERFLOW"
     with settings(compiler_schedule=True):
