@@ -51,27 +51,43 @@ Limits: D <= 256 (Q^T / K^T in 128-row chunks, one contraction pass each); K^T a
 of one head stay resident: 4 * Sk * itemsize bytes per
 partition per buffer set (`config.py` checks the SBUF fit; the op splits longer key
 ranges).
+
+Files: this one holds the entry point, the job list and its software pipeline, and the
+K/V and Q staging; `_fwd_plan.py` the pipeline constants and the static step layout
+(plain Python); `_fwd_stages.py` the online-softmax stages from the max pass to the
+final O / l and lse.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..nki import nisa, nki, nl
-from ._staging import GROUP, P, compute_dtype, copy_engine, stage_rows
-
-BANK_COLS = 512  # fp32 score columns per PSUM bank (one matmul's N limit on trn2)
-FP32_MIN = -3.4028235e38  # the fill value range_select requires (hardware constraint)
-PSUM_BANKS = 8
-# Pipeline: iterations behind the scores of job i at which each stage runs.
-MAX_LAG = 1  # VectorE max pass (scores PSUM -> SBUF)
-EXP_LAG = 2  # ScalarE exponential and row sums
-TP_LAG = 3  # P^T: DMA transposes issued, PE transposes + evacuation
-DMA_KEYS_IN_FLIGHT = 4096  # keys of P^T the DMA engines are given time for before P @ V
-Q_PREFETCH = 4  # jobs ahead that a query tile's Q^T DMA is issued
-OUT_RING = 6  # finalized tiles waiting for their store DMA
-MASK_PREFETCH = 2  # jobs ahead that a dense mask's PARTIAL sub-tiles are loaded
-MASK_RING = MASK_PREFETCH + MAX_LAG + 1  # loaded at job i - MASK_PREFETCH, read at i + 1
+from ._fwd_plan import (
+    BANK_COLS,
+    DMA_KEYS_IN_FLIGHT,
+    EXP_LAG,
+    MASK_PREFETCH,
+    MAX_LAG,
+    OUT_RING,
+    PSUM_BANKS,
+    Q_PREFETCH,
+    TP_LAG,
+    dchunks,
+    dma_split,
+    key_runs,
+    n_dchunks,
+    o_slots,
+    tile_steps,
+)
+from ._fwd_stages import (
+    dense_rings,
+    prefetch_mask,
+    stage_exp,
+    stage_max,
+    stage_pv,
+    stage_rescale,
+    stage_transpose,
+)
+from ._staging import GROUP, P, compute_dtype, stage_rows
 
 
 @nki.jit
@@ -131,61 +147,6 @@ def flash_attention_fwd(
     return out, lse
 
 
-def _chunks(d: int) -> int:
-    """128-row contraction chunks of head_dim (Q^T / K^T keep D on partitions)."""
-    return (d + P - 1) // P
-
-
-def _dchunks(d: int) -> list:
-    """(chunk, first column, rows) of each 128-row head_dim chunk."""
-    return [(c, c * P, min(P, d - c * P)) for c in range(_chunks(d))]
-
-
-def _o_slots(d: int) -> int:
-    """P @ V result slots in the one PSUM bank they share (512 fp32 per partition)."""
-    return max(1, BANK_COLS // max(d, P))
-
-
-def _tile_steps(classes: Any, t: int, nk: int, n_sub: int) -> list:
-    """Steps of one query tile: lists of (slot, sub-tile u, partial) of <= n_sub slots."""
-    subs = []
-    for u in range(nk):
-        c = classes[t][u] if len(classes) > 0 else 2
-        if c != 0:
-            subs.append((u, c == 1))
-    steps = []
-    for s0 in range(0, len(subs), n_sub):
-        steps.append(
-            [(j, subs[s0 + j][0], subs[s0 + j][1]) for j in range(min(n_sub, len(subs) - s0))]
-        )
-    return steps
-
-
-def _runs(slots: list, split_masked: bool = False) -> list:
-    """Maximal runs of consecutive keys inside one 512-slot group: (slot0, u0, count, partial).
-
-    With `split_masked`, PARTIAL and FULL sub-tiles never share a run, so the mask
-    instruction (range_select, 2 cycles per element) covers only what needs it.
-    """
-    runs: list[tuple[int, int, int, bool]] = []
-    for j, u, part in slots:
-        same = not split_masked or (runs and runs[-1][3] == part)
-        if runs and same and runs[-1][1] + runs[-1][2] == u and runs[-1][0] // GROUP == j // GROUP:
-            r = runs[-1]
-            runs[-1] = (r[0], r[1], r[2] + 1, r[3] or part)
-        else:
-            runs.append((j, u, 1, part))
-    return runs
-
-
-def _split(n_slots: int, n_full: int, dma_quarters: int) -> int:
-    """How many leading slots of a step the DMA engines transpose (the rest: TensorE).
-
-    Only full 128-key sub-tiles (the first `n_full` slots) go to the DMA engines.
-    """
-    return min(n_full, (n_slots * dma_quarters + 2) // 4)
-
-
 def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense):
     """Plan the jobs of every (batch, kv-head) group, then run them through the pipeline.
 
@@ -206,7 +167,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
     sets = []
     for _ in range(kv_buffers):
         st = {
-            "kt": nl.ndarray((min(d, P), _chunks(d), nk * P), dtype=cdt, buffer=nl.sbuf),
+            "kt": nl.ndarray((min(d, P), n_dchunks(d), nk * P), dtype=cdt, buffer=nl.sbuf),
             "vt": nl.ndarray((P, nk, d), dtype=cdt, buffer=nl.sbuf),
             "lse": nl.ndarray((P, group, nq), dtype=nl.float32, buffer=nl.sbuf),
         }
@@ -221,7 +182,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
         tiles = []  # (head, q tile, steps)
         for h in range(g * group, (g + 1) * group):
             for t in range(nq):
-                tiles.append((h, t, _tile_steps(classes, t, nk, n_sub)))
+                tiles.append((h, t, tile_steps(classes, t, nk, n_sub)))
         ctx["empty"] = [(h, t) for h, t, steps in tiles if len(steps) == 0]
         ctx["first"] = len(jobs)
         live = [x for x in tiles if len(x[2]) > 0]
@@ -248,7 +209,7 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
     )
     segments = [(0, len(jobs))] if continuous else [(c["first"], c["last"] + 1) for c in ctxs]
     rings = _rings(n_sub, d, cdt, q_tiles, pv_lag, cfg[3])
-    _dense_rings(rings, dense[:2], n_sub)
+    dense_rings(rings, dense[:2], n_sub)
     rings["tanh_scale"] = dense[2]
     io = (q, k, v, bounds, out, lse, sq, sk, d, kv_tile)
     for si, (j0, j1) in enumerate(segments):
@@ -264,22 +225,22 @@ def _run_groups(q, k, v, bounds, out, lse, plan, groups, cfg, kv_buffers, dense)
                     _prefetch_q(q, jobs, j0 + i + a, tstate, rings, d)
                     _stage_kv(k, v, job, sk, kv_tile)
                 for a in range(0 if i == 0 else MASK_PREFETCH, min(MASK_PREFETCH, n - i - 1) + 1):
-                    _prefetch_mask(jobs[j0 + i + a], j0 + i + a, tstate, rings, sk)
+                    prefetch_mask(jobs[j0 + i + a], j0 + i + a, tstate, rings, sk)
                 _stage_qk(jobs[j0 + i], j0 + i, tstate, rings, sk, d)
             j = i - MAX_LAG
             if 0 <= j < n:
-                _stage_max(jobs[j0 + j], j0 + j, tstate, rings, cfg[0], sk)
+                stage_max(jobs[j0 + j], j0 + j, tstate, rings, cfg[0], sk)
             j = i - EXP_LAG
             if 0 <= j < n:
-                _stage_exp(jobs[j0 + j], j0 + j, tstate, rings, cfg[0], sk)
+                stage_exp(jobs[j0 + j], j0 + j, tstate, rings, cfg[0], sk)
             j = i - TP_LAG
             if 0 <= j < n:
-                _stage_transpose(jobs[j0 + j], j0 + j, tstate, rings, sk, cdt, cfg)
+                stage_transpose(jobs[j0 + j], j0 + j, tstate, rings, sk, cdt, cfg)
             j = i - pv_lag
             if 0 <= j < n:
                 job = jobs[j0 + j]
-                _stage_pv(job, j0 + j, tstate, rings, sk, d)
-                _stage_rescale(job, j0 + j, tstate, rings, out, cfg[0], d)
+                stage_pv(job, j0 + j, tstate, rings, sk, d)
+                stage_rescale(job, j0 + j, tstate, rings, out, cfg[0], d)
                 if j0 + j == job["grp"]["last"]:
                     _close_group(job["grp"], lse, group)
         if not continuous and n == 0:
@@ -311,7 +272,7 @@ def _rings(n_sub, d, cdt, q_tiles, pv_lag, dma_quarters):
     bank a ring of 512-column score banks.
     """
     f32, sb, ps = nl.float32, nl.sbuf, nl.psum
-    n_pe = n_sub - _split(n_sub, n_sub, dma_quarters)
+    n_pe = n_sub - dma_split(n_sub, n_sub, dma_quarters)
     itemsize = 4 if cdt == nl.float32 else 2
     tp_banks = -(-2 * max(n_pe, 1) * P * itemsize // (BANK_COLS * 4))
     score_banks = PSUM_BANKS - 1 - tp_banks
@@ -324,12 +285,12 @@ def _rings(n_sub, d, cdt, q_tiles, pv_lag, dma_quarters):
     r = {
         "s": [nl.ndarray((P, BANK_COLS), dtype=f32, buffer=ps) for _ in range(score_banks)],
         "tp": nl.ndarray((P, 2, max(n_pe, 1), P), dtype=cdt, buffer=ps),
-        "o_ps": nl.ndarray((P, _o_slots(d), d), dtype=f32, buffer=ps),
+        "o_ps": nl.ndarray((P, o_slots(d), d), dtype=f32, buffer=ps),
         "s_sb": [nl.ndarray((P, n_sub * P), dtype=f32, buffer=sb) for _ in range(3)],
         "p": [nl.ndarray((P, n_sub * P), dtype=cdt, buffer=sb) for _ in range(pv_lag - EXP_LAG)],
         "pt": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=sb) for _ in range(pv_lag - TP_LAG + 1)],
         "qt": [
-            nl.ndarray((min(d, P), _chunks(d), P), dtype=cdt, buffer=sb)
+            nl.ndarray((min(d, P), n_dchunks(d), P), dtype=cdt, buffer=sb)
             for _ in range(Q_PREFETCH + tile_ring)
         ],
         "o_acc": [nl.ndarray((P, d), dtype=f32, buffer=sb) for _ in range(tile_ring)],
@@ -360,7 +321,7 @@ def _prefetch_q(q, jobs, i, tstate, rings, d):
     st = tstate[ti]
     rows, t0 = st["rows"], st["t"] * P
     qt = rings["qt"][ti % len(rings["qt"])]
-    for c, c0, dc in _dchunks(d):
+    for c, c0, dc in dchunks(d):
         nisa.dma_transpose(dst=qt[:dc, c, :rows], src=q[b, st["h"], t0 : t0 + rows, c0 : c0 + dc])
     st["qt"] = qt
 
@@ -376,7 +337,7 @@ def _stage_kv(k, v, job, sk, kv_tile):
         staged[blk] = True
         k0 = blk * kv_tile
         n = min(kv_tile, sk - k0)
-        for c, c0, dc in _dchunks(k.shape[3]):
+        for c, c0, dc in dchunks(k.shape[3]):
             nisa.dma_transpose(dst=kt[:dc, c, k0 : k0 + n], src=k[b, g, k0 : k0 + n, c0 : c0 + dc])
         stage_rows(v[b, g], vt, k0, n)
 
@@ -392,310 +353,17 @@ def _stage_qk(job, i, tstate, rings, sk, d):
         banks.append(ring[rings["bank"] % len(ring)])
         rings["bank"] += 1
     job["banks"] = banks
-    for j0, u0, cnt, _ in _runs(job["slots"]):
+    for j0, u0, cnt, _ in key_runs(job["slots"]):
         k0 = u0 * P
         ncols = min(cnt * P, sk - k0)
         c0 = (j0 % GROUP) * P
-        for c, _, dc in _dchunks(d):  # head_dim > 128: one contraction pass per 128
+        for c, _, dc in dchunks(d):  # head_dim > 128: one contraction pass per 128
             nisa.nc_matmul(
                 dst=banks[j0 // GROUP][:rows, c0 : c0 + ncols],
                 stationary=st["qt"][:dc, c, :rows],
                 moving=kt[:dc, c, k0 : k0 + ncols],
                 accumulate=c > 0,
             )
-
-
-def _stat(rings, name, i):
-    ring = rings[name]
-    return ring[i % len(ring)]
-
-
-def _chain_scale(scale: float) -> tuple[float, float]:
-    """(mu, r): the max chain stores S' = mu * S (mu = -min(scale, 1), finite even for the
-    FP32_MIN mask fill) and softmax uses scale * S = -r * S'."""
-    mu = -min(scale, 1.0)
-    return mu, scale / -mu
-
-
-def _ncols(slots, sk):
-    """Score columns of a step: full sub-tiles except possibly a ragged last one."""
-    return (len(slots) - 1) * P + min(P, sk - slots[-1][1] * P)
-
-
-def _stage_max(job, i, tstate, rings, scale, sk):
-    """VectorE: masks, then S' = mu * S copied out to SBUF with the running max.
-
-    The chain runs as a min over S' (mu < 0), so its result is directly
-    nb = mu * max(S) -- with r = 1 (scale <= 1) the exp bias -- and
-    P = exp(-r * S' + r * nb). The first chain instruction loads the previous nb, so
-    the running maximum needs no separate merge.
-    """
-    st = tstate[job["ti"]]
-    rows, t = st["rows"], st["t"]
-    bnd = job["grp"]["set"].get("bnd")
-    banks = job["banks"]
-    s_sb = _stat(rings, "s_sb", i)
-    mu, _ = _chain_scale(scale)
-    runs = _runs(job["slots"], split_masked=True)
-    nb = _stat(rings, "m", i)
-    for idx, (j0, u0, cnt, partial) in enumerate(runs):
-        k0 = u0 * P
-        ncols = min(cnt * P, sk - k0)
-        c0 = (j0 % GROUP) * P
-        s_view = banks[j0 // GROUP][:rows, c0 : c0 + ncols]
-        if rings["tanh_scale"] is not None:
-            nisa.activation(dst=s_view, op=nl.tanh, data=s_view, scale=rings["tanh_scale"])
-        if partial and "mk" in rings:
-            _apply_dense(rings, i, s_view, rows, j0 * P, ncols)
-        elif partial:
-            nisa.range_select(
-                dst=s_view,
-                on_true_tile=s_view,
-                comp_op0=nl.greater_equal,
-                comp_op1=nl.less,
-                bound0=bnd[:rows, 0, t : t + 1],
-                bound1=bnd[:rows, 1, t : t + 1],
-                reduce_cmd=nisa.reduce_cmd.idle,
-                range_start=k0,
-                on_false_value=FP32_MIN,
-            )
-        if idx == 0 and job["s"] != 0:
-            cmd, init = nisa.reduce_cmd.load_reduce, st["nb"][:rows, :]
-        else:
-            cmd, init = (nisa.reduce_cmd.reset_reduce if idx == 0 else nisa.reduce_cmd.reduce), None
-        nisa.tensor_scalar_reduce(
-            dst=s_sb[:rows, j0 * P : j0 * P + ncols],
-            data=s_view,
-            op0=nl.multiply,
-            operand0=mu,
-            reduce_op=nl.minimum,
-            reduce_res=nb[:rows, :] if idx == len(runs) - 1 else None,
-            reduce_cmd=cmd,
-            reduce_init=init,
-        )
-    job["nb_prev"] = st.get("nb")
-    st["nb"] = nb
-
-
-def _dense_rings(rings, dense, n_sub):
-    """SBUF rings for the loaded PARTIAL sub-tiles of a dense mask (and its bias)."""
-    mask, bias = dense
-    if mask is None:
-        return
-    rings["dense"] = dense
-    cols = n_sub * P
-    rings["mk"] = [nl.ndarray((P, cols), dtype=nl.uint8, buffer=nl.sbuf) for _ in range(MASK_RING)]
-    if bias is not None:
-        rings["bs"] = [
-            nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf) for _ in range(MASK_RING)
-        ]
-
-
-def _prefetch_mask(job, i, tstate, rings, sk):
-    """DMA the PARTIAL sub-tiles of job i's dense mask (and bias) into its ring slot."""
-    if "mk" not in rings or job.get("mask_loaded", False):
-        return
-    job["mask_loaded"] = True
-    mask, bias = rings["dense"]
-    st = tstate[job["ti"]]
-    rows, t0 = st["rows"], st["t"] * P
-    mb = job["grp"]["b"] if mask.shape[0] > 1 else 0
-    mh = st["h"] if mask.shape[1] > 1 else 0
-    for j0, u0, cnt, partial in _runs(job["slots"], split_masked=True):
-        if not partial:
-            continue
-        k0 = u0 * P
-        ncols = min(cnt * P, sk - k0)
-        src = (mb, mh, slice(t0, t0 + rows), slice(k0, k0 + ncols))
-        nisa.dma_copy(dst=_stat(rings, "mk", i)[:rows, j0 * P : j0 * P + ncols], src=mask[src])
-        if bias is not None:
-            nisa.dma_copy(dst=_stat(rings, "bs", i)[:rows, j0 * P : j0 * P + ncols], src=bias[src])
-
-
-def _apply_dense(rings, i, s_view, rows, c0, ncols):
-    """Scores of masked keys -> FP32_MIN (whatever they were, NaN included); + bias."""
-    nisa.select_reduce(
-        dst=s_view,
-        predicate=_stat(rings, "mk", i)[:rows, c0 : c0 + ncols],
-        on_true=s_view,
-        on_false=FP32_MIN,
-        reduce_cmd=nisa.reduce_cmd.idle,
-    )
-    if "bs" in rings:
-        nisa.tensor_tensor(
-            dst=s_view, data1=s_view, data2=_stat(rings, "bs", i)[:rows, c0 : c0 + ncols], op=nl.add
-        )
-
-
-def _stage_exp(job, i, tstate, rings, scale, sk):
-    """ScalarE exp of the whole step with row sums; the rescale factor; GpSimd l update."""
-    st = tstate[job["ti"]]
-    rows = st["rows"]
-    _, r = _chain_scale(scale)
-    nb = _stat(rings, "m", i)
-    bias = nb
-    if r != 1.0:
-        bias = _stat(rings, "bias", i)
-        nisa.activation(dst=bias[:rows, :], op=nl.copy, data=nb[:rows, :], scale=r)
-    first = job["s"] == 0
-    if not first:
-        alpha = _stat(rings, "alpha", i)
-        nisa.activation(
-            dst=alpha[:rows, :],
-            op=nl.exp,
-            data=job["nb_prev"][:rows, :],
-            bias=bias[:rows, :],
-            scale=-r,
-        )
-        job["alpha"] = alpha
-    ncols = _ncols(job["slots"], sk)
-    p_sb = _stat(rings, "p", i)
-    rs = _stat(rings, "rs", i)
-    nisa.activation(
-        dst=p_sb[:rows, :ncols],
-        op=nl.exp,
-        data=_stat(rings, "s_sb", i)[:rows, :ncols],
-        bias=bias[:rows, :],
-        scale=-r,
-        reduce_op=nl.add,
-        reduce_res=rs[:rows, :],
-        reduce_cmd=nisa.reduce_cmd.reset_reduce,
-    )
-    if first:
-        st["l"] = rs
-    else:
-        l_new = _stat(rings, "l", i)
-        nisa.tensor_scalar(
-            dst=l_new[:rows, :],
-            data=st["l"][:rows, :],
-            op0=nl.multiply,
-            operand0=alpha[:rows, :],
-            op1=nl.add,
-            operand1=rs[:rows, :],
-            engine=nisa.engine.gpsimd,
-        )
-        st["l"] = l_new
-
-
-def _stage_transpose(job, i, tstate, rings, sk, cdt, cfg):
-    """P^T per 128-key sub-tile: the DMA engines take the first slots (one instruction),
-    TensorE the rest into PSUM, copied out by ScalarE (first `scalar_evac` eighths) and
-    VectorE."""
-    dma_quarters, scalar_evac = cfg[3], cfg[4]
-    rows = tstate[job["ti"]]["rows"]
-    slots = job["slots"]
-    p_sb = _stat(rings, "p", i)
-    pt = _stat(rings, "pt", i)
-    n_full = len(slots) if min(P, sk - slots[-1][1] * P) == P else len(slots) - 1
-    n_dma = _split(len(slots), n_full, dma_quarters)
-    if n_dma > 0:
-        src = p_sb[:rows, : n_dma * P].reshape((rows, n_dma, P))
-        nisa.dma_transpose(dst=pt[:, 0:n_dma, :rows], src=src, axes=(2, 1, 0))
-    tp = rings["tp"][:, i % 2]
-    pe = []
-    for j, u, _ in slots[n_dma:]:
-        kr = min(P, sk - u * P)
-        nisa.nc_transpose(dst=tp[:kr, j - n_dma, :rows], data=p_sb[:rows, j * P : j * P + kr])
-        pe.append((j, kr))
-    n_s = (len(pe) * scalar_evac + 4) // 8
-    for on_scalar, part in ((True, pe[:n_s]), (False, pe[n_s:])):
-        if len(part) == 0:
-            continue
-        full = [x for x in part if x[1] == P]
-        for grp in (full, [x for x in part if x[1] != P]):
-            if len(grp) == 0:
-                continue
-            j0, j1, kr = grp[0][0], grp[-1][0] + 1, grp[0][1]
-            nisa.tensor_copy(
-                dst=pt[:kr, j0:j1, :rows],
-                src=tp[:kr, j0 - n_dma : j1 - n_dma, :rows],
-                engine=copy_engine(on_scalar),
-            )
-
-
-def _stage_pv(job, i, tstate, rings, sk, d):
-    """This step's P @ V, accumulated over its sub-tiles in one PSUM slot."""
-    vt = job["grp"]["set"]["vt"]
-    rows = tstate[job["ti"]]["rows"]
-    pt = _stat(rings, "pt", i)
-    o_ps = rings["o_ps"][:, i % _o_slots(d), :]
-    for idx, (j, u, _) in enumerate(job["slots"]):
-        kr = min(P, sk - u * P)
-        nisa.nc_matmul(
-            dst=o_ps[:rows, :d],
-            stationary=pt[:kr, j, :rows],
-            moving=vt[:kr, u, :d],
-            accumulate=idx > 0,
-        )
-
-
-def _stage_rescale(job, i, tstate, rings, out, scale, d):
-    """O = alpha * O + (P @ V)_step (fp32 SBUF); after the last step, finalize the tile."""
-    ti = job["ti"]
-    st = tstate[ti]
-    rows = st["rows"]
-    o_ps = rings["o_ps"][:, i % _o_slots(d), :]
-    last = job["s"] == st["n"] - 1
-    if job["s"] == 0 and last:
-        o_src = o_ps
-    elif job["s"] == 0:
-        o_acc = rings["o_acc"][ti % len(rings["o_acc"])]
-        nisa.activation(dst=o_acc[:rows, :d], op=nl.copy, data=o_ps[:rows, :d])
-        st["o"] = o_acc
-        o_src = o_acc
-    else:
-        o_acc = st["o"]
-        nisa.scalar_tensor_tensor(
-            dst=o_acc[:rows, :d],
-            data=o_acc[:rows, :d],
-            op0=nl.multiply,
-            operand0=job["alpha"][:rows, :],
-            op1=nl.add,
-            operand1=o_ps[:rows, :d],
-        )
-        o_src = o_acc
-    job["alpha"] = None
-    if last:
-        in_psum = job["s"] == 0
-        _finalize(st, o_src, in_psum, rings, ti, out, job["grp"], rows, scale, d)
-        tstate[ti] = None
-
-
-def _finalize(st, o_src, in_psum, rings, ti, out, ctx, rows, scale, d):
-    """out = O / l (DMA'd to HBM), lse = scale * m + log(l) (kept in the group's SBUF
-    statistics tile until its single store).
-
-    O * (1 / l) runs on the otherwise idle GpSimd when O is in SBUF (tiles of several
-    steps); a one-step tile's O is still in PSUM, which GpSimd cannot read: ScalarE.
-    """
-    b, h0, lse_all = ctx["b"], ctx["h0"], ctx["set"]["lse"]
-    h, t0 = st["h"], st["t"] * P
-    o_out = rings["o_out"][ti % OUT_RING]  # compute dtype == out dtype
-    rl = _stat(rings, "rl", ti)
-    nisa.reciprocal(dst=rl[:rows, :], data=st["l"][:rows, :])
-    if in_psum:
-        nisa.activation(dst=o_out[:rows, :d], op=nl.copy, data=o_src[:rows, :d], scale=rl[:rows, :])
-    else:
-        nisa.tensor_scalar(
-            dst=o_out[:rows, :d],
-            data=o_src[:rows, :d],
-            op0=nl.multiply,
-            operand0=rl[:rows, :],
-            engine=nisa.engine.gpsimd,
-        )
-    nisa.dma_copy(dst=out[b, h, t0 : t0 + rows, :], src=o_out[:rows, :d])
-    log_l = _stat(rings, "log_l", ti)
-    nisa.activation(dst=log_l[:rows, :], op=nl.log, data=st["l"][:rows, :])
-    t = st["t"]
-    nisa.tensor_scalar(
-        dst=lse_all[:rows, h - h0, t : t + 1],
-        data=st["nb"][:rows, :],
-        op0=nl.multiply,
-        operand0=-_chain_scale(scale)[1],
-        op1=nl.add,
-        operand1=log_l[:rows, :],
-        engine=nisa.engine.gpsimd,
-    )
 
 
 __all__ = ["flash_attention_fwd"]

@@ -459,11 +459,11 @@ def run_tune(args: argparse.Namespace) -> int:
                 print(f"  not exported: {e}", file=sys.stderr)
                 status = 1
             else:
-                from ..runtime.config_store import _banded_us
+                from ..runtime.config_records import banded_us
 
                 prov = out.provenance
-                tuned = _banded_us(prov.latency_ns, prov.latency_band_ns)
-                dflt = _banded_us(prov.default_latency_ns, prov.default_latency_band_ns)
+                tuned = banded_us(prov.latency_ns, prov.latency_band_ns)
+                dflt = banded_us(prov.default_latency_ns, prov.default_latency_band_ns)
                 print(f"  exported to {out.path} [{out.key}]: {tuned} (default {dflt}) "
                       f"{prov.measurer}, {prov.rank} ranking")  # fmt: skip
         if deadline is not None and time.monotonic() >= deadline:

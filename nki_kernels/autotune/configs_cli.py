@@ -150,7 +150,7 @@ def _model_tag(measurer: str) -> str:
 
 def _configs_summary(directory: Path, op: str | None, lnc: int | None = None) -> list[str]:
     """The markdown table of `configs summary` (see the module docstring)."""
-    from ..runtime.config_store import BAND_MEANING
+    from ..runtime.config_records import BAND_MEANING
 
     files = _files(directory, None, op)
     targets = sorted({t for t, _ in files})
@@ -375,7 +375,7 @@ def _problem_of(op: str, key: str) -> Any:
     """The bucketed problem a stored key names (None when the op is not tunable here)."""
     import dataclasses
 
-    from ..runtime.config_store import _parse_key
+    from ..runtime.config_keys import parse_key
     from .families import OPS
 
     if op not in OPS:
@@ -383,7 +383,7 @@ def _problem_of(op: str, key: str) -> Any:
     spec = OPS[op]
     cls = type(spec.make_problem(spec.shapes[0], spec.standard_buckets[0], spec.dtypes[0]))
     fields = {f.name for f in dataclasses.fields(cls)}
-    values = _parse_key(key)
+    values = parse_key(key)
     values.pop("lnc", None)  # the launch's LNC (config_store.lnc_items), not a problem field
     if set(values) != fields:
         raise ValueError(f"key fields {sorted(values)} are not {cls.__name__}'s {sorted(fields)}")

@@ -76,12 +76,14 @@ def mapped_nki() -> Iterator[None]:
     standin = (
         "neuron_dtypes" not in sys.modules and importlib.util.find_spec("neuron_dtypes") is None
     )
-    if standin:
-        from . import neuron_dtypes_standin
-
-        sys.modules["neuron_dtypes"] = neuron_dtypes_standin
     try:
-        with settings(free_unused_tiles=True):
+        with contextlib.ExitStack() as stack:
+            if standin:
+                from . import neuron_dtypes_standin
+
+                stack.enter_context(neuron_dtypes_standin.installed())
+                sys.modules["neuron_dtypes"] = neuron_dtypes_standin
+            stack.enter_context(settings(free_unused_tiles=True))
             yield
     finally:
         if standin:

@@ -10,17 +10,21 @@ dtypes are NumPy dtypes of their raw words (the interpreter's, `interp.dtypes`):
 `static_cast(values [..., 4F], float8_e4m3fn_x4)` packs to [..., F] (nearest-even,
 saturating) and `static_cast(words, np.float32)` unpacks to [..., 4F]; AWS's code then
 uses them as NumPy dtypes by name (`np.zeros(shape, dtype="float8_e4m3fn_x4")`,
-`"x4" in str(a.dtype)`, `a.view(np.uint32)`), which importing this module makes work: it
-registers the names with NumPy and gives the tagged dtypes their names in `str` /
-`repr` / `.name`, and keeps them through `np.concatenate` / `np.stack` (which drop NumPy
-dtype metadata; `np.where` still does). Unlike AWS's dtypes, `astype(np.float32)` of such
+`"x4" in str(a.dtype)`, `a.view(np.uint32)`), which `installed()` makes work for the
+block it guards: it registers the names with NumPy and gives the tagged dtypes their
+names in `str` / `repr` / `.name`, and keeps them through `np.concatenate` / `np.stack`
+(which drop NumPy dtype metadata; `np.where` still does). Importing the module changes
+nothing in NumPy. Unlike AWS's dtypes, `astype(np.float32)` of such
 an array yields the raw words as numbers; unpack with `static_cast` (or `as_float32`) instead. The
-conformance loader installs this module as `neuron_dtypes` only when the real package
-is not importable.
+conformance loader installs this module as `neuron_dtypes`, inside `installed()`, only
+while it runs checkout code and only when the real package is not importable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -41,6 +45,7 @@ float8_e8m0fnu = ml_dtypes.float8_e8m0fnu
 float8_e5m2_x4 = _dt.np_dtype(_dt.float8_e5m2_x4)
 float8_e4m3fn_x4 = _dt.np_dtype(_dt.float8_e4m3fn_x4)
 float4_e2m1fn_x4 = _dt.np_dtype(_dt.float4_e2m1fn_x4)
+_ABSENT = object()
 
 
 def _x4_name(d: np.dtype) -> str | None:
@@ -53,7 +58,6 @@ def _named(original: Any, spell: Any) -> Any:
         name = _x4_name(d)
         return original(d) if name is None else spell(name)
 
-    text.__wrapped__ = original  # type: ignore[attr-defined]
     return text
 
 
@@ -70,26 +74,66 @@ def _keeps_x4(join: Any) -> Any:
             return out.view(dtypes[0])
         return out
 
-    joined._nki_x4 = True  # type: ignore[attr-defined]
     return joined
 
 
-def _register_with_numpy() -> None:
-    """`np.dtype("float8_e4m3fn_x4")`, the names in str / repr / .name, packed dtypes kept
-    by concatenate / stack (idempotent)."""
+_SCOPE_LOCK = threading.Lock()
+_scope: dict[str, Any] = {"depth": 0, "undo": []}
+
+
+def _install() -> list[tuple[Any, str, Any]]:
+    """Make the packed dtypes known to NumPy: `np.dtype("float8_e4m3fn_x4")`, their names
+    in str / repr / .name, kept by concatenate / stack. Returns (namespace, name, value
+    before) of everything it changed, `_ABSENT` for what did not exist."""
+    undo: list[tuple[Any, str, Any]] = []
+    types: dict[str, Any] = np.sctypeDict
     for d in (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4):
-        np.sctypeDict[_x4_name(d)] = d  # type: ignore[index,assignment]
+        name = str(_x4_name(d))
+        undo.append((types, name, types.get(name, _ABSENT)))
+        types[name] = d
     m = _np_dtype_text
-    if not hasattr(m.__str__, "__wrapped__"):
-        m.__str__ = _named(m.__str__, lambda n: n)  # type: ignore[assignment]
-        m.__repr__ = _named(m.__repr__, lambda n: f"dtype('{n}')")  # type: ignore[assignment]
-        m._name_get = _named(m._name_get, lambda n: n)
-    if not hasattr(np.concatenate, "_nki_x4"):
-        np.concatenate = _keeps_x4(np.concatenate)
-        np.stack = _keeps_x4(np.stack)
+    patches = [
+        (m, "__str__", _named(m.__str__, lambda n: n)),
+        (m, "__repr__", _named(m.__repr__, lambda n: f"dtype('{n}')")),
+        (m, "_name_get", _named(m._name_get, lambda n: n)),
+        (np, "concatenate", _keeps_x4(np.concatenate)),
+        (np, "stack", _keeps_x4(np.stack)),
+    ]
+    for space, name, value in patches:
+        undo.append((space, name, getattr(space, name)))
+        setattr(space, name, value)
+    return undo
 
 
-_register_with_numpy()
+def _restore(undo: list[tuple[Any, str, Any]]) -> None:
+    for space, name, before in reversed(undo):
+        if space is np.sctypeDict:
+            if before is _ABSENT:
+                np.sctypeDict.pop(name, None)
+            else:
+                np.sctypeDict[name] = before
+        else:
+            setattr(space, name, before)
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Within the block, NumPy knows the packed dtypes by name (see the module docstring);
+    on leaving the outermost block every NumPy attribute and `np.sctypeDict` entry it
+    changed is put back, so NumPy outside the block is the process's own. Nested blocks
+    (threads included) share one installation."""
+    with _SCOPE_LOCK:
+        if _scope["depth"] == 0:
+            _scope["undo"] = _install()
+        _scope["depth"] += 1
+    try:
+        yield
+    finally:
+        with _SCOPE_LOCK:
+            _scope["depth"] -= 1
+            if _scope["depth"] == 0:
+                _restore(_scope["undo"])
+                _scope["undo"] = []
 
 
 def _resolve(dtype: Any) -> tuple[np.dtype, _dt.NkiDtype | None]:

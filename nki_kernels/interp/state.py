@@ -13,7 +13,7 @@ from .memory import OnChipMemory
 from .trace import Trace
 
 if TYPE_CHECKING:
-    from .tensor import Storage
+    from .storage import Storage
 
 
 class InterpreterWarning(UserWarning):

@@ -55,29 +55,26 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
-import datetime
 import json
 import logging
-import math
 import os
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target, get_target
+from .config_keys import BUCKET_FIELDS, is_number, key_distance, lnc_items, parse_key, problem_key
+from .config_records import ConfigDecision, Provenance
 from .config_schema import EntryError, check_entry
 
 FORMAT = 1
 CONFIG_DIR_ENV_VAR = "NKI_KERNELS_CONFIG_DIR"
 LOG_ENV_VAR = "NKI_KERNELS_LOG_CONFIGS"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "configs"
-BUCKET_FIELDS = frozenset({"rows", "tokens", "seq_q", "seq_k", "seq"})
 TUNED, NEAREST, DEFAULT = "tuned entry", "nearest bucket", "heuristic default"
 FILE_MODE = 0o644
 LOG = logging.getLogger("nki_kernels.configs")
@@ -93,185 +90,6 @@ class StaleConfigWarning(UserWarning):
 
 class InvalidEntryWarning(StaleConfigWarning):
     """A stored entry fails the schema or does not fit the problem: it is skipped."""
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a stored config came from."""
-
-    kernel_hash: str
-    measurer: str  # "modeled (cost model vN, <target>, LNC n)" or "measured (hardware)"
-    latency_ns: float
-    default_latency_ns: float
-    trials: int
-    date: str  # ISO 8601
-    # optional (entries written before they existed lack them): the LNC the config was
-    # tuned at, the ranking that chose it ('nominal' | 'pessimistic'), and the modeled
-    # bands [fast end, slow end] over the cost model's parameter sets (perfmodel.band) of
-    # the tuned latency, the default's latency and the speedup (default / tuned per set)
-    lnc: int = 1
-    rank: str = "nominal"
-    latency_band_ns: list[float] | None = None
-    default_latency_band_ns: list[float] | None = None
-    speedup_band: list[float] | None = None
-
-    @staticmethod
-    def now() -> str:
-        """The current time as an ISO 8601 UTC string (for `date`)."""
-        return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
-        """Parse a stored provenance record (ValueError naming missing fields)."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        optional = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-        missing = [n for n in names if n not in data and n not in optional]
-        if missing:
-            raise ValueError(f"provenance: missing field(s) {missing}")
-        return cls(**{n: data[n] for n in names if n in data})
-
-
-def _problem_items(problem: Any) -> dict[str, Any]:
-    if isinstance(problem, Mapping):
-        items = dict(problem)
-    elif dataclasses.is_dataclass(problem) and not isinstance(problem, type):
-        items = dataclasses.asdict(problem)
-    else:
-        raise TypeError(
-            f"problem: expected a Mapping or a dataclass instance; got {type(problem).__name__}"
-        )
-    for k, v in items.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise TypeError(f"problem field {k!r}: expected int, float or str; got {v!r}")
-        if isinstance(v, str) and ("," in v or "=" in v):
-            raise ValueError(f"problem field {k!r}: ',' and '=' are reserved; got {v!r}")
-    return items
-
-
-def lnc_items(problem: Any, lnc: int) -> dict[str, Any]:
-    """The key fields of `problem` launched at `lnc` logical cores: an `lnc` field is added
-    when lnc != 1, so keys without one (every entry stored before LNC entered the key)
-    are LNC 1 and a lookup at LNC 2 never takes a config tuned for one core."""
-    items = _problem_items(problem)
-    if "lnc" in items:
-        raise ValueError("problem: 'lnc' is reserved for the launch's LNC (pass lnc=)")
-    if lnc != 1:
-        items["lnc"] = lnc
-    return items
-
-
-def problem_key(problem: Any) -> str:
-    """Canonical key string of a bucketed problem: 'name=value' pairs sorted by name."""
-    items = _problem_items(problem)
-    return ",".join(f"{k}={items[k]}" for k in sorted(items))
-
-
-def _parse_key(key: str) -> dict[str, int | float | str]:
-    out: dict[str, int | float | str] = {}
-    for part in key.split(","):
-        name, _, raw = part.partition("=")
-        value: int | float | str = raw
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                continue
-        out[name] = value
-    return out
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _distance(
-    a: Mapping[str, Any], b: Mapping[str, Any], bucket_fields: frozenset[str] = BUCKET_FIELDS
-) -> float | None:
-    """log2 distance along the bucketed fields; None unless every other field is equal."""
-    if set(a) != set(b):
-        return None
-    d = 0.0
-    for k, va in a.items():
-        vb = b[k]
-        numeric = _is_number(va) and _is_number(vb)
-        if k not in bucket_fields or not numeric:
-            if str(va) != str(vb):
-                return None
-        elif va != vb:
-            if va <= 0 or vb <= 0:
-                return None
-            d += abs(math.log2(va / vb))
-    return d
-
-
-@dataclass(frozen=True)
-class ConfigDecision:
-    """Which config a call of `op` uses for `problem` on `target`, and from where.
-
-    `source` is TUNED (the exact key), NEAREST (a stored entry of another bucket of the
-    same shape) or DEFAULT (the heuristic); `entry_key`, `file` and `provenance` name the
-    stored entry (None for the default); `skipped` says why stored entries were not used.
-    """
-
-    op: str
-    target: str
-    problem: str
-    config: KernelConfig
-    source: str
-    entry_key: str | None = None
-    file: str | None = None
-    provenance: Provenance | None = None
-    skipped: tuple[str, ...] = ()
-    lnc: int = 1  # the LNC the lookup was made for (the key carries lnc=2)
-
-    def describe(self) -> str:
-        """A few lines for people: op, LNC, problem, source, config, provenance (with the
-        modeled bands when the entry has them)."""
-        cfg = ", ".join(f"{k}={v}" for k, v in self.config.to_dict().items())
-        lines = [
-            f"{self.op} on {self.target} at LNC {self.lnc}, {self.problem}",
-            f"  uses   {self.source}",
-        ]
-        if self.entry_key is not None:
-            lines[-1] += f" [{self.entry_key}] from {self.file}"
-        lines.append(f"  config {cfg}")
-        if self.provenance is not None:
-            p = self.provenance
-            lines.append(
-                f"  tuned  {_banded_us(p.latency_ns, p.latency_band_ns)} vs default "
-                f"{_banded_us(p.default_latency_ns, p.default_latency_band_ns)}, speedup "
-                f"{_banded_x(p.default_latency_ns / p.latency_ns, p.speedup_band)} at the "
-                f"entry's problem; {p.measurer}; tuned at LNC {p.lnc}, {p.rank} ranking; "
-                f"{p.trials} trials; kernel hash {p.kernel_hash}; {p.date}"
-            )
-            if p.latency_band_ns is not None:
-                lines.append(f"  band   {BAND_MEANING}")
-        lines += [f"  skipped {s}" for s in self.skipped]
-        return "\n".join(lines)
-
-
-BAND_MEANING = (
-    "(low–high) = the range of the modeled figure over the cost model's parameter sets "
-    "(leave-one-out fits to the anchors and the unanchored parameters' range ends); not "
-    "a confidence interval"
-)
-
-
-def _banded_us(ns: float, band: Sequence[float] | None) -> str:
-    """'12.34 us' or '12.34 us (12.00–13.10 us)'."""
-    if not band:
-        return f"{ns / 1e3:.2f} us"
-    return f"{ns / 1e3:.2f} us ({band[0] / 1e3:.2f}–{band[1] / 1e3:.2f} us)"
-
-
-def _banded_x(x: float, band: Sequence[float] | None) -> str:
-    """'x1.23' or 'x1.23 (1.20–1.26)'."""
-    return f"x{x:.2f}" if not band else f"x{x:.2f} ({band[0]:.2f}–{band[1]:.2f})"
 
 
 _RECORDER: contextvars.ContextVar[list[ConfigDecision] | None] = contextvars.ContextVar(
@@ -462,12 +280,12 @@ class ConfigStore:
         ranked = []
         for order, (k, entry, source) in enumerate(self.entries(op, tgt)):
             try:
-                parsed = _parse_key(k)
+                parsed = parse_key(k)
             except ValueError:
                 continue
-            d = 0.0 if k == key else _distance(want, parsed, bucket_fields)
+            d = 0.0 if k == key else key_distance(want, parsed, bucket_fields)
             if d is not None:
-                sizes = tuple(float(parsed[n]) for n in sorted(parsed) if _is_number(parsed[n]))
+                sizes = tuple(float(parsed[n]) for n in sorted(parsed) if is_number(parsed[n]))
                 ranked.append((d, k != key, sizes, order, k, entry, source))
         skipped: list[str] = []
         decision = None

@@ -63,6 +63,27 @@ def test_a_lazy_golden_is_computed_and_a_count_mismatch_named():
     assert "kernel returned 1 outputs, golden has 2" in str(e.value)
 
 
+def test_a_same_size_output_of_another_shape_is_compared_as_awss_validator_reads_it():
+    """AWS's validator reads an output back in its golden's shape, so a [130, 8] output
+    against a [8, 130] golden of the same elements is compared -- and the pass says so."""
+    aws_tests._NOTES.clear()
+    with loader.checkout_context(FAKE_LIB):
+        InterpreterOrchestrator().execute(
+            _kernel_args(lambda x: {"out": (x * 2.0).reshape(8, 130)})
+        )
+    note = "output 'out': compared after reshape (130, 8) -> (8, 130)"
+    assert aws_tests._NOTES == [note]
+    report = SimpleNamespace(nodeid="t", skipped=False, passed=True, duration=0.0)
+    assert aws_tests._classify(report, aws_tests._NOTES) == CaseResult("t", "pass", note)
+    golden = lambda x: {"out": (x * 2.0 + 0.5).reshape(8, 130)}  # noqa: E731
+    with loader.checkout_context(FAKE_LIB), pytest.raises(AssertionError) as e:
+        InterpreterOrchestrator().execute(_kernel_args(golden))
+    assert str(e.value).endswith("NaN mismatches), compared after reshape (130, 8) -> (8, 130)")
+    with loader.checkout_context(FAKE_LIB), pytest.raises(AssertionError) as e:
+        InterpreterOrchestrator().execute(_kernel_args(lambda x: {"out": x[:, :4]}))
+    assert str(e.value) == "output 'out': shape (130, 8), golden (130, 4)"
+
+
 def test_table_counts_every_status():
     rs = [
         CaseResult("test/integration/a.py::t[1]", "pass"),
