@@ -29,6 +29,10 @@ takes, once per forward pass (not per layer), as an `NkiMask` plan:
    - "dense": anything else (a custom mask, a chunk whose rows see no key): the op's
      dense `attn_mask` path, with transformers' boolean mask.
 
+A 4-D `attention_mask` the caller builds (bool or additive) never reaches the mask
+function: transformers hands it to the attention function as it is, which then takes
+the dense path with it.
+
 Under `torch.compile` the plan cannot read mask values (each check would break the
 graph), so it is chosen from what is static: no 2-D padding mask (with a dynamic cache:
 keys from position 0, queries last) is "plain" causal with the sliding window, exactly
@@ -264,11 +268,16 @@ def nki_attention_forward(
     """The attention function of the "nki" implementation: q [B, Hq, Sq, D], k / v
     [B, Hkv, Sk, D] -> ([B, Sq, Hq, D], None), as transformers' own implementations."""
     m = attention_mask if isinstance(attention_mask, NkiMask) else None
-    if m is None:
+    if isinstance(attention_mask, Tensor):
+        # a custom 4-D mask reaches the attention function as given (bool or additive);
+        # keys past the ones in use are cut off, as transformers' SDPA function does
+        dense = attention_mask[..., : key.shape[2]] if attention_mask.dim() == 4 else attention_mask
+        m = NkiMask("dense", causal=False, dense=dense)
+    elif m is None:
         if attention_mask is not None:
             raise TypeError(
-                "attention_mask: expected the 'nki' mask function's NkiMask (set the model's "
-                f"attention implementation with nki_kernels.patch); got {type(attention_mask)}"
+                "attention_mask: expected the 'nki' mask function's NkiMask or a mask tensor "
+                f"(bool or additive, [B | 1, 1, Sq, Sk]); got {type(attention_mask).__name__}"
             )
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         m = NkiMask("plain", causal=bool(causal), window=kwargs.get("sliding_window"))
