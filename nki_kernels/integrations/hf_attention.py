@@ -271,8 +271,10 @@ def nki_attention_forward(
     if isinstance(attention_mask, Tensor):
         # a custom 4-D mask reaches the attention function as given (bool or additive);
         # keys past the ones in use are cut off, as transformers' SDPA function does
-        dense = attention_mask[..., : key.shape[2]] if attention_mask.dim() == 4 else attention_mask
-        m = NkiMask("dense", causal=False, dense=dense)
+        custom = (
+            attention_mask[..., : key.shape[2]] if attention_mask.dim() == 4 else attention_mask
+        )
+        m = NkiMask("dense", causal=False, dense=custom)
     elif m is None:
         if attention_mask is not None:
             raise TypeError(

@@ -154,13 +154,15 @@ def _concrete(value: Any) -> Any:
     `softmax_scale`, ...) to the fake as SymFloat; the validators check plain numbers, and
     the kernels specialize on these values anyway. Unbacked values (no hint) stay as
     they are."""
-    kinds = ((torch.SymBool, bool), (torch.SymInt, int), (torch.SymFloat, float))
-    for sym, plain in kinds:
-        if isinstance(value, sym):
-            try:
-                return plain(value)
-            except Exception:  # data-dependent (unbacked): nothing to specialize on
-                return value
+    try:
+        if isinstance(value, torch.SymBool):
+            return bool(value)
+        if isinstance(value, torch.SymInt):
+            return int(value)
+        if isinstance(value, torch.SymFloat):
+            return float(value)
+    except Exception:  # data-dependent (unbacked): nothing to specialize on
+        pass
     return value
 
 
