@@ -80,6 +80,12 @@ class NkiMask:
     dense: Tensor | None = None
     rows: Tensor | None = None
 
+    # With a static cache, generate() builds each step's mask ahead through the mask
+    # function and passes the plan back in as the model's `attention_mask`; transformers'
+    # mask preprocessing then reads `.ndim` (2 would mean a padding mask to expand) and
+    # hands the plan to the mask function again, which returns it unchanged.
+    ndim = 4
+
 
 def fallbacks() -> dict[str, int]:
     """How many attention calls fell back to torch SDPA since start, by reason."""
@@ -171,6 +177,8 @@ def nki_mask(
     **kwargs: Any,
 ) -> NkiMask:
     """The mask function of the "nki" implementation (transformers' mask-interface API)."""
+    if isinstance(attention_mask, NkiMask):  # planned ahead by generate() (see NkiMask)
+        return attention_mask
     from transformers.masking_utils import sdpa_mask
 
     # transformers passes False when it added or / and / packed-sequence masks

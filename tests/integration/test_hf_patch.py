@@ -243,3 +243,20 @@ def test_custom_4d_attention_mask(kind: str) -> None:
     torch.testing.assert_close(logits, logits_ref, atol=ATOL, rtol=RTOL)
     for name, g in grads.items():
         torch.testing.assert_close(g, grads_ref[name], atol=ATOL, rtol=RTOL, msg=name)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral"])
+def test_generate_with_a_static_cache(model_type: str) -> None:
+    """With a compileable (static) cache, `generate()` builds each step's mask ahead
+    through the mask function and passes the plan back in as `attention_mask`, which
+    transformers' mask preprocessing reads `.ndim` of: it used to fail with "'NkiMask'
+    object has no attribute 'ndim'". Same tokens as the unpatched model, left-padded."""
+    model = tiny_model(model_type)
+    ids, mask = _batch(seed=3, s=9, pad=3)
+    kw = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    ref = model.generate(input_ids=ids, attention_mask=mask, cache_implementation="static", **kw)
+    nki_kernels.patch(model)
+    before = dict(hf_attention.fallbacks())
+    out = model.generate(input_ids=ids, attention_mask=mask, cache_implementation="static", **kw)
+    assert hf_attention.fallbacks() == before
+    assert torch.equal(out, ref)
