@@ -29,7 +29,7 @@ from ..attention import flex
 from ..attention.host import MaskArgs, backward, forward
 from ..attention.host import lse_from_kernel as _lse_from_kernel  # noqa: F401 (autotune uses it)
 from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
-from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
+from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_same, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 # forward and backward: Q^T / K^T (and dO^T / V^T) in 128-row chunks of D, one
@@ -327,6 +327,7 @@ def flash_attention(
     out = 0, lse = -inf (as torch's SDPA and flex_attention do). `bucket_policy`: the
     sequence-length buckets of this call (`runtime.buckets.parse_policy` spec).
     """
+    check_is_tensor(q=q, k=k, v=v)
     out, lse = torch.ops.nki.flash_attention(
         q,
         k,
@@ -366,6 +367,7 @@ def flex_attention(
     mask_mod is evaluated at this call's shape); score_mod: additive (ALiBi, biases) or
     `attention.flex.softcap`. Returns out [B, Hq, Sq, D] (and lse [B, Hq, Sq] fp32).
     """
+    check_is_tensor(query=query, key=key, value=value)
     b, hq, sq, _ = query.shape
     sk = key.shape[2]
     if hq != key.shape[1] and not enable_gqa:
@@ -445,6 +447,7 @@ def flash_attention_varlen(
     per-document key intervals are passed as a mask that the host reads back as bounds.
     max_seqlen_q / max_seqlen_k are checked, not needed (no per-document launch).
     """
+    check_is_tensor(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     for arg, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{arg}: expected [total, H, D]; got shape {tuple(t.shape)}")
