@@ -177,9 +177,18 @@ def _setup(
     opts.pop("return_lse", None)
     ctx.save_for_backward(q, k, v, out, lse, kv_lens, segment_ids, attn_mask)
     ctx.opts = opts
+    ctx.mask_needs_grad = isinstance(attn_mask, Tensor) and attn_mask.requires_grad
+
+
+MASK_GRAD_ERROR = (
+    "attn_mask: expected a mask that does not require grad (the kernels give no gradient "
+    "for it; detach it, or use nki_kernels.sdpa, which hands such calls to torch's SDPA)"
+)
 
 
 def _grad(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+    if ctx.mask_needs_grad:
+        raise ValueError(MASK_GRAD_ERROR)
     q, k, v, out, lse, kv_lens, segment_ids, attn_mask = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
@@ -328,6 +337,8 @@ def flash_attention(
     sequence-length buckets of this call (`runtime.buckets.parse_policy` spec).
     """
     check_is_tensor(q=q, k=k, v=v)
+    if _mask_needs_grad(attn_mask):
+        raise ValueError(MASK_GRAD_ERROR)
     out, lse = torch.ops.nki.flash_attention(
         q,
         k,
@@ -343,6 +354,10 @@ def flash_attention(
         bucket_policy=bucket_policy,
     )
     return (out, lse) if return_lse else out
+
+
+def _mask_needs_grad(attn_mask: Any) -> bool:
+    return isinstance(attn_mask, Tensor) and attn_mask.requires_grad and torch.is_grad_enabled()
 
 
 # Taken at import, before anyone can monkeypatch the name: with
@@ -516,6 +531,8 @@ def _sdpa_unsupported(
         return f"attn_mask of dtype {attn_mask.dtype} (supported: bool or the query's dtype)"
     if attn_mask is not None and is_causal:
         return "attn_mask together with is_causal (torch rejects the combination)"
+    if _mask_needs_grad(attn_mask):
+        return "an attn_mask that requires grad (the kernels give no gradient for the mask)"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p} (attention dropout is not supported)"
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (query, key, value)):

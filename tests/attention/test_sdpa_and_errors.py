@@ -217,3 +217,29 @@ def test_python_entry_points_name_a_non_tensor_argument() -> None:
         attn.flex_attention(q, k.numpy(), v)
     with pytest.raises(TypeError, match=r"cache_lens: expected a tensor; got list"):
         decode_attention(q[:, :, :1], k, v, [16])
+
+
+def test_a_learnable_additive_mask_is_not_silently_left_without_gradient() -> None:
+    """The kernels give no gradient for `attn_mask`; a bias that requires grad (T5 / ALiBi
+    style learnable bias) used to get `.grad = None` silently. `sdpa` now hands such calls
+    to torch (one warning naming the reason; the gradient is torch's), and the op refuses
+    them by name, up front in the Python API and in the backward for direct op calls."""
+    attn._WARNED.clear()
+    q, k, v = make_inputs(1, 2, 2, 9, 9, 16, torch.float32)
+    bias = torch.randn(1, 2, 9, 9, requires_grad=True)
+    with pytest.warns(SdpaFallbackWarning, match="attn_mask that requires grad"):
+        out = sdpa(q, k, v, attn_mask=bias)
+    out.sum().backward()
+    ref_bias = bias.detach().clone().requires_grad_()
+    F.scaled_dot_product_attention(
+        q.detach(), k.detach(), v.detach(), attn_mask=ref_bias
+    ).sum().backward()
+    torch.testing.assert_close(bias.grad, ref_bias.grad)
+    msg = "attn_mask: expected a mask that does not require grad"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        flash_attention(q, k, v, attn_mask=bias)
+    out, _ = torch.ops.nki.flash_attention(q, k, v, attn_mask=bias)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        out.sum().backward()
+    with torch.no_grad():  # no autograd: nothing to refuse
+        flash_attention(q, k, v, attn_mask=bias)
