@@ -414,6 +414,11 @@ def flex_attention(
     mask: Tensor | None = allowed
     if score_mod is not None:
         bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device)
+        if _mask_needs_grad(bias):
+            raise ValueError(
+                "score_mod: expected no learnable tensors (the kernels give no gradient for "
+                "the bias it adds; got one that requires grad)"
+            )
         mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
     out, lse = torch.ops.nki.flash_attention(
         query, key, value, attn_mask=mask, softmax_scale=scale, softcap=cap, return_lse=return_lse

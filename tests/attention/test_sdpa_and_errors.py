@@ -243,3 +243,15 @@ def test_a_learnable_additive_mask_is_not_silently_left_without_gradient() -> No
         out.sum().backward()
     with torch.no_grad():  # no autograd: nothing to refuse
         flash_attention(q, k, v, attn_mask=bias)
+
+
+def test_flex_score_mod_with_a_learnable_tensor_is_refused() -> None:
+    """ALiBi slopes that require grad used to train silently without a gradient."""
+    q, k, v = make_inputs(1, 2, 2, 9, 9, 16, torch.float32)
+    slopes = torch.tensor([0.5, 0.25], requires_grad=True)
+
+    def alibi(score, b, h, q_idx, kv_idx):  # type: ignore[no-untyped-def]
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    with pytest.raises(ValueError, match=r"score_mod: expected no learnable tensors"):
+        attn.flex_attention(q, k, v, score_mod=alibi)
