@@ -39,7 +39,7 @@ keys from position 0, queries last) is "plain" causal with the sliding window, e
 transformers' mask for those arguments; any padding mask takes the "dense" path, exact
 for every mask. Both compile with `fullgraph=True`.
 
-What the op cannot do at all (attention dropout, logit softcapping, head_dim > 128) runs
+What the op cannot do at all (attention dropout, logit softcapping, head_dim > 256) runs
 through torch's SDPA with the same mask; `fallbacks()` counts those calls by reason, so
 `nki-kernels probe` and the tests can tell.
 
