@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..runtime import launch, lookup_config, pad_dim, pad_to_bucket
+from ..runtime.buckets import current_policy
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from . import masks
@@ -154,6 +155,8 @@ def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs, clean_k: bool = False) ->
     check_data(m.kv_lens, m.segment_ids, sk)
     qp, _ = pad_to_bucket(q, dim=2)
     kp, _ = pad_to_bucket(k, dim=2)
+    _check_tile_grid(qp.shape[2], q.shape[2], "Sq")
+    _check_tile_grid(kp.shape[2], sk, "Sk")
     lo, hi = _bounds(q.shape[0], qp.shape[2], kp.shape[2], q.shape[2], sk, m)
     scale = softmax_scale_of(q, m.softmax_scale)
     vp = pad_dim(v, 2, kp.shape[2])
@@ -184,6 +187,16 @@ def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs, clean_k: bool = False) ->
         if clean_k:
             kp = kp.masked_fill(sel, 0.0)
     return _Padded(qp, kp, vp, q.shape[2], sk, lo, hi, scale, get_target(None), dense)
+
+
+def _check_tile_grid(bucket: int, n: int, what: str) -> None:
+    """The kernels tile queries and keys by 128 (the partitions): a bucket policy may
+    give other sizes (explicit buckets: the norms and MoE take any row count)."""
+    if bucket % masks.TILE:
+        raise ValueError(
+            f"bucket_policy: expected buckets that are multiples of {masks.TILE} for "
+            f"flash_attention ({current_policy().name()}); got {bucket} for {what} = {n}"
+        )
 
 
 def _dead_keys_in_live_tiles(lo: np.ndarray, hi: np.ndarray, skb: int) -> np.ndarray | None:

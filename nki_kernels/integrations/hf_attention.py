@@ -29,13 +29,17 @@ takes, once per forward pass (not per layer), as an `NkiMask` plan:
    - "dense": anything else (a custom mask, a chunk whose rows see no key): the op's
      dense `attn_mask` path, with transformers' boolean mask.
 
+A 4-D `attention_mask` the caller builds (bool or additive) never reaches the mask
+function: transformers hands it to the attention function as it is, which then takes
+the dense path with it.
+
 Under `torch.compile` the plan cannot read mask values (each check would break the
 graph), so it is chosen from what is static: no 2-D padding mask (with a dynamic cache:
 keys from position 0, queries last) is "plain" causal with the sliding window, exactly
 transformers' mask for those arguments; any padding mask takes the "dense" path, exact
 for every mask. Both compile with `fullgraph=True`.
 
-What the op cannot do at all (attention dropout, logit softcapping, head_dim > 128) runs
+What the op cannot do at all (attention dropout, logit softcapping, head_dim > 256) runs
 through torch's SDPA with the same mask; `fallbacks()` counts those calls by reason, so
 `nki-kernels probe` and the tests can tell.
 
@@ -75,6 +79,12 @@ class NkiMask:
     kv_lens: Tensor | None = None
     dense: Tensor | None = None
     rows: Tensor | None = None
+
+    # With a static cache, generate() builds each step's mask ahead through the mask
+    # function and passes the plan back in as the model's `attention_mask`; transformers'
+    # mask preprocessing then reads `.ndim` (2 would mean a padding mask to expand) and
+    # hands the plan to the mask function again, which returns it unchanged.
+    ndim = 4
 
 
 def fallbacks() -> dict[str, int]:
@@ -167,6 +177,8 @@ def nki_mask(
     **kwargs: Any,
 ) -> NkiMask:
     """The mask function of the "nki" implementation (transformers' mask-interface API)."""
+    if isinstance(attention_mask, NkiMask):  # planned ahead by generate() (see NkiMask)
+        return attention_mask
     from transformers.masking_utils import sdpa_mask
 
     # transformers passes False when it added or / and / packed-sequence masks
@@ -264,11 +276,18 @@ def nki_attention_forward(
     """The attention function of the "nki" implementation: q [B, Hq, Sq, D], k / v
     [B, Hkv, Sk, D] -> ([B, Sq, Hq, D], None), as transformers' own implementations."""
     m = attention_mask if isinstance(attention_mask, NkiMask) else None
-    if m is None:
+    if isinstance(attention_mask, Tensor):
+        # a custom 4-D mask reaches the attention function as given (bool or additive);
+        # keys past the ones in use are cut off, as transformers' SDPA function does
+        custom = (
+            attention_mask[..., : key.shape[2]] if attention_mask.dim() == 4 else attention_mask
+        )
+        m = NkiMask("dense", causal=False, dense=custom)
+    elif m is None:
         if attention_mask is not None:
             raise TypeError(
-                "attention_mask: expected the 'nki' mask function's NkiMask (set the model's "
-                f"attention implementation with nki_kernels.patch); got {type(attention_mask)}"
+                "attention_mask: expected the 'nki' mask function's NkiMask or a mask tensor "
+                f"(bool or additive, [B | 1, 1, Sq, Sk]); got {type(attention_mask).__name__}"
             )
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         m = NkiMask("plain", causal=bool(causal), window=kwargs.get("sliding_window"))

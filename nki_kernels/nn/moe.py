@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from ..moe.reference import MoERouting
 from ..ops import moe as _moe_ops  # noqa: F401  (registers torch.ops.nki.moe_*)
+from ..ops.moe import MAX_EXPERTS, MIN_EXPERTS, _check_routing
 
 
 class MoE(nn.Module):
@@ -61,6 +62,12 @@ class MoE(nn.Module):
         """`routing`: renormalize (True), scoring ('softmax'), capacity_factor (None), as
         in `torch.ops.nki.moe_mlp` (`moe.reference.MoERouting`)."""
         super().__init__()
+        if not MIN_EXPERTS <= num_experts <= MAX_EXPERTS:
+            raise ValueError(
+                f"num_experts: expected {MIN_EXPERTS}..{MAX_EXPERTS}; got {num_experts}"
+            )
+        r = MoERouting(top_k, **routing)
+        _check_routing(torch.empty(1, num_experts, device="meta"), top_k, r.renormalize, r.scoring)
         factory = {"device": device, "dtype": dtype}
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -85,6 +92,10 @@ class MoE(nn.Module):
     def forward(self, x: Tensor, return_router_logits: bool = False) -> Any:
         """Route every token of `x` [..., H] to its top-k experts and combine their outputs;
         with `return_router_logits`, `(y, router_logits [T, E])`."""
+        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"x: expected hidden size (last dim) {self.hidden_size}; got {tuple(x.shape)}"
+            )
         tokens = x.reshape(-1, x.shape[-1])
         logits = self.gate(tokens)
         y = torch.ops.nki.moe_mlp(

@@ -6,6 +6,8 @@ torch modules, so checkpoints load either way; the forward runs `torch.ops.nki.r
 normalizes over the flattened trailing dims, exactly as torch does. Parameters in a
 different dtype than the input (e.g. fp32 master weights with bf16 activations) are cast
 to the input's dtype for the kernel; their gradients flow back in their own dtype.
+An input without rows (a zero-size leading dim) gives an empty output, as the torch
+modules do (torch's own function computes it: the ops take non-empty tensors only).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import numbers
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..ops import norm as _ops  # noqa: F401  (registers torch.ops.nki.* norm ops)
+from ..ops.checks import check_tensor
 
 _Shape = int | Sequence[int] | torch.Size
 
@@ -46,6 +50,10 @@ def _param(p: Tensor | None, x: Tensor) -> Tensor | None:
         return None
     p = p.reshape(-1)
     return p if p.dtype == x.dtype else p.to(x.dtype)
+
+
+def _shaped(p: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+    return None if p is None else p.reshape(shape)
 
 
 class RMSNorm(nn.Module):
@@ -79,9 +87,13 @@ class RMSNorm(nn.Module):
             nn.init.ones_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
+        check_tensor("input", x, nonempty=False)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        y = torch.ops.nki.rms_norm(_flatten(x, self.normalized_shape), _param(self.weight, x), eps)
-        return y.reshape(x.shape)
+        flat, w = _flatten(x, self.normalized_shape), _param(self.weight, x)
+        if x.numel() == 0:
+            shape = self.normalized_shape
+            return F.rms_norm(x, shape, _shaped(w, shape), eps)
+        return torch.ops.nki.rms_norm(flat, w, eps).reshape(x.shape)
 
     def extra_repr(self) -> str:
         return (
@@ -124,13 +136,16 @@ class LayerNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = torch.ops.nki.layer_norm(
+        check_tensor("input", x, nonempty=False)
+        flat, w, b = (
             _flatten(x, self.normalized_shape),
             _param(self.weight, x),
             _param(self.bias, x),
-            float(self.eps),
         )
-        return y.reshape(x.shape)
+        if x.numel() == 0:
+            shape = self.normalized_shape
+            return F.layer_norm(x, shape, _shaped(w, shape), _shaped(b, shape), self.eps)
+        return torch.ops.nki.layer_norm(flat, w, b, float(self.eps)).reshape(x.shape)
 
     def extra_repr(self) -> str:
         return (

@@ -29,7 +29,7 @@ from ..attention import flex
 from ..attention.host import MaskArgs, backward, forward
 from ..attention.host import lse_from_kernel as _lse_from_kernel  # noqa: F401 (autotune uses it)
 from ..attention.host import lse_to_kernel as _lse_to_kernel  # noqa: F401
-from .checks import FLOAT_DTYPES, check_positive, check_same, check_tensor
+from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_same, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 # forward and backward: Q^T / K^T (and dO^T / V^T) in 128-row chunks of D, one
@@ -177,9 +177,18 @@ def _setup(
     opts.pop("return_lse", None)
     ctx.save_for_backward(q, k, v, out, lse, kv_lens, segment_ids, attn_mask)
     ctx.opts = opts
+    ctx.mask_needs_grad = isinstance(attn_mask, Tensor) and attn_mask.requires_grad
+
+
+MASK_GRAD_ERROR = (
+    "attn_mask: expected a mask that does not require grad (the kernels give no gradient "
+    "for it; detach it, or use nki_kernels.sdpa, which hands such calls to torch's SDPA)"
+)
 
 
 def _grad(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+    if ctx.mask_needs_grad:
+        raise ValueError(MASK_GRAD_ERROR)
     q, k, v, out, lse, kv_lens, segment_ids, attn_mask = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
@@ -327,6 +336,9 @@ def flash_attention(
     out = 0, lse = -inf (as torch's SDPA and flex_attention do). `bucket_policy`: the
     sequence-length buckets of this call (`runtime.buckets.parse_policy` spec).
     """
+    check_is_tensor(q=q, k=k, v=v)
+    if _mask_needs_grad(attn_mask):
+        raise ValueError(MASK_GRAD_ERROR)
     out, lse = torch.ops.nki.flash_attention(
         q,
         k,
@@ -342,6 +354,10 @@ def flash_attention(
         bucket_policy=bucket_policy,
     )
     return (out, lse) if return_lse else out
+
+
+def _mask_needs_grad(attn_mask: Any) -> bool:
+    return isinstance(attn_mask, Tensor) and attn_mask.requires_grad and torch.is_grad_enabled()
 
 
 # Taken at import, before anyone can monkeypatch the name: with
@@ -366,6 +382,7 @@ def flex_attention(
     mask_mod is evaluated at this call's shape); score_mod: additive (ALiBi, biases) or
     `attention.flex.softcap`. Returns out [B, Hq, Sq, D] (and lse [B, Hq, Sq] fp32).
     """
+    check_is_tensor(query=query, key=key, value=value)
     b, hq, sq, _ = query.shape
     sk = key.shape[2]
     if hq != key.shape[1] and not enable_gqa:
@@ -397,6 +414,11 @@ def flex_attention(
     mask: Tensor | None = allowed
     if score_mod is not None:
         bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device)
+        if _mask_needs_grad(bias):
+            raise ValueError(
+                "score_mod: expected no learnable tensors (the kernels give no gradient for "
+                "the bias it adds; got one that requires grad)"
+            )
         mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
     out, lse = torch.ops.nki.flash_attention(
         query, key, value, attn_mask=mask, softmax_scale=scale, softcap=cap, return_lse=return_lse
@@ -445,6 +467,7 @@ def flash_attention_varlen(
     per-document key intervals are passed as a mask that the host reads back as bounds.
     max_seqlen_q / max_seqlen_k are checked, not needed (no per-document launch).
     """
+    check_is_tensor(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     for arg, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{arg}: expected [total, H, D]; got shape {tuple(t.shape)}")
@@ -513,6 +536,8 @@ def _sdpa_unsupported(
         return f"attn_mask of dtype {attn_mask.dtype} (supported: bool or the query's dtype)"
     if attn_mask is not None and is_causal:
         return "attn_mask together with is_causal (torch rejects the combination)"
+    if _mask_needs_grad(attn_mask):
+        return "an attn_mask that requires grad (the kernels give no gradient for the mask)"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p} (attention dropout is not supported)"
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (query, key, value)):

@@ -41,6 +41,14 @@ def check_tensor(
     return t
 
 
+def check_is_tensor(**named: Any) -> None:
+    """Each named value is a tensor: for Python entry points, which would otherwise reach
+    the op's schema check (a RuntimeError) or fail inside their own glue."""
+    for arg, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{arg}: expected a tensor; got {type(t).__name__}")
+
+
 def check_shape(arg: str, t: torch.Tensor, expected: Sequence[int]) -> None:
     """`t.shape == expected`."""
     if tuple(t.shape) != tuple(expected):
@@ -68,6 +76,7 @@ def check_positive(arg: str, value: Any) -> None:
 __all__ = [
     "DEVICE_TYPES",
     "FLOAT_DTYPES",
+    "check_is_tensor",
     "check_positive",
     "check_same",
     "check_shape",

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..attention.decode_host import decode
-from .checks import FLOAT_DTYPES, check_positive, check_tensor
+from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks
@@ -145,6 +145,7 @@ def decode_attention(
 
     Rows whose query sees no key (cache_len - Sq + i < 0) return 0 and lse = -inf.
     """
+    check_is_tensor(q=q, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
     out, lse = torch.ops.nki.decode_attention(
         q, k_cache, v_cache, cache_lens, block_table, softmax_scale=softmax_scale
     )

@@ -147,13 +147,32 @@ def _unsupported(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
     return default
 
 
-def _checked(validate: Callable[..., Any] | None, fn: Callable[..., Any]) -> Callable[..., Any]:
-    if validate is None:
-        return fn
+def _concrete(value: Any) -> Any:
+    """A symbolic Python number as the plain number it stands for (a guard on its value).
 
+    `torch.compile(dynamic=True)` passes float module attributes and arguments (`eps`,
+    `softmax_scale`, ...) to the fake as SymFloat; the validators check plain numbers, and
+    the kernels specialize on these values anyway. Unbacked values (no hint) stay as
+    they are."""
+    try:
+        if isinstance(value, torch.SymBool):
+            return bool(value)
+        if isinstance(value, torch.SymInt):
+            return int(value)
+        if isinstance(value, torch.SymFloat):
+            return float(value)
+    except Exception:  # data-dependent (unbacked): nothing to specialize on
+        pass
+    return value
+
+
+def _checked(validate: Callable[..., Any] | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        validate(*args, **kwargs)
+        args = tuple(_concrete(a) for a in args)
+        kwargs = {k: _concrete(v) for k, v in kwargs.items()}
+        if validate is not None:
+            validate(*args, **kwargs)
         return fn(*args, **kwargs)
 
     return run
@@ -213,7 +232,8 @@ def _policy_autograd(
     takes_kw = "keyword_only_inputs" in inspect.signature(setup_context).parameters
 
     def setup(ctx: Any, inputs: Any, keyword_only_inputs: Any, output: Any) -> None:
-        kw = dict(keyword_only_inputs)
+        inputs = tuple(_concrete(a) for a in inputs)
+        kw = {k: _concrete(v) for k, v in keyword_only_inputs.items()}
         ctx.nki_bucket_policy = _resolve_policy(name, kw.pop(POLICY_ARG, None))
         if takes_kw:
             setup_context(ctx, inputs, kw, output)

@@ -313,3 +313,23 @@ def test_split_k_combines_on_chip() -> None:
         trace = run(decode_attention_fwd, *args, trace_only=True).trace
         written.append(sum(i.hbm_write for i in trace))
     assert written[0] == written[1] > 0, written
+
+
+def test_non_finite_cache_rows_past_the_lengths() -> None:
+    """What the documented contract allows past `cache_lens`: any K values (contiguous),
+    any K and V values in a paged cache's blocks past a sequence's length. The contiguous
+    V rows up to the longest sequence's steps must be finite (the kernel multiplies them
+    by zero probabilities); that limit is documented, not tested here."""
+    q = _rand(2, 4, 1, 32, seed=1, dtype=torch.float32)
+    kc, vc = (_rand(2, 2, 300, 32, seed=s, dtype=torch.float32) for s in (2, 3))
+    lens = torch.tensor([37, 300])
+    want = decode_attention(q, kc, vc, lens)
+    bad_k = kc.clone()
+    bad_k[0, :, 37:] = math.nan
+    assert torch.equal(decode_attention(q, bad_k, vc, lens), want)
+    pool = _rand(40, 16, 2, 32, seed=4, dtype=torch.float32)
+    table = torch.arange(40, dtype=torch.int32).reshape(2, 20)
+    want = decode_attention(q, pool, pool, lens, block_table=table)
+    bad = pool.clone()
+    bad[3:20] = math.nan  # sequence 0's blocks past its 37 keys (blocks 0..2)
+    assert torch.equal(decode_attention(q, bad, bad, lens, block_table=table), want)

@@ -12,6 +12,7 @@ from _helpers import TOLERANCES, assert_rel_close, make_inputs
 
 import nki_kernels.ops.attention as attn
 from nki_kernels.ops.attention import SdpaFallbackWarning, flash_attention, sdpa
+from nki_kernels.ops.decode import decode_attention
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
@@ -186,3 +187,71 @@ def test_wrong_device_is_rejected(neuron: str) -> None:
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=re.escape(f"k: expected device cpu (as q); got {neuron}")):
         flash_attention(q, k.to(neuron), v)
+
+
+def test_bucket_policy_off_the_tile_grid_is_rejected_by_name() -> None:
+    """Explicit buckets may be any size (the norms and MoE pad rows to them), but the
+    attention kernels tile queries and keys by 128: a bucket of 200 used to fail deep in
+    the host code ("The size of tensor a (200) must match ... (256)")."""
+    q, k, v = (torch.randn(1, 2, 150, 16) for _ in range(3))
+    msg = "bucket_policy: expected buckets that are multiples of 128 for flash_attention"
+    with pytest.raises(ValueError, match=re.escape(msg) + r".*got 200 for Sq = 150"):
+        flash_attention(q, k, v, bucket_policy="200")
+    out = flash_attention(q, k, v, bucket_policy="256")
+    ref = F.scaled_dot_product_attention(q, k, v)
+    assert_rel_close(out, ref, TOLERANCES[torch.float32][0], "out")
+
+
+def test_python_entry_points_name_a_non_tensor_argument() -> None:
+    """A NumPy array or list where a tensor is meant is a TypeError naming the argument
+    (flash_attention used to raise the schema's RuntimeError, flash_attention_varlen an
+    AttributeError)."""
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=r"q: expected a tensor; got ndarray"):
+        flash_attention(q.numpy(), k, v)
+    with pytest.raises(TypeError, match=r"v: expected a tensor; got list"):
+        attn.flash_attention_varlen(
+            q[0], k[0], [1.0], torch.tensor([0, 4]), torch.tensor([0, 4]), 4, 4
+        )
+    with pytest.raises(TypeError, match=r"key: expected a tensor; got ndarray"):
+        attn.flex_attention(q, k.numpy(), v)
+    with pytest.raises(TypeError, match=r"cache_lens: expected a tensor; got list"):
+        decode_attention(q[:, :, :1], k, v, [16])
+
+
+def test_a_learnable_additive_mask_is_not_silently_left_without_gradient() -> None:
+    """The kernels give no gradient for `attn_mask`; a bias that requires grad (T5 / ALiBi
+    style learnable bias) used to get `.grad = None` silently. `sdpa` now hands such calls
+    to torch (one warning naming the reason; the gradient is torch's), and the op refuses
+    them by name, up front in the Python API and in the backward for direct op calls."""
+    attn._WARNED.clear()
+    q, k, v = make_inputs(1, 2, 2, 9, 9, 16, torch.float32)
+    bias = torch.randn(1, 2, 9, 9, requires_grad=True)
+    with pytest.warns(SdpaFallbackWarning, match="attn_mask that requires grad"):
+        out = sdpa(q, k, v, attn_mask=bias)
+    out.sum().backward()
+    ref_bias = bias.detach().clone().requires_grad_()
+    F.scaled_dot_product_attention(
+        q.detach(), k.detach(), v.detach(), attn_mask=ref_bias
+    ).sum().backward()
+    torch.testing.assert_close(bias.grad, ref_bias.grad)
+    msg = "attn_mask: expected a mask that does not require grad"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        flash_attention(q, k, v, attn_mask=bias)
+    out, _ = torch.ops.nki.flash_attention(q, k, v, attn_mask=bias)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        out.sum().backward()
+    with torch.no_grad():  # no autograd: nothing to refuse
+        flash_attention(q, k, v, attn_mask=bias)
+
+
+def test_flex_score_mod_with_a_learnable_tensor_is_refused() -> None:
+    """ALiBi slopes that require grad used to train silently without a gradient."""
+    q, k, v = make_inputs(1, 2, 2, 9, 9, 16, torch.float32)
+    slopes = torch.tensor([0.5, 0.25], requires_grad=True)
+
+    def alibi(score, b, h, q_idx, kv_idx):  # type: ignore[no-untyped-def]
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    with pytest.raises(ValueError, match=r"score_mod: expected no learnable tensors"):
+        attn.flex_attention(q, k, v, score_mod=alibi)

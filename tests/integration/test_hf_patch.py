@@ -211,3 +211,52 @@ def test_decode_plan_matches_sdpa_on_a_padded_cache(sq: int) -> None:
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     out.sum().backward()
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_custom_4d_attention_mask(kind: str) -> None:
+    """A 4-D `attention_mask` (a custom mask: transformers hands it to the attention
+    function as is, not through the mask function) runs on the op's dense path; it used to
+    raise "expected the 'nki' mask function's NkiMask". Two documents packed in one row
+    (block-diagonal causal), every query row sees a key; grads match too."""
+    model = tiny_model("llama").train()
+    ids, _ = _batch(seed=2, s=10, pad=0)
+    allowed = torch.ones(10, 10, dtype=torch.bool).tril()
+    allowed[4:, :4] = False
+    allowed = allowed.expand(2, 1, 10, 10)
+    if kind == "bool":
+        mask = allowed
+    else:  # transformers' additive convention: 0 allowed, dtype minimum masked
+        mask = torch.zeros(2, 1, 10, 10).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=ids)
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    logits_ref, grads_ref = run()
+    nki_kernels.patch(model)
+    before = dict(hf_attention.fallbacks())
+    logits, grads = run()
+    assert hf_attention.fallbacks() == before
+    torch.testing.assert_close(logits, logits_ref, atol=ATOL, rtol=RTOL)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, grads_ref[name], atol=ATOL, rtol=RTOL, msg=name)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral"])
+def test_generate_with_a_static_cache(model_type: str) -> None:
+    """With a compileable (static) cache, `generate()` builds each step's mask ahead
+    through the mask function and passes the plan back in as `attention_mask`, which
+    transformers' mask preprocessing reads `.ndim` of: it used to fail with "'NkiMask'
+    object has no attribute 'ndim'". Same tokens as the unpatched model, left-padded."""
+    model = tiny_model(model_type)
+    ids, mask = _batch(seed=3, s=9, pad=3)
+    kw = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    ref = model.generate(input_ids=ids, attention_mask=mask, cache_implementation="static", **kw)
+    nki_kernels.patch(model)
+    before = dict(hf_attention.fallbacks())
+    out = model.generate(input_ids=ids, attention_mask=mask, cache_implementation="static", **kw)
+    assert hf_attention.fallbacks() == before
+    assert torch.equal(out, ref)

@@ -97,3 +97,20 @@ def test_load_rejects_mismatched_blocks() -> None:
         ValueError, match=r"block.experts\[0\].w1.weight: expected \(64, 32\); got \(48, 32\)"
     ):
         moe.load_mixtral(SparseMoeBlock(32, 48, 4, 2))
+
+
+def test_module_rejects_bad_arguments_by_name() -> None:
+    """Routing options are checked when the module is built (top_k > E used to be
+    accepted and fail at the first forward), and an input of the wrong hidden size
+    names the argument instead of failing inside the router's matmul."""
+    with pytest.raises(ValueError, match=r"top_k: expected 1..4 \(<= E = 4 and <= 8\); got 5"):
+        MoE(16, 24, 4, 5)
+    with pytest.raises(ValueError, match=r"num_experts: expected 2..128; got 1"):
+        MoE(16, 24, 1, 1)
+    with pytest.raises(ValueError, match=r"scoring: expected one of"):
+        MoE(16, 24, 4, 2, scoring="relu")
+    moe = MoE(16, 24, 4, 2)
+    with pytest.raises(
+        ValueError, match=r"x: expected hidden size \(last dim\) 16; got \(2, 3, 17\)"
+    ):
+        moe(torch.randn(2, 3, 17))

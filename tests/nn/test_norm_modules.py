@@ -138,3 +138,23 @@ def test_module_on_neuron_device(cls, ref_cls, neuron: str) -> None:  # type: ig
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     opt.step()
     assert all(p.device.type == "neuron" for p in m.parameters())
+
+
+@pytest.mark.parametrize(
+    "ours,theirs",
+    [(lambda: RMSNorm(8), lambda: nn.RMSNorm(8)), (lambda: LayerNorm(8), lambda: nn.LayerNorm(8))],
+    ids=["rms", "layer"],
+)
+def test_empty_and_integer_inputs_behave_as_torch_modules(ours, theirs) -> None:  # type: ignore[no-untyped-def]
+    """An input without rows gives an empty output (and zero parameter gradients), as
+    torch's modules do (it used to raise the op's non-empty error); an integer input
+    names `input` (it failed in torch.finfo)."""
+    m, ref = ours(), theirs()
+    x = torch.randn(2, 0, 8, requires_grad=True)
+    y = m(x)
+    assert y.shape == ref(x).shape == (2, 0, 8) and y.dtype == x.dtype
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert m.weight.grad is not None and not m.weight.grad.any()
+    with pytest.raises(TypeError, match=r"input: expected dtype float32, bfloat16, float16; got"):
+        m(torch.ones(2, 8, dtype=torch.int64))
