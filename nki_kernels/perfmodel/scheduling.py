@@ -50,6 +50,7 @@ def schedule_window(
     window: int,
     engine_index: dict[str, int],
     shifts: tuple[int, int],
+    rename: bool,
     core_of: Callable[[int], Any],
     ready_time: Callable[[Instr, Any], float],
     compute_start: Callable[[Instr, Any, int, float, int], float],
@@ -74,6 +75,8 @@ def schedule_window(
     # pending accesses, {(idx, first block, end block, writes)}: on chip per space and
     # chunk, in HBM per tensor
     chip: list[list[dict[tuple[int, int, int, bool], None]]] = [[], []]
+    # renaming: on chip per (allocation, chunk) instead
+    chip_alloc: dict[tuple[int, int], dict[tuple[int, int, int, bool], None]] = {}
     hbm: dict[int, dict[tuple[int, int, int, bool], None]] = {}
     # pending instructions per (program, engine) that wait only on other engines' ones
     cross: dict[tuple[int, int], int] = {}
@@ -102,10 +105,20 @@ def schedule_window(
                     c0 = b >> _CHUNK_SHIFT
                     # an empty block range still overlaps a range strictly around it
                     c1 = (e - 1 >> _CHUNK_SHIFT) if e > b else c0
-                    space_cells = chip[space]
-                    if c1 >= len(space_cells):
-                        space_cells.extend({} for _ in range(c1 + 1 - len(space_cells)))
-                    cells = (space_cells[c0],) if c0 == c1 else space_cells[c0 : c1 + 1]
+                    if rename:
+                        aid = reg[1]
+                        if idx < 0:
+                            got = [chip_alloc.get((aid, c)) for c in range(c0, c1 + 1)]
+                            cells = [c for c in got if c is not None]
+                        else:
+                            cells = [
+                                chip_alloc.setdefault((aid, c), {}) for c in range(c0, c1 + 1)
+                            ]
+                    else:
+                        space_cells = chip[space]
+                        if c1 >= len(space_cells):
+                            space_cells.extend({} for _ in range(c1 + 1 - len(space_cells)))
+                        cells = (space_cells[c0],) if c0 == c1 else space_cells[c0 : c1 + 1]
                 for cell in cells:
                     if w:
                         for j, b2, e2, _ in cell:
