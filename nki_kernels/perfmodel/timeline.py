@@ -151,6 +151,16 @@ def _overlaps(reads: tuple, writes: tuple, by_allocation: bool = False) -> bool:
     return False
 
 
+def _chip_region(instr: Instr) -> tuple | None:
+    for reg in instr.writes:
+        if reg[0] != HBM:
+            return reg
+    for reg in instr.reads:
+        if reg[0] != HBM:
+            return reg
+    return None
+
+
 def renames(trace: Trace) -> bool:
     """Whether every on-chip region of `trace` names its allocation (none is 0: an
     explicit `address=` placement or a hand-built region), so the scheduler may rename."""
@@ -163,41 +173,26 @@ def renames(trace: Trace) -> bool:
 
 
 class _AllocTables:
-    """Per-allocation dependency tables (renaming): allocation id -> [first block, last
-    write times, last access times], the lists covering the blocks seen so far."""
+    """Per-allocation write times (renaming): allocation id -> [first block, last write
+    time per block], the list covering the blocks seen so far."""
 
     __slots__ = ("t",)
 
     def __init__(self) -> None:
         self.t: dict[int, list] = {}
 
-    def span(self, aid: int, b: int, e: int) -> tuple[list[float], list[float], int]:
-        """(writes, accesses, offset) of allocation `aid`, covering blocks [b, e)."""
+    def span(self, aid: int, b: int, e: int) -> tuple[list[float], int]:
+        """(write times, offset) of allocation `aid`, covering blocks [b, e)."""
         ent = self.t.get(aid)
         if ent is None:
-            n = e - b if e > b else 1
-            ent = self.t[aid] = [b, [0.0] * n, [0.0] * n]
-        off, wl, rl = ent
+            ent = self.t[aid] = [b, [0.0] * (e - b if e > b else 1)]
+        off, wl = ent
         if b < off:
-            pad = [0.0] * (off - b)
-            wl[:0] = pad
-            rl[:0] = pad
+            wl[:0] = [0.0] * (off - b)
             ent[0] = off = b
         if e - off > len(wl):
-            more = [0.0] * (e - off - len(wl))
-            wl.extend(more)
-            rl.extend(more)
-        return wl, rl, off
-
-
-def _chip_region(instr: Instr) -> tuple | None:
-    for reg in instr.writes:
-        if reg[0] != HBM:
-            return reg
-    for reg in instr.reads:
-        if reg[0] != HBM:
-            return reg
-    return None
+            wl.extend([0.0] * (e - off - len(wl)))
+        return wl, off
 
 
 def schedule(
@@ -264,7 +259,7 @@ def schedule(
                 if rename:
                     if e <= b:
                         continue
-                    wl, _, off = span(reg[1], b, e)
+                    wl, off = span(reg[1], b, e)
                     b, e = b - off, e - off
                 else:
                     wl = cw[space]
@@ -287,11 +282,7 @@ def schedule(
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
                 if e <= b:
                     continue
-                if rename:
-                    _, rl, off = span(reg[1], b, e)
-                    t = max(rl[b - off : e - off])
-                else:
-                    t = max(cr[space][b:e])
+                t = max(cr[space][b:e])
             if t > dep:
                 dep = t
         return dep
@@ -399,14 +390,8 @@ def schedule(
                 if len(rl) < e:
                     rl.extend([0.0] * (e - len(rl)))
             else:
+                rl = cr[space]
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
-                if rename:
-                    if e <= b:
-                        continue
-                    _, rl, off = span(reg[1], b, e)
-                    b, e = b - off, e - off
-                else:
-                    rl = cr[space]
             part = rl[b:e]
             if part and max(part) <= end:
                 rl[b:e] = [end] * (e - b)
@@ -427,11 +412,10 @@ def schedule(
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
                 if e <= b:
                     continue
+                cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
                 if rename:
-                    wl, rl, off = span(reg[1], b, e)
-                    wl[b - off : e - off] = rl[b - off : e - off] = [end] * (e - b)
-                else:
-                    cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
+                    wl, off = span(reg[1], b, e)
+                    wl[b - off : e - off] = [end] * (e - b)
 
     if window == 1:
         for idx in range(count):

@@ -95,8 +95,11 @@ def test_trace_regions_are_physical_and_freed_buffers_rotate():
 
     res = run(kernel, np.zeros((4, 8), np.float32))
     writes = [i.writes[0] for i in res.trace]
-    # (space, 0, partition start, partition end, byte start, byte end): columns 8..15
-    assert writes[0][:4] == (0, 0, 0, 4) and writes[0][5] - writes[0][4] == 32
+    # (space, allocation, partition start, partition end, byte start, byte end): columns
+    # 8..15 of three allocations, each named by its own storage id
+    assert [w[0] for w in writes] == [0, 0, 0] and all(w[2:4] == (0, 4) for w in writes)
+    assert writes[0][5] - writes[0][4] == 32
+    assert 0 < writes[0][1] < writes[1][1] < writes[2][1]
     assert writes[1] != writes[0]  # the previous tile is still live while t is rebound
     # ...then dies, but with free SBUF left the next tile goes past it (rotation)
     assert writes[2][4] > writes[1][4] > writes[0][4]

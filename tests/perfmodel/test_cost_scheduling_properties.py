@@ -208,7 +208,9 @@ def _reference_window(
         for other in lst[:pos]:
             bypassed[other] += 1
         del lst[pos], blockers[idx], bypassed[idx]
-        dep = dep_at.pop(idx) if idx in dep_at else ready_time(ins, core_of(ins.program))
+        dep = dep_at.pop(idx, None)
+        if dep is None or rename:
+            dep = ready_time(ins, core_of(ins.program))
         place(idx, dep, None)
         for other, bl in blockers.items():
             if idx in bl:
@@ -234,7 +236,8 @@ def _reference_window(
         best, best_t = -1, float("inf")
         for i in lst:
             if not blockers[i]:
-                dep_at.setdefault(i, ready_time(instrs[i], core))
+                if rename or i not in dep_at:
+                    dep_at[i] = ready_time(instrs[i], core)
                 t = compute_start(instrs[i], core, key[1], dep_at[i], price(instrs[i])[1])
                 if t < best_t:
                     best, best_t = i, t
