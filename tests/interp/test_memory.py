@@ -105,6 +105,21 @@ def test_trace_regions_are_physical_and_freed_buffers_rotate():
     assert writes[2][4] > writes[1][4] > writes[0][4]
 
 
+def test_an_explicit_placement_names_no_allocation():
+    # address= may alias other tiles on purpose: its regions carry allocation 0, so the
+    # cost model's scheduler does not rename around it
+    def kernel(x):
+        t = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf, address=(0, 4096))
+        u = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:4, 0:8], src=x)
+        nisa.dma_copy(dst=u[0:4, 0:8], src=x)
+
+    res = run(kernel, np.zeros((4, 8), np.float32))
+    pinned, tile = (i.writes[0] for i in res.trace)
+    assert pinned[1] == 0 and pinned[4] == 4096
+    assert tile[1] > 0
+
+
 def test_freed_buffers_alias_once_the_free_space_runs_out():
     third = get_target("trn2").sbuf_usable_bytes // 3 // 64 * 64
 
