@@ -12,6 +12,16 @@ order). Rules, all on the timeline's dependency granule (64 B on chip, 64 KiB in
   write-after-write), so the dependency tables hold exactly its producers' times when
   it is placed. On-chip blocks are matched by address across programs (a false
   dependency between two cores' same-address buffers only constrains issue order).
+- Renaming (`rename`: every on-chip region of the trace names its allocation): two
+  pending instructions whose on-chip accesses share bytes only through *different*
+  allocations (a tile the interpreter placed where a dead one was) are not ordered --
+  the compiler, which "allocates a physical address to each tile" after analyzing the
+  memory dependencies, can give the later one other bytes. Hazards within one
+  allocation are kept, and so is every hazard against an instruction already placed
+  (the timeline checks write-after-read / write-after-write on physical bytes, and
+  read-after-write per allocation): a rename reaches at most the pending instructions,
+  so the extra SBUF it implies is bounded by the window. An explicit `address=`
+  placement (allocation 0) may alias on purpose: a trace with one is not renamed.
 - Issuing an instruction first issues those earlier pending instructions; one of another
   engine is issued together with its own engine's older pending instructions (a wait
   forced from another engine keeps that engine's order: no priority inversion). A
@@ -27,6 +37,9 @@ order). Rules, all on the timeline's dependency granule (64 B on chip, 64 KiB in
   compute instruction to be issued. Only the issue order is constrained: engines still
   run side by side as in program order (window 1), so a block changes nothing at window
   1. DMAs are issued in program order in any case.
+
+A cached ready time is dropped when an instruction sharing bytes with it through another
+allocation is placed (it may have moved the physical table entries the write reads).
 
 Cost: each arriving instruction is matched against the pending instructions through an
 index keyed by (space, tensor, 2 KiB chunk) (HBM: per tensor), and an engine picks by

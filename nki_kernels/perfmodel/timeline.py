@@ -10,7 +10,9 @@ engine may issue an independent later instruction first). An instruction starts 
 - its inputs are written (read-after-write) and, for its outputs, earlier readers and
   writers of the same bytes are done (write-after-read / write-after-write): on-chip
   regions are physical addresses from the interpreter's allocator, so a reused buffer
-  carries the dependency that makes double buffering pay off;
+  carries the dependency that makes double buffering pay off (with the scheduler's
+  renaming, `scheduling.py`, read-after-write is tracked per allocation instead: a
+  read waits only for writes of its own tile);
 - a wait on another engine adds the semaphore latency; on VectorE / ScalarE / GpSimd a
   read of what the previous instruction of the same engine wrote adds the
   dependent-instruction overhead (pipeline drain plus a fresh SBUF access).
