@@ -82,7 +82,9 @@ class Target:
     # with_schedule constrain it: NKI scheduling-APIs guide; on unless
     # --enable-instruction-scheduling=false): each compute engine may issue a later
     # independent instruction of its own ahead of an earlier one within this many
-    # pending instructions (perfmodel/scheduling.py). The docs give no window: 1 =
+    # pending instructions (perfmodel/scheduling.py; at a window > 1 it renames tiles that
+    # share bytes with a pending instruction only through another allocation, as the
+    # compiler allocates with the dependencies in view). The docs give no window: 1 =
     # every engine in program order (trn2 / trn3, where no anchor measures it); trn1's
     # is chosen by the fit (perfmodel/fit.py SCHEDULING_WINDOWS). L
     scheduling_window: int = 1

@@ -174,6 +174,12 @@ class Storage:
             if buffer is psum:
                 self.mm_mask = np.zeros(size, dtype=np.bool_)
 
+    @property
+    def aid(self) -> int:
+        """The allocation identity on-chip trace regions carry: the storage id, or 0 for
+        an explicit placement (`address=`), which may alias other tiles on purpose."""
+        return 0 if self.pinned else self.sid
+
     def own(self) -> None:
         """Before the first write into a borrowed input: take a private copy (the caller's
         array changes only at the launch's write-back, and a replayed attempt sees it

@@ -314,7 +314,7 @@ class NkiTensor(ViewMethods):
         buf = st.buffer
         if self.indirect is not None:
             if buf.on_chip:
-                return (buf.space, 0, 0, st.shape[0], st.addr, st.addr + st.nbytes_pp)
+                return (buf.space, st.aid, 0, st.shape[0], st.addr, st.addr + st.nbytes_pp)
             return (HBM, st.sid, 0, 1, 0, st.size * st.dtype._size)
         isz = self.dtype._size
         shape = self.shape
@@ -343,7 +343,7 @@ class NkiTensor(ViewMethods):
                 else:
                     flo += (n1 - 1) * s1 * isz
             base = st.addr
-            return (buf.space, 0, p0, p1, base + flo, base + fhi + isz)
+            return (buf.space, st.aid, p0, p1, base + flo, base + fhi + isz)
         for i in range(1, len(shape)):
             n = shape[i]
             if n > 1:
@@ -353,7 +353,7 @@ class NkiTensor(ViewMethods):
                 else:
                     flo += (n - 1) * s * isz
         base = st.addr
-        return (buf.space, 0, p0, p1, base + flo, base + fhi + isz)
+        return (buf.space, st.aid, p0, p1, base + flo, base + fhi + isz)
 
 
 def _stepped_slice(k: slice, n: int, d: int, name: str) -> tuple[int, int, int]:

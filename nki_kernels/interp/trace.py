@@ -1,9 +1,12 @@
 """The instruction trace: one record per ISA instruction, the cost model's input.
 
-Storage regions are physical: on-chip operands are (space, 0, p0, p1, b0, b1) boxes in
-the target's SBUF or PSUM address space (partitions [p0, p1), bytes [b0, b1) within a
-partition, as placed by the interpreter's allocator), so a buffer the allocator hands out
-again after its tile died carries a write-after-read dependency exactly as on the chip.
+Storage regions are physical: on-chip operands are (space, allocation, p0, p1, b0, b1)
+boxes in the target's SBUF or PSUM address space (partitions [p0, p1), bytes [b0, b1)
+within a partition, as placed by the interpreter's allocator), so a buffer the allocator
+hands out again after its tile died carries a write-after-read dependency exactly as on
+the chip. `allocation` is the storage id of the tile (0: an explicit `address=`
+placement, or a hand-built trace): two tiles that only share bytes have different ids,
+which is what lets the cost model's scheduler rename them (`perfmodel/scheduling.py`).
 HBM operands are (HBM, storage_id, 0, 1, b0, b1) byte ranges within one HBM tensor.
 """
 

@@ -12,6 +12,16 @@ order). Rules, all on the timeline's dependency granule (64 B on chip, 64 KiB in
   write-after-write), so the dependency tables hold exactly its producers' times when
   it is placed. On-chip blocks are matched by address across programs (a false
   dependency between two cores' same-address buffers only constrains issue order).
+- Renaming (`rename`: every on-chip region of the trace names its allocation): two
+  pending instructions whose on-chip accesses share bytes only through *different*
+  allocations (a tile the interpreter placed where a dead one was) are not ordered --
+  the compiler, which "allocates a physical address to each tile" after analyzing the
+  memory dependencies, can give the later one other bytes. Hazards within one
+  allocation are kept, and so is every hazard against an instruction already placed
+  (the timeline checks write-after-read / write-after-write on physical bytes, and
+  read-after-write per allocation): a rename reaches at most the pending instructions,
+  so the extra SBUF it implies is bounded by the window. An explicit `address=`
+  placement (allocation 0) may alias on purpose: a trace with one is not renamed.
 - Issuing an instruction first issues those earlier pending instructions; one of another
   engine is issued together with its own engine's older pending instructions (a wait
   forced from another engine keeps that engine's order: no priority inversion). A
@@ -27,6 +37,9 @@ order). Rules, all on the timeline's dependency granule (64 B on chip, 64 KiB in
   compute instruction to be issued. Only the issue order is constrained: engines still
   run side by side as in program order (window 1), so a block changes nothing at window
   1. DMAs are issued in program order in any case.
+
+A cached ready time is dropped when an instruction sharing bytes with it through another
+allocation is placed (it may have moved the physical table entries the write reads).
 
 Cost: each arriving instruction is matched against the pending instructions through an
 index keyed by (space, tensor, 2 KiB chunk) (HBM: per tensor), and an engine picks by
@@ -50,6 +63,7 @@ def schedule_window(
     window: int,
     engine_index: dict[str, int],
     shifts: tuple[int, int],
+    rename: bool,
     core_of: Callable[[int], Any],
     ready_time: Callable[[Instr, Any], float],
     compute_start: Callable[[Instr, Any, int, float, int], float],
@@ -67,28 +81,34 @@ def schedule_window(
     pending: dict[tuple[int, int], list[int]] = {}  # (program, engine) -> idx, in order
     # pending idx -> [0 (program, engine), 1 earlier pending idx it waits for, 2 times
     # bypassed, 3 price_compute, 4 ready time or None, 5 its index entries, 6 how many
-    # of those it waits for run on its engine (index), 7 pending idx waiting for it].
-    # The ready time of an instruction with nothing to wait for is computed once: no
-    # instruction that could change the table entries it reads is placed before it.
+    # of those it waits for run on its engine (index), 7 pending idx waiting for it,
+    # 8 pending idx sharing bytes with it through another allocation (renaming)].
+    # The ready time of an instruction with nothing to wait for is computed once and
+    # dropped when an instruction that shares bytes with it (renaming) is placed: no
+    # other instruction placed before it changes the table entries it reads.
     state: dict[int, list[Any]] = {}
-    # pending accesses, {(idx, first block, end block, writes)}: on chip per space and
-    # chunk, in HBM per tensor
-    chip: list[list[dict[tuple[int, int, int, bool], None]]] = [[], []]
-    hbm: dict[int, dict[tuple[int, int, int, bool], None]] = {}
+    # pending accesses, {(idx, first block, end block, writes, allocation)}: on chip per
+    # space and chunk, in HBM per tensor; allocation -1 unless renaming (on chip)
+    Entry = tuple[int, int, int, bool, int]
+    chip: list[list[dict[Entry, None]]] = [[], []]
+    hbm: dict[int, dict[Entry, None]] = {}
     # pending instructions per (program, engine) that wait only on other engines' ones
     cross: dict[tuple[int, int], int] = {}
     block_last: dict[int, int] = {}  # no_reorder block -> its latest compute instruction
 
-    def conflicting(ins: Instr, idx: int) -> set[int]:
+    def conflicting(ins: Instr, idx: int) -> tuple[set[int], set[int]]:
         """Pending instructions that touch a block `ins` touches, one of the two writing
-        it; `idx` >= 0 also enters `ins` into the index as pending `idx`."""
+        it: (those of the same allocation, those of another one: renaming only); `idx` >=
+        0 also enters `ins` into the index as pending `idx`."""
         found: set[int] = set()
+        shared: set[int] = set()
         add = found.add
-        entered: list[tuple[dict, tuple[int, int, int, bool]]] = []
-        cells: Sequence[dict[tuple[int, int, int, bool], None]]
+        entered: list[tuple[dict, Entry]] = []
+        cells: Sequence[dict[Entry, None]]
         for regs, w in ((ins.writes, True), (ins.reads, False)):
             for reg in regs:
                 space = reg[0]
+                aid = -1
                 if space == HBM:
                     b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
                     cell = hbm.get(reg[1])
@@ -98,6 +118,8 @@ def schedule_window(
                         cell = hbm[reg[1]] = {}
                     cells = (cell,)
                 else:
+                    if rename:
+                        aid = reg[1]
                     b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
                     c0 = b >> _CHUNK_SHIFT
                     # an empty block range still overlaps a range strictly around it
@@ -108,20 +130,27 @@ def schedule_window(
                     cells = (space_cells[c0],) if c0 == c1 else space_cells[c0 : c1 + 1]
                 for cell in cells:
                     if w:
-                        for j, b2, e2, _ in cell:
+                        for j, b2, e2, _, a2 in cell:
                             if b < e2 and b2 < e:
-                                add(j)
+                                if a2 == aid:
+                                    add(j)
+                                else:
+                                    shared.add(j)
                     else:
-                        for j, b2, e2, w2 in cell:
+                        for j, b2, e2, w2, a2 in cell:
                             if w2 and b < e2 and b2 < e:
-                                add(j)
+                                if a2 == aid:
+                                    add(j)
+                                else:
+                                    shared.add(j)
                     if idx >= 0:
-                        entered.append((cell, (idx, b, e, w)))
+                        entered.append((cell, (idx, b, e, w, aid)))
         if idx >= 0:  # after the look-ups: an instruction does not wait for itself
             for cell, entry in entered:
                 cell[entry] = None
             state[idx][5] = entered
-        return found
+        shared -= found
+        return found, shared
 
     def issue(idx: int) -> None:
         """Issue pending `idx` (after the pending instructions it depends on)."""
@@ -141,6 +170,10 @@ def schedule_window(
             ins = instrs[idx]
             dep = ready_time(ins, core_of(ins.program))
         place(idx, dep, st[3])
+        for other in st[8]:
+            o = state.get(other)
+            if o is not None:
+                o[4] = None
         ek = st[0][1]
         for other in st[7]:
             o = state[other]
@@ -195,8 +228,9 @@ def schedule_window(
     for idx, ins in enumerate(instrs):
         ei = engine_index.get(ins.engine)
         if ei is None:
+            shared: set[int] = set()
             if ins.engine == "dma":
-                found = conflicting(ins, -1) if state else None
+                found, shared = conflicting(ins, -1) if state else (None, shared)
                 if found:
                     for i in sorted(found):
                         if i in state:
@@ -206,14 +240,23 @@ def schedule_window(
                     if i in state:
                         issue(i)
             place(idx, ready_time(ins, core_of(ins.program)), None)
+            for i in shared:
+                o = state.get(i)
+                if o is not None:
+                    o[4] = None
             continue
         key = (ins.program, ei)
         lst = pending.get(key)
         if lst is None:
             lst = pending[key] = []
             cross[key] = 0
-        st = state[idx] = [key, None, 0, price_compute(ins), None, (), 0, []]
-        bl = st[1] = conflicting(ins, idx)
+        st = state[idx] = [key, None, 0, price_compute(ins), None, (), 0, [], []]
+        bl, shared = conflicting(ins, idx)
+        st[1] = bl
+        if shared:
+            st[8] = list(shared)
+            for j in shared:
+                state[j][8].append(idx)
         block = ins.no_reorder
         if block:
             prev = block_last.get(block)

@@ -10,7 +10,9 @@ engine may issue an independent later instruction first). An instruction starts 
 - its inputs are written (read-after-write) and, for its outputs, earlier readers and
   writers of the same bytes are done (write-after-read / write-after-write): on-chip
   regions are physical addresses from the interpreter's allocator, so a reused buffer
-  carries the dependency that makes double buffering pay off;
+  carries the dependency that makes double buffering pay off (with the scheduler's
+  renaming, `scheduling.py`, read-after-write is tracked per allocation instead: a
+  read waits only for writes of its own tile);
 - a wait on another engine adds the semaphore latency; on VectorE / ScalarE / GpSimd a
   read of what the previous instruction of the same engine wrote adds the
   dependent-instruction overhead (pipeline drain plus a fresh SBUF access).
@@ -136,10 +138,17 @@ def throttled_duration(work_ns: float, warm: float, start_frac: float, ramp_ns: 
     return b - a
 
 
-def _overlaps(reads: tuple, writes: tuple) -> bool:
+def _overlaps(reads: tuple, writes: tuple, by_allocation: bool = False) -> bool:
+    """Whether a read overlaps a write: same HBM tensor, or on chip the same bytes (and,
+    `by_allocation`, the same allocation)."""
     for r in reads:
         for w in writes:
-            if r[0] == w[0] and r[1] == w[1] and r[4] < w[5] and w[4] < r[5]:
+            if (
+                r[0] == w[0]
+                and r[4] < w[5]
+                and w[4] < r[5]
+                and (r[1] == w[1] or (r[0] != HBM and not by_allocation))
+            ):
                 return True
     return False
 
@@ -152,6 +161,40 @@ def _chip_region(instr: Instr) -> tuple | None:
         if reg[0] != HBM:
             return reg
     return None
+
+
+def renames(trace: Trace) -> bool:
+    """Whether every on-chip region of `trace` names its allocation (none is 0: an
+    explicit `address=` placement or a hand-built region), so the scheduler may rename."""
+    for ins in trace.instrs:
+        for regs in (ins.reads, ins.writes):
+            for reg in regs:
+                if reg[0] != HBM and not reg[1]:
+                    return False
+    return True
+
+
+class _AllocTables:
+    """Per-allocation write times (renaming): allocation id -> [first block, last write
+    time per block], the list covering the blocks seen so far."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t: dict[int, list] = {}
+
+    def span(self, aid: int, b: int, e: int) -> tuple[list[float], int]:
+        """(write times, offset) of allocation `aid`, covering blocks [b, e)."""
+        ent = self.t.get(aid)
+        if ent is None:
+            ent = self.t[aid] = [b, [0.0] * (e - b if e > b else 1)]
+        off, wl = ent
+        if b < off:
+            wl[:0] = [0.0] * (off - b)
+            ent[0] = off = b
+        if e - off > len(wl):
+            wl.extend([0.0] * (e - off - len(wl)))
+        return wl, off
 
 
 def schedule(
@@ -188,6 +231,9 @@ def schedule(
         for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
     ]
     window = max(1, int(tgt.scheduling_window)) if scheduling else 1
+    # the compiler renames buffers that merely share bytes (scheduling.py), at window > 1
+    rename = window > 1 and renames(trace)
+    span = _AllocTables().span
     sh, hsh = ONCHIP_BLOCK_SHIFT, HBM_BLOCK_SHIFT
     totals = [0.0, 0.0]  # latency, DGE busy
     pricer = Pricer(tgt)
@@ -211,8 +257,14 @@ def schedule(
                     continue
                 b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
             else:
-                wl = cw[space]
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+                if rename:
+                    if e <= b:
+                        continue
+                    wl, off = span(reg[1], b, e)
+                    b, e = b - off, e - off
+                else:
+                    wl = cw[space]
             if e - b == 1:
                 t = wl[b] if b < len(wl) else 0.0
             else:
@@ -241,7 +293,7 @@ def schedule(
         """When `ins` (ready at `dep`, holding `ports`) would start on engine `ei` now."""
         free = core.free[ei]
         start = dep + sem if dep > free else free
-        if ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei]):
+        if ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei], rename):
             drained = free + dep_ns[ei]
             if drained > start:
                 start = drained
@@ -360,8 +412,12 @@ def schedule(
                 wl[b:e] = [x if x > end else end for x in part]
             else:
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
-                if e > b:
-                    cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
+                if e <= b:
+                    continue
+                cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
+                if rename:
+                    wl, off = span(reg[1], b, e)
+                    wl[b - off : e - off] = [end] * (e - b)
 
     if window == 1:
         for idx in range(count):
@@ -373,6 +429,7 @@ def schedule(
             window,
             _ENGINE_INDEX,
             (sh, hsh),
+            rename,
             core_of,
             ready_time,  # type: ignore[arg-type]
             compute_start,  # type: ignore[arg-type]

@@ -95,11 +95,29 @@ def test_trace_regions_are_physical_and_freed_buffers_rotate():
 
     res = run(kernel, np.zeros((4, 8), np.float32))
     writes = [i.writes[0] for i in res.trace]
-    # (space, 0, partition start, partition end, byte start, byte end): columns 8..15
-    assert writes[0][:4] == (0, 0, 0, 4) and writes[0][5] - writes[0][4] == 32
+    # (space, allocation, partition start, partition end, byte start, byte end): columns
+    # 8..15 of three allocations, each named by its own storage id
+    assert [w[0] for w in writes] == [0, 0, 0] and all(w[2:4] == (0, 4) for w in writes)
+    assert writes[0][5] - writes[0][4] == 32
+    assert 0 < writes[0][1] < writes[1][1] < writes[2][1]
     assert writes[1] != writes[0]  # the previous tile is still live while t is rebound
     # ...then dies, but with free SBUF left the next tile goes past it (rotation)
     assert writes[2][4] > writes[1][4] > writes[0][4]
+
+
+def test_an_explicit_placement_names_no_allocation():
+    # address= may alias other tiles on purpose: its regions carry allocation 0, so the
+    # cost model's scheduler does not rename around it
+    def kernel(x):
+        t = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf, address=(0, 4096))
+        u = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:4, 0:8], src=x)
+        nisa.dma_copy(dst=u[0:4, 0:8], src=x)
+
+    res = run(kernel, np.zeros((4, 8), np.float32))
+    pinned, tile = (i.writes[0] for i in res.trace)
+    assert pinned[1] == 0 and pinned[4] == 4096
+    assert tile[1] > 0
 
 
 def test_freed_buffers_alias_once_the_free_space_runs_out():

@@ -36,8 +36,10 @@ def split_rows_copy(x):
     return out
 
 
-def sbuf(b0: int, nbytes: int, p: int = 128) -> tuple:
-    return (SBUF, 0, 0, p, b0, b0 + nbytes)
+def sbuf(b0: int, nbytes: int, p: int = 128, alloc: int = 0) -> tuple:
+    """An SBUF region; `alloc` names its allocation (0: unnamed, the scheduler does not
+    rename)."""
+    return (SBUF, alloc, 0, p, b0, b0 + nbytes)
 
 
 def psum(b0: int, nbytes: int, p: int = 128) -> tuple:

@@ -38,18 +38,31 @@ def _store(sid: int, src: tuple, row_bytes: int) -> Instr:
     return ins
 
 
-def _random_trace(seed: int, target: str, gpsimd: bool = True, count: int = 40):
+def _named(reg: tuple, rnd: random.Random, named: bool) -> tuple:
+    """`reg` with an allocation id when `named`: one of two per place, so that two
+    allocations share bytes (and with the overlapping places, partly share them)."""
+    if not named:
+        return reg
+    return (reg[0], 1 + 2 * (reg[4] + (reg[0] << 20)) + rnd.randrange(2), *reg[2:])
+
+
+def _random_trace(
+    seed: int, target: str, gpsimd: bool = True, count: int = 40, named: bool = False
+):
     rnd = random.Random(seed)
 
     def sb() -> tuple:
-        return sbuf(rnd.choice(SBUF_AT), rnd.choice((512, 1024, 2048)))
+        return _named(sbuf(rnd.choice(SBUF_AT), rnd.choice((512, 1024, 2048))), rnd, named)
+
+    def ps() -> tuple:
+        return _named(psum(rnd.choice((0, 2048)), 2048), rnd, named)
 
     engines = ["tensor", "vector", "scalar", "dma", "dma"] + (["gpsimd"] if gpsimd else [])
     instrs = []
     for _ in range(count):
         eng = rnd.choice(engines)
         if eng == "tensor":
-            ins = matmul(rnd.choice((128, 512)), (sb(), sb()), (psum(rnd.choice((0, 2048)), 2048),))
+            ins = matmul(rnd.choice((128, 512)), (sb(), sb()), (ps(),))
         elif eng == "dma":
             sid, row = rnd.choice((1, 2)), rnd.choice((512, 2048))
             ins = load(sid, sb(), row) if rnd.random() < 0.6 else _store(sid, sb(), row)
@@ -62,7 +75,7 @@ def _random_trace(seed: int, target: str, gpsimd: bool = True, count: int = 40):
             )
             ins.attrs["queue"] = rnd.choice(("sync", "scalar"))
         else:
-            src = psum(rnd.choice((0, 2048)), 2048) if rnd.random() < 0.3 else sb()
+            src = ps() if rnd.random() < 0.3 else sb()
             opcode = rnd.choice(("tensor_tensor", "tensor_scalar"))
             reads = (src, sb()) if opcode == "tensor_tensor" else (src,)
             ins = Instr(eng, opcode, 128, rnd.choice((64, 256, 1024)), "float32", (), reads,
@@ -71,28 +84,37 @@ def _random_trace(seed: int, target: str, gpsimd: bool = True, count: int = 40):
     return make_trace(target, *instrs)
 
 
-def _blocks(reg: tuple) -> tuple[int, int, int, int]:
+def _blocks(reg: tuple, rename: bool = False) -> tuple[int, int, int, int]:
+    """(space, HBM tensor or, renaming, on-chip allocation, first block, end block)."""
     sh = HBM_BLOCK_SHIFT if reg[0] == HBM else ONCHIP_BLOCK_SHIFT
-    return reg[0], reg[1], reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+    owner = reg[1] if reg[0] == HBM or rename else 0
+    return reg[0], owner, reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
 
 
-def _ordered(a: Instr, b: Instr) -> bool:
-    """True when the timeline orders `b` (later) after `a`: a common block, one writing."""
+def _ordered(a: Instr, b: Instr, rename: bool = False) -> bool:
+    """True when the timeline orders `b` (later) after `a`: a common block, one writing
+    (renaming: on chip, of the same allocation)."""
     pairs = [(x, y) for x in a.writes for y in b.reads]  # read-after-write
     pairs += [(x, y) for x in a.reads for y in b.writes]  # write-after-read
     pairs += [(x, y) for x in a.writes for y in b.writes if x[0] != HBM]  # on chip only
     for x, y in pairs:
-        bx, by = _blocks(x), _blocks(y)
+        bx, by = _blocks(x, rename), _blocks(y, rename)
         if bx[:2] == by[:2] and bx[2] < by[3] and by[2] < bx[3]:
             return True
     return False
 
 
+@pytest.mark.parametrize("named", (False, True))
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_dependencies_engines_and_dma_order_hold(seed: int, window: int, monkeypatch) -> None:
+def test_dependencies_engines_and_dma_order_hold(
+    seed: int, window: int, named: bool, monkeypatch
+) -> None:
+    # named: every on-chip region names its allocation, so at window > 1 only accesses
+    # of one allocation are ordered (renaming); window 1 keeps the physical order
     target = "trn2" if seed % 2 else "trn1"
-    tr = _random_trace(seed, target)
+    tr = _random_trace(seed, target, named=named)
+    rename = named and window > 1
     issued: list[int] = []
     plan = costs.Pricer.dma_plan
 
@@ -105,7 +127,7 @@ def test_dependencies_engines_and_dma_order_hold(seed: int, window: int, monkeyp
     ins = tr.instrs
     for j in range(len(ins)):
         for i in range(j):
-            if _ordered(ins[i], ins[j]):
+            if _ordered(ins[i], ins[j], rename):
                 assert s.start[j] >= s.end[i], (seed, window, i, j)
     assert issued == sorted(issued) == [i.index for i in ins if i.engine == "dma"]
     for eng in ("tensor", "vector", "scalar", "gpsimd"):
@@ -153,15 +175,15 @@ def test_the_window_reorders_many_random_traces() -> None:
 
 
 def _reference_window(
-    instrs, window, engine_index, shifts, core_of, ready_time, compute_start, price, place
+    instrs, window, engine_index, shifts, rename, core_of, ready_time, compute_start, price, place
 ):  # type: ignore[no-untyped-def]
     """The window rules of perfmodel/scheduling.py written plainly: conflicts by testing
     every pending instruction, ready times recomputed when an instruction's waits clear,
     every candidate priced (the scheduler's index and early stop must not change a float)."""
 
     def conflicts(a: Instr, b: Instr) -> bool:
-        return _ordered(a, b) or any(
-            _blocks(x)[:2] == _blocks(y)[:2]
+        return _ordered(a, b, rename) or any(
+            _blocks(x, rename)[:2] == _blocks(y, rename)[:2]
             and _blocks(x)[2] < _blocks(y)[3]
             and _blocks(y)[2] < _blocks(x)[3]
             for x in a.writes
@@ -186,7 +208,9 @@ def _reference_window(
         for other in lst[:pos]:
             bypassed[other] += 1
         del lst[pos], blockers[idx], bypassed[idx]
-        dep = dep_at.pop(idx) if idx in dep_at else ready_time(ins, core_of(ins.program))
+        dep = dep_at.pop(idx, None)
+        if dep is None or rename:
+            dep = ready_time(ins, core_of(ins.program))
         place(idx, dep, None)
         for other, bl in blockers.items():
             if idx in bl:
@@ -212,7 +236,8 @@ def _reference_window(
         best, best_t = -1, float("inf")
         for i in lst:
             if not blockers[i]:
-                dep_at.setdefault(i, ready_time(instrs[i], core))
+                if rename or i not in dep_at:
+                    dep_at[i] = ready_time(instrs[i], core)
                 t = compute_start(instrs[i], core, key[1], dep_at[i], price(instrs[i])[1])
                 if t < best_t:
                     best, best_t = i, t
@@ -241,10 +266,13 @@ def _reference_window(
         advance((instrs[first].program, eng(first)))
 
 
+@pytest.mark.parametrize("named", (False, True))
 @pytest.mark.parametrize("window", (2, 4, 8))
 @pytest.mark.parametrize("seed", SEEDS)
-def test_scheduler_equals_the_plain_reference(seed: int, window: int, monkeypatch) -> None:
-    tr = _random_trace(seed, "trn2" if seed % 2 else "trn1", count=60)
+def test_scheduler_equals_the_plain_reference(
+    seed: int, window: int, named: bool, monkeypatch
+) -> None:
+    tr = _random_trace(seed, "trn2" if seed % 2 else "trn1", count=60, named=named)
     for k, ins in enumerate(tr.instrs):  # two blocks: the first and last quarter
         if ins.engine != "dma" and (k < 15 or k >= 45):
             ins.no_reorder = 1 if k < 15 else 2
