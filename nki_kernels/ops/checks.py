@@ -28,8 +28,7 @@ def check_tensor(
     nonempty: bool = True,
 ) -> torch.Tensor:
     """`t` is a tensor of an allowed dtype with at least `min_dim` dims on a supported device."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{arg}: expected a tensor; got {type(t).__name__}")
+    check_is_tensor(**{arg: t})
     if t.dtype not in dtypes:
         raise TypeError(f"{arg}: expected dtype {_names(dtypes)}; got {_names([t.dtype])}")
     if t.device.type not in DEVICE_TYPES and t.device.type != "meta":
