@@ -94,4 +94,29 @@ BUILTIN: dict[str, Callable[..., nn.Module]] = {
     "tiny-mixtral": tiny_mixtral,
 }
 
-__all__ = ["BUILTIN", "MODEL_TYPES", "VOCAB", "tiny_llama", "tiny_mixtral", "tiny_model"]
+
+def special_factory(spec: str) -> Callable[..., nn.Module] | None:
+    """A factory for a TorchTitan config name (`llama3_debugmodel`, optionally
+    `@<layers>` for its first blocks only) or a kernelized transformers model
+    (`kernels:tiny-llama`); None for other specs."""
+    name, _, layers = spec.partition("@")
+    from . import titan
+
+    if titan.parse(name) is not None:
+        return titan.titan_factory(name, layers=int(layers) if layers else None)
+    if name.startswith("kernels:"):
+        from .hf_kernels_models import kernels_factory
+
+        return kernels_factory(name.removeprefix("kernels:"))
+    return None
+
+
+__all__ = [
+    "BUILTIN",
+    "MODEL_TYPES",
+    "VOCAB",
+    "special_factory",
+    "tiny_llama",
+    "tiny_mixtral",
+    "tiny_model",
+]
