@@ -56,44 +56,82 @@ def test_torchtitan_seams() -> None:
     decoder = importlib.import_module("torchtitan.models.common.decoder")
     model = importlib.import_module("torchtitan.protocols.model")
     p = "torchtitan"
-    _seam(p, "VarlenMetadata fields", attn.VarlenMetadata._fields[:4] == (
-        "cu_seq_q", "cu_seq_k", "max_q", "max_k"))  # fmt: skip
+    _seam(
+        p,
+        "VarlenMetadata fields",
+        attn.VarlenMetadata._fields[:4] == ("cu_seq_q", "cu_seq_k", "max_q", "max_k"),
+    )
     varlen = {f.name for f in dataclasses.fields(attn.VarlenAttention.Config)}
     _seam(p, "VarlenAttention.Config.window_size", "window_size" in varlen)
     for cls in (attn.VarlenAttention, attn.FlexAttention):
         params = _params(cls.forward)
-        _seam(p, f"{cls.__name__}.forward(q, k, v, *, attention_masks, scale, out_transform)",
-              params[1:4] == ["q_BLNH", "k_BLNH", "v_BLNH"]
-              and {"attention_masks", "scale", "out_transform"} <= set(params))  # fmt: skip
-    _seam(p, "GroupedExperts._grouped_mm(*, A, B_t, offs)",
-          _params(moe.GroupedExperts._grouped_mm)[1:] == ["A", "B_t", "offs"])  # fmt: skip
-    _seam(p, "GroupedExperts weights w1_EFD / w2_EDF / w3_EFD",
-          {"w1_EFD", "w2_EDF", "w3_EFD"} <= set(inspect.getsource(moe.GroupedExperts.__init__)
-                                                 .replace("self.", " ").split()))  # fmt: skip
+        _seam(
+            p,
+            f"{cls.__name__}.forward(q, k, v, *, attention_masks, scale, out_transform)",
+            params[1:4] == ["q_BLNH", "k_BLNH", "v_BLNH"]
+            and {"attention_masks", "scale", "out_transform"} <= set(params),
+        )
+    _seam(
+        p,
+        "GroupedExperts._grouped_mm(*, A, B_t, offs)",
+        _params(moe.GroupedExperts._grouped_mm)[1:] == ["A", "B_t", "offs"],
+    )
+    _seam(
+        p,
+        "GroupedExperts weights w1_EFD / w2_EDF / w3_EFD",
+        {"w1_EFD", "w2_EDF", "w3_EFD"}
+        <= set(inspect.getsource(moe.GroupedExperts.__init__).replace("self.", " ").split()),
+    )
     router = {f.name for f in dataclasses.fields(moe.TokenChoiceTopKRouter.Config)}
-    _seam(p, "TokenChoiceTopKRouter.Config options", {
-        "top_k", "score_func", "route_norm", "route_scale", "num_expert_groups",
-        "num_limited_groups", "_debug_force_load_balance"} <= router)  # fmt: skip
-    _seam(p, "TokenChoiceTopKRouter.forward(x, expert_bias)",
-          _params(moe.TokenChoiceTopKRouter.forward)[1:] == ["x_BLD", "expert_bias_E"])  # fmt: skip
-    _seam(p, "MoE buffers expert_bias_E / tokens_per_expert_E",
-          "expert_bias_E" in inspect.getsource(moe.MoE.__init__)
-          and "tokens_per_expert_E" in inspect.getsource(moe.MoE.__init__))  # fmt: skip
-    _seam(p, "Decoder.get_attention_masks(positions)",
-          _params(decoder.Decoder.get_attention_masks)[1:] == ["positions"])  # fmt: skip
+    _seam(
+        p,
+        "TokenChoiceTopKRouter.Config options",
+        {
+            "top_k",
+            "score_func",
+            "route_norm",
+            "route_scale",
+            "num_expert_groups",
+            "num_limited_groups",
+            "_debug_force_load_balance",
+        }
+        <= router,
+    )
+    _seam(
+        p,
+        "TokenChoiceTopKRouter.forward(x, expert_bias)",
+        _params(moe.TokenChoiceTopKRouter.forward)[1:] == ["x_BLD", "expert_bias_E"],
+    )
+    _seam(
+        p,
+        "MoE buffers expert_bias_E / tokens_per_expert_E",
+        "expert_bias_E" in inspect.getsource(moe.MoE.__init__)
+        and "tokens_per_expert_E" in inspect.getsource(moe.MoE.__init__),
+    )
+    _seam(
+        p,
+        "Decoder.get_attention_masks(positions)",
+        _params(decoder.Decoder.get_attention_masks)[1:] == ["positions"],
+    )
     _seam(p, "ModelConfigConverter.convert", hasattr(model.ModelConfigConverter, "convert"))
     for family in ("llama3", "deepseek_v3"):
         reg = importlib.import_module(f"torchtitan.models.{family}").model_registry
-        _seam(p, f"{family}.model_registry(flavor, attn_backend, converters)",
-              {"flavor", "attn_backend", "converters"} <= set(_params(reg)))  # fmt: skip
+        _seam(
+            p,
+            f"{family}.model_registry(flavor, attn_backend, converters)",
+            {"flavor", "attn_backend", "converters"} <= set(_params(reg)),
+        )
 
 
 def test_kernels_seams() -> None:
     import kernels
 
     p = "kernels"
-    _seam(p, "kernelize(model, *, mode, device, use_fallback)",
-          {"mode", "device", "use_fallback"} <= set(_params(kernels.kernelize)))  # fmt: skip
+    _seam(
+        p,
+        "kernelize(model, *, mode, device, use_fallback)",
+        {"mode", "device", "use_fallback"} <= set(_params(kernels.kernelize)),
+    )
     _seam(
         p,
         "Mode.TRAINING / TORCH_COMPILE / INFERENCE",
@@ -104,9 +142,15 @@ def test_kernels_seams() -> None:
         "LocalLayerRepository(repo_path, *, layer_name)",
         _params(kernels.LocalLayerRepository.__init__)[1:3] == ["repo_path", "layer_name"],
     )
-    _seam(p, "replace_kernel_forward_from_hub(cls, layer_name)",
-          _params(kernels.replace_kernel_forward_from_hub)[:2] == ["cls", "layer_name"])  # fmt: skip
+    _seam(
+        p,
+        "replace_kernel_forward_from_hub(cls, layer_name)",
+        _params(kernels.replace_kernel_forward_from_hub)[:2] == ["cls", "layer_name"],
+    )
     from transformers.models.llama import modeling_llama
 
-    _seam(p, "transformers' LlamaRMSNorm marked 'RMSNorm'",
-          getattr(modeling_llama.LlamaRMSNorm, "kernel_layer_name", None) == "RMSNorm")  # fmt: skip
+    _seam(
+        p,
+        "transformers' LlamaRMSNorm marked 'RMSNorm'",
+        getattr(modeling_llama.LlamaRMSNorm, "kernel_layer_name", None) == "RMSNorm",
+    )
