@@ -52,7 +52,11 @@ def entry(spec: str) -> Any:
     """A built-in model / data factory by name, or `module:function`."""
     from .data import BUILTIN as DATA
     from .models import BUILTIN as MODELS
+    from .models import special_factory
 
+    special = special_factory(spec)
+    if special is not None:
+        return special
     if spec in MODELS:
         return MODELS[spec]
     if spec in DATA:
@@ -98,10 +102,15 @@ def _build(factory: Any, seed: int, patched: bool, wrapper: str) -> tuple[nn.Mod
     """(the module to call, the module holding the parameters) for one run."""
     import nki_kernels
 
-    model = factory(seed=seed)
-    if patched:
-        nki_kernels.patch(model)
+    if getattr(factory, "builds_nki", False):
+        model = factory(seed=seed, nki=patched)
+    else:
+        model = factory(seed=seed)
+        if patched:
+            nki_kernels.patch(model)
     model.train()
+    if getattr(factory, "titan_name", None) and wrapper == "fsdp2":
+        return _titan_fsdp(model), model
     if wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -113,6 +122,21 @@ def _build(factory: Any, seed: int, patched: bool, wrapper: str) -> tuple[nn.Mod
         fully_shard(layer)  # one all-gather / reduce-scatter group per decoder layer
     fully_shard(model)
     return model, model
+
+
+def _titan_fsdp(lm: Any) -> nn.Module:
+    """TorchTitan's own activation checkpointing (FullAC, every block) and FSDP2
+    (`apply_fsdp_to_decoder`, fp32) on a 1-D CPU mesh over all ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.distributed.activation_checkpoint import FullAC
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    FullAC.Config().build(dump_folder="").apply(lm.model)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    apply_fsdp_to_decoder(
+        lm.model, mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, pp_enabled=False
+    )
+    return lm  # type: ignore[no-any-return]
 
 
 def _optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
