@@ -14,7 +14,7 @@ from . import dtypes as dt
 from . import ops
 from .enums import engine as engine_enum
 from .errors import fail
-from .state import _active, current
+from .state import current
 from .tensor import NkiTensor, psum
 from .trace import Instr, Region
 
@@ -341,8 +341,6 @@ def convert(values: np.ndarray, src: dt.NkiDtype, dst: dt.NkiDtype) -> np.ndarra
 
 
 # ---- trace ------------------------------------------------------------------------------
-# id of the outermost `nl.no_reorder` block being traced (0: none); set by loops.no_reorder
-no_reorder_block = [0]
 
 
 def emit(
@@ -360,7 +358,7 @@ def emit(
     extra_reads: tuple[Region, ...] = (),
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
-    launch = _active[-1] if _active else current()
+    launch = current()
     live = launch.liveness
     if live is not None and live.starts:
         live.before(launch.program_id)
@@ -409,7 +407,7 @@ def emit(
         name,
     )
     instr.program = launch.program_id
-    instr.no_reorder = no_reorder_block[0]
+    instr.no_reorder = launch.programs[launch.program_id].no_reorder_block
     instrs = launch.trace.instrs
     instr.index = len(instrs)
     instrs.append(instr)

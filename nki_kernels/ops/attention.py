@@ -413,7 +413,8 @@ def flex_attention(
         cap, score_mod = score_mod.cap, score_mod.then
     mask: Tensor | None = allowed
     if score_mod is not None:
-        bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device)
+        scores = flex.real_scores(query, key, scale, cap)
+        bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device, scores, allowed)
         if _mask_needs_grad(bias):
             raise ValueError(
                 "score_mod: expected no learnable tensors (the kernels give no gradient for "
