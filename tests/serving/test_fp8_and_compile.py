@@ -66,8 +66,10 @@ def test_fp8_saturation_and_nan(cdt: torch.dtype) -> None:
 def test_fp8_scale_of_wrong_shape_is_named() -> None:
     step = make_step([(3, 2)], cache_dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"k_scale: expected shape \[\] or \[1\]"):
-        serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
-                          step.cached_seq_len, step.query_start_loc, k_scale=torch.ones(3))  # fmt: skip
+        serving_attention(
+            step.q, step.k_cache, step.v_cache, step.block_table, step.cached_seq_len,
+            step.query_start_loc, k_scale=torch.ones(3),
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
