@@ -76,7 +76,7 @@ def segmented_attention(
         raise ValueError(f"kv_segment_size: expected an int >= 0; got {kv_segment_size!r}")
     _check_block_size(block_size, k_cache)
     qt = q if tp_q else q.transpose(1, 2)  # [Nh, T, Dh]
-    nh, t_tok, dh = qt.shape
+    nh, t_tok, _ = qt.shape
     b = block_tables.shape[0]
     if t_tok % b:
         raise ValueError(

@@ -36,6 +36,7 @@ def test_segmented_prefill_chunk(tp_out: bool) -> None:
         expect = expect.transpose(1, 2)
     assert tuple(out.shape) == tuple(expect.shape)
     assert_rel_close(out, expect, TOLERANCES[torch.float32])
+    assert torch.equal(kc.isnan(), rk.isnan()) and torch.equal(kc.nan_to_num(), rk.nan_to_num())
 
 
 def test_functional_errors() -> None:
