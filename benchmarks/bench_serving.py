@@ -28,6 +28,7 @@ from nki_kernels.bench.bands import parameter_sets, replayed_traces
 from nki_kernels.interp import TensorSpec
 from nki_kernels.perfmodel import COST_MODEL_VERSION, estimate
 from nki_kernels.serving.cache_write import cache_write_fwd
+from nki_kernels.serving.host import key_step
 from nki_kernels.serving.segmented import serving_attention_fwd
 
 HQ, HKV, D, BS = 32, 8, 128, 16
@@ -43,7 +44,8 @@ def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
     group = HQ // HKV
     tq = min(128 // group, new)
     items = seqs * -(-new // tq)
-    steps = -(-(ctx + new) // 128)
+    kv_tile = key_step(ctx + new)
+    steps = -(-(ctx + new) // kv_tile)
     blocks = seqs * -(-(ctx + new) // BS) + 1
     t_tok = seqs * new
     return {
@@ -51,10 +53,11 @@ def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
         "new": TensorSpec((t_tok, HKV * D), "bfloat16"),
         "cache": TensorSpec((blocks, BS, HKV, D), cache_dt),
         "wrows": TensorSpec((t_tok, 1), "int32"),
-        "krows": TensorSpec((items, steps * 128, 1), "int32"),
+        "krows": TensorSpec((items, steps, 128, kv_tile // 128), "int32"),
         "info": TensorSpec((items, HKV, 128, 4), "float32"),
         "scales": TensorSpec((HKV, 4), "float32"),
         "steps": steps,
+        "kv_tile": kv_tile,
         "fp8": 448.0 if cache_dt.startswith("float8") else 0.0,
     }
 
@@ -67,13 +70,23 @@ def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def
     seqs, ctx, new, cdt = CASES[case]
     s = _specs(seqs, ctx, new, cdt)
     attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["info"],
-              s["scales"], "nhd", s["steps"], s["fp8"])  # fmt: skip
+              s["scales"], "nhd", s["steps"], s["kv_tile"], s["fp8"])  # fmt: skip
     fused = list(attend)
     fused[1], fused[2], fused[5] = s["new"], s["new"], s["wrows"]
     row = {
         "fused": _us(serving_attention_fwd, *fused, target=target),
-        "write": _us(cache_write_fwd, s["new"], s["new"], s["cache"], s["cache"], s["wrows"],
-                     s["scales"], "nhd", s["fp8"], target=target),  # fmt: skip
+        "write": _us(
+            cache_write_fwd,
+            s["new"],
+            s["new"],
+            s["cache"],
+            s["cache"],
+            s["wrows"],
+            s["scales"],
+            "nhd",
+            s["fp8"],
+            target=target,
+        ),  # fmt: skip
         "attend": _us(serving_attention_fwd, *attend, target=target),
     }
     if new <= 4 and cdt == "bfloat16":
@@ -96,11 +109,13 @@ def main() -> None:
     for case in CASES:
         with replayed_traces():
             runs = [price(case, t) for t in sets]
-        def band(key: str) -> str:  # noqa: E306
+
+        def band(key: str) -> str:
             if key not in runs[0]:
                 return "-"
             v = [r[key] for r in runs]
             return f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
+
         comp = [r["write"] + r["attend"] for r in runs]
         ratio = [r["fused"] / c for r, c in zip(runs, comp)]
         dec = "-"

@@ -7,15 +7,16 @@ row s). The plan:
 
 * work items: sequence s's tokens in tiles of TQ = min(128 // G, longest query) (G = Hq /
   Hkv): one item packs the G heads x TQ tokens of a KV head into R = G * TQ rows;
-* key_rows [items, n_steps * 128, 1]: the cache row of each key position (the layout's
+* key_rows [items, n_steps * kv_tile, 1]: the cache row of each key position (the layout's
   row, see `segmented.py`), -1 past the sequence's length (read as zeros, masked);
 * rowinfo [items, 128, 4]: per packed row its key interval [lo, hi) (causal: hi =
   position + 1; sliding window W: lo = position - W + 1) and the softmax start (m0, l0):
   (sink / sc, 1) with an attention sink, else (M_INIT, 0);
 * write_rows [T, 1]: the cache row of each new token's slot (slot -1: skipped).
 
-The step count is the longest sequence's keys over 128: one specialization per (items,
-step count); each item runs every step (a shorter sequence's extra steps are masked).
+Keys are gathered kv_tile (`key_step`: 128..512) at a time; the step count is the
+longest sequence's keys over kv_tile: one specialization per (items, kv_tile, step
+count); each item runs every step (a shorter sequence's extra steps are masked).
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ class StepPlan:
     """Work items of one step (see the module docstring)."""
 
     tq: int  # tokens per item
+    kv_tile: int  # key positions per step
     item_tokens: np.ndarray  # int64 [items, tq]: token index, -1 = padding
-    key_rows: np.ndarray  # int32 [items, n_steps * 128, 1]
+    key_rows: np.ndarray  # int32 [items, n_steps * kv_tile, 1]
     rowinfo: np.ndarray  # fp32 [items, 128, 4] (m0 / l0 filled by `with_sinks`)
     n_steps: int
     has_key: np.ndarray  # bool [items, tq]: the token sees at least one key
@@ -138,8 +140,10 @@ def plan_step(
     for s in range(len(qlen)):
         items.extend((s, j) for j in range(0, int(qlen[s]), tq))
     n_items = len(items)
-    n_steps = max(1, -(-int(total.max(initial=1)) // P))
-    n_keys = n_steps * P
+    longest = max(1, int(total.max(initial=1)))
+    kv_tile = key_step(longest)
+    n_steps = -(-longest // kv_tile)
+    n_keys = n_steps * kv_tile
     tokens = np.full((n_items, tq), -1, dtype=np.int64)
     key_rows = np.full((n_items, n_keys, 1), -1, dtype=np.int32)
     info = np.zeros((n_items, P, 4), dtype=np.float32)
@@ -170,7 +174,14 @@ def plan_step(
         for h in range(group):
             info[it, h * tq : h * tq + n, 0] = lo
             info[it, h * tq : h * tq + n, 1] = hi
-    return StepPlan(tq, tokens, key_rows, info, n_steps, has_key)
+    return StepPlan(tq, kv_tile, tokens, key_rows, info, n_steps, has_key)
+
+
+def key_step(longest: int) -> int:
+    """Keys per step: 512 (one fp32 PSUM bank of scores; the per-step statistics
+    amortized over 4 gathers) from 512 keys on, else the power of two >= the longest
+    sequence's keys (at least 128)."""
+    return 512 if longest >= 512 else max(P, 1 << (longest - 1).bit_length())
 
 
 def with_sinks(
@@ -282,7 +293,9 @@ def serving_attention(
     qi = q_pad.index_select(0, gather).reshape(n_items, tq, hkv, group, d)
     q_t = qi.permute(0, 2, 4, 3, 1).reshape(n_items, hkv, d, group * tq).contiguous()
     info = torch.from_numpy(with_sinks(plan, sinks, scales, hkv, group))
-    key_rows = plan.key_rows
+    n_sub = plan.kv_tile // P  # [items, keys] -> [items, step, partition, sub-tile]
+    key_rows = plan.key_rows.reshape(n_items, plan.n_steps, n_sub, P).transpose(0, 1, 3, 2)
+    key_rows = np.ascontiguousarray(key_rows)
     kc, vc = _dense(k_cache), _dense(v_cache)
     args = [q_t, None, None, kc, vc, None]
     if k is not None and v is not None and t_tok > 0:
@@ -297,6 +310,7 @@ def serving_attention(
         scales.to(dev),
         layout,
         plan.n_steps,
+        plan.kv_tile,
         fp8_max(k_cache.dtype),
         mutated=(3, 4),
     )

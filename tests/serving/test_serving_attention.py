@@ -103,3 +103,13 @@ def test_padding_tokens_and_empty_rows_are_zero() -> None:
     out, ref, _, _ = _run(step)
     assert torch.equal(out[2:], torch.zeros_like(out[2:]))
     assert_rel_close(out, ref, TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_long_prefix_512_key_steps(dtype: torch.dtype) -> None:
+    """A 600-key prefix: 512-key steps (4 gathers each), the second one ragged, next to
+    short sequences whose whole second step is masked (NaN past their lengths)."""
+    step = make_step([(600, 3), (37, 1), (0, 5)], block_size=128, dtype=dtype, seed=17)
+    out, ref, (kc, vc), (rk, rv) = _run(step, sinks=torch.ones(4), sliding_window=300)
+    assert_rel_close(out, ref, TOLERANCES[dtype])
+    assert same_bits(kc, rk) and same_bits(vc, rv)
