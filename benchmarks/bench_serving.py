@@ -1,0 +1,130 @@
+"""Modeled latency of the serving kernel against the plain composition (trn2, bands).
+
+    PYTHONPATH=. python benchmarks/bench_serving.py [--target trn2]
+
+One Llama-3 8B attention layer (Hq 32, Hkv 8, D 128, bf16), paged cache of 16-key
+blocks ("nhd"), per case:
+
+* fused: `serving_attention_fwd` writing the step's new K / V and attending, one launch;
+* composition: the write alone (`cache_write_fwd`) + the attention alone (the same
+  kernel without the write), two launches (latencies summed);
+* decode cases also: the write + the project's decode kernel (`decode_attention_fwd`,
+  its heuristic config), the closest existing kernel for those rows.
+
+AWS's `attention_tkg` / segmented CTE are not priced here: pricing them needs a local
+nki-library checkout (see `bench/peer_decode.py`), absent on this machine.
+Every figure is modeled (cost model, target, band over the parameter sets); none is a
+measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from nki_kernels.attention.decode import decode_attention_fwd
+from nki_kernels.attention.decode_host import DecodeConfig, DecodeProblem, kernel_args
+from nki_kernels.bench.bands import parameter_sets, replayed_traces
+from nki_kernels.interp import TensorSpec
+from nki_kernels.perfmodel import COST_MODEL_VERSION, estimate
+from nki_kernels.serving.cache_write import cache_write_fwd
+from nki_kernels.serving.host import key_step
+from nki_kernels.serving.segmented import serving_attention_fwd
+
+HQ, HKV, D, BS = 32, 8, 128, 16
+CASES = {  # name: (sequences, cached keys each, new tokens each, cache dtype)
+    "decode 8 x 1, 2K cached": (8, 2048, 1, "bfloat16"),
+    "decode 8 x 1, 2K cached, fp8 e4m3 cache": (8, 2048, 1, "float8_e4m3fn"),
+    "speculative 8 x 4 drafts, 2K cached": (8, 2048, 4, "bfloat16"),
+    "chunked prefill 1 x 256 after 1K prefix": (1, 1024, 256, "bfloat16"),
+}
+
+
+def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
+    group = HQ // HKV
+    tq = min(128 // group, new)
+    items = seqs * -(-new // tq)
+    kv_tile = key_step(ctx + new)
+    steps = -(-(ctx + new) // kv_tile)
+    blocks = seqs * -(-(ctx + new) // BS) + 1
+    t_tok = seqs * new
+    return {
+        "q_t": TensorSpec((items, HKV, D, group * tq), "bfloat16"),
+        "new": TensorSpec((t_tok, HKV * D), "bfloat16"),
+        "cache": TensorSpec((blocks, BS, HKV, D), cache_dt),
+        "wrows": TensorSpec((t_tok, 1), "int32"),
+        "krows": TensorSpec((items, steps, 128, kv_tile // 128), "int32"),
+        "info": TensorSpec((items, HKV, 128, 4), "float32"),
+        "scales": TensorSpec((HKV, 4), "float32"),
+        "steps": steps,
+        "kv_tile": kv_tile,
+        "fp8": 448.0 if cache_dt.startswith("float8") else 0.0,
+    }
+
+
+def _us(kernel, *args, target) -> float:  # type: ignore[no-untyped-def]
+    return estimate(kernel, *args, target=target).latency_ns / 1e3
+
+
+def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    seqs, ctx, new, cdt = CASES[case]
+    s = _specs(seqs, ctx, new, cdt)
+    attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["info"],
+              s["scales"], "nhd", s["steps"], s["kv_tile"], s["fp8"])  # fmt: skip
+    fused = list(attend)
+    fused[1], fused[2], fused[5] = s["new"], s["new"], s["wrows"]
+    row = {
+        "fused": _us(serving_attention_fwd, *fused, target=target),
+        "write": _us(
+            cache_write_fwd,
+            s["new"],
+            s["new"],
+            s["cache"],
+            s["cache"],
+            s["wrows"],
+            s["scales"],
+            "nhd",
+            s["fp8"],
+            target=target,
+        ),  # fmt: skip
+        "attend": _us(serving_attention_fwd, *attend, target=target),
+    }
+    if new <= 4 and cdt == "bfloat16":
+        prob = DecodeProblem(seqs, HQ, HKV, new, ctx + new, D, "bfloat16", "paged")
+        cfg = DecodeConfig.heuristic(replace(prob, batch=1), target)
+        row["decode"] = _us(decode_attention_fwd, *kernel_args(prob, cfg, BS), target=target)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="trn2")
+    args = ap.parse_args()
+    sets = parameter_sets(args.target)
+    print(f"modeled (cost model {COST_MODEL_VERSION}, {args.target}; band over {len(sets)} "
+          "parameter sets); one Llama-3 8B layer, bf16 queries, 16-key blocks")  # fmt: skip
+    print("| case | fused write + attend (us) | write + attend, 2 launches (us) "
+          "| write + decode kernel (us) | fused / composition |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for case in CASES:
+        with replayed_traces():
+            runs = [price(case, t) for t in sets]
+
+        def band(key: str) -> str:
+            if key not in runs[0]:
+                return "-"
+            v = [r[key] for r in runs]
+            return f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
+
+        comp = [r["write"] + r["attend"] for r in runs]
+        ratio = [r["fused"] / c for r, c in zip(runs, comp)]
+        dec = "-"
+        if "decode" in runs[0]:
+            v = [r["write"] + r["decode"] for r in runs]
+            dec = f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
+        print(f"| {case} | {band('fused')} | {comp[0]:.1f} [{min(comp):.1f}, {max(comp):.1f}] "
+              f"| {dec} | x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+"""Serving attention: cache writes, segmented (prefix / chunked / speculative) attention
+over a paged or contiguous KV cache, FP8 KV, and a vLLM-Neuron-shaped functional API.
+
+Kernels beside their references: `segmented.py` (write, then attend, in one launch),
+`cache_write.py` (the write alone), `reference.py` (float64 PyTorch), `host.py` (the
+step planner and launches), `functional.py` (the `vllm_neuron.functional`-shaped names).
+The torch ops are registered in `nki_kernels/ops/serving.py`.
+"""
