@@ -182,6 +182,23 @@ def paged_slots(
     return np.where(live, rows, 0).astype(np.int32)[:, :, None]
 
 
+def check_block_table(
+    block_table: np.ndarray, cache_lens: np.ndarray, block_size: int, num_blocks: int
+) -> None:
+    """ValueError naming `block_table` when an entry a sequence uses (the first
+    ceil(cache_len / block_size) of its row) is outside [0, num_blocks); entries past a
+    sequence's blocks are never read and may hold anything (-1 padding, say)."""
+    used = np.arange(block_table.shape[1])[None, :] < -(-cache_lens.reshape(-1, 1) // block_size)
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bad.any():
+        b, j = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(
+            f"block_table: expected entries in [0, {num_blocks}) (num_blocks) for the "
+            f"{-(-int(cache_lens[b]) // block_size)} blocks sequence {b} uses; got "
+            f"block_table[{b}, {j}] = {int(block_table[b, j])}"
+        )
+
+
 def decode(
     q: Tensor,
     k_cache: Tensor,
@@ -223,6 +240,7 @@ def decode(
     if paged:
         assert block_table is not None
         bt = host_numpy(block_table).astype(np.int64)
+        check_block_table(bt, lens, k_cache.shape[1], k_cache.shape[0])
         slots_np = paged_slots(bt, lens, k_cache.shape[1], n_steps * cfg.kv_tile)
         slots = torch.from_numpy(slots_np).to(q.device)
     out, lse = launch(

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..attention.decode_host import decode
+from .attention import SOFTMAX_SCALE_MIN
 from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
@@ -88,6 +89,11 @@ def _validate(
         check_positive("softmax_scale", scale)
         if not math.isfinite(scale):
             raise ValueError(f"softmax_scale: expected a finite number; got {scale}")
+        if scale < SOFTMAX_SCALE_MIN:  # masked keys' fill must still underflow to weight 0
+            raise ValueError(
+                f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
+                f"got {scale:g}"
+            )
 
 
 def _fake(

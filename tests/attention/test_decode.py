@@ -333,3 +333,31 @@ def test_non_finite_cache_rows_past_the_lengths() -> None:
     bad = pool.clone()
     bad[3:20] = math.nan  # sequence 0's blocks past its 37 keys (blocks 0..2)
     assert torch.equal(decode_attention(q, bad, bad, lens, block_table=table), want)
+
+
+@pytest.mark.parametrize("entry", [-1, 40, 2**62], ids=["minus1", "num_blocks", "huge"])
+def test_block_table_entries_out_of_range_are_named(entry: int) -> None:
+    """An entry a sequence uses outside [0, num_blocks) is a ValueError naming
+    block_table (was a raw interpreter error, or 2**62 silently read as block 0);
+    entries past a sequence's blocks are never read (padding such as -1 is fine)."""
+    q = _rand(2, 4, 1, 32, seed=1, dtype=torch.float32)
+    pool = _rand(40, 16, 2, 32, seed=4, dtype=torch.float32)
+    table = torch.arange(40, dtype=torch.int64).reshape(2, 20)
+    lens = torch.tensor([37, 300])
+    bad = table.clone()
+    bad[1, 7] = entry
+    with pytest.raises(
+        ValueError,
+        match=rf"block_table: expected entries in \[0, 40\).*got block_table\[1, 7\] = {entry}",
+    ):
+        decode_attention(q, pool, pool, lens, block_table=bad)
+    padded = table.clone()
+    padded[0, 3:] = entry  # sequence 0 uses blocks 0..2 only
+    want = decode_attention(q, pool, pool, lens, block_table=table)
+    assert torch.equal(decode_attention(q, pool, pool, lens, block_table=padded), want)
+
+
+def test_tiny_softmax_scale_is_refused() -> None:
+    q, kc = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 20, 32)
+    with pytest.raises(ValueError, match=r"softmax_scale: expected a number >= 1e-30"):
+        decode_attention(q, kc, kc, torch.tensor([5]), softmax_scale=1e-31)
