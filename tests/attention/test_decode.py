@@ -282,24 +282,6 @@ def test_contiguous_decode_sq4_on_devices_and_under_compile(
         assert (out[1, :, :1].cpu() == 0).all()  # query 0 of the 3-key sequence sees none
 
 
-def test_a_default_trn2_at_lnc2_finds_the_shipped_decode_config() -> None:
-    """Decode configs are per program, keyed at LNC 1; a process at LNC 2 (trn2's
-    default) uses the shipped tuned entry rather than falling back to the heuristic."""
-    from nki_kernels.runtime.explain import explain
-    from nki_kernels.runtime.lnc import set_runtime_lnc
-
-    q = _rand(1, 32, 1, 128, seed=14, dtype=torch.bfloat16)
-    k = _rand(1, 8, 1500, 128, seed=15, dtype=torch.bfloat16)
-    set_runtime_lnc(2)
-    try:
-        report = explain("decode_attention", q, k, k, torch.tensor([1500]))
-    finally:
-        set_runtime_lnc(None)
-    (decision,) = {d.describe(): d for d in report.decisions}.values()
-    assert decision.source == "tuned entry" and decision.entry_key is not None, str(report)
-    assert "seq_k=2048" in decision.entry_key
-
-
 def test_split_k_combines_on_chip() -> None:
     """The split accumulators are merged in SBUF: a launch with 4 splits writes exactly
     what a 1-split launch writes to HBM (out and lse), no per-split partial results."""
@@ -316,20 +298,57 @@ def test_split_k_combines_on_chip() -> None:
 
 
 def test_non_finite_cache_rows_past_the_lengths() -> None:
-    """What the documented contract allows past `cache_lens`: any K values (contiguous),
-    any K and V values in a paged cache's blocks past a sequence's length. The contiguous
-    V rows up to the longest sequence's steps must be finite (the kernel multiplies them
-    by zero probabilities); that limit is documented, not tested here."""
+    """Masked positions never contribute, whatever they hold: NaN / Inf in K and V rows
+    past a sequence's length (contiguous; a ragged batch and a single sequence), in a
+    paged cache's blocks past a length, in the unreferenced pool block 0 and in the rows
+    of a partially filled last block. Selected away, never multiplied by 0."""
     q = _rand(2, 4, 1, 32, seed=1, dtype=torch.float32)
     kc, vc = (_rand(2, 2, 300, 32, seed=s, dtype=torch.float32) for s in (2, 3))
     lens = torch.tensor([37, 300])
     want = decode_attention(q, kc, vc, lens)
-    bad_k = kc.clone()
-    bad_k[0, :, 37:] = math.nan
-    assert torch.equal(decode_attention(q, bad_k, vc, lens), want)
+    for val in (math.nan, math.inf):
+        bad_k, bad_v = kc.clone(), vc.clone()
+        bad_k[0, :, 37:], bad_v[0, :, 37:] = val, val
+        assert torch.equal(decode_attention(q, bad_k, bad_v, lens), want)
+    one = torch.tensor([37])
+    want1 = decode_attention(q[:1], kc[:1], vc[:1], one)
+    bad_v = vc[:1].clone()
+    bad_v[:, :, 37:] = math.nan
+    assert torch.equal(decode_attention(q[:1], kc[:1], bad_v, one), want1)
     pool = _rand(40, 16, 2, 32, seed=4, dtype=torch.float32)
-    table = torch.arange(40, dtype=torch.int32).reshape(2, 20)
+    table = torch.arange(1, 41, dtype=torch.int32).remainder(40).reshape(2, 20)  # 0 unused
+    table[1, -1] = 39
     want = decode_attention(q, pool, pool, lens, block_table=table)
     bad = pool.clone()
-    bad[3:20] = math.nan  # sequence 0's blocks past its 37 keys (blocks 0..2)
+    bad[0] = math.nan  # the pool's block 0: no sequence references it
+    bad[4:21] = math.nan  # sequence 0's blocks past its 37 keys (it uses blocks 1..3)
+    bad[3, 5:] = math.inf  # rows 37.. of its partially filled last block
     assert torch.equal(decode_attention(q, bad, bad, lens, block_table=table), want)
+
+
+def test_cache_allocated_with_torch_empty_is_safe() -> None:
+    """A cache from torch.empty filled only up to each sequence's length (the rest NaN
+    here, as uninitialized memory may be) gives the reference, contiguous and paged,
+    also for a sequence shorter than one 16-key piece and an empty one."""
+    lens = [300, 9, 0, 130]
+    q = _rand(4, HQ, 1, D, seed=21, dtype=torch.bfloat16)
+    k = torch.full((4, HKV, 320, D), math.nan, dtype=torch.bfloat16)
+    v = torch.full((4, HKV, 320, D), math.nan, dtype=torch.bfloat16)
+    src_k, src_v = (_rand(4, HKV, 320, D, seed=s, dtype=torch.bfloat16) for s in (22, 23))
+    for b, n in enumerate(lens):
+        k[b, :, :n], v[b, :, :n] = src_k[b, :, :n], src_v[b, :, :n]
+    out = decode_attention(q, k, v, torch.tensor(lens))
+    ref, _ = _reference(q, src_k, src_v, torch.tensor(lens))
+    assert torch.isfinite(out).all()
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "contiguous")
+    assert (out[2] == 0).all()
+    pool_k, pool_v, table, kk, vv = _paged(torch.bfloat16, lens, seed=24)
+    ek, ev = torch.full_like(pool_k, math.nan), torch.full_like(pool_v, math.nan)
+    for b, n in enumerate(lens):
+        for j in range(-(-n // 16)):
+            blk, m = int(table[b, j]), min(16, n - 16 * j)
+            ek[blk, :m], ev[blk, :m] = pool_k[blk, :m], pool_v[blk, :m]
+    out = decode_attention(q, ek, ev, torch.tensor(lens), block_table=table)
+    ref, _ = _reference(q, kk, vv, torch.tensor(lens))
+    assert torch.isfinite(out).all()
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "paged")
