@@ -62,6 +62,14 @@ class Target:
     vector_bf16_copy_speedup: float  # VectorE perf mode for bf16/fp16 copy/tensor_scalar. M
     vector_bf16_tt_speedup: float  # VectorE all-bf16 tensor_tensor. M
     scalar_bf16_speedup: float = 1.0  # ScalarE 2x for bf16 copy/tensor_scalar (NC-v4). M
+    # VectorE's 2x mode for tensor_copy / tensor_scalar: BF16/FP16 in SBUF but not
+    # contiguous in the most-minor free dimension, or contiguous with one tensor in PSUM
+    # (trainium2_arch, "Vector Engine Performance Mode"). H
+    vector_bf16_2x_speedup: float = 1.0
+    # A most-minor free-dimension stride above 16 bytes halves SBUF / PSUM bandwidth:
+    # "roughly 50% performance hit on the instructions" (trainium_inferentia2_arch,
+    # "Access pattern"; NC-v2's statement, assumed to carry over to NC-v3/v4). H / L
+    strided_access_slowdown: float = 2.0
     fp8_matmul_speedup: float  # double_row doubles the contraction per pass (NC-v3+). H
     fp32_matmul_slowdown: float = 4.0  # fp32 operands run at 1/4 rate. H
     fp32_transpose_slowdown: float  # fp32 PE transpose: 4x on v2, 2x on v3+. H
@@ -90,6 +98,10 @@ class Target:
     scheduling_window: int = 1
     gpsimd_startup_cycles: int = 150  # GpSimd instruction start-up. M
     matmul_min_cycles: int = 64  # MultiplyMoving floor: max(N, 64). H
+    # TensorE cycles per instruction beyond the guide's "roughly max(N, MM_INIT_LATENCY)"
+    # initiation interval (trainium arch guide): not documented; v3 fits it on trn2 to
+    # nki-autotune's attention_cte at S = 2048 and 16384 (range 0-32, prior 0). L
+    matmul_extra_cycles: float = 0.0
     semaphore_ns: float = 50.0  # cross-engine semaphore signal latency (assumed). L
 
     # --- DMA and HBM --------------------------------------------------------------------
@@ -240,6 +252,7 @@ TRN2 = Target(
     gpsimd_ghz=1.2,
     vector_bf16_copy_speedup=4.0,  # "up to 4x" for bf16/fp16 contiguous copy/tensor_scalar. M
     vector_bf16_tt_speedup=2.0,  # 2x tensor_tensor all-bf16. M
+    vector_bf16_2x_speedup=2.0,  # strided SBUF or contiguous PSUM bf16 copy. H
     fp8_matmul_speedup=2.0,  # double_row (K = 256). H
     fp32_transpose_slowdown=2.0,
     throttle_start_fraction=0.5,
