@@ -43,7 +43,7 @@ def test_tuned_decode_config_is_what_the_op_uses(tmp_path: Any, monkeypatch: Any
     out = export_best(tuner, store)
     # the export prices one (sequence, KV head) program and counts the two
     assert out.provenance.measurer == (
-        "modeled (cost model v2, trn2, LNC 1; one of 2 identical units, x2)"
+        "modeled (cost model v3, trn2, LNC 1; one of 2 identical units, x2)"
     )
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 1, 64, generator=g)
