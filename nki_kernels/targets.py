@@ -102,6 +102,10 @@ class Target:
     # initiation interval (trainium arch guide): not documented; v3 fits it on trn2 to
     # nki-autotune's attention_cte at S = 2048 and 16384 (range 0-32, prior 0). L
     matmul_extra_cycles: float = 0.0
+    # NC-v4 background transpose: a PE transpose runs "in parallel to another matrix
+    # multiplication (or another transpose)", "close to double performance on long chains
+    # of transposes" (trainium3_arch): a transpose's cycles times this factor (1: none). M
+    tensor_transpose_factor: float = 1.0
     semaphore_ns: float = 50.0  # cross-engine semaphore signal latency (assumed). L
 
     # --- DMA and HBM --------------------------------------------------------------------
@@ -153,6 +157,10 @@ class Target:
         ("affine_select", 1.0, 150.0),  # GpSimd ~150 + N. H
         # QuantizeMX: "four input elements per partition, per cycle" (trainium3_arch). H
         ("quantize_mx", 0.25, 0.0),
+        # VectorE exponential (NC-v4): "at 4x the throughput compared to the
+        # nisa.activation (op=nl.exp) instruction on the Scalar Engine" (trainium3_arch),
+        # ScalarE's N cycles at the same 1.2 GHz. H
+        ("exponential", 0.25, 0.0),
     )
     # tensor_tensor_scan cycles per element: its ISA page gives no cost. The two-input rule
     # of thumb (2N, trainium arch guide) is the upper end, one element per cycle the lower;
@@ -288,6 +296,7 @@ TRN3 = TRN2.replace(
     matmul_n_max_bf16=8192,  # H
     vector_ghz=1.2,
     scalar_bf16_speedup=2.0,  # 2x for bf16 copy/tensor_scalar. H
+    tensor_transpose_factor=0.5,  # background transpose. M
     dma_engine_bytes_per_ns=33.0,
     hbm_bytes_per_ns=600.0,  # ~4.8 TB/s / 8 cores. M
 )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..interp.trace import HBM, Instr
+from ..interp.trace import HBM, PSUM, Instr
 from ..targets import Target
 
 # VectorE fast reductions: "tensor_reduce N (N/2 bf16 add/max)" (HARDWARE.md). H
@@ -36,6 +36,8 @@ _FAST_REDUCE_OPS = frozenset({"add", "maximum", "max"})
 _FAST_TT_OPS = frozenset({"add", "subtract", "multiply"})
 # DMA transposes write [128 partitions, 16 elements] destination blocks (trainium2_arch). H
 TRANSPOSE_BLOCK = 16
+# GpSimd rsqrt throughput relative to ScalarE's one element per cycle (nki.api.shared). H
+GPSIMD_RSQRT_SLOWDOWN = 4.0
 # Most-minor free-dimension stride above which SBUF / PSUM deliver half their bandwidth
 # (trainium_inferentia2_arch, "Access pattern"; NC-v2, assumed to carry over). H / L v3+
 STRIDE_FREE_BYTES = 16
@@ -70,6 +72,7 @@ def tensor_cycles(instr: Instr, target: Target) -> float:
     if a.get("transpose"):
         if a.get("fp32"):
             cycles *= target.fp32_transpose_slowdown
+        cycles *= target.tensor_transpose_factor
     elif a.get("fp32"):
         cycles *= target.fp32_matmul_slowdown
     return cycles
@@ -118,6 +121,10 @@ def elementwise_cycles(
             per /= target.vector_bf16_tt_speedup
     elif op in ("tensor_copy", "tensor_scalar"):
         per /= copy_speedup(instr, target)
+        if eng == "gpsimd" and op == "tensor_scalar" and a.get("op") == "rsqrt":
+            # "the computation throughput of reverse square root on GpSIMD Engine is 4x
+            # lower than Scalar Engine" (nki.api.shared, engine selection)
+            per *= GPSIMD_RSQRT_SLOWDOWN
     elif op == "tensor_reduce":
         if a.get("fast") and a.get("op") in _FAST_REDUCE_OPS:
             per = 0.5
@@ -159,6 +166,12 @@ def copy_speedup(instr: Instr, target: Target) -> float:
 
 PORT_SBUF_VG = 1  # VectorE / GpSimd SBUF port
 PORT_PSUM_VS = 2  # VectorE / ScalarE PSUM access (NC-v2)
+# NC-v3+: VectorE and ScalarE "can access PSUM at full bandwidth in parallel, as long as
+# their accesses do not collide on the same PSUM bank" (trainium2_arch): one port per
+# bank, bits PSUM_BANK_SHIFT .. + 7, held by a VectorE / ScalarE instruction that reads or
+# writes the bank
+PSUM_BANK_SHIFT = 2
+PORT_BITS = PSUM_BANK_SHIFT + 8
 
 
 def _perf_mode(instr: Instr, target: Target) -> bool:
@@ -188,6 +201,19 @@ def port_mask(instr: Instr, target: Target) -> int:
         and instr.attrs.get("psum_in")
     ):
         mask |= PORT_PSUM_VS
+    if not target.vector_scalar_psum_port and eng in ("vector", "scalar"):
+        mask |= psum_bank_mask(instr, target)
+    return mask
+
+
+def psum_bank_mask(instr: Instr, target: Target) -> int:
+    """Port bits of the PSUM banks `instr` reads or writes (0: none)."""
+    mask = 0
+    size = target.psum_bank_bytes
+    for reg in (*instr.reads, *instr.writes):
+        if reg[0] == PSUM and reg[5] > reg[4]:
+            for bank in range(reg[4] // size, min((reg[5] - 1) // size, 7) + 1):
+                mask |= 1 << (PSUM_BANK_SHIFT + bank)
     return mask
 
 
@@ -349,6 +375,7 @@ class Pricer:
             a.get("psum_any"),
             a.get("contig"),
             a.get("stride_bytes", 0) > STRIDE_FREE_BYTES,
+            psum_bank_mask(instr, self.target) if instr.engine in ("vector", "scalar") else 0,
         )
         hit = self._compute.get(key)
         if hit is None:

@@ -33,7 +33,8 @@ def test_one_matmul_costs_its_moving_columns():
         (512, True, False, TRN1, 4 * 512),  # fp32 operands: 4x
         (128, True, True, TRN1, 4 * 128),  # fp32 PE transpose: 4x on NC-v2
         (128, True, True, TRN2, 2 * 128),  # ... 2x on NC-v3+
-        (128, False, True, TRN3, 128),  # bf16 transpose: max(P, 64)
+        (128, False, True, TRN2, 128),  # bf16 transpose: max(P, 64)
+        (128, False, True, TRN3, 128 / 2),  # ... halved by NC-v4's background transpose
     ],
 )
 def test_tensor_engine_cycle_rules(n, fp32, transpose, target, cycles):

@@ -103,3 +103,60 @@ def test_scalar_copy_on_trn3_has_vector_2x_mode_from_psum_too():
         tr = trace_kernel(_scalar_copy, TensorSpec((128, 512), "bfloat16"), buf, target="trn3")
         (ins,) = [i for i in tr.instrs if i.opcode == "tensor_copy"]
         assert compute_ns(ins, TRN3) == pytest.approx(512 / 2 / TRN3.scalar_ghz)
+
+
+def test_vector_exponential_is_4x_scalar_exp_on_trn3():
+    # "a new instruction to perform fast exponential evaluation (nisa.exponential), at 4x
+    # the throughput compared to the nisa.activation (op=nl.exp) instruction on the Scalar
+    # Engine" (trainium3_arch)
+    from nki_kernels.interp.trace import Instr
+
+    exp_v = Instr("vector", "exponential", 128, 4096, "float32", (), (), (), attrs={})
+    exp_s = Instr("scalar", "activation", 128, 4096, "float32", (), (), (), attrs={})
+    assert compute_ns(exp_s, TRN3) == pytest.approx(4 * compute_ns(exp_v, TRN3))
+
+
+def test_gpsimd_rsqrt_is_4x_slower_than_scalar():
+    # "the computation throughput of reverse square root on GpSIMD Engine is 4x lower than
+    # Scalar Engine" (nki.api.shared, NKI engine selection)
+    from nki_kernels.interp.trace import Instr
+
+    def rsqrt(engine: str) -> Instr:
+        return Instr(
+            engine, "tensor_scalar", 128, 2048, "float32", (), (), (), attrs={"op": "rsqrt"}
+        )
+
+    act = Instr("scalar", "activation", 128, 2048, "float32", (), (), (), attrs={})
+    gp = compute_ns(rsqrt("gpsimd"), TRN2) * TRN2.gpsimd_ghz - TRN2.gpsimd_startup_cycles
+    assert gp == pytest.approx(4 * compute_ns(act, TRN2) * TRN2.scalar_ghz)
+
+
+def test_trn3_background_transpose_halves_a_transpose():
+    # "background transpose functionality, which allows it to run a transpose operation in
+    # parallel to another matrix multiplication (or another transpose). It allows us to
+    # achieve close to double performance on long chains of transposes" (trainium3_arch)
+    from cost_fixtures import matmul, psum, sbuf
+
+    t = matmul(128, (sbuf(0, 256),), (psum(0, 256),), transpose=True)
+    assert compute_ns(t, TRN3) == pytest.approx(compute_ns(t, TRN2) / 2)
+    m = matmul(512, (sbuf(0, 1024),), (psum(0, 2048),))
+    assert compute_ns(m, TRN3) == pytest.approx(compute_ns(m, TRN2))
+
+
+def test_vector_and_scalar_collide_only_on_the_same_psum_bank_on_trn2():
+    # "Both VectorE and ScalarE can access PSUM at full bandwidth in parallel, as long as
+    # their accesses do not collide on the same PSUM bank" (trainium2_arch)
+    from cost_fixtures import make_trace, psum, sbuf, vector
+
+    from nki_kernels.interp.trace import Instr
+    from nki_kernels.perfmodel.timeline import schedule
+
+    def act(b0: int) -> Instr:
+        return Instr("scalar", "activation", 128, 512, "float32", (), (psum(b0, 1024),),
+                     (sbuf(8192, 2048),), attrs={"psum_in": True})  # fmt: skip
+
+    v = vector("tensor_copy", 512, (psum(0, 1024),), (sbuf(0, 2048),), psum_in=True)
+    same = schedule(make_trace("trn2", v, act(1024)))  # bytes 1024.. of bank 0
+    assert same.start[1] == pytest.approx(512 / TRN2.vector_ghz)
+    other = schedule(make_trace("trn2", v, act(2048)))  # bank 1
+    assert other.start[1] == 0.0
