@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from .bands import widen_ratio
 from .rows import BenchRow
 from .table import comparison_table, dropping_table, group
 
@@ -73,7 +74,7 @@ def geo_band(
     if not per_set:
         return None
     means = [_geo([r[i] for r in per_set]) for i in range(len(per_set[0]))]
-    return min(means), max(means)
+    return widen_ratio(min(means), max(means), target)
 
 
 def goal_text(

@@ -104,6 +104,31 @@ def load_public(repo: str, path: str, function: str) -> Any:
     return load_kernel(root, ".".join(rel.parts), function)
 
 
+def load_public_file(repo: str, path: str, function: str) -> Any:
+    """`function` of one self-contained kernel file `path` of the checkout of `repo`
+    (no package around it, e.g. nki-autotune's kernel_library), imported unmodified with
+    `nki` mapped to the interpreter."""
+    import importlib.util
+    import sys
+
+    from ..conformance.loader import mapped_nki
+
+    file = ext_dir() / repo.replace("/", "+") / path
+    if not file.is_file():
+        raise FileNotFoundError(f"{repo} checkout: expected {file} ({EXT_DIR_ENV})")
+    name = "anchor_" + "".join(c if c.isalnum() else "_" for c in path)
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    with mapped_nki():
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            del sys.modules[name]
+    return getattr(module, function)
+
+
 # ---- the documents' kernels (faithful re-implementations) -----------------------------------
 @_nki.jit
 def _dma_overview_exp(in_tensor: Any) -> Any:
@@ -165,6 +190,16 @@ def _trace_anchor(a: Anchor) -> Trace:
         k = TensorSpec((b, d, s), a.dtype)
         v = TensorSpec((b, s, d), a.dtype)
         return trace_kernel(kernel, q, k, v, target=tgt, scale=float(d) ** -0.5, causal_mask=True)
+    if a.id.startswith("nki_autotune.matmul"):
+        from ..conformance.loader import jit
+
+        kernel = jit(load_public_file(ks["repo"], ks["path"], ks["function"]))
+        m, k, n = a.shape["M"], a.shape["K"], a.shape["N"]
+        # lhsT_rhs takes lhs_T [K, M]; lhs_rhs takes lhs [M, K] (it DMA-transposes it)
+        lhs = (k, m) if a.shape.get("lhs_transposed") else (m, k)
+        return trace_kernel(
+            kernel, TensorSpec(lhs, a.dtype), TensorSpec((k, n), a.dtype), target=tgt
+        )
     if a.id.startswith("dma_overview."):
         spec = TensorSpec(tuple(a.shape["in_tensor"]), a.dtype)
         return trace_kernel(_dma_overview_exp, spec, target=tgt)

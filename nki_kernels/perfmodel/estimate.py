@@ -25,7 +25,7 @@ from .timeline import COMPUTE_ENGINES, Schedule
 
 # v2: fitted to published Trainium measurements (anchors.json, fit_v2.json); merged
 # contiguous DMA rows, tensor_scalar_reduce N + 64, shared VectorE/GpSimd SBUF port.
-COST_MODEL_VERSION = "v2"
+COST_MODEL_VERSION = "v3"
 ENGINES = (*COMPUTE_ENGINES, "dma")
 
 

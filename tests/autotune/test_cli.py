@@ -18,7 +18,7 @@ def test_tune_exports_and_configs_show_lists_it(tmp_path, capsys):
     ]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "best" in out and "modeled (cost model v2, trn2, LNC 1)" in out
+    assert "best" in out and "modeled (cost model v3, trn2, LNC 1)" in out
     data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
     (key,) = data["entries"]
     assert key == "affine=w,dtype=bfloat16,hidden=4096,rows=256"

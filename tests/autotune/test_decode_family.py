@@ -41,7 +41,7 @@ def test_tuned_decode_config_is_what_the_op_uses(tmp_path: Any, monkeypatch: Any
     store = cs.set_config_dir(tmp_path)
     out = export_best(tuner, store)
     # the export prices the whole launch (every KV head, the bucket's keys)
-    assert out.provenance.measurer == "modeled (cost model v2, trn2, LNC 1)"
+    assert out.provenance.measurer == "modeled (cost model v3, trn2, LNC 1)"
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 1, 64, generator=g)
     kc, vc = torch.randn(3, 2, 1000, 64, generator=g), torch.randn(3, 2, 1000, 64, generator=g)
