@@ -84,7 +84,10 @@ class GpuRows:
         flops = 2.0 * m * k * n
         gemms = [r for r in self.rows if r.get("family") == "gemm"]
         for r in gemms:
-            if r["case"] == f"[{m}, {k}] x [{k}, {n}] bf16" and direction == "fwd":
+            # a plain GEMM row ("matmul", gpu_peers.py) is any direction's GEMM of its shape;
+            # a model-named row is the forward of that projection
+            plain = r["op"] == "matmul" or direction == "fwd"
+            if r["case"] == f"[{m}, {k}] x [{k}, {n}] bf16" and plain:
                 return self._fig(r["latency_us"], r, f"{r['op']} {r['case']}")
         if not gemms:
             raise ValueError(f"{self.path}: no GEMM rows")
@@ -96,7 +99,10 @@ class GpuRows:
             nn = int(b.split("]")[0].split(", ")[1])
             return sum(abs(math.log(x / y)) for x, y in ((mm, m), (kk, k), (nn, n)))
 
-        r = min(gemms, key=dist)
+        usable = [r for r in gemms if direction == "fwd" or r.get("fwd_plus_bwd_us")]
+        r = min(usable or gemms, key=dist)
+        if direction != "fwd" and not r.get("fwd_plus_bwd_us"):
+            direction = "fwd"  # no backward measured near this shape: the forward's rate
         fwd = r["latency_us"]
         rate = (
             2.0
@@ -112,11 +118,17 @@ class GpuRows:
             f"[{m}, {k}] x [{k}, {n}] at {how} ({direction} of {r['op']} {r['case']})",
         )
 
-    def attention(self, kind: str, seq: int, batch: int, heads: int) -> Figure | None:
+    def attention(self, kind: str, seq: int, batch: int, heads: int, kv: int = 8) -> Figure | None:
         op = f"sdpa {kind} causal"
         pts: dict[int, tuple[float, str]] = {}
-        for r in self.find(op):
+        rows = self.find(op)
+        same = [r for r in rows if f"H={heads}/{kv} " in r["case"]]
+        rows_heads = heads if same else 32
+        for r in same or [r for r in rows if "H=32/8 " in r["case"]]:
             s = int(r["case"].split("S=")[1].split()[0])
+            b = int(r["case"].split("B=")[1].split()[0])
+            if b != 1:
+                continue
             if s not in pts or r["latency_us"] < pts[s][0]:
                 pts[s] = (r["latency_us"], r.get("backend", ""))
         if not pts:
@@ -136,19 +148,20 @@ class GpuRows:
                 self.derived_label(),
                 f"{op} at S={lo} and {hi} ({pts[lo][1]} / {pts[hi][1]}), S^{e:.2f} to S={seq}",
             )
-        if heads != 32:
+        if heads != rows_heads:
             f = Figure(
                 f.us * heads / 32, self.derived_label(), f"{f.source}; x query heads {heads}/32"
             )
         return f.scaled(batch, f"x {batch} sequences") if batch != 1 else f
 
-    def decode_attention(self, batch: int, ctx: int, kv: int) -> Figure | None:
+    def decode_attention(self, batch: int, ctx: int, heads: int, kv: int) -> Figure | None:
         rows = self.find("sdpa decode (1 query)")
         if not rows:
             return None
         for r in rows:
-            if r["case"] == f"B={batch} Hq=32 Hkv=8 L={ctx} D=128 bf16" and kv == 8:
-                return self._fig(r["latency_us"], r, f"sdpa decode B={batch} L={ctx}")
+            if r["case"] == f"B={batch} Hq={heads} Hkv={kv} L={ctx} D=128 bf16":
+                return self._fig(r["latency_us"], r, f"sdpa decode {r['case']}")
+        rows = [r for r in rows if "Hkv=8 " in r["case"]] or rows
 
         def bl(r: dict[str, Any]) -> float:
             c = r["case"]
@@ -182,6 +195,8 @@ class GpuRows:
         )
 
     def swiglu(self, t: int, inter: int, kind: str) -> Figure:
+        for r in self.find(f"swiglu {kind}", f"[{t}, {inter}] bf16"):
+            return self._fig(r["latency_us"], r, f"swiglu {kind} {r['case']}")
         tensors = 3 if kind == "fwd" else 5  # read g, u, write h / read dh, g, u, write dg, du
         b = tensors * t * inter * 2.0
         return Figure(
@@ -201,6 +216,10 @@ class GpuRows:
         exact = [r for r in rows if r["case"] == case]
         if exact and kind == "fwd":
             return self._fig(exact[0]["latency_us"], exact[0], f"moe fwd uniform {case}")
+        if exact and exact[0].get("fwd_plus_bwd_us"):
+            r = exact[0]
+            bwd = r["fwd_plus_bwd_us"] - r["latency_us"]
+            return self._fig(bwd, r, f"moe fwd + bwd - fwd, {case}")
         flops = 2.0 * t * sh.top_k * 3 * sh.hidden * sh.intermediate
         r = (
             exact[0]
@@ -255,9 +274,9 @@ def price_op(g: GpuRows, op: Op, model: ModelSpec) -> Figure | None:
     if op.kind == "norm":
         return g.norm(a[0], a[1], a[2], a[3])
     if op.kind == "attention":
-        return g.attention(a[0], a[1], a[2], a[3])
+        return g.attention(a[0], a[1], a[2], a[3], a[4])
     if op.kind == "decode_attention":
-        return g.decode_attention(a[0], a[1], a[3])
+        return g.decode_attention(a[0], a[1], a[2], a[3])
     if op.kind == "moe":
         return g.moe(model, a[0], a[1])
     raise ValueError(f"op kind: unknown {op.kind!r}")

@@ -73,7 +73,9 @@ MATMUL_BLOCKS = 2
 
 
 def matmul(store: RowStore, m: int, k: int, n: int, target: str, lnc: int) -> Figure:
-    rows = _half(m, lnc)
+    # LNC 2: the cores split the larger output dimension (rows for a training step's
+    # activations, weight columns for a small decode batch, so no core reads every weight)
+    rows, n = (_half(m, lnc), n) if m >= n else (m, _half(n, lnc))
     pm = min(rows, MATMUL_BLOCKS * steps.MM_BLOCK_M)
     pn = min(n, MATMUL_BLOCKS * steps.MM_BLOCK_N)
     key = f"matmul [{pm}, {k}] x [{k}, {pn}] bf16 (per core)"
