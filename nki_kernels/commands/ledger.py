@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--monthly-spend", type=float, help="current monthly GPU spend in USD (payback)"
     )
     parser.add_argument("--detail", action="store_true", help="every op with its source")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="draw cost per million tokens for train, prefill and decode (the given or "
+        "default shapes) into this file",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,6 +127,8 @@ def _run(args: argparse.Namespace) -> int:
                 )
     if args.port_weeks is not None:
         _payback(led, trn, gpu_inst, args)
+    if args.plot is not None:
+        _plot(args, model, target, lnc, store, gpu, trn, gpu_inst)
     if store.priced:
         where = store.cache if store.cache is not None else "the user cache"
         print(f"\n{len(store.priced)} components priced now and cached in {where}.")
@@ -148,3 +157,28 @@ def _payback(led: Ledger, trn: Instance, gpu_inst: Instance, args: argparse.Name
         "  (modeled Trainium cost vs measured GPU cost; the band of the Trainium figure "
         "moves the break-even; porting time is your estimate)"
     )
+
+
+def _plot(
+    args: argparse.Namespace,
+    model: object,
+    target: str,
+    lnc: int,
+    store: object,
+    gpu: object,
+    trn: Instance,
+    gpu_inst: Instance,
+) -> None:
+    from ..ledger.cli_args import DEFAULT_CONTEXT, DEFAULT_DECODE_BATCH, DEFAULT_SEQ
+    from ..ledger.layers import Step
+    from ..ledger.ledger import build
+    from ..ledger.plot import cost_chart
+
+    seq = args.seq or DEFAULT_SEQ
+    steps = [
+        Step("train", args.batch or 1, seq=seq),
+        Step("prefill", args.batch or 1, seq=seq),
+        Step("decode", args.batch or DEFAULT_DECODE_BATCH, context=args.context or DEFAULT_CONTEXT),
+    ]
+    leds = [build(model, s, target, lnc, store, gpu) for s in steps]  # type: ignore[arg-type]
+    print(f"chart written to {cost_chart(leds, trn, gpu_inst, args.plot)}")

@@ -114,7 +114,7 @@ def ledger_text(
     titles = {
         "ours": "ours (modeled)",
         "native": "native (modeled)",
-        "gpu": f"{led.gpu_device} (measured*)",
+        "gpu": f"{led.gpu_device} (measured rows)",
     }
     out = header(led)
     out += layer_table(led, impls, titles)
@@ -128,7 +128,7 @@ def ledger_text(
         out += detail(led, impls)
     out.append("")
     out.append("Left out: " + "; ".join(led.left_out) + ".")
-    return "\n".join(out)
+    return "\n".join(line.rstrip() for line in out)
 
 
 def _whole_layer_check(led: Ledger) -> list[str]:
@@ -194,4 +194,4 @@ def bench_model_text(led: Ledger) -> str:
     out += carried(led, impls)
     out.append("")
     out.append("Left out: " + "; ".join(led.left_out) + ".")
-    return "\n".join(out)
+    return "\n".join(line.rstrip() for line in out)
