@@ -130,8 +130,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _plot(args, model, target, lnc, store, gpu, trn, gpu_inst)
     if store.priced:
-        where = store.cache if store.cache is not None else "the user cache"
-        print(f"\n{len(store.priced)} components priced now and cached in {where}.")
+        if store.cache is not None and str(store.cache) == "-":
+            print(f"\n{len(store.priced)} components priced now (not cached: --cache -).")
+        else:
+            where = store.cache if store.cache is not None else "the user cache"
+            print(f"\n{len(store.priced)} components priced now and cached in {where}.")
     return 0
 
 

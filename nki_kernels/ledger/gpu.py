@@ -152,6 +152,8 @@ class GpuRows:
             f = Figure(
                 f.us * heads / 32, self.derived_label(), f"{f.source}; x query heads {heads}/32"
             )
+        if not same and kv != 8:
+            f = Figure(f.us, self.derived_label(), f"{f.source}; rows have 8 kv heads, not {kv}")
         return f.scaled(batch, f"x {batch} sequences") if batch != 1 else f
 
     def decode_attention(self, batch: int, ctx: int, heads: int, kv: int) -> Figure | None:

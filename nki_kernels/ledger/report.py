@@ -159,7 +159,7 @@ def carried(led: Ledger, impls: tuple[str, ...]) -> list[str]:
         for i in impls:
             f = o.figs.get(i)
             if f is not None and any(
-                w in f.source for w in ("interpolated", "extrapolated", "scaled by")
+                w in f.source for w in ("interpolated", "extrapolated", "scaled by", "used as is")
             ):
                 line = f"  {i} {o.op.name}: {f.source}"
                 if line not in seen:

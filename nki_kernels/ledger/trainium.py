@@ -208,6 +208,8 @@ def _aws_attention(
         f = base.scaled(k, f"{how} to S={seq} as S^{expo:.2f} (rows at S={lo[0]} and {hi[0]})")
     if heads != LLAMA_GROUP[0]:
         f = f.scaled(heads / LLAMA_GROUP[0], f"scaled by query heads {heads}/{LLAMA_GROUP[0]}")
+    if kv != LLAMA_GROUP[1]:
+        f = f.scaled(1.0, f"rows have {LLAMA_GROUP[1]} kv heads, used as is for {kv}")
     return f
 
 
