@@ -25,7 +25,7 @@ PARITY_MARK = "<!-- parity-table -->"
 PARITY_DIST_MARK = "<!-- parity-dist-table -->"
 
 # the README page, in order (the headline table is the benchmark page's table)
-README_PAGES = ("00-overview.md", "use-in-a-model.md", "02-benchmark-table.md")
+README_PAGES = ("00-overview.md", "use-in-a-model.md", "02-benchmark-table.md", "ledger.md")
 README_TAIL = ("99-development.md",)
 # the manual, in reading order; sections whose top heading is '###' are lifted one level
 MANUAL_ORDER = (

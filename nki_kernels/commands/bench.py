@@ -79,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="write the README's table section (headline + tables) from the rows to PATH",
     )
+    from ..ledger.cli_args import add_shape_arguments  # bench --model: ledger's pricing
+
+    add_shape_arguments(parser, model_required=False)
 
 
 def _price(names: list[str], full: bool, bands: bool = False) -> list:
@@ -117,6 +120,10 @@ def _check(committed: list, live: list) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        from ..ledger.cli_args import run_bench_model
+
+        return run_bench_model(args)
     from ..bench.compare import LNC2_METHOD, SUITES, merge_peer
     from ..bench.peer import peer_notes, peer_rows
     from ..bench.rows import append_rows, read_rows, write_rows

@@ -1,0 +1,93 @@
+"""`nki-kernels ledger` and `nki-kernels bench --model`: labelled output from committed
+rows in under a minute, price overrides, payback, and one clean line per user error."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nki_kernels.cli import main
+
+TRAIN = ["ledger", "--model", "llama3-8b", "--phase", "train", "--seq", "8192", "--cache", "-"]
+DECODE = ["ledger", "--model", "llama3-8b", "--phase", "decode", "--batch", "64"]
+DECODE += ["--context", "32768", "--cache", "-"]
+
+
+@pytest.fixture(autouse=True)
+def no_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+
+def test_training_ledger_is_labelled_and_quick(capsys):
+    t0 = time.perf_counter()
+    assert main(TRAIN) == 0
+    elapsed = time.perf_counter() - t0
+    out = capsys.readouterr().out
+    assert elapsed < 60, f"took {elapsed:.0f} s"
+    assert "modeled (cost model" in out  # every Trainium column
+    assert "NVIDIA H200 (measured rows)" in out
+    assert "derived from measured rows" in out or "the rest derived" in out
+    assert "Left out: collectives" in out and "compile time" in out
+    assert "USD: needs --price" in out  # no confirmed price: no dollar figure
+    assert "step total" in out and "tokens/s" in out
+
+
+def test_serving_ledger_with_prices_and_payback(capsys):
+    argv = [*DECODE, "--price", "trn2.48xlarge=40", "--price", "p5en.48xlarge=60"]
+    argv += ["--port-weeks", "4", "--engineer-cost", "5000", "--monthly-spend", "100000"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "trn2.48xlarge at $40.00/h (given with --price)" in out
+    assert "p5en.48xlarge at $60.00/h (given with --price)" in out
+    assert "per M tokens" in out and "$" in out
+    assert "Payback" in out and ("break-even after" in out or "never pays back" in out)
+
+
+def test_bench_model_prints_ours_native_aws(capsys):
+    argv = ["bench", "--model", "llama3-8b", "--seq", "4096", "--cache", "-"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "AWS kernel" in out and "ours vs native" in out
+    assert "attention fwd (causal)" in out and "layer total" in out
+    # AWS's attention at S = 4096 is carried from its committed rows at 2K / 8K
+    assert "Carried from rows at another shape" in out and "interpolated to S=4096" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["ledger", "--model", "gpt-17"], "--model"),
+        (["ledger", "--model", "llama3-8b", "--price", "trn2.48xlarge"], "--price"),
+        (["ledger", "--model", "llama3-8b", "--price", "p9=3"], "--price"),
+        (["ledger", "--model", "llama3-8b", "--phase", "decode", "--seq", "4"], "--seq"),
+        (["ledger", "--model", "llama3-8b", "--context", "4"], "--context"),
+        (["ledger", "--model", "llama3-8b", "--batch", "0"], "--batch"),
+        (["ledger", "--model", "llama3-8b", "--port-weeks", "3"], "--port-weeks"),
+        (["ledger", "--model", "llama3-8b", "--instance", "p5.48xlarge"], "--instance"),
+        (["ledger", "--model", "llama3-8b", "--gpu-instance", "trn2.3xlarge"], "--gpu-instance"),
+        (["bench", "--model", "gpt-17"], "--model"),
+    ],
+)
+def test_user_errors_are_one_line_naming_the_option(capsys, argv, option):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert option in err and len(err.splitlines()) == 1, err
+
+
+def test_payback_without_prices_names_price(capsys):
+    argv = [*TRAIN, "--port-weeks", "4", "--engineer-cost", "5000", "--monthly-spend", "1e5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--price" in err and len(err.splitlines()) == 1
+
+
+def test_the_manual_page_shows_what_the_cli_prints():
+    from nki_kernels.ledger import docs
+
+    page = docs.PAGE.read_text()
+    for name in docs.LEDGERS:
+        assert docs.documented(page, name) == docs.block(name, docs.render(name)), (
+            f"docs/readme/ledger.md's {name} ledger is stale: run "
+            "`python -m nki_kernels.ledger.docs` and `python scripts/build_readme.py`"
+        )
