@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(VPY) -m mypy nki_kernels
 
 bench: $(STAMP)
-	$(VPY) -m nki_kernels.cli bench --plot benchmarks/results/speedup.png
+	$(VPY) -m nki_kernels.cli bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info
