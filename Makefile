@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q --upgrade pip
 	# torch is pinned: 2.13.0 is the CPU build; an open range pulls a multi-GB CUDA build
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[test,dev,conformance]'
+	$(VPY) -m pip install -q -e '.[test,dev,conformance,hf]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -194,8 +194,12 @@ def run(args: argparse.Namespace) -> int:
     ]
     peer = [r for r in (read_rows(peer_path) if peer_path.exists() else []) if r.family in names]
     if not committed:
-        print(f"no committed rows in {bench_path}; run `nki-kernels bench --reprice --full`")
-        return 1
+        print(
+            f"nki-kernels bench: error: --data: no committed rows in {bench_path} (run "
+            "`nki-kernels bench --reprice --full` to price them)",
+            file=sys.stderr,
+        )
+        return 2
     all_rows = merge_peer(committed, peer)
     from ..bench.measured import for_bench
     from ..perfmodel.measurements import MeasurementFileError
