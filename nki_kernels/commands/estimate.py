@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         trace = trace_kernel(kernel, *pos, target=tgt, lnc=lnc, **kw)
     except (KeyError, ValueError, TypeError, NkiValidationError) as exc:
         text = str(exc.args[0] if exc.args else exc)
-        text = re.sub(r"^(shape|lnc|target|kernel):", lambda m: f"--{m.group(1)}:", text)
+        text = re.sub(r"^(shape|lnc|target):", lambda m: f"--{m.group(1)}:", text)
         print(f"nki-kernels estimate: error: {text}", file=sys.stderr)
         return 2
     sched = schedule(trace, tgt, record=bool(args.timeline))

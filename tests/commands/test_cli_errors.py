@@ -69,3 +69,15 @@ def test_estimate_prices_a_users_own_kernel(
     out = capsys.readouterr().out
     assert "my_matmul (LNC 1) lhsT=256x128 rhs=256x512: modeled (cost model" in out
     assert "total_time" in out
+
+
+def test_a_missing_optional_dependency_names_its_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    rc, err = _run(["probe", "llama"], capsys)
+    assert rc == 2 and err == [
+        "nki-kernels probe: error: needs transformers: pip install 'nki-kernels[hf]'"
+    ]
