@@ -45,7 +45,7 @@ CHART_PNG_PATH = ROOT / CHART_PNG
 # development notes; every other page is in the manual only (nothing appears twice)
 README_HEAD = ("00-overview.md",)
 README_TAIL = ("glossary.md", "99-development.md")
-README_ONLY = frozenset({"00-overview.md", "glossary.md"})
+README_ONLY = frozenset({"00-overview.md", "glossary.md", "99-development.md"})
 # the manual, in reading order; sections whose top heading is '###' are lifted one level
 MANUAL_ORDER = (
     "use-in-a-model.md",
@@ -65,7 +65,6 @@ MANUAL_ORDER = (
     "interpreter-conformance.md",
     "cost-model.md",
     "on-trn2.md",
-    "99-development.md",
 )
 LIFT = {"interpreter.md", "cost-model.md"}
 # pages the README's "Use it in a model" section points to when they exist
