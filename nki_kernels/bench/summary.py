@@ -85,7 +85,11 @@ def summarize(rows: Sequence[BenchRow], lnc: int, cost_model: str) -> list[Line]
     cost model are left out: figures of two models are never compared)."""
     out: list[Line] = []
     targets = sorted({r.target for r in rows})
-    for family, title in FAMILIES:
+    known = dict(FAMILIES)
+    present = {r.family for r in rows}
+    families = [f for f in known if f in present] + sorted(present - set(known))
+    for family in families:
+        title = known.get(family, family)
         phases = sorted({phase_of(r.op) for r in rows if r.family == family}, reverse=True)
         for phase in phases:
             sub = [r for r in rows if r.family == family and phase_of(r.op) == phase]

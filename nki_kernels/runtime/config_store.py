@@ -98,7 +98,8 @@ def _caller_level() -> int:
     import sys
 
     pkg = str(Path(__file__).resolve().parents[1])
-    frame, level = sys._getframe(1), 1
+    frame: Any = sys._getframe(1)
+    level = 1
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(pkg) and "/torch/" not in name and "<frozen" not in name:
