@@ -132,7 +132,13 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "neuron":
         from ..testing import neuron_device
 
-        neuron_device.install()  # before any backward pass (a no-op with a real device)
+        emulated = neuron_device.install()  # before any backward (no-op with a real device)
+        print(
+            "[parity] device neuron: EMULATED (host memory; the NKI ops run in the "
+            "interpreter, as on CPU: this checks the neuron code path, not Trainium)"
+            if emulated
+            else "[parity] device neuron: a real Neuron device (TorchNeuron)"
+        )
     reports = []
     for spec in args.model or list(MODELS):
         factory = _model_factory(spec, MODELS)

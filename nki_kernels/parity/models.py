@@ -68,7 +68,11 @@ def tiny_model(
     model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
 ) -> nn.Module:
     """A tiny random-init transformers causal LM of `model_type` (one of MODEL_TYPES)."""
-    import transformers
+    try:
+        import transformers
+    except ImportError as exc:
+        msg = "tiny_model needs transformers: pip install 'nki-kernels[hf]'"
+        raise ImportError(msg, name="transformers") from exc
 
     if model_type not in _ZOO:
         raise ValueError(f"model_type: expected one of {MODEL_TYPES}; got {model_type!r}")

@@ -29,7 +29,9 @@ Lookup (`ConfigStore.decide` / `lookup`), over the user directory first, then th
    choices do not transfer across those, while along the bucketed dimension the same
    tiling repeats over more tiles;
 3. the heuristic default, `config_cls.heuristic(problem, target)`, with one
-   `ConfigFallbackWarning` per (op, target) ("heuristic default").
+   `ConfigFallbackWarning` per process (the first op and shape that fell back; later
+   fallbacks are silent, `nki_kernels.explain` names each call's decision), none when
+   `NKI_KERNELS_QUIET_FALLBACK=1`.
 
 Each candidate must pass the schema (`config_schema.check_entry`: field types, provenance)
 and `validate(problem, target)` (ranges and fit); a failing entry is skipped with one
@@ -90,11 +92,37 @@ from .config_schema import EntryError, check_entry
 FORMAT = 1
 CONFIG_DIR_ENV_VAR = "NKI_KERNELS_CONFIG_DIR"
 LOG_ENV_VAR = "NKI_KERNELS_LOG_CONFIGS"
+QUIET_FALLBACK_ENV_VAR = "NKI_KERNELS_QUIET_FALLBACK"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "configs"
 TUNED, NEAREST, DEFAULT = "tuned entry", "nearest bucket", "heuristic default"
 FILE_MODE = 0o644
 LOG = logging.getLogger("nki_kernels.configs")
 MAX_DECISIONS = 4096  # remembered lookups per store (each a few hundred bytes)
+
+
+def _fallback_text(op: str, target: str, key: str) -> str:
+    return (
+        f"nki-kernels: no tuned tile sizes for {op} at this shape on {target} ({key}), so the "
+        "kernel's built-in heuristic ones are used: results are the same, only speed on "
+        "Trainium may differ. Reported once per process for the first such call; "
+        f"`nki-kernels tune {op}` tunes it, {QUIET_FALLBACK_ENV_VAR}=1 silences this."
+    )
+
+
+def _caller_level() -> int:
+    """The `warnings.warn` stacklevel of the first frame outside this package and torch,
+    so a warning points at the user's line, not into the library."""
+    import sys
+
+    pkg = str(Path(__file__).resolve().parents[1])
+    frame: Any = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(pkg) and "/torch/" not in name and "<frozen" not in name:
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
 
 
 class ConfigFallbackWarning(UserWarning):
@@ -244,7 +272,7 @@ class ConfigStore:
             if tag in self._warned:
                 return
             self._warned.add(tag)
-        warnings.warn(msg, category, stacklevel=5)
+        warnings.warn(msg, category, stacklevel=_caller_level())
 
     def _usable(
         self,
@@ -316,11 +344,8 @@ class ConfigStore:
                 op, tgt.name, key, hit[0], TUNED if k == key else NEAREST, k, source, hit[1],
                 tuple(skipped), lnc,
             )  # fmt: skip
-        msg = (
-            f"no tuned config for {op} on {tgt.name} at {key}; using the heuristic default "
-            f"(reported once per op and target)"
-        )
-        self._warn_once(("default", op, tgt.name), msg, ConfigFallbackWarning)
+        if os.environ.get(QUIET_FALLBACK_ENV_VAR, "") in ("", "0"):
+            self._warn_once(("default",), _fallback_text(op, tgt.name, key), ConfigFallbackWarning)
         cfg = cls.heuristic(problem, tgt)
         return ConfigDecision(op, tgt.name, key, cfg, DEFAULT, skipped=tuple(skipped), lnc=lnc)
 

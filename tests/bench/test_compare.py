@@ -174,16 +174,17 @@ def test_peer_rows_from_a_checkout_carry_its_commit_and_the_cost_model_label():
 
 def test_bench_command_prints_the_committed_table_and_checks_it_live(tmp_path, capsys):
     data = tmp_path / "data"
-    assert (
-        cli.main(["bench", "--suite", "norm", "--reprice", "--data", str(data), "--rows", "-"]) == 0
-    )
+    out_dir = tmp_path / "out"
+    argv = ["bench", "--suite", "norm", "--data", str(data), "--rows", "-", "--out", str(out_dir)]
+    assert cli.main([*argv, "--reprice", "--tables"]) == 0
     out = capsys.readouterr().out
-    assert "no figure below is a hardware measurement" in out
+    assert "nothing here is measured" in out and "norm fwd trn2" in out
     assert "| rms_norm fwd | [16384, 4096] bf16 | trn2 | 2 |" in out
+    assert "| rms_norm fwd | [16384, 4096] bf16 | trn2 | 2 |" in (out_dir / "tables.md").read_text()
     got = read_rows(data / "bench_rows.jsonl")
     assert {r.impl for r in got} == {"nki", "native"} and {r.lnc for r in got} == {1, 2}
     assert all(r.provenance.startswith("modeled (cost model") for r in got)
-    assert cli.main(["bench", "--suite", "norm", "--data", str(data), "--rows", "-"]) == 0
+    assert cli.main(argv) == 0
     assert "the committed rows match" in capsys.readouterr().out
 
 
@@ -195,7 +196,8 @@ def test_headline_states_geometric_means_goal_and_losing_cases():
 
     rows = [r("nki", 10.0, "a"), r("aws", 20.0, "a"), r("nki", 10.0, "b"), r("aws", 5.0, "b")]
     rows += [r("native", 40.0, "a"), r("native", 10.0, "b")]
-    line = headline(rows, ["trn2"], 2)[0]
+    line = headline(rows, ["trn2"], 2, goals=True)[0]
+    assert "goal" not in headline(rows, ["trn2"], 2)[0]  # not in the user-facing headline
     # vs AWS: sqrt(2.0 * 0.5) = 1.00x, one loss; vs native: sqrt(4 * 1) = 2.00x
     assert (
         "vs AWS's kernel: 1.00x geometric mean; 0.50–2.00x over 2 cases, ours slower in 1" in line
