@@ -69,7 +69,9 @@ def test_readme_first_screen_sections() -> None:
         assert README.count(heading + "\n") == 1, heading
     quick = README[README.index("## Quick start") :][:800]
     assert "make bench" in quick and "make test" in quick
-    assert len(README.splitlines()) < 320
+    # the README carries the overview, the summary, one training and one serving ledger
+    # (the ledger's README page), the glossary and the contents; the rest is the manual's
+    assert len(README.splitlines()) < 380
     # maintainers' goals are not user-facing headline material
     assert "goal" not in README[: README.index("## Glossary")].lower()
 
