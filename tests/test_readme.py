@@ -235,7 +235,7 @@ def test_committed_chart_is_drawn_from_the_committed_rows() -> None:
 JARGON = (
     "NKI", "LNC", "MFU", "HBM", "SBUF", "PSUM", "native path", "band", "anchor", "ulp",
     "TorchNeuron", "GQA", "interpreter", "cost model", "emulated", "geometric mean",
-    "TensorE", "VectorE", "bf16", "trn2",
+    "TensorE", "VectorE", "bf16", "trn2", "KV cache", "SwiGLU", "top-k", "dropless",
 )  # fmt: skip
 
 
