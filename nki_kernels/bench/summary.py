@@ -70,6 +70,15 @@ SHORT = {
 
 
 def _bound(row: BenchRow) -> str:
+    """What the row ran and what bounds it: its path or block count, engine, efficiency."""
+    how = str(row.extra.get("path", ""))
+    cfg = row.extra.get("config")
+    if row.extra.get("blocks") and isinstance(cfg, dict) and cfg.get("block_size"):
+        how = f"{row.extra['blocks']} blocks of {cfg['block_size']} rows"
+    return (f"{how}, " if how else "") + _engine(row)
+
+
+def _engine(row: BenchRow) -> str:
     eff = ""
     if row.mfu is not None:
         eff = f", MFU {100 * row.mfu:.0f} %"
@@ -136,7 +145,11 @@ def markdown(lines: Sequence[Line], lnc: int) -> str:
         )
     losses = [loss for x in lines for loss in x.losses]
     if losses:
-        out += ["", "Where ours is slower (each side's bottleneck engine, modeled):", ""]
+        out += [
+            "",
+            "Where ours is slower (what each side runs and what bounds it, modeled):",
+            "",
+        ]
         out += [
             f"- {x.op}, {x.case}, {x.target}: {x.speedup:.2f}x vs {x.other} ({x.why})"
             for x in losses
