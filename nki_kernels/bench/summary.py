@@ -130,8 +130,16 @@ def _cell(stat: Stat | None) -> str:
     return "no figure" if stat is None else stat.text()
 
 
+NONE = (
+    "No committed row is priced by the current cost model yet: re-price them "
+    "(`nki-kernels bench --reprice --full --bands`, `--peer PATH --full`)."
+)
+
+
 def markdown(lines: Sequence[Line], lnc: int) -> str:
     """The summary as a Markdown table and the losing cases with their bounds."""
+    if not lines:
+        return NONE
     out = [
         f"| family | phase | target | vs AWS's kernel, LNC {lnc} | vs native path, LNC {lnc} "
         "| ours slower in |",
@@ -159,6 +167,8 @@ def markdown(lines: Sequence[Line], lnc: int) -> str:
 
 def text(lines: Sequence[Line], lnc: int) -> str:
     """The summary for a terminal: one line per (family, phase, target), then the losses."""
+    if not lines:
+        return NONE
     head = ("family / phase / target", f"vs AWS's kernel (LNC {lnc})", "vs native path")
     rows = [
         (
