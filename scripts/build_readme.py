@@ -299,11 +299,15 @@ def main() -> int:
     from nki_kernels.bench import plot
 
     rows, _ = _bench_rows()
-    drawn = plot.refresh_chart(rows, CHART_PNG_PATH)
-    print(
-        f"{'redrew' if drawn else 'kept'} {CHART_PNG_PATH} "
-        f"(its data: {plot.data_path(CHART_PNG_PATH)})"
-    )
+    try:
+        drawn = plot.refresh_chart(rows, CHART_PNG_PATH)
+    except ImportError:
+        print(f"{CHART_PNG_PATH} not redrawn: matplotlib is not installed (the dev extra)")
+    else:
+        print(
+            f"{'redrew' if drawn else 'kept'} {CHART_PNG_PATH} "
+            f"(its data: {plot.data_path(CHART_PNG_PATH)})"
+        )
     README.write_text(build())
     MANUAL.write_text(build_manual())
     print(f"wrote {README} ({len(README.read_text().splitlines())} lines)")

@@ -11,7 +11,7 @@ measured one with its date and machine.
 Record a run (times the command, refuses a failing one, keeps pytest's summary line):
 
     python scripts/durations.py record make test
-    python scripts/durations.py record make fuzz
+    python scripts/durations.py record make fuzz VENV=/path/to/.venv  # make variables pass
 
 or a run timed elsewhere:
 
@@ -102,8 +102,8 @@ def write(command: str, entry: dict[str, Any], path: Path = DATA) -> None:
 
 
 def _record(argv: list[str]) -> int:
-    command = " ".join(argv)
-    if command not in COMMANDS:
+    command = " ".join(argv[:2])  # then make's VAR=value settings, e.g. VENV=/path/.venv
+    if command not in COMMANDS or not all("=" in a for a in argv[2:]):
         raise SystemExit(f"command: expected one of {', '.join(COMMANDS)}; got {command!r}")
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)

@@ -70,6 +70,15 @@ SHORT = {
 
 
 def _bound(row: BenchRow) -> str:
+    """What the row ran and what bounds it: its path or block count, engine, efficiency."""
+    how = str(row.extra.get("path", ""))
+    cfg = row.extra.get("config")
+    if row.extra.get("blocks") and isinstance(cfg, dict) and cfg.get("block_size"):
+        how = f"{row.extra['blocks']} blocks of {cfg['block_size']} rows"
+    return (f"{how}, " if how else "") + _engine(row)
+
+
+def _engine(row: BenchRow) -> str:
     eff = ""
     if row.mfu is not None:
         eff = f", MFU {100 * row.mfu:.0f} %"
@@ -121,8 +130,16 @@ def _cell(stat: Stat | None) -> str:
     return "no figure" if stat is None else stat.text()
 
 
+NONE = (
+    "No committed row is priced by the current cost model yet: re-price them "
+    "(`nki-kernels bench --reprice --full --bands`, `--peer PATH --full`)."
+)
+
+
 def markdown(lines: Sequence[Line], lnc: int) -> str:
     """The summary as a Markdown table and the losing cases with their bounds."""
+    if not lines:
+        return NONE
     out = [
         f"| family | phase | target | vs AWS's kernel, LNC {lnc} | vs native path, LNC {lnc} "
         "| ours slower in |",
@@ -136,7 +153,11 @@ def markdown(lines: Sequence[Line], lnc: int) -> str:
         )
     losses = [loss for x in lines for loss in x.losses]
     if losses:
-        out += ["", "Where ours is slower (each side's bottleneck engine, modeled):", ""]
+        out += [
+            "",
+            "Where ours is slower (what each side runs and what bounds it, modeled):",
+            "",
+        ]
         out += [
             f"- {x.op}, {x.case}, {x.target}: {x.speedup:.2f}x vs {x.other} ({x.why})"
             for x in losses
@@ -146,6 +167,8 @@ def markdown(lines: Sequence[Line], lnc: int) -> str:
 
 def text(lines: Sequence[Line], lnc: int) -> str:
     """The summary for a terminal: one line per (family, phase, target), then the losses."""
+    if not lines:
+        return NONE
     head = ("family / phase / target", f"vs AWS's kernel (LNC {lnc})", "vs native path")
     rows = [
         (

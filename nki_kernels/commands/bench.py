@@ -226,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
         f"{LNC2_METHOD}.\n\n" + tables
     )
     _print_summary(all_rows, bool(measured), bench_path, peer_path, commits)
+    for note in measured_notes:
+        print(f"- {note}")
     plot_path = args.plot or args.out / "speedup.png"
     try:
         from ..bench.plot import speedup_chart
@@ -275,7 +277,7 @@ def _print_summary(
         f"nki-kernels vs AWS's nki-library kernels vs the native path -- modeled (cost model "
         f"{COST_MODEL_VERSION}, LNC 2)"
         + (
-            "; hardware figures only in the tables' 'measured' column."
+            "; only the 'measured (hardware)' column holds hardware measurements (tables)."
             if measured
             else "; nothing here is measured."
         )

@@ -45,6 +45,9 @@ def test_summary_is_per_phase_with_geometric_means_bands_and_losses() -> None:
     text = summary.text(lines, 2)
     assert "where ours is slower" in text and "no figure" in text
     assert "| norms | bwd | trn2 | no figure | 2.00x" in summary.markdown(lines, 2)
+    # rows of another cost model are never summarized; without any, the summary says so
+    assert summary.summarize(rows, 2, "v10") == []
+    assert "bench --reprice" in summary.text([], 2)
 
 
 def _tracked_changes() -> str:

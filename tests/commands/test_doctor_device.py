@@ -40,3 +40,16 @@ def test_doctor_says_when_the_neuron_device_is_emulated(neuron: str) -> None:
     report = doctor.collect()
     assert report.emulated_note.startswith("EMULATED")
     assert "emulated device  EMULATED" in doctor.format_report(report)
+
+
+def test_parity_on_the_neuron_device_says_it_is_emulated(
+    neuron: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nki_kernels.parity import harness
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise ValueError("stopped before training")  # the device line is printed first
+
+    monkeypatch.setattr(harness, "run_parity", stop)
+    assert cli.main(["parity", "--device", "neuron", "--steps", "2"]) == 2
+    assert "[parity] device neuron: EMULATED" in capsys.readouterr().out
