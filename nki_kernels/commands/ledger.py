@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..ledger.cli_args import step_from_args, store_from_args
+    from ..ledger.cli_args import default_lnc, step_from_args, store_from_args
     from ..ledger.gpu import GPU_ROWS, GpuRows
     from ..ledger.ledger import build
     from ..ledger.models import get_model
@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
             f"{gpu_inst.accelerator} (its figures are the rows' device, not its own)",
             file=sys.stderr,
         )
-    lnc = args.lnc or 2
+    lnc = args.lnc or default_lnc(target)
     store = store_from_args(args)
     led = build(model, step, target, lnc, store, gpu)
     print(ledger_text(led, trn, gpu_inst, args.detail))

@@ -44,7 +44,10 @@ def add_shape_arguments(parser: argparse.ArgumentParser, model_required: bool = 
     )
     parser.add_argument("--target", choices=("trn2", "trn3"), default=None, help="default trn2")
     parser.add_argument(
-        "--lnc", type=int, choices=(1, 2), help="logical core config (default 2, both chips)"
+        "--lnc",
+        type=int,
+        choices=(1, 2),
+        help="logical core config (default: the project's default for the target, 2)",
     )
     parser.add_argument(
         "--cache",
@@ -56,6 +59,13 @@ def add_shape_arguments(parser: argparse.ArgumentParser, model_required: bool = 
         parser.add_argument(
             "--reprice", action="store_true", help="ignore cached ledger rows and price again"
         )
+
+
+def default_lnc(target: str) -> int:
+    """The project's LNC default for the target (the op-level benchmark's)."""
+    from ..bench.compare import DEFAULT_LNC
+
+    return int(DEFAULT_LNC.get(target, 2))
 
 
 def _positive(name: str, v: int | None) -> None:
@@ -102,7 +112,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
             model,
             step,
             args.target or "trn2",
-            args.lnc or 2,
+            args.lnc or default_lnc(args.target or "trn2"),
             store_from_args(args),
             impls=("ours", "native", "aws"),
         )
