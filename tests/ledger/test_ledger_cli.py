@@ -33,6 +33,22 @@ def test_training_ledger_is_labelled_and_quick(capsys):
     assert "step total" in out and "tokens/s" in out
 
 
+def test_moe_training_ledger_from_committed_rows_is_quick(capsys):
+    from nki_kernels.bench.rows import read_rows
+    from nki_kernels.ledger.store import COMMITTED_CACHE, current_version, version_of
+
+    versions = {version_of(r.provenance) for r in read_rows(COMMITTED_CACHE)}
+    if versions != {current_version()}:
+        pytest.skip(f"committed ledger rows are {versions}, the cost model {current_version()}")
+    argv = ["ledger", "--model", "mixtral-8x7b", "--phase", "train", "--seq", "4096"]
+    t0 = time.perf_counter()
+    assert main([*argv, "--cache", "-"]) == 0
+    assert time.perf_counter() - t0 < 60
+    out = capsys.readouterr().out
+    assert "one MoE layer (x 32 in the model)" in out and "MoE layer (router + experts)" in out
+    assert "priced now" not in out  # every component came from committed rows
+
+
 def test_serving_ledger_with_prices_and_payback(capsys):
     argv = [*DECODE, "--price", "trn2.48xlarge=40", "--price", "p5en.48xlarge=60"]
     argv += ["--port-weeks", "4", "--engineer-cost", "5000", "--monthly-spend", "100000"]
