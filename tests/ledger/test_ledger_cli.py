@@ -49,6 +49,17 @@ def test_moe_training_ledger_from_committed_rows_is_quick(capsys):
     assert "priced now" not in out  # every component came from committed rows
 
 
+def test_global_batch_gives_the_optimizer_step_on_one_instance(capsys):
+    assert main([*TRAIN, "--global-batch", "128"]) == 0
+    out = capsys.readouterr().out
+    # 128 sequences over 64 logical cores x 1 sequence each: two steps per core
+    line = next(ln for ln in out.splitlines() if "optimizer step of 128 sequences" in ln)
+    step = next(ln for ln in out.splitlines() if ln.startswith("step total"))
+    ours_step_s = float(step.split()[2])  # "step total  3.11 s (...)"
+    assert "trn2.48xlarge, ours (modeled)" in line
+    assert float(line.rsplit(":", 1)[1].split()[0]) == pytest.approx(2 * ours_step_s, rel=0.01)
+
+
 def test_serving_ledger_with_prices_and_payback(capsys):
     argv = [*DECODE, "--price", "trn2.48xlarge=40", "--price", "p5en.48xlarge=60"]
     argv += ["--port-weeks", "4", "--engineer-cost", "5000", "--monthly-spend", "100000"]
