@@ -136,11 +136,8 @@ def ledger_text(
 
 
 def _whole_layer_check(led: Ledger) -> list[str]:
-    from .gpu import GpuRows
-
-    try:
-        rows = GpuRows.load()
-    except ValueError:
+    rows = led.gpu_rows
+    if rows is None:
         return []
     r = rows.whole_layer(led.model, led.step.seq)
     if r is None or led.step.batch != 1:
