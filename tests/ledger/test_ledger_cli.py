@@ -60,6 +60,14 @@ def test_global_batch_gives_the_optimizer_step_on_one_instance(capsys):
     assert float(line.rsplit(":", 1)[1].split()[0]) == pytest.approx(2 * ours_step_s, rel=0.01)
 
 
+def test_trn3_is_priced_per_chip(capsys):
+    assert main([*TRAIN, "--target", "trn3"]) == 0
+    out = capsys.readouterr().out
+    assert "trn3, LNC 2" in out.splitlines()[0]
+    assert "modeled (cost model" in out and ", trn3)" in out
+    assert "trn3-chip (4 logical cores)" in out  # 8 NeuronCore-v4 per chip / LNC 2
+
+
 def test_serving_ledger_with_prices_and_payback(capsys):
     argv = [*DECODE, "--price", "trn2.48xlarge=40", "--price", "p5en.48xlarge=60"]
     argv += ["--port-weeks", "4", "--engineer-cost", "5000", "--monthly-spend", "100000"]
@@ -94,6 +102,10 @@ def test_bench_model_prints_ours_native_aws(capsys):
         (["ledger", "--model", "llama3-8b", "--instance", "p5.48xlarge"], "--instance"),
         (["ledger", "--model", "llama3-8b", "--gpu-instance", "trn2.3xlarge"], "--gpu-instance"),
         (["bench", "--model", "gpt-17"], "--model"),
+        (
+            ["ledger", "--model", "llama3-8b", "--target", "trn3", "--instance", "trn2.48xlarge"],
+            "--instance",
+        ),
     ],
 )
 def test_user_errors_are_one_line_naming_the_option(capsys, argv, option):
