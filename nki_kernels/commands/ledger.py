@@ -1,7 +1,8 @@
 """What a model's training step or serving step costs, per layer and per dollar: Trainium
 with this library's kernels vs TorchNeuron's native path (modeled by the cost model, with
-its band), beside a GPU (measured rows). Prices come from `nki_kernels/ledger/instances.json`
-(sources and dates; none confirmed there is used) or `--price INSTANCE=USD_PER_HOUR`.
+its band), beside a GPU (measured rows). `nki_kernels/ledger/instances.json` records each
+instance's hardware and the state of its price with sources and dates; a price not
+confirmed there is never used: give it with `--price INSTANCE=USD_PER_HOUR`.
 
 Examples:
   nki-kernels ledger --model llama3-8b --phase train --seq 8192
