@@ -96,6 +96,14 @@ def store_from_args(args: argparse.Namespace) -> Any:
     return RowStore(cache=args.cache, reprice=args.reprice)
 
 
+SHAPE_OPTIONS = ("phase", "seq", "batch", "context", "target", "lnc")
+
+
+def wants_model(args: argparse.Namespace) -> bool:
+    """`bench` was given --model or one of its shape options."""
+    return args.model is not None or any(getattr(args, o) is not None for o in SHAPE_OPTIONS)
+
+
 def run_bench_model(args: argparse.Namespace) -> int:
     """`nki-kernels bench --model ...`: ours vs native vs AWS per op at that shape."""
     import time
@@ -106,6 +114,9 @@ def run_bench_model(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
+        if args.model is None:
+            given = [f"--{o}" for o in SHAPE_OPTIONS if getattr(args, o) is not None]
+            raise ValueError(f"--model: required with {', '.join(given)}")
         model = get_model(args.model)
         step = step_from_args(args)
         led = build(

@@ -102,6 +102,7 @@ def test_bench_model_prints_ours_native_aws(capsys):
         (["ledger", "--model", "llama3-8b", "--instance", "p5.48xlarge"], "--instance"),
         (["ledger", "--model", "llama3-8b", "--gpu-instance", "trn2.3xlarge"], "--gpu-instance"),
         (["bench", "--model", "gpt-17"], "--model"),
+        (["bench", "--seq", "4096"], "--model"),
         (
             ["ledger", "--model", "llama3-8b", "--target", "trn3", "--instance", "trn2.48xlarge"],
             "--instance",
