@@ -149,17 +149,28 @@ def _payback(led: Ledger, trn: Instance, gpu_inst: Instance, args: argparse.Name
             f"--price {gpu_inst.name}=USD_PER_HOUR"
         )
     print("\nPayback (moving the GPU spend to Trainium at these per-token costs):")
+    spend = (args.port_weeks, args.engineer_cost, args.monthly_spend)
     for impl in ("ours", "native"):
-        c = led.cost(impl, trn)["usd_per_m"]
+        cost = led.cost(impl, trn)
+        c = cost["usd_per_m"]
         if c is None:
             raise ValueError(
                 f"--price: the payback needs {trn.name}'s price: --price {trn.name}=USD_PER_HOUR"
             )
-        p = payback(args.port_weeks, args.engineer_cost, args.monthly_spend, c / gpu_cost)
-        print(f"  {impl}: cost per token {c / gpu_cost:.2f}x the GPU's; {p.text()}")
+        p = payback(*spend, c / gpu_cost)
+        band = ""
+        lo, hi = cost.get("usd_per_m_lo"), cost.get("usd_per_m_hi")
+        if lo is not None and hi is not None:
+            ends = [payback(*spend, x / gpu_cost).months for x in (lo, hi)]
+            band = (
+                " (over the band: "
+                + " to ".join("never" if m is None else f"{m:.1f}" for m in ends)
+                + " months)"
+            )
+        print(f"  {impl}: cost per token {c / gpu_cost:.2f}x the GPU's; {p.text()}{band}")
     print(
-        "  (modeled Trainium cost vs measured GPU cost; the band of the Trainium figure "
-        "moves the break-even; porting time is your estimate)"
+        "  (modeled Trainium cost vs measured GPU cost, the move priced at the prices "
+        "named above; porting time and engineer cost are your inputs)"
     )
 
 
