@@ -138,9 +138,9 @@ def _check(committed: list, live: list) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model is not None:
-        from ..ledger.cli_args import run_bench_model
+    from ..ledger.cli_args import run_bench_model, wants_model
 
+    if wants_model(args):  # bench --model: the ledger's per-model pricing
         return run_bench_model(args)
     from ..bench.compare import LNC2_METHOD, SUITES, merge_peer
     from ..bench.peer import peer_rows

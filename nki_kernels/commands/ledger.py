@@ -1,7 +1,8 @@
 """What a model's training step or serving step costs, per layer and per dollar: Trainium
 with this library's kernels vs TorchNeuron's native path (modeled by the cost model, with
-its band), beside a GPU (measured rows). Prices come from `nki_kernels/ledger/instances.json`
-(sources and dates; none confirmed there is used) or `--price INSTANCE=USD_PER_HOUR`.
+its band), beside a GPU (measured rows). `nki_kernels/ledger/instances.json` records each
+instance's hardware and the state of its price with sources and dates; a price not
+confirmed there is never used: give it with `--price INSTANCE=USD_PER_HOUR`.
 
 Examples:
   nki-kernels ledger --model llama3-8b --phase train --seq 8192
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..ledger.cli_args import step_from_args, store_from_args
+    from ..ledger.cli_args import default_lnc, step_from_args, store_from_args
     from ..ledger.gpu import GPU_ROWS, GpuRows
     from ..ledger.ledger import build
     from ..ledger.models import get_model
@@ -112,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
             f"{gpu_inst.accelerator} (its figures are the rows' device, not its own)",
             file=sys.stderr,
         )
-    lnc = args.lnc or 2
+    lnc = args.lnc or default_lnc(target)
     store = store_from_args(args)
     led = build(model, step, target, lnc, store, gpu)
     print(ledger_text(led, trn, gpu_inst, args.detail))
@@ -148,17 +149,28 @@ def _payback(led: Ledger, trn: Instance, gpu_inst: Instance, args: argparse.Name
             f"--price {gpu_inst.name}=USD_PER_HOUR"
         )
     print("\nPayback (moving the GPU spend to Trainium at these per-token costs):")
+    spend = (args.port_weeks, args.engineer_cost, args.monthly_spend)
     for impl in ("ours", "native"):
-        c = led.cost(impl, trn)["usd_per_m"]
+        cost = led.cost(impl, trn)
+        c = cost["usd_per_m"]
         if c is None:
             raise ValueError(
                 f"--price: the payback needs {trn.name}'s price: --price {trn.name}=USD_PER_HOUR"
             )
-        p = payback(args.port_weeks, args.engineer_cost, args.monthly_spend, c / gpu_cost)
-        print(f"  {impl}: cost per token {c / gpu_cost:.2f}x the GPU's; {p.text()}")
+        p = payback(*spend, c / gpu_cost)
+        band = ""
+        lo, hi = cost.get("usd_per_m_lo"), cost.get("usd_per_m_hi")
+        if lo is not None and hi is not None:
+            ends = [payback(*spend, x / gpu_cost).months for x in (lo, hi)]
+            band = (
+                " (over the band: "
+                + " to ".join("never" if m is None else f"{m:.1f}" for m in ends)
+                + " months)"
+            )
+        print(f"  {impl}: cost per token {c / gpu_cost:.2f}x the GPU's; {p.text()}{band}")
     print(
-        "  (modeled Trainium cost vs measured GPU cost; the band of the Trainium figure "
-        "moves the break-even; porting time is your estimate)"
+        "  (modeled Trainium cost vs measured GPU cost, the move priced at the prices "
+        "named above; porting time and engineer cost are your inputs)"
     )
 
 

@@ -44,7 +44,10 @@ def add_shape_arguments(parser: argparse.ArgumentParser, model_required: bool = 
     )
     parser.add_argument("--target", choices=("trn2", "trn3"), default=None, help="default trn2")
     parser.add_argument(
-        "--lnc", type=int, choices=(1, 2), help="logical core config (default 2, both chips)"
+        "--lnc",
+        type=int,
+        choices=(1, 2),
+        help="logical core config (default: the project's default for the target, 2)",
     )
     parser.add_argument(
         "--cache",
@@ -56,6 +59,13 @@ def add_shape_arguments(parser: argparse.ArgumentParser, model_required: bool = 
         parser.add_argument(
             "--reprice", action="store_true", help="ignore cached ledger rows and price again"
         )
+
+
+def default_lnc(target: str) -> int:
+    """The project's LNC default for the target (the op-level benchmark's)."""
+    from ..bench.compare import DEFAULT_LNC
+
+    return int(DEFAULT_LNC.get(target, 2))
 
 
 def _positive(name: str, v: int | None) -> None:
@@ -86,6 +96,14 @@ def store_from_args(args: argparse.Namespace) -> Any:
     return RowStore(cache=args.cache, reprice=args.reprice)
 
 
+SHAPE_OPTIONS = ("phase", "seq", "batch", "context", "target", "lnc")
+
+
+def wants_model(args: argparse.Namespace) -> bool:
+    """`bench` was given --model or one of its shape options."""
+    return args.model is not None or any(getattr(args, o) is not None for o in SHAPE_OPTIONS)
+
+
 def run_bench_model(args: argparse.Namespace) -> int:
     """`nki-kernels bench --model ...`: ours vs native vs AWS per op at that shape."""
     import time
@@ -96,13 +114,16 @@ def run_bench_model(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
+        if args.model is None:
+            given = [f"--{o}" for o in SHAPE_OPTIONS if getattr(args, o) is not None]
+            raise ValueError(f"--model: required with {', '.join(given)}")
         model = get_model(args.model)
         step = step_from_args(args)
         led = build(
             model,
             step,
             args.target or "trn2",
-            args.lnc or 2,
+            args.lnc or default_lnc(args.target or "trn2"),
             store_from_args(args),
             impls=("ours", "native", "aws"),
         )

@@ -49,10 +49,9 @@ def total(figs: Iterable[Figure], label: str | None = None) -> Figure:
     banded = [f for f in parts if f.band is not None]
     if not banded:
         return Figure(us, lab, "sum", None, None, tuple(notes))
-    sizes = {len(f.samples) for f in parts if f.samples is not None}
-    if all(f.samples is not None for f in parts) and len(sizes) == 1:
-        n = sizes.pop()
-        sums = [sum(f.samples[i] for f in parts) for i in range(n)]  # type: ignore[index]
+    per_set = [f.samples for f in parts if f.samples is not None]
+    if len(per_set) == len(parts) and len({len(s) for s in per_set}) == 1:
+        sums = [sum(s[i] for s in per_set) for i in range(len(per_set[0]))]
         return Figure(us, lab, "sum", (min(sums), max(sums)), tuple(sums), tuple(notes))
     lo = sum(f.band[0] if f.band else f.us for f in parts)
     hi = sum(f.band[1] if f.band else f.us for f in parts)

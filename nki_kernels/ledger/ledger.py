@@ -45,6 +45,7 @@ class Ledger:
     kinds: list[tuple[str, int, bool]]  # (layer kind, count, MoE)
     gpu_device: str = ""
     notes: list[str] = field(default_factory=list)
+    gpu_rows: GpuRows | None = None
 
     # ---- sums ---------------------------------------------------------------------------
     def layer_total(self, layer: str, impl: str, group: str | None = None) -> Figure | None:
@@ -148,7 +149,7 @@ def build(
             if callable(log):
                 log(f"priced {layer}: {op.name}")
             ops.append(OpFigures(layer, op, figs))
-    led = Ledger(model, step, target, lnc, ops, kinds, gpu.device if gpu else "")
+    led = Ledger(model, step, target, lnc, ops, kinds, gpu.device if gpu else "", gpu_rows=gpu)
     if model.changes:
         led.notes.append(f"{model.name}: {model.changes}")
     return led

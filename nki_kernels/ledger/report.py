@@ -96,7 +96,11 @@ def cost_lines(led: Ledger, trn: Instance, gpu_inst: Instance | None) -> list[st
         band = ""
         if c.get("usd_per_m_lo") is not None:
             band = f" ({c['usd_per_m_lo']:,.3g}-{c['usd_per_m_hi']:,.3g})"
-        money = f"${usd:,.3g}{band} per M tokens" if usd is not None else "USD: needs --price"
+        money = (
+            f"${usd:,.3g}{band} per M tokens at ${inst.usd_per_hour:,.2f}/h"
+            if usd is not None and inst.usd_per_hour is not None
+            else "USD: needs --price"
+        )
         kind = "modeled" if impl != "gpu" else "measured + derived"
         out.append(
             f"  {impl:<7} {inst.name} ({cores} {unit}), {kind}: step {fmt_band(st)}; "
@@ -132,11 +136,8 @@ def ledger_text(
 
 
 def _whole_layer_check(led: Ledger) -> list[str]:
-    from .gpu import GpuRows
-
-    try:
-        rows = GpuRows.load()
-    except ValueError:
+    rows = led.gpu_rows
+    if rows is None:
         return []
     r = rows.whole_layer(led.model, led.step.seq)
     if r is None or led.step.batch != 1:

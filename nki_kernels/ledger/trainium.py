@@ -155,10 +155,10 @@ def attention(
         )
         return f.scaled(batch, f"x {batch} sequences") if batch != 1 else f
     if impl in ("native", "aws"):
-        f = _aws_attention(store, opname, seq, heads, kv, target, lnc)
-        if f is None:
+        aws = _aws_attention(store, opname, seq, heads, kv, target, lnc)
+        if aws is None:
             return None
-        return f.scaled(batch, f"x {batch} sequences") if batch != 1 else f
+        return aws.scaled(batch, f"x {batch} sequences") if batch != 1 else aws
     if llama:
         got = _committed(store, "attention", opname, _attn_case(seq), target, lnc, "nki")
         if got is not None:
@@ -335,17 +335,17 @@ def price_op(
 ) -> Figure | None:
     """One op's figure for `impl` (ours / native / aws) per logical core, or None when the
     implementation has no such op (AWS's figure then reads 'n/a')."""
-    a = op.args
+    a: Any = op.args
     if op.kind == "matmul":
-        return None if impl == "aws" else matmul(store, *a, target, lnc)  # type: ignore[arg-type]
+        return None if impl == "aws" else matmul(store, a[0], a[1], a[2], target, lnc)
     if op.kind == "swiglu":
-        return None if impl == "aws" else swiglu(store, *a, target, lnc)  # type: ignore[arg-type]
+        return None if impl == "aws" else swiglu(store, a[0], a[1], a[2], target, lnc)
     if op.kind == "norm":
-        return norm(store, impl, *a, target, lnc)  # type: ignore[arg-type]
+        return norm(store, impl, a[0], a[1], a[2], a[3], target, lnc)
     if op.kind == "attention":
         return attention(store, impl, a, target, lnc)
     if op.kind == "decode_attention":
         return decode_attention(store, impl, a, target, lnc)
     if op.kind == "moe":
-        return moe(store, impl, model, a[0], a[1], target, lnc)  # type: ignore[arg-type]
+        return moe(store, impl, model, a[0], a[1], target, lnc)
     raise ValueError(f"op kind: unknown {op.kind!r}")

@@ -29,6 +29,41 @@ def test_training_ledger_is_labelled(capsys):
     assert "step total" in out and "tokens/s" in out
 
 
+def test_moe_training_ledger_from_committed_rows_is_quick(capsys):
+    from nki_kernels.bench.rows import read_rows
+    from nki_kernels.ledger.store import COMMITTED_CACHE, current_version, version_of
+
+    versions = {version_of(r.provenance) for r in read_rows(COMMITTED_CACHE)}
+    if versions != {current_version()}:
+        pytest.skip(f"committed ledger rows are {versions}, the cost model {current_version()}")
+    argv = ["ledger", "--model", "mixtral-8x7b", "--phase", "train", "--seq", "4096"]
+    t0 = time.perf_counter()
+    assert main([*argv, "--cache", "-"]) == 0
+    assert time.perf_counter() - t0 < 60
+    out = capsys.readouterr().out
+    assert "one MoE layer (x 32 in the model)" in out and "MoE layer (router + experts)" in out
+    assert "priced now" not in out  # every component came from committed rows
+
+
+def test_global_batch_gives_the_optimizer_step_on_one_instance(capsys):
+    assert main([*TRAIN, "--global-batch", "128"]) == 0
+    out = capsys.readouterr().out
+    # 128 sequences over 64 logical cores x 1 sequence each: two steps per core
+    line = next(ln for ln in out.splitlines() if "optimizer step of 128 sequences" in ln)
+    step = next(ln for ln in out.splitlines() if ln.startswith("step total"))
+    ours_step_s = float(step.split()[2])  # "step total  3.11 s (...)"
+    assert "trn2.48xlarge, ours (modeled)" in line
+    assert float(line.rsplit(":", 1)[1].split()[0]) == pytest.approx(2 * ours_step_s, rel=0.01)
+
+
+def test_trn3_is_priced_per_chip(capsys):
+    assert main([*TRAIN, "--target", "trn3"]) == 0
+    out = capsys.readouterr().out
+    assert "trn3, LNC 2" in out.splitlines()[0]
+    assert "modeled (cost model" in out and ", trn3)" in out
+    assert "trn3-chip (4 logical cores)" in out  # 8 NeuronCore-v4 per chip / LNC 2
+
+
 def test_serving_ledger_with_prices_and_payback(capsys):
     argv = [*DECODE, "--price", "trn2.48xlarge=40", "--price", "p5en.48xlarge=60"]
     argv += ["--port-weeks", "4", "--engineer-cost", "5000", "--monthly-spend", "100000"]
@@ -63,6 +98,11 @@ def test_bench_model_prints_ours_native_aws(capsys):
         (["ledger", "--model", "llama3-8b", "--instance", "p5.48xlarge"], "--instance"),
         (["ledger", "--model", "llama3-8b", "--gpu-instance", "trn2.3xlarge"], "--gpu-instance"),
         (["bench", "--model", "gpt-17"], "--model"),
+        (["bench", "--seq", "4096"], "--model"),
+        (
+            ["ledger", "--model", "llama3-8b", "--target", "trn3", "--instance", "trn2.48xlarge"],
+            "--instance",
+        ),
     ],
 )
 def test_user_errors_are_one_line_naming_the_option(capsys, argv, option):
