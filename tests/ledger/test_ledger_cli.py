@@ -1,5 +1,5 @@
 """`nki-kernels ledger` and `nki-kernels bench --model`: labelled output from committed
-rows in under a minute, price overrides, payback, and one clean line per user error."""
+rows (no pricing at run time), price overrides, payback, and one clean line per user error."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_training_ledger_is_labelled(capsys):
     assert "step total" in out and "tokens/s" in out
 
 
-def test_moe_training_ledger_from_committed_rows_is_quick(capsys):
+def test_moe_training_ledger_comes_from_committed_rows(capsys):
     from nki_kernels.bench.rows import read_rows
     from nki_kernels.ledger.store import COMMITTED_CACHE, current_version, version_of
 
@@ -37,9 +37,7 @@ def test_moe_training_ledger_from_committed_rows_is_quick(capsys):
     if versions != {current_version()}:
         pytest.skip(f"committed ledger rows are {versions}, the cost model {current_version()}")
     argv = ["ledger", "--model", "mixtral-8x7b", "--phase", "train", "--seq", "4096"]
-    t0 = time.perf_counter()
     assert main([*argv, "--cache", "-"]) == 0
-    assert time.perf_counter() - t0 < 60
     out = capsys.readouterr().out
     assert "one MoE layer (x 32 in the model)" in out and "MoE layer (router + experts)" in out
     assert "priced now" not in out  # every component came from committed rows
