@@ -422,7 +422,7 @@ class ConfigStore:
             try:
                 os.fchmod(fd, FILE_MODE)
                 with os.fdopen(fd, "w") as f:
-                    json.dump(data, f, indent=1, sort_keys=True)
+                    json.dump(data, f, indent=1, sort_keys=True, allow_nan=False)
                     f.write("\n")
                     f.flush()
                     os.fsync(f.fileno())
