@@ -299,10 +299,10 @@ class ConfigStore:
         ranked = []
         order = 0
         for path, index in indexes:
-            for k in index.keys:
-                d = 0.0 if k.key == key else key_distance(want, k.fields, bucket_fields)
+            for ik in index.keys:
+                d = 0.0 if ik.key == key else key_distance(want, ik.fields, bucket_fields)
                 if d is not None:
-                    ranked.append((d, k.key != key, k.sizes, order, k.key, k.entry, str(path)))
+                    ranked.append((d, ik.key != key, ik.sizes, order, ik.key, ik.entry, str(path)))
                 order += 1
         skipped: list[str] = []
         # exact keys first (in search-dir order), then the nearest ones; ties go to the
