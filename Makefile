@@ -23,7 +23,7 @@ install: $(STAMP)
 test: $(STAMP)
 	cd $(ROOT) && $(VPY) -m pytest tests
 
-# property-based suite at full size (>= 1,000 cases; prints the count); `make test` runs
+# property-based suite at full size (>= 2,000 cases; prints the count); `make test` runs
 # the same properties with the small, derandomized `ci` profile
 fuzz: $(STAMP)
 	cd $(ROOT) && $(VPY) -m pytest tests/fuzz --hypothesis-profile=fuzz -p no:logging

@@ -225,12 +225,20 @@ def _dead_keys_in_live_tiles(lo: np.ndarray, hi: np.ndarray, skb: int) -> np.nda
 def _dense_dead_keys(dense: DenseMask, hkv: int, skb: int) -> np.ndarray | None:
     """bool [B | 1, Hkv | 1, Skb]: keys of each KV head that no query of its group
     attends, in the tiles the kernels read (a per-head mask may mask a key for one head
-    and not another: the KV head's group decides)."""
+    and not another: the KV head's group decides). A tile is read for every head when
+    any head attends a key of it (one tile plan for all heads), so liveness is the
+    union over heads and batch rows."""
     seen = dense.allowed.any(axis=2)  # [B | 1, H | 1, Skb]
     if seen.shape[1] > 1:
         seen = seen.reshape(seen.shape[0], hkv, -1, skb).any(axis=2)
-    dead = _dead_in_live_tiles(~seen.reshape(-1, skb), skb)
-    return dead.reshape(seen.shape) if dead is not None else None
+    dead = ~seen.reshape(-1, skb)
+    tile = 128
+    nk = -(-skb // tile)
+    attended = np.zeros(nk * tile, dtype=bool)
+    attended[:skb] = ~dead.all(axis=0)
+    read = np.repeat(attended.reshape(nk, tile).any(axis=1), tile)[:skb]
+    dead &= read[None, :]
+    return dead.reshape(seen.shape) if dead.any() else None
 
 
 def _dead_in_live_tiles(dead: np.ndarray, skb: int) -> np.ndarray | None:

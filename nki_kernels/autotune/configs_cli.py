@@ -167,7 +167,7 @@ def _configs_summary(directory: Path, op: str | None, lnc: int | None = None) ->
                 continue
             if lnc is not None and ("lnc=2" in key.split(",")) != (lnc == 2):
                 continue
-            lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+            lat, dflt = _latencies(prov)
             stale = "" if current is None or prov.get("kernel_hash") == current else " STALE"
             at = 2 if "lnc=2" in key.split(",") else 1
             group = f"{_model_tag(str(prov.get('measurer', 'unlabeled')))}, LNC {at}"
@@ -288,9 +288,16 @@ def _natural(item: tuple[str, Any]) -> list[tuple[str, int, str]]:
     return out
 
 
+def _latencies(prov: dict[str, Any]) -> tuple[float, float]:
+    """(tuned, default) latency of a stored provenance; null (never measured) is nan."""
+    from ..runtime.config_records import stored_number
+
+    return tuple(stored_number(prov.get(k)) for k in ("latency_ns", "default_latency_ns"))  # type: ignore[return-value]
+
+
 def _markdown_row(op: str, target: str, key: str, entry: dict[str, Any], stale: str) -> str:
     prov = entry.get("provenance", {})
-    lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+    lat, dflt = _latencies(prov)
     cfg = ", ".join(f"{k}={v}" for k, v in entry.get("config", {}).items())
     return (
         f"| {op} | {target} | {key} | {dflt / 1e3:.1f} | {lat / 1e3:.1f} | "

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..kernel_config import KernelConfig
+from ..runtime.config_records import stored_number
 from ..runtime.config_store import (
     DEFAULT,
     SHIPPED_DIR,
@@ -106,7 +107,7 @@ def export_best(
         outcome = "not measured" if heur is None else heur.outcome
         warnings.warn(
             f"{report.name}: the heuristic default has no latency ({outcome}); "
-            "default_latency_ns is recorded as nan",
+            "default_latency_ns is recorded as null",
             stacklevel=2,
         )
         default_latency = math.nan
@@ -233,8 +234,8 @@ def _full_price(tuner: Tuner, config: KernelConfig, measurer: Measurer | None = 
 def describe_entry(entry: dict[str, Any]) -> str:
     """One line for a stored entry: config, tuned and default latency, speedup, measurer."""
     prov = entry.get("provenance", {})
-    lat = prov.get("latency_ns", math.nan)
-    dflt = prov.get("default_latency_ns", math.nan)
+    lat = stored_number(prov.get("latency_ns"))
+    dflt = stored_number(prov.get("default_latency_ns"))
     speed = dflt / lat if lat and not math.isnan(dflt) else math.nan
     cfg = ", ".join(f"{k}={v}" for k, v in entry.get("config", {}).items())
     return (

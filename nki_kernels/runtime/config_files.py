@@ -147,7 +147,7 @@ def build_index(stamp: Stamp | None, entries: dict[str, Any]) -> FileIndex:
         if fields is None:
             index.rejected.append((str(key), "not a key of name=value fields"))
             continue
-        bad = [n for n, v in fields.items() if is_number(v) and not math.isfinite(v)]
+        bad = [n for n, v in fields.items() if isinstance(v, int | float) and not math.isfinite(v)]
         if bad:
             index.rejected.append((key, f"field {bad[0]!r} is not a finite number"))
             continue

@@ -327,10 +327,10 @@ class ConfigStore:
         ranked = []
         order = 0
         for path, index in indexes:
-            for k in index.keys:
-                d = 0.0 if k.key == key else key_distance(want, k.fields, bucket_fields)
+            for ik in index.keys:
+                d = 0.0 if ik.key == key else key_distance(want, ik.fields, bucket_fields)
                 if d is not None:
-                    ranked.append((d, k.key != key, k.sizes, order, k.key, k.entry, str(path)))
+                    ranked.append((d, ik.key != key, ik.sizes, order, ik.key, ik.entry, str(path)))
                 order += 1
         skipped: list[str] = []
         # exact keys first (in search-dir order), then the nearest ones; ties go to the
@@ -447,7 +447,7 @@ class ConfigStore:
             try:
                 os.fchmod(fd, FILE_MODE)
                 with os.fdopen(fd, "w") as f:
-                    json.dump(data, f, indent=1, sort_keys=True)
+                    json.dump(data, f, indent=1, sort_keys=True, allow_nan=False)
                     f.write("\n")
                     f.flush()
                     os.fsync(f.fileno())

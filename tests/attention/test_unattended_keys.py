@@ -147,3 +147,24 @@ def test_a_clamp_the_real_scores_never_reach_is_the_identity_and_runs() -> None:
     q, k, v = _inputs_with_large_scores()
     out = flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s.clamp(-1e4, 1e4))
     torch.testing.assert_close(out, flex_attention(q, k, v), atol=0.0, rtol=0.0)
+
+
+def test_a_head_that_attends_nothing_while_another_attends_the_tile() -> None:
+    """One tile plan serves every head: head 1's keys (all unattended by head 1, whose
+    rows are all empty) are read because head 0 attends their tile."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 2, 16, generator=g) for _ in range(3))
+    allowed = torch.zeros(1, 2, 2, 2, dtype=torch.bool)
+    allowed[0, 0] = True
+
+    def fn(q, k, v):  # type: ignore[no-untyped-def]
+        return flash_attention(q, k, v, attn_mask=allowed)
+
+    _assert_unaffected(fn, q, k, v, (0, 1), NAN)
+
+
+def test_varlen_offsets_on_another_device_are_named(neuron: str) -> None:
+    q = torch.randn(4, 1, 16).to(neuron)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected device neuron"):
+        flash_attention_varlen(q, q, q, cu, cu.to(neuron), 4, 4)
