@@ -43,6 +43,7 @@ from ..nki import nisa, nki, nl
 from .tiles import (
     PSUM_FP32,
     P,
+    as_register,
     block_ap,
     cdiv,
     gather_rows,
@@ -65,12 +66,14 @@ def _program() -> tuple[int, int]:
 
 
 @nki.jit
-def grouped_mm_fwd(x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile):
+def grouped_mm_fwd(x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile, static_kinds=None):
     """out [M, N] = grouped x @ W (zeros in the zero blocks' rows).
 
     x [M, K]; w [G, K, N] ("kn") or [G, N, K] ("nk"); slot_rows [NB, 128, NS] int32;
     block_group [NB, 1] int32; kind_bounds [1, NS + 2] int32; n_tile: columns of W per
-    weight load (a multiple of 128, or N).
+    weight load (a multiple of 128, or N). `static_kinds` (pricing: the plan known when
+    specializing): the block count of each kind, run as static loops instead of device
+    loops over kind_bounds; the bodies are the same instruction sequences.
     """
     m, k = x.shape
     assert w_layout in ("kn", "nk"), "grouped_mm_fwd: w_layout is 'kn' or 'nk'"
@@ -83,6 +86,14 @@ def grouped_mm_fwd(x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile):
     d = {"M": m, "K": k, "N": n, "NS": ns, "KT": cdiv(k, P), "dt": x.dtype}
     d["layout"], d["n_tile"] = w_layout, n_tile
     out = nl.ndarray((m, n), dtype=x.dtype, buffer=nl.shared_hbm)
+    ts = (x, w, out, slot_rows, block_group)
+    if static_kinds is not None:
+        start = 0
+        for j, count in enumerate(static_kinds):
+            for b in range(start + pid, start + count, nprog):
+                _kind_block(d, ts, (as_register(b), 0), ns - j)
+            start += count
+        return out
     bnd = nl.ndarray((1, ns + 2), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=bnd, src=kind_bounds)
     for j in range(ns + 1):
@@ -94,13 +105,26 @@ def grouped_mm_fwd(x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile):
         nisa.register_load(hi_r, bnd[0:1, j + 1 : j + 2])
 
         def body(i: Any, s: int = ns - j) -> None:
-            if s:
-                _fwd_block(d, (x, w, out, slot_rows, block_group), (i, 0), s)
-            else:
-                _zero_block(d, out, slot_rows, (i, 0))
+            _kind_block(d, ts, (i, 0), s)
 
         nl.fori_loop(lo_r, hi_r, body, step=nprog)
     return out
+
+
+def _kind_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> None:
+    if s:
+        _fwd_block(d, ts, addr, s)
+    else:
+        _zero_block(d, ts[2], ts[3], addr)
+
+
+def _load_w(d: dict[str, Any], w: Any, grp: Any, tile: tuple[int, int], dst: Any) -> None:
+    """dst[:, :, :nw] = W[grp][:, n0 : n0 + nw] with K on partitions (either layout)."""
+    n0, nw = tile
+    if d["layout"] == "kn":
+        load_weight_rows(w, grp, 0, d["K"], n0, nw, dst[:, :, 0:nw])
+    else:
+        load_weight_cols(w, grp, n0, nw, 0, d["K"], dst[:, :, 0:nw])
 
 
 def _zero_block(d: dict[str, Any], out: Any, slot_rows: Any, addr: Any) -> None:
@@ -136,13 +160,15 @@ def _fwd_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> Non
         cols = slice(t * P, t * P + tile_rows(k, t))
         parity = transpose_into(dt, [xs[:, c, cols] for c in range(s)], xT[:, t, :], parity)
     del xs
-    for n0 in range(0, n, d["n_tile"]):
-        nw = min(d["n_tile"], n - n0)
-        wt = nl.ndarray((P, kt, nw), dtype=dt, buffer=nl.sbuf)
-        if d["layout"] == "kn":
-            load_weight_rows(w, grp, 0, k, n0, nw, wt)
-        else:
-            load_weight_cols(w, grp, n0, nw, 0, k, wt)
+    # two weight buffers; tile j + 1's load is issued before tile j's matmuls (the DMA
+    # queues run in issue order: issued after tile j's output stores, it would wait on them)
+    tiles = [(n0, min(d["n_tile"], n - n0)) for n0 in range(0, n, d["n_tile"])]
+    wbufs = [nl.ndarray((P, kt, d["n_tile"]), dtype=dt, buffer=nl.sbuf) for _ in range(2)]
+    _load_w(d, w, grp, tiles[0], wbufs[0])
+    for j, (n0, nw) in enumerate(tiles):
+        if j + 1 < len(tiles):
+            _load_w(d, w, grp, tiles[j + 1], wbufs[(j + 1) % 2])
+        wt = wbufs[j % 2][:, :, 0:nw]
         for c in range(s):
             for q0 in range(0, nw, PSUM_FP32):
                 qw = min(PSUM_FP32, nw - q0)
