@@ -7,8 +7,8 @@ Forward (`grouped_mm_fwd`), from the block plan of group_plan.py (blocks of s <=
         for block b of s sub-tiles (program p of n: b = lo + p, lo + p + n, ...):
             xT  = x[slot_rows[b, :, c]]^T  for c < s     gathers (padding -> 0) in column
                                                          chunks, PE transposes: [K, s*128]
-            for each n_tile (<= 512) columns of N:
-                acc[c] = 0 for c < s                     PSUM, [128 rows, n_tile] fp32
+            for each group of 512 * max(1, 4 // s) columns of N:
+                acc[c] = 0 for c < s                     PSUM, [128 rows, <= 2048] fp32
                 for each chunk of k_tiles K tiles:
                     Wu = W[g][K chunk, cols]             one weight unit (3 in flight)
                     acc[c] += xT[chunk, c]^T @ Wu        per sub-tile c
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
 from .tiles import (
     PSUM_FP32,
@@ -59,6 +60,7 @@ WGRAD_N_BANKS = 4  # PSUM banks of one weight-gradient panel (the other 4 double
 ZERO_COLS = 2048  # columns of the zero tile the zero blocks store (bounds its SBUF)
 GATHER_COLS = 2048  # columns of x gathered per DMA chunk before the PE transposes
 W_BUFS = 3  # weight units in flight: a unit's load overlaps two units of matmuls
+ACC_BANKS = 4  # PSUM banks of one column group's accumulators (the other 4: the next group)
 
 
 def _program() -> tuple[int, int]:
@@ -69,13 +71,13 @@ def _program() -> tuple[int, int]:
 
 @nki.jit
 def grouped_mm_fwd(
-    x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile, k_tiles, static_kinds=None
+    x, w, slot_rows, block_group, kind_bounds, w_layout, unit_bytes, static_kinds=None
 ):
     """out [M, N] = grouped x @ W (zeros in the zero blocks' rows).
 
     x [M, K]; w [G, K, N] ("kn") or [G, N, K] ("nk"); slot_rows [NB, 128, NS] int32;
-    block_group [NB, 1] int32; kind_bounds [1, NS + 2] int32; n_tile: columns of W per
-    weight unit (<= 512), k_tiles: 128-row K tiles per weight unit. `static_kinds`
+    block_group [NB, 1] int32; kind_bounds [1, NS + 2] int32; unit_bytes: bytes per
+    partition of one weight unit (its K rows follow from its width). `static_kinds`
     (pricing: the plan known when specializing): the block count of each kind, run as
     static loops instead of device loops over kind_bounds (the same loop bodies).
     """
@@ -88,8 +90,7 @@ def grouped_mm_fwd(
     assert parts == P, "grouped_mm_fwd: slot_rows is [NB, 128, NS]"
     pid, nprog = _program()
     d = {"M": m, "K": k, "N": n, "NS": ns, "KT": cdiv(k, P), "dt": x.dtype}
-    assert n_tile <= PSUM_FP32, "grouped_mm_fwd: n_tile is at most one PSUM bank (512)"
-    d["layout"], d["n_tile"], d["k_tiles"] = w_layout, n_tile, k_tiles
+    d["layout"], d["unit_bytes"] = w_layout, unit_bytes
     out = nl.ndarray((m, n), dtype=x.dtype, buffer=nl.shared_hbm)
     ts = (x, w, out, slot_rows, block_group)
     if static_kinds is not None:
@@ -157,35 +158,43 @@ def _fwd_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> Non
         for t in range(g0 // P, cdiv(g0 + gw, P)):
             cols = slice(t * P - g0, t * P - g0 + tile_rows(k, t))
             parity = transpose_into(dt, [xs[:, c, cols] for c in range(s)], xT[:, t, :], parity)
-    # weight units [K chunk of k_tiles * 128 rows, n_tile columns] in (column tile, K chunk)
+    # weight units [K chunk of kc * 128 rows, width columns] in (column group, K chunk)
     # order, W_BUFS buffers; unit u + W_BUFS - 1's load is issued before unit u's matmuls
     # (the DMA queues run in issue order: issued after a tile's output stores, a load would
-    # wait on them)
-    kc = d["k_tiles"]
+    # wait on them). Small blocks take wider units (longer contiguous DMA runs): their
+    # s x width / 512 accumulators stay within ACC_BANKS PSUM banks.
+    width = min(n, PSUM_FP32 * max(1, ACC_BANKS // s))
+    kc = max(1, min(kt, d["unit_bytes"] // (width * dtype_bytes(dt))))
     units = [
-        (n0, min(d["n_tile"], n - n0), t0, min(kc, kt - t0))
-        for n0 in range(0, n, d["n_tile"])
+        (n0, min(width, n - n0), t0, min(kc, kt - t0))
+        for n0 in range(0, n, width)
         for t0 in range(0, kt, kc)
     ]
-    wbufs = [nl.ndarray((P, kc, d["n_tile"]), dtype=dt, buffer=nl.sbuf) for _ in range(W_BUFS)]
+    wbufs = [nl.ndarray((P, kc, width), dtype=dt, buffer=nl.sbuf) for _ in range(W_BUFS)]
     for u in range(min(W_BUFS - 1, len(units))):
         _load_unit(d, w, grp, units[u], wbufs[u])
-    acc: list[Any] = []
+    acc: list[list[Any]] = []
     for u, (n0, nw, t0, tw) in enumerate(units):
         ahead = u + W_BUFS - 1
         if ahead < len(units):
             _load_unit(d, w, grp, units[ahead], wbufs[ahead % W_BUFS])
         wt = wbufs[u % W_BUFS]
+        nq = cdiv(nw, PSUM_FP32)
         if t0 == 0:
-            acc = [nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum) for _ in range(s)]
+            acc = [
+                [nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum) for _ in range(nq)]
+                for _ in range(s)
+            ]
         for c in range(s):
-            for t in range(t0, t0 + tw):
-                nisa.nc_matmul(
-                    dst=acc[c][:, 0:nw],
-                    stationary=xT[0 : tile_rows(k, t), t, c * P : (c + 1) * P],
-                    moving=wt[0 : tile_rows(k, t), t - t0, 0:nw],
-                    accumulate=t != 0,
-                )
+            for q in range(nq):
+                qw = min(PSUM_FP32, nw - q * PSUM_FP32)
+                for t in range(t0, t0 + tw):
+                    nisa.nc_matmul(
+                        dst=acc[c][q][:, 0:qw],
+                        stationary=xT[0 : tile_rows(k, t), t, c * P : (c + 1) * P],
+                        moving=wt[0 : tile_rows(k, t), t - t0, q * PSUM_FP32 : q * PSUM_FP32 + qw],
+                        accumulate=t != 0,
+                    )
         if t0 + tw == kt:
             _store_rows(d, out, tok, acc, n0, nw)
 
@@ -200,13 +209,18 @@ def _load_unit(d: dict[str, Any], w: Any, grp: Any, unit: tuple[int, ...], dst: 
         load_weight_cols(w, grp, n0, nw, t0 * P, rows, dst[:, 0:tw, 0:nw])
 
 
-def _store_rows(d: dict[str, Any], out: Any, tok: Any, acc: list[Any], n0: int, nw: int) -> None:
+def _store_rows(
+    d: dict[str, Any], out: Any, tok: Any, acc: list[list[Any]], n0: int, nw: int
+) -> None:
     """out[block rows, n0 : n0 + nw] = acc (PSUM -> dtype -> scatter; padding skipped)."""
     n = d["N"]
-    for c, ps in enumerate(acc):
-        o = nl.ndarray((P, PSUM_FP32), dtype=out.dtype, buffer=nl.sbuf)
-        eng = nisa.engine.scalar if c % 2 else nisa.engine.vector
-        nisa.tensor_copy(dst=o[:, 0:nw], src=ps[:, 0:nw], engine=eng)
+    for c, banks in enumerate(acc):
+        o = nl.ndarray((P, len(banks) * PSUM_FP32), dtype=out.dtype, buffer=nl.sbuf)
+        for q, ps in enumerate(banks):
+            qw = min(PSUM_FP32, nw - q * PSUM_FP32)
+            eng = nisa.engine.scalar if (c + q) % 2 else nisa.engine.vector
+            cols = slice(q * PSUM_FP32, q * PSUM_FP32 + qw)
+            nisa.tensor_copy(dst=o[:, cols], src=ps[:, 0:qw], engine=eng)
         view = out.ap([[n, P], [1, nw]], offset=n0, vector_offset=tok[:, c : c + 1], indirect_dim=0)
         nisa.dma_copy(dst=view, src=o[:, 0:nw], oob_mode=nisa.oob_mode.skip)
 

@@ -41,8 +41,8 @@ from .grouped_gemm import grouped_mm_fwd
 GEMM_STEPS = ("x W_gate_up", "h W_down")  # the native composition's grouped GEMM steps
 
 
-def tile_config(k: int, n: int, itemsize: int) -> tuple[int, int, int]:
-    """The op's (block_rows, n_tile, k_tiles) (ops.grouped_mm.tile_sizes)."""
+def tile_config(k: int, n: int, itemsize: int) -> tuple[int, int]:
+    """The op's (block_rows, unit_bytes) (ops.grouped_mm.tile_sizes)."""
     from ..ops.grouped_mm import tile_sizes
 
     return tile_sizes(k, n, itemsize)
@@ -54,7 +54,7 @@ def _block_latency(
 ) -> tuple[float, ...]:
     """ns of `blocks` blocks of kind index `kind` (s = NS - kind), per parameter set
     (`bench.bands.parameter_sets` order: the shipped set first)."""
-    rows, n_tile, k_tiles = tile_config(k, n, 2 if dtype != "float32" else 4)
+    rows, unit_bytes = tile_config(k, n, 2 if dtype != "float32" else 4)
     ns = rows // P
     kinds = [0] * (ns + 1)
     kinds[kind] = blocks
@@ -67,7 +67,7 @@ def _block_latency(
         TensorSpec((1, ns + 2), "int32"),
     )
     trace = trace_kernel(
-        grouped_mm_fwd, *specs, "kn", n_tile, k_tiles, tuple(kinds), target=tgt, lnc=lnc
+        grouped_mm_fwd, *specs, "kn", unit_bytes, tuple(kinds), target=tgt, lnc=lnc
     )
     return tuple(estimate_trace(trace, t).latency_ns for t in parameter_sets(tgt))
 

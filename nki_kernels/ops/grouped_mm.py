@@ -28,7 +28,6 @@ from torch import Tensor
 
 from ..moe.group_plan import P, max_blocks, plan_row_blocks, plan_row_tiles
 from ..moe.grouped_gemm import GATHER_COLS, W_BUFS, grouped_mm_fwd, grouped_mm_wgrad
-from ..moe.tiles import PSUM_FP32
 from ..runtime import launch, pad_to_bucket, unpad
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
@@ -39,20 +38,18 @@ SBUF_BUDGET = 160 * 1024  # bytes per partition the forward's tiles may use (trn
 WEIGHT_UNIT_BYTES = 8 * 1024  # bytes per partition of one weight unit (1 MiB per load)
 
 
-def tile_sizes(k: int, n: int, itemsize: int) -> tuple[int, int, int]:
-    """(block_rows, n_tile, k_tiles) of the forward: the largest block (weight reuse: a
-    block streams its group's weights once) whose tiles fit `SBUF_BUDGET`, with weight
-    units of n_tile = min(512, N) columns (one PSUM bank per sub-tile) and k_tiles 128-row
-    K tiles (<= WEIGHT_UNIT_BYTES per partition). Per partition: the transposed rows
-    ceil(K/128) * block_rows, a gathered column chunk, W_BUFS weight units."""
+def tile_sizes(k: int, n: int, itemsize: int) -> tuple[int, int]:
+    """(block_rows, unit_bytes) of the forward: the largest block (weight reuse: a block
+    streams its group's weights once) whose tiles fit `SBUF_BUDGET` per partition: the
+    transposed rows ceil(K/128) * block_rows, a gathered column chunk and W_BUFS weight
+    units of WEIGHT_UNIT_BYTES."""
     kt = -(-k // P)
-    nt = min(PSUM_FP32, n)
-    k_tiles = max(1, min(kt, WEIGHT_UNIT_BYTES // (nt * itemsize)))
+    del n  # the units' width follows the block size in the kernel
     for rows in (512, 384, 256, 128):
-        used = (kt * rows + (rows // P) * GATHER_COLS + W_BUFS * k_tiles * nt) * itemsize
+        used = (kt * rows + (rows // P) * GATHER_COLS) * itemsize + W_BUFS * WEIGHT_UNIT_BYTES
         if used <= SBUF_BUDGET:
-            return rows, nt, k_tiles
-    return P, nt, k_tiles
+            return rows, WEIGHT_UNIT_BYTES
+    return P, WEIGHT_UNIT_BYTES
 
 
 # ---- checks -------------------------------------------------------------------------------
@@ -182,7 +179,7 @@ def grouped_mm(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
     xp, _ = pad_to_bucket(x_sorted.detach(), 0)
     rows = xp.shape[0]
     wk, layout = _weight_layout(w.detach())
-    block_rows, n_tile, k_tiles = tile_sizes(x_sorted.shape[1], n, x_sorted.element_size())
+    block_rows, unit_bytes = tile_sizes(x_sorted.shape[1], n, x_sorted.element_size())
     if tracing(offs):
         plan = call_host_op("grouped_mm_plan", offs, m, rows, block_rows)
     else:
@@ -194,8 +191,7 @@ def grouped_mm(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
         *plan,
         target=get_target(None),
         w_layout=layout,
-        n_tile=n_tile,
-        k_tiles=k_tiles,
+        unit_bytes=unit_bytes,
     )
     return unpad(out, 0, m).contiguous()
 

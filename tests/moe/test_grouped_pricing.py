@@ -16,7 +16,7 @@ def test_extrapolated_latency_matches_the_whole_launch() -> None:
     counts, k, n = [700, 0, 300, 130, 900], 256, 640
     got = price_grouped_mm(counts, k, n, "trn2")
     m = sum(counts)
-    rows, n_tile, k_tiles = tile_config(k, n, 2)
+    rows, unit_bytes = tile_config(k, n, 2)
     ns = rows // P
     plan = plan_row_blocks(np.cumsum(counts).astype(np.int32), m, rows)
     b = plan.kind_bounds[0]
@@ -29,7 +29,7 @@ def test_extrapolated_latency_matches_the_whole_launch() -> None:
         TensorSpec((nb, 1), "int32"),
         TensorSpec((1, ns + 2), "int32"),
     )
-    trace = trace_kernel(grouped_mm_fwd, *specs, "kn", n_tile, k_tiles, kinds, target="trn2")
+    trace = trace_kernel(grouped_mm_fwd, *specs, "kn", unit_bytes, kinds, target="trn2")
     whole = estimate_trace(trace, get_target("trn2")).latency_ns
     # 700 rows: 6 sub-tiles = 2 blocks of 3; 300: 3; 130: 2; 900: 8 = 4 + 4
     assert got.blocks == {4: 2, 3: 3, 2: 1} and got.padded_rows == 19 * P
