@@ -5,13 +5,14 @@ Forward (`grouped_mm_fwd`), from the block plan of group_plan.py (blocks of s <=
 
     for s = NS .. 1, then the zero blocks:             static: one device loop per kind
         for block b of s sub-tiles (program p of n: b = lo + p, lo + p + n, ...):
-            xs  = x[slot_rows[b, :, c]]  for c < s       gather, indirect DMA (padding -> 0)
-            xT  = xs^T                                   PE transposes, [K, s*128]
-            for each n_tile columns of N:
-                Wt = W[g][:, cols] (K on partitions)     one load per block and column tile
-                for c < s, 512-column PSUM chunk q:
-                    ps = sum over K tiles xT[:, c]^T @ Wt[:, q]     [128 rows, 512] fp32
-                    out[slot_rows[b, :, c], q] = ps              scatter, padding skipped
+            xT  = x[slot_rows[b, :, c]]^T  for c < s     gathers (padding -> 0) in column
+                                                         chunks, PE transposes: [K, s*128]
+            for each group of 512 * max(1, 4 // s) columns of N:
+                acc[c] = 0 for c < s                     PSUM, [128 rows, <= 2048] fp32
+                for each chunk of k_tiles K tiles:
+                    Wu = W[g][K chunk, cols]             one weight unit (3 in flight)
+                    acc[c] += xT[chunk, c]^T @ Wu        per sub-tile c
+                out[slot_rows[b, :, c], cols] = acc[c]   scatter, padding skipped
 
 The rows are the partitions of the result, so no output transpose is needed. `s` is
 static in every loop body (the plan sorts blocks by s), so a block costs exactly its
@@ -39,13 +40,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
 from .tiles import (
     PSUM_FP32,
     P,
+    as_register,
     block_ap,
     cdiv,
-    gather_rows,
     load_weight_cols,
     load_weight_rows,
     program_columns,
@@ -56,6 +58,9 @@ from .tiles import (
 # ---- tile sizes -------------------------------------------------------------------------
 WGRAD_N_BANKS = 4  # PSUM banks of one weight-gradient panel (the other 4 double-buffer it)
 ZERO_COLS = 2048  # columns of the zero tile the zero blocks store (bounds its SBUF)
+GATHER_COLS = 2048  # columns of x gathered per DMA chunk before the PE transposes
+W_BUFS = 3  # weight units in flight: a unit's load overlaps two units of matmuls
+ACC_BANKS = 4  # PSUM banks of one column group's accumulators (the other 4: the next group)
 
 
 def _program() -> tuple[int, int]:
@@ -65,12 +70,16 @@ def _program() -> tuple[int, int]:
 
 
 @nki.jit
-def grouped_mm_fwd(x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile):
+def grouped_mm_fwd(
+    x, w, slot_rows, block_group, kind_bounds, w_layout, unit_bytes, static_kinds=None
+):
     """out [M, N] = grouped x @ W (zeros in the zero blocks' rows).
 
     x [M, K]; w [G, K, N] ("kn") or [G, N, K] ("nk"); slot_rows [NB, 128, NS] int32;
-    block_group [NB, 1] int32; kind_bounds [1, NS + 2] int32; n_tile: columns of W per
-    weight load (a multiple of 128, or N).
+    block_group [NB, 1] int32; kind_bounds [1, NS + 2] int32; unit_bytes: bytes per
+    partition of one weight unit (its K rows follow from its width). `static_kinds`
+    (pricing: the plan known when specializing): the block count of each kind, run as
+    static loops instead of device loops over kind_bounds (the same loop bodies).
     """
     m, k = x.shape
     assert w_layout in ("kn", "nk"), "grouped_mm_fwd: w_layout is 'kn' or 'nk'"
@@ -81,8 +90,16 @@ def grouped_mm_fwd(x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile):
     assert parts == P, "grouped_mm_fwd: slot_rows is [NB, 128, NS]"
     pid, nprog = _program()
     d = {"M": m, "K": k, "N": n, "NS": ns, "KT": cdiv(k, P), "dt": x.dtype}
-    d["layout"], d["n_tile"] = w_layout, n_tile
+    d["layout"], d["unit_bytes"] = w_layout, unit_bytes
     out = nl.ndarray((m, n), dtype=x.dtype, buffer=nl.shared_hbm)
+    ts = (x, w, out, slot_rows, block_group)
+    if static_kinds is not None:
+        start = 0
+        for j, count in enumerate(static_kinds):
+            for b in range(start + pid, start + count, nprog):
+                _kind_block(d, ts, (as_register(b), 0), ns - j)
+            start += count
+        return out
     bnd = nl.ndarray((1, ns + 2), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=bnd, src=kind_bounds)
     for j in range(ns + 1):
@@ -94,13 +111,17 @@ def grouped_mm_fwd(x, w, slot_rows, block_group, kind_bounds, w_layout, n_tile):
         nisa.register_load(hi_r, bnd[0:1, j + 1 : j + 2])
 
         def body(i: Any, s: int = ns - j) -> None:
-            if s:
-                _fwd_block(d, (x, w, out, slot_rows, block_group), (i, 0), s)
-            else:
-                _zero_block(d, out, slot_rows, (i, 0))
+            _kind_block(d, ts, (i, 0), s)
 
         nl.fori_loop(lo_r, hi_r, body, step=nprog)
     return out
+
+
+def _kind_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> None:
+    if s:
+        _fwd_block(d, ts, addr, s)
+    else:
+        _zero_block(d, ts[2], ts[3], addr)
 
 
 def _zero_block(d: dict[str, Any], out: Any, slot_rows: Any, addr: Any) -> None:
@@ -127,44 +148,81 @@ def _fwd_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> Non
     nisa.dma_copy(dst=tok, src=block_ap(slot_rows, addr, [[ns, P], [1, ns]]))
     grp = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=grp, src=block_ap(block_group, addr, [[1, 1], [1, 1]]))
-    xs = nl.ndarray((P, s, k), dtype=dt, buffer=nl.sbuf)
-    for c in range(s):
-        gather_rows(x, tok[:, c : c + 1], xs[:, c, :], k)
     xT = nl.ndarray((P, kt, s * P), dtype=dt, buffer=nl.sbuf)
     parity = 0
-    for t in range(kt):
-        cols = slice(t * P, t * P + tile_rows(k, t))
-        parity = transpose_into(dt, [xs[:, c, cols] for c in range(s)], xT[:, t, :], parity)
-    del xs
-    for n0 in range(0, n, d["n_tile"]):
-        nw = min(d["n_tile"], n - n0)
-        wt = nl.ndarray((P, kt, nw), dtype=dt, buffer=nl.sbuf)
-        if d["layout"] == "kn":
-            load_weight_rows(w, grp, 0, k, n0, nw, wt)
-        else:
-            load_weight_cols(w, grp, n0, nw, 0, k, wt)
+    for g0 in range(0, k, GATHER_COLS):  # rows gathered in column chunks (bounds SBUF)
+        gw = min(GATHER_COLS, k - g0)
+        xs = nl.ndarray((P, s, GATHER_COLS), dtype=dt, buffer=nl.sbuf)
+        for c in range(s):  # padding rows keep stale values: their outputs are never stored
+            _gather_cols(x, tok[:, c : c + 1], xs[:, c, :], g0, gw, zero=False)
+        for t in range(g0 // P, cdiv(g0 + gw, P)):
+            cols = slice(t * P - g0, t * P - g0 + tile_rows(k, t))
+            parity = transpose_into(dt, [xs[:, c, cols] for c in range(s)], xT[:, t, :], parity)
+    # weight units [K chunk of kc * 128 rows, width columns] in (column group, K chunk)
+    # order, W_BUFS buffers; unit u + W_BUFS - 1's load is issued before unit u's matmuls
+    # (the DMA queues run in issue order: issued after a tile's output stores, a load would
+    # wait on them). Small blocks take wider units (longer contiguous DMA runs): their
+    # s x width / 512 accumulators stay within ACC_BANKS PSUM banks.
+    width = min(n, PSUM_FP32 * max(1, ACC_BANKS // s))
+    kc = max(1, min(kt, d["unit_bytes"] // (width * dtype_bytes(dt))))
+    units = [
+        (n0, min(width, n - n0), t0, min(kc, kt - t0))
+        for n0 in range(0, n, width)
+        for t0 in range(0, kt, kc)
+    ]
+    wbufs = [nl.ndarray((P, kc, width), dtype=dt, buffer=nl.sbuf) for _ in range(W_BUFS)]
+    for u in range(min(W_BUFS - 1, len(units))):
+        _load_unit(d, w, grp, units[u], wbufs[u])
+    acc: list[list[Any]] = []
+    for u, (n0, nw, t0, tw) in enumerate(units):
+        ahead = u + W_BUFS - 1
+        if ahead < len(units):
+            _load_unit(d, w, grp, units[ahead], wbufs[ahead % W_BUFS])
+        wt = wbufs[u % W_BUFS]
+        nq = cdiv(nw, PSUM_FP32)
+        if t0 == 0:
+            acc = [
+                [nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum) for _ in range(nq)]
+                for _ in range(s)
+            ]
         for c in range(s):
-            for q0 in range(0, nw, PSUM_FP32):
-                qw = min(PSUM_FP32, nw - q0)
-                ps = nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum)
-                for t in range(kt):
-                    kr = tile_rows(k, t)
+            for q in range(nq):
+                qw = min(PSUM_FP32, nw - q * PSUM_FP32)
+                for t in range(t0, t0 + tw):
                     nisa.nc_matmul(
-                        dst=ps[:, 0:qw],
-                        stationary=xT[0:kr, t, c * P : (c + 1) * P],
-                        moving=wt[0:kr, t, q0 : q0 + qw],
+                        dst=acc[c][q][:, 0:qw],
+                        stationary=xT[0 : tile_rows(k, t), t, c * P : (c + 1) * P],
+                        moving=wt[0 : tile_rows(k, t), t - t0, q * PSUM_FP32 : q * PSUM_FP32 + qw],
                         accumulate=t != 0,
                     )
-                o = nl.ndarray((P, PSUM_FP32), dtype=out.dtype, buffer=nl.sbuf)
-                eng = nisa.engine.scalar if (c + q0 // PSUM_FP32) % 2 else nisa.engine.vector
-                nisa.tensor_copy(dst=o[:, 0:qw], src=ps[:, 0:qw], engine=eng)
-                view = out.ap(
-                    [[n, P], [1, qw]],
-                    offset=n0 + q0,
-                    vector_offset=tok[:, c : c + 1],
-                    indirect_dim=0,
-                )
-                nisa.dma_copy(dst=view, src=o[:, 0:qw], oob_mode=nisa.oob_mode.skip)
+        if t0 + tw == kt:
+            _store_rows(d, out, tok, acc, n0, nw)
+
+
+def _load_unit(d: dict[str, Any], w: Any, grp: Any, unit: tuple[int, ...], dst: Any) -> None:
+    """dst[:, 0:tw, 0:nw] = W[grp][K tiles t0 .. t0 + tw, n0 : n0 + nw], K on partitions."""
+    n0, nw, t0, tw = unit
+    rows = min(tw * P, d["K"] - t0 * P)
+    if d["layout"] == "kn":
+        load_weight_rows(w, grp, t0 * P, rows, n0, nw, dst[:, 0:tw, 0:nw])
+    else:
+        load_weight_cols(w, grp, n0, nw, t0 * P, rows, dst[:, 0:tw, 0:nw])
+
+
+def _store_rows(
+    d: dict[str, Any], out: Any, tok: Any, acc: list[list[Any]], n0: int, nw: int
+) -> None:
+    """out[block rows, n0 : n0 + nw] = acc (PSUM -> dtype -> scatter; padding skipped)."""
+    n = d["N"]
+    for c, banks in enumerate(acc):
+        o = nl.ndarray((P, len(banks) * PSUM_FP32), dtype=out.dtype, buffer=nl.sbuf)
+        for q, ps in enumerate(banks):
+            qw = min(PSUM_FP32, nw - q * PSUM_FP32)
+            eng = nisa.engine.scalar if (c + q) % 2 else nisa.engine.vector
+            cols = slice(q * PSUM_FP32, q * PSUM_FP32 + qw)
+            nisa.tensor_copy(dst=o[:, cols], src=ps[:, 0:qw], engine=eng)
+        view = out.ap([[n, P], [1, nw]], offset=n0, vector_offset=tok[:, c : c + 1], indirect_dim=0)
+        nisa.dma_copy(dst=view, src=o[:, 0:nw], oob_mode=nisa.oob_mode.skip)
 
 
 @nki.jit
@@ -234,9 +292,11 @@ def _wgrad_tile(x: Any, dy: Any, rows: Any, addr: Any, panel: tuple[int, ...], a
         )
 
 
-def _gather_cols(src: Any, idx: Any, dst: Any, c0: int, cw: int) -> None:
-    """dst[p, :cw] = src[idx[p], c0 : c0 + cw]; out-of-range rows (padding) give zeros."""
-    nisa.memset(dst=dst[:, 0:cw], value=0.0)
+def _gather_cols(src: Any, idx: Any, dst: Any, c0: int, cw: int, zero: bool = True) -> None:
+    """dst[p, :cw] = src[idx[p], c0 : c0 + cw]; out-of-range rows (padding) give zeros
+    (`zero`; else they keep what dst held)."""
+    if zero:
+        nisa.memset(dst=dst[:, 0:cw], value=0.0)
     width = src.shape[1]
     view = src.ap([[width, P], [1, cw]], offset=c0, vector_offset=idx, indirect_dim=0)
     nisa.dma_copy(dst=dst[:, 0:cw], src=view, oob_mode=nisa.oob_mode.skip)

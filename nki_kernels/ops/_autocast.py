@@ -52,6 +52,7 @@ RULES: dict[str, Rule] = {
     "decode_attention": Rule(LOWER, (0, 1, 2)),
     "moe_mlp": Rule(LOWER, (0, 2, 3), dtypes=(torch.float32, torch.bfloat16)),
     "grouped_mm": Rule(LOWER, (0, 1)),
+    "moe_experts": Rule(LOWER, (0, 3, 4), dtypes=(torch.float32, torch.bfloat16)),
     "rms_norm": Rule(INPUT, (0,), (1,)),
     "layer_norm": Rule(INPUT, (0,), (1, 2)),
     "add_rms_norm": Rule(INPUT, (0, 1), (2,)),
@@ -63,6 +64,7 @@ RULES: dict[str, Rule] = {
     "moe_route_backward": Rule(NONE),
     "moe_mlp_backward": Rule(NONE),
     "grouped_mm_weight_grad": Rule(NONE),
+    "moe_experts_backward": Rule(NONE),
 }
 
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "neuron": "AutocastPrivateUse1"}

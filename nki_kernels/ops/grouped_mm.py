@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..moe.group_plan import P, max_blocks, plan_row_blocks, plan_row_tiles
-from ..moe.grouped_gemm import grouped_mm_fwd, grouped_mm_wgrad
+from ..moe.grouped_gemm import GATHER_COLS, W_BUFS, grouped_mm_fwd, grouped_mm_wgrad
 from ..runtime import launch, pad_to_bucket, unpad
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
@@ -35,22 +35,21 @@ from .checks import FLOAT_DTYPES, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 SBUF_BUDGET = 160 * 1024  # bytes per partition the forward's tiles may use (trn2: 192 KiB)
+WEIGHT_UNIT_BYTES = 8 * 1024  # bytes per partition of one weight unit (1 MiB per load)
 
 
 def tile_sizes(k: int, n: int, itemsize: int) -> tuple[int, int]:
-    """(block_rows, n_tile) of the forward: the largest block (weight reuse: a block
-    streams its group's weights once) whose tiles fit `SBUF_BUDGET`, then the widest
-    weight load. Per partition: gathered rows s*K, their transpose ceil(K/128)*s*128
-    and two weight loads ceil(K/128)*n_tile, in elements of `itemsize` bytes."""
+    """(block_rows, unit_bytes) of the forward: the largest block (weight reuse: a block
+    streams its group's weights once) whose tiles fit `SBUF_BUDGET` per partition: the
+    transposed rows ceil(K/128) * block_rows, a gathered column chunk and W_BUFS weight
+    units of WEIGHT_UNIT_BYTES."""
     kt = -(-k // P)
+    del n  # the units' width follows the block size in the kernel
     for rows in (512, 384, 256, 128):
-        s = rows // P
-        for nt in (512, 384, 256, 128):
-            nt = min(nt, n)
-            used = (s * k + kt * rows + 2 * kt * nt) * itemsize
-            if used <= SBUF_BUDGET:
-                return rows, nt
-    return P, min(P, n)
+        used = (kt * rows + (rows // P) * GATHER_COLS) * itemsize + W_BUFS * WEIGHT_UNIT_BYTES
+        if used <= SBUF_BUDGET:
+            return rows, WEIGHT_UNIT_BYTES
+    return P, WEIGHT_UNIT_BYTES
 
 
 # ---- checks -------------------------------------------------------------------------------
@@ -180,7 +179,7 @@ def grouped_mm(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
     xp, _ = pad_to_bucket(x_sorted.detach(), 0)
     rows = xp.shape[0]
     wk, layout = _weight_layout(w.detach())
-    block_rows, n_tile = tile_sizes(x_sorted.shape[1], n, x_sorted.element_size())
+    block_rows, unit_bytes = tile_sizes(x_sorted.shape[1], n, x_sorted.element_size())
     if tracing(offs):
         plan = call_host_op("grouped_mm_plan", offs, m, rows, block_rows)
     else:
@@ -192,7 +191,7 @@ def grouped_mm(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
         *plan,
         target=get_target(None),
         w_layout=layout,
-        n_tile=n_tile,
+        unit_bytes=unit_bytes,
     )
     return unpad(out, 0, m).contiguous()
 
