@@ -90,9 +90,9 @@ def _triton_stand_in() -> None:
 _triton_stand_in()
 try:
     from torch.nn.attention.flex_attention import BlockMask
-    from torchtitan.models.common import attention as _tt_attention
-    from torchtitan.models.common import moe as _tt_moe
-    from torchtitan.models.common import nn_modules as _tt_nn
+    from torchtitan.models.common.attention import FlexAttention, VarlenAttention, VarlenMetadata
+    from torchtitan.models.common.moe import GroupedExperts, MoE, TokenChoiceTopKRouter
+    from torchtitan.models.common.nn_modules import RMSNorm
     from torchtitan.protocols.model import ModelConfigConverter
     from torchtitan.protocols.module import Module
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -106,14 +106,6 @@ import nki_kernels  # noqa: E402  (registers the ops)
 
 from ..nn.norm import RMSNorm as _NkiRMSNormModule  # noqa: E402
 from ..ops import moe as _moe_ops  # noqa: E402
-
-FlexAttention = _tt_attention.FlexAttention
-VarlenAttention = _tt_attention.VarlenAttention
-VarlenMetadata = _tt_attention.VarlenMetadata
-GroupedExperts = _tt_moe.GroupedExperts
-TokenChoiceTopKRouter = _tt_moe.TokenChoiceTopKRouter
-MoE = _tt_moe.MoE
-RMSNorm = _tt_nn.RMSNorm
 
 _COUNTS: Counter[str] = Counter()
 
