@@ -42,7 +42,7 @@ import sys
 import types
 from collections import Counter
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,10 +51,6 @@ from torch import Tensor
 PACKAGE = "torchtitan"
 TESTED_VERSION = "0.3.0"
 _EP_KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
-
-
-class SeamError(RuntimeError):
-    """An interface this integration relies on is not what it was at TESTED_VERSION."""
 
 
 def installed_version() -> str:
@@ -523,8 +519,6 @@ class NkiConverter(ModelConfigConverter):
         return model_config
 
 
-Kind = Literal["attention", "varlen", "norms", "experts", "router", "moe"]
-
 __all__ = [
     "PACKAGE",
     "TESTED_VERSION",
@@ -535,9 +529,9 @@ __all__ = [
     "NkiRMSNorm",
     "NkiRouter",
     "NkiVarlenAttention",
-    "SeamError",
     "fallbacks",
     "has_grouped_mm",
+    "has_op",
     "installed_version",
     "reset_fallbacks",
     "window_to_sliding",
