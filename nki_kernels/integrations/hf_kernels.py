@@ -5,11 +5,12 @@
 
     hf_kernels.kernelize_model(model, device="neuron", mode=Mode.TRAINING)
 
-The repository is a directory in the Hub's build layout, shipped with the package
-(`REPO_PATH`: `build/torch-universal/{metadata.json, nki_layers/}`; a universal
-variant, so the same files load for `device="cpu"` and `device="neuron"`, nothing is
-downloaded). Its layers (`nki_layers/layers.py`) follow the kernels rules: stateless,
-the replaced layer's forward signature, `has_backward` / `can_torch_compile` declared.
+The repository is a local directory shipped with the package (`REPO_PATH`:
+`torch-universal/{metadata.json, nki_layers/}`, one variant directory, which kernels
+finds at a repository's top level as under the Hub's `build/`); a universal variant, so
+the same files load for `device="cpu"` and `device="neuron"`, nothing is downloaded.
+Its layers (`nki_layers/layers.py`) follow the kernels rules: stateless, the replaced
+layer's forward signature, `has_backward` / `can_torch_compile` declared.
 
 Layers and the transformers classes they replace:
 

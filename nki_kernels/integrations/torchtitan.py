@@ -20,9 +20,10 @@ converters work this way). `NkiConverter` replaces, by config class:
 - the MoE: `MoE.Config` -> `NkiMoE`, which runs routing and experts in one
   `torch.ops.nki.moe_mlp` when the router's options map onto the kernel's (softmax or
   sigmoid scores, `route_norm`, `route_scale`, no expert groups, a zero load-balancing
-  bias), else TorchTitan's own dispatch with `NkiGroupedExperts`, whose
-  `_grouped_mm(A, B_t, offs)` seam calls `torch.ops.nki.grouped_mm` when the build has
-  it; `TokenChoiceTopKRouter.Config` -> `NkiRouter` (top-k on `torch.ops.nki.moe_route`
+  bias), else the router and `torch.ops.nki.moe_experts` (when the build has it), else
+  TorchTitan's own dispatch with `NkiGroupedExperts`, whose `_grouped_mm(A, B_t, offs)`
+  seam calls `torch.ops.nki.grouped_mm` when the build has it;
+  `TokenChoiceTopKRouter.Config` -> `NkiRouter` (top-k on `torch.ops.nki.moe_route`
   when its options allow). What ran where is counted in `fallbacks()`.
 
 Parameters, buffers and state_dict keys are TorchTitan's, so checkpoints, FSDP2
@@ -41,7 +42,7 @@ import sys
 import types
 from collections import Counter
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,10 +51,6 @@ from torch import Tensor
 PACKAGE = "torchtitan"
 TESTED_VERSION = "0.3.0"
 _EP_KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
-
-
-class SeamError(RuntimeError):
-    """An interface this integration relies on is not what it was at TESTED_VERSION."""
 
 
 def installed_version() -> str:
@@ -90,9 +87,9 @@ def _triton_stand_in() -> None:
 _triton_stand_in()
 try:
     from torch.nn.attention.flex_attention import BlockMask
-    from torchtitan.models.common import attention as _tt_attention
-    from torchtitan.models.common import moe as _tt_moe
-    from torchtitan.models.common import nn_modules as _tt_nn
+    from torchtitan.models.common.attention import FlexAttention, VarlenAttention, VarlenMetadata
+    from torchtitan.models.common.moe import GroupedExperts, MoE, TokenChoiceTopKRouter
+    from torchtitan.models.common.nn_modules import RMSNorm
     from torchtitan.protocols.model import ModelConfigConverter
     from torchtitan.protocols.module import Module
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -106,14 +103,6 @@ import nki_kernels  # noqa: E402  (registers the ops)
 
 from ..nn.norm import RMSNorm as _NkiRMSNormModule  # noqa: E402
 from ..ops import moe as _moe_ops  # noqa: E402
-
-FlexAttention = _tt_attention.FlexAttention
-VarlenAttention = _tt_attention.VarlenAttention
-VarlenMetadata = _tt_attention.VarlenMetadata
-GroupedExperts = _tt_moe.GroupedExperts
-TokenChoiceTopKRouter = _tt_moe.TokenChoiceTopKRouter
-MoE = _tt_moe.MoE
-RMSNorm = _tt_nn.RMSNorm
 
 _COUNTS: Counter[str] = Counter()
 
@@ -129,13 +118,18 @@ def reset_fallbacks() -> None:
     _COUNTS.clear()
 
 
-def has_grouped_mm() -> bool:
-    """Whether this build registers `torch.ops.nki.grouped_mm`."""
+def has_op(name: str) -> bool:
+    """Whether this build registers `torch.ops.nki.<name>`."""
     try:
-        torch.ops.nki.grouped_mm  # noqa: B018
+        getattr(torch.ops.nki, name)
     except (AttributeError, RuntimeError):
         return False
     return True
+
+
+def has_grouped_mm() -> bool:
+    """Whether this build registers `torch.ops.nki.grouped_mm`."""
+    return has_op("grouped_mm")
 
 
 # ---- attention ------------------------------------------------------------------------
@@ -384,49 +378,77 @@ class NkiRouter(TokenChoiceTopKRouter):
 
 
 class NkiMoE(MoE):
-    """TorchTitan's MoE layer with routing and experts in one `torch.ops.nki.moe_mlp`
-    when the router's options map onto the kernel, else TorchTitan's own dispatch
-    (its router and `NkiGroupedExperts`). The experts compute in bf16, as TorchTitan's
-    GroupedExperts does; the shared experts and the load-balancing counters are
-    unchanged."""
+    """TorchTitan's MoE layer on the NKI ops, the first that applies:
+
+    1. `fused`: routing and experts in one `torch.ops.nki.moe_mlp` when the router's
+       options map onto the kernel's (see `_route_unsupported`);
+    2. `nki_experts`: the router as configured (`NkiRouter`: any of TorchTitan's
+       options) and the experts on `torch.ops.nki.moe_experts`, when the build has it;
+    3. TorchTitan's own dispatch and combine around `NkiGroupedExperts`.
+
+    The experts compute in bf16, as TorchTitan's GroupedExperts does; the shared
+    experts and the load-balancing counters are TorchTitan's."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(MoE.Config):
         fused: bool = True
+        nki_experts: bool = True
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.fused = config.fused
+        self.nki_experts = config.nki_experts
+
+    def _count(self, ids: Tensor) -> None:
+        me: Any = self
+        if self.training:
+            with torch.no_grad():
+                counts = torch.bincount(ids.reshape(-1), minlength=me.router.num_experts)
+                me.tokens_per_expert_E.add_(counts.to(me.tokens_per_expert_E.dtype))
+
+    def _weights(self) -> tuple[Tensor, Tensor]:
+        experts: Any = self.routed_experts.inner_experts  # type: ignore[union-attr]
+        w_gate_up = torch.cat([experts.w1_EFD, experts.w3_EFD], dim=1).transpose(1, 2)
+        return w_gate_up.bfloat16(), experts.w2_EDF.transpose(1, 2).bfloat16()
 
     def forward(self, x_BLD: Tensor) -> Tensor:  # type: ignore[override]
         me: Any = self
-        router, experts = me.router, me.routed_experts.inner_experts
+        router = me.router
         why = "disabled (fused=False)" if not self.fused else None
         why = why or _route_unsupported(router, me.expert_bias_E)
-        if why is not None:
-            _COUNTS[f"moe: torch dispatch ({why})"] += 1
-            return super().forward(x_BLD)  # type: ignore[no-any-return]
-        _COUNTS["moe: fused moe_mlp"] += 1
         b, length, d = x_BLD.shape
         x_TD = x_BLD.reshape(b * length, d)
-        logits = _gate_logits(router, x_TD)
-        if self.training:
-            with torch.no_grad():
-                ids = torch.topk(_scores(router, logits), router.top_k, dim=-1).indices
-                counts = torch.bincount(ids.reshape(-1), minlength=router.num_experts)
-                me.tokens_per_expert_E.add_(counts.to(me.tokens_per_expert_E.dtype))
-        w_gate_up = torch.cat([experts.w1_EFD, experts.w3_EFD], dim=1).transpose(1, 2)
-        out = torch.ops.nki.moe_mlp(
-            x_TD.bfloat16(),
-            logits,
-            w_gate_up.bfloat16(),
-            experts.w2_EDF.transpose(1, 2).bfloat16(),
-            top_k=router.top_k,
-            renormalize=bool(router.route_norm),
-            scoring=router.score_func,
-        ).type_as(x_BLD)
-        if router.route_scale != 1.0:
-            out = out * router.route_scale
+        if why is None:
+            _COUNTS["moe: fused moe_mlp"] += 1
+            logits = _gate_logits(router, x_TD)
+            self._count(torch.topk(_scores(router, logits), router.top_k, dim=-1).indices)
+            w_gate_up, w_down = self._weights()
+            out = torch.ops.nki.moe_mlp(
+                x_TD.bfloat16(),
+                logits,
+                w_gate_up,
+                w_down,
+                top_k=router.top_k,
+                renormalize=bool(router.route_norm),
+                scoring=router.score_func,
+            ).type_as(x_BLD)
+            if router.route_scale != 1.0:
+                out = out * router.route_scale
+        elif self.nki_experts and has_op("moe_experts"):
+            _COUNTS[f"moe: router + moe_experts (not fused: {why})"] += 1
+            weights, ids, _ = router(x_BLD, me.expert_bias_E)
+            self._count(ids)
+            w_gate_up, w_down = self._weights()
+            out = torch.ops.nki.moe_experts(
+                x_TD.bfloat16(),
+                weights.reshape(b * length, -1).float(),
+                ids.reshape(b * length, -1),
+                w_gate_up,
+                w_down,
+            ).type_as(x_BLD)
+        else:
+            _COUNTS[f"moe: torch dispatch (not fused: {why})"] += 1
+            return super().forward(x_BLD)  # type: ignore[no-any-return]
         out = out.view(b, length, d)
         if me.shared_experts is not None:
             out = out + me.shared_experts(x_BLD)
@@ -497,8 +519,6 @@ class NkiConverter(ModelConfigConverter):
         return model_config
 
 
-Kind = Literal["attention", "varlen", "norms", "experts", "router", "moe"]
-
 __all__ = [
     "PACKAGE",
     "TESTED_VERSION",
@@ -509,9 +529,9 @@ __all__ = [
     "NkiRMSNorm",
     "NkiRouter",
     "NkiVarlenAttention",
-    "SeamError",
     "fallbacks",
     "has_grouped_mm",
+    "has_op",
     "installed_version",
     "reset_fallbacks",
     "window_to_sliding",

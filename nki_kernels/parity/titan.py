@@ -10,8 +10,10 @@ reference. TorchTitan's own inner attention does not train on CPU (FlexAttention
 replaces only that module, by a converter of the same kind, with torch's SDPA on the
 same mask (the BlockMask's mask_mod, or the cu_seqlens documents and window, made
 dense); everything else is stock TorchTitan, including its bf16 grouped-mm experts.
-The noise floor's second implementation runs SDPA on its math backend and the experts'
-grouped matmuls one expert at a time.
+The noise floor's second implementation runs SDPA on its math backend and the experts
+one at a time with their products kept in fp32 (TorchTitan's experts compute in bf16
+whatever the model's dtype; where a bf16 result is rounded is an implementation's free
+choice, so that gap is part of the floor).
 
 `titan_batches(seed, step)`: tokens [2, 64] in three packed documents (positions reset
 to 0 at each start, as TorchTitan's dataloader emits them), labels the next token.
@@ -85,7 +87,9 @@ def _reference_classes() -> dict[str, Any]:
             return _sdpa(q, k, v, allowed.unsqueeze(1), scale)
 
     class LoopGroupedExperts(tt.GroupedExperts):
-        """The grouped matmul one expert at a time (the noise floor's second experts)."""
+        """The noise floor's second bf16 experts: one expert at a time, the same bf16
+        inputs and weights, products kept in fp32 (TorchTitan's rounds each grouped
+        matmul's output, and so SiLU(gate) * up, to bf16 before the down projection)."""
 
         @dataclass(kw_only=True, slots=True)
         class Config(tt.GroupedExperts.Config):
@@ -94,7 +98,7 @@ def _reference_classes() -> dict[str, Any]:
         def _grouped_mm(self, *, A, B_t, offs):  # type: ignore[no-untyped-def, override]
             outs, start = [], 0
             for e, end in enumerate(offs.tolist()):
-                outs.append(A[start:end] @ B_t[e])
+                outs.append(A[start:end].float() @ B_t[e].float())
                 start = end
             return torch.cat(outs)
 

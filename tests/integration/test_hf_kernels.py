@@ -50,7 +50,7 @@ def test_repository_is_a_local_layer_repository_with_declared_support() -> None:
     assert set(classes) == set(hf_kernels.LAYERS)
     for cls in classes.values():
         assert cls.has_backward is True and cls.can_torch_compile is True
-    assert (hf_kernels.REPO_PATH / "build" / "torch-universal" / "metadata.json").is_file()
+    assert (hf_kernels.REPO_PATH / "torch-universal" / "metadata.json").is_file()
 
 
 @pytest.mark.parametrize("model_type", ["llama", "mixtral"])

@@ -158,45 +158,66 @@ def test_router_matches_torchtitan(options) -> None:
     assert tt.fallbacks() == {path: 1}
 
 
-def _moe_block(name="deepseekv3_debugmodel"):
-    """The first MoE block of the debug model's config, stock and converted."""
+def _moe_block(**router):
+    """The first MoE block of the debug model's config (router options overridden), stock
+    and converted."""
     from torchtitan.models.deepseek_v3 import model_registry
 
     stock_cfg = model_registry("debugmodel").model.layers[1].moe
     nki_cfg = model_registry("debugmodel", converters=[tt.NkiConverter.Config()])
-    return stock_cfg, nki_cfg.model.layers[1].moe
+    nki_cfg = nki_cfg.model.layers[1].moe
+    for cfg in (stock_cfg, nki_cfg):
+        for k, v in router.items():
+            setattr(cfg.router, k, v)
+    return stock_cfg, nki_cfg
 
 
-def test_moe_fused_and_grouped_paths_match_stock() -> None:
-    stock_cfg, nki_cfg = _moe_block()
+@pytest.mark.parametrize(
+    "router, fused, nki_experts, path",
+    [
+        ({}, True, True, "moe: fused moe_mlp"),
+        ({}, False, True, "not fused: disabled (fused=False)"),
+        ({}, False, False, "moe: torch dispatch (not fused: disabled (fused=False))"),
+        (
+            {"score_func": "sigmoid", "num_expert_groups": 4, "num_limited_groups": 2},
+            True,
+            True,
+            "not fused: expert groups",
+        ),
+    ],
+)
+def test_moe_paths_match_stock(router, fused, nki_experts, path) -> None:
+    stock_cfg, nki_cfg = _moe_block(**router)
     torch.manual_seed(0)
     stock = stock_cfg.build()
     stock.init_states(buffer_device=None)
     x = torch.randn(2, 24, 256)
-    for fused in (True, False):
-        nki_cfg.fused = fused
-        ours = nki_cfg.build()
-        ours.load_state_dict(stock.state_dict())
-        tt.reset_fallbacks()
-        xs, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
-        want, got = stock(xs), ours(xo)
-        torch.testing.assert_close(got, want, atol=3e-3, rtol=2e-2)  # bf16 experts, as stock
-        want.square().sum().backward()
-        got.square().sum().backward()
-        torch.testing.assert_close(xo.grad, xs.grad, atol=3e-3, rtol=3e-2)
-        torch.testing.assert_close(ours.tokens_per_expert_E, stock.tokens_per_expert_E)
-        stock.tokens_per_expert_E.zero_()
-        counts = tt.fallbacks()
-        if fused:
-            assert counts == {"moe: fused moe_mlp": 1}
-        else:
-            assert counts["moe: torch dispatch (disabled (fused=False))"] == 1
-            key = (
-                "grouped_mm: torch.ops.nki.grouped_mm"
-                if tt.has_grouped_mm()
-                else "grouped_mm: torch._grouped_mm (no torch.ops.nki.grouped_mm)"
-            )
-            assert counts[key] == 3  # w1, w3, w2: one seam call each in the forward
+    nki_cfg.fused, nki_cfg.nki_experts = fused, nki_experts
+    ours = nki_cfg.build()
+    ours.load_state_dict(stock.state_dict())
+    tt.reset_fallbacks()
+    xs, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = stock(xs), ours(xo)
+    torch.testing.assert_close(got, want, atol=3e-3, rtol=2e-2)  # bf16 experts, as stock
+    want.square().sum().backward()
+    got.square().sum().backward()
+    torch.testing.assert_close(xo.grad, xs.grad, atol=3e-3, rtol=3e-2)
+    for name, p in stock.named_parameters():
+        torch.testing.assert_close(dict(ours.named_parameters())[name].grad, p.grad,
+                                   atol=3e-3, rtol=3e-2, msg=name)  # fmt: skip
+    torch.testing.assert_close(ours.tokens_per_expert_E, stock.tokens_per_expert_E)
+    counts = tt.fallbacks()
+    moe_path = [k for k in counts if k.startswith("moe:")]
+    assert len(moe_path) == 1 and path in moe_path[0], counts
+    if "torch dispatch" in moe_path[0]:
+        key = (
+            "grouped_mm: torch.ops.nki.grouped_mm"
+            if tt.has_grouped_mm()
+            else "grouped_mm: torch._grouped_mm (no torch.ops.nki.grouped_mm)"
+        )
+        assert counts[key] == 3  # w1, w3, w2: one seam call each in the forward
+    elif "moe_experts" not in moe_path[0]:
+        assert moe_path[0].startswith("moe: fused") or not tt.has_op("moe_experts")
 
 
 def test_converter_swaps_by_config_class() -> None:
