@@ -86,7 +86,7 @@ def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def
             "nhd",
             s["fp8"],
             target=target,
-        ),  # fmt: skip
+        ),
         "attend": _us(serving_attention_fwd, *attend, target=target),
     }
     if new <= 4 and cdt == "bfloat16":
@@ -109,21 +109,17 @@ def main() -> None:
     for case in CASES:
         with replayed_traces():
             runs = [price(case, t) for t in sets]
+        fused = _band([r["fused"] for r in runs])
+        comp = _band([r["write"] + r["attend"] for r in runs])
+        dec = _band([r["write"] + r["decode"] for r in runs]) if "decode" in runs[0] else "-"
+        ratio = [r["fused"] / (r["write"] + r["attend"]) for r in runs]
+        print(f"| {case} | {fused} | {comp} | {dec} | "
+              f"x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip
 
-        def band(key: str) -> str:
-            if key not in runs[0]:
-                return "-"
-            v = [r[key] for r in runs]
-            return f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
 
-        comp = [r["write"] + r["attend"] for r in runs]
-        ratio = [r["fused"] / c for r, c in zip(runs, comp)]
-        dec = "-"
-        if "decode" in runs[0]:
-            v = [r["write"] + r["decode"] for r in runs]
-            dec = f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
-        print(f"| {case} | {band('fused')} | {comp[0]:.1f} [{min(comp):.1f}, {max(comp):.1f}] "
-              f"| {dec} | x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip
+def _band(v: list[float]) -> str:
+    """The shipped set's figure and [the range over every set]."""
+    return f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
 
 
 if __name__ == "__main__":
