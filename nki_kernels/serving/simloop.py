@@ -295,7 +295,8 @@ class Loop:
 
 
 def run(cfg: TinyConfig, steps: int, *, compiled: bool = True, seed: int = 0,
-        frozen: Frozen | None = None) -> dict[str, float]:  # fmt: skip
+        frozen: Frozen | None = None,
+        progress: Callable[[int, float], None] | None = None) -> dict[str, float]:  # fmt: skip
     """Run the loop for `steps` steps; assert-free: returns the worst relative logits
     error, the steps run and the scheduler's counts (the caller judges)."""
     loop = Loop(cfg, frozen or Frozen(), seed)
@@ -318,6 +319,8 @@ def run(cfg: TinyConfig, steps: int, *, compiled: bool = True, seed: int = 0,
         err = float((logits[:n_tok].double() - ref).abs().max() / ref.abs().max())
         worst = max(worst, err)
         loop.commit(plan, logits)
+        if progress is not None:
+            progress(n, worst)
         if compiled and n == 0:
             torch.compiler.set_stance("fail_on_recompile")
     if compiled:
