@@ -46,6 +46,7 @@ def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
     items = seqs * -(-new // tq)
     kv_tile = key_step(ctx + new)
     steps = -(-(ctx + new) // kv_tile)
+    grouped = kv_tile == 512 and BS % 4 == 0  # as serving.host.step_key_tiles
     blocks = seqs * -(-(ctx + new) // BS) + 1
     t_tok = seqs * new
     return {
@@ -53,7 +54,8 @@ def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
         "new": TensorSpec((t_tok, HKV * D), "bfloat16"),
         "cache": TensorSpec((blocks, BS, HKV, D), cache_dt),
         "wrows": TensorSpec((t_tok, 1), "int32"),
-        "krows": TensorSpec((items, steps, 128, kv_tile // 128), "int32"),
+        "krows": TensorSpec((items, steps, 128, 1 if grouped else kv_tile // 128), "int32"),
+        "kmask": TensorSpec((items, steps, 128, 4), "uint8") if grouped else None,
         "info": TensorSpec((items, HKV, 128, 4), "float32"),
         "scales": TensorSpec((HKV, 4), "float32"),
         "steps": steps,
@@ -69,7 +71,7 @@ def _us(kernel, *args, target) -> float:  # type: ignore[no-untyped-def]
 def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def]
     seqs, ctx, new, cdt = CASES[case]
     s = _specs(seqs, ctx, new, cdt)
-    attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["info"],
+    attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["kmask"], s["info"],
               s["scales"], "nhd", s["steps"], s["kv_tile"], s["fp8"])  # fmt: skip
     fused = list(attend)
     fused[1], fused[2], fused[5] = s["new"], s["new"], s["wrows"]
