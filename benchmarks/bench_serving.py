@@ -11,8 +11,12 @@ blocks ("nhd"), per case:
 * decode cases also: the write + the project's decode kernel (`decode_attention_fwd`,
   its heuristic config), the closest existing kernel for those rows.
 
-AWS's `attention_tkg` / segmented CTE are not priced here: pricing them needs a local
-nki-library checkout (see `bench/peer_decode.py`), absent on this machine.
+AWS's `attention_tkg` (nki-library's token-generation attention): its committed modeled
+rows (`benchmarks/data/decode_aws_rows.json`, priced through `bench/peer_decode.py`'s
+harness at nki-library d2ad3a57, one Llama-3 8B layer = 8 calls, s_active = 1, paged
+16-key blocks) are shown for the decode row; it writes no cache. Pricing it for the
+other rows (s_active = 4, prefill chunks) or AWS's segmented CTE needs a local
+nki-library checkout, absent on this machine.
 Every figure is modeled (cost model, target, band over the parameter sets); none is a
 measurement.
 """
@@ -20,7 +24,9 @@ measurement.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from nki_kernels.attention.decode import decode_attention_fwd
 from nki_kernels.attention.decode_host import DecodeConfig, DecodeProblem, kernel_args
@@ -98,6 +104,18 @@ def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def
     return row
 
 
+AWS_ROWS = Path(__file__).resolve().parent / "data" / "decode_aws_rows.json"
+
+
+def aws_tkg(target: str, batch: int, cache: int) -> str:
+    """AWS attention_tkg's committed modeled row (paged), as 'latency [band]', or '-'."""
+    for r in json.loads(AWS_ROWS.read_text())["rows"]:
+        if (r["target"], r["batch"], r["cache"], r["paged"]) == (target, batch, cache, True):
+            lo, hi = r["band_us"]
+            return f"{r['latency_us']:.1f} [{lo:.1f}, {hi:.1f}]"
+    return "-"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="trn2")
@@ -106,8 +124,9 @@ def main() -> None:
     print(f"modeled (cost model {COST_MODEL_VERSION}, {args.target}; band over {len(sets)} "
           "parameter sets); one Llama-3 8B layer, bf16 queries, 16-key blocks")  # fmt: skip
     print("| case | fused write + attend (us) | write + attend, 2 launches (us) "
-          "| write + decode kernel (us) | fused / composition |")  # fmt: skip
-    print("|---|---|---|---|---|")
+          "| write + decode kernel (us) | AWS attention_tkg, no write (us) "
+          "| fused / composition |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for case in CASES:
         with replayed_traces():
             runs = [price(case, t) for t in sets]
@@ -115,7 +134,9 @@ def main() -> None:
         comp = _band([r["write"] + r["attend"] for r in runs])
         dec = _band([r["write"] + r["decode"] for r in runs]) if "decode" in runs[0] else "-"
         ratio = [r["fused"] / (r["write"] + r["attend"]) for r in runs]
-        print(f"| {case} | {fused} | {comp} | {dec} | "
+        seqs, ctx, new, cdt = CASES[case]
+        aws = aws_tkg(args.target, seqs, ctx) if new == 1 and cdt == "bfloat16" else "-"
+        print(f"| {case} | {fused} | {comp} | {dec} | {aws} | "
               f"x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip
 
 
