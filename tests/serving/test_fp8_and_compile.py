@@ -79,7 +79,11 @@ def test_fp8_saturation_and_nan(cdt: torch.dtype) -> None:
     assert torch.isfinite(got[[0, 1, 3, 4, 6, 7]]).all()
 
 
-def test_fp8_scale_of_wrong_shape_is_named() -> None:
+def test_scale_of_wrong_shape_or_cache_is_named() -> None:
+    plain = make_step([(3, 2)])
+    with pytest.raises(ValueError, match=r"k_scale: expected None for a torch\.float32 cache"):
+        kv_cache_write(plain.k, plain.v, plain.k_cache, plain.v_cache, plain.slot_mapping,
+                       k_scale=torch.tensor(1.0))  # fmt: skip
     step = make_step([(3, 2)], cache_dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"k_scale: expected shape \[\] or \[1\]"):
         serving_attention(
