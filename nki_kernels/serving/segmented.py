@@ -19,8 +19,8 @@ heads of the group and the item's TQ tokens are one tile of R = G * TQ <= 128 ro
 
     m = rowinfo.m0, l = rowinfo.l0, O = 0       # sinks: m0 = sink / sc, l0 = 1
     for step t (kv_tile key positions, gathered through key_rows: one vector_select DMA
-               per 128 keys each for K and V; positions past the sequence's length carry
-               a negative row, are skipped by the DMA; V's tile was cleared to zeros):
+               per 128 rows each for K and V; positions past the sequence's length carry
+               a negative row, are skipped by the DMA, and their V rows are zeros):
         K, V  = gathered rows (fp8: converted to the compute dtype on VectorE / GpSimd)
         K^T   = PE transposes of K (128 keys each)
         S     = Q^T.T @ K^T                                       # PSUM [R, kv_tile]
@@ -41,7 +41,11 @@ shifted by g * block_size for head g.
 
 Inputs: q_t [n_items, Hkv, D, R] (Q^T, packed by the host); k_new, v_new [T, Hkv * D]
 (or None); write_rows int32 [T, 1]; key_rows int32 [n_items, n_steps, 128, kv_tile / 128]
-(key u * 128 + p of step s at [s, p, u]: each step's index tile is one contiguous load);
+(key u * 128 + p of step s at [s, p, u]: each step's index tile is one contiguous load)
+and key_mask None -- or, grouped gathers (512-key steps, block sizes divisible by 4),
+key_rows [n_items, n_steps, 128, 1] (partition p: the row / 4 of key 4p, its group of 4
+consecutive keys one row of the grouped view) and key_mask uint8 [n_items, n_steps, 128,
+4] (1: a key of the sequence; the V rows of the others are zeroed by a predicated copy);
 rowinfo fp32 [n_items, Hkv, 128, 4] = (lo, hi, m0, l0) per packed row; scales fp32 [Hkv, 4] =
 (softmax_scale * k_scale, v_scale, 1 / k_scale, 1 / v_scale). Output [n_items, Hkv, R, D]
 in q's dtype. Rows with no key and no sink have l = 0 (their out is not finite: the host
