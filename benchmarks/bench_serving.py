@@ -11,8 +11,12 @@ blocks ("nhd"), per case:
 * decode cases also: the write + the project's decode kernel (`decode_attention_fwd`,
   its heuristic config), the closest existing kernel for those rows.
 
-AWS's `attention_tkg` / segmented CTE are not priced here: pricing them needs a local
-nki-library checkout (see `bench/peer_decode.py`), absent on this machine.
+AWS's `attention_tkg` (nki-library's token-generation attention): its committed modeled
+rows (`benchmarks/data/decode_aws_rows.json`, priced through `bench/peer_decode.py`'s
+harness at nki-library d2ad3a57, one Llama-3 8B layer = 8 calls, s_active = 1, paged
+16-key blocks) are shown for the decode row; it writes no cache. Pricing it for the
+other rows (s_active = 4, prefill chunks) or AWS's segmented CTE needs a local
+nki-library checkout, absent on this machine.
 Every figure is modeled (cost model, target, band over the parameter sets); none is a
 measurement.
 """
@@ -20,7 +24,9 @@ measurement.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from nki_kernels.attention.decode import decode_attention_fwd
 from nki_kernels.attention.decode_host import DecodeConfig, DecodeProblem, kernel_args
@@ -46,6 +52,7 @@ def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
     items = seqs * -(-new // tq)
     kv_tile = key_step(ctx + new)
     steps = -(-(ctx + new) // kv_tile)
+    grouped = kv_tile == 512 and BS % 4 == 0  # as serving.host.step_key_tiles
     blocks = seqs * -(-(ctx + new) // BS) + 1
     t_tok = seqs * new
     return {
@@ -53,7 +60,8 @@ def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
         "new": TensorSpec((t_tok, HKV * D), "bfloat16"),
         "cache": TensorSpec((blocks, BS, HKV, D), cache_dt),
         "wrows": TensorSpec((t_tok, 1), "int32"),
-        "krows": TensorSpec((items, steps, 128, kv_tile // 128), "int32"),
+        "krows": TensorSpec((items, steps, 128, 1 if grouped else kv_tile // 128), "int32"),
+        "kmask": TensorSpec((items, steps, 128, 4), "uint8") if grouped else None,
         "info": TensorSpec((items, HKV, 128, 4), "float32"),
         "scales": TensorSpec((HKV, 4), "float32"),
         "steps": steps,
@@ -69,7 +77,7 @@ def _us(kernel, *args, target) -> float:  # type: ignore[no-untyped-def]
 def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def]
     seqs, ctx, new, cdt = CASES[case]
     s = _specs(seqs, ctx, new, cdt)
-    attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["info"],
+    attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["kmask"], s["info"],
               s["scales"], "nhd", s["steps"], s["kv_tile"], s["fp8"])  # fmt: skip
     fused = list(attend)
     fused[1], fused[2], fused[5] = s["new"], s["new"], s["wrows"]
@@ -86,7 +94,7 @@ def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def
             "nhd",
             s["fp8"],
             target=target,
-        ),  # fmt: skip
+        ),
         "attend": _us(serving_attention_fwd, *attend, target=target),
     }
     if new <= 4 and cdt == "bfloat16":
@@ -94,6 +102,18 @@ def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def
         cfg = DecodeConfig.heuristic(replace(prob, batch=1), target)
         row["decode"] = _us(decode_attention_fwd, *kernel_args(prob, cfg, BS), target=target)
     return row
+
+
+AWS_ROWS = Path(__file__).resolve().parent / "data" / "decode_aws_rows.json"
+
+
+def aws_tkg(target: str, batch: int, cache: int) -> str:
+    """AWS attention_tkg's committed modeled row (paged), as 'latency [band]', or '-'."""
+    for r in json.loads(AWS_ROWS.read_text())["rows"]:
+        if (r["target"], r["batch"], r["cache"], r["paged"]) == (target, batch, cache, True):
+            lo, hi = r["band_us"]
+            return f"{r['latency_us']:.1f} [{lo:.1f}, {hi:.1f}]"
+    return "-"
 
 
 def main() -> None:
@@ -104,26 +124,25 @@ def main() -> None:
     print(f"modeled (cost model {COST_MODEL_VERSION}, {args.target}; band over {len(sets)} "
           "parameter sets); one Llama-3 8B layer, bf16 queries, 16-key blocks")  # fmt: skip
     print("| case | fused write + attend (us) | write + attend, 2 launches (us) "
-          "| write + decode kernel (us) | fused / composition |")  # fmt: skip
-    print("|---|---|---|---|---|")
+          "| write + decode kernel (us) | AWS attention_tkg, no write (us) "
+          "| fused / composition |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for case in CASES:
         with replayed_traces():
             runs = [price(case, t) for t in sets]
+        fused = _band([r["fused"] for r in runs])
+        comp = _band([r["write"] + r["attend"] for r in runs])
+        dec = _band([r["write"] + r["decode"] for r in runs]) if "decode" in runs[0] else "-"
+        ratio = [r["fused"] / (r["write"] + r["attend"]) for r in runs]
+        seqs, ctx, new, cdt = CASES[case]
+        aws = aws_tkg(args.target, seqs, ctx) if new == 1 and cdt == "bfloat16" else "-"
+        print(f"| {case} | {fused} | {comp} | {dec} | {aws} | "
+              f"x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip
 
-        def band(key: str) -> str:
-            if key not in runs[0]:
-                return "-"
-            v = [r[key] for r in runs]
-            return f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
 
-        comp = [r["write"] + r["attend"] for r in runs]
-        ratio = [r["fused"] / c for r, c in zip(runs, comp)]
-        dec = "-"
-        if "decode" in runs[0]:
-            v = [r["write"] + r["decode"] for r in runs]
-            dec = f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
-        print(f"| {case} | {band('fused')} | {comp[0]:.1f} [{min(comp):.1f}, {max(comp):.1f}] "
-              f"| {dec} | x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip
+def _band(v: list[float]) -> str:
+    """The shipped set's figure and [the range over every set]."""
+    return f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import json
 import sys
 import time
 
+import torch
+
 from nki_kernels.serving.simloop import TinyConfig, run
 
 TOLERANCE = 1e-4  # fp32 logits vs float64, relative to max |logit| (two layers, small sums)
@@ -27,8 +29,16 @@ def main() -> int:
     ap.add_argument("--model", choices=("llama", "gpt-oss"), default="llama")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    # tiny matmuls: one thread (a multi-threaded BLAS spins on a shared machine, ~6x slower)
+    torch.set_num_threads(1)
     t0 = time.time()
-    res = run(TinyConfig(gpt_oss=args.model == "gpt-oss"), args.steps, seed=args.seed)
+
+    def progress(step: int, worst: float) -> None:
+        if (step + 1) % 10 == 0:
+            print(f"step {step + 1}: worst {worst:.2e}, {time.time() - t0:.0f} s", file=sys.stderr)
+
+    cfg = TinyConfig(gpt_oss=args.model == "gpt-oss")
+    res = run(cfg, args.steps, seed=args.seed, progress=progress)
     res["seconds"] = round(time.time() - t0, 1)
     print(json.dumps({"model": args.model, **res}))
     return 0 if res["worst_rel_err"] <= TOLERANCE else 1

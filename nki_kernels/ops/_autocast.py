@@ -65,6 +65,10 @@ RULES: dict[str, Rule] = {
     "moe_mlp_backward": Rule(NONE),
     "grouped_mm_weight_grad": Rule(NONE),
     "moe_experts_backward": Rule(NONE),
+    # serving: the KV cache (written in place) fixes the dtype; q, k, v must match it
+    "serving_attention": Rule(NONE),
+    "kv_cache_write": Rule(NONE),
+    "sink_attention": Rule(LOWER, (0, 1, 2)),  # as flash_attention; the sinks stay fp32
 }
 
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "neuron": "AutocastPrivateUse1"}

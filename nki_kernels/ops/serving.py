@@ -64,6 +64,11 @@ def _check_cache(k_cache: Tensor, v_cache: Tensor, layout: str, hkv: int, d: int
 def _check_scale(arg: str, s: Tensor | None, hkv: int, cache_dtype: torch.dtype) -> None:
     if s is None:
         return
+    if cache_dtype not in FP8_MAX:
+        raise ValueError(
+            f"{arg}: expected None for a {cache_dtype} cache (scales apply to fp8 caches: "
+            f"{', '.join(str(d) for d in FP8_MAX)}); got a tensor"
+        )
     check_tensor(arg, s, dtypes=(torch.float32,), min_dim=0)
     if s.numel() not in (1, hkv) or s.dim() > 1:
         raise ValueError(
@@ -140,8 +145,7 @@ def _examples_write() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     # torch 2.13 does not implement for fp8; the fp8 caches are tested in tests/serving)
     return [
         ((k, v, cache, cache.clone(), slots), {}),
-        ((k, v, hnd, hnd.clone(), slots, torch.tensor(0.5), torch.tensor([0.25, 2.0])),
-         {"layout": "hnd"}),
+        ((k, v, hnd, hnd.clone(), slots), {"layout": "hnd"}),
     ]  # fmt: skip
 
 
@@ -290,8 +294,8 @@ def _examples_attention() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
         ((q, k, v, cache, cache.clone(), slots, table, ctx, qsl), {}),
         ((q, None, None, cache, cache.clone(), None, table, ctx, qsl, torch.randn(4, generator=g)),
          {"sliding_window": 3, "softmax_scale": 0.3}),
-        ((q, k, v, hnd, hnd.clone(), slots, table, ctx, qsl, None, torch.tensor(2.0),
-          torch.tensor([0.5, 1.5])), {"layout": "hnd", "max_query_len": 4}),
+        ((q, k, v, hnd, hnd.clone(), slots, table, ctx, qsl),
+         {"layout": "hnd", "max_query_len": 4}),
     ]  # fmt: skip
 
 

@@ -3,6 +3,8 @@ over a paged or contiguous KV cache, FP8 KV, and a vLLM-Neuron-shaped functional
 
 Kernels beside their references: `segmented.py` (write, then attend, in one launch),
 `cache_write.py` (the write alone), `reference.py` (float64 PyTorch), `host.py` (the
-step planner and launches), `functional.py` (the `vllm_neuron.functional`-shaped names).
-The torch ops are registered in `nki_kernels/ops/serving.py`.
+step planner and launches), `functional.py` (the `vllm_neuron.functional`-shaped names),
+`simloop.py` (tiny decoders driven by a simulated scheduler, checked step by step). The
+torch ops are registered in `nki_kernels/ops/serving.py` (and attention sinks on the
+training kernels in `nki_kernels/ops/sinks.py`).
 """

@@ -184,6 +184,27 @@ def key_step(longest: int) -> int:
     return 512 if longest >= 512 else max(P, 1 << (longest - 1).bit_length())
 
 
+def step_key_tiles(plan: StepPlan, block_size: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The kernel's per-step index tiles of `plan.key_rows`.
+
+    512-key steps over blocks of a multiple of 4 keys are gathered four keys per
+    partition (partition p: keys 4p .. 4p + 3, one row of the grouped view): key_rows
+    [items, steps, 128, 1] = (row of key 4p) / 4, or -1 when the group is past the
+    sequence's length, and key_mask uint8 [items, steps, 128, 4] (1: a key of the
+    sequence). Otherwise key_rows [items, steps, 128, kv_tile / 128] (key u * 128 + p at
+    [p, u]) and no mask."""
+    n_items, n_steps, kv = plan.n_items, plan.n_steps, plan.kv_tile
+    rows = plan.key_rows.reshape(n_items, n_steps, kv)
+    n_sub = kv // P
+    if kv == 512 and block_size % 4 == 0:
+        first = rows[:, :, 0::4]  # [items, steps, 128]: the group's first key
+        grouped = np.where(first >= 0, first // 4, -1).astype(np.int32)[..., None]
+        mask = (rows.reshape(n_items, n_steps, P, 4) >= 0).astype(np.uint8)
+        return np.ascontiguousarray(grouped), np.ascontiguousarray(mask)
+    tiles = rows.reshape(n_items, n_steps, n_sub, P).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(tiles), None
+
+
 def with_sinks(
     plan: StepPlan, sinks: Tensor | None, scales: Tensor, hkv: int, group: int
 ) -> np.ndarray:
@@ -293,9 +314,7 @@ def serving_attention(
     qi = q_pad.index_select(0, gather).reshape(n_items, tq, hkv, group, d)
     q_t = qi.permute(0, 2, 4, 3, 1).reshape(n_items, hkv, d, group * tq).contiguous()
     info = torch.from_numpy(with_sinks(plan, sinks, scales, hkv, group))
-    n_sub = plan.kv_tile // P  # [items, keys] -> [items, step, partition, sub-tile]
-    key_rows = plan.key_rows.reshape(n_items, plan.n_steps, n_sub, P).transpose(0, 1, 3, 2)
-    key_rows = np.ascontiguousarray(key_rows)
+    key_rows, key_mask = step_key_tiles(plan, geo.block_size)
     kc, vc = _dense(k_cache), _dense(v_cache)
     args = [q_t, None, None, kc, vc, None]
     if k is not None and v is not None and t_tok > 0:
@@ -306,6 +325,7 @@ def serving_attention(
         serving_attention_fwd,
         *args,
         torch.from_numpy(key_rows).to(dev),
+        None if key_mask is None else torch.from_numpy(key_mask).to(dev),
         info.to(dev),
         scales.to(dev),
         layout,

@@ -19,8 +19,8 @@ heads of the group and the item's TQ tokens are one tile of R = G * TQ <= 128 ro
 
     m = rowinfo.m0, l = rowinfo.l0, O = 0       # sinks: m0 = sink / sc, l0 = 1
     for step t (kv_tile key positions, gathered through key_rows: one vector_select DMA
-               per 128 keys each for K and V; positions past the sequence's length carry
-               a negative row, are skipped by the DMA; V's tile was cleared to zeros):
+               per 128 rows each for K and V; positions past the sequence's length carry
+               a negative row, are skipped by the DMA, and their V rows are zeros):
         K, V  = gathered rows (fp8: converted to the compute dtype on VectorE / GpSimd)
         K^T   = PE transposes of K (128 keys each)
         S     = Q^T.T @ K^T                                       # PSUM [R, kv_tile]
@@ -41,7 +41,11 @@ shifted by g * block_size for head g.
 
 Inputs: q_t [n_items, Hkv, D, R] (Q^T, packed by the host); k_new, v_new [T, Hkv * D]
 (or None); write_rows int32 [T, 1]; key_rows int32 [n_items, n_steps, 128, kv_tile / 128]
-(key u * 128 + p of step s at [s, p, u]: each step's index tile is one contiguous load);
+(key u * 128 + p of step s at [s, p, u]: each step's index tile is one contiguous load)
+and key_mask None -- or, grouped gathers (512-key steps, block sizes divisible by 4),
+key_rows [n_items, n_steps, 128, 1] (partition p: the row / 4 of key 4p, its group of 4
+consecutive keys one row of the grouped view) and key_mask uint8 [n_items, n_steps, 128,
+4] (1: a key of the sequence; the V rows of the others are zeroed by a predicated copy);
 rowinfo fp32 [n_items, Hkv, 128, 4] = (lo, hi, m0, l0) per packed row; scales fp32 [Hkv, 4] =
 (softmax_scale * k_scale, v_scale, 1 / k_scale, 1 / v_scale). Output [n_items, Hkv, R, D]
 in q's dtype. Rows with no key and no sink have l = 0 (their out is not finite: the host
@@ -63,6 +67,7 @@ P = 128  # partitions; also the rows of one gather DMA
 M_INIT = -1.0e30  # running-max start without a sink: finite, and sc * M_INIT stays finite
 # for any sc < 3e8, so exp(sc (S - m')) of a fully masked step is exp(-inf) = 0, never NaN
 FP32_MIN = -3.4028235e38  # range_select's required fill (hardware constraint)
+GROUP = 4  # keys per partition of a grouped gather (512-key steps: 128 partitions x 4)
 LOOKAHEAD = 2  # steps ahead that K / V are gathered (hides the DMAs' fixed latency)
 RING = LOOKAHEAD + 3  # gather slots: a step's V is read two iterations after its scores
 
@@ -76,7 +81,7 @@ def compute_dtype(dtype):
 
 @nki.jit
 def serving_attention_fwd(
-    q_t, k_new, v_new, k_cache, v_cache, write_rows, key_rows, rowinfo, scales,
+    q_t, k_new, v_new, k_cache, v_cache, write_rows, key_rows, key_mask, rowinfo, scales,
     layout, n_steps, kv_tile, fp8_max,
 ):  # fmt: skip
     """out [n_items, Hkv, R, D] (q_t.dtype); see the module docstring for the arguments."""
@@ -89,6 +94,7 @@ def serving_attention_fwd(
         _write_new_rows(v_new, vf, write_rows, scales, 3, layout, bs, hkv, d, fp8_max)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
     t = _tiles(d, rows, cdt, k_cache.dtype, kv_tile)
+    t["grouped"] = key_mask is not None
     work = [(i, g) for i in range(n_items) for g in range(hkv)]
     for w in range(pid, len(work), nprog):
         i, g = work[w]
@@ -99,8 +105,11 @@ def serving_attention_fwd(
         nisa.tensor_copy(dst=t["m"][:rows, :], src=t["info"][:rows, 2:3])
         nisa.tensor_copy(dst=t["l"][:rows, :], src=t["info"][:rows, 3:4])
         nisa.memset(dst=t["o"][:rows, :d], value=0.0)
-        kg, vg = _head_views(kf, vf, layout, bs, g, d)
-        io = (kg, vg, key_rows, i, kv_tile)
+        if key_mask is None:
+            kg, vg = _head_views(kf, vf, layout, bs, g, d)
+        else:
+            kg, vg = _group_views(kf, vf, layout, bs, g, d)
+        io = (kg, vg, key_rows, key_mask, i, kv_tile)
         for s in range(min(LOOKAHEAD, n_steps)):
             _load(t, io, s)
         for s in range(n_steps + 2):  # software pipeline: A of s, B of s - 1, C of s - 2
@@ -141,6 +150,19 @@ def _head_views(kf, vf, layout, bs, g, d):
         return kf[:, g * d : (g + 1) * d], vf[:, g * d : (g + 1) * d]
     n = kf.shape[0]
     return kf[g * bs : n, :], vf[g * bs : n, :]
+
+
+def _group_views(kf, vf, layout, bs, g, d):
+    """Row views whose row r holds keys 4r .. 4r + 3 of KV head g (block sizes divisible by
+    4: the four keys share a block; "hnd": one 4 * D run, "nhd": four D runs)."""
+    if layout == "nhd":
+        n, w = kf.shape
+        k4 = kf.reshape((n // GROUP, GROUP, w))[:, :, g * d : (g + 1) * d]
+        v4 = vf.reshape((n // GROUP, GROUP, w))[:, :, g * d : (g + 1) * d]
+        return k4, v4
+    n = kf.shape[0] // GROUP
+    k4, v4 = kf.reshape((n, GROUP * d)), vf.reshape((n, GROUP * d))
+    return k4[g * bs // GROUP : n, :], v4[g * bs // GROUP : n, :]
 
 
 def _write_new_rows(x, flat, write_rows, scales, inv_col, layout, bs, hkv, d, fp8_max):
@@ -197,6 +219,7 @@ def _tiles(d, rows, cdt, cache_dt, kv_tile):
         "info": nl.ndarray((P, 4), dtype=f32, buffer=sb),
         "sc": nl.ndarray((P, 4), dtype=f32, buffer=sb),
         "idx": [nl.ndarray((P, n_sub), dtype=nl.int32, buffer=sb) for _ in range(RING)],
+        "vmask": [nl.ndarray((P, n_sub), dtype=nl.uint8, buffer=sb) for _ in range(RING)],
         "kraw": [nl.ndarray((P, n_sub, d), dtype=cache_dt, buffer=sb) for _ in range(RING)],
         "vraw": [nl.ndarray((P, n_sub, d), dtype=cache_dt, buffer=sb) for _ in range(RING)],
         "kt_ps": [nl.ndarray((dp, kv_tile), dtype=cdt, buffer=ps) for _ in range(2)],
@@ -233,13 +256,23 @@ def _dchunks(d):
 def _load(t, io, s):
     """Gather the K and V rows of step s (kv_tile key positions) into ring slot s % RING.
 
-    Positions past the sequence's length carry a negative row: the DMA skips them. Their
-    V rows keep the zeros set here (unused blocks may hold anything, NaN included, and
-    P (0 there) times NaN would be NaN); their K rows may hold anything: their scores are
-    selected away by the range_select before any arithmetic."""
-    kg, vg, key_rows, i, kv_tile = io
+    Positions past the sequence's length never contribute, whatever the cache holds there
+    (NaN included): their K rows may hold anything (their scores are selected away by the
+    range_select before any arithmetic); their V rows are set to 0 (P, 0 there, times NaN
+    would be NaN). Per-row gathers: such rows carry a negative index, which the DMA skips,
+    over a tile cleared first. Grouped gathers (partition p holds keys 4p .. 4p + 3, one
+    descriptor per group in "hnd"): a group past the length is skipped likewise, and the
+    V rows of a group that straddles the end are zeroed by a predicated copy (key_mask)."""
+    kg, vg, key_rows, key_mask, i, kv_tile = io
     n_sub = kv_tile // P
     idx, kraw, vraw = t["idx"][s % RING], t["kraw"][s % RING], t["vraw"][s % RING]
+    if key_mask is not None:
+        nisa.dma_copy(dst=idx[:, 0:1], src=key_rows[i, s])
+        col = idx[:, 0:1]
+        nisa.dma_copy(dst=kraw, src=kg.vector_select(0, col), oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=vraw, src=vg.vector_select(0, col), oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=t["vmask"][s % RING], src=key_mask[i, s])
+        return  # V's rows past the length are zeroed in stage A, when the gather is done
     nisa.dma_copy(dst=idx, src=key_rows[i, s])  # one contiguous row of n_sub per partition
     nisa.memset(dst=vraw, value=0.0, engine=nisa.engine.vector)
     for u in range(n_sub):
@@ -252,6 +285,12 @@ def _stage_scores(t, s, rows, d, kv_tile):
     """Stage A of step s: K^T (PE transposes), S = Q K^T, masked copy with the row max."""
     n_sub = kv_tile // P
     k = t["kraw"][s % RING]
+    if t["grouped"]:  # (issued here, not with the gather: VectorE runs in order)
+        vraw, mask = t["vraw"][s % RING], t["vmask"][s % RING]
+        nisa.tensor_copy_predicated(
+            dst=vraw, src=0.0, predicate=mask.reshape((P, n_sub, 1)).broadcast(2, d),
+            reverse_pred=True,
+        )  # fmt: skip
     if t["convert"]:  # fp8 cache: to the compute dtype (scale folded elsewhere)
         k = t["k"][s % 2]
         nisa.tensor_copy(dst=k, src=t["kraw"][s % RING], engine=nisa.engine.vector)
@@ -260,7 +299,12 @@ def _stage_scores(t, s, rows, d, kv_tile):
     for c, c0, dc in _dchunks(d):
         for u in range(n_sub):
             nisa.nc_transpose(dst=kt_ps[:dc, u * P : (u + 1) * P], data=k[:, u, c0 : c0 + dc])
-        nisa.tensor_copy(dst=kt[:dc, c, :], src=kt_ps[:dc, :], engine=nisa.engine.vector)
+        if t["grouped"]:  # PSUM column u * 128 + p holds key 4p + u: back to key order
+            src = kt_ps[:dc, :].reshape((dc, n_sub, P)).permute((0, 2, 1))
+            dst = kt[:dc, c, :].reshape((dc, P, n_sub))
+        else:
+            src, dst = kt_ps[:dc, :], kt[:dc, c, :]
+        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
     for c, _, dc in _dchunks(d):
         nisa.nc_matmul(
             dst=s_ps[:rows, :], stationary=t["qt"][:dc, c, :rows], moving=kt[:dc, c, :],
@@ -314,8 +358,9 @@ def _stage_pv(t, s, rows, d, kv_tile):
     p, a = t["p"][s % 3], t["a"][s % 4]
     v = t["v"][s % 3] if t["convert"] else t["vraw"][s % RING]
     pt_ps, pt, o_ps = t["pt_ps"][s % 2], t["pt"][s % 2], t["o_ps"][s % 2]
-    for u in range(n_sub):
-        nisa.nc_transpose(dst=pt_ps[:, u, :rows], data=p[:rows, u * P : (u + 1) * P])
+    for u in range(n_sub):  # grouped: V's partition p of sub-tile u is key 4p + u
+        cols = p[:rows, u:kv_tile:n_sub] if t["grouped"] else p[:rows, u * P : (u + 1) * P]
+        nisa.nc_transpose(dst=pt_ps[:, u, :rows], data=cols)
     nisa.tensor_copy(dst=pt[:, :, :rows], src=pt_ps[:, :, :rows], engine=nisa.engine.scalar)
     for u in range(n_sub):
         nisa.nc_matmul(

@@ -55,41 +55,50 @@ def _rope(x: Tensor, pos: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+class TinyLayer(nn.Module):
+    """One decoder layer's weights (attention, SwiGLU MLP, two RMSNorm gains)."""
+
+    def __init__(self, c: TinyConfig, index: int, g: torch.Generator) -> None:
+        super().__init__()
+        h = c.hidden
+
+        def w(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(*shape, generator=g) / math.sqrt(shape[-1]))
+
+        self.wq, self.wk = w(c.heads * c.head_dim, h), w(c.kv_heads * c.head_dim, h)
+        self.wv, self.wo = w(c.kv_heads * c.head_dim, h), w(h, c.heads * c.head_dim)
+        self.w1, self.w3, self.w2 = w(2 * h, h), w(2 * h, h), w(h, 2 * h)
+        self.n1, self.n2 = nn.Parameter(torch.ones(h)), nn.Parameter(torch.ones(h))
+        self.bq: nn.Parameter | None = None
+        self.sinks: nn.Parameter | None = None
+        if c.gpt_oss:
+            self.bq = nn.Parameter(0.1 * torch.randn(c.heads * c.head_dim, generator=g))
+            self.sinks = nn.Parameter(torch.randn(c.heads, generator=g))
+        self.window: int | None = c.window if c.gpt_oss and index % 2 == 0 else None
+
+
 class TinyDecoder(nn.Module):
     """A tiny decoder whose attention is a pluggable function (cache or dense)."""
 
     def __init__(self, cfg: TinyConfig, seed: int = 0) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        h, c = cfg.hidden, cfg
-
-        def w(*shape: int) -> nn.Parameter:
-            return nn.Parameter(torch.randn(*shape, generator=g) / math.sqrt(shape[-1]))
-
         self.cfg = cfg
-        self.embed = w(c.vocab, h)
-        self.layers = nn.ModuleList()
-        for i in range(c.layers):
-            layer = nn.Module()
-            layer.wq, layer.wk = w(c.heads * c.head_dim, h), w(c.kv_heads * c.head_dim, h)
-            layer.wv, layer.wo = w(c.kv_heads * c.head_dim, h), w(h, c.heads * c.head_dim)
-            layer.w1, layer.w3, layer.w2 = w(2 * h, h), w(2 * h, h), w(h, 2 * h)
-            layer.n1, layer.n2 = nn.Parameter(torch.ones(h)), nn.Parameter(torch.ones(h))
-            if c.gpt_oss:
-                layer.bq = nn.Parameter(0.1 * torch.randn(c.heads * c.head_dim, generator=g))
-                layer.sinks = nn.Parameter(torch.randn(c.heads, generator=g))
-            layer.window = c.window if c.gpt_oss and i % 2 == 0 else None
-            self.layers.append(layer)
-        self.norm = nn.Parameter(torch.ones(h))
+        self.embed = nn.Parameter(
+            torch.randn(cfg.vocab, cfg.hidden, generator=g) / math.sqrt(cfg.hidden)
+        )
+        self.blocks = [TinyLayer(cfg, i, g) for i in range(cfg.layers)]
+        self.layers = nn.ModuleList(self.blocks)
+        self.norm = nn.Parameter(torch.ones(cfg.hidden))
 
     def forward(self, ids: Tensor, pos: Tensor, attend: Callable[..., Tensor]) -> Tensor:
         """logits [T, vocab]; attend(layer_index, layer, q, k, v) -> [T, Hq, D]."""
         c = self.cfg
         x = self.embed[ids]
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             y = _rms(x, layer.n1)
             q = y @ layer.wq.T
-            if c.gpt_oss:
+            if layer.bq is not None:
                 q = q + layer.bq
             q = _rope(q.view(-1, c.heads, c.head_dim), pos)
             k = _rope((y @ layer.wk.T).view(-1, c.kv_heads, c.head_dim), pos)
@@ -111,7 +120,7 @@ def _rms(x: Tensor, w: Tensor) -> Tensor:
 def dense_attention(cfg: TinyConfig) -> Callable[..., Tensor]:
     """The plain PyTorch attention of one whole sequence (causal, window, sinks)."""
 
-    def attend(i: int, layer: nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(i: int, layer: TinyLayer, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         t, g = q.shape[0], cfg.heads // cfg.kv_heads
         kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
         s = torch.einsum("qhd,khd->hqk", q, kk) / math.sqrt(cfg.head_dim)
@@ -120,7 +129,7 @@ def dense_attention(cfg: TinyConfig) -> Callable[..., Tensor]:
         if layer.window is not None:
             allowed &= j[None, :] > j[:, None] - layer.window
         s = s.masked_fill(~allowed, -math.inf)
-        if cfg.gpt_oss:
+        if layer.sinks is not None:
             s = torch.cat([s, layer.sinks.to(s.dtype)[:, None, None].expand(-1, t, 1)], -1)
         p = torch.softmax(s, -1)[..., :t]
         return torch.einsum("hqk,khd->qhd", p, vv)
@@ -197,7 +206,7 @@ class Loop:
     def schedule(self) -> list[tuple[Request, list[int], int]]:
         """(request, fed tokens, accepted after verification) for this step."""
         fz, budget = self.fz, self.fz.tokens
-        plan = []
+        plan: list[tuple[Request, list[int], int]] = []
         for req in list(self.running):
             if len(plan) == fz.seqs or budget < 1:
                 break
@@ -245,10 +254,10 @@ class Loop:
                 qsl: Tensor, *caches: Tensor) -> Tensor:  # fmt: skip
         """The cache-backed model step (what torch.compile captures)."""
 
-        def attend(i: int, layer: nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        def attend(i: int, layer: TinyLayer, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             return serving_attention(
                 q, caches[2 * i], caches[2 * i + 1], table, ctx, qsl, k=k, v=v,
-                slot_mapping=slots, sinks=layer.sinks if self.cfg.gpt_oss else None,
+                slot_mapping=slots, sinks=layer.sinks,
                 sliding_window=layer.window, max_query_len=self.fz.tokens,
             )  # fmt: skip
 
@@ -295,7 +304,8 @@ class Loop:
 
 
 def run(cfg: TinyConfig, steps: int, *, compiled: bool = True, seed: int = 0,
-        frozen: Frozen | None = None) -> dict[str, float]:  # fmt: skip
+        frozen: Frozen | None = None,
+        progress: Callable[[int, float], None] | None = None) -> dict[str, float]:  # fmt: skip
     """Run the loop for `steps` steps; assert-free: returns the worst relative logits
     error, the steps run and the scheduler's counts (the caller judges)."""
     loop = Loop(cfg, frozen or Frozen(), seed)
@@ -318,6 +328,8 @@ def run(cfg: TinyConfig, steps: int, *, compiled: bool = True, seed: int = 0,
         err = float((logits[:n_tok].double() - ref).abs().max() / ref.abs().max())
         worst = max(worst, err)
         loop.commit(plan, logits)
+        if progress is not None:
+            progress(n, worst)
         if compiled and n == 0:
             torch.compiler.set_stance("fail_on_recompile")
     if compiled:
@@ -329,4 +341,4 @@ def run(cfg: TinyConfig, steps: int, *, compiled: bool = True, seed: int = 0,
     }
 
 
-__all__ = ["Frozen", "Loop", "TinyConfig", "TinyDecoder", "dense_attention", "run"]
+__all__ = ["Frozen", "Loop", "TinyConfig", "TinyDecoder", "TinyLayer", "dense_attention", "run"]

@@ -42,6 +42,22 @@ def test_fp8_cache(cdt: torch.dtype, per_head: bool, qdtype: torch.dtype) -> Non
     assert_rel_close(out, ref, TOLERANCES[qdtype])
 
 
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_fp8_long_prefix_grouped_gathers(layout: str) -> None:
+    """fp8 through the grouped (4 keys per partition) gathers of 512-key steps."""
+    step = make_step([(530, 2), (9, 3)], cache_dtype=torch.float8_e4m3fn, layout=layout,
+                     dtype=torch.bfloat16, seed=5)  # fmt: skip
+    ks, vs = _scales(True, 2)
+    kw = {"k_scale": ks, "v_scale": vs, "layout": layout}
+    ref, rk, rv = reference_serving_attention(*step.args(), **kw)
+    kc, vc = step.k_cache.clone(), step.v_cache.clone()
+    out = serving_attention(step.q, kc, vc, step.block_table, step.cached_seq_len,
+                            step.query_start_loc, k=step.k, v=step.v,
+                            slot_mapping=step.slot_mapping, **kw)  # fmt: skip
+    assert same_bits(kc, rk) and same_bits(vc, rv)
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16])
+
+
 @pytest.mark.parametrize("cdt", FP8, ids=["e4m3", "e5m2"])
 def test_fp8_saturation_and_nan(cdt: torch.dtype) -> None:
     """Values beyond the format's range saturate to +-max (not inf / NaN); a NaN stays a
@@ -63,7 +79,11 @@ def test_fp8_saturation_and_nan(cdt: torch.dtype) -> None:
     assert torch.isfinite(got[[0, 1, 3, 4, 6, 7]]).all()
 
 
-def test_fp8_scale_of_wrong_shape_is_named() -> None:
+def test_scale_of_wrong_shape_or_cache_is_named() -> None:
+    plain = make_step([(3, 2)])
+    with pytest.raises(ValueError, match=r"k_scale: expected None for a torch\.float32 cache"):
+        kv_cache_write(plain.k, plain.v, plain.k_cache, plain.v_cache, plain.slot_mapping,
+                       k_scale=torch.tensor(1.0))  # fmt: skip
     step = make_step([(3, 2)], cache_dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"k_scale: expected shape \[\] or \[1\]"):
         serving_attention(

@@ -105,11 +105,19 @@ def test_padding_tokens_and_empty_rows_are_zero() -> None:
     assert_rel_close(out, ref, TOLERANCES[torch.float32])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_long_prefix_512_key_steps(dtype: torch.dtype) -> None:
-    """A 600-key prefix: 512-key steps (4 gathers each), the second one ragged, next to
-    short sequences whose whole second step is masked (NaN past their lengths)."""
-    step = make_step([(600, 3), (37, 1), (0, 5)], block_size=128, dtype=dtype, seed=17)
-    out, ref, (kc, vc), (rk, rv) = _run(step, sinks=torch.ones(4), sliding_window=300)
+@pytest.mark.parametrize(
+    ("dtype", "layout", "block_size"),
+    [(torch.float32, "nhd", 128), (torch.bfloat16, "hnd", 16), (torch.float32, "hnd", 50)],
+    ids=["fp32-nhd-128", "bf16-hnd-16", "fp32-hnd-50"],
+)
+def test_long_prefix_512_key_steps(dtype: torch.dtype, layout: str, block_size: int) -> None:
+    """A 600-key prefix: 512-key steps, the second one ragged, next to short sequences
+    whose whole second step is masked (NaN past their lengths). Blocks of a multiple of 4
+    keys take the grouped gathers (4 keys per partition; a group straddling a sequence's
+    end holds NaN past it); 50-key blocks the per-row gathers."""
+    step = make_step([(600, 3), (37, 1), (0, 5)], block_size=block_size, layout=layout,
+                     dtype=dtype, seed=17)  # fmt: skip
+    out, ref, (kc, vc), (rk, rv) = _run(step, sinks=torch.ones(4), sliding_window=300,
+                                        layout=layout)  # fmt: skip
     assert_rel_close(out, ref, TOLERANCES[dtype])
     assert same_bits(kc, rk) and same_bits(vc, rv)

@@ -10,7 +10,7 @@ import pytest
 
 from nki_kernels.serving.simloop import TinyConfig, run
 
-STEPS = 14
+STEPS = 24
 TOLERANCE = 1e-4  # fp32 logits vs float64, relative to max |logit|
 
 
