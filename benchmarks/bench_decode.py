@@ -46,8 +46,11 @@ def _load(path: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
 
 def _save(path: Path, rows: dict[tuple[Any, ...], dict[str, Any]]) -> None:
     head = {"cost_model": COST_MODEL_VERSION, "target": "trn2"}
-    ordered = sorted(rows.values(), key=lambda r: (r["group"], r["lnc"], r["cache"],
-                                                   r["paged"], r["batch"], r["method"]))  # fmt: skip
+
+    def order(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["group"], r["lnc"], r["cache"], r["paged"], r["batch"], r["method"])
+
+    ordered = sorted(rows.values(), key=order)
     path.write_text(json.dumps({**head, "rows": ordered}, indent=1) + "\n")
 
 

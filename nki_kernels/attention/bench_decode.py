@@ -116,9 +116,10 @@ def per_program_rows(
     for b in batches:
         k = math.ceil(b * KV_HEADS / lnc) / 1e3
         lat = ns * k
+        mbu = kv_bytes(b, cache) / (lat * 1e3 * tgt.hbm_bytes_per_ns * lnc)
         rows.append(Row(tgt.name, PER_PROGRAM, group, lnc, b, cache, paged, lat,
-                        (lo * k, hi * k), kv_bytes(b, cache) / (lat * 1e3 * tgt.hbm_bytes_per_ns * lnc),
-                        label, cfg.key(), f"{n} instructions x {b * KV_HEADS // lnc}"))  # fmt: skip
+                        (lo * k, hi * k), mbu, label, cfg.key(),
+                        f"{n} instructions x {b * KV_HEADS // lnc}"))  # fmt: skip
     return rows
 
 
@@ -132,8 +133,9 @@ def aws_row(
     tgt = get_target(target)
     r = price_tkg(checkout, batch, cache, paged, target, group=group, lnc=lnc)
     if r["latency_us"] is None:
-        return Row(tgt.name, AWS_TKG, group, lnc, batch, cache, paged, float("nan"),
-                   (float("nan"), float("nan")), float("nan"), "not priced", note=r["error"])  # fmt: skip
+        nan = float("nan")
+        return Row(tgt.name, AWS_TKG, group, lnc, batch, cache, paged, nan, (nan, nan), nan,
+                   "not priced", note=r["error"])  # fmt: skip
     lat = r["latency_us"] * KV_HEADS
     lo, hi = (x * KV_HEADS for x in r["band_us"])
     note = f"nki-library {r['nki_library_commit']}, {r['instructions']} instructions x 8"
