@@ -141,6 +141,34 @@ def test_bounds_are_causal_among_new_tokens() -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_head_major_paged_cache_on_devices_and_under_compile(
+    device: str, request: pytest.FixtureRequest
+) -> None:
+    """The head-major block layout through the op's kv_layout argument, eager and under
+    torch.compile(fullgraph=True), on CPU and the emulated neuron device."""
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    torch._dynamo.reset()
+    lens = torch.tensor([200, 21])
+    q = _rand(2, HQ, 2, D, seed=61, dtype=torch.bfloat16)
+    k, v = (
+        _rand(2, HKV, 200, D, seed=62, dtype=torch.bfloat16),
+        _rand(2, HKV, 200, D, seed=63, dtype=torch.bfloat16),
+    )
+    pk, pv, table = _pool_from(k, v, 32, True, seed=64)
+    ref, _ = _reference(q, k, v, lens)
+
+    def step(q, pk, pv, lens, table):  # type: ignore[no-untyped-def]
+        return decode_attention(q, pk, pv, lens, block_table=table, kv_layout="head_major")
+
+    args = [t.to(device) for t in (q, pk, pv, lens, table)]
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        out = fn(*args)
+        assert out.device.type == args[0].device.type
+        assert_rel_close(out.cpu(), ref, TOLERANCES[torch.bfloat16][0], "head_major")
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_decode_on_devices_and_under_compile(device: str, request: pytest.FixtureRequest) -> None:
     if device == "neuron":
         device = request.getfixturevalue("neuron")
@@ -458,3 +486,14 @@ def test_stream_configs_agree(piece: int, ring: int) -> None:
     out, _ = decode(q, k, v, lens, None, None, StreamConfig(piece, ring))
     ref, _ = _reference(q, k, v, lens)
     assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], f"piece={piece} ring={ring}")
+
+
+def test_kv_layout_is_checked() -> None:
+    q, pool = torch.randn(1, 4, 1, 32), torch.randn(4, 16, 2, 32)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"kv_layout: expected one of \('vllm', 'head_major'\)"):
+        decode_attention(q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="nhd")
+    with pytest.raises(ValueError, match=r"KV heads dividing q's 4 \(k_cache \[num_blocks, Hkv, b"):
+        decode_attention(
+            q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="head_major"
+        )
