@@ -11,9 +11,9 @@ heads); LNC 1 or 2.
 
 - "ours (streamed)": `decode_stream_fwd`, the op's kernel, priced as one launch of the
   whole batch with the config the op looks up;
-- "ours (per program)": `decode_attention_fwd`, the previous kernel, one (sequence, KV
-  head) program priced and multiplied by the programs each core runs (B * 8, halved at
-  LNC 2 where the programs are shared out);
+- "ours (per program)": `decode_attention_fwd`, the previous kernel with its heuristic
+  config, one (sequence, KV head) program priced and multiplied by the programs each
+  core runs (B * 8, halved at LNC 2 where the programs are shared out);
 - "nki-library attention_tkg": `bench.peer_decode` (one KV head for the whole batch per
   launch, x 8), at LNC 2 as `kernel[2]` (its own batch / sequence sharding).
 
@@ -104,12 +104,10 @@ def per_program_rows(
 ) -> list[Row]:  # fmt: skip
     """The per-program kernel: one (sequence, KV head) program x the programs per core."""
     from ..runtime.buckets import bucket
-    from ..runtime.config_store import lookup_config
 
     tgt = get_target(target)
     key = _problem(group, 1, bucket(cache), paged)
-    cfg = lookup_config("decode_attention", key, decode_attention_fwd, target=tgt,
-                        config_cls=DecodeConfig, lnc=1)  # fmt: skip
+    cfg = DecodeConfig.heuristic(key, tgt)
     unit = DecodeProblem(1, group, 1, 1, cache, D, "bfloat16", key.layout)
     ns, (lo, hi), label, n = _priced(decode_attention_fwd, kernel_args(unit, cfg), target, 1)  # type: ignore[arg-type]
     rows = []

@@ -91,7 +91,7 @@ class DecodeConfig(KernelConfig):
       running max; each costs [rows, D] fp32 of SBUF and a merge.
     """
 
-    op_name: ClassVar[str] = "decode_attention"
+    op_name: ClassVar[str] = "decode_attention_per_program"  # not looked up by the op
 
     kv_tile: int = 512
     splits: int = 2
