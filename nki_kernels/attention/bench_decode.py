@@ -24,7 +24,7 @@ in use (LNC x per-core bandwidth).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..targets import get_target
@@ -87,7 +87,7 @@ def streamed_row(
     from ..runtime.config_store import lookup_config
 
     tgt = get_target(target)
-    key = replace(_problem(group, 1, bucket(cache), paged))
+    key = _problem(group, 1, bucket(cache), False)  # the op's key: contiguous, batch 1
     cfg = lookup_config("decode_attention", key, decode_stream_fwd, target=tgt,
                         config_cls=StreamConfig, lnc=1)  # fmt: skip
     assert isinstance(cfg, StreamConfig)

@@ -342,10 +342,10 @@ def decode(
         layout = ("paged_hm" if head_major else "paged") if paged else "contiguous"
         longest = max(1, int(lens.max(initial=1)))
         dtype = str(q.dtype).removeprefix("torch.")
-        problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype,
-                                "paged" if paged else "contiguous")  # fmt: skip
-        # keyed at LNC 1: a launch's tiles run the same schedule at any LNC (LNC 2 shares
-        # the tiles out, or splits a single sequence's keys)
+        # keyed as a contiguous cache at LNC 1: every layout is the same gather schedule
+        # (paged and contiguous price alike), and a launch's tiles run it at any LNC
+        # (LNC 2 shares the tiles out, or splits a single sequence's keys)
+        problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, "contiguous")
         cfg = config or lookup_config("decode_attention", problem, decode_stream_fwd,
                                       target=target, config_cls=StreamConfig, lnc=1)  # fmt: skip
         assert isinstance(cfg, StreamConfig)
