@@ -82,7 +82,8 @@ def table(rows: dict[tuple[Any, ...], dict[str, Any]], group: int, lnc: int) -> 
                 line += ["-", "-"]
                 continue
             lo, hi = r["band_us"]
-            line += [f"{_fmt(r['latency_us'] / 1e3)} ({_fmt(lo / 1e3)}-{_fmt(hi / 1e3)})",
+            star = "*" if r.get("note", "").startswith("extrapolated") else ""
+            line += [f"{_fmt(r['latency_us'] / 1e3)}{star} ({_fmt(lo / 1e3)}-{_fmt(hi / 1e3)})",
                      f"{100 * r['mbu']:.1f}"]  # fmt: skip
         s, a = got[STREAMED], got[AWS_TKG]
         if s and a and a["latency_us"] == a["latency_us"]:
@@ -99,24 +100,30 @@ def extrapolated(
     rows: dict[tuple[Any, ...], dict[str, Any]], method: str, group: int, lnc: int,
     cache: int, paged: bool, batch: int,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """A row at `batch` from the priced B = 8 and B = 16 rows: the timeline of a launch
-    whose batch tiles repeat one schedule grows linearly in tiles once the pipeline is
-    full, so L(B) = L(8) + (B - 8) (L(16) - L(8)) / 8, each band end likewise (checked:
-    the streamed kernel's B = 64 x 2 K row priced in full is that figure to 0.1 %;
-    attention_tkg's B = 64 x 32 K row is 8 % above it, so its extrapolated rows are low,
-    i.e. in its favour)."""
-    r8, r16 = (rows.get((method, group, lnc, b, cache, paged)) for b in (8, 16))
-    if r8 is None or r16 is None or (method, group, lnc, batch, cache, paged) in rows:
+    """A row at `batch` from the priced B = 8 and B = 16 rows (else B = 1 and 8): the
+    timeline of a launch whose batch tiles repeat one schedule grows linearly in tiles
+    once the pipeline is full, so L(B) = L(8) + (B - 8) (L(16) - L(8)) / 8, each band
+    end likewise (checked: the streamed kernel's B = 64 x 2 K row priced in full is that
+    figure to 0.1 %; attention_tkg's B = 64 x 32 K row is 9 % above it, so its
+    extrapolated rows are low, i.e. in its favour)."""
+    if (method, group, lnc, batch, cache, paged) in rows:
         return None
-    f = (batch - 8) / 8
+    r8, r16 = (rows.get((method, group, lnc, b, cache, paged)) for b in (8, 16))
+    lo_b = 8
+    if r16 is None:  # from B = 1 and 8 instead
+        r8, r16, lo_b = rows.get((method, group, lnc, 1, cache, paged)), r8, 1
+    if r8 is None or r16 is None:
+        return None
+    f = (batch - lo_b) / (16 - lo_b if lo_b == 8 else 7)
 
     def ext(x8: float, x16: float) -> float:
         return x8 + f * (x16 - x8)
 
     lat = ext(r8["latency_us"], r16["latency_us"])
     band = [ext(r8["band_us"][i], r16["band_us"][i]) for i in (0, 1)]
-    note = "extrapolated from the B = 8 and B = 16 rows (linear in batch tiles)"
-    mbu = r8["mbu"] * r8["latency_us"] * batch / (8 * lat)
+    hi_b = 16 if lo_b == 8 else 8
+    note = f"extrapolated from the B = {lo_b} and B = {hi_b} rows (linear in batch tiles)"
+    mbu = r8["mbu"] * r8["latency_us"] * batch / (lo_b * lat)
     return {**r8, "batch": batch, "latency_us": lat, "band_us": band, "mbu": mbu, "note": note}
 
 
