@@ -229,15 +229,17 @@ def _load_k(io, b, step, slot, islot):
     else:  # tail: zero first, so skipped rows hold 0 (finite), not another step's keys
         nisa.dma_copy(dst=ix[:n, :nsq], src=tail_idx[t])
         nisa.dma_copy(dst=kp[:n, :nsq], src=tail_kpos[t])
-        nisa.memset(dst=b["kt"][slot], value=0.0, engine=nisa.engine.gpsimd)
         if not two_byte:
-            nisa.memset(dst=b["kraw"][slot][:n, :], value=0.0, engine=nisa.engine.gpsimd)
+            kraw = b["kraw"][slot][:n, : ns * nd * nh * P]
+            nisa.memset(dst=kraw, value=0.0, engine=nisa.engine.gpsimd)
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
     for sl in range(ns):
         col = ix[:n, sl : sl + 1]
         for dci in range(nd):
             d0, dc = dci * P, min(P, d - dci * P)
             view = _kt_view(b, slot, dci, sl, nh, c, dc)[:, :, :, :n]
+            if j < 0:  # only the columns the tail's score matmuls read
+                nisa.memset(dst=view, value=0.0, engine=nisa.engine.gpsimd)
             if two_byte and first:
                 for h in range(nh):
                     src = _gather(k, col, layout, hkv, h0 + h, 1, c, d0, dc, False)
@@ -270,7 +272,7 @@ def _load_v(io, b, step, slot, islot):
     c, n = (piece, P) if j >= 0 else (1, piece)
     ix = b["idx"][islot]
     if j < 0:
-        nisa.memset(dst=b["v"][slot][:n, :], value=0.0, engine=nisa.engine.gpsimd)
+        nisa.memset(dst=b["v"][slot][:n, : ns * nh * d], value=0.0, engine=nisa.engine.gpsimd)
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
     for sl in range(ns):
         vsrc = _gather(v, ix[:n, sl : sl + 1], layout, hkv, h0, nh, c, 0, d, True)
