@@ -91,7 +91,7 @@ class DecodeConfig(KernelConfig):
       running max; each costs [rows, D] fp32 of SBUF and a merge.
     """
 
-    op_name: ClassVar[str] = "decode_attention"
+    op_name: ClassVar[str] = "decode_attention_per_program"  # not looked up by the op
 
     kv_tile: int = 512
     splits: int = 2
@@ -163,34 +163,35 @@ class StreamConfig(KernelConfig):
             raise InvalidConfig(f"does not fit on {target.name}: {err}")
 
 
-def stream_plan(problem: DecodeProblem, config: StreamConfig, block_size: int = 16) -> Any:
-    """The launch plan of `problem` with every sequence `seq_k` keys long (a paged pool
-    of `block_size`-key blocks, sequence b's blocks consecutive)."""
+def stream_plan(
+    problem: DecodeProblem, config: StreamConfig, block_size: int = 16, ksplit: int = 1
+) -> Any:
+    """(plan, cache shape) of `problem` with every sequence `seq_k` keys long (a paged
+    pool of `block_size`-key blocks, sequence b's blocks consecutive)."""
     p = problem
     lens = np.full(p.batch, p.seq_k, dtype=np.int64)
     isz = 4 if p.dtype == "float32" else 2
+    table = None
+    layout = "paged" if p.paged else "contiguous"
+    shape: tuple[int, ...] = (p.batch, p.kv_heads, p.seq_k, p.head_dim)
     if p.paged:
         per = -(-p.seq_k // block_size)
-        shape: tuple[int, ...] = (p.batch * per, block_size, p.kv_heads, p.head_dim)
+        shape = (p.batch * per, block_size, p.kv_heads, p.head_dim)
         table = np.arange(p.batch * per).reshape(p.batch, per)
-        return plan_decode(lens, p.q_heads, p.kv_heads, p.seq_q, "paged", shape, table,
-                           p.head_dim, isz, config.piece, config.ring), shape  # fmt: skip
-    shape = (p.batch, p.kv_heads, p.seq_k, p.head_dim)
-    return plan_decode(lens, p.q_heads, p.kv_heads, p.seq_q, "contiguous", shape, None,
-                       p.head_dim, isz, config.piece, config.ring), shape  # fmt: skip
+    plan = plan_decode(lens, p.q_heads, p.kv_heads, p.seq_q, layout, shape, table, p.head_dim,
+                       isz, config.piece, config.ring, ksplit)  # fmt: skip
+    return plan, shape
 
 
 def stream_kernel_args(
     problem: DecodeProblem, config: StreamConfig, block_size: int = 16, lnc: int = 1
 ) -> tuple[Any, ...]:
     """TensorSpec arguments of one `decode_stream_fwd` launch for `problem` (uniform
-    lengths; at LNC 2 a single sequence splits its keys in two)."""
+    lengths; at LNC 2 a single sequence splits its keys in two, as the op does)."""
     from ..interp import TensorSpec
 
     p = problem
-    plan, shape = stream_plan(p, config, block_size)
-    if lnc == 2 and p.batch == 1:
-        plan = replace(plan, ksplit=2)
+    plan, shape = stream_plan(p, config, block_size, 2 if lnc == 2 and p.batch == 1 else 1)
     q = TensorSpec((p.batch, p.q_heads, p.seq_q, p.head_dim), p.dtype)
     kv = TensorSpec(shape, p.dtype)
     arrays = (plan.idx, plan.kpos, plan.tail_idx, plan.tail_kpos, plan.hi, plan.full)
@@ -342,10 +343,10 @@ def decode(
         layout = ("paged_hm" if head_major else "paged") if paged else "contiguous"
         longest = max(1, int(lens.max(initial=1)))
         dtype = str(q.dtype).removeprefix("torch.")
-        problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype,
-                                "paged" if paged else "contiguous")  # fmt: skip
-        # keyed at LNC 1: a launch's tiles run the same schedule at any LNC (LNC 2 shares
-        # the tiles out, or splits a single sequence's keys)
+        # keyed as a contiguous cache at LNC 1: every layout is the same gather schedule
+        # (paged and contiguous price alike), and a launch's tiles run it at any LNC
+        # (LNC 2 shares the tiles out, or splits a single sequence's keys)
+        problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, "contiguous")
         cfg = config or lookup_config("decode_attention", problem, decode_stream_fwd,
                                       target=target, config_cls=StreamConfig, lnc=1)  # fmt: skip
         assert isinstance(cfg, StreamConfig)

@@ -108,13 +108,18 @@ def plan_decode(
     if layout != "contiguous":
         bs = cache_shape[2] if layout == "paged_hm" else cache_shape[1]
         c = math.gcd(c, bs)
-    pieces, tails = [], []
-    for b in range(batch):
-        rows_b, kp_b, tail_b = _sequence_pieces(b, int(lens[b]), c, layout, cache_shape,
-                                                block_table, hkv)  # fmt: skip
-        pieces.append((rows_b, kp_b))
-        tails.append(tail_b)
-    n_slabs = max([-(-len(r) // P) for r, _ in pieces] + [0])
+    while True:
+        pieces, tails = [], []
+        for b in range(batch):
+            rows_b, kp_b, tail_b = _sequence_pieces(b, int(lens[b]), c, layout, cache_shape,
+                                                    block_table, hkv)  # fmt: skip
+            pieces.append((rows_b, kp_b))
+            tails.append(tail_b)
+        n_slabs = max([-(-len(r) // P) for r, _ in pieces] + [0])
+        if n_slabs >= ksplit or c == 1:
+            break
+        c //= 2  # a key split needs a slab per split: smaller pieces, more slabs
+    ksplit = max(1, min(ksplit, n_slabs))  # every split gets at least one slab
     tail = any(len(t) for t in tails)
     tiles = tuple(
         (b0, min(nseq, batch - b0), h0, nh)

@@ -42,7 +42,6 @@ P = 128
 BIG = 3.0e38  # running-max start: finite, so exp(scale (m - m')) is 1 or 0, never NaN
 FP32_MIN = -3.4028235e38  # masked scores (below the running-max start)
 PSUM_F32 = 512  # fp32 elements per PSUM bank and partition
-ITEM_SLOTS = 3  # items whose Q^T / bounds are resident: the running one and two prefetched
 
 
 @nki.jit
@@ -96,7 +95,7 @@ def decode_stream_fwd(
         c = piece if j >= 0 else 1
         nparts = P if j >= 0 else piece
         shape = (ns, nh, rows, cols, c, nparts, d, nd, layout)
-        slots = (i % ring, i % (ring + 1), i % 2, no % ITEM_SLOTS)
+        slots = (i % ring, i % (ring + 1), i % 2, no % (ring + 1))
         _scores(b, slots, shape)
         # K^T / V slots are reloaded as soon as their last reader is issued: K after the
         # score matmuls, V after P V (the DMA queues run ahead of the softmax chain)
@@ -119,9 +118,9 @@ def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte):
         "v": [nl.ndarray((P, slab * d), dtype=cdt, buffer=sb) for _ in range(ring)],
         "idx": [nl.ndarray((P, nsq), dtype=nl.int32, buffer=sb) for _ in range(ring + 1)],
         "kp": [nl.ndarray((P, nsq * piece), dtype=f32, buffer=sb) for _ in range(ring + 1)],
-        "qt": [nl.ndarray((dp, nd * ngr), dtype=cdt, buffer=sb) for _ in range(ITEM_SLOTS)],
-        "hi": [nl.ndarray((P, ngr), dtype=f32, buffer=sb) for _ in range(ITEM_SLOTS)],
-        "full": [nl.ndarray((P, ngr), dtype=nl.uint8, buffer=sb) for _ in range(ITEM_SLOTS)],
+        "qt": [nl.ndarray((dp, nd * ngr), dtype=cdt, buffer=sb) for _ in range(ring + 1)],
+        "hi": [nl.ndarray((P, ngr), dtype=f32, buffer=sb) for _ in range(ring + 1)],
+        "full": [nl.ndarray((P, ngr), dtype=nl.uint8, buffer=sb) for _ in range(ring + 1)],
         "s_ps": [nl.ndarray((P, PSUM_F32), dtype=f32, buffer=ps) for _ in range(2)],
         "st_ps": nl.ndarray((P, PSUM_F32), dtype=f32, buffer=ps),
         "o_ps": [nl.ndarray((P, nd * ngr), dtype=f32, buffer=ps) for _ in range(2)],
@@ -218,7 +217,7 @@ def _load_k(io, b, step, slot, islot):
     )
     t, _, j, first, _, no = step
     if first:
-        _load_item(io, b, t, no % ITEM_SLOTS)
+        _load_item(io, b, t, no % (len(b["qt"])))
     _b0, ns, h0, nh = tiles[t]
     nsq = idx.shape[3]
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
@@ -230,15 +229,17 @@ def _load_k(io, b, step, slot, islot):
     else:  # tail: zero first, so skipped rows hold 0 (finite), not another step's keys
         nisa.dma_copy(dst=ix[:n, :nsq], src=tail_idx[t])
         nisa.dma_copy(dst=kp[:n, :nsq], src=tail_kpos[t])
-        nisa.memset(dst=b["kt"][slot], value=0.0, engine=nisa.engine.gpsimd)
         if not two_byte:
-            nisa.memset(dst=b["kraw"][slot][:n, :], value=0.0, engine=nisa.engine.gpsimd)
+            kraw = b["kraw"][slot][:n, : ns * nd * nh * P]
+            nisa.memset(dst=kraw, value=0.0, engine=nisa.engine.gpsimd)
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
     for sl in range(ns):
         col = ix[:n, sl : sl + 1]
         for dci in range(nd):
             d0, dc = dci * P, min(P, d - dci * P)
             view = _kt_view(b, slot, dci, sl, nh, c, dc)[:, :, :, :n]
+            if j < 0:  # only the columns the tail's score matmuls read
+                nisa.memset(dst=view, value=0.0, engine=nisa.engine.gpsimd)
             if two_byte and first:
                 for h in range(nh):
                     src = _gather(k, col, layout, hkv, h0 + h, 1, c, d0, dc, False)
@@ -271,7 +272,7 @@ def _load_v(io, b, step, slot, islot):
     c, n = (piece, P) if j >= 0 else (1, piece)
     ix = b["idx"][islot]
     if j < 0:
-        nisa.memset(dst=b["v"][slot][:n, :], value=0.0, engine=nisa.engine.gpsimd)
+        nisa.memset(dst=b["v"][slot][:n, : ns * nh * d], value=0.0, engine=nisa.engine.gpsimd)
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
     for sl in range(ns):
         vsrc = _gather(v, ix[:n, sl : sl + 1], layout, hkv, h0, nh, c, 0, d, True)
@@ -304,7 +305,8 @@ def _transposed(shape):
 
 def _load_item(io, b, t, par):
     """Q^T of the item's columns and their hi / full rows broadcast to the partitions
-    (prefetched with the item's first K slab, ITEM_SLOTS items deep)."""
+    (prefetched with the item's first K slab: ring + 1 slots, as up to `ring` items
+    ahead are in flight with the running one)."""
     q, tiles, d, nd, rows = io["q"], io["tiles"], io["d"], io["nd"], io["rows"]
     hi, full = io["hi"], io["full"]
     b0, ns, h0, nh = tiles[t]

@@ -79,7 +79,10 @@ def _validate(
             f"k_cache: expected {layout} with B = {b}, D = {d}; got {tuple(k_cache.shape)}"
         )
     if hq % hkv:
-        raise ValueError(f"k_cache: expected a number of KV heads dividing q's {hq}; got {hkv}")
+        raise ValueError(
+            f"k_cache: expected a number of KV heads dividing q's {hq} (k_cache {layout}); "
+            f"got {hkv}"
+        )
     if hq // hkv * sq > PACKED_ROWS_MAX:
         raise ValueError(
             f"q: expected (Hq / Hkv) * Sq <= {PACKED_ROWS_MAX} (one packed tile per KV head); "

@@ -141,6 +141,34 @@ def test_bounds_are_causal_among_new_tokens() -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_head_major_paged_cache_on_devices_and_under_compile(
+    device: str, request: pytest.FixtureRequest
+) -> None:
+    """The head-major block layout through the op's kv_layout argument, eager and under
+    torch.compile(fullgraph=True), on CPU and the emulated neuron device."""
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    torch._dynamo.reset()
+    lens = torch.tensor([200, 21])
+    q = _rand(2, HQ, 2, D, seed=61, dtype=torch.bfloat16)
+    k, v = (
+        _rand(2, HKV, 200, D, seed=62, dtype=torch.bfloat16),
+        _rand(2, HKV, 200, D, seed=63, dtype=torch.bfloat16),
+    )
+    pk, pv, table = _pool_from(k, v, 32, True, seed=64)
+    ref, _ = _reference(q, k, v, lens)
+
+    def step(q, pk, pv, lens, table):  # type: ignore[no-untyped-def]
+        return decode_attention(q, pk, pv, lens, block_table=table, kv_layout="head_major")
+
+    args = [t.to(device) for t in (q, pk, pv, lens, table)]
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        out = fn(*args)
+        assert out.device.type == args[0].device.type
+        assert_rel_close(out.cpu(), ref, TOLERANCES[torch.bfloat16][0], "head_major")
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_decode_on_devices_and_under_compile(device: str, request: pytest.FixtureRequest) -> None:
     if device == "neuron":
         device = request.getfixturevalue("neuron")
@@ -352,3 +380,120 @@ def test_cache_allocated_with_torch_empty_is_safe() -> None:
     ref, _ = _reference(q, kk, vv, torch.tensor(lens))
     assert torch.isfinite(out).all()
     assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "paged")
+
+
+def _pool_from(k: torch.Tensor, v: torch.Tensor, bs: int, head_major: bool, seed: int):  # type: ignore[no-untyped-def]
+    """A paged pool holding contiguous caches k, v [B, Hkv, S, D] in shuffled blocks of
+    `bs` keys (vLLM's [blocks, bs, Hkv, D] or head-major [blocks, Hkv, bs, D]), the
+    pool's unused blocks NaN, and the block table."""
+    b, hkv, s, d = k.shape
+    per = -(-s // bs)
+    n = b * per + 2
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: b * per]
+    table = perm.view(b, per).to(torch.int32)
+    pools = []
+    for src in (k, v):
+        pad = torch.zeros(b, hkv, per * bs, d, dtype=src.dtype)
+        pad[:, :, :s] = src
+        blocks = pad.view(b, hkv, per, bs, d).permute(0, 2, 1, 3, 4)  # [B, per, Hkv, bs, D]
+        if not head_major:
+            blocks = blocks.transpose(2, 3)  # [B, per, bs, Hkv, D]
+        pool = torch.full((n, *blocks.shape[2:]), math.nan, dtype=src.dtype)
+        pool[table.long().view(-1)] = blocks.reshape(b * per, *blocks.shape[2:])
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64, 128])
+@pytest.mark.parametrize("head_major", [False, True], ids=["vllm", "head_major"])
+def test_paged_block_sizes_and_layouts(bs: int, head_major: bool) -> None:
+    """Block sizes 16 / 32 / 64 / 128 in both block layouts, ragged lengths (a partial
+    last block, a sequence shorter than one piece, an empty one), fp16."""
+    lens = [300, 7, 0, 129]
+    dt = torch.float16
+    q = _rand(4, HQ, 1, D, seed=bs, dtype=dt)
+    k, v = (
+        _rand(4, HKV, 300, D, seed=bs + 1, dtype=dt),
+        _rand(4, HKV, 300, D, seed=bs + 2, dtype=dt),
+    )
+    pk, pv, table = _pool_from(k, v, bs, head_major, seed=bs)
+    layout = "head_major" if head_major else "vllm"
+    out = decode_attention(q, pk, pv, torch.tensor(lens), block_table=table, kv_layout=layout)
+    ref, _ = _reference(q, k, v, torch.tensor(lens))
+    assert_rel_close(out, ref, TOLERANCES[dt][0], f"bs={bs} {layout}")
+    assert (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("sq", [1, 16])
+def test_gqa_8_to_1_and_sixteen_new_queries(sq: int) -> None:
+    """GQA 8 : 1 (16 query heads over 2 KV heads) and Sq = 16 new queries (causal among
+    them; the first ones of the short sequence see no key)."""
+    lens = torch.tensor([400, 10])
+    q = _rand(2, 16, sq, D, seed=31, dtype=torch.bfloat16)
+    k, v = (
+        _rand(2, 2, 400, D, seed=32, dtype=torch.bfloat16),
+        _rand(2, 2, 400, D, seed=33, dtype=torch.bfloat16),
+    )
+    out, lse = decode_attention(q, k, v, lens, return_lse=True)
+    ref, ref_lse = _reference(q, k, v, lens)
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "out")
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin].double(), ref_lse[fin], atol=LSE_ATOL, rtol=1e-5)
+
+
+def test_lnc2_splits_a_single_sequence_and_merges_exactly() -> None:
+    """At LNC 2 a batch of one sequence splits its keys between the two programs (two
+    (out, lse) partials merged by log-sum-exp on the host): the reference, and the LNC 1
+    result to fp32 rounding; a batch of several sequences shares its tiles out."""
+    from nki_kernels.runtime.lnc import set_runtime_lnc
+
+    q = _rand(1, HQ, 2, D, seed=41, dtype=torch.float32)
+    k, v = (
+        _rand(1, HKV, 5000, D, seed=42, dtype=torch.float32),
+        _rand(1, HKV, 5000, D, seed=43, dtype=torch.float32),
+    )
+    lens = torch.tensor([4999])
+    one, lse1 = decode_attention(q, k, v, lens, return_lse=True)
+    set_runtime_lnc(2)
+    try:
+        two, lse2 = decode_attention(q, k, v, lens, return_lse=True)
+        qb = _rand(3, HQ, 1, D, seed=44, dtype=torch.float32)
+        kb = _rand(3, HKV, 300, D, seed=45, dtype=torch.float32)
+        lb = torch.tensor([300, 17, 0])
+        many = decode_attention(qb, kb, kb, lb)
+    finally:
+        set_runtime_lnc(None)
+    ref, _ = _reference(q, k, v, lens)
+    assert_rel_close(two, ref, TOLERANCES[torch.float32][0], "lnc2")
+    torch.testing.assert_close(two, one, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse2, lse1, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(many, decode_attention(qb, kb, kb, lb), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("piece,ring", [(4, 2), (8, 3), (16, 3)])
+def test_stream_configs_agree(piece: int, ring: int) -> None:
+    """Every StreamConfig gives the reference: many one-slab items (deeper rings hold
+    more items' Q^T / bounds in flight), a multi-slab one and a partial piece."""
+    from nki_kernels.attention.decode_host import StreamConfig
+
+    lens = torch.tensor([1100, 3, 40, 77, 600, 1])
+    q = _rand(6, 32, 1, 32, seed=51, dtype=torch.bfloat16)  # 32 columns a sequence: one per tile
+    k, v = (
+        _rand(6, 8, 1100, 32, seed=52, dtype=torch.bfloat16),
+        _rand(6, 8, 1100, 32, seed=53, dtype=torch.bfloat16),
+    )
+    out, _ = decode(q, k, v, lens, None, None, StreamConfig(piece, ring))
+    ref, _ = _reference(q, k, v, lens)
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], f"piece={piece} ring={ring}")
+
+
+def test_kv_layout_is_checked() -> None:
+    q, pool = torch.randn(1, 4, 1, 32), torch.randn(4, 16, 2, 32)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"kv_layout: expected one of \('vllm', 'head_major'\)"):
+        decode_attention(q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="nhd")
+    with pytest.raises(ValueError, match=r"KV heads dividing q's 4 \(k_cache \[num_blocks, Hkv, b"):
+        decode_attention(
+            q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="head_major"
+        )
