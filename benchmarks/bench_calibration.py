@@ -69,8 +69,8 @@ def anchor_rows() -> tuple[list[dict], dict[str, str]]:
 def markdown(rows: list[dict], unavailable: dict[str, str]) -> str:
     """The README's anchor table."""
     lines = [
-        "| anchor | target | priced with | measured | modeled (cost model v2) | error "
-        "| LOO error |",
+        f"| anchor | target | priced with | measured | modeled (cost model {COST_MODEL_VERSION}) "
+        "| error | LOO error |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
