@@ -191,7 +191,7 @@ class Target:
     # it is not the shipped set (a `calibrate` override names its measurement file).
     parameters: str = SHIPPED_PARAMETERS
     # A calibration override's band sets (JSON: {"loo_sets": [...], "unanchored": {...}});
-    # empty for the shipped targets, whose sets live in perfmodel/fit_v2.json.
+    # empty for the shipped targets, whose sets live in perfmodel/fit_v3.json.
     band_sets_json: str = ""
 
     @property
@@ -228,7 +228,7 @@ TRN1 = Target(
     fp32_transpose_slowdown=4.0,
     throttle_start_fraction=1.0,  # no throttling ramp documented for trn1. M
     throttle_ramp_ns=0.0,
-    # --- v2 fit to the trn1 anchors (perfmodel/fit_v2.json): the matmul tutorial's four
+    # --- v2 fit to the trn1 anchors (kept in v3, perfmodel/fit_v3.json): the matmul tutorial's four
     # kernels, the perf guide's dependent activations and the fused-Mamba tutorial's v2
     # and v3 (S <= 4096). The documented 17 B/ns is a peak; the tutorial's DMA-bound
     # kernels imply far less per engine, and no per-DMA start latency beyond the
