@@ -51,6 +51,7 @@ def anchor_rows() -> tuple[list[dict], dict[str, str]]:
                 {
                     "id": a.id,
                     "fitted": a.fit,
+                    "held_out": a.held_out,
                     "target": target,
                     "kernel": a.kernel,
                     "source": a.citation,
@@ -66,17 +67,23 @@ def anchor_rows() -> tuple[list[dict], dict[str, str]]:
     return rows, unavailable
 
 
+def _tag(r: dict) -> str:
+    if r["fitted"]:
+        return ""
+    return " (held out)" if r.get("held_out") else " (not fitted)"
+
+
 def markdown(rows: list[dict], unavailable: dict[str, str]) -> str:
     """The README's anchor table."""
     lines = [
-        "| anchor | target | priced with | measured | modeled (cost model v2) | error "
-        "| LOO error |",
+        f"| anchor | target | priced with | measured | modeled (cost model {COST_MODEL_VERSION}) "
+        "| error | LOO error |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         loo = f"{r['loo_error_pct']:+.1f} %" if r["loo_error_pct"] is not None else "n/a"
         lines.append(
-            f"| {r['id']}{'' if r['fitted'] else ' (not fitted)'} | {r['target']} "
+            f"| {r['id']}{_tag(r)} | {r['target']} "
             f"| {r['priced_by']} | {_fmt_ns(r['measured_ns'])} "
             f"| {_fmt_ns(r['modeled_ns'])} | {r['error_pct']:+.1f} % | {loo} |"
         )

@@ -191,7 +191,7 @@ class Target:
     # it is not the shipped set (a `calibrate` override names its measurement file).
     parameters: str = SHIPPED_PARAMETERS
     # A calibration override's band sets (JSON: {"loo_sets": [...], "unanchored": {...}});
-    # empty for the shipped targets, whose sets live in perfmodel/fit_v2.json.
+    # empty for the shipped targets, whose sets live in perfmodel/fit_v3.json.
     band_sets_json: str = ""
 
     @property
@@ -228,7 +228,7 @@ TRN1 = Target(
     fp32_transpose_slowdown=4.0,
     throttle_start_fraction=1.0,  # no throttling ramp documented for trn1. M
     throttle_ramp_ns=0.0,
-    # --- v2 fit to the trn1 anchors (perfmodel/fit_v2.json): the matmul tutorial's four
+    # --- v2 fit to the trn1 anchors (kept in v3, perfmodel/fit_v3.json): the matmul tutorial's four
     # kernels, the perf guide's dependent activations and the fused-Mamba tutorial's v2
     # and v3 (S <= 4096). The documented 17 B/ns is a peak; the tutorial's DMA-bound
     # kernels imply far less per engine, and no per-DMA start latency beyond the
@@ -267,15 +267,17 @@ TRN2 = Target(
     throttle_ramp_ns=3000.0,
     # --- v3 fit to the trn2 anchors (perfmodel/fit_v3.json: the DMA overview's profile,
     # 32 KiB on one engine in 1,416 ns and a 2 KiB transfer in 97 ns; nki-library's
-    # attention_cte at 30 % MFU at S = 2048 and 46 % at S = 16384). The start latency,
-    # the HBM transpose efficiency and the TensorE extra cycles sit at the fast bound of
-    # their range; SBUF -> SBUF transposes run at 0.41 of the copy rate ("up to 50 %").
-    dma_engine_bytes_per_ns=22.6875,
-    dma_descriptor_min_ns=66.98875,
+    # attention_cte at 30 % MFU at S = 2048 and 46 % at S = 16384; nki-autotune's 2048^3
+    # matmuls at 90.92 % and 89.26 % MFU). The start latency and the HBM transpose
+    # efficiency sit at the fast bound of their range; SBUF -> SBUF transposes run at 0.41
+    # of the copy rate ("up to 50 %"); TensorE takes 18.75 cycles per instruction beyond
+    # max(N, 64) (3.7 % at N = 512).
+    dma_engine_bytes_per_ns=22.703125,
+    dma_descriptor_min_ns=67.61375,
     dma_fixed_ns=0.0,
     dma_transpose_hbm_efficiency=0.9,
-    dma_transpose_sbuf_efficiency=0.409765625,
-    matmul_extra_cycles=0.0,
+    dma_transpose_sbuf_efficiency=0.412109375,
+    matmul_extra_cycles=18.75,
     # carried over from the trn1 fit (the perf guide's and the Mamba tutorial's figures
     # are NC-v2's): 140.5 from the fit before the Mamba anchors joined it. The refit's
     # 140.2 is 0.2 % lower (0.2 ns of the 189 ns chain that pins it); it is not carried

@@ -37,20 +37,30 @@ def latency_band(samples: Sequence[float], target: str | Target) -> tuple[float,
 
 
 def ratio_band(
-    ours: Sequence[float], other: Sequence[float], target: str | Target
+    ours: Sequence[float],
+    other: Sequence[float],
+    target: str | Target,
+    provenance: str | None = None,
 ) -> tuple[float, float]:
     """The band of other / ours: the ratio per parameter set (the same set on both sides),
-    min and max, widened by the structural error of two figures (`widen`, terms = 2)."""
+    min and max, widened by the structural error of two figures (`widen_ratio`)."""
     ratios = [y / x for x, y in zip(ours, other, strict=True)]
-    return widen_ratio(min(ratios), max(ratios), target)
+    return widen_ratio(min(ratios), max(ratios), target, provenance)
 
 
-def widen_ratio(lo: float, hi: float, target: str | Target) -> tuple[float, float]:
+def widen_ratio(
+    lo: float, hi: float, target: str | Target, provenance: str | None = None
+) -> tuple[float, float]:
     """A ratio's band (lo, hi) over the parameter sets, widened by the structural error of
-    two modeled figures (`perfmodel.band.widen`, terms = 2)."""
+    two modeled figures (`perfmodel.band.widen`, terms = 2). Rows priced by an older cost
+    model (`provenance` naming another version) keep their own band: the structural term
+    is the current model's."""
     try:
+        from ..perfmodel import COST_MODEL_VERSION
         from ..perfmodel.band import widen
     except ImportError:
+        return lo, hi
+    if provenance is not None and f"cost model {COST_MODEL_VERSION}" not in provenance:
         return lo, hi
     return widen(lo, hi, target, terms=2)
 

@@ -74,7 +74,7 @@ def geo_band(
     if not per_set:
         return None
     means = [_geo([r[i] for r in per_set]) for i in range(len(per_set[0]))]
-    return widen_ratio(min(means), max(means), target)
+    return widen_ratio(min(means), max(means), target, f"cost model {cost_model}")
 
 
 def goal_text(
@@ -173,7 +173,8 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
         f"AWS's rows: nki-library {', '.join(commits) or 'none'}.",
         "",
         f"**Headline (LNC 2, the default on trn2; assumed on trn3; cost model {cost_model} "
-        "rows only, with bands: the range over the cost model's parameter sets).**",
+        "rows only, with bands: the range over the cost model's parameter sets, widened by "
+        "its cross-validated error).**",
         "",
         *(headline(rows, targets, 2, cost_model) or ["- no case priced by this cost model yet"]),
         "",

@@ -53,7 +53,7 @@ def speedup(ours: BenchRow | None, other: BenchRow | None) -> str:
     text = f"{other.latency_us / ours.latency_us:.2f}x"
     a, b = ours.extra.get("samples_us"), other.extra.get("samples_us")
     if a and b and len(a) == len(b):
-        lo, hi = ratio_band(a, b, ours.target)
+        lo, hi = ratio_band(a, b, ours.target, ours.provenance)
         text += f" ({lo:.2f}–{hi:.2f})"
     return text
 

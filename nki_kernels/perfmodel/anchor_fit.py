@@ -105,11 +105,13 @@ def refit(
                 "loo_error_pct": pct(loo[a.id].residuals[a.id]) if a.id in loo else None,
             }
         loo_pct = {k: pct(v.residuals[k]) for k, v in loo.items()}
+        held = {a.id: pct(every[a.id]) for a in aset.anchors if a.held_out}
         out["targets"][name] = {
             "params": full.params,
             # the cross-validated error: root mean square of the leave-one-out log errors
-            # of the fitted anchors, as a percentage (perfmodel.band widens bands by it)
-            "cv_error_pct": cv_error_pct(loo_pct),
+            # of the fitted anchors and the errors of the held-out ones, as a percentage
+            # (perfmodel.band widens bands by it)
+            "cv_error_pct": cv_error_pct({**loo_pct, **held}),
             "loo_dropped": sorted(k for k, v in loo_pct.items() if abs(v) > LOO_DROP_PCT),
             "ranges": {r[0]: list(r[1:]) for r in ranges},
             "anchors": rows,

@@ -54,6 +54,7 @@ from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
 from ..targets import Target, get_target
 from . import costs
 from .costs import DmaPlan, Pricer
+from .dead_stores import dead_psum_memsets
 from .dma_engines import DmaEngines
 from .scheduling import schedule_window
 
@@ -242,6 +243,8 @@ def schedule(
     pricer = Pricer(tgt)
     price_dma, price_compute = pricer.dma_plan, pricer.compute
     assert SBUF == 0 and PSUM == 1
+    # PSUM memsets a starting matmul overwrites unread: dropped (dead_stores.py)
+    dead = dead_psum_memsets(instrs)
 
     def core_of(prog: int) -> _Core:
         while prog >= len(cores):
@@ -314,6 +317,9 @@ def schedule(
         """Run instruction `idx` now that everything it depends on is placed (a compute
         instruction's `price_compute` may be given)."""
         ins = instrs[idx]
+        if dead and idx in dead:
+            starts[idx] = ends[idx] = dep
+            return
         core = core_of(ins.program)
         eng = ins.engine
         if eng == "dma":

@@ -80,13 +80,15 @@ def test_speedup_band_from_per_parameter_set_samples():
 
 
 def test_mfu_above_the_best_published_measurement_is_labelled_ceiling():
-    # matmul-like work: the best published Trainium MFU is 90.92 %; attention forward: 46 %
+    # matmul-like work: the best published Trainium MFU is 90.92 %; attention: 46 %
     assert _cells(comparison_table([_row("nki", 10.0, mfu=0.95)]))[10] == "95.0% ceiling"
     assert _cells(comparison_table([_row("nki", 10.0, mfu=0.85)]))[10] == "85.0%"
     fwd = _row("nki", 10.0, op="flash_attention fwd", mfu=0.5)
     assert _cells(comparison_table([fwd]))[10] == "50.0% ceiling"
     bwd = _row("nki", 10.0, op="flash_attention bwd", mfu=0.5)
-    assert _cells(comparison_table([bwd]))[10] == "50.0%"
+    assert _cells(comparison_table([bwd]))[10] == "50.0% ceiling"
+    fwd = _row("nki", 10.0, op="flash_attention fwd causal", mfu=0.4)
+    assert _cells(comparison_table([fwd]))[10] == "40.0%"
 
 
 def test_dropping_table_lists_only_capacity_factor_rows():
@@ -285,3 +287,12 @@ def test_norm_rows_use_the_config_entry_of_the_lnc_they_launch_at(lnc: int) -> N
     assert seen and all(d.lnc == lnc for d in seen)
     assert all(d.entry_key is not None for d in seen), [d.describe() for d in seen]
     assert all(("lnc=2" in str(d.entry_key)) == (lnc == 2) for d in seen)
+
+
+def test_rows_of_an_older_cost_model_keep_their_own_ratio_band():
+    old = "modeled (cost model v2, trn2)"
+    ours = BenchRow("norm", "rms_norm fwd", "[256, 512] bf16", "trn2", "nki", 10.0, old,
+                    extra={"samples_us": [8.0, 10.0, 12.0]})  # fmt: skip
+    aws = BenchRow("norm", "rms_norm fwd", "[256, 512] bf16", "trn2", "aws", 15.0, old,
+                   extra={"samples_us": [14.0, 15.0, 16.0]})  # fmt: skip
+    assert _cells(comparison_table([ours, aws]))[8] == "1.50x (1.33–1.75)"

@@ -27,18 +27,21 @@ def test_one_matmul_costs_its_moving_columns():
 
 
 @pytest.mark.parametrize(
-    ("n", "fp32", "transpose", "target", "cycles"),
+    ("n", "fp32", "transpose", "target", "factor"),
     [
-        (32, False, False, TRN1, 64),  # below the 64-cycle MultiplyMoving floor
-        (512, True, False, TRN1, 4 * 512),  # fp32 operands: 4x
-        (128, True, True, TRN1, 4 * 128),  # fp32 PE transpose: 4x on NC-v2
-        (128, True, True, TRN2, 2 * 128),  # ... 2x on NC-v3+
-        (128, False, True, TRN2, 128),  # bf16 transpose: max(P, 64)
-        (128, False, True, TRN3, 128 / 2),  # ... halved by NC-v4's background transpose
+        (32, False, False, TRN1, 1),  # below the 64-cycle MultiplyMoving floor
+        (512, True, False, TRN1, 4),  # fp32 operands: 4x
+        (128, True, True, TRN1, 4),  # fp32 PE transpose: 4x on NC-v2
+        (128, True, True, TRN2, 2),  # ... 2x on NC-v3+
+        (128, False, True, TRN2, 1),  # bf16 transpose: max(P, 64)
+        (128, False, True, TRN3, 1 / 2),  # ... halved by NC-v4's background transpose
     ],
 )
-def test_tensor_engine_cycle_rules(n, fp32, transpose, target, cycles):
+def test_tensor_engine_cycle_rules(n, fp32, transpose, target, factor):
+    # max(N, 64) plus the fitted cycles per instruction (v3: 18.75 on trn2 / trn3, 0 on
+    # trn1), times the dtype / transpose factor
     ins = matmul(n, (), (), fp32=fp32, transpose=transpose)
+    cycles = (max(n, 64) + target.matmul_extra_cycles) * factor
     assert compute_ns(ins, target) == pytest.approx(cycles / target.tensor_ghz)
 
 
@@ -199,26 +202,28 @@ def test_throttle_ramp_math():
 
 
 def test_trn2_tensor_engine_warms_up():
-    # 40 back-to-back matmuls (40 x 213.3 ns of work > the 3 us ramp): the first is slowed
-    # to ~half speed, the last runs at full clock 512 / 2.4 = 213.33 ns
+    # 40 back-to-back matmuls (40 x ~221 ns of work > the 3 us ramp): the first is slowed
+    # to ~half speed, the last runs at full clock (512 + the fitted extra) / 2.4
+    full = (512 + TRN2.matmul_extra_cycles) / 2.4
     mms = [matmul(512, (sbuf(0, 256), sbuf(256, 1024)), (psum(0, 2048),)) for _ in range(40)]
     sched = schedule(make_trace("trn2", *mms))
     first = sched.end[0] - sched.start[0]
     last = sched.end[-1] - sched.start[-1]
-    assert last == pytest.approx(512 / 2.4)
-    assert first > 1.8 * 512 / 2.4
+    assert last == pytest.approx(full)
+    assert first > 1.8 * full
     ramp_loss = 3000.0 * (1 - 0.75)  # the ramp does 0.75 x 3000 ns of work in 3000 ns
-    assert sched.latency_ns == pytest.approx(40 * 512 / 2.4 + ramp_loss)
+    assert sched.latency_ns == pytest.approx(40 * full + ramp_loss)
 
 
 def test_fp8_double_row_doubles_flops_per_cycle():
-    # double_row contracts 2K = 256 rows in the cycles of one pass: max(512, 64) cycles,
+    # double_row contracts 2K = 256 rows in the cycles of one pass: max(512, 64) cycles
+    # (plus the fitted extra per instruction),
     # 2 * 256 * 128 * 512 FLOPs; its roofline term uses the 2x fp8 peak, so the ideal
     # time equals the cycle cost exactly (and MFU against the bf16 peak can reach 2)
     ins = matmul(512, (sbuf(0, 512), sbuf(512, 1024)), (psum(0, 2048),))
     ins.attrs.update(K=256, double_row=True)
     ins.flops = 2 * 256 * 128 * 512
-    assert compute_ns(ins, TRN2) == pytest.approx(512 / 2.4)
+    assert compute_ns(ins, TRN2) == pytest.approx((512 + TRN2.matmul_extra_cycles) / 2.4)
     assert tensor_ideal_ns(ins, TRN2) == pytest.approx(512 / 2.4)
     est = estimate_trace(make_trace("trn3", ins))
     assert est.latency_ns >= est.roofline_ns == pytest.approx(512 / 2.4)

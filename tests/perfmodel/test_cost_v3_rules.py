@@ -160,3 +160,29 @@ def test_vector_and_scalar_collide_only_on_the_same_psum_bank_on_trn2():
     assert same.start[1] == pytest.approx(512 / TRN2.vector_ghz)
     other = schedule(make_trace("trn2", v, act(2048)))  # bank 1
     assert other.start[1] == 0.0
+
+
+def test_a_psum_memset_that_a_starting_matmul_overwrites_is_dropped():
+    # nc_matmul: "accumulate=None (default): The compiler automatically infers the correct
+    # flag -- first write overwrites, subsequent writes accumulate"; "matmul accumulating
+    # into a PSUM location that was value-initialized by a non-matmul instruction (e.g.,
+    # memset) ... is not supported" (NC-v2/v3): the memset is a dead store.
+    from cost_fixtures import make_trace, matmul, psum, sbuf, vector
+
+    from nki_kernels.perfmodel.dead_stores import dead_psum_memsets
+    from nki_kernels.perfmodel.timeline import schedule
+
+    zero = vector("memset", 512, (), (psum(0, 2048),))
+    mm = matmul(512, (sbuf(0, 1024),), (psum(0, 2048),))
+    out = vector("tensor_copy", 512, (psum(0, 2048),), (sbuf(4096, 2048),), psum_in=True)
+    assert dead_psum_memsets([zero, mm, out]) == {0}
+    sched = schedule(make_trace("trn2", zero, mm, out))
+    assert sched.end[0] == sched.start[0] == 0.0 and sched.start[1] == 0.0
+    # read before the matmul (or accumulated onto explicitly): the memset is live
+    assert dead_psum_memsets([zero, out, mm]) == set()
+    acc = matmul(512, (sbuf(0, 1024),), (psum(0, 2048),))
+    acc.attrs["accumulate"] = True
+    assert dead_psum_memsets([zero, acc]) == set()
+    # a matmul covering only half of the memset leaves it live
+    half = matmul(256, (sbuf(0, 1024),), (psum(0, 1024),))
+    assert dead_psum_memsets([zero, half]) == set()
