@@ -1,21 +1,24 @@
 """`torch.ops.nki.decode_attention`: Sq = 1..k new queries over a (paged) KV cache.
 
     decode_attention(q [B, Hq, Sq, D], k_cache, v_cache, cache_lens [B], block_table=None,
-                     *, softmax_scale=None) -> (out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32)
+                     *, softmax_scale=None, kv_layout="vllm")
+        -> (out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32)
 
 Cache layouts: contiguous k_cache, v_cache [B, Hkv, S_max, D] (Hugging Face's per-layer
-cache tensors), or paged [num_blocks, block_size, Hkv, D] with `block_table` [B,
-max_blocks] int (vLLM's layout). `cache_lens[b]` counts the cached keys including the
-Sq new tokens, which are the last Sq positions: query i sees keys j <= cache_len - Sq + i.
+cache tensors), or paged with `block_table` [B, max_blocks] int: [num_blocks, block_size,
+Hkv, D] (vLLM's layout, kv_layout="vllm") or [num_blocks, Hkv, block_size, D]
+(kv_layout="head_major"). `cache_lens[b]` counts the cached keys including the Sq new
+tokens, which are the last Sq positions: query i sees keys j <= cache_len - Sq + i.
+Positions past a length and blocks no sequence uses never contribute, whatever they hold.
 
 Its own op rather than a mode of flash_attention: the arguments differ (a block table,
-a cache longer than the keys in use), the kernel differs (no query tiles or bucket
-padding of Sq; the query heads of a KV head packed into one tile; split-K), and decode
-needs no backward, so the op is inference-only (its autograd raises).
+a cache longer than the keys in use), the kernel differs (the streamed kernel
+`attention/decode_stream.py`: the whole batch per launch, keys on partitions, whole-slab
+gathers), and decode needs no backward, so the op is inference-only (its autograd raises).
 
-The kernel's split over the cache is planned from `cache_lens` (and the block table) on
-the host, so under `torch.compile` (traced through TorchNeuron's `nki_op`) the whole call
-is one `nki_host::decode_attention` node.
+The kernel's piece tables are planned from `cache_lens` (and the block table) on the
+host, so under `torch.compile` (traced through TorchNeuron's `nki_op`) the whole call is
+one `nki_host::decode_attention` node.
 """
 
 from __future__ import annotations
