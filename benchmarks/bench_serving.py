@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/bench_serving.py [--target trn2]
 
 One Llama-3 8B attention layer (Hq 32, Hkv 8, D 128, bf16), paged cache of 16-key
-blocks ("nhd"), per case:
+blocks in vLLM's layout ("nhd") or vLLM-Neuron's ("hnd": a head's block is one run, so
+the grouped gathers move 1 KiB per 4 keys), per case:
 
 * fused: `serving_attention_fwd` writing the step's new K / V and attending, one launch;
 * composition: the write alone (`cache_write_fwd`) + the attention alone (the same
@@ -38,15 +39,16 @@ from nki_kernels.serving.host import key_step
 from nki_kernels.serving.segmented import serving_attention_fwd
 
 HQ, HKV, D, BS = 32, 8, 128, 16
-CASES = {  # name: (sequences, cached keys each, new tokens each, cache dtype)
-    "decode 8 x 1, 2K cached": (8, 2048, 1, "bfloat16"),
-    "decode 8 x 1, 2K cached, fp8 e4m3 cache": (8, 2048, 1, "float8_e4m3fn"),
-    "speculative 8 x 4 drafts, 2K cached": (8, 2048, 4, "bfloat16"),
-    "chunked prefill 1 x 256 after 1K prefix": (1, 1024, 256, "bfloat16"),
+CASES = {  # name: (sequences, cached keys each, new tokens each, cache dtype, layout)
+    "decode 8 x 1, 2K cached, vLLM layout (nhd)": (8, 2048, 1, "bfloat16", "nhd"),
+    "decode 8 x 1, 2K cached, vLLM-Neuron layout (hnd)": (8, 2048, 1, "bfloat16", "hnd"),
+    "decode 8 x 1, 2K cached, hnd, fp8 e4m3 cache": (8, 2048, 1, "float8_e4m3fn", "hnd"),
+    "speculative 8 x 4 drafts, 2K cached, hnd": (8, 2048, 4, "bfloat16", "hnd"),
+    "chunked prefill 1 x 256 after 1K prefix, hnd": (1, 1024, 256, "bfloat16", "hnd"),
 }
 
 
-def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
+def _specs(seqs: int, ctx: int, new: int, cache_dt: str, layout: str) -> dict[str, object]:
     group = HQ // HKV
     tq = min(128 // group, new)
     items = seqs * -(-new // tq)
@@ -58,7 +60,9 @@ def _specs(seqs: int, ctx: int, new: int, cache_dt: str) -> dict[str, object]:
     return {
         "q_t": TensorSpec((items, HKV, D, group * tq), "bfloat16"),
         "new": TensorSpec((t_tok, HKV * D), "bfloat16"),
-        "cache": TensorSpec((blocks, BS, HKV, D), cache_dt),
+        "cache": TensorSpec(
+            (blocks, BS, HKV, D) if layout == "nhd" else (blocks, HKV, BS, D), cache_dt
+        ),
         "wrows": TensorSpec((t_tok, 1), "int32"),
         "krows": TensorSpec((items, steps, 128, 1 if grouped else kv_tile // 128), "int32"),
         "kmask": TensorSpec((items, steps, 128, 4), "uint8") if grouped else None,
@@ -75,10 +79,10 @@ def _us(kernel, *args, target) -> float:  # type: ignore[no-untyped-def]
 
 
 def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    seqs, ctx, new, cdt = CASES[case]
-    s = _specs(seqs, ctx, new, cdt)
+    seqs, ctx, new, cdt, layout = CASES[case]
+    s = _specs(seqs, ctx, new, cdt, layout)
     attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["kmask"], s["info"],
-              s["scales"], "nhd", s["steps"], s["kv_tile"], s["fp8"])  # fmt: skip
+              s["scales"], layout, s["steps"], s["kv_tile"], s["fp8"])  # fmt: skip
     fused = list(attend)
     fused[1], fused[2], fused[5] = s["new"], s["new"], s["wrows"]
     row = {
@@ -91,7 +95,7 @@ def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def
             s["cache"],
             s["wrows"],
             s["scales"],
-            "nhd",
+            layout,
             s["fp8"],
             target=target,
         ),
@@ -134,7 +138,7 @@ def main() -> None:
         comp = _band([r["write"] + r["attend"] for r in runs])
         dec = _band([r["write"] + r["decode"] for r in runs]) if "decode" in runs[0] else "-"
         ratio = [r["fused"] / (r["write"] + r["attend"]) for r in runs]
-        seqs, ctx, new, cdt = CASES[case]
+        seqs, ctx, new, cdt, _ = CASES[case]
         aws = aws_tkg(args.target, seqs, ctx) if new == 1 and cdt == "bfloat16" else "-"
         print(f"| {case} | {fused} | {comp} | {dec} | {aws} | "
               f"x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip

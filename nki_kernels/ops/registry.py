@@ -405,6 +405,7 @@ def define_host_op(
     *,
     fake: Callable[..., Any],
     validate: Callable[..., Any] | None = None,
+    mutates_args: Sequence[str] = (),
 ) -> Any:
     """`torch.ops.nki_host.<name>`: a plain custom op (cpu and neuron kernels, `fake`,
     the keyword-only `bucket_policy`) for the part of a traceable op's body that plans
@@ -412,8 +413,12 @@ def define_host_op(
     so under `torch.compile` that part is one opaque node of the captured graph. Not
     recorded in `registered_ops()` (the op it serves is)."""
     qualname = f"{HOST_NAMESPACE}::{name}"
-    schema = _schema_with_policy(strict_schema(torch.library.infer_schema(impl, mutates_args=())))
-    op = torch.library.custom_op(qualname, _unsupported(name, impl), mutates_args=(), schema=schema)
+    written = tuple(mutates_args)  # arguments the host op writes in place (a KV cache)
+    schema = strict_schema(torch.library.infer_schema(impl, mutates_args=written))
+    schema = _schema_with_policy(schema)
+    op = torch.library.custom_op(
+        qualname, _unsupported(name, impl), mutates_args=written, schema=schema
+    )
     run = _policy_scope(name, _checked(validate, _dense(impl)))
     op.register_kernel("cpu")(run)
     pu1 = _privateuse1_device()

@@ -31,7 +31,7 @@ from torch import Tensor
 from ..serving.host import FP8_MAX, LAYOUTS, write_cache
 from ..serving.host import serving_attention as _serving_attention
 from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_tensor
-from .registry import define_op
+from .registry import call_host_op, define_host_op, define_op, tracing
 
 HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -132,6 +132,10 @@ def _kv_cache_write(
     layout: str = "nhd",
 ) -> None:
     """Write k, v at slot_mapping into the caches (in place); see the module docstring."""
+    if tracing(k, k_cache, slot_mapping):  # the rows are planned from slot_mapping's values
+        call_host_op("kv_cache_write", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+                     layout=layout)  # fmt: skip
+        return
     write_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout)
 
 
@@ -273,6 +277,13 @@ def _serving_attention_op(
     max_query_len: int | None = None,
 ) -> Tensor:
     """Write k, v (if given), then segmented attention; see the module docstring."""
+    if tracing(q, k_cache, block_table, cached_seq_len, query_start_loc):  # plans on metadata
+        return call_host_op(  # type: ignore[no-any-return]
+            "serving_attention", q, k, v, k_cache, v_cache, slot_mapping, block_table,
+            cached_seq_len, query_start_loc, sinks, k_scale, v_scale,
+            softmax_scale=softmax_scale, sliding_window=sliding_window, layout=layout,
+            max_query_len=max_query_len,
+        )  # fmt: skip
     _check_lengths(query_start_loc, cached_seq_len, q.shape[0], max_query_len)
     return _serving_attention(
         q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),
@@ -299,11 +310,18 @@ def _examples_attention() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     ]  # fmt: skip
 
 
+# The step's plan reads the metadata's values (slots, lengths, block table): when the body
+# is traced (TorchNeuron's nki_op, `tracing()`), the whole call is one nki_host node.
+_CACHES = ("k_cache", "v_cache")
+define_host_op("kv_cache_write", _kv_cache_write, fake=_fake_write, validate=_validate_write,
+               mutates_args=_CACHES)  # fmt: skip
+define_host_op("serving_attention", _serving_attention_op, fake=_fake_attention,
+               validate=_validate_attention, mutates_args=_CACHES)  # fmt: skip
 define_op("kv_cache_write", _kv_cache_write, fake=_fake_write, validate=_validate_write,
-          mutates_args=("k_cache", "v_cache"), examples=_examples_write)  # fmt: skip
+          mutates_args=_CACHES, examples=_examples_write, traceable=True)  # fmt: skip
 define_op("serving_attention", _serving_attention_op, fake=_fake_attention,
-          validate=_validate_attention, mutates_args=("k_cache", "v_cache"),
-          examples=_examples_attention)  # fmt: skip
+          validate=_validate_attention, mutates_args=_CACHES, examples=_examples_attention,
+          traceable=True)  # fmt: skip
 
 
 def kv_cache_write(

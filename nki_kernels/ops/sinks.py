@@ -26,13 +26,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .checks import FLOAT_DTYPES, check_is_tensor, check_tensor
+from ..attention.host import MaskArgs, forward
+from .attention import _fwd_validate
+from .checks import check_is_tensor, check_tensor
 from .registry import define_op
 
 
 def _validate(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, **kw: Any) -> None:
-    for arg, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(arg, t, dtypes=FLOAT_DTYPES, min_dim=4)
+    _fwd_validate(q, k, v, **kw)  # flash_attention's checks (shapes, dtypes, GQA, options)
     check_tensor("sinks", sinks, dtypes=(torch.float32,))
     if tuple(sinks.shape) != (q.shape[1],):
         raise ValueError(f"sinks: expected shape ({q.shape[1]},) [Hq]; got {tuple(sinks.shape)}")
@@ -61,9 +62,7 @@ def _sink_attention(
     sliding_window: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of attention with one sink logit per head; see the module docstring."""
-    out0, lse0 = torch.ops.nki.flash_attention(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window
-    )
+    out0, lse0 = forward(q, k, v, MaskArgs(causal, softmax_scale, sliding_window))
     return _with_sink(out0, lse0, sinks)
 
 
@@ -98,7 +97,7 @@ def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
 
 
 define_op("sink_attention", _sink_attention, fake=_fake, validate=_validate, backward=_grad,
-          setup_context=_setup, examples=_examples)  # fmt: skip
+          setup_context=_setup, examples=_examples, traceable=True)  # fmt: skip
 
 
 def sink_attention(

@@ -269,6 +269,11 @@ def _load(t, io, s):
     if key_mask is not None:
         nisa.dma_copy(dst=idx[:, 0:1], src=key_rows[i, s])
         col = idx[:, 0:1]
+        if kg.ndim == 2:  # "hnd": a group is one 4 * D run on both sides
+            kraw, vraw = (
+                kraw.reshape((P, n_sub * kraw.shape[2])),
+                vraw.reshape((P, n_sub * vraw.shape[2])),
+            )
         nisa.dma_copy(dst=kraw, src=kg.vector_select(0, col), oob_mode=nisa.oob_mode.skip)
         nisa.dma_copy(dst=vraw, src=vg.vector_select(0, col), oob_mode=nisa.oob_mode.skip)
         nisa.dma_copy(dst=t["vmask"][s % RING], src=key_mask[i, s])
@@ -304,7 +309,7 @@ def _stage_scores(t, s, rows, d, kv_tile):
             dst = kt[:dc, c, :].reshape((dc, P, n_sub))
         else:
             src, dst = kt_ps[:dc, :], kt[:dc, c, :]
-        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
+        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.scalar)
     for c, _, dc in _dchunks(d):
         nisa.nc_matmul(
             dst=s_ps[:rows, :], stationary=t["qt"][:dc, c, :rows], moving=kt[:dc, c, :],
@@ -332,10 +337,15 @@ def _stage_exp(t, s, rows, kv_tile):
     sc, m, l = t["sc"], t["m"], t["l"]
     mx, mn, nb = t["mx"][s % 3], t["mn"][s % 2], t["nb"][s % 2]
     a, rs = t["a"][s % 4], t["rs"][s % 2]
-    nisa.tensor_tensor(dst=mn[:rows, :], data1=m[:rows, :], data2=mx[:rows, :], op=nl.maximum)
+    # the [R, 1] statistics: on GpSimd with grouped gathers (VectorE carries the step's
+    # full-width work), else on VectorE (GpSimd generates the per-row gathers' descriptors)
+    eng = nisa.engine.gpsimd if t["grouped"] else nisa.engine.vector
+    nisa.tensor_tensor(
+        dst=mn[:rows, :], data1=m[:rows, :], data2=mx[:rows, :], op=nl.maximum, engine=eng
+    )
     nisa.tensor_scalar(
         dst=nb[:rows, :], data=mn[:rows, :], op0=nl.multiply, operand0=sc[:rows, 0:1],
-        op1=nl.multiply, operand1=-1.0,
+        op1=nl.multiply, operand1=-1.0, engine=eng,
     )  # fmt: skip
     nisa.activation(
         dst=t["p"][s % 3][:rows, :], op=nl.exp, data=t["s"][s % 2][:rows, :],
@@ -347,9 +357,9 @@ def _stage_exp(t, s, rows, kv_tile):
     )
     nisa.tensor_scalar(
         dst=l[:rows, :], data=l[:rows, :], op0=nl.multiply, operand0=a[:rows, :],
-        op1=nl.add, operand1=rs[:rows, :],
+        op1=nl.add, operand1=rs[:rows, :], engine=eng,
     )  # fmt: skip
-    nisa.tensor_copy(dst=m[:rows, :], src=mn[:rows, :])
+    nisa.tensor_copy(dst=m[:rows, :], src=mn[:rows, :], engine=eng)
 
 
 def _stage_pv(t, s, rows, d, kv_tile):

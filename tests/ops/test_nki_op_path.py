@@ -174,7 +174,14 @@ def test_every_library_op_on_the_device_path(neuron: str, name: str, lnc: int) -
 
 
 def _graph_targets(gm: torch.fx.GraphModule) -> list[str]:
-    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        out.append(str(n.target))
+        if "auto_functionalized" in str(n.target) and n.args:  # an op that writes in
+            out.append(str(n.args[0]))  # place (a KV cache), functionalized: the op too
+    return out
 
 
 # ops whose plan reads tensor data: that part is one nki_host node under tracing
@@ -182,7 +189,11 @@ HOST_NODES = {
     "moe_mlp": "nki_host.moe_block_plan",
     "moe_mlp_backward": "nki_host.moe_block_plan",
     "decode_attention": "nki_host.decode_attention",
+    "serving_attention": "nki_host.serving_attention",
+    "kv_cache_write": "nki_host.kv_cache_write",
 }
+# ops whose whole call plans on tensor data (cache lengths, slots): no kernel node
+WHOLE_CALL_ON_HOST = {"decode_attention", "serving_attention", "kv_cache_write"}
 
 
 @pytest.mark.parametrize("lnc", [1, 2])
@@ -211,7 +222,7 @@ def test_every_library_op_compiles_through_nki_op(neuron: str, name: str, lnc: i
             assert KERNEL_CACHE.wraps == KERNEL_CACHE.compiles >= 1
             assert {k.lnc for k in KERNEL_CACHE.keys()} == {lnc}
         forward = _graph_targets(graphs[0])
-        kernel_nodes = name != "decode_attention"  # its whole call plans on cache_lens
+        kernel_nodes = name not in WHOLE_CALL_ON_HOST
         assert kernel_nodes == any("nki_standin.kernel_call" in t for t in forward), forward
         assert not any(twin.name in t for t in forward), (name, forward)
         if name in HOST_NODES:

@@ -95,12 +95,12 @@ def test_scale_of_wrong_shape_or_cache_is_named() -> None:
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_eager_and_compiled_on_devices(device: str, request: pytest.FixtureRequest) -> None:
     """The same step eagerly and under torch.compile(fullgraph=True): the cache writes
-    reach the caller's tensors (mutated args), outputs equal the eager ones."""
+    reach the caller's tensors (mutated args), outputs match the float64 reference; then,
+    under fail_on_recompile, a step of other lengths and block tables in the same frozen
+    shapes runs without a recompile."""
     if device == "neuron":
         device = request.getfixturevalue("neuron")
-    step = make_step(MIXED, seed=9)
     sinks = torch.randn(4, generator=torch.Generator().manual_seed(2))
-    ref, rk, _ = reference_serving_attention(*step.args(), sinks=sinks, sliding_window=9)
 
     def fn(q, k, v, kc, vc, slots, table, ctx, qsl, snk):  # type: ignore[no-untyped-def]
         out = serving_attention(q, kc, vc, table, ctx, qsl, k=k, v=v, slot_mapping=slots,
@@ -108,12 +108,21 @@ def test_eager_and_compiled_on_devices(device: str, request: pytest.FixtureReque
         return out * 2.0
 
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
-    for f in (fn, compiled):
-        args = [t.to(device) for t in step.args()]
-        out = f(*args, sinks.to(device))
-        assert out.device.type == torch.device(device).type
-        assert_rel_close(out.cpu() / 2.0, ref, TOLERANCES[torch.float32])
-        assert same_bits(args[3].cpu(), rk)
+    other = [(41, 1), (31, 20), (0, 9), (24, 5), (10, 0), (4, 2)]  # MIXED's frozen shapes
+    calls = [(fn, make_step(MIXED, seed=9)), (compiled, make_step(MIXED, seed=9)),
+             (compiled, make_step(other, seed=10))]  # fmt: skip
+    try:
+        for n, (f, step) in enumerate(calls):
+            ref, rk, _ = reference_serving_attention(*step.args(), sinks=sinks, sliding_window=9)
+            args = [t.to(device) for t in step.args()]
+            if n == 2:
+                torch.compiler.set_stance("fail_on_recompile")
+            out = f(*args, sinks.to(device))
+            assert out.device.type == torch.device(device).type
+            assert_rel_close(out.cpu() / 2.0, ref, TOLERANCES[torch.float32])
+            assert same_bits(args[3].cpu(), rk)
+    finally:
+        torch.compiler.set_stance("default")
 
 
 def test_named_errors() -> None:
