@@ -275,3 +275,30 @@ def test_titan_names_are_checked() -> None:
     assert titan.parse("tiny-llama") is None
     with pytest.raises(ValueError, match="TorchTitan config name"):
         titan.build("gpt2_small", nki=True)
+
+
+@pytest.mark.slow
+def test_fsdp2_with_torchtitans_activation_checkpointing_and_checkpoint_layout(tmp_path) -> None:
+    """`parity --nproc 2` on the MoE debug model's first two blocks: DDP and TorchTitan's
+    own FullAC + apply_fsdp_to_decoder, NKI path on the reference's trajectory, a DCP
+    checkpoint in TorchTitan's layout restored in fresh processes."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    model = "deepseekv3_debugmodel@2"
+    cmd = [sys.executable, "-m", "nki_kernels.cli", "parity", "--nproc", "2", "--model", model]
+    cmd += ["--steps", "2", "--out", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    saved = json.loads((tmp_path / f"{model}-dist2.json").read_text())
+    assert saved["passed"] and saved["world_size"] == 2
+    for wrapper in ("ddp", "fsdp2"):
+        w = saved[wrapper]
+        assert w["params_in_sync"] == {"reference": True, "candidate": True, "resumed": True}
+        assert w["max_delta"] <= saved["tolerance"] and w["resume_max_delta"] <= saved["tolerance"]
+    assert (tmp_path / "checkpoints" / f"{model}-fsdp2" / ".metadata").is_file()
