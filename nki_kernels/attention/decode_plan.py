@@ -140,7 +140,8 @@ def plan_decode(
             b = b0 + sl
             rows_b, kp_b = pieces[b]
             n = len(rows_b)
-            pad_row = rows_b[0] if n else _any_row(b, layout, cache_shape, block_table, hkv)
+            pad_row = rows_b[0] if n else _any_row(b, int(lens[b]), layout, cache_shape,
+                                                  block_table, hkv)  # fmt: skip
             ns_ = idx.shape[1]
             flat_rows = np.full(ns_ * P, pad_row, np.int64)
             flat_rows[:n] = rows_b
@@ -170,11 +171,13 @@ def _row(b: int, key: int, layout: str, shape: tuple[int, ...], table: Any, hkv:
     return block * bs + key % bs
 
 
-def _any_row(b: int, layout: str, shape: tuple[int, ...], table: Any, hkv: int) -> int:
-    """An in-bounds row whose values are discarded (a sequence without a full piece)."""
+def _any_row(b: int, n: int, layout: str, shape: tuple[int, ...], table: Any, hkv: int) -> int:
+    """An in-bounds row whose values are discarded (a sequence without a full piece): the
+    sequence's own first row where it has keys (its first block when paged), else the
+    cache's first row (an empty sequence's output is replaced by 0 on the host)."""
     if layout == "contiguous":
         return b * hkv * shape[2]
-    return 0
+    return _row(b, 0, layout, shape, table, hkv) if n else 0
 
 
 def _sequence_pieces(
