@@ -183,7 +183,7 @@ class NkiFlexAttention(FlexAttention):
         q, k, v, dv = _pad_head_dims(q_BLNH, k_BLNH, v_BLNH)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         want_lse = out_transform is not None
-        res = nki_kernels.flex_attention(
+        res: Any = nki_kernels.flex_attention(
             q,
             k,
             v,

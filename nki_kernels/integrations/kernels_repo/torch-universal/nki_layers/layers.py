@@ -24,9 +24,15 @@ import nki_kernels  # noqa: F401  (registers torch.ops.nki.*)
 from nki_kernels.integrations import hf_attention
 
 
-def _attention(module: Any, hidden_states: Tensor, position_embeddings: Any,
-               attention_mask: Any, cache: Any, sliding_window: int | None,
-               kwargs: dict[str, Any]) -> tuple[Tensor, None]:
+def _attention(
+    module: Any,
+    hidden_states: Tensor,
+    position_embeddings: Any,
+    attention_mask: Any,
+    cache: Any,
+    sliding_window: int | None,
+    kwargs: dict[str, Any],
+) -> tuple[Tensor, None]:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     cache = cache if cache is not None else kwargs.pop("past_key_values", None)
