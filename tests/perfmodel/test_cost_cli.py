@@ -106,3 +106,20 @@ def test_estimate_prints_the_band(capsys):
     lo, hi = est["latency_band_ns"]
     assert lo <= est["latency_ns"] <= hi
     assert est["mfu_band"][0] <= est["mfu"] <= est["mfu_band"][1]
+
+
+def test_summary_labels_an_mfu_above_the_best_published_one_a_ceiling():
+    import dataclasses
+
+    from nki_kernels.perfmodel import estimate_trace
+    from nki_kernels.perfmodel.synthetic import synthetic_trace
+
+    est = estimate_trace(synthetic_trace(50))
+    hot = dataclasses.replace(est, mfu=0.95)  # above the best measured matmul, 90.92 %
+    line = next(x for x in summary(hot, "matmul").splitlines() if "mfu_estimated" in x)
+    assert line.endswith("95.00 ceiling")
+    cool = dataclasses.replace(est, mfu=0.5)
+    line = next(x for x in summary(cool, "matmul").splitlines() if "mfu_estimated" in x)
+    assert line.endswith("50.00")
+    line = next(x for x in summary(cool, "attention").splitlines() if "mfu_estimated" in x)
+    assert line.endswith("50.00 ceiling")  # above attention's best, 46 %
