@@ -49,10 +49,6 @@ class Rule:
 
 RULES: dict[str, Rule] = {
     "flash_attention": Rule(LOWER, (0, 1, 2)),
-    "sink_attention": Rule(LOWER, (0, 1, 2)),  # as flash_attention; the sinks stay fp32
-    # serving: the KV cache (written in place) fixes the dtype; q, k, v must match it
-    "serving_attention": Rule(NONE),
-    "kv_cache_write": Rule(NONE),
     "decode_attention": Rule(LOWER, (0, 1, 2)),
     "moe_mlp": Rule(LOWER, (0, 2, 3), dtypes=(torch.float32, torch.bfloat16)),
     "rms_norm": Rule(INPUT, (0,), (1,)),
@@ -65,6 +61,10 @@ RULES: dict[str, Rule] = {
     "add_rms_norm_backward": Rule(NONE),
     "moe_route_backward": Rule(NONE),
     "moe_mlp_backward": Rule(NONE),
+    # serving: the KV cache (written in place) fixes the dtype; q, k, v must match it
+    "serving_attention": Rule(NONE),
+    "kv_cache_write": Rule(NONE),
+    "sink_attention": Rule(LOWER, (0, 1, 2)),  # as flash_attention; the sinks stay fp32
 }
 
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "neuron": "AutocastPrivateUse1"}
