@@ -1,14 +1,14 @@
-"""Cost model v2 calibration: every published anchor, modeled vs measured, with LOO errors.
+"""Cost model calibration: every published anchor, modeled vs measured, with LOO errors.
 
 Run: `python benchmarks/bench_calibration.py [--refit] [--json rows.json] [--markdown]`.
 
 Prints the anchor table of `nki_kernels/perfmodel/anchors.json`: for each published
 measurement its source, how it is priced (AWS's kernel run unmodified, or a faithful
-re-implementation), the measured figure, the modeled figure with the shipped v2
+re-implementation), the measured figure, the modeled figure with the shipped
 parameters ("modeled (cost model v2, target)"), the error, and the leave-one-out error
-(the anchor's error when the target is fitted without it; from fit_v2.json). Anchors
+(the anchor's error when the target is fitted without it; from fit_v3.json). Anchors
 that cannot be priced yet are listed with the reason. Then the DMA efficiency curve.
-`--refit` first redoes the fit (minutes of CPU) and rewrites fit_v2.json; the fitted
+`--refit` first redoes the fit (minutes of CPU) and rewrites fit_v3.json; the fitted
 values must then be copied into nki_kernels/targets.py (a test checks they agree).
 Exit status 1 if an available anchor is off by more than 15 %.
 """
@@ -51,6 +51,7 @@ def anchor_rows() -> tuple[list[dict], dict[str, str]]:
                 {
                     "id": a.id,
                     "fitted": a.fit,
+                    "held_out": a.held_out,
                     "target": target,
                     "kernel": a.kernel,
                     "source": a.citation,
@@ -66,17 +67,23 @@ def anchor_rows() -> tuple[list[dict], dict[str, str]]:
     return rows, unavailable
 
 
+def _tag(r: dict) -> str:
+    if r["fitted"]:
+        return ""
+    return " (held out)" if r.get("held_out") else " (not fitted)"
+
+
 def markdown(rows: list[dict], unavailable: dict[str, str]) -> str:
     """The README's anchor table."""
     lines = [
-        "| anchor | target | priced with | measured | modeled (cost model v2) | error "
-        "| LOO error |",
+        f"| anchor | target | priced with | measured | modeled (cost model {COST_MODEL_VERSION}) "
+        "| error | LOO error |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         loo = f"{r['loo_error_pct']:+.1f} %" if r["loo_error_pct"] is not None else "n/a"
         lines.append(
-            f"| {r['id']}{'' if r['fitted'] else ' (not fitted)'} | {r['target']} "
+            f"| {r['id']}{_tag(r)} | {r['target']} "
             f"| {r['priced_by']} | {_fmt_ns(r['measured_ns'])} "
             f"| {_fmt_ns(r['modeled_ns'])} | {r['error_pct']:+.1f} % | {loo} |"
         )
@@ -87,13 +94,26 @@ def markdown(rows: list[dict], unavailable: dict[str, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--refit", action="store_true", help="redo the fit, rewrite fit_v2.json")
+    p.add_argument("--refit", action="store_true", help="redo the fit, rewrite fit_v3.json")
+    p.add_argument(
+        "--targets",
+        default="trn2,trn1",
+        help="with --refit: the targets to refit (the others keep their stored records)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the rows with provenance")
     p.add_argument("--markdown", action="store_true", help="print the README table too")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.refit:
-        path = write_fit(refit())
+        names = tuple(t for t in args.targets.split(",") if t)
+        record = refit(names)
+        try:
+            kept = load_fit()["targets"]
+        except FileNotFoundError:
+            kept = {}
+        others = {k: v for k, v in kept.items() if k not in names}
+        record["targets"] = {**others, **record["targets"]}
+        path = write_fit(record)
         print(f"fit rewritten: {path}")
         for name, rec in load_fit()["targets"].items():
             print(f"  {name}: " + ", ".join(f"{k}={v:.4g}" for k, v in rec["params"].items()))

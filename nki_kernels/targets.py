@@ -62,6 +62,14 @@ class Target:
     vector_bf16_copy_speedup: float  # VectorE perf mode for bf16/fp16 copy/tensor_scalar. M
     vector_bf16_tt_speedup: float  # VectorE all-bf16 tensor_tensor. M
     scalar_bf16_speedup: float = 1.0  # ScalarE 2x for bf16 copy/tensor_scalar (NC-v4). M
+    # VectorE's 2x mode for tensor_copy / tensor_scalar: BF16/FP16 in SBUF but not
+    # contiguous in the most-minor free dimension, or contiguous with one tensor in PSUM
+    # (trainium2_arch, "Vector Engine Performance Mode"). H
+    vector_bf16_2x_speedup: float = 1.0
+    # A most-minor free-dimension stride above 16 bytes halves SBUF / PSUM bandwidth:
+    # "roughly 50% performance hit on the instructions" (trainium_inferentia2_arch,
+    # "Access pattern"; NC-v2's statement, assumed to carry over to NC-v3/v4). H / L
+    strided_access_slowdown: float = 2.0
     fp8_matmul_speedup: float  # double_row doubles the contraction per pass (NC-v3+). H
     fp32_matmul_slowdown: float = 4.0  # fp32 operands run at 1/4 rate. H
     fp32_transpose_slowdown: float  # fp32 PE transpose: 4x on v2, 2x on v3+. H
@@ -90,6 +98,14 @@ class Target:
     scheduling_window: int = 1
     gpsimd_startup_cycles: int = 150  # GpSimd instruction start-up. M
     matmul_min_cycles: int = 64  # MultiplyMoving floor: max(N, 64). H
+    # TensorE cycles per instruction beyond the guide's "roughly max(N, MM_INIT_LATENCY)"
+    # initiation interval (trainium arch guide): not documented; v3 fits it on trn2 to
+    # nki-autotune's attention_cte at S = 2048 and 16384 (range 0-32, prior 0). L
+    matmul_extra_cycles: float = 0.0
+    # NC-v4 background transpose: a PE transpose runs "in parallel to another matrix
+    # multiplication (or another transpose)", "close to double performance on long chains
+    # of transposes" (trainium3_arch): a transpose's cycles times this factor (1: none). M
+    tensor_transpose_factor: float = 1.0
     semaphore_ns: float = 50.0  # cross-engine semaphore signal latency (assumed). L
 
     # --- DMA and HBM --------------------------------------------------------------------
@@ -141,6 +157,10 @@ class Target:
         ("affine_select", 1.0, 150.0),  # GpSimd ~150 + N. H
         # QuantizeMX: "four input elements per partition, per cycle" (trainium3_arch). H
         ("quantize_mx", 0.25, 0.0),
+        # VectorE exponential (NC-v4): "at 4x the throughput compared to the
+        # nisa.activation (op=nl.exp) instruction on the Scalar Engine" (trainium3_arch),
+        # ScalarE's N cycles at the same 1.2 GHz. H
+        ("exponential", 0.25, 0.0),
     )
     # tensor_tensor_scan cycles per element: its ISA page gives no cost. The two-input rule
     # of thumb (2N, trainium arch guide) is the upper end, one element per cycle the lower;
@@ -171,7 +191,7 @@ class Target:
     # it is not the shipped set (a `calibrate` override names its measurement file).
     parameters: str = SHIPPED_PARAMETERS
     # A calibration override's band sets (JSON: {"loo_sets": [...], "unanchored": {...}});
-    # empty for the shipped targets, whose sets live in perfmodel/fit_v2.json.
+    # empty for the shipped targets, whose sets live in perfmodel/fit_v3.json.
     band_sets_json: str = ""
 
     @property
@@ -208,7 +228,7 @@ TRN1 = Target(
     fp32_transpose_slowdown=4.0,
     throttle_start_fraction=1.0,  # no throttling ramp documented for trn1. M
     throttle_ramp_ns=0.0,
-    # --- v2 fit to the trn1 anchors (perfmodel/fit_v2.json): the matmul tutorial's four
+    # --- v2 fit to the trn1 anchors (kept in v3, perfmodel/fit_v3.json): the matmul tutorial's four
     # kernels, the perf guide's dependent activations and the fused-Mamba tutorial's v2
     # and v3 (S <= 4096). The documented 17 B/ns is a peak; the tutorial's DMA-bound
     # kernels imply far less per engine, and no per-DMA start latency beyond the
@@ -240,18 +260,24 @@ TRN2 = Target(
     gpsimd_ghz=1.2,
     vector_bf16_copy_speedup=4.0,  # "up to 4x" for bf16/fp16 contiguous copy/tensor_scalar. M
     vector_bf16_tt_speedup=2.0,  # 2x tensor_tensor all-bf16. M
+    vector_bf16_2x_speedup=2.0,  # strided SBUF or contiguous PSUM bf16 copy. H
     fp8_matmul_speedup=2.0,  # double_row (K = 256). H
     fp32_transpose_slowdown=2.0,
     throttle_start_fraction=0.5,
     throttle_ramp_ns=3000.0,
-    # --- v2 fit to the trn2 anchors (the DMA overview's profile: 32 KiB on one engine in
-    # 1,416 ns, a 2 KiB transfer in 97 ns; nki-library's attention_cte at 30 % MFU). The
-    # rate, the start latency and the transpose efficiency all sit at a bound of their
-    # range: the measured attention leaves no room for a per-DMA start latency.
-    dma_engine_bytes_per_ns=23.0,
-    dma_descriptor_min_ns=70.27,
+    # --- v3 fit to the trn2 anchors (perfmodel/fit_v3.json: the DMA overview's profile,
+    # 32 KiB on one engine in 1,416 ns and a 2 KiB transfer in 97 ns; nki-library's
+    # attention_cte at 30 % MFU at S = 2048 and 46 % at S = 16384; nki-autotune's 2048^3
+    # matmuls at 90.92 % and 89.26 % MFU). The start latency and the HBM transpose
+    # efficiency sit at the fast bound of their range; SBUF -> SBUF transposes run at 0.41
+    # of the copy rate ("up to 50 %"); TensorE takes 18.75 cycles per instruction beyond
+    # max(N, 64) (3.7 % at N = 512).
+    dma_engine_bytes_per_ns=22.703125,
+    dma_descriptor_min_ns=67.61375,
     dma_fixed_ns=0.0,
     dma_transpose_hbm_efficiency=0.9,
+    dma_transpose_sbuf_efficiency=0.412109375,
+    matmul_extra_cycles=18.75,
     # carried over from the trn1 fit (the perf guide's and the Mamba tutorial's figures
     # are NC-v2's): 140.5 from the fit before the Mamba anchors joined it. The refit's
     # 140.2 is 0.2 % lower (0.2 ns of the 189 ns chain that pins it); it is not carried
@@ -272,6 +298,7 @@ TRN3 = TRN2.replace(
     matmul_n_max_bf16=8192,  # H
     vector_ghz=1.2,
     scalar_bf16_speedup=2.0,  # 2x for bf16 copy/tensor_scalar. H
+    tensor_transpose_factor=0.5,  # background transpose. M
     dma_engine_bytes_per_ns=33.0,
     hbm_bytes_per_ns=600.0,  # ~4.8 TB/s / 8 cores. M
 )

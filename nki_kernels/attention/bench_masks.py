@@ -19,9 +19,9 @@ D = 128, bf16, priced once and multiplied by the 8 kv heads, an upper bound as i
   well-tiled kernel).
 
 Decode (Llama-3 8B: 32 query / 8 KV heads, D = 128, bf16, Sq = 1): our kernel at batch
-1 / 8 / 64, cache 2 K / 32 K / 128 K, contiguous or paged (16-key blocks), with the
-config the op looks up (shipped tuned entries for contiguous caches, the heuristic for
-paged), priced on one (batch, kv-head) program and multiplied by B * 8 programs; MBU
+1 / 8 / 64, cache 2 K / 32 K / 128 K, contiguous or paged (16-key blocks), with its
+heuristic config (the op now runs the streamed kernel: `bench_decode.py`), priced on one
+(batch, kv-head) program and multiplied by B * 8 programs; MBU
 counts the K / V bytes the lengths need. Peers: nki-library's `attention_tkg` through
 this project's harness (`bench.peer_decode`: one KV head for the whole batch, x 8), and
 the S x S decomposition with Sq = 1 per query head.
@@ -41,7 +41,7 @@ from ..interp import TensorSpec
 from ..targets import Target, get_target
 from . import masks
 from .decode import decode_attention_fwd
-from .decode_host import DecodeProblem, kernel_args
+from .decode_host import DecodeConfig, DecodeProblem, kernel_args
 from .flash_fwd import flash_attention_fwd
 
 GROUP, KV_HEADS, D = 4, 8, 128
@@ -206,7 +206,6 @@ def decode_rows(
 ) -> list[DecodeRow]:
     """Decode cases (see the module docstring); AWS rows only with `aws_checkout`."""
     from ..runtime.buckets import bucket
-    from ..runtime.config_store import lookup_config
 
     tgt = get_target(target)
     rows = []
@@ -216,7 +215,7 @@ def decode_rows(
             layout = "paged" if pg else "contiguous"
             prob = DecodeProblem(1, GROUP * KV_HEADS, KV_HEADS, 1, bucket(cache), D, "bfloat16",
                                  layout)  # fmt: skip
-            cfg = lookup_config("decode_attention", prob, decode_attention_fwd, target=tgt)
+            cfg = DecodeConfig.heuristic(prob, tgt)
             unit = DecodeProblem(1, GROUP, 1, 1, cache, D, "bfloat16", layout)
             args = kernel_args(unit, cfg)  # type: ignore[arg-type]
             ns, (lo, hi), label = _banded(decode_attention_fwd, args, tgt)

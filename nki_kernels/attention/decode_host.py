@@ -25,8 +25,11 @@ from ..runtime.buckets import bucket
 from ..runtime.config_store import lookup_config
 from ..runtime.host_array import host_numpy
 from ..runtime.launch import launch
+from ..runtime.lnc import runtime_lnc
 from ..targets import Target, get_target
 from .decode import decode_attention_fwd
+from .decode_plan import plan_decode
+from .decode_stream import decode_stream_fwd
 
 P = 128
 KV_TILES = (128, 256, 512)  # keys per step: one fp32 PSUM bank holds 512 scores
@@ -88,7 +91,7 @@ class DecodeConfig(KernelConfig):
       running max; each costs [rows, D] fp32 of SBUF and a merge.
     """
 
-    op_name: ClassVar[str] = "decode_attention"
+    op_name: ClassVar[str] = "decode_attention_per_program"  # not looked up by the op
 
     kv_tile: int = 512
     splits: int = 2
@@ -116,6 +119,103 @@ class DecodeConfig(KernelConfig):
         err = _dry_run(self, problem, target)
         if err is not None:
             raise InvalidConfig(f"does not fit on {target.name}: {err}")
+
+
+PIECES = (4, 8, 16)  # keys per gathered piece (C); 16 keeps V descriptors >= 4 KiB (bf16 D 128)
+RINGS = (2, 3)  # K^T / V slabs in flight
+
+
+@dataclass(frozen=True)
+class StreamConfig(KernelConfig):
+    """Tunables of the streamed kernel (`decode_stream.decode_stream_fwd`).
+
+    piece: keys per gathered piece C (at most; `decode_plan.tile_shape` lowers it to fit
+      one PSUM bank of scores and the SBUF ring): bigger pieces, bigger V descriptors
+      (C x D x 2 B per head) and more keys per softmax pass.
+    ring: K^T / V slabs in flight (deeper hides more of each slab's softmax chain, at
+      smaller pieces within the same SBUF).
+    """
+
+    op_name: ClassVar[str] = "decode_attention"
+
+    piece: int = 16
+    ring: int = 2
+
+    @classmethod
+    def heuristic(cls, problem: DecodeProblem, target: Target) -> StreamConfig:
+        return cls()
+
+    @classmethod
+    def search_space(cls, problem: DecodeProblem, target: Target) -> dict[str, tuple[Any, ...]]:
+        return {"piece": PIECES, "ring": RINGS}
+
+    def validate(self, problem: DecodeProblem, target: Target) -> None:
+        if self.piece not in PIECES:
+            raise InvalidConfig(f"piece: expected one of {PIECES}; got {self.piece}")
+        if self.ring not in RINGS:
+            raise InvalidConfig(f"ring: expected one of {RINGS}; got {self.ring}")
+        if problem.group * problem.seq_q > P:
+            raise InvalidConfig(
+                f"(Hq / Hkv) * Sq = {problem.group * problem.seq_q} packed rows exceed {P}"
+            )
+        err = _stream_dry_run(self, problem, target)
+        if err is not None:
+            raise InvalidConfig(f"does not fit on {target.name}: {err}")
+
+
+def stream_plan(
+    problem: DecodeProblem, config: StreamConfig, block_size: int = 16, ksplit: int = 1
+) -> Any:
+    """(plan, cache shape) of `problem` with every sequence `seq_k` keys long (a paged
+    pool of `block_size`-key blocks, sequence b's blocks consecutive)."""
+    p = problem
+    lens = np.full(p.batch, p.seq_k, dtype=np.int64)
+    isz = 4 if p.dtype == "float32" else 2
+    table = None
+    layout = "paged" if p.paged else "contiguous"
+    shape: tuple[int, ...] = (p.batch, p.kv_heads, p.seq_k, p.head_dim)
+    if p.paged:
+        per = -(-p.seq_k // block_size)
+        shape = (p.batch * per, block_size, p.kv_heads, p.head_dim)
+        table = np.arange(p.batch * per).reshape(p.batch, per)
+    plan = plan_decode(lens, p.q_heads, p.kv_heads, p.seq_q, layout, shape, table, p.head_dim,
+                       isz, config.piece, config.ring, ksplit)  # fmt: skip
+    return plan, shape
+
+
+def stream_kernel_args(
+    problem: DecodeProblem, config: StreamConfig, block_size: int = 16, lnc: int = 1
+) -> tuple[Any, ...]:
+    """TensorSpec arguments of one `decode_stream_fwd` launch for `problem` (uniform
+    lengths; at LNC 2 a single sequence splits its keys in two, as the op does)."""
+    from ..interp import TensorSpec
+
+    p = problem
+    plan, shape = stream_plan(p, config, block_size, 2 if lnc == 2 and p.batch == 1 else 1)
+    q = TensorSpec((p.batch, p.q_heads, p.seq_q, p.head_dim), p.dtype)
+    kv = TensorSpec(shape, p.dtype)
+    arrays = (plan.idx, plan.kpos, plan.tail_idx, plan.tail_kpos, plan.hi, plan.full)
+    specs = [TensorSpec(a.shape, str(a.dtype)) for a in arrays]
+    return (q, kv, kv, *specs, 1.0 / math.sqrt(p.head_dim), *plan.static_args())
+
+
+@functools.lru_cache(maxsize=512)
+def _stream_dry_run(config: StreamConfig, problem: DecodeProblem, target: Target) -> str | None:
+    """The interpreter's complaint about a trace-only launch of `problem` cut to one
+    tile and at most two slabs (SBUF / PSUM use is per slab), or None."""
+    from ..interp import run
+    from ..interp.errors import NkiValidationError
+
+    keys = min(problem.seq_k, 2 * P * config.piece)
+    unit = replace(problem, batch=1, seq_k=keys)
+    try:
+        res = run(decode_stream_fwd, *stream_kernel_args(unit, config), target=target,
+                  trace_only=True)  # fmt: skip
+    except NkiValidationError as err:
+        return str(err)
+    if res.peak_sbuf_bytes > target.sbuf_usable_bytes:
+        return f"SBUF overflow: peak {res.peak_sbuf_bytes} B > {target.sbuf_usable_bytes} B"
+    return None
 
 
 def kernel_args(
@@ -182,6 +282,23 @@ def paged_slots(
     return np.where(live, rows, 0).astype(np.int32)[:, :, None]
 
 
+def check_block_table(
+    block_table: np.ndarray, cache_lens: np.ndarray, block_size: int, num_blocks: int
+) -> None:
+    """ValueError naming `block_table` when an entry a sequence uses (the first
+    ceil(cache_len / block_size) of its row) is outside [0, num_blocks); entries past a
+    sequence's blocks are never read and may hold anything (-1 padding, say)."""
+    used = np.arange(block_table.shape[1])[None, :] < -(-cache_lens.reshape(-1, 1) // block_size)
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bad.any():
+        b, j = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(
+            f"block_table: expected entries in [0, {num_blocks}) (num_blocks) for the "
+            f"{-(-int(cache_lens[b]) // block_size)} blocks sequence {b} uses; got "
+            f"block_table[{b}, {j}] = {int(block_table[b, j])}"
+        )
+
+
 def decode(
     q: Tensor,
     k_cache: Tensor,
@@ -189,55 +306,61 @@ def decode(
     cache_lens: Tensor,
     block_table: Tensor | None,
     softmax_scale: float | None,
-    config: DecodeConfig | None = None,
+    config: DecodeConfig | StreamConfig | None = None,
+    kv_layout: str = "vllm",
 ) -> tuple[Tensor, Tensor]:
-    """(out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32) of Sq new queries over the cache."""
+    """(out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32) of Sq new queries over the cache.
+
+    The streamed kernel (`decode_stream.decode_stream_fwd`, the whole batch per launch)
+    serves every call; a `DecodeConfig` selects the per-(sequence, KV head) kernel
+    (`decode.decode_attention_fwd`) instead, kept for comparison.
+    """
     b, hq, sq, d = q.shape
     paged = block_table is not None
-    hkv = k_cache.shape[2] if paged else k_cache.shape[1]
+    head_major = paged and kv_layout == "head_major"
+    hkv = (k_cache.shape[1] if head_major else k_cache.shape[2]) if paged else k_cache.shape[1]
+    bs = (k_cache.shape[2] if head_major else k_cache.shape[1]) if paged else 0
     lens = host_numpy(cache_lens).astype(np.int64)
-    limit = k_cache.shape[1] * block_table.shape[1] if block_table is not None else k_cache.shape[2]
+    limit = bs * block_table.shape[1] if block_table is not None else k_cache.shape[2]
     if lens.size and (lens.min() < 0 or lens.max() > limit):
         what = "max_blocks * block_size" if paged else "S_max"
         raise ValueError(
             f"cache_lens: expected values in [0, {limit}] ({what}); got min {lens.min()}, "
             f"max {lens.max()}"
         )
-    longest = max(1, int(lens.max(initial=1)))
-    target = get_target(None)
-    dtype = str(q.dtype).removeprefix("torch.")
-    layout = "paged" if paged else "contiguous"
-    problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, layout)
-    if config is None:
-        # The config describes one (sequence, KV head) program, which does the same work at
-        # any LNC (kernel[2] only shares the items out), so its entries are keyed at LNC 1.
-        cfg = lookup_config("decode_attention", problem, decode_attention_fwd, target=target, lnc=1)
-        assert isinstance(cfg, DecodeConfig)
-    else:
-        cfg = config
-        cfg.validate(problem, target)
-    n_steps = -(-longest // cfg.kv_tile)  # one specialization per kv_tile-bucket of length
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    bounds = torch.from_numpy(decode_bounds(lens, hq // hkv, sq)).to(q.device)
-    slots = None
+    bt = None
     if paged:
         assert block_table is not None
         bt = host_numpy(block_table).astype(np.int64)
-        slots_np = paged_slots(bt, lens, k_cache.shape[1], n_steps * cfg.kv_tile)
-        slots = torch.from_numpy(slots_np).to(q.device)
-    out, lse = launch(
-        decode_attention_fwd,
-        q.contiguous(),
-        k_cache.contiguous(),
-        v_cache.contiguous(),
-        slots,
-        bounds,
-        scale,
-        n_steps,
-        cfg.kv_tile,
-        cfg.splits,
-        target=target,
-    )
+        check_block_table(bt, lens, bs, k_cache.shape[0])
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    target = get_target(None)
+    if isinstance(config, DecodeConfig):
+        if head_major:
+            raise ValueError("config: the per-program kernel reads the vLLM block layout only")
+        out, lse = _decode_per_program(q, k_cache, v_cache, lens, bt, scale, config, target)
+    else:
+        layout = ("paged_hm" if head_major else "paged") if paged else "contiguous"
+        longest = max(1, int(lens.max(initial=1)))
+        dtype = str(q.dtype).removeprefix("torch.")
+        # keyed as a contiguous cache at LNC 1: every layout is the same gather schedule
+        # (paged and contiguous price alike), and a launch's tiles run it at any LNC
+        # (LNC 2 shares the tiles out, or splits a single sequence's keys)
+        problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, "contiguous")
+        cfg = config or lookup_config("decode_attention", problem, decode_stream_fwd,
+                                      target=target, config_cls=StreamConfig, lnc=1)  # fmt: skip
+        assert isinstance(cfg, StreamConfig)
+        ksplit = 2 if b == 1 and runtime_lnc(target) == 2 else 1
+        plan = plan_decode(lens, hq, hkv, sq, layout, tuple(k_cache.shape), bt, d,
+                           q.element_size(), cfg.piece, cfg.ring, ksplit)  # fmt: skip
+        dev = q.device
+        arrays = (plan.idx, plan.kpos, plan.tail_idx, plan.tail_kpos, plan.hi, plan.full)
+        tens = [torch.from_numpy(a).to(dev) for a in arrays]
+        outs, lses = launch(
+            decode_stream_fwd, q.contiguous(), k_cache.contiguous(), v_cache.contiguous(),
+            *tens, scale, *plan.static_args(), target=target,
+        )  # fmt: skip
+        out, lse = _merge(outs, lses)
     i = torch.arange(sq, device=q.device)
     empty = (cache_lens.to(q.device).view(b, 1) - sq + i.view(1, sq) + 1) <= 0  # [B, Sq]
     if bool(empty.any()):
@@ -246,11 +369,55 @@ def decode(
     return out, lse
 
 
+def _merge(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
+    """Exact log-sum-exp merge of the key splits' (out, lse) (split-K at LNC 2, B = 1)."""
+    if outs.shape[0] == 1:
+        return outs[0], lses[0]
+    top = lses.max(dim=0).values
+    w = torch.exp(lses - top)
+    tot = w.sum(dim=0)
+    merged = (w[..., None] * outs.float()).sum(dim=0) / tot[..., None]
+    return merged.to(outs.dtype), top + torch.log(tot)
+
+
+def _decode_per_program(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    lens: np.ndarray,
+    bt: np.ndarray | None,
+    scale: float,
+    cfg: DecodeConfig,
+    target: Target,
+) -> tuple[Tensor, Tensor]:
+    """The per-(sequence, KV head) kernel with an explicit config."""
+    _b, hq, sq, d = q.shape
+    paged = bt is not None
+    hkv = k_cache.shape[2] if paged else k_cache.shape[1]
+    longest = max(1, int(lens.max(initial=1)))
+    dtype = str(q.dtype).removeprefix("torch.")
+    layout = "paged" if paged else "contiguous"
+    cfg.validate(DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, layout), target)
+    n_steps = -(-longest // cfg.kv_tile)
+    bounds = torch.from_numpy(decode_bounds(lens, hq // hkv, sq)).to(q.device)
+    slots = None
+    if bt is not None:
+        slots_np = paged_slots(bt, lens, k_cache.shape[1], n_steps * cfg.kv_tile)
+        slots = torch.from_numpy(slots_np).to(q.device)
+    return launch(
+        decode_attention_fwd, q.contiguous(), k_cache.contiguous(), v_cache.contiguous(),
+        slots, bounds, scale, n_steps, cfg.kv_tile, cfg.splits, target=target,
+    )  # type: ignore[no-any-return]  # fmt: skip
+
+
 __all__ = [
     "DecodeConfig",
     "DecodeProblem",
+    "StreamConfig",
     "decode",
     "decode_bounds",
     "kernel_args",
     "paged_slots",
+    "stream_kernel_args",
+    "stream_plan",
 ]

@@ -21,14 +21,16 @@ How each part reaches the kernels (`host.py` does the rest):
   tiles with `range_select`, loading nothing; otherwise PARTIAL tiles load their uint8
   mask tile.
 - A `score_mod` that adds a term independent of the score (ALiBi, relative biases) is
-  evaluated on the host into an additive mask (checked: score_mod(s) - s must not
-  depend on s). `softcap(cap)` (cap * tanh(score / cap), optionally followed by an
-  additive term) runs in the kernels: tanh on ScalarE, its derivative in the backward.
+  evaluated on the host into an additive mask, checked at the call's real scores:
+  score_mod(s) - s must not depend on s there (a clamp that would bite is refused).
+  `softcap(cap)` (cap * tanh(score / cap), optionally followed by an additive term)
+  runs in the kernels: tanh on ScalarE, its derivative in the backward.
   Other score_mods raise a ValueError naming the argument.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -214,21 +216,61 @@ def softcap(cap: float, then: ScoreMod | None = None) -> SoftCap:
     return SoftCap(float(cap), then)
 
 
-def additive_bias(score_mod: ScoreMod, b: int, h: int, sq: int, sk: int, device: Any) -> Tensor:
-    """score_mod(s) - s as an fp32 [B|1, H|1, Sq, Sk] bias; ValueError unless that
-    difference is the same for two different scores (the function is score + f)."""
+_NOT_ADDITIVE = (
+    "score_mod: expected score + f(b, h, q_idx, kv_idx) (an additive term) or "
+    "nki_kernels.attention.flex.softcap(cap, then=...); got a function whose output minus "
+    "the score depends on the score"
+)
+
+
+def additive_bias(
+    score_mod: ScoreMod,
+    b: int,
+    h: int,
+    sq: int,
+    sk: int,
+    device: Any,
+    scores: Tensor | None = None,
+    allowed: Tensor | None = None,
+) -> Tensor:
+    """score_mod(s) - s as an fp32 [B|1, H|1, Sq, Sk] bias f, checked to be the same
+    at the call's real scores: score_mod(scores) == scores + f at every allowed
+    position (the kernels add f to whatever score they compute, so a clamp or any
+    other score-dependent part would be silently dropped). ValueError otherwise (a
+    RuntimeError from the compiled graph under torch.compile)."""
     zero = torch.zeros((), dtype=torch.float32, device=device)
     f0 = _evaluate(score_mod, b, h, sq, sk, device, zero).float()
-    if not torch.compiler.is_compiling():
+    f0 = f0.reshape((1,) * (4 - f0.dim()) + tuple(f0.shape))  # a mask is 4-D
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
         probe = torch.tensor(1.7, dtype=torch.float32, device=device)
         f1 = _evaluate(score_mod, b, h, sq, sk, device, probe).float() - probe
         if not torch.allclose(f0, f1, rtol=1e-5, atol=1e-5):
-            raise ValueError(
-                "score_mod: expected score + f(b, h, q_idx, kv_idx) (an additive term) or "
-                "nki_kernels.attention.flex.softcap(cap, then=...); got a function whose "
-                "output minus the score depends on the score"
-            )
+            raise ValueError(_NOT_ADDITIVE)
+    if scores is None:
+        return f0
+    got = _evaluate(score_mod, b, h, sq, sk, device, scores).float()
+    # fp32 rounding of score + f: a few ulps of the larger of the two
+    ok = (got - scores - f0).abs() <= 1e-5 * (1.0 + scores.abs() + f0.abs())
+    if allowed is not None:
+        ok = ok | ~allowed
+    if compiling:  # no data at trace time: the graph checks it when it runs
+        torch._assert_async(ok.all(), _NOT_ADDITIVE)
+    elif not bool(ok.all()):
+        at = [int(i) for i in (~ok).nonzero()[0]]
+        s = float(scores.expand_as(ok)[tuple(at)])
+        raise ValueError(f"{_NOT_ADDITIVE} (at [b, h, q, k] = {at}, score {s:.4g})")
     return f0
+
+
+def real_scores(query: Tensor, key: Tensor, scale: float | None, cap: float | None) -> Tensor:
+    """fp32 [B, Hq, Sq, Sk]: the scores score_mod sees (scaled, soft-capped first)."""
+    qf, kf = query.detach().float(), key.detach().float()
+    if kf.shape[1] != qf.shape[1]:
+        kf = kf.repeat_interleave(qf.shape[1] // kf.shape[1], dim=1)
+    s = torch.einsum("bhqd,bhkd->bhqk", qf, kf)
+    s = s * (1.0 / math.sqrt(qf.shape[-1]) if scale is None else float(scale))
+    return s if cap is None else cap * torch.tanh(s / cap)
 
 
 __all__ = [
@@ -243,6 +285,7 @@ __all__ = [
     "document_mask",
     "or_masks",
     "prefix_lm_mask",
+    "real_scores",
     "sliding_window_mask",
     "softcap",
 ]

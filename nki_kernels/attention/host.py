@@ -90,6 +90,13 @@ def dense_of(attn_mask: Tensor, sq: int, sk: int, scale: float) -> DenseMask:
         add = None
     else:
         af = host_numpy(am.to(torch.float64))
+        bad = np.isnan(af) | (af == np.inf)
+        if bad.any():  # not a mask value: SDPA would turn the row into NaN
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"attn_mask: expected an additive mask of finite values or -inf (masked); "
+                f"got {af[at]} at [b, h, q, k] = {list(at)}"
+            )
         allowed_u = af > -np.inf
         add = np.where(allowed_u, af / scale, 0.0)
         add = np.maximum(add, -1e30).astype(np.float32)  # stays finite for the kernels
@@ -178,11 +185,12 @@ def _pad(q: Tensor, k: Tensor, v: Tensor, m: MaskArgs, clean_k: bool = False) ->
             hi[:, :sqv] = np.minimum(hi[:, :sqv], iv[1])
             hi[:] = np.maximum(hi, lo)
     if dense is not None:
-        dead = _dead_in_live_tiles(np.asarray(~dense.allowed.any(axis=(1, 2))), kp.shape[2])
+        dead = _dense_dead_keys(dense, k.shape[1], kp.shape[2])
     else:
         dead = _dead_keys_in_live_tiles(lo, hi, kp.shape[2])
+        dead = dead[:, None] if dead is not None else None
     if dead is not None:
-        sel = torch.from_numpy(dead).to(v.device)[:, None, :, None]
+        sel = torch.from_numpy(dead).to(v.device)[..., None]
         vp = vp.masked_fill(sel, 0.0)
         if clean_k:
             kp = kp.masked_fill(sel, 0.0)
@@ -201,15 +209,36 @@ def _check_tile_grid(bucket: int, n: int, what: str) -> None:
 
 def _dead_keys_in_live_tiles(lo: np.ndarray, hi: np.ndarray, skb: int) -> np.ndarray | None:
     """bool [B, Skb]: keys outside every query's [lo, hi) whose 128-key tile holds an
-    attended key (None when there is none). The attended keys of a batch row form one
-    interval (kv_lens, causal, windows and segments all leave no holes), so its hull
-    decides."""
-    rows = lo < hi
-    first = np.where(rows, lo, skb).min(axis=1, initial=skb)
-    last = np.where(rows, hi, 0).max(axis=1, initial=0)
-    keys = np.arange(skb)
-    dead = (keys[None, :] < first[:, None]) | (keys[None, :] >= last[:, None])
+    attended key (None when there is none). The union of the rows' intervals may have
+    holes (a dense mask read back as intervals: a varlen document with keys but no
+    queries), so it is counted exactly: +1 at each lo, -1 at each hi, a running sum."""
+    b = lo.shape[0]
+    live = lo < hi
+    edges = np.zeros((b, skb + 1), dtype=np.int64)
+    rows = np.broadcast_to(np.arange(b)[:, None], lo.shape)
+    np.add.at(edges, (rows[live], lo[live]), 1)
+    np.add.at(edges, (rows[live], hi[live]), -1)
+    dead = np.cumsum(edges[:, :skb], axis=1) == 0
     return _dead_in_live_tiles(dead, skb)
+
+
+def _dense_dead_keys(dense: DenseMask, hkv: int, skb: int) -> np.ndarray | None:
+    """bool [B | 1, Hkv | 1, Skb]: keys of each KV head that no query of its group
+    attends, in the tiles the kernels read (a per-head mask may mask a key for one head
+    and not another: the KV head's group decides). A tile is read for every head when
+    any head attends a key of it (one tile plan for all heads), so liveness is the
+    union over heads and batch rows."""
+    seen = dense.allowed.any(axis=2)  # [B | 1, H | 1, Skb]
+    if seen.shape[1] > 1:
+        seen = seen.reshape(seen.shape[0], hkv, -1, skb).any(axis=2)
+    dead = ~seen.reshape(-1, skb)
+    tile = 128
+    nk = -(-skb // tile)
+    attended = np.zeros(nk * tile, dtype=bool)
+    attended[:skb] = ~dead.all(axis=0)
+    read = np.repeat(attended.reshape(nk, tile).any(axis=1), tile)[:skb]
+    dead &= read[None, :]
+    return dead.reshape(seen.shape) if dead.any() else None
 
 
 def _dead_in_live_tiles(dead: np.ndarray, skb: int) -> np.ndarray | None:

@@ -6,10 +6,13 @@
         [--config-dir DIR] [--regate] [--reset [STUDY]] [--lnc 1|2]
         [--rank nominal|pessimistic]
 
-`--lnc` is the LNC the kernel is launched (and priced) at: default the target's runtime
-default (`runtime.lnc`: $NEURON_LOGICAL_NC_CONFIG, else 2 on trn2 / trn3, 1 on trn1), so
-the exported configs are the ones a default device looks up. `--rank pessimistic` ranks
-configs by the slow end of the cost model's band instead of its nominal figure.
+`--lnc` is the LNC the kernel is launched (and priced) at: default the LNC every op of
+this process launches at (`runtime.lnc.runtime_lnc`: $NEURON_LOGICAL_NC_CONFIG, else the
+target's default on a real Neuron device, else 1), so the exported configs are the ones
+the calls here look up; pass `--lnc 2` to tune for a default trn2 from a CPU host. Into
+a directory of your own only configs that beat the shipped ones are exported.
+`--rank pessimistic` ranks configs by the slow end of the cost model's band instead of
+its nominal figure.
 
 `--storage` defaults to `$NKI_KERNELS_STORAGE` (read here, once), else an SQLite file.
 Worker processes of `tune --workers K` run this module (`python -m nki_kernels.autotune.cli
@@ -205,14 +208,13 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def tune_lnc(args: argparse.Namespace) -> int:
-    """The LNC of a `tune` run: --lnc, else $NEURON_LOGICAL_NC_CONFIG, else the target's
-    documented default (what a default device launches at)."""
-    from ..runtime.lnc import configured_lnc, default_lnc
+    """The LNC of a `tune` / `configs which` run: --lnc, else the LNC the ops of this
+    process launch at (`runtime_lnc`), so both name the config a call here uses."""
+    from ..runtime.lnc import runtime_lnc
 
     if getattr(args, "lnc", None) is not None:
         return int(args.lnc)
-    configured = configured_lnc()
-    return configured if configured is not None else default_lnc(args.target)
+    return runtime_lnc(args.target)
 
 
 def _tuner(job: dict[str, Any], storage: Any, options: Any, worker: int = 0) -> Any:
@@ -389,7 +391,7 @@ def run_tune(args: argparse.Namespace) -> int:
     """`nki-kernels tune`: one study per (shape, bucket); export the best configs."""
     import optuna
 
-    from .export import ExportRefused, export_best
+    from .export import ExportRefused, ShippedIsFaster, export_best
     from .full_grid import run_full_grid
     from .lifecycle import Terminated, spawn_worker
     from .storage import STORAGE_ENV_VAR, is_shareable, normalize_url, open_storage, redact
@@ -455,6 +457,8 @@ def run_tune(args: argparse.Namespace) -> int:
         if store is not None:
             try:
                 out = export_best(tuner, store)
+            except ShippedIsFaster as e:
+                print(f"  not exported: {e}")  # the shipped config stays in use: not an error
             except ExportRefused as e:
                 print(f"  not exported: {e}", file=sys.stderr)
                 status = 1
@@ -464,7 +468,8 @@ def run_tune(args: argparse.Namespace) -> int:
                 prov = out.provenance
                 tuned = banded_us(prov.latency_ns, prov.latency_band_ns)
                 dflt = banded_us(prov.default_latency_ns, prov.default_latency_band_ns)
-                print(f"  exported to {out.path} [{out.key}]: {tuned} (default {dflt}) "
+                full = " on the full problem" if tuner.search_problem != tuner.problem else ""
+                print(f"  exported to {out.path} [{out.key}]: {tuned} (default {dflt}){full} "
                       f"{prov.measurer}, {prov.rank} ranking")  # fmt: skip
         if deadline is not None and time.monotonic() >= deadline:
             print("tune: --timeout reached", file=sys.stderr)
@@ -483,7 +488,12 @@ def _summary(tuner: Any, report: Any) -> str:
         f"{report.count(ERROR)} errors, {report.duplicates} duplicate proposals"
     ]
     if tuner.search_problem != tuner.problem:
-        lines.append(f"  trials priced {tuner.tunable.describe(tuner.search_problem)}")
+        lines.append(
+            f"  trials priced {tuner.tunable.describe(tuner.search_problem)}: a cheaper proxy "
+            "with the same tiling, so 'best' and 'default' below are the proxy's latencies; "
+            "the exported line re-prices both configs on the full problem "
+            f"({tuner.tunable.describe(tuner.problem)})"
+        )
     if best is None:
         return lines[0] + "\n  no valid config"
     slow = (

@@ -10,8 +10,9 @@
 `which` answers what a call of OP at dynamic size N (rows / tokens / sequence length) of
 that shape uses: the bucket (under the op's policy), the config, from where (tuned entry,
 nearest bucket, heuristic default) and its provenance, through the same lookup the op runs,
-at the LNC it names (--lnc; default, as `tune`: $NEURON_LOGICAL_NC_CONFIG, else the
-target's default on a device: 2 on trn2 / trn3).
+at the LNC it names (--lnc; default, as `tune` and as the calls of this process: the
+runtime's LNC, `runtime.lnc.runtime_lnc`), and which store won and why (the directories
+in search order, exact keys before nearest buckets, and any entry it shadows).
 `summary` prints every modeled latency and speedup with its band where the entry has one
 ("1.23 ms (1.20–1.26)": the range over the cost model's parameter sets, stated once under
 the table), labels the entries by cost model when the table holds more than one, and
@@ -64,8 +65,8 @@ def add_configs_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         choices=(1, 2),
         default=None,
-        help="LNC of the call (default: $NEURON_LOGICAL_NC_CONFIG, else the target's "
-        "default on a device)",
+        help="LNC of the call (default: the LNC the ops launch at here, as "
+        "`nki-kernels doctor` prints)",
     )
     val = sub.add_parser("validate", help="check every stored entry (schema, fit, kernel hash)")
     val.add_argument("--target", default=None)
@@ -166,7 +167,7 @@ def _configs_summary(directory: Path, op: str | None, lnc: int | None = None) ->
                 continue
             if lnc is not None and ("lnc=2" in key.split(",")) != (lnc == 2):
                 continue
-            lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+            lat, dflt = _latencies(prov)
             stale = "" if current is None or prov.get("kernel_hash") == current else " STALE"
             at = 2 if "lnc=2" in key.split(",") else 1
             group = f"{_model_tag(str(prov.get('measurer', 'unlabeled')))}, LNC {at}"
@@ -287,9 +288,16 @@ def _natural(item: tuple[str, Any]) -> list[tuple[str, int, str]]:
     return out
 
 
+def _latencies(prov: dict[str, Any]) -> tuple[float, float]:
+    """(tuned, default) latency of a stored provenance; null (never measured) is nan."""
+    from ..runtime.config_records import stored_number
+
+    return tuple(stored_number(prov.get(k)) for k in ("latency_ns", "default_latency_ns"))  # type: ignore[return-value]
+
+
 def _markdown_row(op: str, target: str, key: str, entry: dict[str, Any], stale: str) -> str:
     prov = entry.get("provenance", {})
-    lat, dflt = prov.get("latency_ns", math.nan), prov.get("default_latency_ns", math.nan)
+    lat, dflt = _latencies(prov)
     cfg = ", ".join(f"{k}={v}" for k, v in entry.get("config", {}).items())
     return (
         f"| {op} | {target} | {key} | {dflt / 1e3:.1f} | {lat / 1e3:.1f} | "
@@ -343,6 +351,7 @@ def _which(args: argparse.Namespace) -> int:
     import warnings
 
     from ..runtime.buckets import policy_for, using_policy
+    from ..runtime.config_store import ConfigFallbackWarning
     from .families import get
 
     spec = get(args.op)
@@ -362,13 +371,42 @@ def _which(args: argparse.Namespace) -> int:
         d = _store_for(args.config_dir).decide(
             args.op, args.target, problem, kernel_hash=tunable.source_hash(), lnc=lnc
         )
+    lnc_why = "--lnc" if args.lnc is not None else "the LNC calls here launch at; --lnc to change"
     print(f"size {args.size} -> bucket {b} ({spec.bucket_dim}, policy {policy.name()}), "
-          f"LNC {lnc}")  # fmt: skip
+          f"LNC {lnc} ({lnc_why})")  # fmt: skip
     print(d.describe())
+    print(_why(_store_for(args.config_dir), d, args.op, args.target))
     for w in caught:
-        if "reported once" not in str(w.message):
+        if not issubclass(w.category, ConfigFallbackWarning):  # "uses heuristic default" says it
             print(f"  warning: {w.message}")
     return 0
+
+
+def _why(store: Any, d: Any, op: str, target: str) -> str:
+    """Which store won the lookup `d`, and why, in a line or two."""
+    from pathlib import Path
+
+    from ..runtime.config_store import DEFAULT, NEAREST, SHIPPED_DIR
+
+    def name(path: Any) -> str:
+        p = Path(path).resolve()
+        shipped = SHIPPED_DIR.resolve()
+        return "shipped" if p == shipped or shipped in p.parents else f"your {path}"
+
+    order = ", then ".join(name(x) for x in store.search_dirs)
+    if len(store.search_dirs) == 1 and d.source != DEFAULT:
+        return (f"  why    {name(d.file)} wins: the only store searched (no --config-dir, "
+                "$NKI_KERNELS_CONFIG_DIR unset)")  # fmt: skip
+    if d.source == DEFAULT:
+        return (f"  why    no usable entry for this key or a nearby bucket in {order}: "
+                "the kernel's heuristic default")  # fmt: skip
+    rule = "an exact key is used before a nearest bucket; " if d.source == NEAREST else ""
+    text = (f"  why    {name(d.file)} wins: {rule}directories are searched in order "
+            f"({order}), the first usable entry is taken")  # fmt: skip
+    shadowed = [src for k, _, src in store.entries(op, target) if k == d.problem and src != d.file]
+    if shadowed:
+        text += f"; it shadows the entry in {', '.join(name(x) for x in shadowed)}"
+    return text
 
 
 def _problem_of(op: str, key: str) -> Any:

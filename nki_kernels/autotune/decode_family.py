@@ -1,13 +1,14 @@
-"""The decode-attention tuner family: `torch.ops.nki.decode_attention`'s kernel as a
-`Tunable` (registered in `families.OPS` as "decode_attention").
+"""The decode-attention tuner family: `torch.ops.nki.decode_attention`'s streamed kernel
+(`attention.decode_stream.decode_stream_fwd`) as a `Tunable` (registered in
+`families.OPS` as "decode_attention"), config `attention.decode_host.StreamConfig`.
 
-A problem is `attention.decode_host.DecodeProblem` as the op looks it up: batch 1 (the
-(sequence, KV head) programs run the same step schedule one after another), the model's
-query / KV heads, Sq = 1 new token, the cache length bucket and the layout. Trials
-price one program (`search_problem`); the export re-prices it and multiplies by the
-programs (`repricing`). The correctness gate runs a reduced problem (two sequences of
-ragged lengths, two steps per split plus a ragged step, one GQA group) against a float64
-reference, with a shuffled block table for the paged layout.
+A problem is `attention.decode_host.DecodeProblem` as the op looks it up: batch 1 (a
+launch's tiles of sequences run the same slab schedule one after another), the model's
+query / KV heads, Sq = 1 new token, the cache length bucket and the layout. Trials price
+the whole launch of that problem (every KV head, the bucket's keys). The correctness gate
+runs a reduced problem (two sequences of ragged lengths, one of them with a partial
+piece, one GQA group) against a float64 reference, with a shuffled block table for the
+paged layout.
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ LAYOUTS = ("contiguous", "paged")
 
 
 def _kernel() -> Any:
-    from ..attention.decode import decode_attention_fwd
+    from ..attention.decode_stream import decode_stream_fwd
 
-    return decode_attention_fwd
+    return decode_stream_fwd
 
 
 def _trace(p: Any, config: KernelConfig, target: Target) -> Any:
-    from ..attention.decode_host import kernel_args
+    from ..attention.decode_host import stream_kernel_args
     from ..interp import run
 
-    args = kernel_args(p, config, BLOCK_SIZE)  # type: ignore[arg-type]
+    args = stream_kernel_args(p, config, BLOCK_SIZE)  # type: ignore[arg-type]
     return run(_kernel(), *args, target=target, trace_only=True).trace
 
 
@@ -48,7 +49,7 @@ def _lengths(p: Any) -> np.ndarray:
 def _numeric(
     p: Any, config: KernelConfig, target: Target, seed: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    from ..attention.decode_host import decode_bounds, kernel_args, paged_slots
+    from ..attention.decode_plan import merge_splits, plan_decode
     from ..interp import dtypes, run
 
     rng = np.random.default_rng(seed)
@@ -58,12 +59,10 @@ def _numeric(
     q = rng.standard_normal((p.batch, hq, sq, d)).astype(dt)
     k = rng.standard_normal((p.batch, hkv, p.seq_k, d)).astype(dt)
     v = rng.standard_normal((p.batch, hkv, p.seq_k, d)).astype(dt)
-    spec = kernel_args(p, config, BLOCK_SIZE)  # type: ignore[arg-type]
-    steps, kv_tile = spec[6], spec[7]
-    bounds = decode_bounds(lens, hq // hkv, sq)
-    kc, vc, slots = k, v, None
+    kc, vc, table, layout = k, v, None, "contiguous"
     if p.layout == "paged":
-        per = -(-steps * kv_tile // BLOCK_SIZE)
+        layout = "paged"
+        per = -(-p.seq_k // BLOCK_SIZE)
         table = rng.permutation(p.batch * per).reshape(p.batch, per)
         kc = np.zeros((p.batch * per, BLOCK_SIZE, hkv, d), dtype=dt)
         vc = np.zeros_like(kc)
@@ -71,9 +70,15 @@ def _numeric(
             for j in range(p.seq_k):
                 blk, off = table[b, j // BLOCK_SIZE], j % BLOCK_SIZE
                 kc[blk, off], vc[blk, off] = k[b, :, j], v[b, :, j]
-        slots = paged_slots(table, lens, BLOCK_SIZE, steps * kv_tile)
-    out, lse = run(_kernel(), q, kc, vc, slots, bounds, *spec[5:], target=target).outputs
-    ref_out, ref_lse = _reference(q, k, v, lens, spec[5])
+    isz = 4 if p.dtype == "float32" else 2
+    plan = plan_decode(lens, hq, hkv, sq, layout, kc.shape, table, d, isz,
+                       int(config.piece), int(config.ring))  # type: ignore[attr-defined]  # fmt: skip
+    scale = 1.0 / float(np.sqrt(d))
+    arrays = (plan.idx, plan.kpos, plan.tail_idx, plan.tail_kpos, plan.hi, plan.full)
+    out, lse = run(_kernel(), q, kc, vc, *arrays, scale, *plan.static_args(),
+                   target=target).outputs  # fmt: skip
+    out, lse = merge_splits(np.asarray(out, np.float32), np.asarray(lse, np.float32))
+    ref_out, ref_lse = _reference(q, k, v, lens, scale)
     got = [np.asarray(out, np.float64), np.asarray(lse, np.float64)]
     return got, [ref_out, ref_lse]
 
@@ -97,10 +102,8 @@ def _reference(
 
 
 def _reduced(p: Any, config: KernelConfig, target: Target) -> Any:
-    kv, splits = int(config.kv_tile), int(config.splits)  # type: ignore[attr-defined]
-    return replace(
-        p, batch=2, q_heads=p.group, kv_heads=1, seq_k=min(p.seq_k, 2 * splits * kv + 77)
-    )
+    piece = int(config.piece)  # type: ignore[attr-defined]
+    return replace(p, batch=2, q_heads=p.group, kv_heads=1, seq_k=min(p.seq_k, 256 * piece + 77))
 
 
 def _tolerance(p: Any) -> list[tuple[float, float]]:
@@ -113,26 +116,19 @@ def _tolerance(p: Any) -> list[tuple[float, float]]:
     return [(out.atol, out.rtol), (lse.atol, lse.rtol)]
 
 
-def _unit(p: Any) -> Any:
-    return replace(p, batch=1, q_heads=p.group, kv_heads=1)
-
-
-def _units(p: Any) -> tuple[Any, int]:
-    """One (sequence, KV head) program and how many run one after another."""
-    return _unit(p), p.batch * p.kv_heads
-
-
 def _device_launcher(p: Any, config: KernelConfig, target: Target) -> Any:
-    from ..attention.decode_host import kernel_args
+    from ..attention.decode_host import stream_kernel_args
     from ..interp import TensorSpec, dtypes
     from .device import device_runner
 
     rng = np.random.default_rng(0)
     args = []
-    for a in kernel_args(p, config, BLOCK_SIZE):  # type: ignore[arg-type]
+    for a in stream_kernel_args(p, config, BLOCK_SIZE):  # type: ignore[arg-type]
         if isinstance(a, TensorSpec):
             if a.dtype == "int32":
                 a = np.zeros(a.shape, np.int32)
+            elif a.dtype == "uint8":
+                a = np.ones(a.shape, np.uint8)
             else:
                 a = rng.standard_normal(a.shape).astype(dtypes.as_dtype(a.dtype))
         args.append(a)
@@ -157,11 +153,11 @@ def make_problem(layout: str) -> Any:
 
 def tunable() -> Tunable:
     """The decode family's `Tunable`."""
-    from ..attention.decode_host import DecodeConfig
+    from ..attention.decode_host import StreamConfig
 
     return Tunable(
         op=OP,
-        config_cls=DecodeConfig,
+        config_cls=StreamConfig,
         trace=_trace,
         reduced=_reduced,
         run_numeric=_numeric,
@@ -172,8 +168,6 @@ def tunable() -> Tunable:
         dtype=lambda p: p.dtype,
         kernels=(_kernel(),),
         device_launcher=_device_launcher,
-        search_problem=_unit,
-        repricing=_units,
         describe=lambda p: (
             f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Sq={p.seq_q} cache={p.seq_k} "
             f"D={p.head_dim} {p.dtype} {p.layout}"

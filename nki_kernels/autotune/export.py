@@ -18,6 +18,12 @@ recorded without gating (`gate='off'`, or `'improving'` when it was not faster t
 best at the time) is gated here first; if it fails, the verdict is stored in the study
 (`Tuner.record_verdict`, so a resumed or re-gated study does not offer it again) and the
 next best config is tried, until one passes or none is left (`ExportRefused`).
+
+Into a store of your own (not the shipped `nki_kernels/configs/`) a config is exported
+only when it beats what a call would use without it -- the shipped config for the problem
+(exact or nearest bucket) -- priced the same way on the full problem (by the band's slow
+end under `--rank pessimistic`); else `ShippedIsFaster`, and the shipped config stays in
+use (a user entry takes precedence over a shipped one, so a slower one would slow calls).
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from ..kernel_config import KernelConfig
+from ..runtime.config_records import stored_number
 from ..runtime.config_store import (
+    DEFAULT,
+    SHIPPED_DIR,
     ConfigStore,
     Provenance,
     default_store,
@@ -43,6 +52,10 @@ from .study import OK, Tuner
 
 class ExportRefused(RuntimeError):
     """The study has no exportable result (nothing valid, or the best config is wrong)."""
+
+
+class ShippedIsFaster(ExportRefused):
+    """The shipped config is at least as fast as the study's best: nothing to export."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +107,7 @@ def export_best(
         outcome = "not measured" if heur is None else heur.outcome
         warnings.warn(
             f"{report.name}: the heuristic default has no latency ({outcome}); "
-            "default_latency_ns is recorded as nan",
+            "default_latency_ns is recorded as null",
             stacklevel=2,
         )
         default_latency = math.nan
@@ -130,6 +143,9 @@ def export_best(
         ),
     )
     target = store if store is not None else default_store()
+    dest = Path(directory) if directory is not None else target.write_dir
+    if dest is not None and Path(dest).resolve() != SHIPPED_DIR.resolve():
+        _check_beats_shipped(tuner, config, bands, report.name)
     path = target.put(
         tuner.tunable.op,
         tuner.target,
@@ -141,6 +157,40 @@ def export_best(
     )
     key = problem_key(lnc_items(tuner.problem, prov.lnc))
     return Exported(tuner.tunable.op, tuner.target.name, key, config, prov, path)
+
+
+def _check_beats_shipped(
+    tuner: Tuner, config: KernelConfig, bands: Measurer | None, name: str
+) -> None:
+    """Raise `ShippedIsFaster` unless `config` beats the shipped config a call would use."""
+    shipped = ConfigStore([SHIPPED_DIR], None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no shipped entry: the heuristic, compared already
+        decision = shipped.decide(
+            tuner.tunable.op,
+            tuner.target,
+            tuner.problem,
+            config_cls=type(config),
+            kernel_hash=tuner.key.kernel_hash,
+            lnc=_measured_lnc(tuner),
+        )
+    if decision.source == DEFAULT:
+        return
+    where = f"shipped {decision.source} [{decision.entry_key}]"
+    if decision.config == config:
+        raise ShippedIsFaster(f"{name}: the best config is the {where}; nothing to export")
+
+    def cost(cfg: KernelConfig) -> tuple[float, str]:
+        m = _full_price(tuner, cfg, bands)
+        slow = tuner.options.rank == "pessimistic" and m.set_ns
+        return (float(max(m.set_ns)) if slow else float(m.latency_ns)), m.label
+
+    (mine, label), (theirs, _) = cost(config), cost(decision.config)
+    if mine >= theirs:
+        raise ShippedIsFaster(
+            f"{name}: the {where} is as fast or faster ({theirs / 1e3:.2f} us vs "
+            f"{mine / 1e3:.2f} us tuned, {label}); not exported, so calls keep using it"
+        )
 
 
 def _measured_lnc(tuner: Tuner) -> int:
@@ -184,8 +234,8 @@ def _full_price(tuner: Tuner, config: KernelConfig, measurer: Measurer | None = 
 def describe_entry(entry: dict[str, Any]) -> str:
     """One line for a stored entry: config, tuned and default latency, speedup, measurer."""
     prov = entry.get("provenance", {})
-    lat = prov.get("latency_ns", math.nan)
-    dflt = prov.get("default_latency_ns", math.nan)
+    lat = stored_number(prov.get("latency_ns"))
+    dflt = stored_number(prov.get("default_latency_ns"))
     speed = dflt / lat if lat and not math.isnan(dflt) else math.nan
     cfg = ", ".join(f"{k}={v}" for k, v in entry.get("config", {}).items())
     return (

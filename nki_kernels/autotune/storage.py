@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -193,28 +194,32 @@ def is_shareable(storage: BaseStorage) -> bool:
     return not isinstance(storage, InMemoryStorage)
 
 
+# user:password@ before the query string: the password may hold '/' (SQLAlchemy's URL
+# parser reads it so), and an unescaped '@' (refused, but never printed): it runs from the
+# user's ':' to the last '@'
+_CREDS = re.compile(r"^(?P<head>[\w+.-]+://(?P<user>[^:/@]*):)(?P<pw>.*)(?P<tail>@[^@]*)$", re.S)
+# password-like parameters of the query string (?password=..., &passwd=...)
+_QUERY_PW = re.compile(r"(?P<key>[?&](?:password|passwd|pwd)=)(?P<pw>[^&#]*)", re.I)
+
+
 def redact(url: str) -> str:
-    """`url` with any password replaced by ***, for logs and provenance."""
+    """`url` with any password (in the credentials or the query string) replaced by ***,
+    for logs and provenance."""
     if "://" not in url:
         return url
-    scheme, rest = url.split("://", 1)
-    netloc, slash, path = rest.partition("/")
-    if "@" not in netloc:
-        return url
-    creds, host = netloc.rsplit("@", 1)
-    if ":" in creds:
-        creds = creds.split(":", 1)[0] + ":***"
-    return f"{scheme}://{creds}@{host}{slash}{path}"
+    base, q, query = url.partition("?")
+    m = _CREDS.match(base)
+    if m is not None:
+        base = m["head"] + "***" + m["tail"]
+    return _QUERY_PW.sub(lambda p: p["key"] + "***", base + q + query)
 
 
-def _password(url: str) -> str | None:
+def _passwords(url: str) -> list[str]:
     if "://" not in url:
-        return None
-    netloc = url.split("://", 1)[1].split("/", 1)[0]
-    if "@" not in netloc:
-        return None
-    creds = netloc.rsplit("@", 1)[0]
-    return creds.split(":", 1)[1] if ":" in creds else None
+        return []
+    m = _CREDS.match(url.partition("?")[0])
+    found = [m["pw"]] if m is not None and m["pw"] else []
+    return found + [q["pw"] for q in _QUERY_PW.finditer(url) if q["pw"]]
 
 
 def scrub(text: str, url: str | None) -> str:
@@ -224,8 +229,7 @@ def scrub(text: str, url: str | None) -> str:
     from urllib.parse import unquote
 
     text = text.replace(url, redact(url))
-    pw = _password(url)
-    if pw:
+    for pw in _passwords(url):
         for secret in {pw, unquote(pw)}:
             if len(secret) >= 3:
                 text = text.replace(secret, "***")

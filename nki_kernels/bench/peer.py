@@ -301,7 +301,9 @@ def _row(
         n = counts.pop()
         samples = [sum(r.samples_us[i] for _, r in results) * multiplier for i in range(n)]
         extra["samples_us"] = samples
-        band = (min(samples), max(samples))
+        from .bands import latency_band
+
+        band = latency_band(samples, target)
     mfu = None
     if useful_flops and not failed:
         mfu = useful_flops / (total * 1e3 * tgt.tensor_peak_flops_per_ns)

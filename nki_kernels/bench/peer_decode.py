@@ -67,10 +67,13 @@ def tkg_harness(checkout: str | Path) -> Any:
     return loader.jit(harness), tkg
 
 
-def tkg_args(tkg: Any, batch: int, cache: int, paged: bool) -> tuple[Any, ...]:
-    """The harness's arguments for one KV head of Llama-3 8B at `batch` x `cache` keys."""
+def tkg_args(
+    tkg: Any, batch: int, cache: int, paged: bool, group: int | None = None
+) -> tuple[Any, ...]:
+    """The harness's arguments for one KV head at `batch` x `cache` keys: Llama-3 8B's
+    4 query heads per KV head, or `group` (8: Llama-3 70B's GQA 8 : 1)."""
     s = LLAMA3_8B_ATTN
-    h, d, sa = s.num_heads // s.num_kv_heads, s.head_dim, 1
+    h, d, sa = group or s.num_heads // s.num_kv_heads, s.head_dim, 1
     bf = "bfloat16"
     cfg = tkg.AttnTKGConfig(
         bs=batch, q_head=h, s_active=sa, curr_sprior=cache, full_sprior=cache, d_head=d,
@@ -98,10 +101,17 @@ def tkg_args(tkg: Any, batch: int, cache: int, paged: bool) -> tuple[Any, ...]:
 
 
 def price_tkg(
-    checkout: str | Path, batch: int, cache: int, paged: bool, target: str = "trn2"
+    checkout: str | Path,
+    batch: int,
+    cache: int,
+    paged: bool,
+    target: str = "trn2",
+    group: int | None = None,
+    lnc: int = 1,
 ) -> dict[str, Any]:
     """One harness launch priced (trace-only interpretation + cost model, with the band
-    over the cost model's parameter sets), or the reason it could not be."""
+    over the cost model's parameter sets), or the reason it could not be; at `lnc` 2 the
+    kernel runs as `kernel[2]` (its own batch / sequence sharding)."""
     from ..conformance import loader
     from ..perfmodel import estimate_trace, schedule, trace_kernel
     from .bands import parameter_sets
@@ -109,9 +119,9 @@ def price_tkg(
     t0 = time.perf_counter()
     try:
         kernel, tkg = tkg_harness(checkout)
-        args = tkg_args(tkg, batch, cache, paged)
+        args = tkg_args(tkg, batch, cache, paged, group)
         with loader.mapped_nki():
-            trace = trace_kernel(kernel, *args, target=target)
+            trace = trace_kernel(kernel, *args, target=target, lnc=lnc)
         est = estimate_trace(trace, target)
     except Exception as e:  # the reason goes into the row: which rule or API stopped it
         msg = f"{type(e).__name__}: {e}".splitlines()[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from .bands import widen_ratio
 from .rows import BenchRow
 from .table import comparison_table, dropping_table, group
 
@@ -73,7 +74,7 @@ def geo_band(
     if not per_set:
         return None
     means = [_geo([r[i] for r in per_set]) for i in range(len(per_set[0]))]
-    return min(means), max(means)
+    return widen_ratio(min(means), max(means), target, f"cost model {cost_model}")
 
 
 def goal_text(
@@ -115,10 +116,15 @@ def configs_note(rows: Sequence[BenchRow]) -> str:
 
 
 def headline(
-    rows: Sequence[BenchRow], targets: Sequence[str], lnc: int, cost_model: str | None = None
+    rows: Sequence[BenchRow],
+    targets: Sequence[str],
+    lnc: int,
+    cost_model: str | None = None,
+    goals: bool = False,
 ) -> list[str]:
     """One Markdown bullet per (family, target): geometric mean and range of the speedups
-    over AWS's kernels and over the native path, the goal, and the losing cases."""
+    over AWS's kernels and over the native path, and the losing cases (with `goals`: the
+    project's goal for the family and whether it is met, for maintainers)."""
     lines = []
     for family, title in FAMILIES:
         for target in targets:
@@ -139,7 +145,7 @@ def headline(
                     f"{min(vals):.2f}–{max(vals):.2f}x over {len(vals)} cases"
                 )
                 text += f", ours slower in {lost}" if lost else ""
-                if other == "aws":
+                if other == "aws" and goals:
                     every = speedups(rows, family, target, lnc, "native", cost_model)
                     cases = (len(vals), max(len(vals), len(every)))
                     text += " — " + goal_text(family, _geo(vals), band, cases)
@@ -160,23 +166,15 @@ V1_CAVEAT = (
 
 
 def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) -> tuple[str, str]:
-    """(headline page, details page): the headline with the LNC 2 tables (README), and
-    the LNC 1 tables with the capacity-factor rows (manual)."""
+    """(tables page, details page) of the manual: the LNC 2 headline bullets and tables,
+    and the LNC 1 ones with the capacity-factor rows."""
     targets = sorted({r.target for r in rows})
     head = [
-        "### The table (committed rows; every figure modeled, each row labelled with its "
-        "cost model)",
-        "",
-        "Ours vs AWS's nki-library kernel vs TorchNeuron's native path for the same "
-        "PyTorch code, each priced by the same interpreter and cost model (no Trainium "
-        "here); how each baseline is built, and its public source, is on the manual's "
-        "benchmarks page. Regenerate: `nki-kernels bench --reprice --full --bands` (ours "
-        "and native), `nki-kernels bench --peer PATH --full` (AWS's kernels; rows here from "
-        f"nki-library {', '.join(commits) or 'none'}), then `nki-kernels bench --markdown "
-        "docs/readme/02-benchmark-table.md` and `python scripts/build_readme.py`.",
+        f"AWS's rows: nki-library {', '.join(commits) or 'none'}.",
         "",
         f"**Headline (LNC 2, the default on trn2; assumed on trn3; cost model {cost_model} "
-        "rows only, with bands: the range over the cost model's parameter sets).**",
+        "rows only, with bands: the range over the cost model's parameter sets, widened by "
+        "its cross-validated error).**",
         "",
         *(headline(rows, targets, 2, cost_model) or ["- no case priced by this cost model yet"]),
         "",
@@ -242,5 +240,4 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
                 drop,
                 "",
             ]
-    head.append("![speedups at LNC 2](benchmarks/results/speedup.png)")
     return "\n".join(head), "\n".join(details)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .bands import ceiling_label, ratio_band
 from .rows import BenchRow
 
 COLUMNS = (
@@ -52,8 +53,8 @@ def speedup(ours: BenchRow | None, other: BenchRow | None) -> str:
     text = f"{other.latency_us / ours.latency_us:.2f}x"
     a, b = ours.extra.get("samples_us"), other.extra.get("samples_us")
     if a and b and len(a) == len(b):
-        ratios = [y / x for x, y in zip(a, b, strict=True)]
-        text += f" ({min(ratios):.2f}–{max(ratios):.2f})"
+        lo, hi = ratio_band(a, b, ours.target, ours.provenance)
+        text += f" ({lo:.2f}–{hi:.2f})"
     return text
 
 
@@ -96,6 +97,7 @@ def comparison_table(rows: Sequence[BenchRow], measured: Mapping[Any, Any] | Non
             eff = _pct(ours.mfu) if ours.mfu is not None else _pct(ours.hbm_fraction)
             if ours.mfu is None and eff:
                 eff += " HBM"
+            eff = ceiling_label(eff, op, ours.mfu, ours.hbm_fraction)
         cells: tuple[str, ...] = (
             op,
             case,

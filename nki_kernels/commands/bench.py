@@ -1,9 +1,12 @@
 """The main job: ours vs AWS's nki-library kernels vs TorchNeuron's native path.
 
-Without options it prints the three-way tables of the whole benchmark matrix from the
+Without options it prints a one-screen summary of the whole benchmark matrix from the
 committed rows (`benchmarks/data/bench_rows.jsonl`: ours and native; `peer_rows.jsonl`:
-AWS's kernels), then re-prices a quick subset live and says how far the committed rows
-are from it. `--reprice` re-prices every row of ours and native (`--full`: the whole
+AWS's kernels) -- per family, phase and target, geometric means with bands, and where
+ours is slower -- writes the full tables and the chart to an output folder outside git's
+view (`build/bench/` of the checkout), then re-prices a quick subset live and says how
+far the committed rows are from it. It changes no tracked file and runs from any
+directory. `--reprice` re-prices every row of ours and native (`--full`: the whole
 matrix, tens of minutes; else the quick subset) and rewrites the committed file;
 `--peer PATH` prices AWS's kernels from a local nki-library checkout and rewrites the peer
 rows. Every figure is "modeled (cost model vN, target)"; none is a measurement.
@@ -21,11 +24,13 @@ from pathlib import Path
 NAME = "bench"
 HELP = "ours vs AWS's nki-library kernels vs TorchNeuron's native path (modeled tables)"
 
-DATA = Path("benchmarks/data")
+# the checkout this package runs from (an editable install), else the working directory
+_CHECKOUT = Path(__file__).resolve().parents[2]
+_IN_CHECKOUT = (_CHECKOUT / "benchmarks" / "data").is_dir()
+DATA = _CHECKOUT / "benchmarks" / "data" if _IN_CHECKOUT else Path("benchmarks/data")
 BENCH_ROWS = DATA / "bench_rows.jsonl"
 PEER_ROWS = DATA / "peer_rows.jsonl"
-DEFAULT_ROWS = Path("benchmarks/results/comparison.jsonl")
-DETAILS_PAGE = "03-benchmark-details.md"  # the LNC 1 tables, next to the --markdown page
+OUT = _CHECKOUT / "build" / "bench" if _IN_CHECKOUT else Path("nki-kernels-bench")
 STALE = 0.02  # relative gap between committed and live rows that counts as stale
 
 
@@ -59,10 +64,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-check", action="store_true", help="skip the live re-price check")
     parser.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        metavar="DIR",
+        help=f"write the full tables (tables.md), the chart and the live rows here (default {OUT})",
+    )
+    parser.add_argument(
+        "--tables", action="store_true", help="also print the full tables after the summary"
+    )
+    parser.add_argument(
         "--rows",
         type=Path,
-        default=DEFAULT_ROWS,
-        help=f"append the live rows to this JSON-lines file (default {DEFAULT_ROWS}; '-' = none)",
+        default=None,
+        help="append the live rows to this JSON-lines file "
+        "(default DIR/live_rows.jsonl; '-' = none)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help=f"committed rows (default {DATA})")
     parser.add_argument(
@@ -72,13 +88,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measured rows (`nki-kernels hwcheck --out`) shown beside ours as 'measured "
         "(hardware)' (default benchmarks/data/measured_rows.jsonl when it exists)",
     )
-    parser.add_argument("--plot", type=Path, help="draw the speedups into this PNG file")
+    parser.add_argument(
+        "--plot", type=Path, help="draw the speedups into this PNG file (default DIR/speedup.png)"
+    )
     parser.add_argument(
         "--markdown",
         type=Path,
         metavar="PATH",
-        help="write the README's table section (headline + tables) from the rows to PATH",
+        help="write the manual's table pages (LNC 2, then LNC 1) from the rows to PATH",
     )
+    from ..ledger.cli_args import add_shape_arguments  # bench --model: ledger's pricing
+
+    add_shape_arguments(parser, model_required=False)
 
 
 def _price(names: list[str], full: bool, bands: bool = False) -> list:
@@ -117,10 +138,13 @@ def _check(committed: list, live: list) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..ledger.cli_args import run_bench_model, wants_model
+
+    if wants_model(args):  # bench --model: the ledger's per-model pricing
+        return run_bench_model(args)
     from ..bench.compare import LNC2_METHOD, SUITES, merge_peer
-    from ..bench.peer import peer_notes, peer_rows
+    from ..bench.peer import peer_rows
     from ..bench.rows import append_rows, read_rows, write_rows
-    from ..bench.table import comparison_table, dropping_table
     from ..model_shapes import FINE_GRAINED_MOE, MIXTRAL_8X7B_MOE
     from ..perfmodel import COST_MODEL_VERSION
 
@@ -177,10 +201,14 @@ def run(args: argparse.Namespace) -> int:
     ]
     peer = [r for r in (read_rows(peer_path) if peer_path.exists() else []) if r.family in names]
     if not committed:
-        print(f"no committed rows in {bench_path}; run `nki-kernels bench --reprice --full`")
-        return 1
+        print(
+            f"nki-kernels bench: error: --data: no committed rows in {bench_path} (run "
+            "`nki-kernels bench --reprice --full` to price them)",
+            file=sys.stderr,
+        )
+        return 2
     all_rows = merge_peer(committed, peer)
-    from ..bench.measured import for_bench, unmatched
+    from ..bench.measured import for_bench
     from ..perfmodel.measurements import MeasurementFileError
 
     try:
@@ -189,37 +217,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench: --measured: {exc}", file=sys.stderr)
         return 2
     commits = sorted({str(r.extra.get("nki_library_commit")) for r in peer})
-    print(
-        f"nki-kernels vs AWS's nki-library kernels vs TorchNeuron's native path -- modeled "
-        f"(cost model {COST_MODEL_VERSION})"
-        + (
-            "; only the 'measured (hardware)' column holds hardware measurements.\n"
-            if measured
-            else "; no figure below is a hardware measurement.\n"
-        )
-        + f"Rows: {bench_path} and {peer_path} (nki-library {', '.join(commits) or 'none'}). "
-        f"{LNC2_METHOD}.\n"
+    tables = _full_tables(args, names, all_rows, peer, measured, measured_notes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tables_path = args.out / "tables.md"
+    tables_path.write_text(
+        f"# nki-kernels bench: every table (modeled, cost model {COST_MODEL_VERSION})\n\n"
+        f"Rows: {bench_path} and {peer_path} (nki-library {', '.join(commits) or 'none'}). "
+        f"{LNC2_METHOD}.\n\n" + tables
     )
-    for name in names:
-        fam = [r for r in all_rows if r.family == name]
-        print(f"## {name}\n")
-        print(comparison_table(fam, measured))
-        drop = dropping_table(fam)
-        if drop:
-            print("\nNot a dropless baseline (tokens over capacity are dropped):\n")
-            print(drop)
-        print()
-    for note in measured_notes + unmatched(
-        measured, [(r.op, r.case, r.target, r.lnc) for r in all_rows]
-    ):
+    _print_summary(all_rows, bool(measured), bench_path, peer_path, commits)
+    for note in measured_notes:
         print(f"- {note}")
-    print()
-    notes = peer_notes(peer)
-    if notes:
-        print("AWS kernels that did not run through the interpreter:")
-        for n in notes:
-            print(f"- {n}")
-        print()
+    plot_path = args.plot or args.out / "speedup.png"
+    try:
+        from ..bench.plot import speedup_chart
+
+        speedup_chart(all_rows, plot_path)
+        chart = f", chart: {plot_path}"
+    except ImportError:  # matplotlib is a dev extra
+        chart = " (no chart: matplotlib is not installed)"
+    print(f"\nfull tables: {tables_path}{chart}")
+    if args.tables:
+        print("\n" + tables)
     sys.stdout.flush()
     if not args.no_check and not args.reprice:
         t0 = time.perf_counter()
@@ -235,20 +254,65 @@ def run(args: argparse.Namespace) -> int:
         )
         for s in stale:
             print(f"- {s}")
-    if live and str(args.rows) != "-":
-        append_rows(args.rows, [r for r in live if not math.isnan(r.latency_us)])
-        print(f"live rows appended to {args.rows}")
+    rows_path = args.rows if args.rows is not None else args.out / "live_rows.jsonl"
+    if live and str(rows_path) != "-":
+        append_rows(rows_path, [r for r in live if not math.isnan(r.latency_us)])
+        print(f"live rows appended to {rows_path}")
     if args.markdown:
         from ..bench.readme import markdown
 
         head, details = markdown(all_rows, COST_MODEL_VERSION, commits)
-        args.markdown.write_text(head + "\n")
-        more = args.markdown.with_name(DETAILS_PAGE)
-        more.write_text(details + "\n")
-        print(f"README table section written to {args.markdown}, LNC 1 tables to {more}")
-    if args.plot:
-        from ..bench.plot import speedup_chart
-
-        speedup_chart(all_rows, args.plot)
-        print(f"chart written to {args.plot}")
+        args.markdown.write_text(head + "\n\n" + details + "\n")
+        print(f"the manual's table pages written to {args.markdown}")
     return 0
+
+
+def _print_summary(
+    rows: list, measured: bool, bench_path: Path, peer_path: Path, commits: list[str]
+) -> None:
+    from ..bench import summary
+    from ..perfmodel import COST_MODEL_VERSION
+
+    print(
+        f"nki-kernels vs AWS's nki-library kernels vs the native path -- modeled (cost model "
+        f"{COST_MODEL_VERSION}, LNC 2)"
+        + (
+            "; only the 'measured (hardware)' column holds hardware measurements (tables)."
+            if measured
+            else "; nothing here is measured."
+        )
+    )
+    print(f"rows: {bench_path}, {peer_path} (nki-library {', '.join(commits) or 'none'})")
+    print("speedup = their latency / ours (> 1: ours is faster); geometric mean over the cases\n")
+    print(summary.text(summary.summarize(rows, 2, COST_MODEL_VERSION), 2))
+
+
+def _full_tables(
+    args: argparse.Namespace,
+    names: list[str],
+    all_rows: list,
+    peer: list,
+    measured: dict,
+    measured_notes: list[str],
+) -> str:
+    """Every comparison table, the dropping compositions and the notes, as Markdown."""
+    from ..bench.measured import unmatched
+    from ..bench.peer import peer_notes
+    from ..bench.table import comparison_table, dropping_table
+
+    out: list[str] = []
+    for name in names:
+        fam = [r for r in all_rows if r.family == name]
+        out += [f"## {name}", "", comparison_table(fam, measured), ""]
+        drop = dropping_table(fam)
+        if drop:
+            out += ["Not a dropless baseline (tokens over capacity are dropped):", "", drop, ""]
+    notes = measured_notes + unmatched(
+        measured, [(r.op, r.case, r.target, r.lnc) for r in all_rows]
+    )
+    out += [f"- {n}" for n in notes]
+    failed = peer_notes(peer)
+    if failed:
+        out += ["", "AWS kernels that did not run through the interpreter:", ""]
+        out += [f"- {n}" for n in failed]
+    return "\n".join(out) + "\n"

@@ -87,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         kind = loader.checkout_kind(args.path)
     except FileNotFoundError as e:
-        print(f"conformance: {e}", file=sys.stderr)
+        print(
+            f"nki-kernels conformance: error: PATH: {e} (clone one first: git clone "
+            "https://github.com/aws-neuron/nki-library, or aws-neuron/aws-neuron-sdk)",
+            file=sys.stderr,
+        )
         return 2
     if args.aws_tests:
         return _aws_tests(args, kind)

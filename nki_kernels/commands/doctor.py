@@ -52,6 +52,7 @@ class Report:
     backend_setting: str = ""
     neuron_devices: int = 0
     neuron_note: str = ""
+    emulated_note: str = ""
     target: str = ""
     target_nc_version: int = 0
     target_source: str = ""
@@ -118,6 +119,22 @@ def _neuron_devices() -> tuple[int, str]:
     return count, f"{count} device(s)"
 
 
+def _emulated() -> str:
+    """Whether the emulated neuron device runs here, or could."""
+    try:
+        from ..testing import neuron_device
+    except Exception as exc:  # torch too old for the Python PrivateUse1 backend
+        return f"not available ({type(exc).__name__}: {exc})"
+    if neuron_device.is_installed():
+        return "EMULATED: `neuron` tensors live in host memory and the ops run in the interpreter"
+    if neuron_device.real_neuron_backend_present():
+        return "not used: a real neuron backend is present"
+    return (
+        "available: nki_kernels.testing.neuron_device.install() runs the neuron code path "
+        "on CPU (host memory, interpreter)"
+    )
+
+
 def collect() -> Report:
     """Inspect the environment."""
     from .. import nki as seam
@@ -139,6 +156,7 @@ def collect() -> Report:
     setting = os.environ.get(seam.BACKEND_ENV_VAR)
     report.backend_setting = f"{seam.BACKEND_ENV_VAR}={setting}" if setting else "auto"
     report.neuron_devices, report.neuron_note = _neuron_devices()
+    report.emulated_note = _emulated()
     try:
         target = get_target()
         report.target, report.target_nc_version = target.name, target.nc_version
@@ -166,11 +184,15 @@ def _lnc(report: Report) -> None:
         report.lnc_source = str(exc)
         return
     if configured is not None:
-        report.lnc_source = f"{lnc.LNC_ENV_VAR}={configured}"
+        why = f"{lnc.LNC_ENV_VAR}={configured}"
     elif is_real_neuron():
-        report.lnc_source = f"the {report.target} default on a Neuron device"
+        why = f"the {report.target} default on a Neuron device"
     else:
-        report.lnc_source = f"no Neuron Runtime here; set {lnc.LNC_ENV_VAR} to change"
+        why = (
+            f"no Neuron Runtime here; {lnc.LNC_ENV_VAR}=2 runs as a default "
+            f"{report.target or 'trn2'} does"
+        )
+    report.lnc_source = f"{why}; the default of every call, tune, configs which and estimate"
 
 
 def _nki_op(report: Report) -> None:
@@ -201,6 +223,7 @@ def format_report(report: Report) -> str:
         rows.append((pkg.name, text))
     rows.append(("backend", f"{report.backend} ({report.backend_setting})"))
     rows.append(("neuron device", report.neuron_note))
+    rows.append(("emulated device", report.emulated_note))
     target = report.target or "invalid"
     rows.append(
         ("default target", f"{target} (NC-v{report.target_nc_version}; {report.target_source})")

@@ -5,7 +5,11 @@ first divergent step, non-finite gradients and a save / reload / continue check.
 
 --model and --data take a built-in name or a Python entry point `module:function`:
 model_factory(seed=, dtype=) -> nn.Module whose forward(**batch) returns a loss (or an
-output with .loss); data_factory(seed, step) -> dict of the forward's arguments."""
+output with .loss); data_factory(seed, step) -> dict of the forward's arguments.
+--model also takes a TorchTitan config name (`llama3_debugmodel`, `deepseekv3_debugmodel`;
+`@N` keeps the first N blocks), trained with and without `NkiConverter` on packed-document
+batches, and `kernels:<built-in>` (a tiny transformers model kernelized from the local
+Hugging Face Kernels layer repository)."""
 
 from __future__ import annotations
 
@@ -36,9 +40,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         action="append",
-        help="tiny-llama, tiny-mixtral or module:fn (repeatable; default: both built-ins)",
+        help="tiny-llama, tiny-mixtral, a TorchTitan config name (llama3_debugmodel[@layers], "
+        "deepseekv3_debugmodel), kernels:tiny-llama or module:fn (repeatable; default: "
+        "both built-ins)",
     )
-    p.add_argument("--data", default="tiny-lm", help="tiny-lm or module:fn")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="tiny-lm, packed-docs or module:fn (default: packed-docs for TorchTitan models, "
+        "tiny-lm otherwise)",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -70,12 +81,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _is_titan(spec: str) -> bool:
+    from ..parity.titan import parse
+
+    return parse(spec.partition("@")[0]) is not None
+
+
+def _data_for(spec: str, given: str | None) -> str:
+    return given or ("packed-docs" if _is_titan(spec) else "tiny-lm")
+
+
+def _model_factory(spec: str, builtin: dict[str, Any]) -> Any:
+    from ..parity.models import special_factory
+
+    return special_factory(spec) or _entry(spec, builtin, "model")
+
+
 def _distributed(args: argparse.Namespace) -> int:
     from ..parity import distributed
 
     models = args.model or ["tiny-llama", "tiny-mixtral"]
+    data = {_data_for(m, args.data) for m in models}
+    if len(data) > 1:
+        raise SystemExit(
+            "--data: TorchTitan and transformers models take different batches; with --nproc, "
+            "run them in separate commands or pass --data"
+        )
     reports = distributed.launch(
-        args.nproc, models, args.data, args.steps, args.seed, args.lr, args.tolerance, args.out
+        args.nproc, models, data.pop(), args.steps, args.seed, args.lr, args.tolerance, args.out
     )
     for m, r in reports.items():
         print("\n".join(distributed.summary(r)))
@@ -99,11 +132,17 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "neuron":
         from ..testing import neuron_device
 
-        neuron_device.install()  # before any backward pass (a no-op with a real device)
-    data = _entry(args.data, DATA, "data")
+        emulated = neuron_device.install()  # before any backward (no-op with a real device)
+        print(
+            "[parity] device neuron: EMULATED (host memory; the NKI ops run in the "
+            "interpreter, as on CPU: this checks the neuron code path, not Trainium)"
+            if emulated
+            else "[parity] device neuron: a real Neuron device (TorchNeuron)"
+        )
     reports = []
     for spec in args.model or list(MODELS):
-        factory = _entry(spec, MODELS, "model")
+        factory = _model_factory(spec, MODELS)
+        data = _entry(_data_for(spec, args.data), DATA, "data")
         r = run_parity(
             factory,
             data,
@@ -116,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
         )
         print(rep.table(r))
-        path = rep.write_json(r, args.out / f"{spec.replace(':', '_')}-{args.dtype}.json")
+        stem = spec.replace(":", "_").replace("@", "-")
+        path = rep.write_json(r, args.out / f"{stem}-{args.dtype}.json")
         print(f"[parity] wrote {path}")
         reports.append(r)
     png = rep.plot(reports, args.out / f"parity-{args.dtype}.png")

@@ -102,7 +102,10 @@ def classify(e: BaseException) -> tuple[str, str]:
         where = "/".join(Path(e.filename or "?").parts[-2:])
         return "error", f"syntax error in the checkout: {where}:{e.lineno}"
     if isinstance(e, ModuleNotFoundError):
-        return "error", f"import: no module named {e.name!r}"
+        extra = (
+            " (pip install 'nki-kernels[conformance]')" if e.name in ("scipy", "allpairspy") else ""
+        )
+        return "error", f"import: no module named {e.name!r}{extra}"
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     where = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
     return "error", f"{type(e).__name__}{where}: {_short(e)}"
@@ -200,7 +203,32 @@ def table(outcomes: list[Outcome]) -> str:
     )
     rows.append("")
     rows.append(f"{passed} of {n} cases pass ({counts}).")
+    rows += next_steps({o.status for o in outcomes})
     return "\n".join(rows)
+
+
+# what to do about each kind of failure (the manual's pages named are in docs/MANUAL.md)
+NEXT_STEPS = {
+    "wrong": "wrong: the kernel ran but its output differs from the checkout's reference. "
+    "Rerun the case alone (--kernel NAME) and compare the outputs; if AWS's kernel is right "
+    "on hardware, an instruction's semantics in the interpreter are wrong (see 'Known "
+    "differences from hardware' in the manual's interpreter page).",
+    "rejected": "rejected: the interpreter refused the kernel with the rule named (each rule "
+    "and its source: 'Rules enforced' in the manual's interpreter page). Fix the line it "
+    "names, or, if the compiler and the chip accept it, report the rule with the case.",
+    "missing-API": "missing-API: a documented NKI name the interpreter does not implement "
+    "yet; the supported names are listed under 'What is supported' in the manual's "
+    "interpreter page. Skip the case (--kernel) or add the name to nki_kernels/interp.",
+    "error": "error: an import or Python error in the checkout: check that it is the "
+    "nki-library / aws-neuron-sdk layout this command expects (a clean checkout, no "
+    "local edits) and that the conformance extra is installed.",
+}
+
+
+def next_steps(statuses: set[str]) -> list[str]:
+    """Lines saying what to do about each failure kind present (none when all pass)."""
+    present = [s for s in STATUSES if s in statuses and s in NEXT_STEPS]
+    return ["", "What to do:", *[f"- {NEXT_STEPS[s]}" for s in present]] if present else []
 
 
 def import_outcomes(root: str | Path) -> list[Outcome]:
@@ -226,4 +254,5 @@ def import_table(root: str | Path) -> str:
     rows += [f"| `{o.kernel}` | {o.status} | {o.detail} |" for o in outs if o.status != "pass"]
     rows.append("")
     rows.append(f"{ok} of {len(outs)} kernel modules import.")
+    rows += next_steps({o.status for o in outs})
     return "\n".join(rows)

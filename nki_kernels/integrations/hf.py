@@ -1,6 +1,7 @@
 """`patch` / `unpatch` for Hugging Face transformers (5.x) decoder models.
 
-For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE and Qwen3-MoE (`config.model_type`):
+For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3
+(`config.model_type`):
 
 - every `*RMSNorm` module (the layers' norms, the final norm, Qwen3's q / k norms)
   becomes `nki_kernels.nn.RMSNorm` holding the *same* weight Parameter;
@@ -10,7 +11,12 @@ For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE and Qwen3-MoE (`config.mode
   `gate_up_proj` / `down_proj`, Qwen2-MoE's shared expert) becomes `HFSparseMoeBlock`,
   which keeps the block's own router and experts modules as children: the parameters and
   state_dict keys do not change, the optimizer keeps its references, and the router still
-  runs as a module, so `output_router_logits=True` (the load-balancing loss) sees it.
+  runs as a module, so `output_router_logits=True` (the load-balancing loss) sees it;
+- DeepSeek-V3 keeps its own router module (group-limited sigmoid top-k with a
+  selection-only correction bias and a routed scaling factor): its `experts` modules
+  become `HFExperts` on `torch.ops.nki.moe_experts`, holding the same Parameters; its
+  attention (MLA) keeps the model's implementation (reported as skipped). GPT-OSS is not
+  supported (expert biases, the clamped SwiGLU, attention sinks).
 
 `unpatch` puts every original module and the previous attention implementation back.
 """
@@ -35,7 +41,12 @@ SUPPORTED_MODEL_TYPES = (
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
+    "deepseek_v3",
 )
+# models whose router is not softmax-top-k over `gate`'s logits: their own router module
+# keeps routing, and only the `experts` module (transformers' experts seam, called as
+# experts(hidden, top_k_index, top_k_weights)) runs on `torch.ops.nki.moe_experts`
+OWN_ROUTER_TYPES = ("deepseek_v3",)
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,51 @@ class HFSparseMoeBlock(nn.Module):
         return out.reshape(shape)
 
 
+class HFExperts(nn.Module):
+    """transformers' fused experts module on `torch.ops.nki.moe_experts` (SwiGLU).
+
+    Holds the original `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] Parameters
+    (same state_dict keys) and reads them through transposed views; routing comes from
+    the caller (the model's own router: DeepSeek-V3's group-limited sigmoid top-k with
+    its correction bias and scaling factor stays exactly the model's).
+    """
+
+    def __init__(self, experts: nn.Module) -> None:
+        super().__init__()
+        src: Any = experts
+        self.gate_up_proj = src.gate_up_proj
+        self.down_proj = src.down_proj
+        self.num_experts = int(src.gate_up_proj.shape[0])
+
+    def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        """[T, H], ids [T, k], weights [T, k] -> [T, H]."""
+        return torch.ops.nki.moe_experts(
+            hidden_states,
+            top_k_weights,
+            top_k_index,
+            self.gate_up_proj.transpose(1, 2),
+            self.down_proj.transpose(1, 2),
+        )
+
+
+def experts_unsupported(model: nn.Module, experts: nn.Module) -> str | None:
+    """Why an experts module cannot run on `moe_experts` (None: it can)."""
+    config: Any = model.config
+    if getattr(experts, "gate_up_proj_bias", None) is not None or hasattr(experts, "alpha"):
+        return "experts with biases and GPT-OSS's clamped SwiGLU (not in the expert kernels)"
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        return f"expert activation {act!r} (the kernel is SwiGLU: silu)"
+    w: Any = getattr(experts, "gate_up_proj", None)
+    if w is None or w.dim() != 3:
+        return "experts without a fused gate_up_proj [E, 2I, H]"
+    if not 1 <= int(w.shape[0]) <= 512:
+        return f"{int(w.shape[0])} experts (supported: 1..512)"
+    if w.dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {w.dtype} (supported: float32, bfloat16)"
+    return None
+
+
 def is_hf_model(model: nn.Module) -> bool:
     """A transformers PreTrainedModel (has a config with an attention implementation)."""
     config = getattr(model, "config", None)
@@ -141,6 +197,11 @@ def is_hf_sparse_moe(m: nn.Module) -> bool:
         and hasattr(experts, "gate_up_proj")
         and hasattr(experts, "down_proj")
     )
+
+
+def _is_experts_seam(m: nn.Module) -> bool:
+    """A fused experts module called as experts(hidden, top_k_index, top_k_weights)."""
+    return type(m).__name__.endswith("Experts") and hasattr(m, "gate_up_proj")
 
 
 def moe_unsupported(model: nn.Module, block: nn.Module) -> str | None:
@@ -194,7 +255,14 @@ def patch_hf(
         if norms and is_hf_rmsnorm(m):
             undo.append((path, _set_child(model, path, _nki_norm(m))))
             report.replaced.append(Replacement(path, type(m).__name__, "nki_kernels.nn.RMSNorm"))
-        elif moe and is_hf_sparse_moe(m):
+        elif moe and kind in OWN_ROUTER_TYPES and _is_experts_seam(m):
+            why = experts_unsupported(model, m)
+            if why is not None:
+                report.skipped.append((path, why))
+                continue
+            undo.append((path, _set_child(model, path, HFExperts(m))))
+            report.replaced.append(Replacement(path, type(m).__name__, "HFExperts"))
+        elif moe and kind not in OWN_ROUTER_TYPES and is_hf_sparse_moe(m):
             why = moe_unsupported(model, m)
             if why is not None:
                 report.skipped.append((path, why))
@@ -203,7 +271,11 @@ def patch_hf(
             undo.append((path, _set_child(model, path, HFSparseMoeBlock(m, renorm))))
             report.replaced.append(Replacement(path, type(m).__name__, "HFSparseMoeBlock"))
     previous = None
-    if attention:
+    mla = kind == "deepseek_v3"  # q / k head dim (nope + rope) != v head dim
+    if attention and mla:
+        why = "multi-head latent attention (q/k and v head dims differ): not on flash_attention"
+        report.skipped.append(("config._attn_implementation", why))
+    elif attention:
         hf_attention.register()
         previous = model.config._attn_implementation  # type: ignore[union-attr]
         _set_attn(model, hf_attention.NAME)
@@ -231,6 +303,7 @@ def unpatch_hf(model: nn.Module) -> PatchReport:
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "HFExperts",
     "HFSparseMoeBlock",
     "PatchReport",
     "Replacement",

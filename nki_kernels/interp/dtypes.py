@@ -212,15 +212,11 @@ def is_packed(dtype: NkiDtype) -> bool:
 _X4_FILL = {float8_e4m3fn_x4: 0x7F7F7F7F, float8_e5m2_x4: 0x7F7F7F7F, float4_e2m1fn_x4: 0x7777}
 
 
-# settings(fresh_memory="zero"): a diagnostic that fills fresh allocations with zeros, to
-# tell whether an output depends on memory no instruction wrote
-FRESH_ZERO = [False]
-
-
-def fresh_fill(dtype: NkiDtype) -> Any:
+def fresh_fill(dtype: NkiDtype, zero: bool = False) -> Any:
     """The value fresh allocations start with: NaN for floats (and fp8 lanes), a sentinel
-    for integers (zero for every dtype under `settings(fresh_memory="zero")`)."""
-    if FRESH_ZERO[0]:
+    for integers; zero for every dtype when `zero` (`settings(fresh_memory="zero")`: a
+    diagnostic that tells whether an output depends on memory no instruction wrote)."""
+    if zero:
         return 0
     if dtype in FLOAT_DTYPES:
         return np.nan

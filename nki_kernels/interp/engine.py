@@ -14,7 +14,7 @@ from . import dtypes as dt
 from . import ops
 from .enums import engine as engine_enum
 from .errors import fail
-from .state import _active, current
+from .state import current
 from .tensor import NkiTensor, psum
 from .trace import Instr, Region
 
@@ -341,8 +341,6 @@ def convert(values: np.ndarray, src: dt.NkiDtype, dst: dt.NkiDtype) -> np.ndarra
 
 
 # ---- trace ------------------------------------------------------------------------------
-# id of the outermost `nl.no_reorder` block being traced (0: none); set by loops.no_reorder
-no_reorder_block = [0]
 
 
 def emit(
@@ -360,7 +358,7 @@ def emit(
     extra_reads: tuple[Region, ...] = (),
 ) -> Instr:
     """Record one instruction in the current launch's trace."""
-    launch = _active[-1] if _active else current()
+    launch = current()
     live = launch.liveness
     if live is not None and live.starts:
         live.before(launch.program_id)
@@ -392,6 +390,8 @@ def emit(
             reads.append(ind.index.region())
     if extra_reads:
         reads.extend(extra_reads)
+    if engine in _ACCESS_ENGINES:
+        attrs = _with_access(attrs, dsts + srcs)
     instr = Instr(
         engine,
         opcode,
@@ -409,7 +409,7 @@ def emit(
         name,
     )
     instr.program = launch.program_id
-    instr.no_reorder = no_reorder_block[0]
+    instr.no_reorder = launch.programs[launch.program_id].no_reorder_block
     instrs = launch.trace.instrs
     instr.index = len(instrs)
     instrs.append(instr)
@@ -419,6 +419,34 @@ def emit(
 
 
 _PACKED = dt.PACKED_MX_DTYPES
+# Engines whose SBUF / PSUM access pattern the cost model prices (`_with_access`).
+_ACCESS_ENGINES = frozenset({"vector", "scalar", "gpsimd"})
+
+
+def _with_access(attrs: dict[str, Any] | None, ts: tuple[NkiTensor, ...]) -> dict[str, Any]:
+    """`attrs` plus the operands' innermost access: `stride_bytes`, the largest byte stride
+    of an on-chip operand's most-minor free dimension with more than one element, and
+    `contig`, whether every on-chip operand's most-minor elements are physically adjacent
+    (the architecture guides price both: VectorE perf modes, the 16-byte stride rule)."""
+    out = dict(attrs) if attrs else {}
+    widest = 0
+    contig = True
+    for t in ts:
+        if not t._st.buffer.on_chip:
+            continue
+        step = 1
+        for size, stride in zip(reversed(t.shape[1:]), reversed(t.strides[1:])):
+            if size > 1:
+                step = stride
+                break
+        if step != 1:
+            contig = False
+        widest = max(widest, abs(step) * t.dtype._size)
+    out.setdefault("stride_bytes", widest)
+    out.setdefault("contig", contig)
+    return out
+
+
 # Instructions that move packed MX words unchanged (all their operands of one dtype), or
 # that fill / produce / consume them by definition.
 _X4_COPIES = frozenset(

@@ -81,7 +81,12 @@ def tensor_copy(
         (src,),
         p,
         n,
-        attrs={"psum_in": psum_in(src), "fast": _all_bf16(dst, src) and not psum_in(src, dst)},
+        attrs={
+            "psum_in": psum_in(src),
+            "psum_any": psum_in(src, dst),
+            "half": _all_bf16(dst, src),
+            "fast": _all_bf16(dst, src) and not psum_in(src, dst),
+        },
         name=name,
     )
     if launch.trace_only:
@@ -307,7 +312,13 @@ def tensor_scalar(
         srcs,
         p,
         n,
-        attrs={"op": o0.name, "psum_in": psum_in(data), "fast": _all_bf16(dst, data)},
+        attrs={
+            "op": o0.name,
+            "psum_in": psum_in(data),
+            "psum_any": psum_in(data, dst),
+            "half": _all_bf16(dst, data),
+            "fast": _all_bf16(dst, data) and not psum_in(data, dst),
+        },
         name=name,
     )
     if launch.trace_only:

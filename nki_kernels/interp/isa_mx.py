@@ -116,9 +116,7 @@ def _e8m0(codes: np.ndarray) -> np.ndarray:
 def _scale_shift() -> int:
     """1 for NKI 0.5+'s block scale (2x the OCP sample algorithm's), 0 for the OCP one
     (`settings(mx_scale="pre-0.5")`)."""
-    from .launch import _settings
-
-    return 0 if _settings["mx_scale"] == "pre-0.5" else 1
+    return 0 if current().mx_scale == "pre-0.5" else 1
 
 
 @instruction

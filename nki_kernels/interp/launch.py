@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import operator
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from .liveness import Liveness
 from .nkiobject import NKIObject
 from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
-from .threads import one_blas_thread
+from .threads import one_blas_thread, quiet_stdout
 from .trace import Trace
 
 
@@ -71,14 +71,6 @@ class RunResult:
         return max(self.trace.peak_psum_banks)
 
 
-_settings: dict[str, Any] = {
-    "target": None,
-    "trace_only": False,
-    "free_unused_tiles": False,
-    "compiler_schedule": True,  # neuronx-cc's default flow (liveness.py)
-    "mx_scale": "nki-0.6",
-    "fresh_memory": "poison",
-}
 MX_SCALES = ("nki-0.6", "pre-0.5")  # quantize_mx block scale: NKI 0.5+, or the OCP sample one
 
 
@@ -91,7 +83,8 @@ def settings(
     fresh_memory: str | None = None,
     compiler_schedule: bool | None = None,
 ) -> Iterator[None]:
-    """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`).
+    """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`)
+    by the calling thread (other threads keep their own settings).
 
     `free_unused_tiles=True`: when a launch is replayed with last-use lifetimes
     (liveness.py), an on-chip tile no instruction touches is freed at once, as the
@@ -111,25 +104,23 @@ def settings(
         raise ValueError(f"fresh_memory: expected 'poison' or 'zero'; got {fresh_memory!r}")
     if mx_scale is not None and mx_scale not in MX_SCALES:
         raise ValueError(f"mx_scale: expected one of {', '.join(MX_SCALES)}; got {mx_scale!r}")
-    saved = dict(_settings)
+    new = dict(state.settings_now())
     if target is not None:
-        _settings["target"] = get_target(target)
-    if trace_only is not None:
-        _settings["trace_only"] = trace_only
-    if free_unused_tiles is not None:
-        _settings["free_unused_tiles"] = free_unused_tiles
-    if compiler_schedule is not None:
-        _settings["compiler_schedule"] = compiler_schedule
-    if mx_scale is not None:
-        _settings["mx_scale"] = mx_scale
-    if fresh_memory is not None:
-        _settings["fresh_memory"] = fresh_memory
-    dt.FRESH_ZERO[0] = _settings["fresh_memory"] == "zero"
+        new["target"] = get_target(target)
+    for name, value in (
+        ("trace_only", trace_only),
+        ("free_unused_tiles", free_unused_tiles),
+        ("compiler_schedule", compiler_schedule),
+        ("mx_scale", mx_scale),
+        ("fresh_memory", fresh_memory),
+    ):
+        if value is not None:
+            new[name] = value
+    token = state.SETTINGS.set(MappingProxyType(new))
     try:
         yield
     finally:
-        _settings.update(saved)
-        dt.FRESH_ZERO[0] = _settings["fresh_memory"] == "zero"
+        state.SETTINGS.reset(token)
 
 
 # ---- torch <-> numpy (bf16 / fp8 travel as raw bits) ------------------------------------
@@ -319,8 +310,8 @@ def run_call(
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     if type(lnc) is not int or not 1 <= lnc <= 2:
         raise fail("LAUNCH", f"lnc: expected 1 or 2; got {lnc!r}")
-    tgt = get_target(target if target is not None else _settings["target"])
-    t_only = bool(_settings["trace_only"] if trace_only is None else trace_only)
+    tgt = get_target(target if target is not None else state.settings_now()["target"])
+    t_only = bool(state.settings_now()["trace_only"] if trace_only is None else trace_only)
     wrapped = [_classify(f"argument {i}", a, t_only) for i, a in enumerate(args)]
     kw_wrapped = {k: _classify(f"argument {k!r}", v, t_only) for k, v in kwargs.items()}
     every = [*wrapped, *kw_wrapped.values()]
@@ -334,7 +325,7 @@ def run_call(
         for prog in launch.programs:
             prog.memory.set_rotation(rotate)
         if not rotate:  # a replay: the kernel's prints were shown by the first attempt
-            with contextlib.redirect_stdout(io.StringIO()):
+            with quiet_stdout():
                 return _interpret(fn, launch, wrapped, kw_wrapped), launch
         return _interpret(fn, launch, wrapped, kw_wrapped), launch
 
@@ -359,7 +350,7 @@ def run_call(
         try:
             plan = Liveness(
                 recorder.counts,
-                free_unused=bool(_settings["free_unused_tiles"]),
+                free_unused=bool(state.settings_now()["free_unused_tiles"]),
                 reorder=recorder.reorder,
                 spans=recorder.spans,
             )
@@ -404,8 +395,8 @@ def _record_uses(attempt: Callable[..., Any]) -> Liveness:
     whose control flow reads values from memory (a register-bounded loop), which a
     trace-only run cannot follow, is recorded with its arithmetic.
     """
-    with contextlib.redirect_stdout(io.StringIO()):  # kernel prints: once per replay
-        reorder = bool(_settings["compiler_schedule"])
+    with quiet_stdout():  # kernel prints: once per replay
+        reorder = bool(state.settings_now()["compiler_schedule"])
         recorder = Liveness(reorder=reorder)
         try:
             attempt(recorder, arithmetic=False)

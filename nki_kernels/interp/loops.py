@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes as dt
-from .engine import emit, no_reorder_block, read, write
+from .engine import emit, read, write
 from .errors import NkiValidationError, fail
 from .state import current
 from .tensor import NkiTensor, psum
@@ -34,7 +34,6 @@ from .tensor import NkiTensor, psum
 MAX_ITERATIONS = 1_000_000  # a device loop running longer than this is taken as a hang
 _INT32 = (-(2**31), 2**32 - 1)  # registers are 32-bit; accept int32 and uint32 values
 _ids = itertools.count(1)
-_no_reorder_depth = [0]
 _block_ids = itertools.count(1)
 
 
@@ -120,7 +119,7 @@ def _branch(kind: str, taken: bool) -> None:
 
 
 def _check_not_in_no_reorder(what: str) -> None:
-    if _no_reorder_depth[0]:
+    if current().program.no_reorder_depth:
         raise fail("LOOP", f"{what} cannot be used inside `with nl.no_reorder():`")
 
 
@@ -130,15 +129,16 @@ def no_reorder() -> Iterator[None]:
     loops are refused inside the block (a compiler rule). The instructions traced in the
     block carry its id (`Instr.no_reorder`; a nested block is part of the outer one) so
     the cost model's instruction scheduling keeps them in program order."""
-    outer = no_reorder_block[0]
+    prog = current().program
+    outer = prog.no_reorder_block
     if not outer:
-        no_reorder_block[0] = next(_block_ids)
-    _no_reorder_depth[0] += 1
+        prog.no_reorder_block = next(_block_ids)
+    prog.no_reorder_depth += 1
     try:
         yield
     finally:
-        _no_reorder_depth[0] -= 1
-        no_reorder_block[0] = outer
+        prog.no_reorder_depth -= 1
+        prog.no_reorder_block = outer
 
 
 # ---- register instructions ------------------------------------------------------------

@@ -20,7 +20,6 @@ The result dtype defaults to the (first) input tile's dtype; comparisons give 1 
 from __future__ import annotations
 
 import inspect
-import weakref
 from typing import Any
 
 import numpy as np
@@ -293,14 +292,12 @@ def expand_dims(x: Any, axis: int) -> NkiTensor:
 
 
 # The ones row of a partition broadcast is a constant: made once per program (core) and
-# kept for the launch, as a compiler materializes a constant once (assumed, L).
-_ONES: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], NkiTensor]] = (
-    weakref.WeakKeyDictionary()
-)
+# kept for the launch (`Program.ones_rows`), as a compiler materializes a constant once
+# (assumed, L).
 
 
 def _ones_row(m: int, dtype: Any) -> NkiTensor:
-    cache = _ONES.setdefault(state.current().program, {})
+    cache = state.current().program.ones_rows
     key = (m, str(dtype))
     ones = cache.get(key)
     if ones is None:

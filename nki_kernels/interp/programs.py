@@ -17,6 +17,7 @@ slot's position (file:line of the kernel source, or "returned").
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 
 from . import state
 from .errors import NkiValidationError, fail
+from .threads import is_quiet, quiet_stdout
 
 _INTERP_DIR = str(Path(__file__).resolve().parent)
 
@@ -77,8 +79,9 @@ class Scheduler:
     # ---- running ------------------------------------------------------------------------
     def run(self, bodies: Sequence[Callable[[], Any]]) -> list[Any]:
         """Run `bodies[slot]` in each slot; return each slot's result."""
+        quiet = is_quiet()  # a replay's program threads print nothing either
         threads = [
-            threading.Thread(target=self._slot, args=(s, bodies[s]), name=f"nki-slot-{s}")
+            threading.Thread(target=self._slot, args=(s, bodies[s], quiet), name=f"nki-slot-{s}")
             for s in range(self.n)
         ]
         for t in threads:
@@ -94,11 +97,19 @@ class Scheduler:
     def _enter(self, slot: int) -> None:
         """Make `slot`'s launch and program the current ones (it holds the baton)."""
         launch, pid = self.slots[slot]
-        if state._active:
-            state._active[-1] = launch
+        state.switch(launch)
         launch.program_id = pid
 
-    def _slot(self, slot: int, body: Callable[[], Any]) -> None:
+    def _slot(self, slot: int, body: Callable[[], Any], quiet: bool) -> None:
+        # this thread's launch stack: the slot's launch (`_enter` keeps it current)
+        state.push(self.slots[slot][0])
+        try:
+            with quiet_stdout() if quiet else contextlib.nullcontext():
+                self._run_slot(slot, body)
+        finally:
+            state.pop()
+
+    def _run_slot(self, slot: int, body: Callable[[], Any]) -> None:
         with self.cond:
             while self.turn != slot and self.error is None:
                 self.cond.wait()

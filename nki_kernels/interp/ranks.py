@@ -27,7 +27,6 @@ from .launch import (
     _classify,
     _Launcher,
     _result,
-    _settings,
     _wrap,
     _write_back,
 )
@@ -95,8 +94,8 @@ def run_ranks(
     for r, inp in enumerate(inputs):
         if not isinstance(inp, Mapping):
             raise fail("LAUNCH", f"inputs[{r}]: expected a dict of keyword arguments; got {inp!r}")
-    tgt = get_target(target if target is not None else _settings["target"])
-    t_only = bool(_settings["trace_only"] if trace_only is None else trace_only)
+    tgt = get_target(target if target is not None else state.settings_now()["target"])
+    t_only = bool(state.settings_now()["trace_only"] if trace_only is None else trace_only)
     args: list[dict[str, _Arg]] = [
         {k: _classify(f"rank {r} argument {k!r}", v, t_only) for k, v in inp.items()}
         for r, inp in enumerate(inputs)
@@ -115,7 +114,7 @@ def run_ranks(
     try:
         calls = []
         for r, launch in enumerate(launches):
-            state._active[-1] = launch
+            state.switch(launch)
             launch.world = world
             if lnc > 1:
                 launch.concurrent = Programs(launch, world.scheduler, base=world.slot(r, 0))
@@ -129,7 +128,7 @@ def run_ranks(
         with one_blas_thread():
             outs = world.scheduler.run(bodies)
         for r, launch in enumerate(launches):
-            state._active[-1] = launch
+            state.switch(launch)
             launch.program_id = 0
             launch.finish()
             results.append(

@@ -1,8 +1,19 @@
-"""Interpreter state for one kernel launch: target, mode, trace, memory, engine registers."""
+"""Interpreter state for one kernel launch: target, mode, trace, memory, engine registers.
+
+Thread safety: each thread has its own stack of launches (`current()` is the innermost
+launch of the calling thread), and everything a launch mutates lives on its `Launch` /
+`Program` objects, so kernels launched from several threads at once never see each
+other's state. The per-thread `settings()` of `launch.py` are captured into the launch
+when it is made (its program threads under LNC 2 read them from there).
+"""
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +31,28 @@ class InterpreterWarning(UserWarning):
     """Something the hardware would do differently or leave undefined."""
 
 
+# Defaults of `launch.settings()`; a `settings()` block changes them for its own thread
+# (or asyncio task) only.
+DEFAULT_SETTINGS: Mapping[str, Any] = MappingProxyType(
+    {
+        "target": None,
+        "trace_only": False,
+        "free_unused_tiles": False,
+        "compiler_schedule": True,  # neuronx-cc's default flow (liveness.py)
+        "mx_scale": "nki-0.6",
+        "fresh_memory": "poison",
+    }
+)
+SETTINGS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "nki_interp_settings", default=DEFAULT_SETTINGS
+)
+
+
+def settings_now() -> Mapping[str, Any]:
+    """The interpreter settings in force in the calling thread."""
+    return SETTINGS.get()
+
+
 class Program:
     """Per-core state: on-chip memory placement and the engines' accumulator registers."""
 
@@ -33,13 +66,21 @@ class Program:
         self.vector_acc = np.zeros(target.partitions, dtype=np.float32)
         self.shared_hbm_count = 0
         self.onchip_count = 0  # on-chip allocations so far: the liveness key of the next
+        # `nl.no_reorder` blocks: nesting depth, and the id of the outermost one (0: none)
+        self.no_reorder_depth = 0
+        self.no_reorder_block = 0
+        # constant ones rows of partition broadcasts, made once per core (nl_compute)
+        self.ones_rows: dict[tuple[int, str], Any] = {}
 
 
 class Launch:
     """One kernel launch: every program (LNC core) shares HBM and the trace."""
 
     def __init__(self, target: Target, lnc: int, trace_only: bool) -> None:
+        opts = settings_now()
         self.target = target
+        self.fresh_zero = opts["fresh_memory"] == "zero"
+        self.mx_scale: str = opts["mx_scale"]
         self.lnc = lnc
         self.trace_only = trace_only
         self.trace = Trace(target.name, lnc)
@@ -75,28 +116,43 @@ class Launch:
             self.trace.peak_psum_banks[i] = prog.memory.peak_psum_banks
 
 
-_active: list[Launch] = []
+class _LaunchStack(threading.local):
+    """The calling thread's launches, innermost last (a kernel called inside a running
+    kernel is inlined, so the stack is one deep except while launches nest)."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+
+
+_local = _LaunchStack()
 
 
 def current() -> Launch:
-    """The launch being interpreted; NKI calls outside a kernel launch are an error."""
-    if not _active:
+    """The calling thread's launch; NKI calls outside a kernel launch are an error."""
+    launches = _local.launches
+    if not launches:
         raise NkiValidationError(
             "LAUNCH", "an NKI language/ISA call ran outside a kernel launch (call the kernel)"
         )
-    return _active[-1]
+    return launches[-1]
 
 
 def push(launch: Launch) -> None:
-    """Make `launch` the current launch."""
-    _active.append(launch)
+    """Make `launch` the calling thread's current launch."""
+    _local.launches.append(launch)
 
 
 def pop() -> None:
-    """End the current launch."""
-    _active.pop()
+    """End the calling thread's current launch."""
+    _local.launches.pop()
+
+
+def switch(launch: Launch) -> None:
+    """Replace the calling thread's current launch (ranks of one collective launch)."""
+    _local.launches[-1] = launch
 
 
 def active() -> Launch | None:
-    """The current launch, or None outside a kernel."""
-    return _active[-1] if _active else None
+    """The calling thread's current launch, or None outside a kernel."""
+    launches = _local.launches
+    return launches[-1] if launches else None

@@ -170,7 +170,7 @@ class Storage:
         elif data is not None:
             self.data = data
         else:
-            self.data = np.full(size, dt.fresh_fill(dtype), dtype=dtype._np)
+            self.data = np.full(size, dt.fresh_fill(dtype, launch.fresh_zero), dtype=dtype._np)
             if buffer is psum:
                 self.mm_mask = np.zeros(size, dtype=np.bool_)
 

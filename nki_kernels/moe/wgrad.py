@@ -14,13 +14,15 @@ Loop nest (weight tile outer, blocks inner):
             prefetch block b+1: L[:, m0 : m0 + R], R[:, n0 : n0 + C], expert, keep
             for each 128-row tile r and 512-column tile q:
                 ps = sum over the block's 128-token sub-tiles   PSUM, [128, 512] fp32
-                acc[r, q] = acc[r, q] * keep[b] + ps            VectorE, fp32 SBUF
+                acc[r, q] = (keep[b] ? acc[r, q] : 0) + ps      VectorE, fp32 SBUF (a select)
             store acc[r, :] -> dW[expert(b), rows r, n0 : n0 + C]
 
 keep[b] is 0 on the first block of an expert and 1 otherwise, so `acc` holds the fp32 sum
-over the expert's blocks so far; it never leaves the chip until it is stored, and no
-gradient is read back from HBM. Block 0 (always the first of its expert, and always in
-the static part) copies PSUM instead, so `acc` needs no zero fill. The running sum is
+over the expert's blocks so far. The restart is a select (`tensor_copy_predicated`), never
+a multiply by 0, so a NaN / Inf in one expert's sum cannot reach the next expert's. The
+sum never leaves the chip until it is stored, and no gradient is read back from HBM.
+Block 0 (always the first of its expert, and always in the static part) copies PSUM
+instead, so `acc` needs no zero fill. The running sum is
 stored after every block: the store of an expert's last block is the final value. A
 kernel specialized on shapes only cannot skip the others (the expert boundaries are
 run-time data); they cost HBM write bandwidth and no read, and the next block's update of
@@ -62,6 +64,8 @@ def weight_grads(
     lt_rows = min(tiles * P, max([g[0].shape[1] for g in grads]))
     rt_cols = min(cols, max([g[0].shape[2] for g in grads]))
     sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(2)]
+    d = {**d, "zeros": nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.sbuf)}
+    nisa.memset(dst=d["zeros"], value=0.0)
     meta = (block_expert, block_keep)
     for dst, left, right, (m_lo, m_hi), (n_lo, n_hi) in grads:
         for m0 in range(m_lo, m_hi, tiles * P):
@@ -86,7 +90,8 @@ def _buffers(ns: int, dt: Any, rows: int, cols: int) -> dict[str, Any]:
         "lt": nl.ndarray((P, ns, rows), dtype=dt, buffer=nl.sbuf),
         "rt": nl.ndarray((P, ns, cols), dtype=dt, buffer=nl.sbuf),
         "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
-        "keep": nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf),
+        "keep1": nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf),
+        "keep": nl.ndarray((P, PSUM_FP32), dtype=nl.uint8, buffer=nl.sbuf),
     }
 
 
@@ -102,7 +107,9 @@ def _prefetch(
     one = block_ap(block_expert, addr, [[1, 1], [1, 1]])
     nisa.dma_copy(dst=buf["exp"], src=one, oob_mode=skip)
     bc = block_ap(block_keep, addr, [[0, P], [1, 1]])
-    nisa.dma_copy(dst=buf["keep"], src=bc, oob_mode=skip)
+    nisa.dma_copy(dst=buf["keep1"], src=bc, oob_mode=skip)
+    # keep as a [128, 512] uint8 predicate (zeros + keep, per partition)
+    nisa.tensor_scalar(dst=buf["keep"], data=d["zeros"], op0=nl.add, operand0=buf["keep1"])
 
 
 def _panel_block(
@@ -132,15 +139,11 @@ def _panel_block(
             a = acc[0:rr, r, q0 : q0 + qw]
             if first:
                 nisa.tensor_copy(dst=a, src=ps[0:rr, 0:qw], engine=nisa.engine.scalar)
-            else:
-                nisa.scalar_tensor_tensor(
-                    dst=a,
-                    data=a,
-                    op0=nl.multiply,
-                    operand0=keep[0:rr, :],
-                    op1=nl.add,
-                    operand1=ps[0:rr, 0:qw],
+            else:  # select, never multiply: 0 * (a NaN of the previous expert) is NaN
+                nisa.tensor_copy_predicated(
+                    dst=a, src=0.0, predicate=keep[0:rr, 0:qw], reverse_pred=True
                 )
+                nisa.tensor_tensor(dst=a, data1=a, data2=ps[0:rr, 0:qw], op=nl.add)
         pat = [[n, rr], [1, cw]]
         view = dst.ap(pat, offset=(m0 + r * P) * n + n0, scalar_offset=buf["exp"], indirect_dim=0)
         nisa.dma_copy(dst=view, src=acc[0:rr, r, 0:cw])

@@ -56,10 +56,19 @@ def _shaped(p: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
     return None if p is None else p.reshape(shape)
 
 
+def default_rms_eps(dtype: torch.dtype) -> float:
+    """The epsilon of `torch.nn.RMSNorm(eps=None)` for inputs of `dtype`: torch's rms_norm
+    takes the machine epsilon of the type it computes in (its "opmath" type), which is
+    float32 for bfloat16 and float16 inputs -- not the input dtype's own, far larger one
+    (`torch.finfo(torch.bfloat16).eps` = 2**-7)."""
+    compute = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    return float(torch.finfo(compute).eps)
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims.
 
-    `eps=None` uses `torch.finfo(x.dtype).eps` at each call, as `torch.nn.RMSNorm` does.
+    `eps=None` uses `default_rms_eps(x.dtype)` at each call, as `torch.nn.RMSNorm` does.
     """
 
     def __init__(
@@ -88,7 +97,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_tensor("input", x, nonempty=False)
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        eps = self.eps if self.eps is not None else default_rms_eps(x.dtype)
         flat, w = _flatten(x, self.normalized_shape), _param(self.weight, x)
         if x.numel() == 0:
             shape = self.normalized_shape
@@ -153,4 +162,4 @@ class LayerNorm(nn.Module):
         )
 
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "RMSNorm", "default_rms_eps"]

@@ -51,6 +51,8 @@ RULES: dict[str, Rule] = {
     "flash_attention": Rule(LOWER, (0, 1, 2)),
     "decode_attention": Rule(LOWER, (0, 1, 2)),
     "moe_mlp": Rule(LOWER, (0, 2, 3), dtypes=(torch.float32, torch.bfloat16)),
+    "grouped_mm": Rule(LOWER, (0, 1)),
+    "moe_experts": Rule(LOWER, (0, 3, 4), dtypes=(torch.float32, torch.bfloat16)),
     "rms_norm": Rule(INPUT, (0,), (1,)),
     "layer_norm": Rule(INPUT, (0,), (1, 2)),
     "add_rms_norm": Rule(INPUT, (0, 1), (2,)),
@@ -61,6 +63,8 @@ RULES: dict[str, Rule] = {
     "add_rms_norm_backward": Rule(NONE),
     "moe_route_backward": Rule(NONE),
     "moe_mlp_backward": Rule(NONE),
+    "grouped_mm_weight_grad": Rule(NONE),
+    "moe_experts_backward": Rule(NONE),
     # serving: the KV cache (written in place) fixes the dtype; q, k, v must match it
     "serving_attention": Rule(NONE),
     "kv_cache_write": Rule(NONE),

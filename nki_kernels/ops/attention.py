@@ -413,7 +413,8 @@ def flex_attention(
         cap, score_mod = score_mod.cap, score_mod.then
     mask: Tensor | None = allowed
     if score_mod is not None:
-        bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device)
+        scores = flex.real_scores(query, key, scale, cap)
+        bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device, scores, allowed)
         if _mask_needs_grad(bias):
             raise ValueError(
                 "score_mod: expected no learnable tensors (the kernels give no gradient for "
@@ -426,8 +427,10 @@ def flex_attention(
     return (out, lse) if return_lse else out
 
 
-def _cu_check(arg: str, cu: Tensor, total: int) -> None:
+def _cu_check(arg: str, cu: Tensor, total: int, device: torch.device) -> None:
     check_tensor(arg, cu, dtypes=INDEX_DTYPES)
+    if cu.device != device:
+        raise ValueError(f"{arg}: expected device {device} (as q); got {cu.device}")
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"{arg}: expected [num_docs + 1] offsets; got shape {tuple(cu.shape)}")
     if not torch.compiler.is_compiling():
@@ -472,8 +475,8 @@ def flash_attention_varlen(
         if t.dim() != 3:
             raise ValueError(f"{arg}: expected [total, H, D]; got shape {tuple(t.shape)}")
     tq, tk = q.shape[0], k.shape[0]
-    _cu_check("cu_seqlens_q", cu_seqlens_q, tq)
-    _cu_check("cu_seqlens_k", cu_seqlens_k, tk)
+    _cu_check("cu_seqlens_q", cu_seqlens_q, tq, q.device)
+    _cu_check("cu_seqlens_k", cu_seqlens_k, tk, q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(
             f"cu_seqlens_k: expected {cu_seqlens_q.numel()} offsets (as cu_seqlens_q); got "

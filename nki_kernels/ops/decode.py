@@ -1,21 +1,24 @@
 """`torch.ops.nki.decode_attention`: Sq = 1..k new queries over a (paged) KV cache.
 
     decode_attention(q [B, Hq, Sq, D], k_cache, v_cache, cache_lens [B], block_table=None,
-                     *, softmax_scale=None) -> (out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32)
+                     *, softmax_scale=None, kv_layout="vllm")
+        -> (out [B, Hq, Sq, D], lse [B, Hq, Sq] fp32)
 
 Cache layouts: contiguous k_cache, v_cache [B, Hkv, S_max, D] (Hugging Face's per-layer
-cache tensors), or paged [num_blocks, block_size, Hkv, D] with `block_table` [B,
-max_blocks] int (vLLM's layout). `cache_lens[b]` counts the cached keys including the
-Sq new tokens, which are the last Sq positions: query i sees keys j <= cache_len - Sq + i.
+cache tensors), or paged with `block_table` [B, max_blocks] int: [num_blocks, block_size,
+Hkv, D] (vLLM's layout, kv_layout="vllm") or [num_blocks, Hkv, block_size, D]
+(kv_layout="head_major"). `cache_lens[b]` counts the cached keys including the Sq new
+tokens, which are the last Sq positions: query i sees keys j <= cache_len - Sq + i.
+Positions past a length and blocks no sequence uses never contribute, whatever they hold.
 
 Its own op rather than a mode of flash_attention: the arguments differ (a block table,
-a cache longer than the keys in use), the kernel differs (no query tiles or bucket
-padding of Sq; the query heads of a KV head packed into one tile; split-K), and decode
-needs no backward, so the op is inference-only (its autograd raises).
+a cache longer than the keys in use), the kernel differs (the streamed kernel
+`attention/decode_stream.py`: the whole batch per launch, keys on partitions, whole-slab
+gathers), and decode needs no backward, so the op is inference-only (its autograd raises).
 
-The kernel's split over the cache is planned from `cache_lens` (and the block table) on
-the host, so under `torch.compile` (traced through TorchNeuron's `nki_op`) the whole call
-is one `nki_host::decode_attention` node.
+The kernel's piece tables are planned from `cache_lens` (and the block table) on the
+host, so under `torch.compile` (traced through TorchNeuron's `nki_op`) the whole call is
+one `nki_host::decode_attention` node.
 """
 
 from __future__ import annotations
@@ -27,12 +30,16 @@ import torch
 from torch import Tensor
 
 from ..attention.decode_host import decode
+from .attention import SOFTMAX_SCALE_MIN
 from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks
 PACKED_ROWS_MAX = 128  # (Hq / Hkv) * Sq rows share one 128-partition tile
 INDEX_DTYPES = (torch.int32, torch.int64)
+# paged block layouts: vLLM's [num_blocks, block_size, Hkv, D] and head-major
+# [num_blocks, Hkv, block_size, D]
+KV_LAYOUTS = ("vllm", "head_major")
 
 
 def _validate(
@@ -60,14 +67,25 @@ def _validate(
             f"{tuple(v_cache.shape)}"
         )
     paged = block_table is not None
-    layout = "[num_blocks, block_size, Hkv, D]" if paged else "[B, Hkv, S_max, D]"
-    hkv = k_cache.shape[2] if paged else k_cache.shape[1]
+    kv_layout = kw.get("kv_layout", "vllm")
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout: expected one of {KV_LAYOUTS}; got {kv_layout!r}")
+    head_major = paged and kv_layout == "head_major"
+    layout = (
+        ("[num_blocks, Hkv, block_size, D]" if head_major else "[num_blocks, block_size, Hkv, D]")
+        if paged
+        else "[B, Hkv, S_max, D]"
+    )
+    hkv = k_cache.shape[1] if head_major or not paged else k_cache.shape[2]
     if k_cache.shape[3] != d or (not paged and k_cache.shape[0] != b):
         raise ValueError(
             f"k_cache: expected {layout} with B = {b}, D = {d}; got {tuple(k_cache.shape)}"
         )
     if hq % hkv:
-        raise ValueError(f"k_cache: expected a number of KV heads dividing q's {hq}; got {hkv}")
+        raise ValueError(
+            f"k_cache: expected a number of KV heads dividing q's {hq} (k_cache {layout}); "
+            f"got {hkv}"
+        )
     if hq // hkv * sq > PACKED_ROWS_MAX:
         raise ValueError(
             f"q: expected (Hq / Hkv) * Sq <= {PACKED_ROWS_MAX} (one packed tile per KV head); "
@@ -88,6 +106,11 @@ def _validate(
         check_positive("softmax_scale", scale)
         if not math.isfinite(scale):
             raise ValueError(f"softmax_scale: expected a finite number; got {scale}")
+        if scale < SOFTMAX_SCALE_MIN:  # masked keys' fill must still underflow to weight 0
+            raise ValueError(
+                f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
+                f"got {scale:g}"
+            )
 
 
 def _fake(
@@ -118,12 +141,14 @@ def _decode_attention_op(
     block_table: Tensor | None = None,
     *,
     softmax_scale: float | None = None,
+    kv_layout: str = "vllm",
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of Sq new queries over the cache; see the module docstring."""
-    if tracing(q, k_cache, cache_lens, block_table):  # the split plan reads cache_lens
+    if tracing(q, k_cache, cache_lens, block_table):  # the piece plan reads cache_lens
         return call_host_op("decode_attention", q, k_cache, v_cache, cache_lens, block_table,
-                            softmax_scale=softmax_scale)  # fmt: skip
-    return decode(q, k_cache, v_cache, cache_lens, block_table, softmax_scale)
+                            softmax_scale=softmax_scale, kv_layout=kv_layout)  # fmt: skip
+    return decode(q, k_cache, v_cache, cache_lens, block_table, softmax_scale,
+                  kv_layout=kv_layout)  # fmt: skip
 
 
 define_host_op("decode_attention", _decode_attention_op, fake=_fake, validate=_validate)
@@ -140,15 +165,19 @@ def decode_attention(
     block_table: Tensor | None = None,
     softmax_scale: float | None = None,
     return_lse: bool = False,
+    kv_layout: str = "vllm",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """`torch.ops.nki.decode_attention`, returning `out` (or `(out, lse)`).
 
     Rows whose query sees no key (cache_len - Sq + i < 0) return 0 and lse = -inf.
+    `kv_layout` (paged caches): "vllm" [num_blocks, block_size, Hkv, D] or
+    "head_major" [num_blocks, Hkv, block_size, D].
     """
     check_is_tensor(q=q, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
     out, lse = torch.ops.nki.decode_attention(
-        q, k_cache, v_cache, cache_lens, block_table, softmax_scale=softmax_scale
-    )
+        q, k_cache, v_cache, cache_lens, block_table, softmax_scale=softmax_scale,
+        kv_layout=kv_layout,
+    )  # fmt: skip
     return (out, lse) if return_lse else out
 
 

@@ -24,6 +24,13 @@ def tiny_lm_batches(seed: int, step: int) -> dict[str, Any]:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-BUILTIN = {"tiny-lm": tiny_lm_batches}
+def packed_docs_batches(seed: int, step: int) -> dict[str, Any]:
+    """TorchTitan models' batches (`titan.titan_batches`: packed documents)."""
+    from .titan import titan_batches
 
-__all__ = ["BUILTIN", "tiny_lm_batches"]
+    return titan_batches(seed, step)
+
+
+BUILTIN = {"tiny-lm": tiny_lm_batches, "packed-docs": packed_docs_batches}
+
+__all__ = ["BUILTIN", "packed_docs_batches", "tiny_lm_batches"]

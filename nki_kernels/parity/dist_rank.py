@@ -52,7 +52,11 @@ def entry(spec: str) -> Any:
     """A built-in model / data factory by name, or `module:function`."""
     from .data import BUILTIN as DATA
     from .models import BUILTIN as MODELS
+    from .models import special_factory
 
+    special = special_factory(spec)
+    if special is not None:
+        return special
     if spec in MODELS:
         return MODELS[spec]
     if spec in DATA:
@@ -98,10 +102,15 @@ def _build(factory: Any, seed: int, patched: bool, wrapper: str) -> tuple[nn.Mod
     """(the module to call, the module holding the parameters) for one run."""
     import nki_kernels
 
-    model = factory(seed=seed)
-    if patched:
-        nki_kernels.patch(model)
+    if getattr(factory, "builds_nki", False):
+        model = factory(seed=seed, nki=patched)
+    else:
+        model = factory(seed=seed)
+        if patched:
+            nki_kernels.patch(model)
     model.train()
+    if getattr(factory, "titan_name", None) and wrapper == "fsdp2":
+        return _titan_fsdp(model), model
     if wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -115,8 +124,50 @@ def _build(factory: Any, seed: int, patched: bool, wrapper: str) -> tuple[nn.Mod
     return model, model
 
 
+def _titan_fsdp(lm: Any) -> nn.Module:
+    """TorchTitan's own activation checkpointing (FullAC, every block) and FSDP2
+    (`apply_fsdp_to_decoder`, fp32, one group per block) on a 1-D CPU mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.distributed.activation_checkpoint import FullAC
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    FullAC.Config().build(dump_folder="").apply(lm.model)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    apply_fsdp_to_decoder(
+        lm.model, mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, pp_enabled=False
+    )
+    # TorchTitan turns FSDP's gradient division off (its loss divides by the global token
+    # count), which reduces with PREMUL_SUM, an op gloo lacks; here the loss is each
+    # rank's mean, so the gradients are summed and divided by the world size, as DDP does
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in lm.model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+            m.set_gradient_divide_factor(float(dist.get_world_size()))
+    return lm  # type: ignore[no-any-return]
+
+
+def _is_titan(model: nn.Module) -> bool:
+    from .titan import TitanLM
+
+    return isinstance(model, TitanLM)
+
+
 def _optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    # TorchTitan's flat optimizer state dict keys the state by parameter names
+    params: Any = model.named_parameters() if _is_titan(model) else model.parameters()
+    return torch.optim.AdamW(params, lr=lr, foreach=False)
+
+
+def _titan_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """TorchTitan's checkpoint layout: the model's own state_dict (its hooks split the
+    fused QKV weight into wq / wk / wv, which torch's get_state_dict cannot resolve by
+    attribute) and its flat, name-keyed optimizer state."""
+    from torchtitan.components.optimizer.utils import get_flat_optim_state_dict, init_optim_state
+
+    init_optim_state(opt)
+    return {"model": model.state_dict(), "optim": get_flat_optim_state_dict(opt)}
 
 
 def _train(
@@ -162,6 +213,10 @@ def _save(model: nn.Module, opt: torch.optim.Optimizer, path: Path | None) -> No
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     assert path is not None
+    inner = getattr(model, "module", model)  # DDP wraps it
+    if _is_titan(inner):
+        dcp.save(_titan_state(inner, opt), checkpoint_id=str(path))
+        return
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
 
@@ -170,6 +225,15 @@ def _load(model: nn.Module, opt: torch.optim.Optimizer, path: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    inner = getattr(model, "module", model)
+    if _is_titan(inner):
+        from torchtitan.components.optimizer.utils import load_flat_optim_state_dict
+
+        titan = _titan_state(inner, opt)
+        dcp.load(titan, checkpoint_id=str(path))
+        inner.load_state_dict(titan["model"])
+        load_flat_optim_state_dict(opt, titan["optim"])
+        return
     msd, osd = get_state_dict(model, opt)  # the layout to load into (initializes AdamW)
     state: dict[str, Any] = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(path))

@@ -9,7 +9,9 @@ The runs, in order:
 
 1. **noise floor**: the reference twice, with two correct torch implementations of the
    same semantics: torch's SDPA on its default CPU kernel vs its math backend and, for
-   transformers MoE models, experts "grouped_mm" vs "batched_mm". The largest |Δloss|
+   transformers MoE models, experts "grouped_mm" vs "batched_mm" (a factory with
+   `builds_nki = True`, as for TorchTitan models, builds both paths itself:
+   `factory(seed=, dtype=, nki=, alternative=)`). The largest |Δloss|
    between them is the noise floor of this dtype, model and data. (transformers' "eager"
    attention is not used: it gives fully masked padding rows uniform attention where
    SDPA gives zeros, a difference of semantics, not of rounding, that reaches the loss.)
@@ -217,7 +219,11 @@ def run_parity(
         )
     mode = "cpu vs neuron (both NKI)" if device else "reference ops vs NKI ops"
 
+    builds_nki = getattr(model_factory, "builds_nki", False)  # TorchTitan / kernels models
+
     def fresh(patched: bool) -> nn.Module:
+        if builds_nki:
+            return model_factory(seed=seed, dtype=dtype, nki=patched)
         m = model_factory(seed=seed, dtype=dtype)
         if patched:
             nki_kernels.patch(m)
@@ -225,7 +231,10 @@ def run_parity(
 
     all_steps = range(steps)
     torch_ref, _ = _train("reference", fresh(False), data_factory, seed, all_steps, "cpu", lr)
-    alt_model = _alternative_impl(fresh(patched=False))
+    if builds_nki:
+        alt_model = model_factory(seed=seed, dtype=dtype, nki=False, alternative=True)
+    else:
+        alt_model = _alternative_impl(fresh(patched=False))
     alt, _ = _train("alternative", alt_model, data_factory, seed, all_steps, "cpu", lr)
     floor = max(abs(a - b) for a, b in zip(torch_ref.losses, alt.losses))
     tol, rule = tolerance_for(floor, torch_ref.losses[0], dtype)
@@ -242,6 +251,8 @@ def run_parity(
     state = getattr(cand_model, "_nki_patch", None)
     if state is not None:
         patched = {"modules": len(state[0])}
+    elif isinstance(getattr(cand_model, "nki_replaced", None), dict):
+        patched = dict(cand_model.nki_replaced)  # type: ignore[arg-type]
     target = device or "cpu"
     half = steps // 2
     cand, saved = _train(

@@ -68,7 +68,11 @@ def tiny_model(
     model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
 ) -> nn.Module:
     """A tiny random-init transformers causal LM of `model_type` (one of MODEL_TYPES)."""
-    import transformers
+    try:
+        import transformers
+    except ImportError as exc:
+        msg = "tiny_model needs transformers: pip install 'nki-kernels[hf]'"
+        raise ImportError(msg, name="transformers") from exc
 
     if model_type not in _ZOO:
         raise ValueError(f"model_type: expected one of {MODEL_TYPES}; got {model_type!r}")
@@ -94,4 +98,54 @@ BUILTIN: dict[str, Callable[..., nn.Module]] = {
     "tiny-mixtral": tiny_mixtral,
 }
 
-__all__ = ["BUILTIN", "MODEL_TYPES", "VOCAB", "tiny_llama", "tiny_mixtral", "tiny_model"]
+
+def special_factory(spec: str) -> Callable[..., nn.Module] | None:
+    """A factory for a TorchTitan config name (`llama3_debugmodel`, optionally
+    `@<layers>` for its first blocks only) or a kernelized transformers model
+    (`kernels:tiny-llama`); None for other specs."""
+    name, _, layers = spec.partition("@")
+    from . import titan
+
+    if titan.parse(name) is not None:
+        return titan.titan_factory(name, layers=int(layers) if layers else None)
+    if name.startswith("kernels:"):
+        return kernels_factory(name.removeprefix("kernels:"))
+    return None
+
+
+def kernels_factory(name: str) -> Callable[..., nn.Module]:
+    """A built-in tiny model (`tiny-llama`, `tiny-mixtral`) whose NKI path is
+    `kernels.kernelize` from the local layer repository (`integrations.hf_kernels`,
+    device "cpu", Mode.TRAINING) instead of `nki_kernels.patch`."""
+    if name not in BUILTIN:
+        raise ValueError(f"model: expected kernels:<one of {', '.join(BUILTIN)}>; got {name!r}")
+    base = BUILTIN[name]
+
+    def factory(
+        seed: int = 0, dtype: torch.dtype = torch.float32, nki: bool = False, alternative=False
+    ) -> nn.Module:
+        from ..integrations import hf_kernels
+        from .harness import _alternative_impl
+
+        model = base(seed=seed, dtype=dtype)
+        if alternative:
+            return _alternative_impl(model)
+        if nki:
+            hf_kernels.kernelize_model(model, device="cpu")
+            model.nki_replaced = hf_kernels.kernelized(model)  # type: ignore[assignment]
+        return model
+
+    factory.builds_nki = True  # type: ignore[attr-defined]
+    return factory
+
+
+__all__ = [
+    "BUILTIN",
+    "MODEL_TYPES",
+    "VOCAB",
+    "kernels_factory",
+    "special_factory",
+    "tiny_llama",
+    "tiny_mixtral",
+    "tiny_model",
+]

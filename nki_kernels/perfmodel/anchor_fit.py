@@ -1,17 +1,21 @@
-"""The cost model v2 fit: the published anchors -> one parameter set per target (+ LOO sets).
+"""The cost model fit: the published anchors -> one parameter set per target (+ LOO sets).
 
 `refit()` traces every available anchor (`anchors.AnchorSet`), fits each target's
 `fit.FIT_PARAMETERS` and the leave-one-out sets, and returns the record stored in
-`fit_v2.json` (written by `python benchmarks/bench_calibration.py --refit`; minutes of
-CPU). The shipped `targets.py` values are that file's fitted parameters (a test checks
-they agree), and `perfmodel.band` prices its leave-one-out sets. trn3 has no anchors:
-it keeps trn2's fitted DMA floor and its band is built from trn2's sets plus the
-ranges of the parameters nothing measures (`fit.UNANCHORED`).
+`fit_v3.json` (written by `python benchmarks/bench_calibration.py --refit`; minutes of
+CPU; `--targets trn2` refits one target and keeps the others' records). The shipped
+`targets.py` values are that file's fitted parameters (a test checks they agree), and
+`perfmodel.band` prices its leave-one-out sets (those within `fit.LOO_DROP_PCT` of their
+own anchor) and widens by the record's `cv_error_pct`. trn3 has no anchors: it keeps
+trn2's fitted DMA values and its band is built from trn2's sets plus the ranges of the
+parameters nothing measures (`fit.UNANCHORED`). The trn1 record is cost model v2's fit,
+kept: no v3 rule changes a trn1 anchor (checked by re-pricing them).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,9 +24,17 @@ from typing import Any
 from ..targets import Target, get_target
 from .anchors import AnchorSet, load_anchors
 from .estimate import COST_MODEL_VERSION
-from .fit import FIT_PARAMETERS, SCHEDULING_WINDOWS, UNANCHORED, fit, leave_one_out, pct
+from .fit import (
+    FIT_PARAMETERS,
+    LOO_DROP_PCT,
+    SCHEDULING_WINDOWS,
+    UNANCHORED,
+    fit,
+    leave_one_out,
+    pct,
+)
 
-FIT_FILE = Path(__file__).with_name("fit_v2.json")
+FIT_FILE = Path(__file__).with_name("fit_v3.json")
 
 
 def choose_window(
@@ -92,8 +104,15 @@ def refit(
                 "error_pct": pct(every[a.id]),
                 "loo_error_pct": pct(loo[a.id].residuals[a.id]) if a.id in loo else None,
             }
+        loo_pct = {k: pct(v.residuals[k]) for k, v in loo.items()}
+        held = {a.id: pct(every[a.id]) for a in aset.anchors if a.held_out}
         out["targets"][name] = {
             "params": full.params,
+            # the cross-validated error: root mean square of the leave-one-out log errors
+            # of the fitted anchors and the errors of the held-out ones, as a percentage
+            # (perfmodel.band widens bands by it)
+            "cv_error_pct": cv_error_pct({**loo_pct, **held}),
+            "loo_dropped": sorted(k for k, v in loo_pct.items() if abs(v) > LOO_DROP_PCT),
             "ranges": {r[0]: list(r[1:]) for r in ranges},
             "anchors": rows,
             "unavailable": aset.unavailable,
@@ -103,6 +122,14 @@ def refit(
         if window_record:
             out["targets"][name]["scheduling_window"] = window_record
     return out
+
+
+def cv_error_pct(loo_pct: dict[str, float]) -> float:
+    """Root mean square of leave-one-out errors (percent), taken in log ratio."""
+    if not loo_pct:
+        return 0.0
+    logs = [math.log1p(v / 100.0) for v in loo_pct.values()]
+    return pct(math.sqrt(sum(x * x for x in logs) / len(logs)))
 
 
 def load_fit(path: str | Path = FIT_FILE) -> dict[str, Any]:

@@ -2,12 +2,18 @@
 
 The sets of a target (`parameter_sets`) are
 
-1. its leave-one-out fits (fit_v2.json: the v2 fit redone without each anchor in turn),
-2. the shipped parameters with every parameter no anchor constrains (`fit.UNANCHORED`)
-   at the slow end of its range, and the same at the fast end.
+1. its leave-one-out fits (fit_v3.json: the fit redone without each anchor in turn),
+   except those that misprice their own left-out anchor by more than
+   `fit.LOO_DROP_PCT` (listed in the record's `loo_dropped`),
+2. the shipped parameters with every parameter no anchor constrains (`fit.UNANCHORED`:
+   dependent-instruction cycles, scan cost, semaphore latency, VectorE's 2x mode) at the
+   slow end of its range, and the same at the fast end.
 
-A band is the minimum and maximum of the figure over those sets and the shipped set; it
-is not a confidence interval (no posterior is sampled). trn3 has no anchors: it uses
+A band is the minimum and maximum of the figure over those sets and the shipped set,
+widened on both sides by the model's cross-validated error (`structural_pct`: the
+root-mean-square leave-one-out error of the fitted anchors, v3), which covers what no
+parameter varies (rules the model lacks). It is not a confidence interval (no posterior
+is sampled). trn3 has no anchors: it uses
 trn2's leave-one-out sets for the parameters it takes from trn2's fit (DMA floor, start
 latency, transpose efficiency; trn3 keeps its own documented DMA rate). A `calibrate`
 override (targets.use_override) carries the sets of its own fit.
@@ -34,7 +40,13 @@ from .anchor_fit import load_fit
 from .timeline import schedule
 
 # trn3 takes these fitted values from trn2 (targets.py) and hence their band sets
-_TRN3_SHARED = ("dma_descriptor_min_ns", "dma_fixed_ns", "dma_transpose_hbm_efficiency")
+_TRN3_SHARED = (
+    "dma_descriptor_min_ns",
+    "dma_fixed_ns",
+    "dma_transpose_hbm_efficiency",
+    "dma_transpose_sbuf_efficiency",
+    "matmul_extra_cycles",
+)
 
 
 @lru_cache(maxsize=1)
@@ -53,12 +65,12 @@ def parameter_sets(target: str | Target | None = None) -> list[Target]:
     else:
         rec = _record()["targets"]
         if tgt.name in rec:
-            loo = list(rec[tgt.name]["loo_sets"].values())
+            loo = _kept_loo_sets(rec[tgt.name])
             unanchored = rec[tgt.name]["unanchored"]
         elif tgt.name == "trn3" and "trn2" in rec:
             loo = [
                 {k: v for k, v in s.items() if k in _TRN3_SHARED}
-                for s in rec["trn2"]["loo_sets"].values()
+                for s in _kept_loo_sets(rec["trn2"])
             ]
             from .fit import UNANCHORED
 
@@ -75,15 +87,43 @@ def parameter_sets(target: str | Target | None = None) -> list[Target]:
     return sets
 
 
+def _kept_loo_sets(rec: dict) -> list[dict]:
+    dropped = set(rec.get("loo_dropped", ()))
+    return [params for aid, params in rec["loo_sets"].items() if aid not in dropped]
+
+
+def structural_pct(target: str | Target | None = None) -> float:
+    """The model's cross-validated error in percent (fit record `cv_error_pct`; trn3
+    takes trn2's, a calibration override none of its own yet: 0)."""
+    tgt = get_target(target)
+    if getattr(tgt, "band_sets", None):
+        return float(tgt.band_sets.get("cv_error_pct", 0.0))  # type: ignore[union-attr]
+    rec = _record()["targets"]
+    name = tgt.name if tgt.name in rec else ("trn2" if tgt.name == "trn3" else "")
+    return float(rec.get(name, {}).get("cv_error_pct", 0.0))
+
+
+def widen(
+    lo: float, hi: float, target: str | Target | None = None, terms: int = 1
+) -> tuple[float, float]:
+    """(lo, hi) widened by the structural error: lo / f, hi * f with f = 1 + e, where e
+    is `structural_pct` (for a ratio of two modeled figures, `terms` = 2: e x sqrt(2),
+    the two figures' errors taken as independent)."""
+    f = 1.0 + structural_pct(target) / 100.0 * terms**0.5
+    return lo / f, hi * f
+
+
 def _applies(tgt: Target, name: str) -> bool:
     # trn1 has no DMA transpose hardware: its efficiency stays 0 (element descriptors).
     return not (name.startswith("dma_transpose") and getattr(tgt, name) == 0.0)
 
 
 def band(trace: Trace, target: str | Target | None = None) -> tuple[float, float]:
-    """(lowest, highest) modeled latency in ns of `trace` over `parameter_sets(target)`."""
-    lat = [schedule(trace, t).latency_ns for t in parameter_sets(target or trace.target)]
-    return min(lat), max(lat)
+    """(lowest, highest) modeled latency in ns of `trace` over `parameter_sets(target)`,
+    widened by the structural error (`widen`)."""
+    tgt = target or trace.target
+    lat = [schedule(trace, t).latency_ns for t in parameter_sets(tgt)]
+    return widen(min(lat), max(lat), tgt)
 
 
 @dataclass(frozen=True)

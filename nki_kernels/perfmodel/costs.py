@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..interp.trace import HBM, Instr
+from ..interp.trace import HBM, PSUM, Instr
 from ..targets import Target
 
 # VectorE fast reductions: "tensor_reduce N (N/2 bf16 add/max)" (HARDWARE.md). H
@@ -36,6 +36,11 @@ _FAST_REDUCE_OPS = frozenset({"add", "maximum", "max"})
 _FAST_TT_OPS = frozenset({"add", "subtract", "multiply"})
 # DMA transposes write [128 partitions, 16 elements] destination blocks (trainium2_arch). H
 TRANSPOSE_BLOCK = 16
+# GpSimd rsqrt throughput relative to ScalarE's one element per cycle (nki.api.shared). H
+GPSIMD_RSQRT_SLOWDOWN = 4.0
+# Most-minor free-dimension stride above which SBUF / PSUM deliver half their bandwidth
+# (trainium_inferentia2_arch, "Access pattern"; NC-v2, assumed to carry over). H / L v3+
+STRIDE_FREE_BYTES = 16
 # nc_matmul_mx contracts 4 values per PE per cycle (trainium3_arch, Quad-MXFP8/MXFP4). H
 MX_MATMUL_SPEEDUP = 4.0
 
@@ -63,10 +68,11 @@ def tensor_cycles(instr: Instr, target: Target) -> float:
     """TensorE cycles of one matmul or transpose at full clock (before throttling)."""
     a = instr.attrs
     n = a.get("N", instr.n)
-    cycles = float(max(n, target.matmul_min_cycles))
+    cycles = float(max(n, target.matmul_min_cycles)) + target.matmul_extra_cycles
     if a.get("transpose"):
         if a.get("fp32"):
             cycles *= target.fp32_transpose_slowdown
+        cycles *= target.tensor_transpose_factor
     elif a.get("fp32"):
         cycles *= target.fp32_matmul_slowdown
     return cycles
@@ -114,32 +120,67 @@ def elementwise_cycles(
         elif a.get("fast") and eng == "vector" and a.get("op") in _FAST_TT_OPS:
             per /= target.vector_bf16_tt_speedup
     elif op in ("tensor_copy", "tensor_scalar"):
-        if a.get("fast") and not a.get("psum_in"):
-            if eng == "vector":
-                per /= target.vector_bf16_copy_speedup
-            elif eng == "scalar":
-                per /= target.scalar_bf16_speedup
+        per /= copy_speedup(instr, target)
+        if eng == "gpsimd" and op == "tensor_scalar" and a.get("op") == "rsqrt":
+            # "the computation throughput of reverse square root on GpSIMD Engine is 4x
+            # lower than Scalar Engine" (nki.api.shared, engine selection)
+            per *= GPSIMD_RSQRT_SLOWDOWN
     elif op == "tensor_reduce":
         if a.get("fast") and a.get("op") in _FAST_REDUCE_OPS:
             per = 0.5
     elif op == "activation" and a.get("reduce"):
         extra += target.activation_reduce_cycles
+    if a.get("stride_bytes", 0) > STRIDE_FREE_BYTES:
+        # "If the most-minor F dimension stride exceeds 16 bytes, the achievable bandwidth
+        # of each tensor read/write interface will be half of the peak bandwidth, which
+        # translates to roughly 50% performance hit on the instructions" (trainium arch)
+        per *= target.strided_access_slowdown
     if eng == "gpsimd":
         extra = max(extra, float(target.gpsimd_startup_cycles))
     return max(float(target.min_instr_cycles), per * n) + extra
 
 
+def copy_speedup(instr: Instr, target: Target) -> float:
+    """Perf-mode factor of a `tensor_copy` / `tensor_scalar` (trainium2_arch, VectorE
+    performance mode; trainium3_arch, ScalarE performance mode).
+
+    VectorE: 4x when both tensors are in SBUF, BF16/FP16 and contiguous in the most-minor
+    free dimension; 2x when they are BF16/FP16 in SBUF but not contiguous, or BF16/FP16
+    and contiguous with one of them in PSUM. ScalarE (NC-v4): the same 2x mode.
+    Traces without `half` / `psum_any` (older ones) read `fast` as SBUF, BF16, contiguous.
+    """
+    a = instr.attrs
+    half = a.get("half", a.get("fast", False))
+    if not half:
+        return 1.0
+    psum = a.get("psum_any", a.get("psum_in", False))
+    contig = a.get("contig", True)
+    if instr.engine == "vector":
+        if psum:
+            return target.vector_bf16_2x_speedup if contig else 1.0
+        return target.vector_bf16_copy_speedup if contig else target.vector_bf16_2x_speedup
+    if instr.engine == "scalar" and (contig or not psum):
+        return target.scalar_bf16_speedup
+    return 1.0
+
+
 PORT_SBUF_VG = 1  # VectorE / GpSimd SBUF port
 PORT_PSUM_VS = 2  # VectorE / ScalarE PSUM access (NC-v2)
+# NC-v3+: VectorE and ScalarE "can access PSUM at full bandwidth in parallel, as long as
+# their accesses do not collide on the same PSUM bank" (trainium2_arch): one port per
+# bank, bits PSUM_BANK_SHIFT .. + 7, held by a VectorE / ScalarE instruction that reads or
+# writes the bank
+PSUM_BANK_SHIFT = 2
+PORT_BITS = PSUM_BANK_SHIFT + 8
 
 
 def _perf_mode(instr: Instr, target: Target) -> bool:
     a = instr.attrs
-    if not a.get("fast") or a.get("psum_in"):
-        return False
     op = instr.opcode
     if op in ("tensor_copy", "tensor_scalar"):
-        return target.vector_bf16_copy_speedup > 1.0
+        return copy_speedup(instr, target) > 1.0
+    if not a.get("fast") or a.get("psum_in"):
+        return False
     if op in ("tensor_tensor", "scalar_tensor_tensor"):
         return target.vector_bf16_tt_speedup > 1.0 and a.get("op") in _FAST_TT_OPS
     return False
@@ -160,6 +201,19 @@ def port_mask(instr: Instr, target: Target) -> int:
         and instr.attrs.get("psum_in")
     ):
         mask |= PORT_PSUM_VS
+    if not target.vector_scalar_psum_port and eng in ("vector", "scalar"):
+        mask |= psum_bank_mask(instr, target)
+    return mask
+
+
+def psum_bank_mask(instr: Instr, target: Target) -> int:
+    """Port bits of the PSUM banks `instr` reads or writes (0: none)."""
+    mask = 0
+    size = target.psum_bank_bytes
+    for reg in (*instr.reads, *instr.writes):
+        if reg[0] == PSUM and reg[5] > reg[4]:
+            for bank in range(reg[4] // size, min((reg[5] - 1) // size, 7) + 1):
+                mask |= 1 << (PSUM_BANK_SHIFT + bank)
     return mask
 
 
@@ -317,6 +371,11 @@ class Pricer:
             a.get("fast"),
             a.get("op"),
             a.get("reduce"),
+            a.get("half"),
+            a.get("psum_any"),
+            a.get("contig"),
+            a.get("stride_bytes", 0) > STRIDE_FREE_BYTES,
+            psum_bank_mask(instr, self.target) if instr.engine in ("vector", "scalar") else 0,
         )
         hit = self._compute.get(key)
         if hit is None:

@@ -23,9 +23,12 @@ from ..targets import SHIPPED_PARAMETERS, TARGETS, Target
 from .costs import hardware_flops, tensor_ideal_ns
 from .timeline import COMPUTE_ENGINES, Schedule
 
-# v2: fitted to published Trainium measurements (anchors.json, fit_v2.json); merged
-# contiguous DMA rows, tensor_scalar_reduce N + 64, shared VectorE/GpSimd SBUF port.
-COST_MODEL_VERSION = "v2"
+# v2: fitted to published Trainium measurements (anchors.json); merged contiguous DMA
+# rows, tensor_scalar_reduce N + 64, shared VectorE/GpSimd SBUF port. v3: the guides'
+# rules audited one by one (VectorE 2x modes incl. PSUM copies, 16-byte strides, PSUM
+# banks, dead PSUM memsets, ...), trn2 refit with TensorE and SBUF-transpose parameters
+# (fit_v3.json), bands with a structural term (cost-model.md).
+COST_MODEL_VERSION = "v3"
 ENGINES = (*COMPUTE_ENGINES, "dma")
 
 
@@ -34,7 +37,7 @@ def modeled_label(
 ) -> str:
     """The provenance tag every printed figure carries.
 
-    'modeled (cost model v2, trn2)' with the shipped parameters; a calibration override
+    'modeled (cost model v3, trn2)' with the shipped parameters; a calibration override
     (or any parameter set other than the shipped one) is named after the target.
     `parameters` defaults to that of the target currently in use under this name.
     """
@@ -84,7 +87,7 @@ class Estimate:
 
     @property
     def label(self) -> str:
-        """'modeled (cost model v2, trn2)' (+ the override's provenance, if any)."""
+        """'modeled (cost model v3, trn2)' (+ the override's provenance, if any)."""
         return modeled_label(self.target, self.model_version, self.parameters)
 
     @property

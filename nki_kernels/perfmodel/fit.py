@@ -49,6 +49,35 @@ _TRANSPOSE: Range = (
     0.5,
     "'up to 90 %' (trainium2_arch); 0.37-0.5 fits AWS's measured attention_cte (issue 11)",
 )
+_TRANSPOSE_SBUF: Range = (
+    "dma_transpose_sbuf_efficiency",
+    0.2,
+    0.5,
+    0.5,
+    "'up to 50 %' SBUF -> SBUF (trainium2_arch); no documented lower bound (range L)",
+)
+_MATMUL_EXTRA: Range = (
+    "matmul_extra_cycles",
+    0.0,
+    32.0,
+    0.0,
+    "TensorE cycles per instruction beyond 'roughly max(N, MM_INIT_LATENCY)' (trainium arch "
+    "guide): none documented (range L)",
+)
+_SEMAPHORE: Range = (
+    "semaphore_ns",
+    0.0,
+    200.0,
+    50.0,
+    "cross-engine semaphore latency: not documented (assumed 50 ns; range L)",
+)
+_PSUM_2X: Range = (
+    "vector_bf16_2x_speedup",
+    1.0,
+    2.0,
+    2.0,
+    "VectorE 2x mode ('could see a 2x throughput lift', trainium2_arch): 1 = never engaged",
+)
 _SCAN: Range = (
     "scan_cycles_per_element",
     1.0,
@@ -71,7 +100,14 @@ def _rate(upper: float, lower: float) -> Range:
 
 FIT_PARAMETERS: dict[str, tuple[Range, ...]] = {
     "trn1": (_rate(17.0, 4.0), _DMA_FLOOR, _DMA_FIXED, _DEP, _SCAN),
-    "trn2": (_rate(23.0, 15.0), _DMA_FLOOR, _DMA_FIXED, _TRANSPOSE),
+    "trn2": (
+        _rate(23.0, 15.0),
+        _DMA_FLOOR,
+        _DMA_FIXED,
+        _TRANSPOSE,
+        _TRANSPOSE_SBUF,
+        _MATMUL_EXTRA,
+    ),
     # no published trn3 anchor: used only by `calibrate` with a user's trn3 measurements
     "trn3": (_rate(33.0, 20.0), _DMA_FLOOR, _DMA_FIXED, _TRANSPOSE),
 }
@@ -80,9 +116,12 @@ FIT_PARAMETERS: dict[str, tuple[Range, ...]] = {
 # the dependent-instruction cycles and the scan cost are trn1's fitted values, carried over.
 UNANCHORED: dict[str, tuple[tuple[Range, int], ...]] = {
     "trn1": (),
-    "trn2": ((_DEP, 1), (_SCAN, 1)),
-    "trn3": ((_DEP, 1), (_SCAN, 1)),
+    "trn2": ((_DEP, 1), (_SCAN, 1), (_SEMAPHORE, 1), (_PSUM_2X, -1)),
+    "trn3": ((_DEP, 1), (_SCAN, 1), (_SEMAPHORE, 1), (_PSUM_2X, -1)),
 }
+# A leave-one-out set whose own left-out anchor it misprices by more than this is not a
+# plausible parameter set: it is dropped from the band (v3).
+LOO_DROP_PCT = 25.0
 # The compiler's scheduling window (`Target.scheduling_window`, an integer the docs do not
 # give) is chosen by the fit from these values: the one with the least squared log error
 # at the other parameters (`anchor_fit.refit`), then the continuous fit at that window.

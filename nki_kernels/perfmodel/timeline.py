@@ -52,7 +52,9 @@ from dataclasses import dataclass, field
 
 from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
 from ..targets import Target, get_target
+from . import costs
 from .costs import DmaPlan, Pricer
+from .dead_stores import dead_psum_memsets
 from .dma_engines import DmaEngines
 from .scheduling import schedule_window
 
@@ -106,7 +108,9 @@ class _Core:
 
     def __init__(self, target: Target) -> None:
         self.free = [0.0, 0.0, 0.0, 0.0]
-        self.port = [0.0, 0.0, 0.0]  # free time of the shared ports, by mask bit 1, 2
+        # free time of the shared ports, by mask bit (costs.port_mask: the VectorE/GpSimd
+        # SBUF bus, NC-v2's VectorE/ScalarE PSUM port, NC-v3+'s eight PSUM banks)
+        self.port = [0.0] * costs.PORT_BITS
         self.last_writes: list[tuple] = [(), (), (), ()]
         self.busy = [0.0, 0.0, 0.0, 0.0]
         self.trigger: dict[tuple, float] = {}
@@ -239,6 +243,8 @@ def schedule(
     pricer = Pricer(tgt)
     price_dma, price_compute = pricer.dma_plan, pricer.compute
     assert SBUF == 0 and PSUM == 1
+    # PSUM memsets a starting matmul overwrites unread: dropped (dead_stores.py)
+    dead = dead_psum_memsets(instrs)
 
     def core_of(prog: int) -> _Core:
         while prog >= len(cores):
@@ -298,16 +304,22 @@ def schedule(
             if drained > start:
                 start = drained
         if ports:
-            if ports & 1 and core.port[1] > start:
-                start = core.port[1]
-            if ports & 2 and core.port[2] > start:
-                start = core.port[2]
+            port = core.port
+            bit, rest = 0, ports
+            while rest:
+                if rest & 1 and port[bit] > start:
+                    start = port[bit]
+                rest >>= 1
+                bit += 1
         return start
 
     def place(idx: int, dep: float, price: tuple[float, int] | None = None) -> None:
         """Run instruction `idx` now that everything it depends on is placed (a compute
         instruction's `price_compute` may be given)."""
         ins = instrs[idx]
+        if dead and idx in dead:
+            starts[idx] = ends[idx] = dep
+            return
         core = core_of(ins.program)
         eng = ins.engine
         if eng == "dma":
@@ -368,10 +380,12 @@ def schedule(
             core.busy[ei] += dur
             core.last_writes[ei] = ins.writes
             if ports:
-                if ports & 1:
-                    core.port[1] = end
-                if ports & 2:
-                    core.port[2] = end
+                bit, rest = 0, ports
+                while rest:
+                    if rest & 1:
+                        core.port[bit] = end
+                    rest >>= 1
+                    bit += 1
 
         starts[idx] = start
         ends[idx] = end

@@ -5,11 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..kernel_config import KernelConfig
+
+
+def _json_number(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, list):
+        return [_json_number(x) for x in v]
+    return v
+
+
+def stored_number(v: Any) -> float:
+    """A stored latency as a float: null (never measured) is nan."""
+    return math.nan if v is None else float(v)
 
 
 @dataclass(frozen=True)
@@ -38,8 +52,9 @@ class Provenance:
         return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return dataclasses.asdict(self)
+        """JSON-ready fields: a latency that is not a finite number (the default was never
+        measured, e.g. tuning stopped during trial 0) becomes null -- JSON has no NaN."""
+        return {k: _json_number(v) for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Provenance:

@@ -17,6 +17,7 @@ problem at hand. Every failure is an `EntryError` naming the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -119,6 +120,8 @@ def check_provenance(data: Any) -> dict[str, Any]:
         if name not in data:
             raise EntryError(f"provenance.{name}", "missing")
         v = data[name]
+        if v is None and name == "default_latency_ns":  # null: the default was not measured
+            continue
         if isinstance(v, bool) or not isinstance(v, accepted):
             raise EntryError(
                 f"provenance.{name}",
@@ -127,6 +130,8 @@ def check_provenance(data: Any) -> dict[str, Any]:
     if data["trials"] < 0:
         raise EntryError("provenance.trials", f"expected >= 0; got {data['trials']}")
     out = {k: data[k] for k in _PROVENANCE_TYPES}
+    if out["default_latency_ns"] is None:
+        out["default_latency_ns"] = math.nan
     for name in _OPTIONAL_PROVENANCE:
         v = data.get(name)
         if v is None:

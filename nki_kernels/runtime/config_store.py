@@ -29,18 +29,29 @@ Lookup (`ConfigStore.decide` / `lookup`), over the user directory first, then th
    choices do not transfer across those, while along the bucketed dimension the same
    tiling repeats over more tiles;
 3. the heuristic default, `config_cls.heuristic(problem, target)`, with one
-   `ConfigFallbackWarning` per (op, target) ("heuristic default").
+   `ConfigFallbackWarning` per process (the first op and shape that fell back; later
+   fallbacks are silent, `nki_kernels.explain` names each call's decision), none when
+   `NKI_KERNELS_QUIET_FALLBACK=1`.
 
 Each candidate must pass the schema (`config_schema.check_entry`: field types, provenance)
 and `validate(problem, target)` (ranges and fit); a failing entry is skipped with one
 `InvalidEntryWarning` naming the file, the entry and the field or rule, so a malformed
 entry never reaches a kernel. An entry whose `kernel_hash` differs from the kernel's
-current source hash is skipped with a `StaleConfigWarning` (once per entry). A file that
-does not parse is skipped with one warning. Writes (`put`) are atomic (temporary file +
-`os.replace`, the temporary removed on any failure; a kill can leave at most a
-`.<op>.*.json.tmp` file, which readers ignore and the next `put` removes) under an
-advisory lock on the file itself; files are written group- and world-readable (0644)
-so a shared config directory works for every user.
+current source hash is skipped with a `StaleConfigWarning` (once per entry).
+
+Reading never takes an op down (config_files.py): only regular files are opened, with a
+size and nesting bound; a file, key or directory that cannot be used -- bad JSON, nested
+too deep, a FIFO, a symlink loop, `NKI_KERNELS_CONFIG_DIR` pointing at a file, a key
+such as rows=1e400 -- is reported once with an `InvalidEntryWarning` and ignored, and
+the op runs on the other directories' configs or the heuristic default. Each file is
+parsed into an index once per version (its mtime, size and inode), and each decision is
+remembered until one of the files it was read from changes, so a lookup costs one stat
+per search directory, however many entries the store holds.
+
+Writes (`put`) are atomic (temporary file + `os.replace`, the temporary removed on any
+failure; a kill can leave at most a `.<op>.*.json.tmp` file, which readers ignore and
+the next `put` removes) under an advisory lock on the file itself; files are written
+group- and world-readable (0644) so a shared config directory works for every user.
 
 `ConfigStore.decide` returns a `ConfigDecision`: the config, where it came from, the
 entry's key, file and provenance; `nki_kernels.explain(op, *args)` records the decisions
@@ -67,17 +78,51 @@ from typing import Any
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target, get_target
-from .config_keys import BUCKET_FIELDS, is_number, key_distance, lnc_items, parse_key, problem_key
+from .config_files import (
+    ConfigFileError,
+    FileIndex,
+    build_index,
+    file_stamp,
+    read_config_file,
+)
+from .config_keys import BUCKET_FIELDS, key_distance, lnc_items, problem_key
 from .config_records import ConfigDecision, Provenance
 from .config_schema import EntryError, check_entry
 
 FORMAT = 1
 CONFIG_DIR_ENV_VAR = "NKI_KERNELS_CONFIG_DIR"
 LOG_ENV_VAR = "NKI_KERNELS_LOG_CONFIGS"
+QUIET_FALLBACK_ENV_VAR = "NKI_KERNELS_QUIET_FALLBACK"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "configs"
 TUNED, NEAREST, DEFAULT = "tuned entry", "nearest bucket", "heuristic default"
 FILE_MODE = 0o644
 LOG = logging.getLogger("nki_kernels.configs")
+MAX_DECISIONS = 4096  # remembered lookups per store (each a few hundred bytes)
+
+
+def _fallback_text(op: str, target: str, key: str) -> str:
+    return (
+        f"nki-kernels: no tuned tile sizes for {op} at this shape on {target} ({key}), so the "
+        "kernel's built-in heuristic ones are used: results are the same, only speed on "
+        "Trainium may differ. Reported once per process for the first such call; "
+        f"`nki-kernels tune {op}` tunes it, {QUIET_FALLBACK_ENV_VAR}=1 silences this."
+    )
+
+
+def _caller_level() -> int:
+    """The `warnings.warn` stacklevel of the first frame outside this package and torch,
+    so a warning points at the user's line, not into the library."""
+    import sys
+
+    pkg = str(Path(__file__).resolve().parents[1])
+    frame: Any = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(pkg) and "/torch/" not in name and "<frozen" not in name:
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
 
 
 class ConfigFallbackWarning(UserWarning):
@@ -144,20 +189,10 @@ def _dir_lock(directory: Path) -> Iterator[None]:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    """A config file's JSON (ValueError naming the file for bad JSON or format)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path}: expected a config file with format {FORMAT}")
-    if not isinstance(data.get("entries", {}), dict):
-        kind = type(data["entries"]).__name__
-        raise ValueError(
-            f"{path}: field 'entries': expected an object keyed by problem; got {kind}"
-        )
-    return data
+    """A config file's JSON ({} when there is none; ConfigFileError, a ValueError naming
+    the file, for anything unusable: see config_files.py)."""
+    data = read_config_file(path)
+    return {} if data is None else data
 
 
 class ConfigStore:
@@ -177,7 +212,10 @@ class ConfigStore:
         self.search_dirs = [Path(d) for d in search_dirs]
         self.write_dir = Path(write_dir) if write_dir is not None else None
         self.log_decisions = log_decisions
-        self._files: dict[Path, tuple[int, dict[str, Any]]] = {}
+        self._files: dict[Path, FileIndex] = {}
+        # decisions by (op, target, problem key, LNC, config class, kernel hash, bucket
+        # fields) and the stamps of the files they were read from
+        self._decisions: dict[tuple[Any, ...], tuple[tuple[Any, ...], ConfigDecision]] = {}
         self._warned: set[tuple[str, ...]] = set()
         self._lock = threading.Lock()
 
@@ -187,37 +225,54 @@ class ConfigStore:
         """The JSON file of `op` on `target` under `directory`."""
         return directory / get_target(target).name / f"{op}.json"
 
-    def _load(self, path: Path) -> dict[str, Any]:
+    def _index(self, path: Path) -> FileIndex:
+        """The parsed index of `path`, re-read only when its stamp changes; an unusable
+        file is reported once (per path and reason) and counts as empty."""
         try:
-            mtime = path.stat().st_mtime_ns
-        except FileNotFoundError:
-            return {}
+            stamp = file_stamp(path)
+        except ConfigFileError as e:
+            self._warn_once(("file", str(path), str(e)), f"config file not used: {e}",
+                            InvalidEntryWarning)  # fmt: skip
+            return FileIndex(None)
         cached = self._files.get(path)
-        if cached is not None and cached[0] == mtime:
-            return cached[1]
-        try:
-            entries = _read(path).get("entries", {})
-        except (OSError, ValueError) as e:
-            self._warn_once(("file", str(path)), f"config file not used: {e}", InvalidEntryWarning)
-            entries = {}
-        self._files[path] = (mtime, entries)
-        return entries
+        if cached is not None and cached.stamp == stamp:
+            return cached
+        if stamp is None:
+            index = FileIndex(None)
+        else:
+            try:
+                index = build_index(stamp, _read(path).get("entries", {}))
+            except ConfigFileError as e:
+                self._warn_once(("file", str(path), str(e)), f"config file not used: {e}",
+                                InvalidEntryWarning)  # fmt: skip
+                index = FileIndex(stamp)
+            for key, why in index.rejected:
+                msg = f"{path}: entry {key!r}: {why}; skipped"
+                self._warn_once(("key", str(path), key), msg, InvalidEntryWarning)
+        with self._lock:
+            self._files[path] = index
+        return index
+
+    def _indexes(self, op: str, target: str | Target) -> list[tuple[Path, FileIndex]]:
+        return [
+            (path, self._index(path))
+            for path in (self.path(d, op, target) for d in self.search_dirs)
+        ]
 
     def entries(self, op: str, target: str | Target) -> list[tuple[str, dict[str, Any], str]]:
-        """(key, entry, source file) of every stored entry, in search-dir order."""
-        out = []
-        for d in self.search_dirs:
-            path = self.path(d, op, target)
-            for key, entry in self._load(path).items():
-                out.append((key, entry, str(path)))
-        return out
+        """(key, entry, source file) of every usable stored entry, in search-dir order."""
+        return [
+            (k.key, k.entry, str(path))
+            for path, index in self._indexes(op, target)
+            for k in index.keys
+        ]
 
     def _warn_once(self, tag: tuple[str, ...], msg: str, category: type[Warning]) -> None:
         with self._lock:
             if tag in self._warned:
                 return
             self._warned.add(tag)
-        warnings.warn(msg, category, stacklevel=5)
+        warnings.warn(msg, category, stacklevel=_caller_level())
 
     def _usable(
         self,
@@ -256,6 +311,44 @@ class ConfigStore:
             return f"[{key}] in {source}: does not fit ({e.reason})"
         return cfg, prov
 
+    def _decide(
+        self,
+        op: str,
+        tgt: Target,
+        problem: Any,
+        cls: type[KernelConfig],
+        kernel_hash: str | None,
+        bucket_fields: frozenset[str],
+        lnc: int,
+        want: dict[str, Any],
+        key: str,
+        indexes: list[tuple[Path, FileIndex]],
+    ) -> ConfigDecision:
+        ranked = []
+        order = 0
+        for path, index in indexes:
+            for ik in index.keys:
+                d = 0.0 if ik.key == key else key_distance(want, ik.fields, bucket_fields)
+                if d is not None:
+                    ranked.append((d, ik.key != key, ik.sizes, order, ik.key, ik.entry, str(path)))
+                order += 1
+        skipped: list[str] = []
+        # exact keys first (in search-dir order), then the nearest ones; ties go to the
+        # smaller problem
+        for *_, k, entry, source in sorted(ranked, key=lambda r: r[:4]):
+            hit = self._usable(op, tgt, k, entry, source, cls, problem, kernel_hash)
+            if isinstance(hit, str):
+                skipped.append(hit)
+                continue
+            return ConfigDecision(
+                op, tgt.name, key, hit[0], TUNED if k == key else NEAREST, k, source, hit[1],
+                tuple(skipped), lnc,
+            )  # fmt: skip
+        if os.environ.get(QUIET_FALLBACK_ENV_VAR, "") in ("", "0"):
+            self._warn_once(("default",), _fallback_text(op, tgt.name, key), ConfigFallbackWarning)
+        cfg = cls.heuristic(problem, tgt)
+        return ConfigDecision(op, tgt.name, key, cfg, DEFAULT, skipped=tuple(skipped), lnc=lnc)
+
     def decide(
         self,
         op: str,
@@ -277,40 +370,19 @@ class ConfigStore:
         cls = config_cls or config_class_for(op)
         want = lnc_items(problem, lnc)
         key = problem_key(want)
-        ranked = []
-        for order, (k, entry, source) in enumerate(self.entries(op, tgt)):
-            try:
-                parsed = parse_key(k)
-            except ValueError:
-                continue
-            d = 0.0 if k == key else key_distance(want, parsed, bucket_fields)
-            if d is not None:
-                sizes = tuple(float(parsed[n]) for n in sorted(parsed) if is_number(parsed[n]))
-                ranked.append((d, k != key, sizes, order, k, entry, source))
-        skipped: list[str] = []
-        decision = None
-        # exact keys first (in search-dir order), then the nearest ones; ties go to the
-        # smaller problem
-        for *_, k, entry, source in sorted(ranked, key=lambda r: r[:4]):
-            hit = self._usable(op, tgt, k, entry, source, cls, problem, kernel_hash)
-            if isinstance(hit, str):
-                skipped.append(hit)
-                continue
-            decision = ConfigDecision(
-                op, tgt.name, key, hit[0], TUNED if k == key else NEAREST, k, source, hit[1],
-                tuple(skipped), lnc,
-            )  # fmt: skip
-            break
-        if decision is None:
-            msg = (
-                f"no tuned config for {op} on {tgt.name} at {key}; using the heuristic default "
-                f"(reported once per op and target)"
-            )
-            self._warn_once(("default", op, tgt.name), msg, ConfigFallbackWarning)
-            cfg = cls.heuristic(problem, tgt)
-            decision = ConfigDecision(
-                op, tgt.name, key, cfg, DEFAULT, skipped=tuple(skipped), lnc=lnc
-            )
+        indexes = self._indexes(op, tgt)
+        stamps = tuple(index.stamp for _, index in indexes)
+        memo = (op, tgt.name, key, lnc, cls, kernel_hash, bucket_fields)
+        hit = self._decisions.get(memo)
+        if hit is not None and hit[0] == stamps:
+            decision = hit[1]
+        else:
+            decision = self._decide(op, tgt, problem, cls, kernel_hash, bucket_fields, lnc,
+                                    want, key, indexes)  # fmt: skip
+            with self._lock:
+                if len(self._decisions) >= MAX_DECISIONS:
+                    self._decisions.clear()
+                self._decisions[memo] = (stamps, decision)
         if self.log_decisions:
             with self._lock:
                 first = ("log", op, tgt.name, key) not in self._warned
@@ -366,7 +438,7 @@ class ConfigStore:
                     debris.unlink()
             with contextlib.suppress(FileNotFoundError):
                 path.with_name(path.name + ".lock").unlink()  # left by older versions
-            data = _read(path) if path.exists() else {}
+            data = _read(path)
             data.update({"format": FORMAT, "op": op, "target": tgt.name})
             entries = dict(data.get("entries", {}))
             entries[key] = {"config": config.to_dict(), "provenance": provenance.to_dict()}
@@ -375,7 +447,7 @@ class ConfigStore:
             try:
                 os.fchmod(fd, FILE_MODE)
                 with os.fdopen(fd, "w") as f:
-                    json.dump(data, f, indent=1, sort_keys=True)
+                    json.dump(data, f, indent=1, sort_keys=True, allow_nan=False)
                     f.write("\n")
                     f.flush()
                     os.fsync(f.fileno())
@@ -384,15 +456,26 @@ class ConfigStore:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
                 raise
-        self._files.pop(path, None)
+        with self._lock:
+            self._files.pop(path, None)
         return path
 
 
 _default: ConfigStore | None = None
+_default_lock = threading.Lock()
 
 
 def default_store() -> ConfigStore:
     """The process-wide store: `$NKI_KERNELS_CONFIG_DIR` (read once, here) then shipped."""
+    global _default
+    store = _default
+    if store is not None:
+        return store
+    with _default_lock:  # one store even when the first calls come from several threads
+        return _make_default()
+
+
+def _make_default() -> ConfigStore:
     global _default
     if _default is None:
         user = os.environ.get(CONFIG_DIR_ENV_VAR) or None

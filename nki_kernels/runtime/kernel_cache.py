@@ -37,7 +37,8 @@ def kernel_name(kernel: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-_hash_memo: dict[str, str] = {}
+_hash_memo: dict[str, str] = {}  # filled idempotently: a race computes one value twice
+_calls_lock = threading.Lock()
 
 
 def _kernel_modules(fn: Any) -> list[types.ModuleType]:
@@ -125,7 +126,8 @@ class Specialization:
     def __call__(self, *args: Any) -> Any:
         """Run the specialized kernel on arguments of its key's shapes and dtypes."""
         self.check_args(args)
-        self.calls += 1
+        with _calls_lock:  # `+=` is a read and a write: threads calling at once lose counts
+            self.calls += 1
         fn = self.kernel if self.handle is None else self.handle
         return self.runner(fn, *args, target=self.target, lnc=self.key.lnc, **self.statics)
 
@@ -161,11 +163,12 @@ class KernelCache:
     def compiles_for(self, kernel: Any) -> int:
         """Number of specializations of one kernel."""
         name = kernel_name(kernel)
-        return sum(1 for k in self._entries if k.kernel == name)
+        return sum(1 for k in self.keys() if k.kernel == name)
 
     def keys(self) -> list[CacheKey]:
         """The cache keys, in creation order."""
-        return list(self._entries)
+        with self._lock:
+            return list(self._entries)
 
     def get(
         self,

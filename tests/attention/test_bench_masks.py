@@ -25,7 +25,7 @@ def test_mask_rows_are_modeled_with_bands_and_count_the_tiles_they_compute() -> 
         "ours, dense (no block map)",
         "S x S decomposition",
     }
-    assert all(r.label == "modeled (cost model v2, trn2)" and r.latency_us > 0 for r in rows)
+    assert all(r.label == "modeled (cost model v3, trn2)" and r.latency_us > 0 for r in rows)
     assert all(_in_band(r) and r.band_us[0] < r.band_us[1] for r in rows)
     for r in rows:
         if r.method == "ours":
@@ -41,7 +41,7 @@ def test_decode_rows_are_modeled_with_their_config_and_band() -> None:
     rows = bench_masks.decode_rows(batches=(1, 8), caches=(1024,))
     ours = [r for r in rows if r.method == "ours"]
     assert {(r.batch, r.paged) for r in ours} == {(1, False), (8, False), (1, True), (8, True)}
-    assert all(r.label.startswith("modeled (cost model v2") and 0 < r.mbu < 1 for r in rows)
+    assert all(r.label.startswith("modeled (cost model v3") and 0 < r.mbu < 1 for r in rows)
     assert all(_in_band(r) for r in rows)
     one, eight = (next(r for r in ours if r.batch == b and not r.paged) for b in (1, 8))
     assert np.isclose(eight.latency_us, 8 * one.latency_us)  # priced per program x programs
@@ -52,7 +52,7 @@ def test_aws_tkg_rows_run_the_unmodified_kernel_through_the_harness() -> None:
     rows = bench_masks.aws_decode_rows(str(AWS), (1, 2), 1024, False, "trn2")
     rows += bench_masks.aws_decode_rows(str(AWS), (1,), 1024, True, "trn2")
     assert all(r.method == bench_masks.AWS_TKG and r.latency_us > 0 for r in rows), rows
-    assert all(r.label == "modeled (cost model v2, trn2)" and _in_band(r) for r in rows)
+    assert all(r.label == "modeled (cost model v3, trn2)" and _in_band(r) for r in rows)
     assert all("nki-library d2ad3a57" in r.note for r in rows)
     # one launch serves the whole batch: two sequences cost more than one, less than two
     one, two = rows[0].latency_us, rows[1].latency_us

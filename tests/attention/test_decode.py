@@ -141,6 +141,34 @@ def test_bounds_are_causal_among_new_tokens() -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_head_major_paged_cache_on_devices_and_under_compile(
+    device: str, request: pytest.FixtureRequest
+) -> None:
+    """The head-major block layout through the op's kv_layout argument, eager and under
+    torch.compile(fullgraph=True), on CPU and the emulated neuron device."""
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    torch._dynamo.reset()
+    lens = torch.tensor([200, 21])
+    q = _rand(2, HQ, 2, D, seed=61, dtype=torch.bfloat16)
+    k, v = (
+        _rand(2, HKV, 200, D, seed=62, dtype=torch.bfloat16),
+        _rand(2, HKV, 200, D, seed=63, dtype=torch.bfloat16),
+    )
+    pk, pv, table = _pool_from(k, v, 32, True, seed=64)
+    ref, _ = _reference(q, k, v, lens)
+
+    def step(q, pk, pv, lens, table):  # type: ignore[no-untyped-def]
+        return decode_attention(q, pk, pv, lens, block_table=table, kv_layout="head_major")
+
+    args = [t.to(device) for t in (q, pk, pv, lens, table)]
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        out = fn(*args)
+        assert out.device.type == args[0].device.type
+        assert_rel_close(out.cpu(), ref, TOLERANCES[torch.bfloat16][0], "head_major")
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_decode_on_devices_and_under_compile(device: str, request: pytest.FixtureRequest) -> None:
     if device == "neuron":
         device = request.getfixturevalue("neuron")
@@ -282,24 +310,6 @@ def test_contiguous_decode_sq4_on_devices_and_under_compile(
         assert (out[1, :, :1].cpu() == 0).all()  # query 0 of the 3-key sequence sees none
 
 
-def test_a_default_trn2_at_lnc2_finds_the_shipped_decode_config() -> None:
-    """Decode configs are per program, keyed at LNC 1; a process at LNC 2 (trn2's
-    default) uses the shipped tuned entry rather than falling back to the heuristic."""
-    from nki_kernels.runtime.explain import explain
-    from nki_kernels.runtime.lnc import set_runtime_lnc
-
-    q = _rand(1, 32, 1, 128, seed=14, dtype=torch.bfloat16)
-    k = _rand(1, 8, 1500, 128, seed=15, dtype=torch.bfloat16)
-    set_runtime_lnc(2)
-    try:
-        report = explain("decode_attention", q, k, k, torch.tensor([1500]))
-    finally:
-        set_runtime_lnc(None)
-    (decision,) = {d.describe(): d for d in report.decisions}.values()
-    assert decision.source == "tuned entry" and decision.entry_key is not None, str(report)
-    assert "seq_k=2048" in decision.entry_key
-
-
 def test_split_k_combines_on_chip() -> None:
     """The split accumulators are merged in SBUF: a launch with 4 splits writes exactly
     what a 1-split launch writes to HBM (out and lse), no per-split partial results."""
@@ -316,20 +326,174 @@ def test_split_k_combines_on_chip() -> None:
 
 
 def test_non_finite_cache_rows_past_the_lengths() -> None:
-    """What the documented contract allows past `cache_lens`: any K values (contiguous),
-    any K and V values in a paged cache's blocks past a sequence's length. The contiguous
-    V rows up to the longest sequence's steps must be finite (the kernel multiplies them
-    by zero probabilities); that limit is documented, not tested here."""
+    """Masked positions never contribute, whatever they hold: NaN / Inf in K and V rows
+    past a sequence's length (contiguous; a ragged batch and a single sequence), in a
+    paged cache's blocks past a length, in the unreferenced pool block 0 and in the rows
+    of a partially filled last block. Selected away, never multiplied by 0."""
     q = _rand(2, 4, 1, 32, seed=1, dtype=torch.float32)
     kc, vc = (_rand(2, 2, 300, 32, seed=s, dtype=torch.float32) for s in (2, 3))
     lens = torch.tensor([37, 300])
     want = decode_attention(q, kc, vc, lens)
-    bad_k = kc.clone()
-    bad_k[0, :, 37:] = math.nan
-    assert torch.equal(decode_attention(q, bad_k, vc, lens), want)
+    for val in (math.nan, math.inf):
+        bad_k, bad_v = kc.clone(), vc.clone()
+        bad_k[0, :, 37:], bad_v[0, :, 37:] = val, val
+        assert torch.equal(decode_attention(q, bad_k, bad_v, lens), want)
+    one = torch.tensor([37])
+    want1 = decode_attention(q[:1], kc[:1], vc[:1], one)
+    bad_v = vc[:1].clone()
+    bad_v[:, :, 37:] = math.nan
+    assert torch.equal(decode_attention(q[:1], kc[:1], bad_v, one), want1)
     pool = _rand(40, 16, 2, 32, seed=4, dtype=torch.float32)
-    table = torch.arange(40, dtype=torch.int32).reshape(2, 20)
+    table = torch.arange(1, 41, dtype=torch.int32).remainder(40).reshape(2, 20)  # 0 unused
+    table[1, -1] = 39
     want = decode_attention(q, pool, pool, lens, block_table=table)
     bad = pool.clone()
-    bad[3:20] = math.nan  # sequence 0's blocks past its 37 keys (blocks 0..2)
+    bad[0] = math.nan  # the pool's block 0: no sequence references it
+    bad[4:21] = math.nan  # sequence 0's blocks past its 37 keys (it uses blocks 1..3)
+    bad[3, 5:] = math.inf  # rows 37.. of its partially filled last block
     assert torch.equal(decode_attention(q, bad, bad, lens, block_table=table), want)
+
+
+def test_cache_allocated_with_torch_empty_is_safe() -> None:
+    """A cache from torch.empty filled only up to each sequence's length (the rest NaN
+    here, as uninitialized memory may be) gives the reference, contiguous and paged,
+    also for a sequence shorter than one 16-key piece and an empty one."""
+    lens = [300, 9, 0, 130]
+    q = _rand(4, HQ, 1, D, seed=21, dtype=torch.bfloat16)
+    k = torch.full((4, HKV, 320, D), math.nan, dtype=torch.bfloat16)
+    v = torch.full((4, HKV, 320, D), math.nan, dtype=torch.bfloat16)
+    src_k, src_v = (_rand(4, HKV, 320, D, seed=s, dtype=torch.bfloat16) for s in (22, 23))
+    for b, n in enumerate(lens):
+        k[b, :, :n], v[b, :, :n] = src_k[b, :, :n], src_v[b, :, :n]
+    out = decode_attention(q, k, v, torch.tensor(lens))
+    ref, _ = _reference(q, src_k, src_v, torch.tensor(lens))
+    assert torch.isfinite(out).all()
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "contiguous")
+    assert (out[2] == 0).all()
+    pool_k, pool_v, table, kk, vv = _paged(torch.bfloat16, lens, seed=24)
+    ek, ev = torch.full_like(pool_k, math.nan), torch.full_like(pool_v, math.nan)
+    for b, n in enumerate(lens):
+        for j in range(-(-n // 16)):
+            blk, m = int(table[b, j]), min(16, n - 16 * j)
+            ek[blk, :m], ev[blk, :m] = pool_k[blk, :m], pool_v[blk, :m]
+    out = decode_attention(q, ek, ev, torch.tensor(lens), block_table=table)
+    ref, _ = _reference(q, kk, vv, torch.tensor(lens))
+    assert torch.isfinite(out).all()
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "paged")
+
+
+def _pool_from(k: torch.Tensor, v: torch.Tensor, bs: int, head_major: bool, seed: int):  # type: ignore[no-untyped-def]
+    """A paged pool holding contiguous caches k, v [B, Hkv, S, D] in shuffled blocks of
+    `bs` keys (vLLM's [blocks, bs, Hkv, D] or head-major [blocks, Hkv, bs, D]), the
+    pool's unused blocks NaN, and the block table."""
+    b, hkv, s, d = k.shape
+    per = -(-s // bs)
+    n = b * per + 2
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: b * per]
+    table = perm.view(b, per).to(torch.int32)
+    pools = []
+    for src in (k, v):
+        pad = torch.zeros(b, hkv, per * bs, d, dtype=src.dtype)
+        pad[:, :, :s] = src
+        blocks = pad.view(b, hkv, per, bs, d).permute(0, 2, 1, 3, 4)  # [B, per, Hkv, bs, D]
+        if not head_major:
+            blocks = blocks.transpose(2, 3)  # [B, per, bs, Hkv, D]
+        pool = torch.full((n, *blocks.shape[2:]), math.nan, dtype=src.dtype)
+        pool[table.long().view(-1)] = blocks.reshape(b * per, *blocks.shape[2:])
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64, 128])
+@pytest.mark.parametrize("head_major", [False, True], ids=["vllm", "head_major"])
+def test_paged_block_sizes_and_layouts(bs: int, head_major: bool) -> None:
+    """Block sizes 16 / 32 / 64 / 128 in both block layouts, ragged lengths (a partial
+    last block, a sequence shorter than one piece, an empty one), fp16."""
+    lens = [300, 7, 0, 129]
+    dt = torch.float16
+    q = _rand(4, HQ, 1, D, seed=bs, dtype=dt)
+    k, v = (
+        _rand(4, HKV, 300, D, seed=bs + 1, dtype=dt),
+        _rand(4, HKV, 300, D, seed=bs + 2, dtype=dt),
+    )
+    pk, pv, table = _pool_from(k, v, bs, head_major, seed=bs)
+    layout = "head_major" if head_major else "vllm"
+    out = decode_attention(q, pk, pv, torch.tensor(lens), block_table=table, kv_layout=layout)
+    ref, _ = _reference(q, k, v, torch.tensor(lens))
+    assert_rel_close(out, ref, TOLERANCES[dt][0], f"bs={bs} {layout}")
+    assert (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("sq", [1, 16])
+def test_gqa_8_to_1_and_sixteen_new_queries(sq: int) -> None:
+    """GQA 8 : 1 (16 query heads over 2 KV heads) and Sq = 16 new queries (causal among
+    them; the first ones of the short sequence see no key)."""
+    lens = torch.tensor([400, 10])
+    q = _rand(2, 16, sq, D, seed=31, dtype=torch.bfloat16)
+    k, v = (
+        _rand(2, 2, 400, D, seed=32, dtype=torch.bfloat16),
+        _rand(2, 2, 400, D, seed=33, dtype=torch.bfloat16),
+    )
+    out, lse = decode_attention(q, k, v, lens, return_lse=True)
+    ref, ref_lse = _reference(q, k, v, lens)
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], "out")
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin].double(), ref_lse[fin], atol=LSE_ATOL, rtol=1e-5)
+
+
+def test_lnc2_splits_a_single_sequence_and_merges_exactly() -> None:
+    """At LNC 2 a batch of one sequence splits its keys between the two programs (two
+    (out, lse) partials merged by log-sum-exp on the host): the reference, and the LNC 1
+    result to fp32 rounding; a batch of several sequences shares its tiles out."""
+    from nki_kernels.runtime.lnc import set_runtime_lnc
+
+    q = _rand(1, HQ, 2, D, seed=41, dtype=torch.float32)
+    k, v = (
+        _rand(1, HKV, 5000, D, seed=42, dtype=torch.float32),
+        _rand(1, HKV, 5000, D, seed=43, dtype=torch.float32),
+    )
+    lens = torch.tensor([4999])
+    one, lse1 = decode_attention(q, k, v, lens, return_lse=True)
+    set_runtime_lnc(2)
+    try:
+        two, lse2 = decode_attention(q, k, v, lens, return_lse=True)
+        qb = _rand(3, HQ, 1, D, seed=44, dtype=torch.float32)
+        kb = _rand(3, HKV, 300, D, seed=45, dtype=torch.float32)
+        lb = torch.tensor([300, 17, 0])
+        many = decode_attention(qb, kb, kb, lb)
+    finally:
+        set_runtime_lnc(None)
+    ref, _ = _reference(q, k, v, lens)
+    assert_rel_close(two, ref, TOLERANCES[torch.float32][0], "lnc2")
+    torch.testing.assert_close(two, one, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse2, lse1, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(many, decode_attention(qb, kb, kb, lb), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("piece,ring", [(4, 2), (8, 3), (16, 3)])
+def test_stream_configs_agree(piece: int, ring: int) -> None:
+    """Every StreamConfig gives the reference: many one-slab items (deeper rings hold
+    more items' Q^T / bounds in flight), a multi-slab one and a partial piece."""
+    from nki_kernels.attention.decode_host import StreamConfig
+
+    lens = torch.tensor([1100, 3, 40, 77, 600, 1])
+    q = _rand(6, 32, 1, 32, seed=51, dtype=torch.bfloat16)  # 32 columns a sequence: one per tile
+    k, v = (
+        _rand(6, 8, 1100, 32, seed=52, dtype=torch.bfloat16),
+        _rand(6, 8, 1100, 32, seed=53, dtype=torch.bfloat16),
+    )
+    out, _ = decode(q, k, v, lens, None, None, StreamConfig(piece, ring))
+    ref, _ = _reference(q, k, v, lens)
+    assert_rel_close(out, ref, TOLERANCES[torch.bfloat16][0], f"piece={piece} ring={ring}")
+
+
+def test_kv_layout_is_checked() -> None:
+    q, pool = torch.randn(1, 4, 1, 32), torch.randn(4, 16, 2, 32)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"kv_layout: expected one of \('vllm', 'head_major'\)"):
+        decode_attention(q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="nhd")
+    with pytest.raises(ValueError, match=r"KV heads dividing q's 4 \(k_cache \[num_blocks, Hkv, b"):
+        decode_attention(
+            q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="head_major"
+        )

@@ -11,17 +11,18 @@ from nki_kernels.cli import main
 
 def test_tune_exports_and_configs_show_lists_it(tmp_path, capsys):
     cfg = tmp_path / "configs"
+    # nothing is shipped at hidden 2048: the best config is exported
     argv = [
-        "tune", "rms_norm", "--target", "trn2", "--buckets", "256", "--shape", "llama3-8b",
+        "tune", "rms_norm", "--target", "trn2", "--buckets", "256", "--shape", "hidden=2048",
         "--trials", "6", "--storage", str(tmp_path / "s.db"), "--config-dir", str(cfg),
         "--no-progress", "--lnc", "1",
     ]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "best" in out and "modeled (cost model v2, trn2, LNC 1)" in out
+    assert "best" in out and "modeled (cost model v3, trn2, LNC 1)" in out
     data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
     (key,) = data["entries"]
-    assert key == "affine=w,dtype=bfloat16,hidden=4096,rows=256"
+    assert key == "affine=w,dtype=bfloat16,hidden=2048,rows=256"
     assert data["entries"][key]["provenance"]["trials"] == 6
 
     # resuming the same study with a larger budget continues it (6 -> 9 configs)
@@ -32,6 +33,21 @@ def test_tune_exports_and_configs_show_lists_it(tmp_path, capsys):
     assert main(["configs", "show", "--config-dir", str(cfg)]) == 0
     shown = capsys.readouterr().out
     assert key in shown and "STALE" not in shown and "x " in shown
+
+
+def test_tune_exports_nothing_slower_than_the_shipped_config(tmp_path, capsys):
+    # a user directory takes precedence over the shipped configs: a config that does not
+    # beat the shipped entry for the problem is not exported (and that is not an error)
+    cfg = tmp_path / "configs"
+    argv = [
+        "tune", "rms_norm", "--target", "trn2", "--buckets", "256", "--shape", "llama3-8b",
+        "--trials", "2", "--storage", str(tmp_path / "s.db"), "--config-dir", str(cfg),
+        "--no-progress", "--lnc", "1",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "not exported" in out and "the shipped " in out and "calls keep using it" in out
+    assert not (cfg / "trn2" / "rms_norm.json").exists()
 
 
 def test_configs_diff_reports_changed_entries(tmp_path, capsys):

@@ -60,6 +60,7 @@ def test_explicit_shapes() -> None:
 # -- findings 1, 2, 3: tune an arbitrary shape and policy, apply it, see it used -------------
 def test_tune_any_shape_and_policy_then_configs_which_sees_it(tmp_path, capsys, monkeypatch):
     cfg, db = tmp_path / "configs", tmp_path / "s.db"
+    monkeypatch.setattr(lnc, "_state", {"read": True, "value": None})  # no LNC set: 1 here
     base = ["tune", "rms_norm", "--shape", "hidden=5120", "--storage", str(db),
             "--config-dir", str(cfg), "--no-progress", "--trials", "3"]  # fmt: skip
     # a boundary the default policy lacks is an error, not a silent 2048
@@ -68,8 +69,9 @@ def test_tune_any_shape_and_policy_then_configs_which_sees_it(tmp_path, capsys, 
     assert "1408 is not a boundary" in err and "Traceback" not in err and err.count("\n") == 1
     assert main([*base, "--buckets", "384", "--bucket-policy", "explicit[384,1408]"]) == 0
     data = json.loads((cfg / "trn2" / "rms_norm.json").read_text())
-    # tuned at the target's default LNC (2 on trn2), which `configs which` also looks up
-    key = "affine=w,dtype=bfloat16,hidden=5120,lnc=2,rows=384"
+    # tuned at the LNC the calls here launch at (1 without a device), which `configs which`
+    # and the op itself also use: one default for every entry point
+    key = "affine=w,dtype=bfloat16,hidden=5120,rows=384"
     assert list(data["entries"]) == [key]
     tuned = data["entries"][key]["config"]
     # apply it: the policy file the ops read, and the config directory
@@ -79,14 +81,12 @@ def test_tune_any_shape_and_policy_then_configs_which_sees_it(tmp_path, capsys, 
     monkeypatch.setenv(cs.CONFIG_DIR_ENV_VAR, str(cfg))
     monkeypatch.setattr(cs, "_default", None)
     buckets.reset_bucket_policies()
-    # run the ops at LNC 2, as a default trn2 does (without a device they run at LNC 1,
-    # where this LNC-2 entry does not apply and the default would be used)
-    monkeypatch.setattr(lnc, "_state", {"read": True, "value": 2})
     capsys.readouterr()
     which = ["configs", "which", "rms_norm", "--shape", "hidden=5120", "--config-dir", str(cfg)]
     assert main([*which, "--size", "300"]) == 0
     out = capsys.readouterr().out
-    assert "bucket 384" in out and "tuned entry" in out and "modeled" in out and "LNC 2" in out
+    assert "bucket 384" in out and "tuned entry" in out and "modeled" in out and "LNC 1" in out
+    assert "why    your " in out and "wins" in out
     # and the op itself, called on 300 rows, pads to 384 and launches the tuned config
     x = torch.randn(300, 5120, dtype=torch.bfloat16)
     with warnings.catch_warnings():

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from nki_kernels.attention.decode_host import DecodeConfig, DecodeProblem
+from nki_kernels.attention.decode_host import DecodeConfig, DecodeProblem, StreamConfig
 from nki_kernels.autotune.export import export_best
 from nki_kernels.autotune.families import get
 from nki_kernels.autotune.measure import CostModelMeasurer
@@ -23,8 +23,7 @@ def test_model_shape_problem_is_the_ops_lookup_key() -> None:
     spec = get("decode_attention")
     p = spec.make_problem("llama3-8b", 30000, "bfloat16")
     assert p == DecodeProblem(1, 32, 8, 1, 30720, 128, "bfloat16", "contiguous")
-    proxy = spec.make_tunable().proxy(p)
-    assert (proxy.batch, proxy.q_heads, proxy.kv_heads, proxy.seq_k) == (1, 4, 1, 30720)
+    assert spec.make_tunable().proxy(p) == p  # trials price the whole launch
     with pytest.raises(ValueError, match="layout: expected one of"):
         DecodeProblem(1, 8, 2, 1, 64, 64, "bfloat16", "ring")
 
@@ -41,10 +40,8 @@ def test_tuned_decode_config_is_what_the_op_uses(tmp_path: Any, monkeypatch: Any
     monkeypatch.setattr(cs, "_default", None)
     store = cs.set_config_dir(tmp_path)
     out = export_best(tuner, store)
-    # the export prices one (sequence, KV head) program and counts the two
-    assert out.provenance.measurer == (
-        "modeled (cost model v2, trn2, LNC 1; one of 2 identical units, x2)"
-    )
+    # the export prices the whole launch (every KV head, the bucket's keys)
+    assert out.provenance.measurer == "modeled (cost model v3, trn2, LNC 1)"
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 1, 64, generator=g)
     kc, vc = torch.randn(3, 2, 1000, 64, generator=g), torch.randn(3, 2, 1000, 64, generator=g)
@@ -54,7 +51,7 @@ def test_tuned_decode_config_is_what_the_op_uses(tmp_path: Any, monkeypatch: Any
         with cs.recording_decisions() as seen:
             got = decode_attention(q, kc, vc, lens)
     (d,) = [d for d in seen if d.op == "decode_attention"]
-    assert d.source == cs.TUNED and d.config == out.config and isinstance(d.config, DecodeConfig)
+    assert d.source == cs.TUNED and d.config == out.config and isinstance(d.config, StreamConfig)
     ref = decode_attention(q, kc, vc, lens)  # the same call: deterministic
     torch.testing.assert_close(got, ref)
     monkeypatch.setattr(cs, "_default", None)
@@ -70,3 +67,18 @@ def test_decode_config_validity_at_the_largest_shapes() -> None:
     ok = DecodeProblem(1, 16, 1, 8, 4096, 256, "float32", "paged")
     space = list(DecodeConfig.space(ok, TRN2))
     assert space and all(c.is_valid(ok, TRN2) for c in space)
+
+
+def test_stream_config_space_and_validity() -> None:
+    from nki_kernels.kernel_config import InvalidConfig
+
+    p = DecodeProblem(1, 32, 8, 1, 32768, 128, "bfloat16", "paged")
+    space = list(StreamConfig.space(p, TRN2))
+    assert len(space) == 3 * 2 and all(c.is_valid(p, TRN2) for c in space)
+    with pytest.raises(InvalidConfig, match="piece: expected one of"):
+        StreamConfig(piece=32).validate(p, TRN2)
+    with pytest.raises(InvalidConfig, match=r"ring: expected one of \(2, 3\)"):
+        StreamConfig(ring=4).validate(p, TRN2)
+    wide = DecodeProblem(1, 64, 1, 4, 4096, 256, "float32", "paged")
+    with pytest.raises(InvalidConfig, match="256 packed rows exceed 128"):
+        StreamConfig().validate(wide, TRN2)

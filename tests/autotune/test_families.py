@@ -43,7 +43,7 @@ def test_heuristic_default_is_priced_and_passes_the_gate(op):
     problem = small_problem(op)
     config = tunable.heuristic(problem, TRN2)
     m = CostModelMeasurer().measure(tunable, tunable.proxy(problem), config, TRN2)
-    assert m.latency_ns > 0 and m.label == "modeled (cost model v2, trn2, LNC 1)"
+    assert m.latency_ns > 0 and m.label == "modeled (cost model v3, trn2, LNC 1)"
     res = CorrectnessGate().check(tunable, problem, config, TRN2)
     assert res.ok, res.reason
 
@@ -96,7 +96,7 @@ def test_attention_export_reprices_the_full_problem(tmp_path):
     # the export prices one full-length KV group and counts the two groups
     assert out.provenance.latency_ns == pytest.approx(2 * one_group.latency_ns)
     assert out.provenance.measurer == (
-        "modeled (cost model v2, trn2, LNC 1; one of 2 identical units, x2)"
+        "modeled (cost model v3, trn2, LNC 1; one of 2 identical units, x2)"
     )
     # against a full trace of both groups: pairs run back to back, but the full trace
     # overlaps one group's tail with the next one's loads, which the per-unit export does
@@ -127,7 +127,7 @@ def test_attention_lnc2_proxy_and_units_match_a_full_lnc2_trace(tmp_path):
     assert out.key.endswith(",lnc=2,mask=causal,q_heads=8,seq_k=512,seq_q=512")
     assert out.provenance.lnc == 2
     assert out.provenance.measurer == (
-        "modeled (cost model v2, trn2, LNC 2; one of 2 identical units, x2)"
+        "modeled (cost model v3, trn2, LNC 2; one of 2 identical units, x2)"
     )
     full = CostModelMeasurer().measure(tunable, problem, out.config, TRN2).latency_ns
     assert out.provenance.latency_ns == pytest.approx(full, rel=0.1)

@@ -89,21 +89,48 @@ def test_a_family_without_lnc_support_is_refused_at_lnc2() -> None:
         spec.tunable(2)
 
 
-def test_tune_defaults_to_the_targets_runtime_lnc(monkeypatch) -> None:
+def test_tune_defaults_to_the_lnc_the_calls_launch_at(monkeypatch) -> None:
+    # one default for every entry point: tune / configs which use the LNC a call of this
+    # process launches at (runtime_lnc), so `configs which` names the config a call uses
     import argparse
 
     from nki_kernels.autotune.cli import tune_lnc
     from nki_kernels.runtime import lnc as rlnc
+    from nki_kernels.runtime import neuron_device
 
     monkeypatch.delenv(rlnc.LNC_ENV_VAR, raising=False)
     set_runtime_lnc(None)
     try:
-        assert tune_lnc(argparse.Namespace(lnc=None, target="trn2")) == 2
-        assert tune_lnc(argparse.Namespace(lnc=None, target="trn3")) == 2
+        for target in ("trn1", "trn2", "trn3"):  # no Neuron device here: LNC 1, as a call
+            got = tune_lnc(argparse.Namespace(lnc=None, target=target))
+            assert got == rlnc.runtime_lnc(target) == 1
+        assert tune_lnc(argparse.Namespace(lnc=2, target="trn2")) == 2
+        monkeypatch.setattr(neuron_device, "is_real_neuron", lambda: True)
+        assert tune_lnc(argparse.Namespace(lnc=None, target="trn2")) == 2  # trn2's default
         assert tune_lnc(argparse.Namespace(lnc=None, target="trn1")) == 1
-        assert tune_lnc(argparse.Namespace(lnc=1, target="trn2")) == 1
         monkeypatch.setenv(rlnc.LNC_ENV_VAR, "1")
         set_runtime_lnc(None)
         assert tune_lnc(argparse.Namespace(lnc=None, target="trn2")) == 1
     finally:
         set_runtime_lnc(None)
+
+
+def test_tune_summary_says_which_latency_is_the_proxys() -> None:
+    # flash_attention's trials price a cheaper proxy problem; the summary says so, so the
+    # two latencies printed for one config (proxy, then full problem) are not a puzzle
+    from types import SimpleNamespace
+
+    from nki_kernels.autotune.cli import _summary
+
+    best = SimpleNamespace(latency_ns=2000.0, latency_hi_ns=None, label="modeled", config="c")
+    heur = SimpleNamespace(latency_ns=3000.0, outcome="ok")
+    report = SimpleNamespace(
+        name="flash_attention/x", distinct_done=2, space_size=9, duplicates=0, best=best,
+        heuristic=heur, count=lambda status: 0,
+    )  # fmt: skip
+    tunable = SimpleNamespace(describe=lambda p: f"problem {p}")
+    tuner = SimpleNamespace(search_problem="S=512", problem="S=8192", tunable=tunable)
+    text = _summary(tuner, report)
+    assert "trials priced problem S=512: a cheaper proxy" in text
+    assert "re-prices both configs on the full problem (problem S=8192)" in text
+    assert "tuned x1.500" in text

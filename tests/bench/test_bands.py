@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from nki_kernels.bench import bands, compare
 from nki_kernels.perfmodel import api
+from nki_kernels.perfmodel.band import structural_pct
 from nki_kernels.targets import get_target
 
 
@@ -30,9 +33,11 @@ def test_bands_reprice_each_set_and_replay_the_traces(monkeypatch):
     # the first pass traces as many kernels as a plain run; the second set replays them all
     assert len(calls) == n_traces
     assert [r.latency_us for r in rows] == [r.latency_us for r in base]
+    f = 1 + structural_pct("trn2") / 100  # v3: widened by the cross-validated error
     for r in rows:
         lo, hi = r.band_us
-        assert lo == r.latency_us <= hi  # a slower DMA start can only slow a kernel down
+        assert lo * f == pytest.approx(r.latency_us)  # a slower start only slows a kernel
+        assert hi >= r.latency_us * f
         assert r.extra["samples_us"][0] == r.latency_us
     assert any(r.band_us[1] > r.band_us[0] for r in rows)
 

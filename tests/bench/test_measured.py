@@ -120,6 +120,7 @@ def test_bench_command_reads_measured_rows(
     data = tmp_path / "data"
     write_rows(data / "bench_rows.jsonl", _bench_rows(target, lnc))
     args = ["bench", "--data", str(data), "--no-check", "--suite", "norm", "--rows", "-"]
+    args += ["--tables", "--out", str(tmp_path / "out")]
     assert cli.main([*args, "--measured", str(rows_file)]) == 0
     out = capsys.readouterr().out
     assert "ours measured (hardware, us)" in out

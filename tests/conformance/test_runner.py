@@ -72,6 +72,8 @@ def test_import_failures_name_the_cause(tmp_path):
     assert "syntax error in the checkout: scale/broken.py:1" in text
     assert "no module named 'package_that_is_not_installed'" in text
     assert "2 of 4 kernel modules import." in text
+    # each failure kind says what to do next
+    assert "What to do:\n- error: an import or Python error in the checkout" in text
 
 
 def test_compare_and_table():
@@ -82,6 +84,7 @@ def test_compare_and_table():
     out = run_case(FAKE_LIB, Case("scale", "130x8", MOD, "scale_kernel", _x, _ref(3.0)))
     text = table([out])
     assert "| `scale` | 130x8 | pass |" in text and "1 of 1 cases pass (pass 1)." in text
+    assert "What to do" not in text
 
 
 def test_the_cli_refuses_a_path_that_is_no_checkout(tmp_path, capsys):

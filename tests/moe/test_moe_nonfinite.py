@@ -100,3 +100,41 @@ def test_moe_route_nonfinite_logits(scoring: str, renormalize: bool, e: int) -> 
     # a NaN score is never selected: the selection is over the finite scores
     if scoring == "sigmoid":
         assert 1 not in ids[0].tolist()
+
+
+@pytest.mark.parametrize("bad", [NAN, INF])
+def test_nan_token_of_one_expert_leaves_the_other_experts_weight_gradients_finite(
+    bad: float,
+) -> None:
+    """Issue 31: a NaN token routed to expert 0 only made experts 1 and 2's weight
+    gradients NaN (the on-chip sum restarted at an expert's first block by multiplying the
+    previous expert's sum by 0). torch: only expert 0's gradients are non-finite."""
+    t, h, e, i = 200, 32, 4, 24
+    x, lg, wg, wd = _moe_inputs(t, h, e, i, seed=3)
+    lg[:, 0] = -10.0
+    lg[7] = torch.tensor([10.0, -10.0, -10.0, -10.0])  # token 7: expert 0 only
+    x[7, 4] = bad
+    wg.requires_grad_(True)
+    wd.requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = torch.ops.nki.moe_mlp(x, lg, wg, wd, top_k=1)
+        y.backward(torch.ones_like(y))
+    assert wg.grad is not None and wd.grad is not None
+    assert not torch.isfinite(wg.grad[0]).all()
+    assert torch.isfinite(wg.grad[1:]).all() and torch.isfinite(wd.grad[1:]).all()
+    ids = lg.argmax(dim=1)
+    xr, wgr, wdr = x.clone(), wg.detach().clone(), wd.detach().clone()
+    xr[7] = 0.0
+    wgr.requires_grad_(True)
+    wdr.requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yr = torch.ops.nki.moe_mlp(xr, lg, wgr, wdr, top_k=1)
+        yr.backward(torch.ones_like(yr))
+    assert wgr.grad is not None and wdr.grad is not None
+    used = sorted(set(ids.tolist()) - {0})
+    assert used, "the routing should reach experts other than 0"
+    for ex in used:  # the other experts' gradients are those of the clean batch
+        torch.testing.assert_close(wg.grad[ex], wgr.grad[ex], atol=0.0, rtol=0.0)
+        torch.testing.assert_close(wd.grad[ex], wdr.grad[ex], atol=0.0, rtol=0.0)

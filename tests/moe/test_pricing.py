@@ -61,7 +61,7 @@ def test_extrapolated_lnc2_forward_matches_the_full_trace() -> None:
 def test_layer_row_is_labeled_modeled() -> None:
     shape = MoEShape("tiny", hidden=256, intermediate=512, num_experts=4, top_k=2)
     row = layer_row(shape, 512, "uniform", "trn2")
-    assert row["label"] == "modeled (cost model v2, trn2)"
+    assert row["label"] == "modeled (cost model v3, trn2)"
     assert 0 < row["mfu_routed_pct"] < 100
     b = row["config"]["block_size"]
     assert row["blocks"] == used_blocks(routing("uniform", 512, 4, 2), 4, b) == 4 * -(-256 // b)

@@ -19,6 +19,7 @@ from norm_helpers import (
 from torch import nn
 
 from nki_kernels.nn import LayerNorm, RMSNorm
+from nki_kernels.nn.norm import default_rms_eps
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
@@ -27,7 +28,11 @@ pytestmark = pytest.mark.filterwarnings(
 # Tolerance table: (u, tiny) per dtype -- unit roundoff and smallest subnormal. Drop-in
 # equivalence is checked as: our module AND the torch module are both within the derived
 # bound (norm_helpers) of the same fp32 reference.
-TOL = {torch.float32: (2.0**-24, 2.0**-149), torch.bfloat16: (2.0**-8, 2.0**-133)}
+TOL = {
+    torch.float32: (2.0**-24, 2.0**-149),
+    torch.bfloat16: (2.0**-8, 2.0**-133),
+    torch.float16: (2.0**-11, 2.0**-24),
+}
 
 
 def _forward_within(m: nn.Module, x: torch.Tensor, y: torch.Tensor, what: str) -> None:
@@ -41,7 +46,7 @@ def _forward_within(m: nn.Module, x: torch.Tensor, y: torch.Tensor, what: str) -
         b = m.bias.detach().cpu().reshape(-1) if m.bias is not None else None
         yr, bound = ln_fwd_bound(x2, w, b, *tol, eps=m.eps)
     else:
-        eps = m.eps if m.eps is not None else torch.finfo(x.dtype).eps
+        eps = m.eps if m.eps is not None else default_rms_eps(x.dtype)
         yr, bound = rms_fwd_bound(x2, w, *tol, eps=eps)
     assert y.shape[-k:] == x.shape[-k:]
     assert_within(what, y.detach().cpu().reshape(-1, h), yr, bound)
@@ -92,7 +97,21 @@ def test_rms_norm_default_eps_follows_the_input_dtype() -> None:
     x = torch.randn(130, 96, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     y = m(x)
     assert y.dtype == torch.bfloat16
-    _forward_within(m, x, y, "default eps = finfo(bf16).eps")
+    _forward_within(m, x, y, "default eps of bf16 input")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_default_eps_is_torchs_for_small_inputs(dtype: torch.dtype) -> None:
+    """eps=None: torch's RMSNorm takes fp32's epsilon for bf16 / fp16 inputs (its compute
+    type's); on inputs of rms ~1e-3 the input dtype's own epsilon would shrink y ~100x."""
+    assert default_rms_eps(dtype) == torch.finfo(torch.float32).eps
+    ours, theirs = RMSNorm(64).to(dtype), nn.RMSNorm(64).to(dtype)
+    x = (1e-3 * torch.randn(40, 64, generator=torch.Generator().manual_seed(4))).to(dtype)
+    want = theirs(x)
+    _forward_within(ours, x, ours(x), f"ours, eps=None, {dtype}")
+    _forward_within(theirs, x, want, f"torch, eps=None, {dtype}")
+    got = nn.functional.rms_norm(x, (64,), None, default_rms_eps(dtype))
+    torch.testing.assert_close(got, want, atol=0.0, rtol=0.0)
 
 
 def test_fp32_parameters_with_bf16_input() -> None:

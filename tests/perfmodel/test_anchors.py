@@ -1,4 +1,4 @@
-"""Cost model v2 against the published anchors (the cheap ones; the tutorial matmuls and
+"""Cost model v3 against the published anchors (the cheap ones; the tutorial matmuls and
 the Mamba kernels are priced in benchmarks/bench_calibration.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nki_kernels.perfmodel.anchor_fit import choose_window, load_fit
-from nki_kernels.perfmodel.anchors import AnchorSet, load_anchors
+from nki_kernels.perfmodel.anchors import AnchorSet, ext_dir, load_anchors
 from nki_kernels.perfmodel.fit import FIT_PARAMETERS, SCHEDULING_WINDOWS
 from nki_kernels.targets import SHIPPED_TARGETS, get_target
 
@@ -81,3 +81,24 @@ def test_an_absent_checkout_makes_an_anchor_unavailable_not_replaced(monkeypatch
     aset = AnchorSet.build("trn1", rows)
     assert not aset.anchors
     assert "FileNotFoundError" in aset.unavailable["matmul_tutorial.tiled"]
+
+
+NKI_AUTOTUNE = "awslabs+nki-autotune/kernel_library/matmul/lhs_rhs/kernel_handtuned_89.26mfu.py"
+
+
+@pytest.mark.skipif(
+    not (ext_dir() / NKI_AUTOTUNE).is_file(),
+    reason="no nki-autotune checkout (NKI_KERNELS_EXT_DIR)",
+)
+def test_published_kernels_that_ran_on_hardware_plan_and_price_within_their_record():
+    # nki-autotune's lhs_rhs matmul ran on trn2 but allocates 4 x 4 rotating groups and
+    # uses 2 x 2 (256 KiB per partition allocated): the plan drops untouched allocations as
+    # the compiler does, so it plans; every trn2 anchor is priced as fit_v3.json records
+    anchors = [a for a in load_anchors() if a.target == "trn2"]
+    aset = AnchorSet.build("trn2", anchors)
+    assert not aset.unavailable
+    rec = load_fit()["targets"]["trn2"]["anchors"]
+    for aid, value in aset.price(get_target("trn2")).items():
+        assert value == pytest.approx(rec[aid]["modeled_ns"], rel=1e-6), aid
+    held = [a for a in anchors if a.held_out]
+    assert len(held) == 6 and all(not a.fit for a in held)

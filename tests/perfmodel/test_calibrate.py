@@ -76,7 +76,7 @@ def test_cli_writes_an_override_the_cost_model_loads(tmp_path, capsys):
         assert "calibrated to rows.jsonl" in modeled_label("trn2")
     finally:
         clear_overrides()
-    assert modeled_label("trn2") == "modeled (cost model v2, trn2)"
+    assert modeled_label("trn2") == "modeled (cost model v3, trn2)"
 
 
 def test_cli_refuses_a_malformed_file_naming_line_and_field(tmp_path, capsys):

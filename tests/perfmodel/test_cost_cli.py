@@ -28,7 +28,7 @@ def test_list_names_the_calibration_kernels(capsys):
 def test_summary_uses_profiler_metric_names(capsys):
     assert main(["matmul_fully_blocked", *SMALL, "--target", "trn1"]) == 0
     out = capsys.readouterr().out
-    assert "modeled (cost model v2, trn1)" in out
+    assert "modeled (cost model v3, trn1)" in out
     for metric in (
         "mfu_estimated_percent",
         "hfu_estimated_percent",
@@ -49,7 +49,7 @@ def test_json_and_timeline(tmp_path, capsys):
     assert code == 0
     est = json.loads(capsys.readouterr().out)
     assert est["kernel"] == "matmul_tiled" and est["shape"] == {"M": 128, "K": 256, "N": 512}
-    assert est["label"] == "modeled (cost model v2, trn2)"
+    assert est["label"] == "modeled (cost model v3, trn2)"
     assert est["flops"] == 2 * 128 * 256 * 512
     assert est["latency_ns"] >= est["roofline_ns"]
     assert json.loads(out_file.read_text())["traceEvents"]
@@ -85,12 +85,12 @@ def test_summary_is_labeled():
     from nki_kernels.perfmodel.synthetic import synthetic_trace
 
     text = summary(estimate_trace(synthetic_trace(50)), "synthetic")
-    assert text.startswith("synthetic: modeled (cost model v2, trn2)")
+    assert text.startswith("synthetic: modeled (cost model v3, trn2)")
 
 
 def test_other_targets_are_labeled_with_their_name(capsys):
     assert main(["matmul_tiled", "--shape", "128,128,512", "--target", "trn3"]) == 0
-    assert "modeled (cost model v2, trn3)" in capsys.readouterr().out
+    assert "modeled (cost model v3, trn3)" in capsys.readouterr().out
 
 
 def test_no_kernel_lists_them_and_fails(capsys):

@@ -103,7 +103,10 @@ def test_nearest_skips_configs_invalid_for_the_problem(tmp_path: Path) -> None:
     assert cfg == TileConfig(64)
 
 
-def test_heuristic_default_warns_once_per_op_and_target(tmp_path: Path) -> None:
+def test_heuristic_default_is_reported_once_per_process_in_plain_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cs.QUIET_FALLBACK_ENV_VAR, raising=False)
     s = store(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -112,8 +115,19 @@ def test_heuristic_default_warns_once_per_op_and_target(tmp_path: Path) -> None:
             assert cfg == TileConfig(64) and p is None
         s.lookup("store_test_op", "trn3", Prob(128, 64, "float32"))
     fallbacks = [w for w in caught if issubclass(w.category, ConfigFallbackWarning)]
-    assert len(fallbacks) == 2
-    assert "store_test_op on trn2" in str(fallbacks[0].message)
+    assert len(fallbacks) == 1
+    text = str(fallbacks[0].message)
+    assert "store_test_op at this shape on trn2" in text and "results are the same" in text
+    assert cs.QUIET_FALLBACK_ENV_VAR in text
+    assert fallbacks[0].filename == __file__  # points at the caller, not into the package
+
+
+def test_quiet_fallback_switch_silences_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cs.QUIET_FALLBACK_ENV_VAR, "1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store(tmp_path).lookup("store_test_op", "trn2", Prob(128, 64, "float32"))
+    assert not [w for w in caught if issubclass(w.category, ConfigFallbackWarning)]
 
 
 def test_stale_kernel_hash_is_not_used_silently(tmp_path: Path) -> None:

@@ -1,0 +1,493 @@
+"""Decode attention streamed for HBM bandwidth: the whole batch in one launch, keys on
+partitions, K and V the stationary matmul operands (nki-library's attention_tkg layout).
+
+Work items: a tile of `nseq` sequences x `nh` KV heads (NGR = nseq * nh * R packed
+columns, R = (Hq / Hkv) * Sq query rows per KV head) and a key split; each item streams
+its slabs, then (with `tail`) one tail slab. A slab holds 128 "pieces" of C consecutive
+keys per sequence, gathered by one indirect DMA per operand (the host's piece table:
+contiguous caches and both paged layouts are row gathers of the same form):
+
+    K^T slab  [D, heads, C, 128 pieces]   (DMA transpose of the gathered rows, all heads)
+    V   slab  [128 pieces, heads, C, D]   (4 KiB+ descriptors: C keys x D per head run)
+    per (sequence, head, c):  S^T[:, c, cols] = K^T[:, h, c, :]^T @ Q^T[:, cols]   (PSUM)
+    S = select(key_pos[piece, c] < hi[col], S^T, FP32_MIN)      # one pass, whole slab
+    m_slab[col] = max over (c, pieces): reduce over c, PE transpose, reduce over pieces
+    m' = max(m, m_slab); a = exp(scale (m - m')); broadcast -scale m', a by PE transposes
+    P = exp(scale S - scale m')  (bf16);  l = a l + ones^T P     (one matmul per c)
+    O^T[:, cols] = a O^T + V[:, h, c, :]^T @ P[:, c, cols]     (V stationary, O^T [D, NGR])
+    end of item: O = transpose(O^T) / l, lse = scale m + log l
+
+Every key a query must not see is selected away before the max (K rows past a length
+may hold NaN), and every V row that meets a zero weight is real data of the same
+sequence: the host fills a slab's unused pieces with a full piece of the sequence
+(masked by key_pos), covers a contiguous sequence's last partial piece by the piece that
+ends at its length (duplicate keys masked), and gathers what remains (a paged sequence's
+partial block, a sequence shorter than C) one key per partition into the zeroed tail
+slab (`oob_mode.skip` for unused rows). A sequence with no full piece (length < C) has
+only padding pieces in its slabs; `full[col]` = 0 keeps O^T unchanged there (select).
+
+LNC 2: items are shared by the programs (sequences / heads for B >= 2; the key range
+split `ksplit` ways for B = 1, merged by the host from the per-split (out, lse)).
+
+Limits: D <= 256 (128-row chunks); NGR <= 128; C * NGR <= 512 (one PSUM bank of scores);
+fp32 caches stage K through TensorE transposes (DMA transposes of gathered rows are 2-byte).
+"""
+
+from __future__ import annotations
+
+from ..nki import nisa, nki, nl
+from ._staging import compute_dtype
+
+P = 128
+BIG = 3.0e38  # running-max start: finite, so exp(scale (m - m')) is 1 or 0, never NaN
+FP32_MIN = -3.4028235e38  # masked scores (below the running-max start)
+PSUM_F32 = 512  # fp32 elements per PSUM bank and partition
+
+
+@nki.jit
+def decode_stream_fwd(
+    q, k, v, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
+    layout, piece, tiles, n_slabs, tail, ksplit, ring,
+):  # fmt: skip
+    """out [ksplit, B, Hq, Sq, D] (q.dtype), lse [ksplit, B, Hq, Sq] fp32.
+
+    q [B, Hq, Sq, D]; k, v: [B, Hkv, S, D] (layout "contiguous"), [NB, bs, Hkv, D]
+    ("paged", vLLM's) or [NB, Hkv, bs, D] ("paged_hm"). idx int32 [T, n_slabs, 128,
+    nseq]: cache row (see `_gather`) of each piece; kpos fp32 [T, n_slabs, 128, nseq, C]:
+    each key's position (BIG: masked); tail_idx int32 [T, C, nseq] / tail_kpos fp32
+    [T, C, nseq]: one key per row (-1: none); hi fp32 [T, NGR]: a column sees keys with
+    position < hi; full uint8 [T, NGR]; tiles: ((b0, nseq, h0, nh), ...).
+    """
+    batch, hq, sq, d = q.shape
+    hkv = k.shape[2] if layout == "paged" else k.shape[1]
+    grp = hq // hkv
+    rows = grp * sq
+    cdt = compute_dtype(q.dtype)
+    two_byte = cdt != nl.float32
+    out = nl.ndarray((ksplit, batch, hq, sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
+    lse = nl.ndarray((ksplit, batch, hq, sq), dtype=nl.float32, buffer=nl.shared_hbm)
+    nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
+    nsq = max([t[1] for t in tiles])
+    nhm = max([t[3] for t in tiles])
+    ngr = nsq * nhm * rows
+    nd = (d + P - 1) // P
+    b = _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte)
+    per = (n_slabs + ksplit - 1) // ksplit
+    items = [(t, s) for t in range(len(tiles)) for s in range(ksplit)]
+    steps = []
+    for no, (t, s) in enumerate(items[pid::nprog]):
+        lo, hi_ = s * per, min(n_slabs, (s + 1) * per)
+        slabs = list(range(lo, hi_)) + ([-1] if tail and s == ksplit - 1 else [])
+        for n, j in enumerate(slabs):
+            steps.append((t, s, j, n == 0, n == len(slabs) - 1, no))
+    io = {"q": q, "k": k, "v": v, "idx": idx, "kpos": kpos, "tail_idx": tail_idx,
+          "tail_kpos": tail_kpos, "hi": hi, "full": full, "layout": layout, "piece": piece,
+          "tiles": tiles, "d": d, "nd": nd, "rows": rows, "two_byte": two_byte}  # fmt: skip
+    nst = len(steps)
+    for i in range(min(ring, nst)):
+        _load_k(io, b, steps[i], i % ring, i % (ring + 1))
+        _load_v(io, b, steps[i], i % ring, i % (ring + 1))
+    for i, (t, s, j, first, last, no) in enumerate(steps):
+        _b0, ns, _h0, nh = tiles[t]
+        cols = ns * nh * rows
+        if first:
+            _start_item(b, nd, cols)
+        c = piece if j >= 0 else 1
+        nparts = P if j >= 0 else piece
+        shape = (ns, nh, rows, cols, c, nparts, d, nd, layout)
+        slots = (i % ring, i % (ring + 1), i % 2, no % (ring + 1))
+        _scores(b, slots, shape)
+        # K^T / V slots are reloaded as soon as their last reader is issued: K after the
+        # score matmuls, V after P V (the DMA queues run ahead of the softmax chain)
+        if i + ring < nst:
+            _load_k(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
+        _slab(b, slots, shape, softmax_scale, j >= 0)
+        if i + ring < nst:
+            _load_v(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
+        if last:
+            _finish_item(out, lse, b, s, tiles[t], grp, rows, cols, d, nd, softmax_scale)
+    return out, lse
+
+
+def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte):
+    f32, sb, ps = nl.float32, nl.sbuf, nl.psum
+    dp = min(d, P)
+    slab = nsq * nhm * piece
+    b = {
+        "kt": [nl.ndarray((dp, nd * slab * P), dtype=cdt, buffer=sb) for _ in range(ring)],
+        "v": [nl.ndarray((P, slab * d), dtype=cdt, buffer=sb) for _ in range(ring)],
+        "idx": [nl.ndarray((P, nsq), dtype=nl.int32, buffer=sb) for _ in range(ring + 1)],
+        "kp": [nl.ndarray((P, nsq * piece), dtype=f32, buffer=sb) for _ in range(ring + 1)],
+        "qt": [nl.ndarray((dp, nd * ngr), dtype=cdt, buffer=sb) for _ in range(ring + 1)],
+        "hi": [nl.ndarray((P, ngr), dtype=f32, buffer=sb) for _ in range(ring + 1)],
+        "full": [nl.ndarray((P, ngr), dtype=nl.uint8, buffer=sb) for _ in range(ring + 1)],
+        "s_ps": [nl.ndarray((P, PSUM_F32), dtype=f32, buffer=ps) for _ in range(2)],
+        "st_ps": nl.ndarray((P, PSUM_F32), dtype=f32, buffer=ps),
+        "o_ps": [nl.ndarray((P, nd * ngr), dtype=f32, buffer=ps) for _ in range(2)],
+        "fin_ps": nl.ndarray((P, d), dtype=f32, buffer=ps),
+        "pred": nl.ndarray((P, PSUM_F32), dtype=nl.uint8, buffer=sb),
+        "s": nl.ndarray((P, PSUM_F32), dtype=f32, buffer=sb),
+        "z": nl.ndarray((P, PSUM_F32), dtype=f32, buffer=sb),
+        "p": [nl.ndarray((P, PSUM_F32), dtype=cdt, buffer=sb) for _ in range(2)],
+        "mx": nl.ndarray((P, ngr), dtype=f32, buffer=sb),
+        "o": nl.ndarray((dp, nd * ngr), dtype=f32, buffer=sb),
+        "tmp": nl.ndarray((dp, nd * ngr), dtype=f32, buffer=sb),
+        "ones": nl.ndarray((P, 1), dtype=f32, buffer=sb),
+        "p32": nl.ndarray((P, PSUM_F32), dtype=f32, buffer=sb),
+        "out": nl.ndarray((P, d), dtype=cdt, buffer=sb),
+        "lse": nl.ndarray((P, 1), dtype=f32, buffer=sb),
+    }
+    for name in ("m", "l", "mn", "cm", "nb", "a", "lg", "rl"):
+        b[name] = nl.ndarray((P, 1), dtype=f32, buffer=sb)
+    if not two_byte:  # fp32 K: gathered rows, transposed on TensorE
+        b["kraw"] = [nl.ndarray((P, slab * nd * P), dtype=f32, buffer=sb) for _ in range(ring)]
+        b["tp_ps"] = nl.ndarray((P, PSUM_F32), dtype=f32, buffer=ps)
+    nisa.memset(dst=b["ones"], value=1.0)
+    b["nd"] = nd
+    return b
+
+
+def _gather(cache, col, layout, hkv_heads, h0, nh, c, d0, dc, v_runs):
+    """Indirect view of `c` keys x `nh` heads (from h0) per partition, one partition per
+    index in `col`: [n, nh, c, dc] (contiguous / paged_hm) or [n, c, nh, dc] (paged);
+    `v_runs` merges each partition's contiguous keys into one trailing dim."""
+    n = col.shape[0]
+    if layout == "contiguous":
+        _, hk, s, d = cache.shape
+        flat = cache.reshape((cache.shape[0] * hk * s, d))
+        hs, ks, rs = s * d, d, d
+    elif layout == "paged_hm":
+        nb, hk, bs, d = cache.shape
+        flat = cache.reshape((nb * hk * bs, d))
+        hs, ks, rs = bs * d, d, d
+    else:
+        nb, bs, hk, d = cache.shape
+        flat = cache.reshape((nb * bs, hk * d))
+        hs, ks, rs = d, hk * d, hk * d
+    if layout == "paged":
+        if v_runs and nh == hk:
+            pat = [[rs, n], [1, c * hk * d]]
+        elif v_runs:
+            pat = [[rs, n], [ks, c], [1, nh * d]]
+        else:
+            pat = [[rs, n], [ks, c], [hs, nh], [1, dc]]
+        off = h0 * hs + d0
+    else:
+        pat = [[rs, n], [hs, nh], [1, c * d]] if v_runs else [[rs, n], [hs, nh], [ks, c], [1, dc]]
+        off = h0 * hs + d0
+    return flat.ap(pat, offset=off, vector_offset=col)
+
+
+def _kt_view(b, slot, dci, sl, nh, c, dc):
+    """K^T of sequence sl in ring slot `slot`, head_dim chunk dci: [dc, heads, c, 128]
+    (each head's keys one contiguous block, whatever the cache layout)."""
+    per = nh * c * P
+    kt = b["kt"][slot]
+    slab = kt.shape[1] // (b["nd"] * P)
+    start = (dci * slab + sl * nh * c) * P
+    return kt[:dc, start : start + per].reshape((dc, nh, c, P))
+
+
+def _kt_at(b, slot, dci, sl, h, ci, nh, c, n, dc):
+    return _kt_view(b, slot, dci, sl, nh, c, dc)[:, h, ci, :n]
+
+
+def _v_at(b, slot, sl, h, ci, nh, c, n, d, layout):
+    base = sl * nh * c * d
+    j = ci * nh + h if layout == "paged" else h * c + ci
+    return b["v"][slot][:n, base + j * d : base + (j + 1) * d]
+
+
+def _load_k(io, b, step, slot, islot):
+    """Gather step's piece rows, key positions and K^T into K slot `slot` (an item's
+    first slab one DMA per head: its score matmuls start as each head's keys land, where
+    nothing else hides the wait; later slabs one DMA for all heads)."""
+    k, idx, kpos, tail_idx, tail_kpos, layout, piece, tiles, d, nd, two_byte = (
+        io["k"],
+        io["idx"],
+        io["kpos"],
+        io["tail_idx"],
+        io["tail_kpos"],
+        io["layout"],
+        io["piece"],
+        io["tiles"],
+        io["d"],
+        io["nd"],
+        io["two_byte"],
+    )
+    t, _, j, first, _, no = step
+    if first:
+        _load_item(io, b, t, no % (len(b["qt"])))
+    _b0, ns, h0, nh = tiles[t]
+    nsq = idx.shape[3]
+    hkv = k.shape[2] if layout == "paged" else k.shape[1]
+    c, n = (piece, P) if j >= 0 else (1, piece)
+    ix, kp = b["idx"][islot], b["kp"][islot]
+    if j >= 0:
+        nisa.dma_copy(dst=ix[:, :nsq], src=idx[t, j])
+        nisa.dma_copy(dst=kp[:, : nsq * c], src=kpos[t, j].reshape((P, nsq * c)))
+    else:  # tail: zero first, so skipped rows hold 0 (finite), not another step's keys
+        nisa.dma_copy(dst=ix[:n, :nsq], src=tail_idx[t])
+        nisa.dma_copy(dst=kp[:n, :nsq], src=tail_kpos[t])
+        if not two_byte:
+            kraw = b["kraw"][slot][:n, : ns * nd * nh * P]
+            nisa.memset(dst=kraw, value=0.0, engine=nisa.engine.gpsimd)
+    skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
+    for sl in range(ns):
+        col = ix[:n, sl : sl + 1]
+        for dci in range(nd):
+            d0, dc = dci * P, min(P, d - dci * P)
+            view = _kt_view(b, slot, dci, sl, nh, c, dc)[:, :, :, :n]
+            if j < 0:  # only the columns the tail's score matmuls read
+                nisa.memset(dst=view, value=0.0, engine=nisa.engine.gpsimd)
+            if two_byte and first:
+                for h in range(nh):
+                    src = _gather(k, col, layout, hkv, h0 + h, 1, c, d0, dc, False)
+                    nisa.dma_transpose(
+                        dst=view[:, h : h + 1].reshape(_transposed(src.shape)), src=src,
+                        oob_mode=skip,
+                    )  # fmt: skip
+            elif two_byte:
+                src = _gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
+                dst = view.permute((0, 2, 1, 3)) if layout == "paged" else view
+                nisa.dma_transpose(dst=dst, src=src, oob_mode=skip)
+            else:
+                src = _gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
+                _kt_fp32(b, slot, dci, sl, nh, c, n, d0, dc, layout, src, skip)
+
+
+def _load_v(io, b, step, slot, islot):
+    """Gather step's V (one DMA per sequence: its heads' keys are contiguous runs)."""
+    k, v, layout, piece, tiles, d = (
+        io["k"],
+        io["v"],
+        io["layout"],
+        io["piece"],
+        io["tiles"],
+        io["d"],
+    )
+    t, _, j, _, _, _ = step
+    _b0, ns, h0, nh = tiles[t]
+    hkv = k.shape[2] if layout == "paged" else k.shape[1]
+    c, n = (piece, P) if j >= 0 else (1, piece)
+    ix = b["idx"][islot]
+    if j < 0:
+        nisa.memset(dst=b["v"][slot][:n, : ns * nh * d], value=0.0, engine=nisa.engine.gpsimd)
+    skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
+    for sl in range(ns):
+        vsrc = _gather(v, ix[:n, sl : sl + 1], layout, hkv, h0, nh, c, 0, d, True)
+        vdst = b["v"][slot][:n, sl * nh * c * d : (sl + 1) * nh * c * d]
+        nisa.dma_copy(dst=vdst.reshape(vsrc.shape), src=vsrc, oob_mode=skip)
+
+
+def _kt_fp32(b, slot, dci, sl, nh, c, n, d0, dc, layout, src, skip):
+    """fp32 K^T: gather the rows, then one PE transpose per (head, c), 4 per PSUM bank."""
+    raw = b["kraw"][slot]
+    width = src.shape[3]
+    base = (sl * b["nd"] + dci) * nh * c * P
+    rview = raw[:n, base : base + nh * c * width].reshape(src.shape)
+    nisa.dma_copy(dst=rview, src=src, oob_mode=skip)
+    pairs = [(h, ci) for h in range(nh) for ci in range(c)]
+    kview = _kt_view(b, slot, dci, sl, nh, c, dc)
+    tp = b["tp_ps"]
+    for g0 in range(0, len(pairs), 4):
+        grp = pairs[g0 : g0 + 4]
+        for u, (h, ci) in enumerate(grp):
+            rows = rview[:n, ci, h, :dc] if layout == "paged" else rview[:n, h, ci, :dc]
+            nisa.nc_transpose(dst=tp[:dc, u * P : u * P + n], data=rows)
+        for u, (h, ci) in enumerate(grp):
+            nisa.tensor_copy(dst=kview[:, h, ci, :n], src=tp[:dc, u * P : u * P + n])
+
+
+def _transposed(shape):
+    return (shape[3], shape[1], shape[2], shape[0])
+
+
+def _load_item(io, b, t, par):
+    """Q^T of the item's columns and their hi / full rows broadcast to the partitions
+    (prefetched with the item's first K slab: ring + 1 slots, as up to `ring` items
+    ahead are in flight with the running one)."""
+    q, tiles, d, nd, rows = io["q"], io["tiles"], io["d"], io["nd"], io["rows"]
+    hi, full = io["hi"], io["full"]
+    b0, ns, h0, nh = tiles[t]
+    cols = ns * nh * rows
+    grp = rows // q.shape[2]
+    qt = b["qt"][par]
+    for sl in range(ns):
+        qrows = q[b0 + sl, h0 * grp : (h0 + nh) * grp].reshape((nh * rows, d))
+        c0 = sl * nh * rows
+        for dci in range(nd):
+            d0, dc = dci * P, min(P, d - dci * P)
+            nisa.dma_transpose(
+                dst=qt[:dc, dci * cols + c0 : dci * cols + c0 + nh * rows],
+                src=qrows[:, d0 : d0 + dc],
+            )
+    nisa.dma_copy(dst=b["hi"][par][:, :cols], src=hi[t, :cols].reshape((1, cols)).broadcast(0, P))
+    nisa.dma_copy(
+        dst=b["full"][par][:, :cols], src=full[t, :cols].reshape((1, cols)).broadcast(0, P)
+    )
+
+
+def _start_item(b, nd, cols):
+    nisa.memset(dst=b["m"][:cols, :], value=-BIG)
+    nisa.memset(dst=b["l"][:cols, :], value=0.0)
+    nisa.memset(dst=b["o"][:, : nd * cols], value=0.0)
+
+
+def _scores(b, slots, shape):
+    """S^T [n keys, c, cols] in PSUM: one matmul per (sequence, head, c, head_dim chunk)."""
+    slot, _, par, ipar = slots
+    ns, nh, rows, cols, c, n, d, nd, _layout = shape
+    s_ps, qt = b["s_ps"][par], b["qt"][ipar]
+    for sl in range(ns):
+        for h in range(nh):
+            col = (sl * nh + h) * rows
+            for ci in range(c):
+                for dci in range(nd):
+                    dc = min(P, d - dci * P)
+                    nisa.nc_matmul(
+                        dst=s_ps[:n, ci * cols + col : ci * cols + col + rows],
+                        stationary=_kt_at(b, slot, dci, sl, h, ci, nh, c, n, dc),
+                        moving=qt[:dc, dci * cols + col : dci * cols + col + rows],
+                        accumulate=dci > 0,
+                    )
+
+
+def _slab(b, slots, shape, scale, main):
+    """Softmax statistics of the slab's scores, P, row sums, O^T += V^T P."""
+    slot, islot, par, ipar = slots
+    ns, nh, rows, cols, c, n, d, nd, layout = shape
+    width = c * cols
+    s_ps, st = b["s_ps"][par], b["st_ps"]
+    hiv, full = b["hi"][ipar], b["full"][ipar]
+    # select: position < hi[col] (masked keys and other rows' garbage never reach the max)
+    kp = b["kp"][islot]
+    kpst = kp.shape[1]
+    kpv = kp.ap([[kpst, n], [1, c], [c, ns], [0, nh * rows]])
+    pred = b["pred"]
+    nisa.tensor_tensor(
+        dst=pred[:n, :width].reshape((n, c, ns, nh * rows)),
+        data1=kpv,
+        data2=hiv.ap([[hiv.shape[1], n], [0, c], [nh * rows, ns], [1, nh * rows]]),
+        op=nl.less,
+    )
+    s_sb = b["s"]
+    nisa.select_reduce(
+        dst=s_sb[:n, :width], predicate=pred[:n, :width], on_true=s_ps[:n, :width],
+        on_false=FP32_MIN,
+    )  # fmt: skip
+    mx = b["mx"]
+    if c > 1:
+        nisa.tensor_reduce(
+            dst=mx[:n, :cols],
+            op=nl.maximum,
+            data=s_sb.ap([[s_sb.shape[1], n], [1, cols], [cols, c]]),
+            axis=(2,),
+        )
+    else:
+        nisa.tensor_copy(dst=mx[:n, :cols], src=s_sb[:n, :cols])
+    # column max over the partitions: PE transpose, free-axis reduce
+    nisa.nc_transpose(dst=st[:cols, 0:n], data=mx[:n, :cols])
+    m, mn, cm, nb, a = b["m"], b["mn"], b["cm"], b["nb"], b["a"]
+    nisa.tensor_reduce(dst=cm[:cols, :], op=nl.maximum, data=st[:cols, 0:n], axis=(1,))
+    nisa.tensor_tensor(dst=mn[:cols, :], data1=m[:cols, :], data2=cm[:cols, :], op=nl.maximum)
+    nisa.activation(dst=nb[:cols, :], op=nl.copy, data=mn[:cols, :], scale=-scale)
+    nisa.activation(dst=a[:cols, :], op=nl.exp, data=m[:cols, :], bias=nb[:cols, :], scale=scale)
+    nisa.tensor_copy(dst=m[:cols, :], src=mn[:cols, :])
+    # -scale m' and a broadcast over the partitions (transposes of stride-0 views)
+    nisa.nc_transpose(dst=st[:n, 256 : 256 + cols], data=nb[:cols, 0:1].broadcast(1, n))
+    dp = min(d, P)
+    nisa.nc_transpose(dst=st[:dp, 384 : 384 + cols], data=a[:cols, 0:1].broadcast(1, dp))
+    z, p_sb = b["z"], b["p"][par]
+    nisa.scalar_tensor_tensor(
+        dst=z[:n, :width].reshape((n, c, cols)),
+        data=s_sb[:n, :width].reshape((n, c, cols)),
+        op0=nl.multiply,
+        operand0=scale,
+        op1=nl.add,
+        operand1=st.ap([[st.shape[1], n], [0, c], [1, cols]], offset=256),
+    )
+    # fp32 P for the row sums (lse to fp32 accuracy), the matmul dtype's copy for P V
+    p32 = b["p32"]
+    nisa.activation(dst=p32[:n, :width], op=nl.exp, data=z[:n, :width])
+    if p_sb.dtype != nl.float32:
+        nisa.tensor_copy(dst=p_sb[:n, :width], src=p32[:n, :width], engine=nisa.engine.gpsimd)
+    else:
+        p_sb = p32
+    # row sums on TensorE (keys contracted, fp32), l = a l + sum
+    for ci in range(c):
+        nisa.nc_matmul(
+            dst=st[:cols, 128:129],
+            stationary=p32[:n, ci * cols : (ci + 1) * cols],
+            moving=b["ones"][:n, 0:1],
+            accumulate=ci > 0,
+        )
+    nisa.scalar_tensor_tensor(
+        dst=b["l"][:cols, :], data=b["l"][:cols, :], op0=nl.multiply, operand0=a[:cols, :],
+        op1=nl.add, operand1=st[:cols, 128:129],
+    )  # fmt: skip
+    # O^T += V^T P: V stationary, each head's columns of P moving
+    o_ps = b["o_ps"][par]
+    for sl in range(ns):
+        for h in range(nh):
+            col = (sl * nh + h) * rows
+            for ci in range(c):
+                vv = _v_at(b, slot, sl, h, ci, nh, c, n, d, layout)
+                for dci in range(nd):
+                    d0, dc = dci * P, min(P, d - dci * P)
+                    nisa.nc_matmul(
+                        dst=o_ps[:dc, dci * cols + col : dci * cols + col + rows],
+                        stationary=vv[:, d0 : d0 + dc],
+                        moving=p_sb[:n, ci * cols + col : ci * cols + col + rows],
+                        accumulate=ci > 0,
+                    )
+    o, tmp = b["o"], b["tmp"]
+    for dci in range(nd):
+        dc = min(P, d - dci * P)
+        sl_ = slice(dci * cols, (dci + 1) * cols)
+        nisa.tensor_tensor(
+            dst=tmp[:dc, sl_], data1=o[:dc, sl_], data2=st[:dc, 384 : 384 + cols], op=nl.multiply
+        )
+        nisa.tensor_tensor(dst=tmp[:dc, sl_], data1=tmp[:dc, sl_], data2=o_ps[:dc, sl_], op=nl.add)
+        if main:  # a sequence without a full piece only has padding here: keep O^T
+            nisa.tensor_copy_predicated(
+                dst=o[:dc, sl_], src=tmp[:dc, sl_], predicate=full[:dc, :cols]
+            )
+        else:
+            nisa.tensor_copy(dst=o[:dc, sl_], src=tmp[:dc, sl_])
+
+
+def _finish_item(out, lse, b, split, tile, grp, rows, cols, d, nd, scale):
+    b0, ns, h0, nh = tile
+    fin = b["fin_ps"]
+    for dci in range(nd):
+        d0, dc = dci * P, min(P, d - dci * P)
+        nisa.nc_transpose(
+            dst=fin[:cols, d0 : d0 + dc], data=b["o"][:dc, dci * cols : (dci + 1) * cols]
+        )
+    lg, rl = b["lg"], b["rl"]
+    # an item with no visible key keeps l = 0 and O = 0: out 0, lse ~ scale * -BIG
+    nisa.tensor_scalar(dst=lg[:cols, :], data=b["l"][:cols, :], op0=nl.maximum, operand0=1e-30)
+    nisa.reciprocal(dst=rl[:cols, :], data=lg[:cols, :])
+    nisa.tensor_scalar(
+        dst=b["out"][:cols, :d], data=fin[:cols, :d], op0=nl.multiply, operand0=rl[:cols, :]
+    )
+    nisa.activation(dst=lg[:cols, :], op=nl.log, data=lg[:cols, :])
+    nisa.scalar_tensor_tensor(
+        dst=b["lse"][:cols, :], data=b["m"][:cols, :], op0=nl.multiply, operand0=scale,
+        op1=nl.add, operand1=lg[:cols, :],
+    )  # fmt: skip
+    for sl in range(ns):
+        r0 = sl * nh * rows
+        heads = slice(h0 * grp, (h0 + nh) * grp)
+        nisa.dma_copy(
+            dst=out[split, b0 + sl, heads].reshape((nh * rows, d)),
+            src=b["out"][r0 : r0 + nh * rows, :d],
+        )
+        nisa.dma_copy(
+            dst=lse[split, b0 + sl, heads].reshape((nh * rows, 1)),
+            src=b["lse"][r0 : r0 + nh * rows, :],
+        )
+
+
+__all__ = ["decode_stream_fwd"]

@@ -1,0 +1,199 @@
+"""The models the ledger prices: the published architecture numbers a layer's cost needs.
+
+Each entry is read off the model's published `config.json` (Hugging Face hub, the repo
+named in `source`); "-like" entries keep the shape of the original where our ops can
+express it and say what they change. A transformers config (a `config.json` file or a
+directory holding one) is read the same way, with no transformers import.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..model_shapes import (
+    LLAMA3_8B_ATTN,
+    LLAMA3_70B_ATTN,
+    MIXTRAL_8X7B_ATTN,
+    MIXTRAL_8X7B_MOE,
+    AttentionShape,
+    MoEShape,
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One decoder-only transformer, as far as its per-layer cost goes."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    intermediate: int = 0  # dense MLP width (0: every layer is MoE)
+    experts: int = 0  # routed experts (0: dense model)
+    top_k: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0  # shared-expert MLP width beside the routed experts
+    dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
+    source: str = ""
+    changes: str = ""  # what a "-like" entry changes from the original
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    def attention_shape(self) -> AttentionShape:
+        return AttentionShape(self.name, self.heads, self.kv_heads, self.head_dim)
+
+    def moe_shape(self) -> MoEShape:
+        if not self.is_moe:
+            raise ValueError(f"model: {self.name} has no MoE layers")
+        return MoEShape(self.name, self.hidden, self.moe_intermediate, self.experts, self.top_k)
+
+    def projections(self) -> list[tuple[str, int, int]]:
+        """The attention block's matmuls left to the compiler: (name, K, N) of x[T, K] W[K, N]."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return [("qkv_proj", self.hidden, q + 2 * kv), ("o_proj", q, self.hidden)]
+
+
+LLAMA3_8B = ModelSpec(
+    "llama3-8b",
+    layers=32,
+    hidden=4096,
+    heads=LLAMA3_8B_ATTN.num_heads,
+    kv_heads=LLAMA3_8B_ATTN.num_kv_heads,
+    head_dim=LLAMA3_8B_ATTN.head_dim,
+    vocab=128256,
+    intermediate=14336,
+    source="meta-llama/Meta-Llama-3-8B config.json",
+)
+LLAMA3_70B = ModelSpec(
+    "llama3-70b",
+    layers=80,
+    hidden=8192,
+    heads=LLAMA3_70B_ATTN.num_heads,
+    kv_heads=LLAMA3_70B_ATTN.num_kv_heads,
+    head_dim=LLAMA3_70B_ATTN.head_dim,
+    vocab=128256,
+    intermediate=28672,
+    source="meta-llama/Meta-Llama-3-70B config.json",
+)
+MIXTRAL_8X7B = ModelSpec(
+    "mixtral-8x7b",
+    layers=32,
+    hidden=MIXTRAL_8X7B_MOE.hidden,
+    heads=MIXTRAL_8X7B_ATTN.num_heads,
+    kv_heads=MIXTRAL_8X7B_ATTN.num_kv_heads,
+    head_dim=MIXTRAL_8X7B_ATTN.head_dim,
+    vocab=32000,
+    experts=MIXTRAL_8X7B_MOE.num_experts,
+    top_k=MIXTRAL_8X7B_MOE.top_k,
+    moe_intermediate=MIXTRAL_8X7B_MOE.intermediate,
+    source="mistralai/Mixtral-8x7B-v0.1 config.json",
+)
+QWEN3_MOE_LIKE = ModelSpec(
+    "qwen3-moe-like",
+    layers=48,
+    hidden=2048,
+    heads=32,
+    kv_heads=4,
+    head_dim=128,
+    vocab=151936,
+    experts=128,
+    top_k=8,
+    moe_intermediate=768,
+    source="Qwen/Qwen3-30B-A3B config.json",
+    changes="the q / k RMSNorms of Qwen3 attention are left out",
+)
+DEEPSEEK_V3_LIKE = ModelSpec(
+    "deepseek-v3-like",
+    layers=61,
+    hidden=7168,
+    heads=128,
+    kv_heads=128,
+    head_dim=128,
+    vocab=129280,
+    intermediate=18432,
+    experts=256,
+    top_k=8,
+    moe_intermediate=2048,
+    shared_intermediate=2048,
+    dense_layers=3,
+    source="deepseek-ai/DeepSeek-V3 config.json",
+    changes=(
+        "multi-head latent attention priced as plain multi-head attention with 128 heads "
+        "of D = 128 (the original's queries and keys have D = 192: 128 + 64 rotary) and "
+        "plain q / k / v projections instead of the low-rank ones; sigmoid group-limited "
+        "routing priced as top-8 softmax routing"
+    ),
+)
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m for m in (LLAMA3_8B, LLAMA3_70B, MIXTRAL_8X7B, DEEPSEEK_V3_LIKE, QWEN3_MOE_LIKE)
+}
+
+
+def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def from_hf_config(path: str | Path) -> ModelSpec:
+    """A ModelSpec from a transformers `config.json` (or a directory holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"model: cannot read a transformers config at {path}: {exc}") from None
+    need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+    missing = [k for k in need if k not in cfg]
+    if missing:
+        raise ValueError(f"model: {p} lacks {', '.join(missing)} (not a decoder config?)")
+    heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    experts = int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0))
+    shared = int(_get(cfg, "shared_expert_intermediate_size", default=0))
+    if not shared and _get(cfg, "n_shared_experts"):
+        shared = int(cfg["n_shared_experts"]) * int(_get(cfg, "moe_intermediate_size", default=0))
+    inter = int(_get(cfg, "intermediate_size", default=0))
+    moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter if experts else 0))
+    return ModelSpec(
+        name=str(_get(cfg, "_name_or_path", default="") or p.parent.name or "config"),
+        layers=int(cfg["num_hidden_layers"]),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
+        head_dim=int(_get(cfg, "head_dim", default=hidden // heads)),
+        vocab=int(cfg["vocab_size"]),
+        intermediate=inter,
+        experts=experts,
+        top_k=int(_get(cfg, "num_experts_per_tok", default=0)) if experts else 0,
+        moe_intermediate=moe_inter if experts else 0,
+        shared_intermediate=shared,
+        dense_layers=int(_get(cfg, "first_k_dense_replace", default=0)) if experts else 0,
+        source=f"transformers config {p}",
+    )
+
+
+def get_model(name: str) -> ModelSpec:
+    """A named model, or a transformers config path."""
+    if name in MODELS:
+        return MODELS[name]
+    if Path(name).exists():
+        return from_hf_config(name)
+    raise ValueError(
+        f"--model: expected one of {', '.join(MODELS)} or a transformers config path; got {name!r}"
+    )

@@ -1,0 +1,127 @@
+"""Router variants of the MoE models in use (2026), as differentiable torch code.
+
+`route(logits, top_k=..., ...)` -> (weights [T, k] fp32, ids [T, k] int64), the input of
+`torch.ops.nki.moe_experts`. Options (each model's setting in `ROUTERS`):
+
+- scoring: "softmax" over the E experts, or "sigmoid" per expert;
+- softmax_after_topk: select on the logits, then softmax over the k selected (GPT-OSS);
+- bias [E]: added to the scores for *selection only* (DeepSeek-V3's
+  e_score_correction_bias); the weights are the unbiased scores of the selected experts;
+- n_group / topk_group: group-limited top-k (DeepSeek-V3): experts form n_group equal
+  groups, a group's score is the sum of its two best (biased) scores, only the topk_group
+  best groups are eligible;
+- renormalize: divide the k weights by their sum (DeepSeek-V3 adds 1e-20 to the sum);
+- scaling: routed scaling factor, multiplies the final weights.
+
+Ties go to the lower expert index, as torch.topk on CPU gives them (a stable descending
+sort); NaN scores are never selected while a finite one remains. Up to 512 experts, k <= 16.
+The routing runs as torch ops (T x E elementwise work and a top-k, small next to the
+experts); its backward is torch autograd through the selected scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+MAX_EXPERTS, MAX_TOP_K = 512, 16
+SCORINGS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class Router:
+    """One model family's routing options (the keyword arguments of `route`)."""
+
+    top_k: int
+    scoring: str = "softmax"
+    softmax_after_topk: bool = False
+    n_group: int | None = None
+    topk_group: int | None = None
+    renormalize: bool = True
+    scaling: float = 1.0
+
+
+ROUTERS = {
+    "mixtral": Router(top_k=2),
+    "qwen3-moe": Router(top_k=8),
+    "deepseek-v3": Router(top_k=8, scoring="sigmoid", n_group=8, topk_group=4, scaling=2.5),
+    "gpt-oss": Router(top_k=4, softmax_after_topk=True, renormalize=False),
+}
+
+
+def _check(logits: Tensor, top_k: int, scoring: str, bias: Tensor | None, groups: tuple) -> None:
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"logits: expected a float tensor [T, E]; got {logits!r:.80}")
+    e = logits.shape[1]
+    if not 1 <= e <= MAX_EXPERTS:
+        raise ValueError(f"logits: expected E (dim 1) in 1..{MAX_EXPERTS}; got {e}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(e, MAX_TOP_K):
+        raise ValueError(
+            f"top_k: expected 1..{min(e, MAX_TOP_K)} (<= E = {e} and <= 16); got {top_k}"
+        )
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring: expected one of {SCORINGS}; got {scoring!r}")
+    if bias is not None and tuple(bias.shape) != (e,):
+        raise ValueError(f"bias: expected shape ({e},) (one per expert); got {tuple(bias.shape)}")
+    n_group, topk_group = groups
+    if (n_group is None) != (topk_group is None):
+        raise ValueError(
+            f"n_group / topk_group: give both or neither; got {n_group} / {topk_group}"
+        )
+    if n_group is not None:
+        assert topk_group is not None
+        if n_group < 1 or e % n_group:
+            raise ValueError(f"n_group: expected a divisor of E = {e}; got {n_group}")
+        if not 1 <= topk_group <= n_group or topk_group * (e // n_group) < top_k:
+            raise ValueError(
+                f"topk_group: expected 1..{n_group} groups holding >= top_k = {top_k} experts; "
+                f"got {topk_group}"
+            )
+
+
+def _topk(scores: Tensor, k: int) -> Tensor:
+    """ids of the k largest, ties to the lower index, NaN last (a stable descending sort)."""
+    key = torch.where(torch.isnan(scores), torch.full_like(scores, float("-inf")), scores)
+    return torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def route(
+    logits: Tensor,
+    *,
+    top_k: int,
+    scoring: str = "softmax",
+    softmax_after_topk: bool = False,
+    bias: Tensor | None = None,
+    n_group: int | None = None,
+    topk_group: int | None = None,
+    renormalize: bool = True,
+    scaling: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """(weights [T, k] fp32, ids [T, k] int64); see the module docstring."""
+    _check(logits, top_k, scoring, bias, (n_group, topk_group))
+    lf = logits.to(torch.float32)
+    if softmax_after_topk:
+        ids = _topk(lf.detach() if bias is None else lf.detach() + bias.float(), top_k)
+        weights = torch.softmax(lf.gather(1, ids), dim=-1)
+    else:
+        scores = torch.softmax(lf, dim=-1) if scoring == "softmax" else torch.sigmoid(lf)
+        choice = scores.detach() if bias is None else scores.detach() + bias.float()
+        if n_group is not None:
+            assert topk_group is not None
+            t, e = choice.shape
+            grouped = choice.view(t, n_group, e // n_group)
+            best2 = torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, e // n_group)]
+            keep_groups = _topk(best2.sum(-1), topk_group)
+            eligible = torch.zeros(t, n_group, dtype=torch.bool, device=lf.device)
+            eligible.scatter_(1, keep_groups, True)
+            eligible = eligible.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
+            choice = torch.where(eligible, choice, torch.full_like(choice, float("-inf")))
+        ids = _topk(choice, top_k)
+        weights = scores.gather(1, ids)
+    if renormalize and not softmax_after_topk:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if scaling != 1.0:
+        weights = weights * scaling
+    return weights, ids

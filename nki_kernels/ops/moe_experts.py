@@ -1,0 +1,211 @@
+"""`torch.ops.nki.moe_experts`: the SwiGLU expert layer on routing computed elsewhere.
+
+    moe_experts(hidden [T, H], weights [T, k] float, ids [T, k] int32/int64,
+                w_gate_up [E, H, 2I], w_down [E, I, H]) -> [T, H]
+    out[t] = sum_j weights[t, j] * (silu(x Wg_e) * (x Wu_e)) Wd_e,  e = ids[t, j]
+
+The same NKI kernels as `moe_mlp` (block plan, blockwise expert MLP and combine; the
+backward's dgrad, on-chip weight-gradient sums and combine), without the router: any
+routing -- DeepSeek-V3's group-limited sigmoid top-k with a selection-only bias, GPT-OSS's
+softmax over the selected logits, `moe.routing.route` -- produces (weights, ids) and this
+op runs the experts. Differentiable in hidden, weights, w_gate_up and w_down (the
+weights' gradient, d out / d weights[t, j] = <grad[t], y_e(x_t)>, comes from the
+backward kernel). Up to 512 experts and k <= 16. A NaN / Inf in a token's hidden row or
+weights stays in that token's output row (and in the weight gradients of its experts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..moe.blockwise_mlp import moe_mlp_fwd
+from ..moe.blockwise_mlp_bwd import moe_mlp_bwd
+from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig
+from ..runtime import launch, lookup_config, pad_to_bucket, unpad
+from ..targets import get_target
+from .checks import FLOAT_DTYPES, check_tensor
+from .moe import HIDDEN_DTYPES, ID_DTYPES, _check_ids, _plan, _problem
+from .registry import define_op, tracing
+
+MAX_EXPERTS, MAX_TOP_K = 512, 16
+
+
+def _check(hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor) -> None:
+    check_tensor("hidden", hidden, dtypes=HIDDEN_DTYPES, min_dim=2)
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden: expected 2 dims [T, H]; got {tuple(hidden.shape)}")
+    t, h = hidden.shape
+    check_tensor("weights", weights, dtypes=FLOAT_DTYPES, min_dim=2)
+    check_tensor("ids", ids, dtypes=ID_DTYPES, min_dim=2)
+    for arg, x in (("weights", weights), ("ids", ids)):
+        if x.dim() != 2 or x.shape[0] != t:
+            raise ValueError(f"{arg}: expected [T={t}, k] (T from hidden); got {tuple(x.shape)}")
+    k = ids.shape[1]
+    if tuple(weights.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"weights: expected shape {tuple(ids.shape)} (as ids); got {tuple(weights.shape)}"
+        )
+    for arg, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        check_tensor(arg, w, dtypes=HIDDEN_DTYPES, min_dim=3)
+        if w.dim() != 3:
+            raise ValueError(f"{arg}: expected 3 dims; got {tuple(w.shape)}")
+        if w.dtype != hidden.dtype:
+            raise TypeError(f"{arg}: expected dtype {hidden.dtype} (as hidden); got {w.dtype}")
+    e = w_gate_up.shape[0]
+    if not 1 <= e <= MAX_EXPERTS:
+        raise ValueError(f"w_gate_up: expected E (dim 0) in 1..{MAX_EXPERTS}; got {e}")
+    if not 1 <= k <= min(MAX_TOP_K, e):
+        raise ValueError(
+            f"ids: expected 1..{min(MAX_TOP_K, e)} columns (k <= 16 and <= E = {e}); got {k}"
+        )
+    if w_gate_up.shape[1] != h or w_gate_up.shape[2] % 2:
+        raise ValueError(
+            f"w_gate_up: expected [E, H={h}, 2I] (H from hidden); got {tuple(w_gate_up.shape)}"
+        )
+    i = w_gate_up.shape[2] // 2
+    if tuple(w_down.shape) != (e, i, h):
+        raise ValueError(
+            f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
+            f"{tuple(w_down.shape)}"
+        )
+    for arg, x in (
+        ("weights", weights),
+        ("ids", ids),
+        ("w_gate_up", w_gate_up),
+        ("w_down", w_down),
+    ):
+        if x.device != hidden.device:
+            raise ValueError(f"{arg}: expected device {hidden.device} (as hidden); got {x.device}")
+
+
+def _padded(weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """weights (fp32) and ids (int32) padded to the token bucket (padded tokens route
+    nowhere: the plan reads the first T rows only)."""
+    wp, _ = pad_to_bucket(weights.detach().to(torch.float32), 0)
+    ip, _ = pad_to_bucket(ids.detach().to(torch.int32), 0)
+    return wp, ip
+
+
+def _config_and_plan(
+    op: str, kernel: Any, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor
+) -> tuple[Any, int, dict[str, Tensor]]:
+    if not tracing(ids):
+        _check_ids(ids, w_gate_up.shape[0])
+    wp, ip = _padded(weights, ids)
+    problem = _problem(wp.shape[0], w_gate_up, ids.shape[1])
+    cfg = lookup_config(op, problem, kernel, target=get_target(None))
+    meta, static = _plan(wp, ip, hidden.shape[0], w_gate_up.shape[0], cfg.block_size, None)
+    return cfg, static, meta
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    hidden, weights, ids, w_gate_up, w_down = ctx.saved_tensors
+    dh, dw, dgu, dd = torch.ops.nki.moe_experts_backward(
+        grad, hidden, weights, ids, w_gate_up, w_down
+    )
+    return dh, dw.to(weights.dtype), None, dgu, dd
+
+
+def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    g = torch.Generator().manual_seed(0)
+    t, h, i, e, k = 37, 32, 48, 6, 3
+    x = torch.randn(t, h, generator=g, requires_grad=True)
+    w = torch.rand(t, k, generator=g, requires_grad=True)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    wgu = (torch.randn(e, h, 2 * i, generator=g) / h**0.5).requires_grad_()
+    wd = (torch.randn(e, i, h, generator=g) / i**0.5).requires_grad_()
+    return [((x, w, ids, wgu, wd), {})]
+
+
+@define_op(
+    "moe_experts",
+    fake=lambda hidden, *a: torch.empty_like(hidden),
+    validate=_check,
+    backward=_backward,
+    setup_context=_setup,
+    examples=_examples,
+    traceable=True,
+)
+def moe_experts(
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+) -> Tensor:
+    """sum_j weights[t, j] * SwiGLU-expert_{ids[t, j]}(hidden[t]) (NKI expert kernels)."""
+    t = hidden.shape[0]
+    cfg, static, m = _config_and_plan("moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up)
+    assert isinstance(cfg, MoEMLPConfig)
+    hp, _ = pad_to_bucket(hidden.detach(), 0)
+    out = launch(
+        moe_mlp_fwd,
+        hp,
+        w_gate_up.detach(),
+        w_down.detach(),
+        m["slot_token"],
+        m["block_expert"],
+        m["block_count"],
+        m["token_slot"],
+        m["token_weight"],
+        config=cfg,
+        target=get_target(None),
+        static_blocks=static,
+        may_drop=True,  # padded tokens have no slot
+    )
+    return unpad(out, 0, t).contiguous()
+
+
+def _bwd_fake(
+    grad: Tensor, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+) -> Any:
+    return (
+        torch.empty_like(hidden),
+        weights.new_empty(weights.shape, dtype=torch.float32),
+        torch.empty_like(w_gate_up),
+        torch.empty_like(w_down),
+    )
+
+
+@define_op(
+    "moe_experts_backward",
+    fake=_bwd_fake,
+    validate=lambda grad, *a: _check(*a),
+    examples=lambda: [((torch.randn(37, 32), *(x.detach() for x in _examples()[0][0])), {})],
+    traceable=True,
+)
+def moe_experts_backward(
+    grad: Tensor, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d hidden, d weights (fp32), d w_gate_up, d w_down) of `moe_experts` (NKI kernels)."""
+    t = hidden.shape[0]
+    cfg, static, m = _config_and_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, weights, ids, w_gate_up)
+    assert isinstance(cfg, MoEMLPBwdConfig)
+    hp, _ = pad_to_bucket(hidden.detach(), 0)
+    gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
+    dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hidden.device)
+    dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hidden.device)
+    dh, dw = launch(
+        moe_mlp_bwd,
+        hp,
+        w_gate_up.detach(),
+        w_down.detach(),
+        gp,
+        m["slot_token"],
+        m["slot_weight"],
+        m["block_expert"],
+        m["block_keep"],
+        m["block_count"],
+        m["token_slot"],
+        dgu,
+        dd,
+        config=cfg,
+        target=get_target(None),
+        mutated=(10, 11),
+        static_blocks=static,
+        may_drop=True,
+    )
+    return unpad(dh, 0, t).contiguous(), unpad(dw, 0, t).contiguous(), dgu, dd

@@ -1,0 +1,85 @@
+"""benchmarks/gpu_peers.py imports anywhere, stops cleanly without CUDA, and writes rows
+the ledger reads as measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nki_kernels.ledger.gpu import GpuRows
+from nki_kernels.ledger.gpu import price_op as gpu_price
+from nki_kernels.ledger.layers import Op
+from nki_kernels.ledger.models import LLAMA3_8B
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_peers.py"
+
+
+@pytest.fixture(scope="module")
+def peers():
+    spec = importlib.util.spec_from_file_location("gpu_peers", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_without_cuda_it_stops_with_a_named_error(peers, capsys):
+    with pytest.raises(peers.CudaUnavailable, match="is_available"):
+        peers.require_cuda()
+    assert peers.main(["--model", "llama3-8b", "--phase", "decode"]) == 2
+    assert "CudaUnavailable" in capsys.readouterr().err
+
+
+def test_bad_model_is_a_clean_error(peers, capsys):
+    assert peers.main(["--model", "nope"]) == 2
+    assert "--model" in capsys.readouterr().err
+
+
+def test_the_ops_are_the_ledgers(peers):
+    model, *ops = peers.ledger_ops("llama3-8b", "train", 1, 8192, 0)
+    kinds = {o.kind for o in ops}
+    assert model.name == "llama3-8b"
+    assert {"matmul", "attention", "norm", "swiglu"} <= kinds
+
+
+def test_rows_are_read_as_measured(peers, tmp_path):
+    base = {
+        "device": "GPU X",
+        "torch": "9.9",
+        "cuda": "99",
+        "date": "2026-12-04",
+        "method": peers.METHOD.format(reps=10, warmup=3),
+        "provenance": "measured (GPU X)",
+    }
+    rows = [
+        peers.make_row(
+            base, "gemm", "matmul", "[64, 4096] x [4096, 6144] bf16", (11.0, 10.0, 12.0)
+        ),
+        peers.make_row(base, "elementwise", "swiglu fwd", "[64, 14336] bf16", (3.0, 2.5, 3.5)),
+        peers.make_row(
+            base,
+            "decode",
+            "sdpa decode (1 query)",
+            "B=64 Hq=32 Hkv=8 L=4096 D=128 bf16",
+            (70.0, 69.0, 71.0),
+            hbm_GBps=1000.0,
+        ),
+    ]
+    p = tmp_path / "rows.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    g = GpuRows.load(p)
+    m = LLAMA3_8B
+    f = gpu_price(g, Op("matmuls", "qkv_proj dX", "matmul", (64, 4096, 6144)), m)
+    assert f is not None and f.us == 11.0 and f.label == "measured (GPU X, torch 9.9, CUDA 99)"
+    f = gpu_price(g, Op("mlp", "silu", "swiglu", (64, 14336, "fwd")), m)
+    assert f is not None and f.us == 3.0 and f.kind == "measured"
+    f = gpu_price(g, Op("attention", "decode", "decode_attention", (64, 4096, 32, 8, 128)), m)
+    assert f is not None and f.us == 70.0 and f.kind == "measured"
+    # a shape no row has is derived, and says so
+    f = gpu_price(g, Op("attention", "decode", "decode_attention", (64, 8192, 32, 8, 128)), m)
+    assert f is not None and f.kind == "derived" and "scaled by K/V bytes" in f.source

@@ -1,0 +1,127 @@
+"""The ledger's per-layer sums are built from the committed op-level benchmark rows: where
+a ledger op is exactly a committed case, its figure is that row (times the sequences of
+the step), and a layer's total is the sum of those rows with the band summed per
+parameter set."""
+
+from __future__ import annotations
+
+import pytest
+
+from nki_kernels.bench.rows import BenchRow
+from nki_kernels.ledger.figure import Figure, total
+from nki_kernels.ledger.layers import Step, layer_ops
+from nki_kernels.ledger.ledger import Ledger, OpFigures
+from nki_kernels.ledger.models import LLAMA3_8B, MIXTRAL_8X7B
+from nki_kernels.ledger.store import RowStore, current_version, version_of
+from nki_kernels.ledger.trainium import price_op
+
+TARGET, LNC = "trn2", 2
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # never the user's cache
+    s = RowStore(cache=tmp_path / "ledger_rows.jsonl")
+    rows = [r for r in s.bench_rows() if r.target == TARGET and r.lnc == LNC]
+    if not rows or any(version_of(r.provenance) != current_version() for r in rows):
+        pytest.skip(
+            f"the committed op-level rows are not all cost model {current_version()}: "
+            "re-price them (`nki-kernels bench --reprice --full`) for this check"
+        )
+    return s
+
+
+def _row(store: RowStore, family: str, op: str, case: str, impl: str) -> BenchRow:
+    r = store.op_row(family, op, case, TARGET, LNC, impl)
+    assert r is not None, f"no committed row {impl} {op} {case}"
+    return r
+
+
+def _priced(store: RowStore, model, step: Step, groups: tuple[str, ...], moe: bool) -> Ledger:
+    ops = [o for o in layer_ops(model, step, moe) if o.group in groups]
+    figs = [
+        OpFigures(
+            "layer", o, {i: price_op(store, o, i, model, TARGET, LNC) for i in ("ours", "native")}
+        )
+        for o in ops
+    ]
+    return Ledger(model, step, TARGET, LNC, figs, [("layer", 1, moe)])
+
+
+def test_attention_and_norm_sums_are_the_committed_rows(store):
+    # Llama-3 8B training, 2 sequences of 8192 tokens per logical core: the norms run on
+    # [16384, 4096] (a committed case) and attention on 2 x the B=1, S=8192 case
+    step = Step("train", 2, seq=8192)
+    led = _priced(store, LLAMA3_8B, step, ("attention", "norms"), moe=False)
+    case = "B=1 H=32/8 S=8192 D=128 bf16"
+    for impl, row_impl in (("ours", "nki"), ("native", "aws")):
+        fwd = _row(store, "attention", "flash_attention fwd causal", case, row_impl)
+        bwd = _row(store, "attention", "flash_attention bwd causal", case, row_impl)
+        norm_f = _row(
+            store,
+            "norm",
+            "add_rms_norm fwd",
+            "[16384, 4096] bf16",
+            "nki" if impl == "ours" else "native",
+        )
+        norm_b = _row(
+            store,
+            "norm",
+            "rms_norm bwd",
+            "[16384, 4096] bf16",
+            "nki" if impl == "ours" else "native",
+        )
+        # attention: 2 sequences x (fwd + bwd); norms: 2 launches each (count 2)
+        want_attn = 2 * fwd.latency_us + 2 * bwd.latency_us
+        want_norm = 2 * norm_f.latency_us + 2 * norm_b.latency_us
+        attn = led.layer_total("layer", impl, "attention")
+        norms = led.layer_total("layer", impl, "norms")
+        assert attn is not None and norms is not None
+        assert attn.us == pytest.approx(want_attn, rel=1e-12)
+        assert norms.us == pytest.approx(want_norm, rel=1e-12)
+        # the band of the sum: per parameter set, the same arithmetic on the rows' samples
+        sets = [
+            2 * a + 2 * b
+            for a, b in zip(fwd.extra["samples_us"], bwd.extra["samples_us"], strict=True)
+        ]
+        assert attn.band == pytest.approx((min(sets), max(sets)), rel=1e-12)
+        assert all(
+            "committed row" in o.figs[impl].source for o in led.ops if o.op.group == "attention"
+        )
+
+
+def test_moe_forward_is_the_committed_row(store):
+    # Mixtral prefill at 4096 tokens per logical core: the MoE forward is the committed
+    # T=4096 uniform case, ours and the dropless native baseline
+    step = Step("prefill", 1, seq=4096)
+    led = _priced(store, MIXTRAL_8X7B, step, ("moe",), moe=True)
+    case = "mixtral-8x7b T=4096 H=4096 I=14336 E=8 top-2 bf16"
+    for impl, row_impl in (("ours", "nki"), ("native", "native")):
+        r = _row(store, "moe", "moe_mlp fwd uniform", case, row_impl)
+        got = led.layer_total("layer", impl, "moe")
+        assert got is not None
+        assert got.us == pytest.approx(r.latency_us, rel=1e-12)
+        assert got.band == pytest.approx(tuple(r.band_us), rel=1e-12)
+
+
+def test_total_sums_bands_per_parameter_set():
+    a = Figure(10.0, "modeled (cost model v9, trn2)", band=(9.0, 12.0), samples=(10.0, 9.0, 12.0))
+    b = Figure(5.0, "modeled (cost model v9, trn2)", band=(4.0, 6.0), samples=(5.0, 6.0, 4.0))
+    t = total([a, b])
+    # per set: 10 + 5, 9 + 6, 12 + 4 -> 15, 15, 16 (narrower than 13..18 from the ends)
+    assert t.us == 15.0 and t.band == (15.0, 16.0) and t.samples == (15.0, 15.0, 16.0)
+    assert t.label == "modeled (cost model v9, trn2)"
+
+
+def test_total_without_samples_adds_ends_and_says_so():
+    a = Figure(10.0, "modeled (cost model v9, trn2)", band=(9.0, 12.0))
+    b = Figure(5.0, "measured (GPU X, torch 1)")
+    t = total([a, b])
+    assert t.band == (14.0, 17.0)  # 9 + 5, 12 + 5
+    assert t.label.startswith("mixed: ") and "measured (GPU X" in t.label
+    assert any("lows and highs" in n for n in t.notes)
+
+
+def test_total_of_nothing_is_an_error():
+    with pytest.raises(ValueError, match="no figures"):
+        total([])
