@@ -16,7 +16,7 @@ Conventions read from the plugin's design docs and the models that call it
 [Nh, 1], output [Nh, Dh, T] with `tp_out=True` (else [Nh, T, Dh]). The plugin's kernel
 serves one sequence per call (B = 1); here B sequences of T / B tokens each are served.
 `kv_segment_size` is accepted (the plugin's prior-KV step; its segments of 512..4096
-keys) and not needed: the kernel steps through the prior keys 128 at a time.
+keys) and not needed: the kernel steps through the keys 128 to 512 at a time.
 `fp8_packed=True` (the plugin's packed fp8 K layout) is not supported. FP8 caches
 (float8_e4m3fn / float8_e5m2) take their scales as `k_scale` / `v_scale` keywords
 instead of the plugin's folding by hand (`scale / k_scale`, `out / v_scale`).
