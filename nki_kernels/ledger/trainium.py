@@ -229,25 +229,27 @@ def decode_attention(
         build = lambda: native.attention_fwd(1, h, 1, ctx, d, BF16)  # noqa: E731
         f = store.get_or_price(key, target, 1, impl, _steps_us(build), "decode attention")
         return f.scaled(per_core, f"x {per_core} (sequence, kv head) groups per core")
-    key = f"decode_attention Hq={group} Hkv=1 Sq=1 L={ctx} D={d} (ours, one program)"
+    key = f"decode_attention B={batch} Hq={heads} Hkv={kv} Sq=1 L={ctx} D={d} (ours, one launch)"
 
     def price(tgt: Any) -> float:
-        from ..attention.decode import decode_attention_fwd
-        from ..attention.decode_host import DecodeProblem, kernel_args
+        # the op's streamed kernel: the whole batch in one launch, split over the LNC's cores
+        from ..attention.decode_host import DecodeProblem, StreamConfig, stream_kernel_args
+        from ..attention.decode_stream import decode_stream_fwd
         from ..perfmodel import estimate_trace, trace_kernel
         from ..runtime.buckets import bucket
         from ..runtime.config_store import lookup_config
 
-        prob = DecodeProblem(1, heads, kv, 1, bucket(ctx), d, BF16, "contiguous")
+        op_key = DecodeProblem(1, heads, kv, 1, bucket(ctx), d, BF16, "contiguous")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cfg = lookup_config("decode_attention", prob, decode_attention_fwd, target=tgt)
-        unit = DecodeProblem(1, group, 1, 1, ctx, d, BF16, "contiguous")
-        trace = trace_kernel(decode_attention_fwd, *kernel_args(unit, cfg), target=tgt)  # type: ignore[arg-type]
+            cfg = lookup_config("decode_attention", op_key, decode_stream_fwd, target=tgt,
+                                config_cls=StreamConfig, lnc=1)  # fmt: skip
+        prob = DecodeProblem(batch, heads, kv, 1, ctx, d, BF16, "contiguous")
+        args = stream_kernel_args(prob, cfg, lnc=lnc)  # type: ignore[arg-type]
+        trace = trace_kernel(decode_stream_fwd, *args, target=tgt, lnc=lnc)
         return estimate_trace(trace, tgt).latency_ns / 1e3
 
-    f = store.get_or_price(key, target, 1, impl, price, "decode attention")
-    return f.scaled(per_core, f"x {per_core} (sequence, kv head) programs per core")
+    return store.get_or_price(key, target, lnc, impl, price, "decode attention")
 
 
 def _aws_decode(
