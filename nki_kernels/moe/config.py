@@ -451,9 +451,8 @@ class MoEMLPBwdConfig(KernelConfig):
         rt = _tile(ns * min(self.wgrad_cols, max(h, 2 * i)) * dsz)
         acc_rows = min(self.wgrad_tiles, _cdiv(max(h, i), P))
         acc = _tile(acc_rows * min(self.wgrad_cols, max(h, 2 * i)) * 4)
-        # per buffer set: rows, expert, keep, keep as a [128, 512] uint8 predicate; + a
-        # [128, 512] fp32 zero tile the predicates are made from
-        phase_b = 2 * (lt + rt + 2 * GRANULE + _tile(512)) + _tile(512 * 4) + acc
+        # per buffer set: rows, expert, keep, keep as an int32 AND mask
+        phase_b = 2 * (lt + rt + 3 * GRANULE) + acc
         combine = 2 * GRANULE + 2 * _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
         sbuf = max(phase_a, phase_b, combine)
         if sb >= 512:

@@ -14,12 +14,13 @@ Loop nest (weight tile outer, blocks inner):
             prefetch block b+1: L[:, m0 : m0 + R], R[:, n0 : n0 + C], expert, keep
             for each 128-row tile r and 512-column tile q:
                 ps = sum over the block's 128-token sub-tiles   PSUM, [128, 512] fp32
-                acc[r, q] = (keep[b] ? acc[r, q] : 0) + ps      VectorE, fp32 SBUF (a select)
+                acc[r, q] = (acc[r, q] AND mask[b]) + ps        VectorE: bit select, add
             store acc[r, :] -> dW[expert(b), rows r, n0 : n0 + C]
 
 keep[b] is 0 on the first block of an expert and 1 otherwise, so `acc` holds the fp32 sum
-over the expert's blocks so far. The restart is a select (`tensor_copy_predicated`), never
-a multiply by 0, so a NaN / Inf in one expert's sum cannot reach the next expert's. The
+over the expert's blocks so far. The restart is a select, never a multiply by 0: the fp32
+sum's bits are ANDed with an int32 mask (0 at a restart, all ones otherwise; bitwise ops
+run on VectorE only), so a NaN / Inf in one expert's sum cannot reach the next one. The
 sum never leaves the chip until it is stored, and no gradient is read back from HBM.
 Block 0 (always the first of its expert, and always in the static part) copies PSUM
 instead, so `acc` needs no zero fill. The running sum is
@@ -64,8 +65,6 @@ def weight_grads(
     lt_rows = min(tiles * P, max([g[0].shape[1] for g in grads]))
     rt_cols = min(cols, max([g[0].shape[2] for g in grads]))
     sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(2)]
-    d = {**d, "zeros": nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.sbuf)}
-    nisa.memset(dst=d["zeros"], value=0.0)
     meta = (block_expert, block_keep)
     for dst, left, right, (m_lo, m_hi), (n_lo, n_hi) in grads:
         for m0 in range(m_lo, m_hi, tiles * P):
@@ -91,7 +90,7 @@ def _buffers(ns: int, dt: Any, rows: int, cols: int) -> dict[str, Any]:
         "rt": nl.ndarray((P, ns, cols), dtype=dt, buffer=nl.sbuf),
         "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
         "keep1": nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf),
-        "keep": nl.ndarray((P, PSUM_FP32), dtype=nl.uint8, buffer=nl.sbuf),
+        "keep": nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf),
     }
 
 
@@ -108,8 +107,8 @@ def _prefetch(
     nisa.dma_copy(dst=buf["exp"], src=one, oob_mode=skip)
     bc = block_ap(block_keep, addr, [[0, P], [1, 1]])
     nisa.dma_copy(dst=buf["keep1"], src=bc, oob_mode=skip)
-    # keep as a [128, 512] uint8 predicate (zeros + keep, per partition)
-    nisa.tensor_scalar(dst=buf["keep"], data=d["zeros"], op0=nl.add, operand0=buf["keep1"])
+    # keep 1.0 / 0.0 -> an int32 AND mask: -1 (all ones) / 0
+    nisa.tensor_scalar(dst=buf["keep"], data=buf["keep1"], op0=nl.multiply, operand0=-1.0)
 
 
 def _panel_block(
@@ -140,8 +139,12 @@ def _panel_block(
             if first:
                 nisa.tensor_copy(dst=a, src=ps[0:rr, 0:qw], engine=nisa.engine.scalar)
             else:  # select, never multiply: 0 * (a NaN of the previous expert) is NaN
-                nisa.tensor_copy_predicated(
-                    dst=a, src=0.0, predicate=keep[0:rr, 0:qw], reverse_pred=True
+                bits = a.view(nl.int32)  # AND with 0 / all ones: +0.0 or a, bit for bit
+                nisa.tensor_scalar(
+                    dst=bits,
+                    data=bits,
+                    op0=nl.bitwise_and,
+                    operand0=keep[0:rr, :],
                 )
                 nisa.tensor_tensor(dst=a, data1=a, data2=ps[0:rr, 0:qw], op=nl.add)
         pat = [[n, rr], [1, cw]]

@@ -97,6 +97,7 @@ def _config_and_plan(
     wp, ip = _padded(weights, ids)
     problem = _problem(wp.shape[0], w_gate_up, ids.shape[1])
     cfg = lookup_config(op, problem, kernel, target=get_target(None))
+    assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
     meta, static = _plan(wp, ip, hidden.shape[0], w_gate_up.shape[0], cfg.block_size, None)
     return cfg, static, meta
 
