@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -467,6 +468,12 @@ def _device_call(kernel: Kernel, lnc: int, args: Any, kwargs: Any) -> tuple[bool
     return False, None
 
 
+# The language check parses kernel source with `ast`, whose recursion-depth bookkeeping
+# is not thread-safe in CPython 3.11 (two threads parsing at once can raise SystemError
+# "AST constructor recursion depth mismatch"): checks run one at a time, once per kernel.
+_LANGUAGE_CHECK = threading.Lock()
+
+
 class Kernel:
     """An `nki.jit` kernel: call it, or index it with an LNC count (`kernel[2](...)`)."""
 
@@ -488,17 +495,20 @@ class Kernel:
     def check_language(self) -> None:
         """Check the kernel and the functions it reaches against the NKI language subset
         (once, at the first launch, when every helper it names exists; rule LANGUAGE)."""
-        if not self._checked:
-            from .subset import TRANSITIONAL, check_kernel
+        if self._checked:
+            return
+        from .subset import TRANSITIONAL, check_kernel
 
-            self._checked = True
+        with _LANGUAGE_CHECK:  # threads launching a kernel first at once: one checks
+            if self._checked:
+                return
             try:
                 check_kernel(self.fn)
             except NkiValidationError as e:
                 if not self.fn.__module__.startswith(TRANSITIONAL):
-                    self._checked = False
                     raise
                 warnings.warn(str(e), state.InterpreterWarning, stacklevel=3)
+            self._checked = True
 
     def __repr__(self) -> str:
         return f"Kernel({self.fn.__module__}.{self.fn.__qualname__})"

@@ -58,7 +58,7 @@ def test_a_broken_user_store_never_changes_or_stops_an_op(c: dict) -> None:
             cs.set_config_dir(None)
             want = _call(c["op"], x, w)
             user = FAULTS[c["fault"]](Path(tmp) / "user")
-            if c["other_files"] and user.is_dir():
+            if c["other_files"] and (user / "trn2").is_dir():
                 other = user / "trn2" / "moe_mlp.json"
                 other.parent.mkdir(parents=True, exist_ok=True)
                 if not other.exists():

@@ -19,7 +19,7 @@ def test_eight_threads_times_two_hundred_mixed_calls_are_bit_identical_to_serial
 
 @st.composite
 def thread_case(draw: st.DrawFn) -> dict:
-    n = draw(st.integers(2, 24))
+    n = draw(st.integers(2, 8))
     return {
         "threads": draw(st.integers(2, 8)),
         "calls": [

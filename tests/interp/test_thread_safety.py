@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -179,3 +180,41 @@ def test_quiet_stdout_silences_the_calling_thread_only() -> None:
     finally:
         sys.stdout = real
     assert caught.getvalue() == "kept\n"
+
+
+def test_the_language_check_runs_once_even_when_threads_launch_a_kernel_first_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPython 3.11's ast.parse is not thread-safe: the check (which parses kernel
+    source) must never run in two threads at once (different kernels launched first at
+    the same time), and runs once per kernel."""
+    from nki_kernels.interp import subset
+    from nki_kernels.interp.launch import Kernel
+
+    inside, most, calls = [0], [0], [0]
+    lock = threading.Lock()
+    real = subset.check_kernel
+
+    def slow_check(fn: Any) -> None:
+        with lock:
+            inside[0] += 1
+            calls[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        real(fn)
+        with lock:
+            inside[0] -= 1
+
+    monkeypatch.setattr(subset, "check_kernel", slow_check)
+    shared, own = Kernel(_read_fresh), [Kernel(_read_fresh) for _ in range(4)]
+    start = threading.Barrier(4)
+
+    def first_launch(i: int) -> None:
+        start.wait()
+        shared.check_language()
+        own[i].check_language()
+
+    threads = [_in_thread(lambda i=i: first_launch(i)) for i in range(4)]
+    for t, box in threads:
+        _result(t, box)
+    assert most[0] == 1 and calls[0] == 5
