@@ -14,7 +14,8 @@ at `slot_mapping` (when given) and attends in the same launch (`serving/segmente
 Cache layouts: "nhd" [num_blocks, block_size, Hkv, D] (vLLM), "hnd" [num_blocks, Hkv,
 block_size, D] (vLLM-Neuron; a contiguous [B, Hkv, S_max, D] cache with block_table
 [[0], [1], ...]). Caches: q's dtype, or fp8 (float8_e4m3fn / float8_e5m2) with k_scale /
-v_scale fp32 of shape [] / [1] (per tensor) or [Hkv] (per head). Slot -1 is skipped.
+v_scale fp32 of shape [] / [1] (per tensor) or [Hkv] (per head), every element finite
+and >= fp32's smallest normal (read on the host). Slot -1 is skipped.
 
 The step's plan reads the metadata (lengths, block table, slots) on the host, so each op
 is one opaque node under `torch.compile`; no autograd (inference ops).
@@ -30,12 +31,17 @@ from torch import Tensor
 
 from ..serving.host import FP8_MAX, LAYOUTS, write_cache
 from ..serving.host import serving_attention as _serving_attention
+from .attention import SOFTMAX_SCALE_MIN
 from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks
 INDEX_DTYPES = (torch.int32, torch.int64)
 CACHE_DTYPES = (*FLOAT_DTYPES, *FP8_MAX)
+# The kernels multiply by 1 / scale (fp32): a scale below fp32's smallest normal has no
+# finite reciprocal. The effective score scale softmax_scale * k_scale must stay
+# >= SOFTMAX_SCALE_MIN so the masked keys' fill still underflows to weight 0.
+KV_SCALE_MIN = torch.finfo(torch.float32).tiny
 
 
 def _check_cache(k_cache: Tensor, v_cache: Tensor, layout: str, hkv: int, d: int) -> None:
@@ -74,6 +80,38 @@ def _check_scale(arg: str, s: Tensor | None, hkv: int, cache_dtype: torch.dtype)
         raise ValueError(
             f"{arg}: expected shape [] or [1] (per tensor) or [{hkv}] (per KV head); got "
             f"{tuple(s.shape)}"
+        )
+
+
+def _check_scale_values(
+    k_scale: Tensor | None,
+    v_scale: Tensor | None,
+    softmax_scale: float | None = None,
+    head_dim: int | None = None,
+) -> None:
+    """Data checks of the fp8 scales (eager: a host read; never on a FakeTensor). With
+    head_dim, the attention's effective scale softmax_scale * k_scale is checked too."""
+    for arg, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            continue
+        vals = s.detach().to("cpu", torch.float64).reshape(-1)
+        bad = ~torch.isfinite(vals) | (vals < KV_SCALE_MIN)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"{arg}: expected finite values >= {KV_SCALE_MIN:g} (strictly positive; fp32's "
+                f"smallest normal, so 1 / scale is finite); got {float(vals[i]):g} at element {i}"
+            )
+    if head_dim is None:
+        return
+    sc = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+    if k_scale is None:
+        return  # softmax_scale alone is checked by _validate_attention
+    ks_min = float(k_scale.detach().to("cpu", torch.float64).min())
+    if sc * ks_min < SOFTMAX_SCALE_MIN:
+        raise ValueError(
+            f"softmax_scale: expected softmax_scale * min(k_scale) >= {SOFTMAX_SCALE_MIN:g} "
+            f"(masking limit); got {sc:g} * {ks_min:g} = {sc * ks_min:g}"
         )
 
 
@@ -136,6 +174,7 @@ def _kv_cache_write(
         call_host_op("kv_cache_write", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
                      layout=layout)  # fmt: skip
         return
+    _check_scale_values(k_scale, v_scale)
     write_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout)
 
 
@@ -220,6 +259,11 @@ def _validate_attention(
         check_positive("softmax_scale", softmax_scale)
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale: expected a finite number; got {softmax_scale}")
+        if softmax_scale < SOFTMAX_SCALE_MIN:
+            raise ValueError(
+                f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
+                f"got {softmax_scale:g}"
+            )
     if sliding_window is not None and (
         isinstance(sliding_window, bool)
         or not isinstance(sliding_window, int)
@@ -285,6 +329,7 @@ def _serving_attention_op(
             max_query_len=max_query_len,
         )  # fmt: skip
     _check_lengths(query_start_loc, cached_seq_len, q.shape[0], max_query_len)
+    _check_scale_values(k_scale, v_scale, softmax_scale, q.shape[2])
     return _serving_attention(
         q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),
         query_start_loc, sinks, k_scale, v_scale, softmax_scale, sliding_window, layout,

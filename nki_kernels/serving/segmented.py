@@ -61,6 +61,7 @@ Limits: D <= 256 (Q^T / K^T in 128-row chunks); R <= 128; kv_tile a multiple of 
 
 from __future__ import annotations
 
+from ..attention._staging import compute_dtype
 from ..nki import nisa, nki, nl
 
 P = 128  # partitions; also the rows of one gather DMA
@@ -70,13 +71,6 @@ FP32_MIN = -3.4028235e38  # range_select's required fill (hardware constraint)
 GROUP = 4  # keys per partition of a grouped gather (512-key steps: 128 partitions x 4)
 LOOKAHEAD = 2  # steps ahead that K / V are gathered (hides the DMAs' fixed latency)
 RING = LOOKAHEAD + 3  # gather slots: a step's V is read two iterations after its scores
-
-
-def compute_dtype(dtype):
-    """Matmul operand dtype for queries of `dtype`: bf16 / fp16 stay, fp32 stays fp32."""
-    if dtype == nl.bfloat16 or dtype == nl.float16:
-        return dtype
-    return nl.float32
 
 
 @nki.jit

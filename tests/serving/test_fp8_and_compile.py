@@ -8,10 +8,10 @@ import torch
 from _steps import MIXED, TOLERANCES, assert_rel_close, make_step, same_bits
 
 from nki_kernels.ops.serving import kv_cache_write, serving_attention
+from nki_kernels.serving.host import FP8_MAX
 from nki_kernels.serving.reference import reference_cache_write, reference_serving_attention
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 
 def _scales(per_head: bool, hkv: int) -> tuple[torch.Tensor, torch.Tensor]:
