@@ -302,3 +302,34 @@ def test_fsdp2_with_torchtitans_activation_checkpointing_and_checkpoint_layout(t
         assert w["params_in_sync"] == {"reference": True, "candidate": True, "resumed": True}
         assert w["max_delta"] <= saved["tolerance"] and w["resume_max_delta"] <= saved["tolerance"]
     assert (tmp_path / "checkpoints" / f"{model}-fsdp2" / ".metadata").is_file()
+
+
+@pytest.mark.parametrize("name", ["llama3_debugmodel", "deepseekv3_debugmodel"])
+def test_parity_setup_keeps_the_complex_rotary_table_and_stock_forward(name) -> None:
+    import importlib
+    import warnings
+
+    family, flavor = titan.parse(name)
+    batch = titan.titan_batches(0, 0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*imaginary part.*")
+        built = {nki: titan.build(name, nki=nki, layers=1) for nki in (False, True)}
+    for lm in built.values():
+        caches = {n: t for n, t in lm.model.named_buffers() if n.endswith("rope.cache")}
+        assert caches and all(t.is_complex() for t in caches.values()), caches.keys()
+    spec = importlib.import_module(titan.FAMILIES[family]).model_registry(
+        flavor, attn_backend="flex", converters=[]
+    )
+    spec.model.layers = spec.model.layers[:1]
+    torch.manual_seed(0)
+    stock = spec.model.build()  # uncast: TorchTitan's own dtypes
+    stock.init_states(buffer_device=None)
+    ref = built[False].model
+    stock_bufs = dict(stock.named_buffers())
+    for n, t in ref.named_buffers():
+        torch.testing.assert_close(t, stock_bufs[n], atol=0, rtol=0, msg=n)
+    with torch.no_grad():
+        masks = stock.get_attention_masks(batch["positions"])
+        want = stock(batch["tokens"], batch["positions"], masks)
+        got = ref(batch["tokens"], batch["positions"], ref.get_attention_masks(batch["positions"]))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
