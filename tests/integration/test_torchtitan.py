@@ -333,3 +333,63 @@ def test_parity_setup_keeps_the_complex_rotary_table_and_stock_forward(name) -> 
         want = stock(batch["tokens"], batch["positions"], masks)
         got = ref(batch["tokens"], batch["positions"], ref.get_attention_masks(batch["positions"]))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_path_counts_are_exact_under_threads_and_count_compiled_calls() -> None:
+    import threading
+
+    tt.reset_fallbacks()
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(2000):
+            tt._record_path("router: moe_route")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert tt.fallbacks() == {"router: moe_route": 16000}
+
+    tt.reset_fallbacks()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def step(x):
+        tt._record_path("moe: fused moe_mlp")
+        return x * 2
+
+    for _ in range(3):
+        step(torch.ones(2))
+    assert tt.fallbacks() == {"moe: fused moe_mlp": 3}
+    tt.reset_fallbacks()
+
+
+def test_triton_stand_in_never_shadows_a_findable_triton(monkeypatch) -> None:
+    import importlib.util
+    import sys
+
+    found = importlib.util.find_spec("triton") is not None
+    current = sys.modules.get(tt._EP_KERNELS)
+    if not found:  # this build: the stand-in is registered, and only that one module
+        assert current is not None and getattr(current, "__file__", None) is None
+        with pytest.raises(RuntimeError, match="needs triton"):
+            current.some_kernel()
+    monkeypatch.delitem(sys.modules, tt._EP_KERNELS, raising=False)
+    real_find_spec = importlib.util.find_spec
+
+    def triton_present(name, *a, **k):
+        return object() if name == "triton" else real_find_spec(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", triton_present)
+    tt._triton_stand_in()
+    assert tt._EP_KERNELS not in sys.modules
+    import types
+
+    specless = types.ModuleType("triton")  # imported, without a spec: find_spec raises
+    specless.__spec__ = None
+    monkeypatch.setitem(sys.modules, "triton", specless)
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    tt._triton_stand_in()
+    assert tt._EP_KERNELS not in sys.modules
