@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 import types
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -63,8 +64,17 @@ def installed_version() -> str:
         return ""
 
 
+def _triton_absent() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is None
+    except (ImportError, ValueError):  # present in sys.modules without a spec, or broken
+        return False
+
+
 def _triton_stand_in() -> None:
-    if importlib.util.find_spec("triton") is not None or _EP_KERNELS in sys.modules:
+    """Register the stand-in only when triton cannot be found at all and the real module
+    was not imported: an installed triton, even a broken one, is never shadowed."""
+    if not _triton_absent() or _EP_KERNELS in sys.modules:
         return
     stand_in = types.ModuleType(_EP_KERNELS)
 
@@ -105,17 +115,32 @@ from ..nn.norm import RMSNorm as _NkiRMSNormModule  # noqa: E402
 from ..ops import moe as _moe_ops  # noqa: E402
 
 _COUNTS: Counter[str] = Counter()
+_COUNTS_LOCK = threading.Lock()
+
+
+def _record_path(path: str) -> None:
+    """One more call on `path`. Eager calls take the lock (forwards may run on several
+    threads). Inside torch.compile no lock is taken (Dynamo cannot trace one under
+    fullgraph): the increment is a side effect that Dynamo applies after each run of
+    the compiled graph, so it still counts calls, but unserialized against threads."""
+    if torch.compiler.is_compiling():
+        _COUNTS[path] += 1
+        return
+    with _COUNTS_LOCK:
+        _COUNTS[path] += 1
 
 
 def fallbacks() -> dict[str, int]:
     """Calls by path since the last reset: 'moe: fused moe_mlp', 'moe: torch dispatch
     (expert groups)', 'grouped_mm: torch._grouped_mm (no torch.ops.nki.grouped_mm)', ..."""
-    return dict(_COUNTS)
+    with _COUNTS_LOCK:
+        return dict(_COUNTS)
 
 
 def reset_fallbacks() -> None:
     """Zero the counters of `fallbacks()`."""
-    _COUNTS.clear()
+    with _COUNTS_LOCK:
+        _COUNTS.clear()
 
 
 def has_op(name: str) -> bool:
@@ -311,9 +336,9 @@ class NkiGroupedExperts(GroupedExperts):
 
     def _grouped_mm(self, *, A: Tensor, B_t: Tensor, offs: Tensor) -> Tensor:
         if has_grouped_mm():
-            _COUNTS["grouped_mm: torch.ops.nki.grouped_mm"] += 1
+            _record_path("grouped_mm: torch.ops.nki.grouped_mm")
             return torch.ops.nki.grouped_mm(A, B_t, offs)  # type: ignore[no-any-return]
-        _COUNTS["grouped_mm: torch._grouped_mm (no torch.ops.nki.grouped_mm)"] += 1
+        _record_path("grouped_mm: torch._grouped_mm (no torch.ops.nki.grouped_mm)")
         return torch._grouped_mm(A, B_t, offs=offs)
 
 
@@ -360,9 +385,9 @@ class NkiRouter(TokenChoiceTopKRouter):
     ) -> tuple[Tensor, Tensor, Tensor]:
         why = _route_unsupported(self, expert_bias_E)
         if why is not None:
-            _COUNTS[f"router: torch ({why})"] += 1
+            _record_path(f"router: torch ({why})")
             return super().forward(x_BLD, expert_bias_E)  # type: ignore[no-any-return]
-        _COUNTS["router: moe_route"] += 1
+        _record_path("router: moe_route")
         b, length, d = x_BLD.shape
         logits = _gate_logits(self, x_BLD.reshape(b * length, d))
         weights, ids = torch.ops.nki.moe_route(
@@ -419,7 +444,7 @@ class NkiMoE(MoE):
         b, length, d = x_BLD.shape
         x_TD = x_BLD.reshape(b * length, d)
         if why is None:
-            _COUNTS["moe: fused moe_mlp"] += 1
+            _record_path("moe: fused moe_mlp")
             logits = _gate_logits(router, x_TD)
             self._count(torch.topk(_scores(router, logits), router.top_k, dim=-1).indices)
             w_gate_up, w_down = self._weights()
@@ -435,7 +460,7 @@ class NkiMoE(MoE):
             if router.route_scale != 1.0:
                 out = out * router.route_scale
         elif self.nki_experts and has_op("moe_experts"):
-            _COUNTS[f"moe: router + moe_experts (not fused: {why})"] += 1
+            _record_path(f"moe: router + moe_experts (not fused: {why})")
             weights, ids, _ = router(x_BLD, me.expert_bias_E)
             self._count(ids)
             w_gate_up, w_down = self._weights()
@@ -447,7 +472,7 @@ class NkiMoE(MoE):
                 w_down,
             ).type_as(x_BLD)
         else:
-            _COUNTS[f"moe: torch dispatch (not fused: {why})"] += 1
+            _record_path(f"moe: torch dispatch (not fused: {why})")
             return super().forward(x_BLD)  # type: ignore[no-any-return]
         out = out.view(b, length, d)
         if me.shared_experts is not None:

@@ -187,8 +187,18 @@ def build(
     model = config.build()
     model.init_states(buffer_device=None)
     replaced = Counter(type(m).__name__ for m in model.modules() if type(m).__name__[:3] == "Nki")
-    lm = TitanLM(model.to(dtype), dict(replaced))
+    lm = TitanLM(cast_real(model, dtype), dict(replaced))
     return lm.parity_alternative() if alternative else lm
+
+
+def cast_real(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`model` with its real floating-point parameters and buffers in `dtype`, in place.
+
+    `nn.Module.to(dtype)` also casts complex tensors, and TorchTitan keeps its rotary
+    table (`rope.cache`) complex: a real dtype would drop its imaginary part."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype: expected a real floating-point dtype; got {dtype}")
+    return model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def titan_factory(name: str, layers: int | None = None, attn_backend: str = "flex") -> Any:
@@ -222,4 +232,4 @@ def titan_batches(seed: int, step: int) -> dict[str, Any]:
     return {"tokens": ids[:, :-1], "positions": positions, "labels": ids[:, 1:]}
 
 
-__all__ = ["FAMILIES", "TitanLM", "build", "parse", "titan_batches", "titan_factory"]
+__all__ = ["FAMILIES", "TitanLM", "build", "cast_real", "parse", "titan_batches", "titan_factory"]

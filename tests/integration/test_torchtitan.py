@@ -302,3 +302,94 @@ def test_fsdp2_with_torchtitans_activation_checkpointing_and_checkpoint_layout(t
         assert w["params_in_sync"] == {"reference": True, "candidate": True, "resumed": True}
         assert w["max_delta"] <= saved["tolerance"] and w["resume_max_delta"] <= saved["tolerance"]
     assert (tmp_path / "checkpoints" / f"{model}-fsdp2" / ".metadata").is_file()
+
+
+@pytest.mark.parametrize("name", ["llama3_debugmodel", "deepseekv3_debugmodel"])
+def test_parity_setup_keeps_the_complex_rotary_table_and_stock_forward(name) -> None:
+    import importlib
+    import warnings
+
+    family, flavor = titan.parse(name)
+    batch = titan.titan_batches(0, 0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*imaginary part.*")
+        built = {nki: titan.build(name, nki=nki, layers=1) for nki in (False, True)}
+    for lm in built.values():
+        caches = {n: t for n, t in lm.model.named_buffers() if n.endswith("rope.cache")}
+        assert caches and all(t.is_complex() for t in caches.values()), caches.keys()
+    spec = importlib.import_module(titan.FAMILIES[family]).model_registry(
+        flavor, attn_backend="flex", converters=[]
+    )
+    spec.model.layers = spec.model.layers[:1]
+    torch.manual_seed(0)
+    stock = spec.model.build()  # uncast: TorchTitan's own dtypes
+    stock.init_states(buffer_device=None)
+    ref = built[False].model
+    stock_bufs = dict(stock.named_buffers())
+    for n, t in ref.named_buffers():
+        torch.testing.assert_close(t, stock_bufs[n], atol=0, rtol=0, msg=n)
+    with torch.no_grad():
+        masks = stock.get_attention_masks(batch["positions"])
+        want = stock(batch["tokens"], batch["positions"], masks)
+        got = ref(batch["tokens"], batch["positions"], ref.get_attention_masks(batch["positions"]))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_path_counts_are_exact_under_threads_and_count_compiled_calls() -> None:
+    import threading
+
+    tt.reset_fallbacks()
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(2000):
+            tt._record_path("router: moe_route")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert tt.fallbacks() == {"router: moe_route": 16000}
+
+    tt.reset_fallbacks()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def step(x):
+        tt._record_path("moe: fused moe_mlp")
+        return x * 2
+
+    for _ in range(3):
+        step(torch.ones(2))
+    assert tt.fallbacks() == {"moe: fused moe_mlp": 3}
+    tt.reset_fallbacks()
+
+
+def test_triton_stand_in_never_shadows_a_findable_triton(monkeypatch) -> None:
+    import importlib.util
+    import sys
+
+    found = importlib.util.find_spec("triton") is not None
+    current = sys.modules.get(tt._EP_KERNELS)
+    if not found:  # this build: the stand-in is registered, and only that one module
+        assert current is not None and getattr(current, "__file__", None) is None
+        with pytest.raises(RuntimeError, match="needs triton"):
+            current.some_kernel()
+    monkeypatch.delitem(sys.modules, tt._EP_KERNELS, raising=False)
+    real_find_spec = importlib.util.find_spec
+
+    def triton_present(name, *a, **k):
+        return object() if name == "triton" else real_find_spec(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", triton_present)
+    tt._triton_stand_in()
+    assert tt._EP_KERNELS not in sys.modules
+    import types
+
+    specless = types.ModuleType("triton")  # imported, without a spec: find_spec raises
+    specless.__spec__ = None
+    monkeypatch.setitem(sys.modules, "triton", specless)
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    tt._triton_stand_in()
+    assert tt._EP_KERNELS not in sys.modules
