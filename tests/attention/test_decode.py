@@ -497,3 +497,16 @@ def test_kv_layout_is_checked() -> None:
         decode_attention(
             q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="head_major"
         )
+
+
+def test_stream_plan_indices_fit_the_indirect_transpose_limits():
+    # nki.isa.dma_transpose, "DMA Indirect Transpose Constraints": "indices.dtype is
+    # np.uint32"; "src.shape[0] must be divisible by 16" (the tail of 4-key pieces too)
+    from nki_kernels.attention.decode_plan import NO_ROW, plan_decode
+
+    lens = np.array([3, 70])  # 3 < C: one key per tail row
+    plan = plan_decode(lens, 8, 2, 1, "contiguous", (2, 2, 80, 64), d=64, piece=4)
+    assert plan.piece == 4 and plan.tail
+    assert plan.idx.dtype == np.uint32 and plan.tail_idx.dtype == np.uint32
+    assert plan.tail_idx.shape[1] == 16 and plan.tail_kpos.shape[1] == 16
+    assert (plan.tail_idx[:, plan.piece :] == NO_ROW).all()
