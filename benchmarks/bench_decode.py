@@ -31,6 +31,8 @@ from nki_kernels.attention.bench_decode import (
 from nki_kernels.perfmodel import COST_MODEL_VERSION
 
 DATA = Path(__file__).resolve().parent / "data" / "decode_stream_rows.json"
+# a streamed row priced on other kernel source than the current (no matching kernel_hash)
+STALE_MARK = " (stale)"
 SETS = {"main": (4, 1), "gqa8": (8, 1), "lnc2": (4, 2)}
 
 
@@ -69,6 +71,7 @@ def table(rows: dict[tuple[Any, ...], dict[str, Any]], group: int, lnc: int) -> 
         "| attention_tkg, ms (band) | MBU % | speedup vs AWS (low end) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    current = _stream_hash()
     cells = sorted({(r["cache"], r["paged"], r["batch"]) for r in rows.values()
                     if r["group"] == group and r["lnc"] == lnc})  # fmt: skip
     for cache, paged, b in cells:
@@ -83,12 +86,16 @@ def table(rows: dict[tuple[Any, ...], dict[str, Any]], group: int, lnc: int) -> 
                 continue
             lo, hi = r["band_us"]
             star = "*" if r.get("note", "").startswith("extrapolated") else ""
+            if m == STREAMED and r.get("kernel_hash") != current:
+                star += STALE_MARK
             line += [f"{_fmt(r['latency_us'] / 1e3)}{star} ({_fmt(lo / 1e3)}-{_fmt(hi / 1e3)})",
                      f"{100 * r['mbu']:.1f}"]  # fmt: skip
         s, a = got[STREAMED], got[AWS_TKG]
         if s and a and a["latency_us"] == a["latency_us"]:
+            mark = STALE_MARK if s.get("kernel_hash") != current else ""
             line.append(
-                f"{a['latency_us'] / s['latency_us']:.2f} ({a['band_us'][0] / s['band_us'][1]:.2f})"
+                f"{a['latency_us'] / s['latency_us']:.2f}{mark} "
+                f"({a['band_us'][0] / s['band_us'][1]:.2f})"
             )
         else:
             line.append("-")
@@ -124,7 +131,19 @@ def extrapolated(
     hi_b = 16 if lo_b == 8 else 8
     note = f"extrapolated from the B = {lo_b} and B = {hi_b} rows (linear in batch tiles)"
     mbu = r8["mbu"] * r8["latency_us"] * batch / (lo_b * lat)
-    return {**r8, "batch": batch, "latency_us": lat, "band_us": band, "mbu": mbu, "note": note}
+    out = {**r8, "batch": batch, "latency_us": lat, "band_us": band, "mbu": mbu, "note": note}
+    if r8.get("kernel_hash") != r16.get("kernel_hash"):
+        out.pop("kernel_hash", None)  # priced on different kernel source: not current
+    return out
+
+
+def _stream_hash() -> str:
+    """Source hash of the streamed kernel: a streamed row priced on other source is
+    marked stale in the table."""
+    from nki_kernels.attention.decode_stream import decode_stream_fwd
+    from nki_kernels.runtime.kernel_cache import kernel_source_hash
+
+    return kernel_source_hash(decode_stream_fwd)
 
 
 def main() -> None:
@@ -173,6 +192,8 @@ def main() -> None:
                     new.append(aws_row(a.nki_library, group, b, cache, paged, lnc))
             for r in rows_as_dicts(new):
                 r["band_us"] = list(r["band_us"])
+                if r["method"] == STREAMED:
+                    r["kernel_hash"] = _stream_hash()
                 rows[_key(r)] = r
                 print(f"{r['method']:26s} g{group} lnc{lnc} B={r['batch']:<3d} {cache:>7d} "
                       f"{'paged' if paged else 'contig':6s} {r['latency_us']:12,.1f} us "

@@ -1,12 +1,13 @@
-"""Host side of decode attention (torch + NumPy): config, bounds, paged slots, launch.
+"""Host side of decode attention (torch + NumPy): configs, bounds, launch plans.
 
-The op's config comes from the config store (`runtime.config_store.lookup_config`:
-tuned entry, nearest cache-length bucket, else `DecodeConfig.heuristic`), keyed by the
-per-program problem (batch 1, the cache length bucketed); the tuner family is
-`autotune/decode_family.py`.
-
-`torch.ops.nki.decode_attention` (registered in `nki_kernels.ops.attention`) calls
-`decode` here. The kernel is `decode.decode_attention_fwd`.
+`torch.ops.nki.decode_attention` (registered in `nki_kernels.ops.decode`) calls `decode`
+here. The streamed kernel (`decode_stream.decode_stream_fwd`, the whole batch in one
+launch, its index tensors planned by `decode_plan.plan_decode`) serves every call, with a
+`StreamConfig` from the config store (`runtime.config_store.lookup_config`: tuned entry,
+nearest cache-length bucket, else `StreamConfig.heuristic`), keyed as a contiguous batch-1
+problem with the cache length bucketed; the tuner family is `autotune/decode_family.py`.
+A `DecodeConfig` passed explicitly selects the per-(sequence, KV head) kernel
+(`decode.decode_attention_fwd`), kept for comparison.
 """
 
 from __future__ import annotations
@@ -337,7 +338,10 @@ def decode(
     target = get_target(None)
     if isinstance(config, DecodeConfig):
         if head_major:
-            raise ValueError("config: the per-program kernel reads the vLLM block layout only")
+            raise ValueError(
+                "config: a DecodeConfig selects the per-program kernel, which reads "
+                f"kv_layout 'vllm' only; got kv_layout {kv_layout!r} with config {config.key()}"
+            )
         out, lse = _decode_per_program(q, k_cache, v_cache, lens, bt, scale, config, target)
     else:
         layout = ("paged_hm" if head_major else "paged") if paged else "contiguous"

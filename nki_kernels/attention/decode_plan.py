@@ -32,6 +32,7 @@ import numpy as np
 P = 128
 PSUM_F32 = 512
 BIG = 3.0e38
+NO_ROW = np.iinfo(np.uint32).max  # a row index past any cache: the tail's unused rows
 # SBUF bytes per partition for the K^T / V ring (trn2 leaves ~208 KiB to a kernel; the
 # rest holds scores, probabilities and the accumulators)
 SLAB_BUDGET = 144 * 1024
@@ -49,10 +50,10 @@ class StreamPlan:
     tail: bool
     ksplit: int
     ring: int
-    idx: np.ndarray  # int32 [T, n_slabs, 128, nseq]
+    idx: np.ndarray  # uint32 [T, n_slabs, 128, nseq]
     kpos: np.ndarray  # fp32 [T, n_slabs, 128, nseq, C]
-    tail_idx: np.ndarray  # int32 [T, C, nseq]
-    tail_kpos: np.ndarray  # fp32 [T, C, nseq]
+    tail_idx: np.ndarray  # uint32 [T, 16 * ceil(C / 16), nseq] (NO_ROW: none)
+    tail_kpos: np.ndarray  # fp32 [T, 16 * ceil(C / 16), nseq]
     hi: np.ndarray  # fp32 [T, NGR]
     full: np.ndarray  # uint8 [T, NGR]
 
@@ -128,10 +129,14 @@ def plan_decode(
     )
     nt, ngr = len(tiles), nseq * nh * rows
     # at least one slab's entries (an NKI tensor has no empty dim; unread when n_slabs = 0)
-    idx = np.zeros((nt, max(n_slabs, 1), P, nseq), np.int32)
+    # uint32 row indices (an indirect DMA transpose takes no other index dtype); the tail
+    # has a multiple of 16 rows (an indirect transpose gathers 16 to 128), unused rows
+    # NO_ROW: out of bounds, skipped by the kernel's oob_mode.skip gathers
+    idx = np.zeros((nt, max(n_slabs, 1), P, nseq), np.uint32)
     kpos = np.full((nt, max(n_slabs, 1), P, nseq, c), BIG, np.float32)
-    tail_idx = np.full((nt, c, nseq), -1, np.int32)
-    tail_kpos = np.full((nt, c, nseq), BIG, np.float32)
+    tail_rows = -(-c // 16) * 16
+    tail_idx = np.full((nt, tail_rows, nseq), NO_ROW, np.uint32)
+    tail_kpos = np.full((nt, tail_rows, nseq), BIG, np.float32)
     hi = np.zeros((nt, ngr), np.float32)
     full = np.zeros((nt, ngr), np.uint8)
     i = np.arange(sq)

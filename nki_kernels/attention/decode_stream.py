@@ -1,5 +1,5 @@
 """Decode attention streamed for HBM bandwidth: the whole batch in one launch, keys on
-partitions, K and V the stationary matmul operands (nki-library's attention_tkg layout).
+partitions, K and V the stationary matmul operands.
 
 Work items: a tile of `nseq` sequences x `nh` KV heads (NGR = nseq * nh * R packed
 columns, R = (Hq / Hkv) * Sq query rows per KV head) and a key split; each item streams
@@ -7,7 +7,7 @@ its slabs, then (with `tail`) one tail slab. A slab holds 128 "pieces" of C cons
 keys per sequence, gathered by one indirect DMA per operand (the host's piece table:
 contiguous caches and both paged layouts are row gathers of the same form):
 
-    K^T slab  [D, heads, C, 128 pieces]   (DMA transpose of the gathered rows, all heads)
+    K^T slab  [D, heads, C, 128 pieces]   (DMA transposes of the gathered rows, one per head)
     V   slab  [128 pieces, heads, C, D]   (4 KiB+ descriptors: C keys x D per head run)
     per (sequence, head, c):  S^T[:, c, cols] = K^T[:, h, c, :]^T @ Q^T[:, cols]   (PSUM)
     S = select(key_pos[piece, c] < hi[col], S^T, FP32_MIN)      # one pass, whole slab
@@ -52,11 +52,12 @@ def decode_stream_fwd(
     """out [ksplit, B, Hq, Sq, D] (q.dtype), lse [ksplit, B, Hq, Sq] fp32.
 
     q [B, Hq, Sq, D]; k, v: [B, Hkv, S, D] (layout "contiguous"), [NB, bs, Hkv, D]
-    ("paged", vLLM's) or [NB, Hkv, bs, D] ("paged_hm"). idx int32 [T, n_slabs, 128,
+    ("paged", vLLM's) or [NB, Hkv, bs, D] ("paged_hm"). idx uint32 [T, n_slabs, 128,
     nseq]: cache row (see `_gather`) of each piece; kpos fp32 [T, n_slabs, 128, nseq, C]:
-    each key's position (BIG: masked); tail_idx int32 [T, C, nseq] / tail_kpos fp32
-    [T, C, nseq]: one key per row (-1: none); hi fp32 [T, NGR]: a column sees keys with
-    position < hi; full uint8 [T, NGR]; tiles: ((b0, nseq, h0, nh), ...).
+    each key's position (BIG: masked); tail_idx uint32 [T, R16, nseq] / tail_kpos fp32
+    [T, R16, nseq] (R16: C rounded up to 16): one key per row (NO_ROW: none); hi fp32
+    [T, NGR]: a column sees keys with position < hi; full uint8 [T, NGR]; tiles:
+    ((b0, nseq, h0, nh), ...).
     """
     batch, hq, sq, d = q.shape
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
@@ -116,7 +117,7 @@ def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte):
     b = {
         "kt": [nl.ndarray((dp, nd * slab * P), dtype=cdt, buffer=sb) for _ in range(ring)],
         "v": [nl.ndarray((P, slab * d), dtype=cdt, buffer=sb) for _ in range(ring)],
-        "idx": [nl.ndarray((P, nsq), dtype=nl.int32, buffer=sb) for _ in range(ring + 1)],
+        "idx": [nl.ndarray((P, nsq), dtype=nl.uint32, buffer=sb) for _ in range(ring + 1)],
         "kp": [nl.ndarray((P, nsq * piece), dtype=f32, buffer=sb) for _ in range(ring + 1)],
         "qt": [nl.ndarray((dp, nd * ngr), dtype=cdt, buffer=sb) for _ in range(ring + 1)],
         "hi": [nl.ndarray((P, ngr), dtype=f32, buffer=sb) for _ in range(ring + 1)],
@@ -200,8 +201,8 @@ def _v_at(b, slot, sl, h, ci, nh, c, n, d, layout):
 
 def _load_k(io, b, step, slot, islot):
     """Gather step's piece rows, key positions and K^T into K slot `slot` (an item's
-    first slab one DMA per head: its score matmuls start as each head's keys land, where
-    nothing else hides the wait; later slabs one DMA for all heads)."""
+    slabs one DMA per head, as an indirect transpose of a 4-D source needs dim 1 or 2 of
+    size 1; the tail's one-key pieces one DMA for all heads)."""
     k, idx, kpos, tail_idx, tail_kpos, layout, piece, tiles, d, nd, two_byte = (
         io["k"],
         io["idx"],
@@ -221,26 +222,30 @@ def _load_k(io, b, step, slot, islot):
     _b0, ns, h0, nh = tiles[t]
     nsq = idx.shape[3]
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
-    c, n = (piece, P) if j >= 0 else (1, piece)
+    # the tail scores `piece` rows but gathers ng >= piece (a multiple of 16, as an
+    # indirect DMA transpose needs), its rows past the keys skipped (NO_ROW)
+    c, ng = (piece, P) if j >= 0 else (1, tail_idx.shape[1])
     ix, kp = b["idx"][islot], b["kp"][islot]
     if j >= 0:
         nisa.dma_copy(dst=ix[:, :nsq], src=idx[t, j])
         nisa.dma_copy(dst=kp[:, : nsq * c], src=kpos[t, j].reshape((P, nsq * c)))
     else:  # tail: zero first, so skipped rows hold 0 (finite), not another step's keys
-        nisa.dma_copy(dst=ix[:n, :nsq], src=tail_idx[t])
-        nisa.dma_copy(dst=kp[:n, :nsq], src=tail_kpos[t])
+        nisa.dma_copy(dst=ix[:ng, :nsq], src=tail_idx[t])
+        nisa.dma_copy(dst=kp[:ng, :nsq], src=tail_kpos[t])
         if not two_byte:
-            kraw = b["kraw"][slot][:n, : ns * nd * nh * P]
+            kraw = b["kraw"][slot][:ng, : ns * nd * nh * P]
             nisa.memset(dst=kraw, value=0.0, engine=nisa.engine.gpsimd)
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
     for sl in range(ns):
-        col = ix[:n, sl : sl + 1]
+        col = ix[:ng, sl : sl + 1]
         for dci in range(nd):
             d0, dc = dci * P, min(P, d - dci * P)
-            view = _kt_view(b, slot, dci, sl, nh, c, dc)[:, :, :, :n]
+            view = _kt_view(b, slot, dci, sl, nh, c, dc)[:, :, :, :ng]
             if j < 0:  # only the columns the tail's score matmuls read
                 nisa.memset(dst=view, value=0.0, engine=nisa.engine.gpsimd)
-            if two_byte and first:
+            # an indirect transpose of a 4-D source needs its dim 1 or 2 of size 1: one per
+            # head unless a piece is one key (the tail) or the tile has one head
+            if two_byte and (first or (nh > 1 and c > 1)):
                 for h in range(nh):
                     src = _gather(k, col, layout, hkv, h0 + h, 1, c, d0, dc, False)
                     nisa.dma_transpose(
@@ -253,7 +258,7 @@ def _load_k(io, b, step, slot, islot):
                 nisa.dma_transpose(dst=dst, src=src, oob_mode=skip)
             else:
                 src = _gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
-                _kt_fp32(b, slot, dci, sl, nh, c, n, d0, dc, layout, src, skip)
+                _kt_fp32(b, slot, dci, sl, nh, c, ng, d0, dc, layout, src, skip)
 
 
 def _load_v(io, b, step, slot, islot):
@@ -269,7 +274,7 @@ def _load_v(io, b, step, slot, islot):
     t, _, j, _, _, _ = step
     _b0, ns, h0, nh = tiles[t]
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
-    c, n = (piece, P) if j >= 0 else (1, piece)
+    c, n = (piece, P) if j >= 0 else (1, io["tail_idx"].shape[1])
     ix = b["idx"][islot]
     if j < 0:
         nisa.memset(dst=b["v"][slot][:n, : ns * nh * d], value=0.0, engine=nisa.engine.gpsimd)

@@ -253,6 +253,7 @@ def dma_transpose(
             raise fail("TRANSPOSE", f"{instr}(hwdge): src shape {src.shape} not supported")
     if indirect:
         need_version(3, f"indirect {instr}")
+        _indirect_transpose_rules(instr, src)
     isz = src.dtype._size
     attrs = _dma_attrs(dst, src, dst.size, dge_mode, "sync")
     # the access pattern is element-granular; transposing hardware moves it in blocks of
@@ -281,6 +282,40 @@ def dma_transpose(
         mask = np.transpose(addresses(src)[1], axes)
     write(dst, vals, mask=mask)
     return ins
+
+
+def _indirect_transpose_rules(instr: str, src: NkiTensor) -> None:
+    """The documented limits of an indirect (software-DGE gather) transpose
+    (nki.isa.dma_transpose, "DMA Indirect Transpose Constraints")."""
+
+    def bad(rule: str) -> Exception:
+        return fail("TRANSPOSE", f"indirect {instr}: {rule} (src '{src.name}' {src.shape})")
+
+    ind = src.indirect
+    assert ind is not None
+    s = src.shape
+    if src._st.buffer is sbuf:
+        raise bad("the src tensor must be on HBM; got SBUF")
+    if src.ndim == 4 and s[1] != 1 and s[2] != 1:
+        raise bad(f"a 4-D src needs dim 1 or dim 2 of size 1; got {s[1]} and {s[2]}")
+    if s[0] % 16:
+        raise bad(f"src.shape[0] must be divisible by 16; got {s[0]}")
+    if ind.kind != "vector" or not isinstance(ind.index, NkiTensor):
+        raise bad("needs a vector_offset index tensor")
+    ix = ind.index
+    if ix.ndim != 2:
+        raise bad(f"indices must be 2-d; got shape {ix.shape}")
+    if ix._st.buffer is not sbuf:
+        raise bad(f"the indices tensor must be on SBUF; got {ix.buffer!r}")
+    if ix.dtype != "uint32":
+        raise bad(f"indices.dtype must be uint32; got {ix.dtype}")
+    n, k = ix.shape
+    if not (16 <= n <= 128 and n % 16 == 0):
+        raise bad(f"indices.shape[0] must be in [16, 128] and divisible by 16; got {n}")
+    if k > 1 and n != 128:
+        raise bad(f"indices.shape[0] must be 128 when indices.shape[1] > 1; got {n} x {k}")
+    if n * k < s[0]:
+        raise bad(f"indices.shape[0] * indices.shape[1] must be >= src.shape[0]; got {n * k}")
 
 
 @instruction

@@ -497,3 +497,62 @@ def test_kv_layout_is_checked() -> None:
         decode_attention(
             q, pool, pool, torch.tensor([5]), block_table=table, kv_layout="head_major"
         )
+
+
+def test_stream_plan_indices_fit_the_indirect_transpose_limits():
+    # nki.isa.dma_transpose, "DMA Indirect Transpose Constraints": "indices.dtype is
+    # np.uint32"; "src.shape[0] must be divisible by 16" (the tail of 4-key pieces too)
+    from nki_kernels.attention.decode_plan import NO_ROW, plan_decode
+
+    lens = np.array([3, 70])  # 3 < C: one key per tail row
+    plan = plan_decode(lens, 8, 2, 1, "contiguous", (2, 2, 80, 64), d=64, piece=4)
+    assert plan.piece == 4 and plan.tail
+    assert plan.idx.dtype == np.uint32 and plan.tail_idx.dtype == np.uint32
+    assert plan.tail_idx.shape[1] == 16 and plan.tail_kpos.shape[1] == 16
+    assert (plan.tail_idx[:, plan.piece :] == NO_ROW).all()
+
+
+def test_default_decode_call_uses_the_shipped_configs_without_warnings() -> None:
+    """The shipped configs match the current kernel source: every entry is used as
+    tuned, and a default call of a shipped shape looks up a tuned / nearest entry, with no
+    StaleConfigWarning or ConfigFallbackWarning (a fresh store, so no earlier warn-once
+    hides one)."""
+    import warnings
+
+    from nki_kernels.attention.decode_host import DecodeProblem, StreamConfig
+    from nki_kernels.attention.decode_stream import decode_stream_fwd
+    from nki_kernels.runtime import config_store as cs
+    from nki_kernels.runtime.config_records import ConfigDecision
+    from nki_kernels.runtime.kernel_cache import kernel_source_hash
+
+    store = cs.ConfigStore([cs.SHIPPED_DIR], None)
+    h = kernel_source_hash(decode_stream_fwd)
+    seen: list[ConfigDecision] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for target in ("trn2", "trn3"):
+            for key, _entry, _file in store.entries("decode_attention", target):
+                problem = DecodeProblem(**cs.parse_key(key))  # type: ignore[arg-type]
+                d = store.decide("decode_attention", target, problem, config_cls=StreamConfig,
+                                 kernel_hash=h, lnc=1)  # fmt: skip
+                seen.append(d)
+        with cs.recording_decisions() as calls:
+            # a shipped shape (Llama-3 8B heads, bf16), a short cache: the nearest bucket
+            q = _rand(1, 32, 1, 128, seed=61, dtype=torch.bfloat16)
+            k = _rand(1, 8, 200, 128, seed=62, dtype=torch.bfloat16)
+            decode_attention(q, k, k, torch.tensor([200]))
+    bad = [w for w in caught if issubclass(w.category, (cs.StaleConfigWarning,
+                                                         cs.ConfigFallbackWarning))]  # fmt: skip
+    assert not bad, [str(w.message) for w in bad]
+    assert len(seen) >= 12 and all(d.source == cs.TUNED for d in seen)
+    assert calls and all(d.source in (cs.TUNED, cs.NEAREST) for d in calls)
+
+
+def test_per_program_config_on_a_head_major_cache_names_the_layout() -> None:
+    from nki_kernels.attention.decode_host import DecodeConfig
+
+    q, pool = torch.randn(1, 4, 1, 32), torch.randn(4, 2, 16, 32)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    cfg = DecodeConfig(kv_tile=512, splits=1)
+    with pytest.raises(ValueError, match=r"kv_layout 'vllm' only; got kv_layout 'head_major'"):
+        decode(q, pool, pool, torch.tensor([5]), table, None, cfg, "head_major")

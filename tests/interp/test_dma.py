@@ -400,17 +400,18 @@ def test_dma_transpose_of_a_ragged_hbm_window_into_an_sbuf_window():
 
 
 def test_indirect_dma_transpose_with_2d_indices_reads_them_column_major():
-    src = rng.standard_normal((40, 16)).astype(np.float16)
-    idx = rng.integers(0, 40, size=(16, 2)).astype(np.uint32)
+    # two index columns need 128 index rows (the documented indirect-transpose limits)
+    src = rng.standard_normal((300, 16)).astype(np.float16)
+    idx = rng.integers(0, 300, size=(128, 2)).astype(np.uint32)
 
     def kernel(s, ix):
-        idx_sb = nl.ndarray((16, 2), nl.uint32, buffer=nl.sbuf)
+        idx_sb = nl.ndarray((128, 2), nl.uint32, buffer=nl.sbuf)
         nisa.dma_copy(dst=idx_sb, src=ix)
-        dst = nl.ndarray((16, 32), nl.float16, buffer=nl.sbuf)
+        dst = nl.ndarray((16, 256), nl.float16, buffer=nl.sbuf)
         nisa.dma_transpose(
-            dst=dst, src=s.ap([[16, 32], [1, 16]], vector_offset=idx_sb), axes=(1, 0)
+            dst=dst, src=s.ap([[16, 256], [1, 16]], vector_offset=idx_sb), axes=(1, 0)
         )
-        o = nl.ndarray((16, 32), nl.float16, buffer=nl.shared_hbm)
+        o = nl.ndarray((16, 256), nl.float16, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=o, src=dst)
         return o
 
