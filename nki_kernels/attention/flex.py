@@ -80,18 +80,26 @@ def _evaluate(
     fn: Callable[..., Tensor], b: int, h: int, sq: int, sk: int, device: Any, *pre: Any
 ) -> Tensor:
     """fn(*pre, b, h, q_idx, kv_idx) on broadcast grids; vmap when it does not broadcast."""
-    grids = _grids(b, h, sq, sk, device)
+    return _evaluate_on(fn, _grids(b, h, sq, sk, device), device, *pre)
+
+
+def _evaluate_on(
+    fn: Callable[..., Tensor], grids: tuple[Tensor, ...], device: Any, *pre: Any
+) -> Tensor:
+    shape = tuple(g.numel() for g in grids)
     try:
         out = fn(*pre, *grids)
         out = torch.as_tensor(out, device=device)
-        torch.broadcast_shapes(out.shape, (b, h, sq, sk))
+        torch.broadcast_shapes(out.shape, shape)
         return out
     except Exception:  # a function written for scalar indices: vectorize it
         flat = [g.reshape(-1) for g in grids]
+        # a score block of the grid's shape is mapped with the indices; a scalar is shared
+        pre_dims = tuple(0 if isinstance(p, Tensor) and p.dim() == 4 else None for p in pre)
         f = fn
         for dim in range(3, -1, -1):
             in_dims = tuple(0 if i == dim else None for i in range(4))
-            f = torch.vmap(f, in_dims=(None,) * len(pre) + in_dims)
+            f = torch.vmap(f, in_dims=pre_dims + in_dims)
         return f(*pre, *flat)
 
 
@@ -223,6 +231,34 @@ _NOT_ADDITIVE = (
 )
 
 
+# The score_mod check holds one block of real scores at a time (plus score_mod's output
+# and the comparison, a few times this): a whole [B, Hq, Sq, Sk] fp32 tensor is 8 GiB at
+# Hq 32, S 8K. Blocks are (batches, heads, query rows) boxes over all keys.
+CHECK_CHUNK_BYTES = 64 << 20
+
+
+def check_boxes(b: int, h: int, sq: int, sk: int) -> list[tuple[slice, slice, slice]]:
+    """(batch, head, query-row) slices tiling [B, H, Sq], each <= CHECK_CHUNK_BYTES of
+    fp32 scores (one query row at least)."""
+    rows = max(1, CHECK_CHUNK_BYTES // (4 * sk))
+    if rows >= h * sq:
+        n = rows // (h * sq)
+        return [(slice(i, min(i + n, b)), slice(0, h), slice(0, sq)) for i in range(0, b, n)]
+    if rows >= sq:
+        n = rows // sq
+        return [
+            (slice(i, i + 1), slice(j, min(j + n, h)), slice(0, sq))
+            for i in range(b)
+            for j in range(0, h, n)
+        ]
+    return [
+        (slice(i, i + 1), slice(j, j + 1), slice(r, min(r + rows, sq)))
+        for i in range(b)
+        for j in range(h)
+        for r in range(0, sq, rows)
+    ]
+
+
 def additive_bias(
     score_mod: ScoreMod,
     b: int,
@@ -230,14 +266,18 @@ def additive_bias(
     sq: int,
     sk: int,
     device: Any,
-    scores: Tensor | None = None,
+    query: Tensor | None = None,
+    key: Tensor | None = None,
+    scale: float | None = None,
+    cap: float | None = None,
     allowed: Tensor | None = None,
 ) -> Tensor:
-    """score_mod(s) - s as an fp32 [B|1, H|1, Sq, Sk] bias f, checked to be the same
-    at the call's real scores: score_mod(scores) == scores + f at every allowed
-    position (the kernels add f to whatever score they compute, so a clamp or any
-    other score-dependent part would be silently dropped). ValueError otherwise (a
-    RuntimeError from the compiled graph under torch.compile)."""
+    """score_mod(s) - s as an fp32 [B|1, H|1, Sq, Sk] bias f, checked (given query and
+    key) to be the same at the call's real scores: score_mod(scores) == scores + f at
+    every allowed position (the kernels add f to whatever score they compute, so a clamp
+    or any other score-dependent part would be silently dropped). The scores are built
+    and checked one `check_boxes` block at a time. ValueError otherwise (a RuntimeError
+    from the compiled graph under torch.compile)."""
     zero = torch.zeros((), dtype=torch.float32, device=device)
     f0 = _evaluate(score_mod, b, h, sq, sk, device, zero).float()
     f0 = f0.reshape((1,) * (4 - f0.dim()) + tuple(f0.shape))  # a mask is 4-D
@@ -247,27 +287,63 @@ def additive_bias(
         f1 = _evaluate(score_mod, b, h, sq, sk, device, probe).float() - probe
         if not torch.allclose(f0, f1, rtol=1e-5, atol=1e-5):
             raise ValueError(_NOT_ADDITIVE)
-    if scores is None:
+    if query is None or key is None:
         return f0
-    got = _evaluate(score_mod, b, h, sq, sk, device, scores).float()
-    # fp32 rounding of score + f: a few ulps of the larger of the two
-    ok = (got - scores - f0).abs() <= 1e-5 * (1.0 + scores.abs() + f0.abs())
-    if allowed is not None:
-        ok = ok | ~allowed
-    if compiling:  # no data at trace time: the graph checks it when it runs
-        torch._assert_async(ok.all(), _NOT_ADDITIVE)
-    elif not bool(ok.all()):
-        at = [int(i) for i in (~ok).nonzero()[0]]
-        s = float(scores.expand_as(ok)[tuple(at)])
-        raise ValueError(f"{_NOT_ADDITIVE} (at [b, h, q, k] = {at}, score {s:.4g})")
+    full = (b, h, sq, sk)
+    f0_all = f0.expand(full)  # views: a box of them is sliced, never the whole materialised
+    allowed_all = None if allowed is None else torch.broadcast_to(allowed, full)
+    all_ok = torch.ones((), dtype=torch.bool, device=device)
+    for box in check_boxes(b, h, sq, sk):
+        scores = real_scores(query, key, scale, cap, box)
+        grids = _box_grids(box, sk, device)
+        got = _evaluate_on(score_mod, grids, device, scores).float()
+        f = f0_all[box]
+        # fp32 rounding of score + f: a few ulps of the larger of the two
+        ok = (got - scores - f).abs() <= 1e-5 * (1.0 + scores.abs() + f.abs())
+        if allowed_all is not None:
+            ok = ok | ~allowed_all[box]
+        if compiling:  # no data at trace time: the graph checks it when it runs
+            all_ok = all_ok & ok.all()
+        elif not bool(ok.all()):
+            local = [int(i) for i in (~ok).nonzero()[0]]
+            s = float(scores.expand_as(ok)[tuple(local)])
+            at = [
+                local[0] + box[0].start,
+                local[1] + box[1].start,
+                local[2] + box[2].start,
+                local[3],
+            ]
+            raise ValueError(f"{_NOT_ADDITIVE} (at [b, h, q, k] = {at}, score {s:.4g})")
+    if compiling:
+        torch._assert_async(all_ok, _NOT_ADDITIVE)
     return f0
 
 
-def real_scores(query: Tensor, key: Tensor, scale: float | None, cap: float | None) -> Tensor:
-    """fp32 [B, Hq, Sq, Sk]: the scores score_mod sees (scaled, soft-capped first)."""
-    qf, kf = query.detach().float(), key.detach().float()
-    if kf.shape[1] != qf.shape[1]:
-        kf = kf.repeat_interleave(qf.shape[1] // kf.shape[1], dim=1)
+def _box_grids(box: tuple[slice, slice, slice], sk: int, device: Any) -> tuple[Tensor, ...]:
+    ar = lambda s: torch.arange(s.start, s.stop, device=device)  # noqa: E731
+    bs, hs, qs = box
+    return (
+        ar(bs).view(-1, 1, 1, 1),
+        ar(hs).view(1, -1, 1, 1),
+        ar(qs).view(1, 1, -1, 1),
+        torch.arange(sk, device=device).view(1, 1, 1, sk),
+    )
+
+
+def real_scores(
+    query: Tensor,
+    key: Tensor,
+    scale: float | None,
+    cap: float | None,
+    box: tuple[slice, slice, slice] | None = None,
+) -> Tensor:
+    """fp32 [B, Hq, Sq, Sk] (or the `check_boxes` block `box` of it): the scores
+    score_mod sees (scaled, soft-capped first)."""
+    bs, hs, qs = box if box is not None else (slice(None), slice(None), slice(None))
+    qf = query.detach()[bs, hs, qs].float()
+    hq, hk = query.shape[1], key.shape[1]
+    heads = torch.arange(hq, device=key.device)[hs] // (hq // hk)  # each query head's kv head
+    kf = key.detach()[bs].index_select(1, heads).float()
     s = torch.einsum("bhqd,bhkd->bhqk", qf, kf)
     s = s * (1.0 / math.sqrt(qf.shape[-1]) if scale is None else float(scale))
     return s if cap is None else cap * torch.tanh(s / cap)
@@ -281,6 +357,7 @@ __all__ = [
     "alibi_slopes",
     "and_masks",
     "causal_mask",
+    "check_boxes",
     "create_block_mask",
     "document_mask",
     "or_masks",

@@ -413,8 +413,9 @@ def flex_attention(
         cap, score_mod = score_mod.cap, score_mod.then
     mask: Tensor | None = allowed
     if score_mod is not None:
-        scores = flex.real_scores(query, key, scale, cap)
-        bias = flex.additive_bias(score_mod, b, hq, sq, sk, query.device, scores, allowed)
+        bias = flex.additive_bias(
+            score_mod, b, hq, sq, sk, query.device, query, key, scale, cap, allowed
+        )
         if _mask_needs_grad(bias):
             raise ValueError(
                 "score_mod: expected no learnable tensors (the kernels give no gradient for "

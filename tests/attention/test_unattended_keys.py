@@ -149,6 +149,74 @@ def test_a_clamp_the_real_scores_never_reach_is_the_identity_and_runs() -> None:
     torch.testing.assert_close(out, flex_attention(q, k, v), atol=0.0, rtol=0.0)
 
 
+_REAL_SCORES = flex.real_scores
+
+
+def _check_in_blocks(monkeypatch, budget, q, k, score_mod, allowed=None):  # type: ignore[no-untyped-def]
+    """additive_bias's check at a chunk budget: (outcome, sizes of the score blocks held)."""
+    sizes: list[int] = []
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        s = _REAL_SCORES(*args)
+        sizes.append(s.numel() * s.element_size())
+        return s
+
+    monkeypatch.setattr(flex, "CHECK_CHUNK_BYTES", budget)
+    monkeypatch.setattr(flex, "real_scores", spy)
+    b, hq, sq, _ = q.shape
+    sk = k.shape[2]
+    try:
+        out = flex.additive_bias(score_mod, b, hq, sq, sk, q.device, q, k, None, None, allowed)
+    except ValueError as e:
+        return str(e), sizes
+    return out, sizes
+
+
+@pytest.mark.parametrize("rows", [1, 3, 20, 40])  # budgets: one row .. two heads per block
+def test_the_score_mod_check_holds_one_bounded_block_of_scores_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, rows: int
+) -> None:
+    """The real scores are checked in blocks of at most CHECK_CHUNK_BYTES (never the whole
+    [B, Hq, Sq, Sk] tensor), with the same verdict, location and bias as one block."""
+    g = torch.Generator().manual_seed(7)
+    q = 3 * torch.randn(2, 4, 20, 16, generator=g)
+    k = 3 * torch.randn(2, 2, 20, 16, generator=g)  # GQA: each block finds its kv heads
+    allowed = torch.rand(2, 1, 20, 20, generator=g) > 0.3
+    whole = 4 * 2 * 4 * 20 * 20
+    budget = rows * 20 * 4
+    alibi = flex.alibi(flex.alibi_slopes(4))
+    for score_mod in (_clamp5, alibi):
+        one, one_sizes = _check_in_blocks(monkeypatch, whole, q, k, score_mod, allowed)
+        got, sizes = _check_in_blocks(monkeypatch, budget, q, k, score_mod, allowed)
+        assert one_sizes == [whole]
+        assert max(sizes) <= budget
+        if score_mod is _clamp5:
+            assert isinstance(one, str) and "at [b, h, q, k]" in one
+            assert got == one
+        else:
+            assert len(sizes) > 1 and sum(sizes) == whole  # passes: every score is checked
+            torch.testing.assert_close(got, one, atol=0.0, rtol=0.0)
+
+
+def test_the_score_mod_check_in_blocks_under_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _inputs_with_large_scores()
+    monkeypatch.setattr(flex, "CHECK_CHUNK_BYTES", 3 * 20 * 4)  # 3 query rows a block
+    assert len(flex.check_boxes(1, 2, 20, 20)) == 14
+    torch._dynamo.reset()
+
+    def call(mod):  # type: ignore[no-untyped-def]
+        return torch.compile(
+            lambda q, k, v: flex_attention(q, k, v, score_mod=mod),
+            backend="aot_eager",
+            fullgraph=True,
+        )
+
+    with pytest.raises(RuntimeError, match="score_mod: expected score"):
+        call(_clamp5)(q, k, v)
+    wide = call(lambda s, b, h, i, j: s.clamp(-1e4, 1e4))(q, k, v)
+    torch.testing.assert_close(wide, flex_attention(q, k, v), atol=0.0, rtol=0.0)
+
+
 def test_a_head_that_attends_nothing_while_another_attends_the_tile() -> None:
     """One tile plan serves every head: head 1's keys (all unattended by head 1, whose
     rows are all empty) are read because head 0 attends their tile."""
