@@ -522,6 +522,7 @@ def test_default_decode_call_uses_the_shipped_configs_without_warnings() -> None
     from nki_kernels.attention.decode_host import DecodeProblem, StreamConfig
     from nki_kernels.attention.decode_stream import decode_stream_fwd
     from nki_kernels.runtime import config_store as cs
+    from nki_kernels.runtime.config_keys import parse_key
     from nki_kernels.runtime.config_records import ConfigDecision
     from nki_kernels.runtime.kernel_cache import kernel_source_hash
 
@@ -532,7 +533,7 @@ def test_default_decode_call_uses_the_shipped_configs_without_warnings() -> None
         warnings.simplefilter("always")
         for target in ("trn2", "trn3"):
             for key, _entry, _file in store.entries("decode_attention", target):
-                problem = DecodeProblem(**cs.parse_key(key))  # type: ignore[arg-type]
+                problem = DecodeProblem(**parse_key(key))  # type: ignore[arg-type]
                 d = store.decide("decode_attention", target, problem, config_cls=StreamConfig,
                                  kernel_hash=h, lnc=1)  # fmt: skip
                 seen.append(d)

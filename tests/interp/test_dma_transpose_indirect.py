@@ -13,6 +13,13 @@ from nki_kernels.interp import nisa, nl, run
 
 rng = np.random.default_rng(11)
 
+# The interpreter does not enforce these limits yet: the MoE kernels (blockwise_mlp,
+# grouped_gemm) gather row counts off the 16 grid and must be fixed first. The decode
+# kernel obeys them (tests/attention/test_decode.py checks its plan).
+NOT_ENFORCED = pytest.mark.xfail(
+    strict=True, reason="indirect-transpose limits not enforced until the MoE kernels obey them"
+)
+
 
 def _gather_transpose(src, idx, view_shape):
     """Gather `view_shape` (rows first, a 2-D / 4-D view of `src` [N, W]) through `idx`
@@ -48,6 +55,7 @@ def _src(rows, width):
     return rng.standard_normal((rows, width)).astype(ml_dtypes.bfloat16)
 
 
+@NOT_ENFORCED
 def test_4d_source_with_heads_and_keys_both_above_one_is_rejected():
     # "When src is 4D: len(src[1]) or len(src[2]) must be 1"
     src = _src(256, 2 * 4 * 64)
@@ -64,6 +72,7 @@ def test_4d_source_with_one_head_is_gathered_and_transposed():
     np.testing.assert_array_equal(got, want)
 
 
+@NOT_ENFORCED
 def test_int32_indices_are_rejected():
     # "indices.dtype is np.uint32"
     src = _src(64, 32)
@@ -72,6 +81,7 @@ def test_int32_indices_are_rejected():
     assert "indices.dtype must be uint32; got int32" in str(err)
 
 
+@NOT_ENFORCED
 @pytest.mark.parametrize("rows", [4, 8])
 def test_fewer_than_16_gathered_rows_are_rejected(rows):
     # "src.shape[0] must be divisible by 16"; "indices.shape[0] must be in [16, 128] and
@@ -82,6 +92,7 @@ def test_fewer_than_16_gathered_rows_are_rejected(rows):
     assert f"src.shape[0] must be divisible by 16; got {rows}" in str(err)
 
 
+@NOT_ENFORCED
 def test_two_index_columns_need_128_index_rows():
     # "When indices.shape[1] > 1: indices.shape[0] must be exactly 128"
     src = _src(64, 32)
