@@ -379,10 +379,13 @@ class ConfigStore:
         else:
             decision = self._decide(op, tgt, problem, cls, kernel_hash, bucket_fields, lnc,
                                     want, key, indexes)  # fmt: skip
-            with self._lock:
-                if len(self._decisions) >= MAX_DECISIONS:
-                    self._decisions.clear()
-                self._decisions[memo] = (stamps, decision)
+            # a heuristic default is not remembered: it is cheap, and the heuristic is code
+            # (a patched or reloaded one must be asked again), not a file this memo tracks
+            if decision.source != DEFAULT:
+                with self._lock:
+                    if len(self._decisions) >= MAX_DECISIONS:
+                        self._decisions.clear()
+                    self._decisions[memo] = (stamps, decision)
         if self.log_decisions:
             with self._lock:
                 first = ("log", op, tgt.name, key) not in self._warned
