@@ -26,10 +26,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ..serving.host import FP8_MAX, LAYOUTS, write_cache
+from ..runtime.host_array import host_numpy
+from ..serving.decode_step_host import decode_step_eligible, serving_decode
+from ..serving.host import FP8_MAX, LAYOUTS, CacheGeometry, write_cache
 from ..serving.host import serving_attention as _serving_attention
 from .attention import SOFTMAX_SCALE_MIN
 from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_tensor
@@ -330,6 +333,15 @@ def _serving_attention_op(
         )  # fmt: skip
     _check_lengths(query_start_loc, cached_seq_len, q.shape[0], max_query_len)
     _check_scale_values(k_scale, v_scale, softmax_scale, q.shape[2])
+    qsl = host_numpy(query_start_loc).astype(np.int64)
+    ctx = host_numpy(cached_seq_len).reshape(-1).astype(np.int64)
+    group = q.shape[1] // CacheGeometry.of(k_cache, layout).kv_heads
+    if decode_step_eligible(qsl[1:] - qsl[:-1], ctx, group, k_cache.dtype, sliding_window):
+        # decode rows / speculative drafts only: the streamed decode body (one launch)
+        return serving_decode(
+            q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),
+            query_start_loc, sinks, softmax_scale, sliding_window, layout,
+        )  # fmt: skip
     return _serving_attention(
         q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),
         query_start_loc, sinks, k_scale, v_scale, softmax_scale, sliding_window, layout,

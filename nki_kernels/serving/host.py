@@ -128,12 +128,7 @@ def plan_step(
     qlen = qsl[1:] - qsl[:-1]
     total = ctx + qlen
     bs, mb = geo.block_size, block_table.shape[1]
-    if total.size and total.max() > mb * bs:
-        s = int(np.argmax(total))
-        raise ValueError(
-            f"cached_seq_len: sequence {s} needs {int(total[s])} keys (cached {int(ctx[s])} + "
-            f"{int(qlen[s])} new), past its block table's {mb} blocks * {bs}"
-        )
+    check_keys(qlen, ctx, block_table, geo)
     longest_q = int(qlen.max(initial=1))
     tq = max(1, min(P // group, longest_q))
     items: list[tuple[int, int]] = []  # (sequence, first token of the tile within it)
@@ -154,13 +149,6 @@ def plan_step(
         tokens[it, :n] = qsl[s] + j0 + np.arange(n)
         live = j < total[s]
         blocks = block_table[s, np.minimum(j // bs, mb - 1)].astype(np.int64)
-        bad = live & ((blocks < 0) | (blocks >= geo.num_blocks))
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"block_table: expected block ids in [0, {geo.num_blocks}) (the pool) for the "
-                f"{int(total[s])} keys of sequence {s}; got {int(blocks[k])} at column {k // bs}"
-            )
         rows = geo.row(np.maximum(blocks, 0) * bs + j % bs)
         key_rows[it, :, 0] = np.where(live, rows, -1)
         pos = ctx[s] + j0 + np.arange(n)  # absolute positions of the item's tokens
@@ -175,6 +163,30 @@ def plan_step(
             info[it, h * tq : h * tq + n, 0] = lo
             info[it, h * tq : h * tq + n, 1] = hi
     return StepPlan(tq, kv_tile, tokens, key_rows, info, n_steps, has_key)
+
+
+def check_keys(
+    qlen: np.ndarray, ctx: np.ndarray, block_table: np.ndarray, geo: CacheGeometry
+) -> None:
+    """ValueError naming `cached_seq_len` when a sequence's keys (cached + new) pass its
+    block table, or `block_table` when a block a sequence uses is outside the pool."""
+    total = ctx.astype(np.int64) + qlen
+    bs, mb = geo.block_size, block_table.shape[1]
+    if total.size and total.max() > mb * bs:
+        s = int(np.argmax(total))
+        raise ValueError(
+            f"cached_seq_len: sequence {s} needs {int(total[s])} keys (cached {int(ctx[s])} + "
+            f"{int(qlen[s])} new), past its block table's {mb} blocks * {bs}"
+        )
+    used = np.arange(mb)[None, :] < -(-total[:, None] // bs)
+    blocks = block_table.astype(np.int64)
+    bad = used & ((blocks < 0) | (blocks >= geo.num_blocks))
+    if bad.any():
+        s, c = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(
+            f"block_table: expected block ids in [0, {geo.num_blocks}) (the pool) for the "
+            f"{int(total[s])} keys of sequence {s}; got {int(blocks[s, c])} at column {c}"
+        )
 
 
 def key_step(longest: int) -> int:
@@ -363,6 +375,7 @@ __all__ = [
     "LAYOUTS",
     "CacheGeometry",
     "StepPlan",
+    "check_keys",
     "fp8_max",
     "kv_scales",
     "plan_step",

@@ -1,0 +1,61 @@
+"""Decode and speculative steps as one NKI kernel: write the new tokens' K / V into the
+cache at their slots, then attend with the streamed decode body over the same cache.
+
+A step whose sequences each bring at most a few queries (decode rows, 2-16 speculative
+drafts) is what `attention/decode_stream.py` is built for: the whole batch per launch,
+keys on partitions, K and V the stationary matmul operands, (sequence, KV head) groups
+packed to 128 columns. This kernel is that body (imported, unmodified) preceded by the
+serving kernels' cache write (`segmented._write_new_rows`), in one launch:
+
+    for each 128-token tile of the new rows:                 # phase 1 (k_new given)
+        cache rows[write_rows[tile]] = k_new[tile]           # indirect DMA, slot -1 skipped
+        (V alike; every program of kernel[2] writes every row: idempotent, no barrier)
+    out, lse = decode_stream_fwd(q, caches, piece tables)  # phase 2, see decode_stream.py
+
+The host (`serving/decode_step_host.py`) lays each sequence's queries right-aligned in
+q [B, Hq, Sq, D] (Sq = the step's longest query count), so the decode plan's causal
+bound hi = len - Sq + i + 1 is each query's own position + 1, and plans the piece
+tables with `attention/decode_plan.py`. The write precedes the gathers in issue order on
+the same HBM tensors (the interpreter and the cost model order them by storage).
+
+Layouts: "paged" = [num_blocks, block_size, Hkv, D] (the serving ops' "nhd"), "paged_hm"
+= [num_blocks, Hkv, block_size, D] ("hnd"). Caches in q's dtype (the streamed body's
+K^T comes from 2-byte DMA transposes, or TensorE transposes for fp32); fp8 caches take
+the segmented kernel.
+
+Inputs: q [B, Hq, Sq, D]; k_new, v_new [T, Hkv * D] or None; write_rows int32 [T, 1]
+(layout row of each new token, negative = skip) or None; the decode plan's idx, kpos,
+tail_idx, tail_kpos, hi, full and static arguments (`decode_plan.StreamPlan`). Returns
+out [ksplit, B, Hq, Sq, D] (q's dtype), lse [ksplit, B, Hq, Sq] fp32.
+"""
+
+from __future__ import annotations
+
+from ..attention.decode_stream import decode_stream_fwd
+from ..nki import nki
+from .segmented import _flat_views, _write_new_rows
+
+WRITE_LAYOUT = {"paged": "nhd", "paged_hm": "hnd"}  # the cache write's names
+
+
+@nki.jit
+def serving_decode_fwd(
+    q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi, full,
+    softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring,
+):  # fmt: skip
+    """(out, lse) of the streamed decode over the caches after the write; see above."""
+    d = q.shape[3]
+    if k_new is not None:
+        wl = WRITE_LAYOUT[layout]
+        hkv = k_cache.shape[2] if wl == "nhd" else k_cache.shape[1]
+        kf, vf, bs = _flat_views(k_cache, v_cache, wl, hkv, d)
+        # no fp8 here (fp8_max 0): the scales operand is never read
+        _write_new_rows(k_new, kf, write_rows, None, 2, wl, bs, hkv, d, 0.0)
+        _write_new_rows(v_new, vf, write_rows, None, 3, wl, bs, hkv, d, 0.0)
+    return decode_stream_fwd(
+        q, k_cache, v_cache, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
+        layout, piece, tiles, n_slabs, tail, ksplit, ring,
+    )  # fmt: skip
+
+
+__all__ = ["WRITE_LAYOUT", "serving_decode_fwd"]

@@ -1,0 +1,227 @@
+"""Host side of the decode-step kernel (torch + NumPy): when a step takes it, its plan,
+its launch.
+
+`serving_attention` sends a step here (`decode_step_eligible`) when every sequence
+brings at most MAX_QUERIES queries (decode rows, speculative drafts), the G query heads
+x queries of a KV head fit 128 packed columns, the cache is in q's dtype (the streamed
+body's K^T DMA transposes move 2-byte elements; fp8 caches take the segmented kernel)
+and a sliding window, if any, starts at the same key for all of a sequence's queries
+(true for decode rows; the streamed body bounds keys from above only). Mixed steps with
+prefill chunks keep the segmented kernel.
+
+The plan (`plan`):
+* the active sequences (query_len > 0) in order, their queries right-aligned in
+  q [B, Hq, Sq, D]: decode_plan's bound hi = len - Sq + i + 1 is then each query's
+  position + 1 (len = cached + new keys); left padding rows are dropped on return;
+* a sliding window W starting at key lo: the blocks wholly before lo are cut from the
+  sequence's block table (its positions shift by whole blocks), the keys of the first
+  kept block before lo get position BIG (masked by the kernel's select);
+* the piece tables from `attention/decode_plan.plan_decode` with the decode op's config
+  (`decode_attention`'s store entries: the same streamed body).
+
+Attention sinks fold in on return with the kernel's log-sum-exp: the sink is a key of
+logit `sink` and no value, so out_with_sink = out * Z / (Z + e^sink) with log Z = lse,
+i.e. out * sigmoid(lse - sink) (one elementwise product; exact up to the output's
+rounding). At LNC 2 a single sequence splits its keys in two (as `decode_attention`),
+merged here by log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..attention.decode_host import DecodeProblem, StreamConfig
+from ..attention.decode_plan import BIG, StreamPlan, plan_decode
+from ..attention.decode_stream import decode_stream_fwd
+from ..runtime.buckets import bucket
+from ..runtime.config_store import lookup_config
+from ..runtime.host_array import host_numpy
+from ..runtime.launch import launch
+from ..runtime.lnc import runtime_lnc
+from ..targets import get_target
+from .decode_step import serving_decode_fwd
+from .host import FP8_MAX, CacheGeometry, check_keys, write_rows
+
+P = 128
+MAX_QUERIES = 16  # queries per sequence the decode path takes (speculative drafts: 2-16)
+DECODE_LAYOUT = {"nhd": "paged", "hnd": "paged_hm"}
+
+
+def window_start(pos: np.ndarray, window: int | None) -> np.ndarray:
+    """First key a query at position `pos` sees (0 without a window)."""
+    if window is None:
+        return np.zeros_like(pos)
+    return np.maximum(pos - window + 1, 0)
+
+
+def decode_step_eligible(
+    qlen: np.ndarray,
+    ctx: np.ndarray,
+    group: int,
+    cache_dtype: torch.dtype,
+    sliding_window: int | None,
+) -> bool:
+    """True when the decode-step kernel serves this step (see the module docstring)."""
+    active = qlen > 0
+    if not active.any() or cache_dtype in FP8_MAX:
+        return False
+    sq = int(qlen.max())
+    if sq > MAX_QUERIES or group * sq > P:
+        return False
+    first = window_start(ctx[active], sliding_window)
+    last = window_start(ctx[active] + qlen[active] - 1, sliding_window)
+    return bool((first == last).all())
+
+
+@dataclass(frozen=True)
+class DecodeStepPlan:
+    """The launch plan of one step (see the module docstring)."""
+
+    seqs: np.ndarray  # int64 [B]: the step's sequence of each batch row
+    tokens: np.ndarray  # int64 [B, Sq]: token of each query row, -1 = left padding
+    stream: StreamPlan
+
+
+def plan(
+    query_start_loc: np.ndarray,
+    cached_seq_len: np.ndarray,
+    block_table: np.ndarray,
+    geo: CacheGeometry,
+    hq: int,
+    itemsize: int,
+    sliding_window: int | None,
+    config: StreamConfig,
+    ksplit: int,
+) -> DecodeStepPlan:
+    """Plan a step `decode_step_eligible` accepted; raises ValueError naming the argument
+    at fault (keys past the block table, blocks outside the pool)."""
+    qsl = query_start_loc.astype(np.int64)
+    ctx = cached_seq_len.astype(np.int64)
+    qlen = qsl[1:] - qsl[:-1]
+    check_keys(qlen, ctx, block_table, geo)
+    seqs = np.flatnonzero(qlen > 0)
+    sq = int(qlen[seqs].max())
+    bs = geo.block_size
+    total = ctx[seqs] + qlen[seqs]
+    lo = window_start(total - 1, sliding_window)  # the same for all of a sequence's queries
+    cut = lo // bs  # whole blocks before the window
+    lens = total - cut * bs
+    width = max(1, int((-(-lens // bs)).max()))
+    table = np.zeros((len(seqs), width), np.int64)
+    for b, s in enumerate(seqs):
+        n = -(-int(lens[b]) // bs)
+        table[b, :n] = block_table[s, cut[b] : cut[b] + n]
+    layout = DECODE_LAYOUT[geo.layout]
+    shape = (geo.num_blocks, geo.block_size, geo.kv_heads, geo.head_dim)
+    if layout == "paged_hm":
+        shape = (geo.num_blocks, geo.kv_heads, geo.block_size, geo.head_dim)
+    stream = plan_decode(lens, hq, geo.kv_heads, sq, layout, shape, table, geo.head_dim,
+                         itemsize, config.piece, config.ring, ksplit)  # fmt: skip
+    if sliding_window is not None:
+        _mask_before(stream, lo - cut * bs)
+    tokens = np.full((len(seqs), sq), -1, np.int64)
+    for b, s in enumerate(seqs):
+        n = int(qlen[s])
+        tokens[b, sq - n :] = qsl[s] + np.arange(n)
+    return DecodeStepPlan(seqs, tokens, stream)
+
+
+def _mask_before(stream: StreamPlan, first: np.ndarray) -> None:
+    """Give the keys before each sequence's window start (positions < first[b], in the
+    plan's shifted positions) position BIG: the kernel selects them away."""
+    for t, (b0, ns, _h0, _nh) in enumerate(stream.tiles):
+        for sl in range(ns):
+            f = float(first[b0 + sl])
+            kp = stream.kpos[t, :, :, sl, :]
+            kp[kp < f] = BIG
+            tk = stream.tail_kpos[t, :, sl]
+            tk[tk < f] = BIG
+
+
+def serving_decode(
+    q: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor | None,
+    block_table: Tensor,
+    cached_seq_len: Tensor,
+    query_start_loc: Tensor,
+    sinks: Tensor | None,
+    softmax_scale: float | None,
+    sliding_window: int | None,
+    layout: str,
+) -> Tensor:
+    """out [T, Hq, D]: write k, v (if given) at slot_mapping, then the streamed decode
+    over the cache, in one launch (a step `decode_step_eligible` accepted)."""
+    t_tok, hq, d = q.shape
+    geo = CacheGeometry.of(k_cache, layout)
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    target = get_target(None)
+    qsl_np = host_numpy(query_start_loc).astype(np.int64)
+    qlen = qsl_np[1:] - qsl_np[:-1]
+    sq = int(qlen.max())
+    n_seq = int((qlen > 0).sum())
+    longest = max(1, int((host_numpy(cached_seq_len).astype(np.int64) + qlen).max()))
+    dtype = str(q.dtype).removeprefix("torch.")
+    problem = DecodeProblem(1, hq, geo.kv_heads, sq, bucket(longest), d, dtype, "contiguous")
+    cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target=target,
+                        config_cls=StreamConfig, lnc=1)  # fmt: skip
+    assert isinstance(cfg, StreamConfig)
+    ksplit = 2 if n_seq == 1 and runtime_lnc(target) == 2 else 1
+    p = plan(qsl_np, host_numpy(cached_seq_len), host_numpy(block_table), geo, hq,
+             q.element_size(), sliding_window, cfg, ksplit)  # fmt: skip
+    dev = q.device
+    rows_w = None
+    if k is not None:
+        assert slot_mapping is not None
+        rows_w = torch.from_numpy(write_rows(host_numpy(slot_mapping), geo)).to(dev)
+    tok = torch.from_numpy(p.tokens)
+    gather = torch.where(tok >= 0, tok, t_tok).reshape(-1).to(dev)
+    q_pad = torch.cat([q, q.new_zeros((1, hq, d))])
+    q4 = q_pad.index_select(0, gather).reshape(n_seq, sq, hq, d).permute(0, 2, 1, 3)
+    s = p.stream
+    arrays = (s.idx, s.kpos, s.tail_idx, s.tail_kpos, s.hi, s.full)
+    kc = k_cache if k_cache.is_contiguous() else k_cache.contiguous()
+    vc = v_cache if v_cache.is_contiguous() else v_cache.contiguous()
+    new: list[Tensor | None] = [None, None]
+    if k is not None and v is not None and t_tok > 0:
+        new = [k.reshape(t_tok, -1).contiguous(), v.reshape(t_tok, -1).contiguous()]
+    outs, lses = launch(
+        serving_decode_fwd, q4.contiguous(), *new, kc, vc, rows_w,
+        *[torch.from_numpy(a).to(dev) for a in arrays], scale, *s.static_args(),
+        target=target, mutated=(3, 4),
+    )  # fmt: skip
+    if kc is not k_cache:
+        k_cache.copy_(kc)
+    if vc is not v_cache:
+        v_cache.copy_(vc)
+    o, lse = _merge(outs, lses)  # [B, Hq, Sq, D], [B, Hq, Sq]
+    if sinks is not None:
+        snk = sinks.to(device=dev, dtype=torch.float32).view(1, hq, 1)
+        o = (o.float() * torch.sigmoid(lse - snk)[..., None]).to(q.dtype)
+    rows = o.permute(0, 2, 1, 3).reshape(n_seq * sq, hq, d)  # [B * Sq, Hq, D]
+    sel = (tok >= 0).reshape(-1).to(dev)
+    out = q.new_zeros((t_tok + 1, hq, d))
+    out = out.index_copy(0, gather[sel], rows[sel])
+    return out[:t_tok]
+
+
+def _merge(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
+    """Exact log-sum-exp merge of the key splits' (out, lse) (LNC 2, one sequence)."""
+    if outs.shape[0] == 1:
+        return outs[0], lses[0]
+    top = lses.max(dim=0).values
+    w = torch.exp(lses - top)
+    tot = w.sum(dim=0)
+    merged = (w[..., None] * outs.float()).sum(dim=0) / tot[..., None]
+    return merged.to(outs.dtype), top + torch.log(tot)
+
+
+__all__ = ["MAX_QUERIES", "DecodeStepPlan", "decode_step_eligible", "plan", "serving_decode"]
