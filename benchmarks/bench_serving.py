@@ -1,152 +1,365 @@
-"""Modeled latency of the serving kernel against the plain composition (trn2, bands).
+"""Modeled latency of the serving op's kernels against the plain composition and AWS's
+kernels (trn2, bands; cost model of this checkout).
 
-    PYTHONPATH=. python benchmarks/bench_serving.py [--target trn2]
+    PYTHONPATH=. python benchmarks/bench_serving.py [--target trn2] [--nki-library PATH]
+                                                    [--out benchmarks/data/serving_rows.json]
 
-One Llama-3 8B attention layer (Hq 32, Hkv 8, D 128, bf16), paged cache of 16-key
-blocks in vLLM's layout ("nhd") or vLLM-Neuron's ("hnd": a head's block is one run, so
-the grouped gathers move 1 KiB per 4 keys), per case:
+One attention layer per case (Llama-3 8B: Hq 32, Hkv 8, D 128; GPT-OSS 20B: Hq 64,
+Hkv 8, D 64), bf16 queries, 16-key blocks, LNC 1. Per case:
 
-* fused: `serving_attention_fwd` writing the step's new K / V and attending, one launch;
-* composition: the write alone (`cache_write_fwd`) + the attention alone (the same
-  kernel without the write), two launches (latencies summed);
-* decode cases also: the write + the project's decode kernel (`decode_attention_fwd`,
-  its heuristic config), the closest existing kernel for those rows.
+* ours: what `serving_attention` launches for the step, one launch writing the step's
+  new K / V and attending: the decode-step kernel (`serving/decode_step.py`: write +
+  the streamed decode body) for decode rows and drafts, the segmented kernel
+  (`serving/segmented.py`) for prefill chunks, mixed steps and fp8 caches;
+* composition: the write alone (`cache_write_fwd`) + the same attention without the
+  write, two launches (latencies summed);
+* segmented: the segmented kernel for the same step (what decode steps ran before);
+* AWS: nki-library's kernel for the case, through this project's harness, unmodified
+  (a local checkout, `--nki-library`; commit recorded): `attention_tkg` (token
+  generation; paged 16-key blocks, `qk_in_sb`, `use_pos_id`, s_active = queries per
+  sequence, `start_pos_ids` for a window, `sink` [H, 1]) one KV head per call x Hkv, and
+  `attention_cte` with `k_prior` / `v_prior` / `prior_used_len` (its prefix caching over
+  a contiguous prefix: it reads no block table) for prefill chunks, all heads in one call
+  (batch = Hq, batch_kv = Hkv). AWS's kernels write no cache: "AWS + write" adds our
+  `cache_write_fwd` (a separate launch, as vLLM-Neuron writes through `slot_mapping`).
 
-AWS's `attention_tkg` (nki-library's token-generation attention): its committed modeled
-rows (`benchmarks/data/decode_aws_rows.json`, priced through `bench/peer_decode.py`'s
-harness at nki-library d2ad3a57, one Llama-3 8B layer = 8 calls, s_active = 1, paged
-16-key blocks) are shown for the decode row; it writes no cache. Pricing it for the
-other rows (s_active = 4, prefill chunks) or AWS's segmented CTE needs a local
-nki-library checkout, absent on this machine.
-Every figure is modeled (cost model, target, band over the parameter sets); none is a
-measurement.
+Bands: each figure re-priced under every parameter set of the cost model (the trace
+replayed), widened by the model's structural error (`bench.bands`); ratios pair the
+same set on both sides (`ratio_band`). Every figure is modeled; none is a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from nki_kernels.attention.decode import decode_attention_fwd
-from nki_kernels.attention.decode_host import DecodeConfig, DecodeProblem, kernel_args
-from nki_kernels.bench.bands import parameter_sets, replayed_traces
+import numpy as np
+
+from nki_kernels.attention.decode_host import DecodeProblem, StreamConfig
+from nki_kernels.attention.decode_stream import decode_stream_fwd
+from nki_kernels.bench.bands import latency_band, parameter_sets, ratio_band
+from nki_kernels.bench.peer import checkout_commit
 from nki_kernels.interp import TensorSpec
-from nki_kernels.perfmodel import COST_MODEL_VERSION, estimate
+from nki_kernels.perfmodel import COST_MODEL_VERSION, schedule, trace_kernel
+from nki_kernels.perfmodel.estimate import modeled_label
+from nki_kernels.runtime.buckets import bucket
+from nki_kernels.runtime.config_store import lookup_config
 from nki_kernels.serving.cache_write import cache_write_fwd
-from nki_kernels.serving.host import key_step
+from nki_kernels.serving.decode_step import serving_decode_fwd
+from nki_kernels.serving.decode_step_host import decode_step_eligible, plan
+from nki_kernels.serving.host import CacheGeometry, key_step
 from nki_kernels.serving.segmented import serving_attention_fwd
 
-HQ, HKV, D, BS = 32, 8, 128, 16
-CASES = {  # name: (sequences, cached keys each, new tokens each, cache dtype, layout)
-    "decode 8 x 1, 2K cached, vLLM layout (nhd)": (8, 2048, 1, "bfloat16", "nhd"),
-    "decode 8 x 1, 2K cached, vLLM-Neuron layout (hnd)": (8, 2048, 1, "bfloat16", "hnd"),
-    "decode 8 x 1, 2K cached, hnd, fp8 e4m3 cache": (8, 2048, 1, "float8_e4m3fn", "hnd"),
-    "speculative 8 x 4 drafts, 2K cached, hnd": (8, 2048, 4, "bfloat16", "hnd"),
-    "chunked prefill 1 x 256 after 1K prefix, hnd": (1, 1024, 256, "bfloat16", "hnd"),
+BS = 16
+BF16 = "bfloat16"
+OUT = Path(__file__).resolve().parent / "data" / "serving_rows.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    seqs: int  # sequences of `new` queries after `ctx` cached keys
+    ctx: int
+    new: int
+    layout: str = "hnd"
+    cache_dtype: str = BF16
+    heads: tuple[int, int, int] = (32, 8, 128)  # Hq, Hkv, D
+    window: int | None = None
+    sinks: bool = False
+    chunk: tuple[int, int] | None = None  # one more sequence: (cached, new) prefill chunk
+
+
+LLAMA, GPT_OSS = (32, 8, 128), (64, 8, 64)
+CASES = {
+    "decode 8 x 1, 2K cached, vLLM layout (nhd)": Case(8, 2048, 1, "nhd"),
+    "decode 8 x 1, 2K cached, vLLM-Neuron layout (hnd)": Case(8, 2048, 1),
+    "decode 64 x 1, 2K cached, hnd": Case(64, 2048, 1),
+    "decode 8 x 1, 2K cached, hnd, fp8 e4m3 cache": Case(8, 2048, 1, cache_dtype="float8_e4m3fn"),
+    "speculative 8 x 4 drafts, 2K cached, hnd": Case(8, 2048, 4),
+    "speculative 8 x 16 drafts, 2K cached, hnd": Case(8, 2048, 16),
+    "GPT-OSS decode 8 x 1, 2K cached, window 128 + sinks, hnd": Case(
+        8, 2048, 1, heads=GPT_OSS, window=128, sinks=True
+    ),
+    "chunked prefill 1 x 256 after 1K prefix, hnd": Case(0, 0, 0, chunk=(1024, 256)),
+    "mixed: 8 decode rows (2K) + 1 x 256 chunk after 1K, hnd": Case(8, 2048, 1, chunk=(1024, 256)),
 }
 
 
-def _specs(seqs: int, ctx: int, new: int, cache_dt: str, layout: str) -> dict[str, object]:
-    group = HQ // HKV
-    tq = min(128 // group, new)
-    items = seqs * -(-new // tq)
-    kv_tile = key_step(ctx + new)
-    steps = -(-(ctx + new) // kv_tile)
+def _seq_lists(c: Case) -> tuple[np.ndarray, np.ndarray]:
+    ctx = [c.ctx] * c.seqs + ([c.chunk[0]] if c.chunk else [])
+    new = [c.new] * c.seqs + ([c.chunk[1]] if c.chunk else [])
+    return np.array(ctx, np.int64), np.array(new, np.int64)
+
+
+def _geometry(c: Case) -> tuple[CacheGeometry, np.ndarray, TensorSpec]:
+    """Each sequence's blocks consecutive in a pool with one spare block."""
+    ctx, new = _seq_lists(c)
+    need = -(-(ctx + new) // BS)
+    width = int(need.max())
+    table = np.zeros((len(ctx), width), np.int64)
+    used = 0
+    for s, n in enumerate(need):
+        table[s, :n] = used + np.arange(n)
+        used += int(n)
+    hq, hkv, d = c.heads
+    geo = CacheGeometry(c.layout, used + 1, BS, hkv, d)
+    shape = (used + 1, BS, hkv, d) if c.layout == "nhd" else (used + 1, hkv, BS, d)
+    return geo, table, TensorSpec(shape, c.cache_dtype)
+
+
+def _new_rows(c: Case) -> tuple[TensorSpec, TensorSpec]:
+    _ctx, new = _seq_lists(c)
+    t = int(new.sum())
+    return TensorSpec((t, c.heads[1] * c.heads[2]), BF16), TensorSpec((t, 1), "int32")
+
+
+def decode_step_args(c: Case, write: bool) -> tuple[Any, ...]:
+    """`serving_decode_fwd`'s arguments for the case, planned as the op plans it."""
+    hq, hkv, d = c.heads
+    ctx, new = _seq_lists(c)
+    geo, table, cache = _geometry(c)
+    qsl = np.concatenate([[0], np.cumsum(new)])
+    problem = DecodeProblem(1, hq, hkv, int(new.max()), bucket(int((ctx + new).max())), d, BF16,
+                            "contiguous")  # fmt: skip
+    cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target="trn2",
+                        config_cls=StreamConfig, lnc=1)  # fmt: skip
+    assert isinstance(cfg, StreamConfig)
+    p = plan(qsl, ctx, table, geo, hq, 2, c.window, cfg, 1).stream
+    rows, wrows = _new_rows(c)
+    arrays = [TensorSpec(a.shape, str(a.dtype)) for a in (p.idx, p.kpos, p.tail_idx,
+                                                          p.tail_kpos, p.hi, p.full)]  # fmt: skip
+    q = TensorSpec((len(ctx), hq, int(new.max()), d), BF16)
+    w = (rows, rows, cache, cache, wrows) if write else (None, None, cache, cache, None)
+    return (q, *w, *arrays, 1.0 / math.sqrt(d), *p.static_args())
+
+
+def segmented_args(c: Case, write: bool) -> tuple[Any, ...]:
+    """`serving_attention_fwd`'s arguments for the case (the host plan's shapes)."""
+    hq, hkv, d = c.heads
+    ctx, new = _seq_lists(c)
+    _geo, _table, cache = _geometry(c)
+    group = hq // hkv
+    tq = max(1, min(128 // group, int(new.max())))
+    items = int(sum(-(-int(n) // tq) for n in new))
+    longest = int((ctx + new).max())
+    kv_tile = key_step(longest)
+    steps = -(-longest // kv_tile)
     grouped = kv_tile == 512 and BS % 4 == 0  # as serving.host.step_key_tiles
-    blocks = seqs * -(-(ctx + new) // BS) + 1
-    t_tok = seqs * new
-    return {
-        "q_t": TensorSpec((items, HKV, D, group * tq), "bfloat16"),
-        "new": TensorSpec((t_tok, HKV * D), "bfloat16"),
-        "cache": TensorSpec(
-            (blocks, BS, HKV, D) if layout == "nhd" else (blocks, HKV, BS, D), cache_dt
-        ),
-        "wrows": TensorSpec((t_tok, 1), "int32"),
-        "krows": TensorSpec((items, steps, 128, 1 if grouped else kv_tile // 128), "int32"),
-        "kmask": TensorSpec((items, steps, 128, 4), "uint8") if grouped else None,
-        "info": TensorSpec((items, HKV, 128, 4), "float32"),
-        "scales": TensorSpec((HKV, 4), "float32"),
-        "steps": steps,
-        "kv_tile": kv_tile,
-        "fp8": 448.0 if cache_dt.startswith("float8") else 0.0,
+    rows, wrows = _new_rows(c)
+    krows = TensorSpec((items, steps, 128, 1 if grouped else kv_tile // 128), "int32")
+    kmask = TensorSpec((items, steps, 128, 4), "uint8") if grouped else None
+    fp8 = 448.0 if c.cache_dtype.startswith("float8") else 0.0
+    w = (rows, rows, cache, cache, wrows) if write else (None, None, cache, cache, None)
+    return (TensorSpec((items, hkv, d, group * tq), BF16), *w, krows, kmask,
+            TensorSpec((items, hkv, 128, 4), "float32"), TensorSpec((hkv, 4), "float32"),
+            c.layout, steps, kv_tile, fp8)  # fmt: skip
+
+
+def write_args(c: Case) -> tuple[Any, ...]:
+    _geo, _table, cache = _geometry(c)
+    rows, wrows = _new_rows(c)
+    fp8 = 448.0 if c.cache_dtype.startswith("float8") else 0.0
+    return (rows, rows, cache, cache, wrows, TensorSpec((c.heads[1], 4), "float32"), c.layout,
+            fp8)  # fmt: skip
+
+
+def samples(kernel: Any, args: tuple[Any, ...], target: str, lnc: int = 1) -> list[float]:
+    """The launch's modeled latency (us) under each parameter set (shipped set first)."""
+    trace = trace_kernel(kernel, *args, target=target, lnc=lnc)
+    return [schedule(trace, s).latency_ns / 1e3 for s in parameter_sets(target)]
+
+
+def takes_decode_step(c: Case) -> bool:
+    import torch
+
+    ctx, new = _seq_lists(c)
+    cdt = torch.float8_e4m3fn if c.cache_dtype.startswith("float8") else torch.bfloat16
+    return decode_step_eligible(new, ctx, c.heads[0] // c.heads[1], cdt, c.window)
+
+
+# ---- AWS's kernels through our harness (a local nki-library checkout) ----
+
+
+def aws_tkg_harness(checkout: str) -> tuple[Any, Any]:
+    """A thin `@nki.jit` caller of nki-library's `attention_tkg` (unmodified): Q and the
+    active K staged into SBUF (its block-cache mode requires `qk_in_sb`), out in HBM."""
+    from nki_kernels.conformance import loader
+    from nki_kernels.nki import nisa, nl
+
+    tkg = loader.load_module(checkout, "nkilib.core.attention.attention_tkg")
+    alloc = loader.load_module(checkout, "nkilib.core.utils.allocator")
+    logging = loader.load_module(checkout, "nkilib.core.utils.logging")
+
+    def harness(q, k_active, v_active, k_prior, v_prior, mask, pos, start, sink, table, cfg):  # type: ignore[no-untyped-def]
+        sbm = alloc.SbufManager(0, nl.tile_size.total_available_sbuf_size - 16 * 1024,
+                                logging.Logger("SBM", logging.LogLevel.WARN))  # fmt: skip
+        sbm.open_scope()
+        out = nl.ndarray((cfg.bs, cfg.q_head, cfg.d_head, cfg.s_active), dtype=q.dtype,
+                         buffer=nl.shared_hbm)  # fmt: skip
+        q_sb = sbm.alloc_stack(q.shape, dtype=q.dtype, buffer=nl.sbuf)
+        k_sb = sbm.alloc_stack(k_active.shape, dtype=k_active.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(q_sb, q)
+        nisa.dma_copy(k_sb, k_active)
+        tkg.attention_tkg(q_sb, k_sb, v_active, k_prior, v_prior, mask, out, cfg, sbm, None,
+                          pos, start, sink, table, None)  # fmt: skip
+        sbm.close_scope()
+        return out
+
+    return loader.jit(harness), tkg
+
+
+def aws_tkg(checkout: str, c: Case, target: str) -> list[float]:
+    """attention_tkg for the case's decode / draft sequences: one KV head per call x Hkv."""
+    from nki_kernels.conformance import loader
+
+    kernel, tkg = aws_tkg_harness(checkout)
+    hq, hkv, d = c.heads
+    h, b, sa, s = hq // hkv, c.seqs, c.new, c.ctx
+    cfg = tkg.AttnTKGConfig(bs=b, q_head=h, s_active=sa, curr_sprior=s, full_sprior=s, d_head=d,
+                            block_len=BS, tp_k_prior=True, use_pos_id=True, fuse_rope=False,
+                            qk_in_sb=True, strided_mm1=False)  # fmt: skip
+    kv = TensorSpec((b * (s // BS), BS, d), BF16)
+    args = (TensorSpec((d, b * h * sa), BF16), TensorSpec((d, b * sa), BF16),
+            TensorSpec((b, 1, sa, d), BF16), kv, kv, TensorSpec((sa, b, h, sa), "uint8"),
+            TensorSpec((b, sa), "float32"),
+            TensorSpec((b, sa), "float32") if c.window else None,
+            TensorSpec((h, 1), "float32") if c.sinks else None,
+            TensorSpec((b, s // BS), "uint32"), cfg)  # fmt: skip
+    with loader.mapped_nki():
+        one = samples(kernel, args, target)
+    return [x * hkv for x in one]
+
+
+def aws_cte(checkout: str, c: Case, target: str) -> list[float]:
+    """attention_cte with prefix caching for the case's prefill chunk, all heads at once."""
+    from nki_kernels.conformance import loader
+
+    assert c.chunk is not None
+    hq, hkv, d = c.heads
+    prior, n = c.chunk
+    mod = loader.load_module(checkout, "nkilib.core.attention.attention_cte")
+    fn = mod.attention_cte
+    kernel = fn if hasattr(fn, "fn") else loader.jit(fn)
+    args = (TensorSpec((hq, n, d), BF16), TensorSpec((hkv, d, n), BF16),
+            TensorSpec((hkv, n, d), BF16))  # fmt: skip
+    kw = {"scale": 1.0, "causal_mask": True, "k_prior": TensorSpec((hkv, d, prior), BF16),
+          "v_prior": TensorSpec((hkv, prior, d), BF16),
+          "prior_used_len": TensorSpec((1,), "int32"), "tp_q": True, "tp_k": False}  # fmt: skip
+    with loader.mapped_nki():
+        trace = trace_kernel(kernel, *args, target=target, **kw)
+    return [schedule(trace, s).latency_ns / 1e3 for s in parameter_sets(target)]
+
+
+def aws_samples(checkout: str | None, c: Case, target: str) -> tuple[list[float] | None, str]:
+    """(AWS's latency samples, what was priced) or (None, why not)."""
+    if checkout is None:
+        return None, "no nki-library checkout given"
+    if c.cache_dtype != BF16:
+        return None, "not priced: attention_tkg's fp8 KV path takes other inputs (not wired)"
+    parts, what = [], []
+    try:
+        if c.seqs:
+            parts.append(aws_tkg(checkout, c, target))
+            what.append(f"attention_tkg x {c.heads[1]}")
+        if c.chunk:
+            parts.append(aws_cte(checkout, c, target))
+            what.append("attention_cte (prefix)")
+    except Exception as e:  # the reason goes into the row
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return [sum(x) for x in zip(*parts, strict=True)], " + ".join(what)
+
+
+def price(case: str, target: str, checkout: str | None) -> dict[str, Any]:
+    c = CASES[case]
+    decode = takes_decode_step(c)
+    seg_fused = samples(serving_attention_fwd, segmented_args(c, True), target)
+    if decode:
+        ours = samples(serving_decode_fwd, decode_step_args(c, True), target)
+        attend = samples(serving_decode_fwd, decode_step_args(c, False), target)
+    else:
+        ours = seg_fused
+        attend = samples(serving_attention_fwd, segmented_args(c, False), target)
+    write = samples(cache_write_fwd, write_args(c), target)
+    aws, what = aws_samples(checkout, c, target)
+    row: dict[str, Any] = {
+        "case": case,
+        "path": "decode step" if decode else "segmented",
+        "ours_us": ours,
+        "write_us": write,
+        "composition_us": [a + w for a, w in zip(attend, write, strict=True)],
+        "segmented_us": seg_fused,
+        "aws_us": aws,
+        "aws_kernel": what,
     }
-
-
-def _us(kernel, *args, target) -> float:  # type: ignore[no-untyped-def]
-    return estimate(kernel, *args, target=target).latency_ns / 1e3
-
-
-def price(case: str, target) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    seqs, ctx, new, cdt, layout = CASES[case]
-    s = _specs(seqs, ctx, new, cdt, layout)
-    attend = (s["q_t"], None, None, s["cache"], s["cache"], None, s["krows"], s["kmask"], s["info"],
-              s["scales"], layout, s["steps"], s["kv_tile"], s["fp8"])  # fmt: skip
-    fused = list(attend)
-    fused[1], fused[2], fused[5] = s["new"], s["new"], s["wrows"]
-    row = {
-        "fused": _us(serving_attention_fwd, *fused, target=target),
-        "write": _us(
-            cache_write_fwd,
-            s["new"],
-            s["new"],
-            s["cache"],
-            s["cache"],
-            s["wrows"],
-            s["scales"],
-            layout,
-            s["fp8"],
-            target=target,
-        ),
-        "attend": _us(serving_attention_fwd, *attend, target=target),
-    }
-    if new <= 4 and cdt == "bfloat16":
-        prob = DecodeProblem(seqs, HQ, HKV, new, ctx + new, D, "bfloat16", "paged")
-        cfg = DecodeConfig.heuristic(replace(prob, batch=1), target)
-        row["decode"] = _us(decode_attention_fwd, *kernel_args(prob, cfg, BS), target=target)
+    if aws is not None:
+        row["aws_write_us"] = [a + w for a, w in zip(aws, write, strict=True)]
     return row
 
 
-AWS_ROWS = Path(__file__).resolve().parent / "data" / "decode_aws_rows.json"
+def _fmt(v: list[float] | None, target: str) -> str:
+    if v is None:
+        return "-"
+    lo, hi = latency_band(v, target)
+    return f"{v[0]:.1f} [{lo:.1f}, {hi:.1f}]"
 
 
-def aws_tkg(target: str, batch: int, cache: int) -> str:
-    """AWS attention_tkg's committed modeled row (paged), as 'latency [band]', or '-'."""
-    for r in json.loads(AWS_ROWS.read_text())["rows"]:
-        if (r["target"], r["batch"], r["cache"], r["paged"]) == (target, batch, cache, True):
-            lo, hi = r["band_us"]
-            return f"{r['latency_us']:.1f} [{lo:.1f}, {hi:.1f}]"
-    return "-"
+def _ratio(ours: list[float], other: list[float] | None, target: str) -> str:
+    if other is None:
+        return "-"
+    lo, hi = ratio_band(ours, other, target)
+    return f"x{other[0] / ours[0]:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def table(rows: list[dict[str, Any]], target: str) -> str:
+    lines = [
+        "| case | path | ours: write + attend, 1 launch (us) | write, then attend: 2 launches "
+        "(us) | segmented kernel, 1 launch (us) | AWS kernel, no write (us) | AWS + our write, "
+        "2 launches (us) | (AWS + write) / ours |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        aws = _fmt(r["aws_us"], target)
+        if r["aws_us"] is not None:
+            aws += f" ({r['aws_kernel']})"
+        lines.append(
+            f"| {r['case']} | {r['path']} | {_fmt(r['ours_us'], target)} | "
+            f"{_fmt(r['composition_us'], target)} | {_fmt(r['segmented_us'], target)} | {aws} | "
+            f"{_fmt(r.get('aws_write_us'), target)} | "
+            f"{_ratio(r['ours_us'], r.get('aws_write_us'), target)} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="trn2")
+    ap.add_argument("--nki-library", default=None, help="a local aws-neuron/nki-library checkout")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--case", action="append", help="price only these cases (substring)")
     args = ap.parse_args()
-    sets = parameter_sets(args.target)
-    print(f"modeled (cost model {COST_MODEL_VERSION}, {args.target}; band over {len(sets)} "
-          "parameter sets); one Llama-3 8B layer, bf16 queries, 16-key blocks")  # fmt: skip
-    print("| case | fused write + attend (us) | write + attend, 2 launches (us) "
-          "| write + decode kernel (us) | AWS attention_tkg, no write (us) "
-          "| fused / composition |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
-    for case in CASES:
-        with replayed_traces():
-            runs = [price(case, t) for t in sets]
-        fused = _band([r["fused"] for r in runs])
-        comp = _band([r["write"] + r["attend"] for r in runs])
-        dec = _band([r["write"] + r["decode"] for r in runs]) if "decode" in runs[0] else "-"
-        ratio = [r["fused"] / (r["write"] + r["attend"]) for r in runs]
-        seqs, ctx, new, cdt, _ = CASES[case]
-        aws = aws_tkg(args.target, seqs, ctx) if new == 1 and cdt == "bfloat16" else "-"
-        print(f"| {case} | {fused} | {comp} | {dec} | {aws} | "
-              f"x{ratio[0]:.2f} [{min(ratio):.2f}, {max(ratio):.2f}] |")  # fmt: skip
-
-
-def _band(v: list[float]) -> str:
-    """The shipped set's figure and [the range over every set]."""
-    return f"{v[0]:.1f} [{min(v):.1f}, {max(v):.1f}]"
+    names = [n for n in CASES if not args.case or any(s in n for s in args.case)]
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        rows.append(price(name, args.target, args.nki_library))
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    label = modeled_label(args.target)
+    print(f"{label}; band over {len(parameter_sets(args.target))} parameter sets, widened by "
+          "the structural error; LNC 1")  # fmt: skip
+    print(table(rows, args.target))
+    data = {
+        "cost_model": COST_MODEL_VERSION,
+        "target": args.target,
+        "label": label,
+        "nki_library_commit": checkout_commit(Path(args.nki_library)) if args.nki_library else None,
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":

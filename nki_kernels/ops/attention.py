@@ -44,6 +44,22 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 # ---- argument checks (metadata only: they also run on FakeTensors) ------------------------
+def check_softmax_scale(softmax_scale: float | None) -> None:
+    """None, or a positive finite number >= SOFTMAX_SCALE_MIN (the masking limit: masked
+    scores times the scale must still underflow to weight 0); shared by the attention and
+    serving ops."""
+    if softmax_scale is None:
+        return
+    check_positive("softmax_scale", softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale: expected a finite number; got {softmax_scale}")
+    if softmax_scale < SOFTMAX_SCALE_MIN:
+        raise ValueError(
+            f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
+            f"got {softmax_scale:g}"
+        )
+
+
 def _check_attn_mask(attn_mask: Tensor, q: Tensor, k: Tensor) -> None:
     """attn_mask: bool or additive float, broadcastable to [B, Hq, Sq, Sk]."""
     check_tensor("attn_mask", attn_mask, dtypes=(torch.bool, *FLOAT_DTYPES))
@@ -95,15 +111,7 @@ def _check(
         )
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool; got {type(causal).__name__}")
-    if softmax_scale is not None:
-        check_positive("softmax_scale", softmax_scale)
-        if not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale: expected a finite number; got {softmax_scale}")
-        if softmax_scale < SOFTMAX_SCALE_MIN:
-            raise ValueError(
-                f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
-                f"got {softmax_scale:g}"
-            )
+    check_softmax_scale(softmax_scale)
     softcap = kw.get("softcap")
     if softcap is not None:
         check_positive("softcap", softcap)

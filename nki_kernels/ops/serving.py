@@ -34,8 +34,8 @@ from ..runtime.host_array import host_numpy
 from ..serving.decode_step_host import decode_step_eligible, serving_decode
 from ..serving.host import FP8_MAX, LAYOUTS, CacheGeometry, write_cache
 from ..serving.host import serving_attention as _serving_attention
-from .attention import SOFTMAX_SCALE_MIN
-from .checks import FLOAT_DTYPES, check_is_tensor, check_positive, check_tensor
+from .attention import SOFTMAX_SCALE_MIN, check_softmax_scale
+from .checks import FLOAT_DTYPES, check_is_tensor, check_tensor
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 HEAD_DIM_MAX = 256  # Q^T / K^T in 128-row chunks
@@ -258,15 +258,7 @@ def _validate_attention(
             raise ValueError(f"sinks: expected shape ({hq},) [Hq]; got {tuple(sinks.shape)}")
     _check_scale("k_scale", k_scale, hkv, k_cache.dtype)
     _check_scale("v_scale", v_scale, hkv, k_cache.dtype)
-    if softmax_scale is not None:
-        check_positive("softmax_scale", softmax_scale)
-        if not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale: expected a finite number; got {softmax_scale}")
-        if softmax_scale < SOFTMAX_SCALE_MIN:
-            raise ValueError(
-                f"softmax_scale: expected a number >= {SOFTMAX_SCALE_MIN:g} (masking limit); "
-                f"got {softmax_scale:g}"
-            )
+    check_softmax_scale(softmax_scale)
     if sliding_window is not None and (
         isinstance(sliding_window, bool)
         or not isinstance(sliding_window, int)
