@@ -158,3 +158,37 @@ def test_named_errors() -> None:
     short = step.block_table[:, :1].contiguous()
     with pytest.raises(ValueError, match="cached_seq_len: sequence 0 needs 23 keys"):
         call(block_table=short)
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_fp8_cache_eager_and_compiled_on_devices(
+    device: str, request: pytest.FixtureRequest
+) -> None:
+    """An fp8 e4m3 cache with per-head scales on each device: eager, then compiled
+    (fullgraph), then a step of other lengths under fail_on_recompile; the written cache
+    bit for bit and the outputs against the float64 reference."""
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    ks, vs = _scales(True, 2)
+
+    def fn(q, k, v, kc, vc, slots, table, ctx, qsl, k_scale, v_scale):  # type: ignore[no-untyped-def]
+        return serving_attention(q, kc, vc, table, ctx, qsl, k=k, v=v, slot_mapping=slots,
+                                 k_scale=k_scale, v_scale=v_scale, layout="hnd")  # fmt: skip
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    seqs, other = [(30, 1), (9, 6), (0, 3)], [(31, 1), (9, 6), (2, 3)]
+    steps = [make_step(s, cache_dtype=torch.float8_e4m3fn, layout="hnd", dtype=torch.bfloat16,
+                       seed=n) for n, s in enumerate([seqs, seqs, other])]  # fmt: skip
+    try:
+        for n, (f, step) in enumerate(zip([fn, compiled, compiled], steps, strict=True)):
+            ref, rk, rv = reference_serving_attention(*step.args(), k_scale=ks, v_scale=vs,
+                                                      layout="hnd")  # fmt: skip
+            args = [t.to(device) for t in step.args()]
+            if n == 2:
+                torch.compiler.set_stance("fail_on_recompile")
+            out = f(*args, ks.to(device), vs.to(device))
+            assert out.device.type == torch.device(device).type
+            assert same_bits(args[3].cpu(), rk) and same_bits(args[4].cpu(), rv)
+            assert_rel_close(out.cpu(), ref, TOLERANCES[torch.bfloat16])
+    finally:
+        torch.compiler.set_stance("default")
