@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..runtime.host_array import host_numpy
-from ..serving.decode_step_host import decode_step_eligible, serving_decode
+from ..serving.decode_step_host import decode_sequences, serving_decode
 from ..serving.host import FP8_MAX, LAYOUTS, CacheGeometry, write_cache
 from ..serving.host import serving_attention as _serving_attention
 from .attention import SOFTMAX_SCALE_MIN, check_softmax_scale
@@ -328,11 +328,13 @@ def _serving_attention_op(
     qsl = host_numpy(query_start_loc).astype(np.int64)
     ctx = host_numpy(cached_seq_len).reshape(-1).astype(np.int64)
     group = q.shape[1] // CacheGeometry.of(k_cache, layout).kv_heads
-    if decode_step_eligible(qsl[1:] - qsl[:-1], ctx, group, k_cache.dtype, sliding_window):
-        # decode rows / speculative drafts only: the streamed decode body (one launch)
+    decode = decode_sequences(qsl[1:] - qsl[:-1], ctx, group, k_cache.dtype, sliding_window)
+    if decode.any():
+        # decode rows / drafts: the streamed decode body (with the segmented body for the
+        # step's prefill sequences, if any), one launch
         return serving_decode(
             q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),
-            query_start_loc, sinks, softmax_scale, sliding_window, layout,
+            query_start_loc, sinks, softmax_scale, sliding_window, layout, decode,
         )  # fmt: skip
     return _serving_attention(
         q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),

@@ -23,6 +23,10 @@ Layouts: "paged" = [num_blocks, block_size, Hkv, D] (the serving ops' "nhd"), "p
 K^T comes from 2-byte DMA transposes, or TensorE transposes for fp32); fp8 caches take
 the segmented kernel.
 
+A mixed step (prefill chunks next to decode rows) runs `serving_mixed_fwd`: the same
+write and decode body over the decode rows' sequences, then the segmented kernel's body
+(`segmented.serving_attention_fwd`, no write) over the prefill sequences, one launch.
+
 Inputs: q [B, Hq, Sq, D]; k_new, v_new [T, Hkv * D] or None; write_rows int32 [T, 1]
 (layout row of each new token, negative = skip) or None; the decode plan's idx, kpos,
 tail_idx, tail_kpos, hi, full and static arguments (`decode_plan.StreamPlan`). Returns
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 from ..attention.decode_stream import decode_stream_fwd
 from ..nki import nki
-from .segmented import _flat_views, _write_new_rows
+from .segmented import _flat_views, _write_new_rows, serving_attention_fwd
 
 WRITE_LAYOUT = {"paged": "nhd", "paged_hm": "hnd"}  # the cache write's names
 
@@ -58,4 +62,27 @@ def serving_decode_fwd(
     )  # fmt: skip
 
 
-__all__ = ["WRITE_LAYOUT", "serving_decode_fwd"]
+@nki.jit
+def serving_mixed_fwd(
+    q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi, full,
+    softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring,
+    q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile,
+):  # fmt: skip
+    """A mixed step in one launch: the write, the streamed decode body over the decode
+    rows' sequences (as `serving_decode_fwd`), then the segmented body
+    (`segmented.serving_attention_fwd`, without its write) over the prefill sequences'
+    work items (q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile as there).
+    Returns (out, lse) of the decode part and the segmented part's out [items, Hkv, R, D].
+    The two bodies run one after the other (each frees its on-chip tiles on return)."""
+    out, lse = serving_decode_fwd(
+        q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi,
+        full, softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring,
+    )  # fmt: skip
+    seg = serving_attention_fwd(
+        q_t, None, None, k_cache, v_cache, None, key_rows, key_mask, rowinfo, scales,
+        WRITE_LAYOUT[layout], n_steps, kv_tile, 0.0,
+    )  # fmt: skip
+    return out, lse, seg
+
+
+__all__ = ["WRITE_LAYOUT", "serving_decode_fwd", "serving_mixed_fwd"]

@@ -3,11 +3,15 @@ its launch.
 
 `serving_attention` sends a step here (`decode_step_eligible`) when every sequence
 brings at most MAX_QUERIES queries (decode rows, speculative drafts), the G query heads
-x queries of a KV head fit 128 packed columns, the cache is in q's dtype (the streamed
+x queries of a KV head are at most MAX_ROWS packed rows (where this kernel models
+faster than the segmented one), the cache is in q's dtype (the streamed
 body's K^T DMA transposes move 2-byte elements; fp8 caches take the segmented kernel)
 and a sliding window, if any, starts at the same key for all of a sequence's queries
-(true for decode rows; the streamed body bounds keys from above only). Mixed steps with
-prefill chunks keep the segmented kernel.
+(true for decode rows; the streamed body bounds keys from above only): per sequence,
+`decode_sequences`. In a mixed step the other sequences (prefill chunks, long drafts,
+drafts under a window) go to the segmented kernel's body in the same launch
+(`decode_step.serving_mixed_fwd`); a step with no decode sequence (or an fp8 cache)
+runs the segmented kernel alone.
 
 The plan (`plan`):
 * the active sequences (query_len > 0) in order, their queries right-aligned in
@@ -44,11 +48,26 @@ from ..runtime.host_array import host_numpy
 from ..runtime.launch import launch
 from ..runtime.lnc import runtime_lnc
 from ..targets import get_target
-from .decode_step import serving_decode_fwd
-from .host import FP8_MAX, CacheGeometry, check_keys, write_rows
+from .decode_step import serving_decode_fwd, serving_mixed_fwd
+from .host import (
+    FP8_MAX,
+    CacheGeometry,
+    StepPlan,
+    check_keys,
+    kv_scales,
+    plan_step,
+    scatter_out,
+    segmented_inputs,
+    write_rows,
+)
 
-P = 128
 MAX_QUERIES = 16  # queries per sequence the decode path takes (speculative drafts: 2-16)
+# packed rows (G query heads x queries) per KV head up to which the streamed body is
+# the faster kernel: its piece size C shrinks as C * packed columns <= 512, the
+# segmented kernel's work does not grow with the rows (modeled, cost model v3, trn2,
+# 8 sequences x 2K keys, bf16: rows 32 -> 672 vs 1,170 us, 48 -> 1,098 vs 1,180 us,
+# 64 -> 1,284 vs 1,190 us (G 4) and 1,281 vs 1,141 us (G 8))
+MAX_ROWS = 48
 DECODE_LAYOUT = {"nhd": "paged", "hnd": "paged_hm"}
 
 
@@ -59,6 +78,22 @@ def window_start(pos: np.ndarray, window: int | None) -> np.ndarray:
     return np.maximum(pos - window + 1, 0)
 
 
+def decode_sequences(
+    qlen: np.ndarray,
+    ctx: np.ndarray,
+    group: int,
+    cache_dtype: torch.dtype,
+    sliding_window: int | None,
+) -> np.ndarray:
+    """bool [S]: the sequences the streamed decode body serves (see the module
+    docstring); none for an fp8 cache."""
+    if cache_dtype in FP8_MAX:
+        return np.zeros(qlen.shape, bool)
+    first = window_start(ctx, sliding_window)
+    last = window_start(ctx + np.maximum(qlen, 1) - 1, sliding_window)
+    return (qlen > 0) & (qlen <= MAX_QUERIES) & (group * qlen <= MAX_ROWS) & (first == last)
+
+
 def decode_step_eligible(
     qlen: np.ndarray,
     ctx: np.ndarray,
@@ -66,16 +101,9 @@ def decode_step_eligible(
     cache_dtype: torch.dtype,
     sliding_window: int | None,
 ) -> bool:
-    """True when the decode-step kernel serves this step (see the module docstring)."""
-    active = qlen > 0
-    if not active.any() or cache_dtype in FP8_MAX:
-        return False
-    sq = int(qlen.max())
-    if sq > MAX_QUERIES or group * sq > P:
-        return False
-    first = window_start(ctx[active], sliding_window)
-    last = window_start(ctx[active] + qlen[active] - 1, sliding_window)
-    return bool((first == last).all())
+    """True when the streamed decode body serves every sequence of the step."""
+    dec = decode_sequences(qlen, ctx, group, cache_dtype, sliding_window)
+    return bool(dec.any() and (dec | (qlen == 0)).all())
 
 
 @dataclass(frozen=True)
@@ -97,14 +125,16 @@ def plan(
     sliding_window: int | None,
     config: StreamConfig,
     ksplit: int,
+    only: np.ndarray | None = None,
 ) -> DecodeStepPlan:
-    """Plan a step `decode_step_eligible` accepted; raises ValueError naming the argument
-    at fault (keys past the block table, blocks outside the pool)."""
+    """Plan the decode body over the sequences with queries (those of `only`, when
+    given); raises ValueError naming the argument at fault (keys past the block table,
+    blocks outside the pool)."""
     qsl = query_start_loc.astype(np.int64)
     ctx = cached_seq_len.astype(np.int64)
     qlen = qsl[1:] - qsl[:-1]
     check_keys(qlen, ctx, block_table, geo)
-    seqs = np.flatnonzero(qlen > 0)
+    seqs = np.flatnonzero((qlen > 0) & (True if only is None else only))
     sq = int(qlen[seqs].max())
     bs = geo.block_size
     total = ctx[seqs] + qlen[seqs]
@@ -157,27 +187,37 @@ def serving_decode(
     softmax_scale: float | None,
     sliding_window: int | None,
     layout: str,
+    decode: np.ndarray,
 ) -> Tensor:
     """out [T, Hq, D]: write k, v (if given) at slot_mapping, then the streamed decode
-    over the cache, in one launch (a step `decode_step_eligible` accepted)."""
+    body over the sequences of `decode` (bool [S], `decode_sequences`) and, when other
+    sequences have queries, the segmented body over those: one launch."""
     t_tok, hq, d = q.shape
     geo = CacheGeometry.of(k_cache, layout)
+    hkv, group = geo.kv_heads, hq // geo.kv_heads
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     target = get_target(None)
     qsl_np = host_numpy(query_start_loc).astype(np.int64)
+    ctx_np = host_numpy(cached_seq_len).astype(np.int64)
+    table_np = host_numpy(block_table)
     qlen = qsl_np[1:] - qsl_np[:-1]
-    sq = int(qlen.max())
-    n_seq = int((qlen > 0).sum())
-    longest = max(1, int((host_numpy(cached_seq_len).astype(np.int64) + qlen).max()))
+    rest = (qlen > 0) & ~decode  # the segmented body's sequences
+    sq = int(qlen[decode].max())
+    n_seq = int(decode.sum())
+    longest = max(1, int((ctx_np + qlen)[decode].max()))
     dtype = str(q.dtype).removeprefix("torch.")
-    problem = DecodeProblem(1, hq, geo.kv_heads, sq, bucket(longest), d, dtype, "contiguous")
+    problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, "contiguous")
     cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target=target,
                         config_cls=StreamConfig, lnc=1)  # fmt: skip
     assert isinstance(cfg, StreamConfig)
     ksplit = 2 if n_seq == 1 and runtime_lnc(target) == 2 else 1
-    p = plan(qsl_np, host_numpy(cached_seq_len), host_numpy(block_table), geo, hq,
-             q.element_size(), sliding_window, cfg, ksplit)  # fmt: skip
+    p = plan(qsl_np, ctx_np, table_np, geo, hq, q.element_size(), sliding_window, cfg, ksplit,
+             decode)  # fmt: skip
     dev = q.device
+    seg = None
+    if rest.any():  # the prefill sequences, compacted: their tokens in order
+        seg = _segmented_part(q, qsl_np, ctx_np, table_np, rest, geo, sinks, scale,
+                              sliding_window)  # fmt: skip
     rows_w = None
     if k is not None:
         assert slot_mapping is not None
@@ -193,11 +233,13 @@ def serving_decode(
     new: list[Tensor | None] = [None, None]
     if k is not None and v is not None and t_tok > 0:
         new = [k.reshape(t_tok, -1).contiguous(), v.reshape(t_tok, -1).contiguous()]
-    outs, lses = launch(
-        serving_decode_fwd, q4.contiguous(), *new, kc, vc, rows_w,
-        *[torch.from_numpy(a).to(dev) for a in arrays], scale, *s.static_args(),
-        target=target, mutated=(3, 4),
-    )  # fmt: skip
+    args = [q4.contiguous(), *new, kc, vc, rows_w,
+            *[torch.from_numpy(a).to(dev) for a in arrays], scale, *s.static_args()]  # fmt: skip
+    if seg is None:
+        outs, lses = launch(serving_decode_fwd, *args, target=target, mutated=(3, 4))
+    else:
+        outs, lses, res = launch(serving_mixed_fwd, *args, *seg[1], target=target,
+                                 mutated=(3, 4))  # fmt: skip
     if kc is not k_cache:
         k_cache.copy_(kc)
     if vc is not v_cache:
@@ -210,7 +252,40 @@ def serving_decode(
     sel = (tok >= 0).reshape(-1).to(dev)
     out = q.new_zeros((t_tok + 1, hq, d))
     out = out.index_copy(0, gather[sel], rows[sel])
+    if seg is not None:
+        tokens, _args, seg_plan = seg
+        part = scatter_out(res, seg_plan, q.new_zeros((len(tokens), hq, d)), sinks is not None,
+                           hkv, group)  # fmt: skip
+        out = out.index_copy(0, torch.from_numpy(tokens).to(dev), part)
     return out[:t_tok]
+
+
+def _segmented_part(
+    q: Tensor,
+    qsl: np.ndarray,
+    ctx: np.ndarray,
+    table: np.ndarray,
+    rest: np.ndarray,
+    geo: CacheGeometry,
+    sinks: Tensor | None,
+    scale: float,
+    sliding_window: int | None,
+) -> tuple[np.ndarray, tuple[object, ...], StepPlan]:
+    """(token indices, the segmented body's arguments, its plan) for the sequences of
+    `rest`, their tokens compacted in order."""
+    hq = q.shape[1]
+    hkv, group = geo.kv_heads, hq // geo.kv_heads
+    seqs = np.flatnonzero(rest)
+    tokens = np.concatenate([np.arange(qsl[s], qsl[s + 1]) for s in seqs])
+    qlen_c = (qsl[1:] - qsl[:-1])[seqs]
+    qsl_c = np.concatenate([[0], np.cumsum(qlen_c)])
+    sp = plan_step(qsl_c, ctx[seqs], table[seqs], geo, group, sliding_window)
+    scales = kv_scales(None, None, hkv, scale)
+    q_c = q.index_select(0, torch.from_numpy(tokens).to(q.device))
+    q_t, key_rows, key_mask, info = segmented_inputs(q_c, sp, sinks, scales, hkv, group,
+                                                     geo.block_size)  # fmt: skip
+    args = (q_t, key_rows, key_mask, info, scales.to(q.device), sp.n_steps, sp.kv_tile)
+    return tokens, args, sp
 
 
 def _merge(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
@@ -224,4 +299,12 @@ def _merge(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
     return merged.to(outs.dtype), top + torch.log(tot)
 
 
-__all__ = ["MAX_QUERIES", "DecodeStepPlan", "decode_step_eligible", "plan", "serving_decode"]
+__all__ = [
+    "MAX_QUERIES",
+    "MAX_ROWS",
+    "DecodeStepPlan",
+    "decode_sequences",
+    "decode_step_eligible",
+    "plan",
+    "serving_decode",
+]

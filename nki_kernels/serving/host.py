@@ -319,14 +319,8 @@ def serving_attention(
         if k is not None and v is not None:
             write_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout)  # type: ignore[arg-type]
         return out
-    tq, n_items = plan.tq, plan.n_items
-    tok = torch.from_numpy(plan.item_tokens)
-    gather = torch.where(tok >= 0, tok, t_tok).reshape(-1).to(dev)
-    q_pad = torch.cat([q, q.new_zeros((1, hq, d))])
-    qi = q_pad.index_select(0, gather).reshape(n_items, tq, hkv, group, d)
-    q_t = qi.permute(0, 2, 4, 3, 1).reshape(n_items, hkv, d, group * tq).contiguous()
-    info = torch.from_numpy(with_sinks(plan, sinks, scales, hkv, group))
-    key_rows, key_mask = step_key_tiles(plan, geo.block_size)
+    q_t, key_rows, key_mask, info = segmented_inputs(q, plan, sinks, scales, hkv, group,
+                                                     geo.block_size)  # fmt: skip
     kc, vc = _dense(k_cache), _dense(v_cache)
     args = [q_t, None, None, kc, vc, None]
     if k is not None and v is not None and t_tok > 0:
@@ -334,23 +328,40 @@ def serving_attention(
         args[2] = v.reshape(t_tok, -1).contiguous()
         args[5] = rows_w.to(dev)  # type: ignore[union-attr]
     res = launch(
-        serving_attention_fwd,
-        *args,
-        torch.from_numpy(key_rows).to(dev),
-        None if key_mask is None else torch.from_numpy(key_mask).to(dev),
-        info.to(dev),
-        scales.to(dev),
-        layout,
-        plan.n_steps,
-        plan.kv_tile,
-        fp8_max(k_cache.dtype),
-        mutated=(3, 4),
-    )
+        serving_attention_fwd, *args, key_rows, key_mask, info, scales.to(dev), layout,
+        plan.n_steps, plan.kv_tile, fp8_max(k_cache.dtype), mutated=(3, 4),
+    )  # fmt: skip
     _write_back(k_cache, kc, v_cache, vc)
-    return _scatter_out(res, plan, out, sinks is not None, hkv, group)
+    return scatter_out(res, plan, out, sinks is not None, hkv, group)
 
 
-def _scatter_out(
+def segmented_inputs(
+    q: Tensor,
+    plan: StepPlan,
+    sinks: Tensor | None,
+    scales: Tensor,
+    hkv: int,
+    group: int,
+    block_size: int,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """The segmented kernel's q_t, key_rows, key_mask and rowinfo for `plan` (on q's
+    device): Q^T packed per item and KV head, the per-step key tiles, each row's bounds
+    and softmax start."""
+    t_tok, hq, d = q.shape
+    dev = q.device
+    tq, n_items = plan.tq, plan.n_items
+    tok = torch.from_numpy(plan.item_tokens)
+    gather = torch.where(tok >= 0, tok, t_tok).reshape(-1).to(dev)
+    q_pad = torch.cat([q, q.new_zeros((1, hq, d))])
+    qi = q_pad.index_select(0, gather).reshape(n_items, tq, hkv, group, d)
+    q_t = qi.permute(0, 2, 4, 3, 1).reshape(n_items, hkv, d, group * tq).contiguous()
+    info = torch.from_numpy(with_sinks(plan, sinks, scales, hkv, group)).to(dev)
+    key_rows, key_mask = step_key_tiles(plan, block_size)
+    mask = None if key_mask is None else torch.from_numpy(key_mask).to(dev)
+    return q_t, torch.from_numpy(key_rows).to(dev), mask, info
+
+
+def scatter_out(
     res: Tensor, plan: StepPlan, out: Tensor, sinks: bool, hkv: int, group: int
 ) -> Tensor:
     """The items' [items, Hkv, R, D] results placed at their tokens of out [T, Hq, D];
@@ -379,6 +390,8 @@ __all__ = [
     "fp8_max",
     "kv_scales",
     "plan_step",
+    "scatter_out",
+    "segmented_inputs",
     "serving_attention",
     "with_sinks",
     "write_cache",

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _steps import TOLERANCES, assert_rel_close, make_step, same_bits
+from _steps import MIXED, TOLERANCES, assert_rel_close, make_step, same_bits
 
 import nki_kernels.ops.serving as serving_ops
 from nki_kernels.attention.decode_host import StreamConfig
 from nki_kernels.attention.decode_plan import BIG
 from nki_kernels.ops.serving import serving_attention
-from nki_kernels.serving.decode_step_host import decode_step_eligible, plan
+from nki_kernels.serving.decode_step_host import decode_sequences, decode_step_eligible, plan
 from nki_kernels.serving.host import CacheGeometry
 from nki_kernels.serving.reference import reference_serving_attention
 
@@ -69,24 +69,50 @@ def test_decode_rows_with_sinks_and_window(window: int, decode_calls: list[int])
     assert caches_equal
 
 
-def test_drafts_under_a_binding_window_take_the_segmented_kernel(
+def test_drafts_under_a_binding_window_take_the_segmented_body(
     decode_calls: list[int],
 ) -> None:
     """Drafts whose window starts differ per query (the streamed body bounds keys from
-    above only) go to the segmented kernel; a window that does not bind stays."""
+    above only) go to the segmented body, in the same launch as the decode body's
+    sequences; a window that does not bind keeps them on the decode body."""
     step = make_step([(40, 4), (2, 3)], seed=5)
-    out, ref, _ = _run(step, sliding_window=6)
-    assert decode_calls == []
+    qlen, ctx = np.array([4, 3]), np.array([40, 2])
+    assert decode_sequences(qlen, ctx, 2, torch.float32, 6).tolist() == [False, True]
+    assert decode_sequences(qlen, ctx, 2, torch.float32, 44).tolist() == [True, True]
+    for window in (6, 44):
+        out, ref, caches_equal = _run(step, sliding_window=window)
+        assert_rel_close(out, ref, TOLERANCES[torch.float32])
+        assert caches_equal
+    assert decode_calls == [1, 1]
+
+
+def test_mixed_step_runs_both_bodies_in_one_launch(
+    decode_calls: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill chunks next to decode rows and drafts: one launch of the mixed kernel
+    (decode body + segmented body), sinks on both parts, NaN in unused blocks."""
+    import nki_kernels.serving.decode_step_host as dsh
+
+    launched: list[str] = []
+    real = dsh.launch
+
+    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
+        launched.append(kernel.__name__)
+        return real(kernel, *a, **kw)
+
+    monkeypatch.setattr(dsh, "launch", spy)
+    step = make_step(MIXED, layout="hnd", block_size=32, seed=6)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(2))
+    out, ref, caches_equal = _run(step, sinks=sinks, layout="hnd")
+    assert decode_calls == [1] and launched == ["serving_mixed_fwd"]
     assert_rel_close(out, ref, TOLERANCES[torch.float32])
-    out, ref, _ = _run(step, sliding_window=44)
-    assert decode_calls == [1]
-    assert_rel_close(out, ref, TOLERANCES[torch.float32])
+    assert caches_equal
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_half_precision_and_gqa(dtype: torch.dtype, decode_calls: list[int]) -> None:
-    """8 query heads per KV head, 16 drafts (128 packed columns), head_dim 80."""
-    step = make_step([(30, 16), (5, 1), (130, 3)], hq=8, hkv=1, d=80, dtype=dtype, seed=8)
+    """8 query heads per KV head, 6 drafts (48 packed rows, the most), head_dim 80."""
+    step = make_step([(30, 6), (5, 1), (130, 3)], hq=8, hkv=1, d=80, dtype=dtype, seed=8)
     out, ref, caches_equal = _run(step, sinks=torch.linspace(-2, 2, 8), softmax_scale=0.2)
     assert decode_calls == [1] and out.dtype == dtype
     assert_rel_close(out, ref, TOLERANCES[dtype])
@@ -95,10 +121,10 @@ def test_half_precision_and_gqa(dtype: torch.dtype, decode_calls: list[int]) -> 
 
 def test_which_steps_take_the_decode_path() -> None:
     qlen, ctx = np.array([1, 16, 0]), np.array([9, 9, 9])
-    assert decode_step_eligible(qlen, ctx, 8, torch.bfloat16, None)
+    assert decode_step_eligible(qlen, ctx, 3, torch.bfloat16, None)  # 48 rows
     assert not decode_step_eligible(np.array([17, 1]), ctx[:2], 1, torch.bfloat16, None)
-    assert not decode_step_eligible(qlen, ctx, 16, torch.bfloat16, None)  # 256 columns
-    assert not decode_step_eligible(qlen, ctx, 4, torch.float8_e4m3fn, None)
+    assert not decode_step_eligible(qlen, ctx, 4, torch.bfloat16, None)  # 64 rows
+    assert not decode_step_eligible(qlen[:1], ctx[:1], 4, torch.float8_e4m3fn, None)
     assert not decode_step_eligible(np.array([0, 0]), ctx[:2], 4, torch.float32, None)
     assert decode_step_eligible(np.array([1, 1]), ctx[:2], 4, torch.float32, 3)
 
