@@ -3,14 +3,16 @@ kernels (trn2, bands; cost model of this checkout).
 
     PYTHONPATH=. python benchmarks/bench_serving.py [--target trn2] [--nki-library PATH]
                                                     [--out benchmarks/data/serving_rows.json]
+    PYTHONPATH=. python benchmarks/bench_serving.py --from-data     # the committed rows
 
 One attention layer per case (Llama-3 8B: Hq 32, Hkv 8, D 128; GPT-OSS 20B: Hq 64,
 Hkv 8, D 64), bf16 queries, 16-key blocks, LNC 1. Per case:
 
 * ours: what `serving_attention` launches for the step, one launch writing the step's
   new K / V and attending: the decode-step kernel (`serving/decode_step.py`: write +
-  the streamed decode body) for decode rows and drafts, the segmented kernel
-  (`serving/segmented.py`) for prefill chunks, mixed steps and fp8 caches;
+  the streamed decode body) for decode rows and drafts of <= 48 packed rows, the mixed
+  kernel (write + decode body + segmented body) when prefill chunks come with them, the
+  segmented kernel (`serving/segmented.py`) for prefill alone and fp8 caches;
 * composition: the write alone (`cache_write_fwd`) + the same attention without the
   write, two launches (latencies summed);
 * segmented: the segmented kernel for the same step (what decode steps ran before);
@@ -50,8 +52,8 @@ from nki_kernels.perfmodel.estimate import modeled_label
 from nki_kernels.runtime.buckets import bucket
 from nki_kernels.runtime.config_store import lookup_config
 from nki_kernels.serving.cache_write import cache_write_fwd
-from nki_kernels.serving.decode_step import serving_decode_fwd
-from nki_kernels.serving.decode_step_host import decode_step_eligible, plan
+from nki_kernels.serving.decode_step import serving_decode_fwd, serving_mixed_fwd
+from nki_kernels.serving.decode_step_host import decode_sequences, plan
 from nki_kernels.serving.host import CacheGeometry, key_step
 from nki_kernels.serving.segmented import serving_attention_fwd
 
@@ -80,6 +82,7 @@ CASES = {
     "decode 64 x 1, 2K cached, hnd": Case(64, 2048, 1),
     "decode 8 x 1, 2K cached, hnd, fp8 e4m3 cache": Case(8, 2048, 1, cache_dtype="float8_e4m3fn"),
     "speculative 8 x 4 drafts, 2K cached, hnd": Case(8, 2048, 4),
+    "speculative 8 x 8 drafts, 2K cached, hnd": Case(8, 2048, 8),
     "speculative 8 x 16 drafts, 2K cached, hnd": Case(8, 2048, 16),
     "GPT-OSS decode 8 x 1, 2K cached, window 128 + sinks, hnd": Case(
         8, 2048, 1, heads=GPT_OSS, window=128, sinks=True
@@ -105,7 +108,7 @@ def _geometry(c: Case) -> tuple[CacheGeometry, np.ndarray, TensorSpec]:
     for s, n in enumerate(need):
         table[s, :n] = used + np.arange(n)
         used += int(n)
-    hq, hkv, d = c.heads
+    _hq, hkv, d = c.heads
     geo = CacheGeometry(c.layout, used + 1, BS, hkv, d)
     shape = (used + 1, BS, hkv, d) if c.layout == "nhd" else (used + 1, hkv, BS, d)
     return geo, table, TensorSpec(shape, c.cache_dtype)
@@ -117,30 +120,43 @@ def _new_rows(c: Case) -> tuple[TensorSpec, TensorSpec]:
     return TensorSpec((t, c.heads[1] * c.heads[2]), BF16), TensorSpec((t, 1), "int32")
 
 
+def _decode_mask(c: Case) -> np.ndarray:
+    import torch
+
+    ctx, new = _seq_lists(c)
+    cdt = torch.float8_e4m3fn if c.cache_dtype.startswith("float8") else torch.bfloat16
+    return decode_sequences(new, ctx, c.heads[0] // c.heads[1], cdt, c.window)
+
+
 def decode_step_args(c: Case, write: bool) -> tuple[Any, ...]:
-    """`serving_decode_fwd`'s arguments for the case, planned as the op plans it."""
+    """`serving_decode_fwd`'s arguments for the case's decode sequences, planned as the
+    op plans them."""
     hq, hkv, d = c.heads
     ctx, new = _seq_lists(c)
+    dec = _decode_mask(c)
     geo, table, cache = _geometry(c)
     qsl = np.concatenate([[0], np.cumsum(new)])
-    problem = DecodeProblem(1, hq, hkv, int(new.max()), bucket(int((ctx + new).max())), d, BF16,
-                            "contiguous")  # fmt: skip
+    sq, longest = int(new[dec].max()), int((ctx + new)[dec].max())
+    problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, BF16, "contiguous")
     cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target="trn2",
                         config_cls=StreamConfig, lnc=1)  # fmt: skip
     assert isinstance(cfg, StreamConfig)
-    p = plan(qsl, ctx, table, geo, hq, 2, c.window, cfg, 1).stream
+    p = plan(qsl, ctx, table, geo, hq, 2, c.window, cfg, 1, dec).stream
     rows, wrows = _new_rows(c)
     arrays = [TensorSpec(a.shape, str(a.dtype)) for a in (p.idx, p.kpos, p.tail_idx,
                                                           p.tail_kpos, p.hi, p.full)]  # fmt: skip
-    q = TensorSpec((len(ctx), hq, int(new.max()), d), BF16)
+    q = TensorSpec((int(dec.sum()), hq, sq, d), BF16)
     w = (rows, rows, cache, cache, wrows) if write else (None, None, cache, cache, None)
     return (q, *w, *arrays, 1.0 / math.sqrt(d), *p.static_args())
 
 
-def segmented_args(c: Case, write: bool) -> tuple[Any, ...]:
-    """`serving_attention_fwd`'s arguments for the case (the host plan's shapes)."""
+def segmented_args(c: Case, write: bool, only: np.ndarray | None = None) -> tuple[Any, ...]:
+    """`serving_attention_fwd`'s arguments for the case (the host plan's shapes), over
+    the sequences of `only` (default: all)."""
     hq, hkv, d = c.heads
     ctx, new = _seq_lists(c)
+    if only is not None:
+        ctx, new = ctx[only], new[only]
     _geo, _table, cache = _geometry(c)
     group = hq // hkv
     tq = max(1, min(128 // group, int(new.max())))
@@ -159,6 +175,14 @@ def segmented_args(c: Case, write: bool) -> tuple[Any, ...]:
             c.layout, steps, kv_tile, fp8)  # fmt: skip
 
 
+def mixed_args(c: Case, write: bool) -> tuple[Any, ...]:
+    """`serving_mixed_fwd`'s arguments: the decode body's, then the segmented body's
+    (q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile) over the rest."""
+    rest = ~_decode_mask(c)
+    seg = segmented_args(c, False, rest)
+    return (*decode_step_args(c, write), seg[0], *seg[6:10], *seg[11:13])
+
+
 def write_args(c: Case) -> tuple[Any, ...]:
     _geo, _table, cache = _geometry(c)
     rows, wrows = _new_rows(c)
@@ -171,14 +195,6 @@ def samples(kernel: Any, args: tuple[Any, ...], target: str, lnc: int = 1) -> li
     """The launch's modeled latency (us) under each parameter set (shipped set first)."""
     trace = trace_kernel(kernel, *args, target=target, lnc=lnc)
     return [schedule(trace, s).latency_ns / 1e3 for s in parameter_sets(target)]
-
-
-def takes_decode_step(c: Case) -> bool:
-    import torch
-
-    ctx, new = _seq_lists(c)
-    cdt = torch.float8_e4m3fn if c.cache_dtype.startswith("float8") else torch.bfloat16
-    return decode_step_eligible(new, ctx, c.heads[0] // c.heads[1], cdt, c.window)
 
 
 # ---- AWS's kernels through our harness (a local nki-library checkout) ----
@@ -275,19 +291,25 @@ def aws_samples(checkout: str | None, c: Case, target: str) -> tuple[list[float]
 
 def price(case: str, target: str, checkout: str | None) -> dict[str, Any]:
     c = CASES[case]
-    decode = takes_decode_step(c)
+    dec = _decode_mask(c)
     seg_fused = samples(serving_attention_fwd, segmented_args(c, True), target)
-    if decode:
+    if dec.all():
+        path = "decode step"
         ours = samples(serving_decode_fwd, decode_step_args(c, True), target)
         attend = samples(serving_decode_fwd, decode_step_args(c, False), target)
+    elif dec.any():
+        path = "mixed (decode + segmented bodies)"
+        ours = samples(serving_mixed_fwd, mixed_args(c, True), target)
+        attend = samples(serving_mixed_fwd, mixed_args(c, False), target)
     else:
+        path = "segmented"
         ours = seg_fused
         attend = samples(serving_attention_fwd, segmented_args(c, False), target)
     write = samples(cache_write_fwd, write_args(c), target)
     aws, what = aws_samples(checkout, c, target)
     row: dict[str, Any] = {
         "case": case,
-        "path": "decode step" if decode else "segmented",
+        "path": path,
         "ours_us": ours,
         "write_us": write,
         "composition_us": [a + w for a, w in zip(attend, write, strict=True)],
@@ -340,7 +362,13 @@ def main() -> None:
     ap.add_argument("--nki-library", default=None, help="a local aws-neuron/nki-library checkout")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--case", action="append", help="price only these cases (substring)")
+    ap.add_argument("--from-data", action="store_true", help="print the table of --out's rows")
     args = ap.parse_args()
+    if args.from_data:
+        data = json.loads(Path(args.out).read_text())
+        print(f"{data['label']}; nki-library {data['nki_library_commit']}; {data['date']}")
+        print(table(data["rows"], data["target"]))
+        return
     names = [n for n in CASES if not args.case or any(s in n for s in args.case)]
     rows = []
     for name in names:
