@@ -10,7 +10,7 @@ Hkv 8, D 64), bf16 queries, 16-key blocks, LNC 1. Per case:
 
 * ours: what `serving_attention` launches for the step, one launch writing the step's
   new K / V and attending: the decode-step kernel (`serving/decode_step.py`: write +
-  the streamed decode body) for decode rows and drafts of <= 48 packed rows, the mixed
+  the streamed decode body) for decode rows and drafts of <= 32 packed rows, the mixed
   kernel (write + decode body + segmented body) when prefill chunks come with them, the
   segmented kernel (`serving/segmented.py`) for prefill alone and fp8 caches;
 * composition: the write alone (`cache_write_fwd`) + the same attention without the

@@ -65,9 +65,9 @@ MAX_QUERIES = 16  # queries per sequence the decode path takes (speculative draf
 # packed rows (G query heads x queries) per KV head up to which the streamed body is
 # the faster kernel: its piece size C shrinks as C * packed columns <= 512, the
 # segmented kernel's work does not grow with the rows (modeled, cost model v3, trn2,
-# 8 sequences x 2K keys, bf16: rows 32 -> 672 vs 1,170 us, 48 -> 1,098 vs 1,180 us,
-# 64 -> 1,284 vs 1,190 us (G 4) and 1,281 vs 1,141 us (G 8))
-MAX_ROWS = 48
+# 8 sequences x 2K keys, bf16, decode body vs segmented: rows 16 -> 408 vs 926 us,
+# 32 -> 672 vs 927 us (G 4 and G 8 alike), 48 -> 1,098 vs 927 us)
+MAX_ROWS = 32
 DECODE_LAYOUT = {"nhd": "paged", "hnd": "paged_hm"}
 
 

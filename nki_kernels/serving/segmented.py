@@ -51,9 +51,11 @@ rowinfo fp32 [n_items, Hkv, 128, 4] = (lo, hi, m0, l0) per packed row; scales fp
 in q's dtype. Rows with no key and no sink have l = 0 (their out is not finite: the host
 selects them to 0).
 
-Schedule: a three-stage software pipeline in issue order (scores of step t, exponent of
-t - 1, P @ V of t - 2), the gathers LOOKAHEAD steps ahead into a ring of buffers, so the
-DMA queues, TensorE, ScalarE and VectorE work on different steps at once.
+Schedule: one three-stage software pipeline in issue order over every (work unit, step)
+of a program (scores of pipeline step k, exponent of k - 1, P @ V of k - 2; a unit's
+first steps overlap the previous units' last ones, UNITS slots of per-unit state), the
+gathers LOOKAHEAD steps ahead into a ring of buffers, so the DMA queues, TensorE,
+ScalarE and VectorE work on different steps at once.
 
 Limits: D <= 256 (Q^T / K^T in 128-row chunks); R <= 128; kv_tile a multiple of 128,
 <= 512 (one fp32 PSUM bank of scores).
@@ -71,6 +73,7 @@ FP32_MIN = -3.4028235e38  # range_select's required fill (hardware constraint)
 GROUP = 4  # keys per partition of a grouped gather (512-key steps: 128 partitions x 4)
 LOOKAHEAD = 2  # steps ahead that K / V are gathered (hides the DMAs' fixed latency)
 RING = LOOKAHEAD + 3  # gather slots: a step's V is read two iterations after its scores
+UNITS = 3  # work-unit state slots: units of one step each overlap three deep (A, B, C)
 
 
 @nki.jit
@@ -89,42 +92,69 @@ def serving_attention_fwd(
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
     t = _tiles(d, rows, cdt, k_cache.dtype, kv_tile)
     t["grouped"] = key_mask is not None
-    work = [(i, g) for i in range(n_items) for g in range(hkv)]
-    for w in range(pid, len(work), nprog):
-        i, g = work[w]
-        for c, c0, dc in _dchunks(d):
-            nisa.dma_copy(dst=t["qt"][:dc, c, :rows], src=q_t[i, g, c0 : c0 + dc, :])
-        nisa.dma_copy(dst=t["info"], src=rowinfo[i, g])
-        nisa.dma_copy(dst=t["sc"], src=scales[g : g + 1, :].broadcast(0, P))
-        nisa.tensor_copy(dst=t["m"][:rows, :], src=t["info"][:rows, 2:3])
-        nisa.tensor_copy(dst=t["l"][:rows, :], src=t["info"][:rows, 3:4])
-        nisa.memset(dst=t["o"][:rows, :d], value=0.0)
-        if key_mask is None:
-            kg, vg = _head_views(kf, vf, layout, bs, g, d)
-        else:
-            kg, vg = _group_views(kf, vf, layout, bs, g, d)
-        io = (kg, vg, key_rows, key_mask, i, kv_tile)
-        for s in range(min(LOOKAHEAD, n_steps)):
-            _load(t, io, s)
-        for s in range(n_steps + 2):  # software pipeline: A of s, B of s - 1, C of s - 2
-            if s < n_steps:
-                _stage_scores(t, s, rows, d, kv_tile)
-            if 0 <= s - 1 < n_steps:
-                _stage_exp(t, s - 1, rows, kv_tile)
-            if 0 <= s - 2 < n_steps:
-                _stage_pv(t, s - 2, rows, d, kv_tile)
-            if s + LOOKAHEAD < n_steps:
-                _load(t, io, s + LOOKAHEAD)
-        rl = t["rs"][0]
-        nisa.reciprocal(dst=rl[:rows, :], data=t["l"][:rows, :])
-        nisa.tensor_scalar(
-            dst=rl[:rows, :], data=rl[:rows, :], op0=nl.multiply, operand0=t["sc"][:rows, 1:2]
-        )
-        nisa.tensor_scalar(
-            dst=t["out"][:rows, :d], data=t["o"][:rows, :d], op0=nl.multiply, operand0=rl[:rows, :]
-        )
-        nisa.dma_copy(dst=out[i, g], src=t["out"][:rows, :d])
+    work = [(i, g) for i in range(n_items) for g in range(hkv)][pid::nprog]
+    # one software pipeline over every (work unit, step) of this program: a unit's
+    # first steps overlap the previous units' last ones (UNITS state slots in flight)
+    steps = [(n, s) for n in range(len(work)) for s in range(n_steps)]
+    view = _head_views if key_mask is None else _group_views
+    views = [view(kf, vf, layout, bs, g, d) for g in range(hkv)]
+    src = (work, steps, views, key_rows, key_mask, kv_tile)
+    for k in range(min(LOOKAHEAD, len(steps))):
+        _load(t, *_step_io(src, k), k)
+    for k in range(len(steps) + 2):  # A of step k, B of k - 1, C of k - 2
+        if k < len(steps):
+            n, s_ = steps[k]
+            if s_ == 0:
+                _start_unit(t, n % UNITS, q_t, rowinfo, scales, work[n], rows, d)
+            _stage_scores(t, k, s_, n % UNITS, rows, d, kv_tile)
+        if 0 <= k - 1 < len(steps):
+            _stage_exp(t, k - 1, steps[k - 1][0] % UNITS, rows, kv_tile)
+        if 0 <= k - 2 < len(steps):
+            n, s_ = steps[k - 2]
+            _stage_pv(t, k - 2, n % UNITS, rows, d, kv_tile)
+            if s_ == n_steps - 1:
+                _finish_unit(t, n % UNITS, out, work[n], rows, d)
+        if k + LOOKAHEAD < len(steps):
+            _load(t, *_step_io(src, k + LOOKAHEAD), k + LOOKAHEAD)
     return out
+
+
+def _step_io(src, k):
+    """(gather arguments, the unit's step) of pipeline step k."""
+    work, steps, views, key_rows, key_mask, kv_tile = src
+    n, s = steps[k]
+    i, g = work[n]
+    kg, vg = views[g]
+    return (kg, vg, key_rows, key_mask, i, kv_tile), s
+
+
+def _start_unit(t, u, q_t, rowinfo, scales, unit, rows, d):
+    """Load work unit (item i, KV head g)'s Q^T, row bounds and scales into state slot u;
+    the running max / sum start at the rows' softmax start, O at 0."""
+    i, g = unit
+    for c, c0, dc in _dchunks(d):
+        nisa.dma_copy(dst=t["qt"][u][:dc, c, :rows], src=q_t[i, g, c0 : c0 + dc, :])
+    info = t["info"][u]
+    nisa.dma_copy(dst=info, src=rowinfo[i, g])
+    nisa.dma_copy(dst=t["sc"][u], src=scales[g : g + 1, :].broadcast(0, P))
+    nisa.tensor_copy(dst=t["m"][u][:rows, :], src=info[:rows, 2:3])
+    nisa.tensor_copy(dst=t["l"][u][:rows, :], src=info[:rows, 3:4])
+    nisa.memset(dst=t["o"][u][:rows, :d], value=0.0)
+
+
+def _finish_unit(t, u, out, unit, rows, d):
+    """out[i, g] = O * (v_scale / l) of the unit in state slot u."""
+    i, g = unit
+    rl = t["rl"][u]
+    nisa.reciprocal(dst=rl[:rows, :], data=t["l"][u][:rows, :])
+    nisa.tensor_scalar(
+        dst=rl[:rows, :], data=rl[:rows, :], op0=nl.multiply, operand0=t["sc"][u][:rows, 1:2]
+    )
+    res = t["out"][u]
+    nisa.tensor_scalar(
+        dst=res[:rows, :d], data=t["o"][u][:rows, :d], op0=nl.multiply, operand0=rl[:rows, :]
+    )
+    nisa.dma_copy(dst=out[i, g], src=res[:rows, :d])
 
 
 def _flat_views(k_cache, v_cache, layout, hkv, d):
@@ -209,9 +239,9 @@ def _tiles(d, rows, cdt, cache_dt, kv_tile):
     nc, n_sub, dp = _chunks(d), kv_tile // P, min(d, P)
     convert = cache_dt != cdt
     t = {
-        "qt": nl.ndarray((dp, nc, P), dtype=cdt, buffer=sb),
-        "info": nl.ndarray((P, 4), dtype=f32, buffer=sb),
-        "sc": nl.ndarray((P, 4), dtype=f32, buffer=sb),
+        "qt": [nl.ndarray((dp, nc, P), dtype=cdt, buffer=sb) for _ in range(UNITS)],
+        "info": [nl.ndarray((P, 4), dtype=f32, buffer=sb) for _ in range(UNITS)],
+        "sc": [nl.ndarray((P, 4), dtype=f32, buffer=sb) for _ in range(UNITS)],
         "idx": [nl.ndarray((P, n_sub), dtype=nl.int32, buffer=sb) for _ in range(RING)],
         "vmask": [nl.ndarray((P, n_sub), dtype=nl.uint8, buffer=sb) for _ in range(RING)],
         "kraw": [nl.ndarray((P, n_sub, d), dtype=cache_dt, buffer=sb) for _ in range(RING)],
@@ -224,11 +254,11 @@ def _tiles(d, rows, cdt, cache_dt, kv_tile):
         "pt_ps": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=ps) for _ in range(2)],
         "pt": [nl.ndarray((P, n_sub, P), dtype=cdt, buffer=sb) for _ in range(2)],
         "o_ps": [nl.ndarray((P, d), dtype=f32, buffer=ps) for _ in range(2)],
-        "o": nl.ndarray((P, d), dtype=f32, buffer=sb),
-        "out": nl.ndarray((P, d), dtype=cdt, buffer=sb),
-        "m": nl.ndarray((P, 1), dtype=f32, buffer=sb),
-        "l": nl.ndarray((P, 1), dtype=f32, buffer=sb),
+        "o": [nl.ndarray((P, d), dtype=f32, buffer=sb) for _ in range(UNITS)],
+        "out": [nl.ndarray((P, d), dtype=cdt, buffer=sb) for _ in range(UNITS)],
     }
+    for name in ("m", "l", "rl"):
+        t[name] = [nl.ndarray((P, 1), dtype=f32, buffer=sb) for _ in range(UNITS)]
     if convert:  # fp8 cache: the compute-dtype copies of the gathered K / V
         t["k"] = [nl.ndarray((P, n_sub, d), dtype=cdt, buffer=sb) for _ in range(2)]
         t["v"] = [nl.ndarray((P, n_sub, d), dtype=cdt, buffer=sb) for _ in range(3)]
@@ -247,7 +277,7 @@ def _dchunks(d):
     return [(c, c * P, min(P, d - c * P)) for c in range(_chunks(d))]
 
 
-def _load(t, io, s):
+def _load(t, io, s, k):
     """Gather the K and V rows of step s (kv_tile key positions) into ring slot s % RING.
 
     Positions past the sequence's length never contribute, whatever the cache holds there
@@ -259,7 +289,7 @@ def _load(t, io, s):
     V rows of a group that straddles the end are zeroed by a predicated copy (key_mask)."""
     kg, vg, key_rows, key_mask, i, kv_tile = io
     n_sub = kv_tile // P
-    idx, kraw, vraw = t["idx"][s % RING], t["kraw"][s % RING], t["vraw"][s % RING]
+    idx, kraw, vraw = t["idx"][k % RING], t["kraw"][k % RING], t["vraw"][k % RING]
     if key_mask is not None:
         nisa.dma_copy(dst=idx[:, 0:1], src=key_rows[i, s])
         col = idx[:, 0:1]
@@ -270,7 +300,7 @@ def _load(t, io, s):
             )
         nisa.dma_copy(dst=kraw, src=kg.vector_select(0, col), oob_mode=nisa.oob_mode.skip)
         nisa.dma_copy(dst=vraw, src=vg.vector_select(0, col), oob_mode=nisa.oob_mode.skip)
-        nisa.dma_copy(dst=t["vmask"][s % RING], src=key_mask[i, s])
+        nisa.dma_copy(dst=t["vmask"][k % RING], src=key_mask[i, s])
         return  # V's rows past the length are zeroed in stage A, when the gather is done
     nisa.dma_copy(dst=idx, src=key_rows[i, s])  # one contiguous row of n_sub per partition
     nisa.memset(dst=vraw, value=0.0, engine=nisa.engine.vector)
@@ -280,8 +310,9 @@ def _load(t, io, s):
         nisa.dma_copy(dst=vraw[:, u, :], src=vg.vector_select(0, col), oob_mode=nisa.oob_mode.skip)
 
 
-def _stage_scores(t, s, rows, d, kv_tile):
-    """Stage A of step s: K^T (PE transposes), S = Q K^T, masked copy with the row max."""
+def _stage_scores(t, s, step, u, rows, d, kv_tile):
+    """Stage A of pipeline step s (the unit's step `step`, state slot u): K^T (PE
+    transposes), S = Q K^T, masked copy with the row max."""
     n_sub = kv_tile // P
     k = t["kraw"][s % RING]
     if t["grouped"]:  # (issued here, not with the gather: VectorE runs in order)
@@ -296,8 +327,8 @@ def _stage_scores(t, s, rows, d, kv_tile):
         nisa.tensor_copy(dst=t["v"][s % 3], src=t["vraw"][s % RING], engine=nisa.engine.gpsimd)
     kt_ps, kt, s_ps = t["kt_ps"][s % 2], t["kt"][s % 2], t["s_ps"][s % 2]
     for c, c0, dc in _dchunks(d):
-        for u in range(n_sub):
-            nisa.nc_transpose(dst=kt_ps[:dc, u * P : (u + 1) * P], data=k[:, u, c0 : c0 + dc])
+        for j in range(n_sub):
+            nisa.nc_transpose(dst=kt_ps[:dc, j * P : (j + 1) * P], data=k[:, j, c0 : c0 + dc])
         if t["grouped"]:  # PSUM column u * 128 + p holds key 4p + u: back to key order
             src = kt_ps[:dc, :].reshape((dc, n_sub, P)).permute((0, 2, 1))
             dst = kt[:dc, c, :].reshape((dc, P, n_sub))
@@ -306,10 +337,10 @@ def _stage_scores(t, s, rows, d, kv_tile):
         nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.scalar)
     for c, _, dc in _dchunks(d):
         nisa.nc_matmul(
-            dst=s_ps[:rows, :], stationary=t["qt"][:dc, c, :rows], moving=kt[:dc, c, :],
+            dst=s_ps[:rows, :], stationary=t["qt"][u][:dc, c, :rows], moving=kt[:dc, c, :],
             accumulate=c > 0,
         )  # fmt: skip
-    info = t["info"]
+    info = t["info"][u]
     nisa.range_select(
         dst=t["s"][s % 2][:rows, :],
         on_true_tile=s_ps[:rows, :],
@@ -320,15 +351,15 @@ def _stage_scores(t, s, rows, d, kv_tile):
         reduce_cmd=nisa.reduce_cmd.reset_reduce,
         reduce_res=t["mx"][s % 3][:rows, :],
         reduce_op=nl.maximum,
-        range_start=s * kv_tile,
+        range_start=step * kv_tile,
         on_false_value=FP32_MIN,
     )
 
 
-def _stage_exp(t, s, rows, kv_tile):
-    """Stage B of step s: m' = max(m, mx), P = exp(sc (S - m')) with row sums, the rescale
-    a = exp(sc (m - m')), l = a l + rowsum."""
-    sc, m, l = t["sc"], t["m"], t["l"]
+def _stage_exp(t, s, u, rows, kv_tile):
+    """Stage B of pipeline step s (state slot u): m' = max(m, mx), P = exp(sc (S - m'))
+    with row sums, the rescale a = exp(sc (m - m')), l = a l + rowsum."""
+    sc, m, l = t["sc"][u], t["m"][u], t["l"][u]
     mx, mn, nb = t["mx"][s % 3], t["mn"][s % 2], t["nb"][s % 2]
     a, rs = t["a"][s % 4], t["rs"][s % 2]
     # the [R, 1] statistics: on GpSimd with grouped gathers (VectorE carries the step's
@@ -356,23 +387,24 @@ def _stage_exp(t, s, rows, kv_tile):
     nisa.tensor_copy(dst=m[:rows, :], src=mn[:rows, :], engine=eng)
 
 
-def _stage_pv(t, s, rows, d, kv_tile):
-    """Stage C of step s: P^T per 128 keys (PE), O = a O + P^T.T @ V."""
+def _stage_pv(t, s, u, rows, d, kv_tile):
+    """Stage C of pipeline step s (state slot u): P^T per 128 keys (PE), O = a O + P^T.T @ V."""
     n_sub = kv_tile // P
     p, a = t["p"][s % 3], t["a"][s % 4]
     v = t["v"][s % 3] if t["convert"] else t["vraw"][s % RING]
     pt_ps, pt, o_ps = t["pt_ps"][s % 2], t["pt"][s % 2], t["o_ps"][s % 2]
-    for u in range(n_sub):  # grouped: V's partition p of sub-tile u is key 4p + u
-        cols = p[:rows, u:kv_tile:n_sub] if t["grouped"] else p[:rows, u * P : (u + 1) * P]
-        nisa.nc_transpose(dst=pt_ps[:, u, :rows], data=cols)
+    for j in range(n_sub):  # grouped: V's partition p of sub-tile j is key 4p + j
+        cols = p[:rows, j:kv_tile:n_sub] if t["grouped"] else p[:rows, j * P : (j + 1) * P]
+        nisa.nc_transpose(dst=pt_ps[:, j, :rows], data=cols)
     nisa.tensor_copy(dst=pt[:, :, :rows], src=pt_ps[:, :, :rows], engine=nisa.engine.scalar)
-    for u in range(n_sub):
+    for j in range(n_sub):
         nisa.nc_matmul(
-            dst=o_ps[:rows, :d], stationary=pt[:, u, :rows], moving=v[:, u, :d],
-            accumulate=u > 0,
+            dst=o_ps[:rows, :d], stationary=pt[:, j, :rows], moving=v[:, j, :d],
+            accumulate=j > 0,
         )  # fmt: skip
+    o = t["o"][u]
     nisa.scalar_tensor_tensor(
-        dst=t["o"][:rows, :d], data=t["o"][:rows, :d], op0=nl.multiply, operand0=a[:rows, :],
+        dst=o[:rows, :d], data=o[:rows, :d], op0=nl.multiply, operand0=a[:rows, :],
         op1=nl.add, operand1=o_ps[:rows, :d],
     )  # fmt: skip
 

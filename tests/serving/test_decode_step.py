@@ -111,8 +111,8 @@ def test_mixed_step_runs_both_bodies_in_one_launch(
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_half_precision_and_gqa(dtype: torch.dtype, decode_calls: list[int]) -> None:
-    """8 query heads per KV head, 6 drafts (48 packed rows, the most), head_dim 80."""
-    step = make_step([(30, 6), (5, 1), (130, 3)], hq=8, hkv=1, d=80, dtype=dtype, seed=8)
+    """8 query heads per KV head, 4 drafts (32 packed rows, the most), head_dim 80."""
+    step = make_step([(30, 4), (5, 1), (130, 3)], hq=8, hkv=1, d=80, dtype=dtype, seed=8)
     out, ref, caches_equal = _run(step, sinks=torch.linspace(-2, 2, 8), softmax_scale=0.2)
     assert decode_calls == [1] and out.dtype == dtype
     assert_rel_close(out, ref, TOLERANCES[dtype])
@@ -121,9 +121,9 @@ def test_half_precision_and_gqa(dtype: torch.dtype, decode_calls: list[int]) -> 
 
 def test_which_steps_take_the_decode_path() -> None:
     qlen, ctx = np.array([1, 16, 0]), np.array([9, 9, 9])
-    assert decode_step_eligible(qlen, ctx, 3, torch.bfloat16, None)  # 48 rows
+    assert decode_step_eligible(qlen, ctx, 2, torch.bfloat16, None)  # 32 rows
     assert not decode_step_eligible(np.array([17, 1]), ctx[:2], 1, torch.bfloat16, None)
-    assert not decode_step_eligible(qlen, ctx, 4, torch.bfloat16, None)  # 64 rows
+    assert not decode_step_eligible(qlen, ctx, 3, torch.bfloat16, None)  # 48 rows
     assert not decode_step_eligible(qlen[:1], ctx[:1], 4, torch.float8_e4m3fn, None)
     assert not decode_step_eligible(np.array([0, 0]), ctx[:2], 4, torch.float32, None)
     assert decode_step_eligible(np.array([1, 1]), ctx[:2], 4, torch.float32, 3)
