@@ -164,10 +164,11 @@ def segmented_args(c: Case, write: bool, only: np.ndarray | None = None) -> tupl
     longest = int((ctx + new).max())
     kv_tile = key_step(longest)
     steps = -(-longest // kv_tile)
-    grouped = kv_tile == 512 and BS % 4 == 0  # as serving.host.step_key_tiles
+    row_bytes = d * (1 if c.cache_dtype.startswith("float8") else 2)
+    grouped = kv_tile == 512 and BS % 4 == 0 and row_bytes % 4 == 0  # as step_key_tiles
     rows, wrows = _new_rows(c)
     krows = TensorSpec((items, steps, 128, 1 if grouped else kv_tile // 128), "int32")
-    kmask = TensorSpec((items, steps, 128, 4), "uint8") if grouped else None
+    kmask = TensorSpec((items, steps, 128, 4), "int32") if grouped else None
     fp8 = 448.0 if c.cache_dtype.startswith("float8") else 0.0
     w = (rows, rows, cache, cache, wrows) if write else (None, None, cache, cache, None)
     return (TensorSpec((items, hkv, d, group * tq), BF16), *w, krows, kmask,

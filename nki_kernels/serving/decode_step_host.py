@@ -282,8 +282,9 @@ def _segmented_part(
     sp = plan_step(qsl_c, ctx[seqs], table[seqs], geo, group, sliding_window)
     scales = kv_scales(None, None, hkv, scale)
     q_c = q.index_select(0, torch.from_numpy(tokens).to(q.device))
+    row_bytes = geo.head_dim * q.element_size()  # the cache is in q's dtype here
     q_t, key_rows, key_mask, info = segmented_inputs(q_c, sp, sinks, scales, hkv, group,
-                                                     geo.block_size)  # fmt: skip
+                                                     geo.block_size, row_bytes)  # fmt: skip
     args = (q_t, key_rows, key_mask, info, scales.to(q.device), sp.n_steps, sp.kv_tile)
     return tokens, args, sp
 

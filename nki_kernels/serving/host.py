@@ -196,22 +196,25 @@ def key_step(longest: int) -> int:
     return 512 if longest >= 512 else max(P, 1 << (longest - 1).bit_length())
 
 
-def step_key_tiles(plan: StepPlan, block_size: int) -> tuple[np.ndarray, np.ndarray | None]:
+def step_key_tiles(
+    plan: StepPlan, block_size: int, row_bytes: int = 4
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The kernel's per-step index tiles of `plan.key_rows`.
 
-    512-key steps over blocks of a multiple of 4 keys are gathered four keys per
+    512-key steps over blocks of a multiple of 4 keys, with key rows (head_dim x the
+    cache's element size, `row_bytes`) of whole 32-bit words, are gathered four keys per
     partition (partition p: keys 4p .. 4p + 3, one row of the grouped view): key_rows
     [items, steps, 128, 1] = (row of key 4p) / 4, or -1 when the group is past the
-    sequence's length, and key_mask uint8 [items, steps, 128, 4] (1: a key of the
-    sequence). Otherwise key_rows [items, steps, 128, kv_tile / 128] (key u * 128 + p at
-    [p, u]) and no mask."""
+    sequence's length, and key_mask int32 [items, steps, 128, 4] (-1, all bits set: a
+    key of the sequence; 0: not). Otherwise key_rows [items, steps, 128, kv_tile / 128]
+    (key u * 128 + p at [p, u]) and no mask."""
     n_items, n_steps, kv = plan.n_items, plan.n_steps, plan.kv_tile
     rows = plan.key_rows.reshape(n_items, n_steps, kv)
     n_sub = kv // P
-    if kv == 512 and block_size % 4 == 0:
+    if kv == 512 and block_size % 4 == 0 and row_bytes % 4 == 0:
         first = rows[:, :, 0::4]  # [items, steps, 128]: the group's first key
         grouped = np.where(first >= 0, first // 4, -1).astype(np.int32)[..., None]
-        mask = (rows.reshape(n_items, n_steps, P, 4) >= 0).astype(np.uint8)
+        mask = np.where(rows.reshape(n_items, n_steps, P, 4) >= 0, -1, 0).astype(np.int32)
         return np.ascontiguousarray(grouped), np.ascontiguousarray(mask)
     tiles = rows.reshape(n_items, n_steps, n_sub, P).transpose(0, 1, 3, 2)
     return np.ascontiguousarray(tiles), None
@@ -319,8 +322,9 @@ def serving_attention(
         if k is not None and v is not None:
             write_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout)  # type: ignore[arg-type]
         return out
+    row_bytes = d * k_cache.element_size()
     q_t, key_rows, key_mask, info = segmented_inputs(q, plan, sinks, scales, hkv, group,
-                                                     geo.block_size)  # fmt: skip
+                                                     geo.block_size, row_bytes)  # fmt: skip
     kc, vc = _dense(k_cache), _dense(v_cache)
     args = [q_t, None, None, kc, vc, None]
     if k is not None and v is not None and t_tok > 0:
@@ -343,10 +347,11 @@ def segmented_inputs(
     hkv: int,
     group: int,
     block_size: int,
+    row_bytes: int,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """The segmented kernel's q_t, key_rows, key_mask and rowinfo for `plan` (on q's
-    device): Q^T packed per item and KV head, the per-step key tiles, each row's bounds
-    and softmax start."""
+    device): Q^T packed per item and KV head, the per-step key tiles (`row_bytes`: a
+    cached key row's bytes), each row's bounds and softmax start."""
     t_tok, hq, d = q.shape
     dev = q.device
     tq, n_items = plan.tq, plan.n_items
@@ -356,7 +361,7 @@ def segmented_inputs(
     qi = q_pad.index_select(0, gather).reshape(n_items, tq, hkv, group, d)
     q_t = qi.permute(0, 2, 4, 3, 1).reshape(n_items, hkv, d, group * tq).contiguous()
     info = torch.from_numpy(with_sinks(plan, sinks, scales, hkv, group)).to(dev)
-    key_rows, key_mask = step_key_tiles(plan, block_size)
+    key_rows, key_mask = step_key_tiles(plan, block_size, row_bytes)
     mask = None if key_mask is None else torch.from_numpy(key_mask).to(dev)
     return q_t, torch.from_numpy(key_rows).to(dev), mask, info
 

@@ -44,8 +44,9 @@ Inputs: q_t [n_items, Hkv, D, R] (Q^T, packed by the host); k_new, v_new [T, Hkv
 (key u * 128 + p of step s at [s, p, u]: each step's index tile is one contiguous load)
 and key_mask None -- or, grouped gathers (512-key steps, block sizes divisible by 4),
 key_rows [n_items, n_steps, 128, 1] (partition p: the row / 4 of key 4p, its group of 4
-consecutive keys one row of the grouped view) and key_mask uint8 [n_items, n_steps, 128,
-4] (1: a key of the sequence; the V rows of the others are zeroed by a predicated copy);
+consecutive keys one row of the grouped view; key rows of whole 32-bit words) and key_mask
+int32 [n_items, n_steps, 128, 4] (-1: a key of the sequence, 0: not; the V rows of the
+others are zeroed by a bitwise AND of their words with the mask, on GpSimd);
 rowinfo fp32 [n_items, Hkv, 128, 4] = (lo, hi, m0, l0) per packed row; scales fp32 [Hkv, 4] =
 (softmax_scale * k_scale, v_scale, 1 / k_scale, 1 / v_scale). Output [n_items, Hkv, R, D]
 in q's dtype. Rows with no key and no sink have l = 0 (their out is not finite: the host
@@ -243,7 +244,7 @@ def _tiles(d, rows, cdt, cache_dt, kv_tile):
         "info": [nl.ndarray((P, 4), dtype=f32, buffer=sb) for _ in range(UNITS)],
         "sc": [nl.ndarray((P, 4), dtype=f32, buffer=sb) for _ in range(UNITS)],
         "idx": [nl.ndarray((P, n_sub), dtype=nl.int32, buffer=sb) for _ in range(RING)],
-        "vmask": [nl.ndarray((P, n_sub), dtype=nl.uint8, buffer=sb) for _ in range(RING)],
+        "vmask": [nl.ndarray((P, n_sub), dtype=nl.int32, buffer=sb) for _ in range(RING)],
         "kraw": [nl.ndarray((P, n_sub, d), dtype=cache_dt, buffer=sb) for _ in range(RING)],
         "vraw": [nl.ndarray((P, n_sub, d), dtype=cache_dt, buffer=sb) for _ in range(RING)],
         "kt_ps": [nl.ndarray((dp, kv_tile), dtype=cdt, buffer=ps) for _ in range(2)],
@@ -286,7 +287,7 @@ def _load(t, io, s, k):
     would be NaN). Per-row gathers: such rows carry a negative index, which the DMA skips,
     over a tile cleared first. Grouped gathers (partition p holds keys 4p .. 4p + 3, one
     descriptor per group in "hnd"): a group past the length is skipped likewise, and the
-    V rows of a group that straddles the end are zeroed by a predicated copy (key_mask)."""
+    V rows of a group that straddles the end are zeroed by an AND with key_mask."""
     kg, vg, key_rows, key_mask, i, kv_tile = io
     n_sub = kv_tile // P
     idx, kraw, vraw = t["idx"][k % RING], t["kraw"][k % RING], t["vraw"][k % RING]
@@ -315,12 +316,22 @@ def _stage_scores(t, s, step, u, rows, d, kv_tile):
     transposes), S = Q K^T, masked copy with the row max."""
     n_sub = kv_tile // P
     k = t["kraw"][s % RING]
-    if t["grouped"]:  # (issued here, not with the gather: VectorE runs in order)
-        vraw, mask = t["vraw"][s % RING], t["vmask"][s % RING]
-        nisa.tensor_copy_predicated(
-            dst=vraw, src=0.0, predicate=mask.reshape((P, n_sub, 1)).broadcast(2, d),
-            reverse_pred=True,
-        )  # fmt: skip
+    if t["grouped"]:  # (issued here, not with the gather: the engines run in order)
+        vraw, mask = t["vraw"][s % RING], t["vmask"][s % RING].reshape((P, n_sub, 1))
+        if t["convert"]:
+            # fp8: VectorE also converts K, so V's rows past the length go to +0.0 on
+            # GpSimd: their 32-bit words ANDed with the key's mask word (0 or all ones),
+            # exact on integers, NaN bits cleared as a select would
+            vw = vraw.view(nl.int32)
+            nisa.tensor_tensor(
+                dst=vw, data1=vw, data2=mask.broadcast(2, vw.shape[2]), op=nl.bitwise_and,
+                engine=nisa.engine.gpsimd,
+            )  # fmt: skip
+        else:  # GpSimd carries the step's [R, 1] statistics: a predicated copy on VectorE
+            nisa.tensor_copy_predicated(
+                dst=vraw, src=0.0, predicate=mask.view(nl.uint32).broadcast(2, d),
+                reverse_pred=True,
+            )  # fmt: skip
     if t["convert"]:  # fp8 cache: to the compute dtype (scale folded elsewhere)
         k = t["k"][s % 2]
         nisa.tensor_copy(dst=k, src=t["kraw"][s % RING], engine=nisa.engine.vector)

@@ -44,8 +44,10 @@ def test_fp8_cache(cdt: torch.dtype, per_head: bool, qdtype: torch.dtype) -> Non
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
 def test_fp8_long_prefix_grouped_gathers(layout: str) -> None:
-    """fp8 through the grouped (4 keys per partition) gathers of 512-key steps."""
-    step = make_step([(530, 2), (9, 3)], cache_dtype=torch.float8_e4m3fn, layout=layout,
+    """fp8 through the grouped (4 keys per partition) gathers of 512-key steps; both
+    sequences end inside a group (533 and 11 keys) over NaN slots, which the AND with the
+    key mask clears."""
+    step = make_step([(530, 3), (9, 2)], cache_dtype=torch.float8_e4m3fn, layout=layout,
                      dtype=torch.bfloat16, seed=5)  # fmt: skip
     ks, vs = _scales(True, 2)
     kw = {"k_scale": ks, "v_scale": vs, "layout": layout}
