@@ -428,6 +428,10 @@ class MoEMLPBwdConfig(KernelConfig):
         # two metadata sets; with prefetching, also the rows, xT / doT and the head
         # buffers (first chunk's strips, first Wd units) live through phase A
         sets = 2 * (2 * _tile(ns * 4) + GRANULE)
+        if dsz == 2:  # per set the column loads' row indexes (tiles.expert_row_index), + ramp
+            kd, kg = _cdiv(ti, P), min(ht, self.dma_h)
+            sets += 2 * (GRANULE + _tile(kd * 4) + _tile(kg * 4)) + _tile(max(kd, kg) * 4)
+            sets += GRANULE  # the index's fp32 base
         if self.prefetch_rows:
             sets += rows + rows_t + strips + depth * unit
             prologue = sets + block + 2 * _tile(h * dsz)
