@@ -76,8 +76,11 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
         if isinstance(config, MoEMLPConfig):
             from .blockwise_mlp import moe_mlp_fwd
 
-            fwd = (TensorSpec((t, h), dt), *weights, *meta, TensorSpec((t, k), "float32"))
-            run(moe_mlp_fwd, *fwd, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
+            kinds = TensorSpec((1, b // P + 1), "int32")  # one block of the largest size
+            fmeta = (meta[0], meta[1], kinds, meta[3])
+            fwd = (TensorSpec((t, h), dt), *weights, *fmeta, TensorSpec((t, k), "float32"))
+            one = (1,) + (0,) * (b // P - 1)
+            run(moe_mlp_fwd, *fwd, one, False, *config.to_dict().values(), **_trace_kwargs(target))
         else:
             from .blockwise_mlp_bwd import moe_mlp_bwd
 
