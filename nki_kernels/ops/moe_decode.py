@@ -1,5 +1,6 @@
 """The decode mode of `moe_mlp` / `moe_experts`: decode-sized batches (T <= 64 tokens,
-dropless) through two `torch.ops.nki.grouped_mm` launches instead of the blockwise kernel.
+dropless) through two grouped matmul launches (`torch.ops.nki.grouped_mm`'s kernel)
+instead of the blockwise kernel.
 
 At decode sizes an MoE layer is bound by streaming the touched experts' weights: each
 touched expert has a few rows, so what matters is that its weights are read once, in
@@ -29,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .grouped_mm import grouped_mm_forward
+
 DECODE_MAX_TOKENS = 64  # batches up to this many tokens (and dropless) take the decode mode
 
 
@@ -52,10 +55,10 @@ def decode_experts(
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     offs = torch.cumsum(counts, 0).to(torch.int32)
     x_sorted = hidden.index_select(0, token)
-    gu = torch.ops.nki.grouped_mm(x_sorted, w_gate_up, offs)
+    gu = grouped_mm_forward(x_sorted, w_gate_up, offs)
     gate, up = gu[:, : i2 // 2].float(), gu[:, i2 // 2 :].float()
     act = (F.silu(gate) * up).to(hidden.dtype)
-    y = torch.ops.nki.grouped_mm(act, w_down, offs)
+    y = grouped_mm_forward(act, w_down, offs)
     w_sorted = weights.reshape(-1).to(torch.float32).index_select(0, order)
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     out.index_add_(0, token, y.float() * w_sorted.unsqueeze(1))
