@@ -3,13 +3,15 @@ the two grouped GEMMs and the share of HBM bandwidth spent on the touched expert
 
 Run: `python benchmarks/bench_moe_decode.py` (prints a markdown table; ~2 min).
 
-There is no dedicated decode kernel: this prices what `torch.ops.nki.grouped_mm` does at
-decode sizes (each touched expert one block of one 128-row sub-tile, its weights streamed
-once in wide units; untouched experts cost nothing), at LNC 2 (the two programs take
-alternate blocks) on trn2, bf16, uniform routing (T * k assignments spread over the
-experts). HBM % = touched experts' weight bytes (gate/up and down) / (latency x the
-logical core's bandwidth, 2 x trn2's per-core HBM figure). Every figure is "modeled (cost
-model vN, trn2)", never a measurement; the router, activation and combine are not included.
+These are the two launches of the decode mode of `moe_mlp` / `moe_experts` (dropless calls
+of T <= 64, `ops/moe_decode.py`): `torch.ops.nki.grouped_mm` at decode sizes (each touched
+expert one block of one 128-row sub-tile, its weights streamed once in wide units;
+untouched experts cost nothing), at LNC 2 (the two programs take alternate blocks) on
+trn2, bf16, uniform routing (T * k assignments spread over the experts). HBM % = touched
+experts' weight bytes (gate/up and down) / (latency x the logical core's bandwidth, 2 x
+trn2's per-core HBM figure). Every figure is "modeled (cost model vN, trn2)", never a
+measurement; the router and the mode's torch steps (gather, activation, combine) are not
+included.
 """
 
 from __future__ import annotations

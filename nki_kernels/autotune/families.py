@@ -296,14 +296,16 @@ class _MoEOp:
         return moe_mlp_fwd
 
     def trace(self, p: Any, config: KernelConfig, target: Target) -> Any:
-        """Balanced routing: every expert gets T*k/E assignments, so exactly
-        E * ceil(T*k / (E*B)) blocks run; all of them are static (no device loop, whose
-        trip count a trace-only run cannot read)."""
+        """Balanced routing: every expert gets ceil(T*k/E) assignments, in the sized
+        plan's blocks (E * ceil(T*k / (E*B)) of them); all of them are static (no device
+        loop, whose trip count a trace-only run cannot read)."""
         from ..interp import TensorSpec, run
+        from ..moe.grouping import sized_kinds
 
         b = int(config.block_size)  # type: ignore[attr-defined]
         per_expert = -(-p.tokens * p.top_k // p.experts)
-        used = p.experts * -(-per_expert // b)
+        kinds = sized_kinds(np.full(p.experts, per_expert), b)
+        used = sum(kinds)
         t, k, dt = p.tokens, p.top_k, p.dtype
         args = (
             TensorSpec((t, p.hidden), dt),
@@ -311,10 +313,10 @@ class _MoEOp:
             TensorSpec((p.experts, p.intermediate, p.hidden), dt),
             TensorSpec((used, 128, b // 128), "int32"),
             TensorSpec((used, 1), "int32"),
-            TensorSpec((1, 1), "int32"),
+            TensorSpec((1, b // 128 + 1), "int32"),
             TensorSpec((t, k), "int32"),
             TensorSpec((t, k), "float32"),
-            used,
+            kinds,
             False,
         )
         return run(self.kernel(), *args, target=target, lnc=self.lnc, trace_only=True,
@@ -351,9 +353,9 @@ class _MoEOp:
         logits = rng.standard_normal((p.tokens, e)).astype(np.float32)
         weights, ids = route_reference(torch.from_numpy(logits), p.top_k)
         bs = int(config.block_size)  # type: ignore[attr-defined]
-        plan = plan_blocks(ids.numpy(), weights.numpy(), e, bs)
-        args = (x, wgu, wd, plan.slot_token, plan.block_expert, plan.block_count,
-                plan.token_slot, plan.token_weight, plan.static_blocks, plan.may_drop)  # fmt: skip
+        plan = plan_blocks(ids.numpy(), weights.numpy(), e, bs, sized=True)
+        args = (x, wgu, wd, plan.slot_token, plan.block_expert, plan.kind_bounds,
+                plan.token_slot, plan.token_weight, None, plan.may_drop)  # fmt: skip
         return args, logits
 
     def device_launcher(self, p: Any, config: KernelConfig, target: Target) -> Any:

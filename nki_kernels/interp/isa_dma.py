@@ -253,8 +253,7 @@ def dma_transpose(
             raise fail("TRANSPOSE", f"{instr}(hwdge): src shape {src.shape} not supported")
     if indirect:
         need_version(3, f"indirect {instr}")
-        # _indirect_transpose_rules holds the documented limits; not enforced yet: the MoE
-        # kernels (blockwise_mlp, grouped_gemm) still gather row counts off the 16 grid
+        _indirect_transpose_rules(instr, src)
     isz = src.dtype._size
     attrs = _dma_attrs(dst, src, dst.size, dge_mode, "sync")
     # the access pattern is element-granular; transposing hardware moves it in blocks of

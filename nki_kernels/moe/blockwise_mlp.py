@@ -1,27 +1,33 @@
 """Blockwise grouped expert MLP (SwiGLU), forward, with the routing-weighted combine.
 
-Inputs come from the block plan (grouping.py): blocks of B token slots, every block one
-expert. Per block b with expert e (slot layout s = b*B + c*128 + p):
+Inputs come from the variable-size block plan (grouping.py, `sized=True`): blocks of
+s <= NS = B/128 sub-tiles of 128 token slots, every block one expert, ordered by s
+(largest first). Per block b of s sub-tiles with expert e (slot layout s = b*B + c*128 +
+p, c < s):
 
-    x      = hidden[slot_token[b]]                  gather, indirect DMA (padding -> 0)
-    xT     = x^T                                    PE transposes, [H, B], H on partitions
+    x      = hidden[slot_token[b, :, :s]]           gather, indirect DMA (padding -> 0)
+    xT     = x^T                                    PE transposes, [H, s*128]
     for each chunk of tile_i intermediate columns:
-        gT = Wg_e[:, chunk]^T @ xT,  uT = Wu_e[:, chunk]^T @ xT     PSUM, [chunk, B]
+        gT = Wg_e[:, chunk]^T @ xT,  uT = Wu_e[:, chunk]^T @ xT     PSUM, [chunk, s*128]
         actT = silu(gT) * uT                        ScalarE + VectorE, rounded to dtype
-        y   += actT^T @ Wd_e[chunk, :]              [B, H] (fp32 SBUF across chunks)
-    y_slots[b*B : (b+1)*B] = y                       unweighted expert outputs (HBM scratch)
+        y   += actT^T @ Wd_e[chunk, :]              [s*128, H] (fp32 SBUF across chunks)
+    y_slots[b*B : b*B + s*128] = y                   unweighted expert outputs (HBM scratch)
+
+A block costs its s sub-tiles, so an expert's padding is at most 127 slots (the plan
+splits its sub-tiles near-equally over its blocks), and the weights stream once per block.
 
 then the combine (combine.py, ScalarE / VectorE), per 128-token tile: out[t] = sum_j
 token_weight[t, j] * y_slots[token_slot[t, j]] (fp32 sums, j ascending, one rounding), so
 results are deterministic; dropped assignments point at y_slots' zero row.
 
 LNC 2 (kernel[2]): the programs split the blocks, not the columns. Program p runs blocks
-b = p, p + 2, ... (static ones and, past `static_blocks`, a device loop of step 2 up to
-the run-time `block_count`), writing their slot rows to the shared-HBM `y_slots`; after a
+b = p, p + 2, ... (for each size s a device loop of step 2 over that size's blocks,
+`kind_bounds`; its first block computed on chip), writing their slot rows to the
+shared-HBM `y_slots`; after a
 `core_barrier` (every slot row written, the drop row zeroed by program 0) each program
 combines every other 128-token tile. Each block's arithmetic and each token's combine are
 those of LNC 1, so the outputs are bit-identical. Alternate blocks balance skewed
-routing too (blocks are sorted by expert); splitting the columns instead would make both
+routing too (blocks are sorted by size); splitting the columns instead would make both
 cores run every block's gate/up projection.
 
 Weights stream from HBM once per block: `.ap(scalar_offset=expert)` picks the expert's
@@ -36,14 +42,17 @@ units of a ragged last chunk are sized to it.
 
 Across blocks: persistent "head" buffers hold the next block's slot tokens, expert id,
 gathered token rows and first gate/up unit. A block takes its expert id, transposes its
-rows out of the head and starts on the head unit; the head is refilled for block b+1 as
-soon as each part is consumed (rows after the transposes, the unit when the block moves
-to its second unit), so the next block starts without waiting for its gathers or weights.
+rows out of the head and starts on the head unit; the head is refilled for this
+program's next block (b + 1, or b + 2 at LNC 2: the next block in plan order, of the same
+or a smaller size) as soon as each part is consumed (rows after the transposes: s
+sub-tiles, which cover the next block's; the unit when the block moves to its second
+unit), so the next block starts without waiting for its gathers or weights.
 
-Blocks [0, static_blocks) are a static loop (every routing uses them); the rest run in a
-device loop up to `block_count`, so a kernel is specialized on shapes only, never on the
-routing; both issue the same instructions (block indices are registers). Ragged H / I
-(not multiples of 128) are sliced.
+The op runs one device loop per block size, bounded by `kind_bounds` (run-time data), so
+a kernel is specialized on shapes only, never on the routing. `static_kinds` (pricing:
+the plan known when specializing) gives the block count of each size and runs the same
+bodies as static loops (block indices are registers in both). Ragged H / I (not
+multiples of 128) are sliced.
 
 Limits: B in {128, 256, 512, 1024}; H, I any size (SBUF/PSUM fit is checked by
 config.validate); dtype bf16 or fp32 for hidden and weights alike.
@@ -67,7 +76,6 @@ from .tiles import (
     psum_accumulators,
     tile_rows,
     transpose_into,
-    used_block_register,
 )
 
 
@@ -78,10 +86,10 @@ def moe_mlp_fwd(
     w_down,
     slot_token,
     block_expert,
-    block_count,
+    kind_bounds,
     token_slot,
     token_weight,
-    static_blocks,
+    static_kinds,
     may_drop,
     block_size,
     tile_i,
@@ -93,9 +101,11 @@ def moe_mlp_fwd(
     """out [T, H] = sum_j token_weight[:, j] * SwiGLU-expert outputs (see module doc).
 
     hidden [T, H]; w_gate_up [E, H, 2I] (gate = columns :I, up = I:); w_down [E, I, H];
-    slot_token [NB, 128, B/128] int32; block_expert [NB, 1] int32; block_count [1, 1]
-    int32; token_slot [T, k] int32; token_weight [T, k] fp32. `static_blocks` (int) blocks
-    always run; `may_drop` (bool) is True when some token_slot may be out of range.
+    slot_token [NB, 128, B/128] int32; block_expert [NB, 1] int32; kind_bounds
+    [1, B/128 + 1] int32 (blocks of s = B/128 - j sub-tiles: [kind_bounds[j],
+    kind_bounds[j + 1])); token_slot [T, k] int32; token_weight [T, k] fp32.
+    `static_kinds` (None, or the block count of each size, largest first: static loops);
+    `may_drop` (bool) is True when some token_slot may be out of range.
     """
     t_count, h = hidden.shape
     _, h2, i2 = w_gate_up.shape
@@ -103,6 +113,7 @@ def moe_mlp_fwd(
     assert parts == P and h2 == h and i2 % 2 == 0, "moe_mlp_fwd: inconsistent shapes"
     assert block_size == P * ns, "moe_mlp_fwd: block_size does not match slot_token"
     assert loop_order in ("h_outer", "i_outer"), "moe_mlp_fwd: unknown loop_order"
+    assert kind_bounds.shape == (1, ns + 1), "moe_mlp_fwd: kind_bounds is [1, B/128 + 1]"
     d = _dims(hidden, w_gate_up, slot_token, token_slot)
     pid, nprog = _program()
     d["step"] = nprog  # this program's blocks: pid, pid + nprog, ...
@@ -117,10 +128,9 @@ def moe_mlp_fwd(
     if pid < nb:  # else (a one-block plan at LNC 2) this program has no block to run
         head = _head_buffers(d, cfg)
         _prefetch_meta(d, ws, head, (nisa.register_alloc(pid), 0))
-        _prefetch_rows(d, hidden, head)
+        _prefetch_rows(d, hidden, head, d["NS"])
         _prefetch_unit(d, cfg, w_gate_up, head)
-        count = used_block_register(block_count) if static_blocks < nb else None
-        _run_blocks(d, cfg, ws, head, (static_blocks, nb, count, pid))
+        _run_blocks(d, cfg, ws, head, (kind_bounds, static_kinds, pid))
         del head  # the combine reuses its SBUF
     if may_drop and pid == 0:
         zero_row(y_slots)
@@ -180,9 +190,9 @@ def _prefetch_meta(d: dict[str, Any], ws: tuple[Any, ...], head: dict[str, Any],
     nisa.dma_copy(dst=head["exp"], src=exp, oob_mode=skip)
 
 
-def _prefetch_rows(d: dict[str, Any], hidden: Any, head: dict[str, Any]) -> None:
-    """head x <- the token rows of head tok (padding slots read zeros)."""
-    for c in range(d["NS"]):
+def _prefetch_rows(d: dict[str, Any], hidden: Any, head: dict[str, Any], ns: int) -> None:
+    """head x <- the token rows of head tok's first `ns` sub-tiles (padding slots read zeros)."""
+    for c in range(ns):
         gather_rows(hidden, head["tok"][:, c : c + 1], head["x"][:, c, :], d["H"])
 
 
@@ -199,45 +209,68 @@ def _run_blocks(
     cfg: dict[str, Any],
     ws: tuple[Any, ...],
     head: dict[str, Any],
-    blocks: tuple[int, int, Any, int],
+    plan: tuple[Any, Any, int],
 ) -> None:
-    """This program's blocks in order: the static ones below `static_blocks`, then a
-    device loop (step d["step"]) up to the used-block register `count`."""
-    static_blocks, nb, count, pid = blocks
-    step = d["step"]
-    for b in range(pid, min(static_blocks, nb), step):
-        _fwd_block(d, cfg, ws, head, (as_register(b), 0))
-    if static_blocks >= nb:
+    """This program's blocks (pid, pid + step, ...) in plan order, size by size: static
+    loops over `static_kinds`' counts, else one device loop per size over kind_bounds."""
+    kind_bounds, static_kinds, pid = plan
+    step, ns = d["step"], d["NS"]
+    if static_kinds is not None:
+        assert len(static_kinds) == ns, "moe_mlp_fwd: static_kinds has one count per size"
+        size_of = [ns - j for j, c in enumerate(static_kinds) for _ in range(c)]
+        for b in range(pid, len(size_of), step):
+            _fwd_block(d, cfg, ws, head, (as_register(b), 0), size_of[b])
         return
-    start = static_blocks + (pid - static_blocks) % step  # first block >= S of this program
+    bnd = nl.ndarray((1, ns + 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=bnd, src=kind_bounds)
+    for j in range(ns):
+        lo = bnd[0:1, j : j + 1]
+        start = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        if step == 1:
+            nisa.tensor_copy(dst=start, src=lo)
+        else:  # the first block >= lo of this program: lo + ((lo + pid) & 1)
+            nisa.tensor_scalar(dst=start, data=lo, op0=nl.add, operand0=pid)
+            nisa.tensor_scalar(dst=start, data=start, op0=nl.bitwise_and, operand0=1)
+            nisa.tensor_tensor(dst=start, data1=start, data2=lo, op=nl.add)
+        lo_r = nisa.register_alloc()
+        nisa.register_load(lo_r, start)
+        hi_r = nisa.register_alloc()
+        nisa.register_load(hi_r, bnd[0:1, j + 1 : j + 2])
 
-    def body(i: Any) -> None:
-        _fwd_block(d, cfg, ws, head, (i, 0))
+        def body(i: Any, s: int = ns - j) -> None:
+            _fwd_block(d, cfg, ws, head, (i, 0), s)
 
-    nl.fori_loop(start, count, body, step=step)
+        nl.fori_loop(lo_r, hi_r, body, step=step)
 
 
 def _fwd_block(
-    d: dict[str, Any], cfg: dict[str, Any], ws: tuple[Any, ...], head: dict[str, Any], addr: Any
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    ws: tuple[Any, ...],
+    head: dict[str, Any],
+    addr: Any,
+    s: int,
 ) -> None:
+    """One block of s sub-tiles (its slots: addr's B-slot range, the first s * 128 used)."""
     hidden, w_gate_up, w_down, y_slots = ws[0], ws[1], ws[2], ws[5]
-    h, ns, dt = d["H"], d["NS"], d["dt"]
+    h, dt, stride = d["H"], d["dt"], d["B"]
+    dk = {**d, "NS": s, "B": s * P}  # the block's sub-tiles and slots
     exp = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=exp, src=head["exp"])
     reg, extra = addr
     _prefetch_meta(d, ws, head, (reg, extra + d["step"]))  # this program's next block
-    fetch = _weight_stream(d, cfg, w_gate_up, exp, head)
-    xT = nl.ndarray((P, d["HT"], d["B"]), dtype=dt, buffer=nl.sbuf)
+    fetch = _weight_stream(dk, cfg, w_gate_up, exp, head)
+    xT = nl.ndarray((P, d["HT"], s * P), dtype=dt, buffer=nl.sbuf)
     parity = 0
     for t in range(d["HT"]):
         cols = slice(t * P, t * P + tile_rows(h, t))
-        srcs = [head["x"][:, c, cols] for c in range(ns)]
+        srcs = [head["x"][:, c, cols] for c in range(s)]
         parity = transpose_into(dt, srcs, xT[:, t, :], parity)
-    _prefetch_rows(d, hidden, head)
-    y = _expert_mlp(d, cfg, w_down, exp, xT, fetch)
-    row0 = block_row0(addr, d["B"])
-    for c in range(ns):
-        off = (extra * d["B"] + c * P) * h
+    _prefetch_rows(d, hidden, head, s)  # the next block has <= s sub-tiles
+    y = _expert_mlp(dk, cfg, w_down, exp, xT, fetch)
+    row0 = block_row0(addr, stride)
+    for c in range(s):
+        off = (extra * stride + c * P) * h
         view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0, indirect_dim=0)
         nisa.dma_copy(dst=view, src=y[c])
 

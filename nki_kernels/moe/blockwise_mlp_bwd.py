@@ -88,6 +88,8 @@ from .tiles import (
     matmul,
     program_columns,
     psum_accumulators,
+    row_index_ok,
+    row_ramp,
     slot_tiles,
     tile_rows,
 )
@@ -156,6 +158,9 @@ def moe_mlp_bwd(
     pid, nprog = program_blocks()
     d["PID"], d["STEP"] = pid, nprog
     d["C0"], d["C1"] = 0, h  # phase A: every column of its blocks' dx
+    d["ramp"] = None  # the column loads' row indexes (tiles.load_weight_cols)
+    if row_index_ok(w_gate_up) and row_index_ok(w_down):
+        d["ramp"] = row_ramp(max(cdiv(min(tile_i, i), P), cdiv(min(dma_h * P, h), P)))
     dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
     d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)
     # + one row for dropped assignments (combine.zero_row)
@@ -175,6 +180,7 @@ def moe_mlp_bwd(
 
     if pid < nb:  # else (a one-block plan at LNC 2) this program has no phase-A block
         _phase_a(d, ws, (static_blocks, nb, block_count))
+    d["ramp"] = None  # phase A's row-index ramp dies here
     if may_drop and pid == 0 and nprog > 1:  # before the barrier (LNC 1: at the combine)
         zero_row(dx_slots)
         zero_row(dws_slots)
@@ -212,8 +218,8 @@ def _phase_a(d: dict[str, Any], ws: tuple[Any, ...], blocks: tuple[int, int, Any
         sets["head_strips"], sets["wd_head"] = new_strips(d), wd_head(d)
         meta0 = sets["meta"][0]
         load_meta(d, ws, meta0, (nisa.register_alloc(pid), 0))
-        load_strips(d, w_gate_up, meta0["exp"], 0, sets["head_strips"])
-        load_wd_head(d, w_down, meta0["exp"], sets["wd_head"])
+        load_strips(d, w_gate_up, meta0, 0, sets["head_strips"])
+        load_wd_head(d, w_down, meta0, sets["wd_head"])
         gather_unit(d, ws, meta0, sets["rows"], 0)
         transpose_next(d, sets)
         del sets, meta0
@@ -234,7 +240,7 @@ def _bwd_block(
     row0 = block_row0(addr, d["B"])
     ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    fetch = weight_stream(d, w_down, meta["exp"], sets.get("wd_head"))
+    fetch = weight_stream(d, w_down, meta, sets.get("wd_head"))
     blk = {"addr": addr, "row0": row0, "exp": meta["exp"], "meta": meta, "parity": parity}
     blk["ones"] = ones
     for s in range(d["B"] // d["SB"]):
@@ -277,10 +283,10 @@ def _sub_block(
 
     def load_next(ic: int) -> None:
         if ic + 1 < nic:
-            load_strips(d, w_gate_up, blk["exp"], ic + 1, strip_set(ic + 1))
+            load_strips(d, w_gate_up, blk["meta"], ic + 1, strip_set(ic + 1))
 
     if not d["PF"]:
-        load_strips(d, w_gate_up, blk["exp"], 0, strip_set(0))
+        load_strips(d, w_gate_up, blk["meta"], 0, strip_set(0))
     prev: tuple[Any, ...] | None = None
     grp: dict[str, Any] = {}  # the act / dg / du store group being filled
     for ic in range(nic):
@@ -329,11 +335,11 @@ def _load_heads(
     """Chunk 0's strips of the next unit (and, at the end of a block, the next block's
     first Wd units) into the head buffers."""
     if s + 1 < d["B"] // d["SB"]:
-        load_strips(d, ws[1], blk["exp"], 0, sets["head_strips"])
+        load_strips(d, ws[1], blk["meta"], 0, sets["head_strips"])
         return
-    exp = sets["meta"][1 - blk["parity"]]["exp"]  # prefetched with the next block's rows
-    load_strips(d, ws[1], exp, 0, sets["head_strips"])
-    load_wd_head(d, ws[2], exp, sets["wd_head"])
+    nxt = sets["meta"][1 - blk["parity"]]  # prefetched with the next block's rows
+    load_strips(d, ws[1], nxt, 0, sets["head_strips"])
+    load_wd_head(d, ws[2], nxt, sets["wd_head"])
 
 
 def _gate_up_ga(

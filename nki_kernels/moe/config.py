@@ -76,8 +76,11 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
         if isinstance(config, MoEMLPConfig):
             from .blockwise_mlp import moe_mlp_fwd
 
-            fwd = (TensorSpec((t, h), dt), *weights, *meta, TensorSpec((t, k), "float32"))
-            run(moe_mlp_fwd, *fwd, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
+            kinds = TensorSpec((1, b // P + 1), "int32")  # one block of the largest size
+            fmeta = (meta[0], meta[1], kinds, meta[3])
+            fwd = (TensorSpec((t, h), dt), *weights, *fmeta, TensorSpec((t, k), "float32"))
+            one = (1,) + (0,) * (b // P - 1)
+            run(moe_mlp_fwd, *fwd, one, False, *config.to_dict().values(), **_trace_kwargs(target))
         else:
             from .blockwise_mlp_bwd import moe_mlp_bwd
 
@@ -428,6 +431,10 @@ class MoEMLPBwdConfig(KernelConfig):
         # two metadata sets; with prefetching, also the rows, xT / doT and the head
         # buffers (first chunk's strips, first Wd units) live through phase A
         sets = 2 * (2 * _tile(ns * 4) + GRANULE)
+        if dsz == 2:  # per set the column loads' row indexes (tiles.expert_row_index), + ramp
+            kd, kg = _cdiv(ti, P), min(ht, self.dma_h)
+            sets += 2 * (GRANULE + _tile(kd * 4) + _tile(kg * 4)) + _tile(max(kd, kg) * 4)
+            sets += GRANULE  # the index's fp32 base
         if self.prefetch_rows:
             sets += rows + rows_t + strips + depth * unit
             prologue = sets + block + 2 * _tile(h * dsz)

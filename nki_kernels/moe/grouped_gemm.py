@@ -19,7 +19,9 @@ static in every loop body (the plan sorts blocks by s), so a block costs exactly
 sub-tiles: 128-row padding granularity, and the group's weights stream once per block.
 The weight layout is "kn" (W [G, K, N]) or "nk" (W [G, N, K], i.e. the transpose is
 wanted: the backward's dx = dy @ W^T, and TorchTitan's `w.transpose(-2, -1)` without a
-copy); "nk" loads put K on partitions with DMA transposes (2-byte dtypes) or PE transposes.
+copy); "nk" loads put K on partitions with DMA transposes (2-byte dtypes: gathers of the
+group's rows through a uint32 row index built once per block, within NKI's documented
+indirect-transpose limits, see tiles.py) or PE transposes.
 
 Weight gradient (`grouped_mm_wgrad`), dW[g] = x_g^T @ dy_g, from the 128-row tile plan:
 
@@ -48,9 +50,13 @@ from .tiles import (
     as_register,
     block_ap,
     cdiv,
+    expert_column,
+    expert_row_index,
     load_weight_cols,
     load_weight_rows,
     program_columns,
+    row_index_ok,
+    row_ramp,
     tile_rows,
     transpose_into,
 )
@@ -93,6 +99,9 @@ def grouped_mm_fwd(
     d["layout"], d["unit_bytes"] = w_layout, unit_bytes
     out = nl.ndarray((m, n), dtype=x.dtype, buffer=nl.shared_hbm)
     ts = (x, w, out, slot_rows, block_group)
+    d["ramp"] = None
+    if w_layout == "nk" and row_index_ok(w):  # the widest unit's N rows
+        d["ramp"] = row_ramp(cdiv(min(n, PSUM_FP32 * ACC_BANKS), P))
     if static_kinds is not None:
         start = 0
         for j, count in enumerate(static_kinds):
@@ -148,6 +157,12 @@ def _fwd_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> Non
     nisa.dma_copy(dst=tok, src=block_ap(slot_rows, addr, [[ns, P], [1, ns]]))
     grp = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=grp, src=block_ap(block_group, addr, [[1, 1], [1, 1]]))
+    index = None
+    if d["ramp"] is not None:
+        grp_col = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+        expert_column(block_group, addr, grp_col)
+        index = nl.ndarray(d["ramp"].shape, dtype=nl.uint32, buffer=nl.sbuf)
+        expert_row_index(w, grp_col, d["ramp"], index)
     xT = nl.ndarray((P, kt, s * P), dtype=dt, buffer=nl.sbuf)
     parity = 0
     for g0 in range(0, k, GATHER_COLS):  # rows gathered in column chunks (bounds SBUF)
@@ -172,12 +187,12 @@ def _fwd_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> Non
     ]
     wbufs = [nl.ndarray((P, kc, width), dtype=dt, buffer=nl.sbuf) for _ in range(W_BUFS)]
     for u in range(min(W_BUFS - 1, len(units))):
-        _load_unit(d, w, grp, units[u], wbufs[u])
+        _load_unit(d, w, (grp, index), units[u], wbufs[u])
     acc: list[list[Any]] = []
     for u, (n0, nw, t0, tw) in enumerate(units):
         ahead = u + W_BUFS - 1
         if ahead < len(units):
-            _load_unit(d, w, grp, units[ahead], wbufs[ahead % W_BUFS])
+            _load_unit(d, w, (grp, index), units[ahead], wbufs[ahead % W_BUFS])
         wt = wbufs[u % W_BUFS]
         nq = cdiv(nw, PSUM_FP32)
         if t0 == 0:
@@ -199,14 +214,15 @@ def _fwd_block(d: dict[str, Any], ts: tuple[Any, ...], addr: Any, s: int) -> Non
             _store_rows(d, out, tok, acc, n0, nw)
 
 
-def _load_unit(d: dict[str, Any], w: Any, grp: Any, unit: tuple[int, ...], dst: Any) -> None:
-    """dst[:, 0:tw, 0:nw] = W[grp][K tiles t0 .. t0 + tw, n0 : n0 + nw], K on partitions."""
+def _load_unit(d: dict[str, Any], w: Any, ex: Any, unit: tuple[int, ...], dst: Any) -> None:
+    """dst[:, 0:tw, 0:nw] = W[grp][K tiles t0 .. t0 + tw, n0 : n0 + nw], K on partitions
+    (ex = (grp, its row index or None))."""
     n0, nw, t0, tw = unit
     rows = min(tw * P, d["K"] - t0 * P)
     if d["layout"] == "kn":
-        load_weight_rows(w, grp, t0 * P, rows, n0, nw, dst[:, 0:tw, 0:nw])
+        load_weight_rows(w, ex[0], t0 * P, rows, n0, nw, dst[:, 0:tw, 0:nw])
     else:
-        load_weight_cols(w, grp, n0, nw, t0 * P, rows, dst[:, 0:tw, 0:nw])
+        load_weight_cols(w, ex, n0, nw, t0 * P, rows, dst[:, 0:tw, 0:nw])
 
 
 def _store_rows(

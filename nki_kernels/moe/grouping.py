@@ -25,6 +25,17 @@ expert, so each block is one dense [B, H] x [H, 2I] problem. The plan holds:
 - `static_blocks`: a lower bound on the blocks in use (ceil(N_min / B)); the kernels run
   those as a static loop and the rest as a device loop up to `block_count`.
 
+Variable-size blocks (`sized=True`, the forward's plan): an expert with n kept
+assignments has t = ceil(n / 128) sub-tiles cut into ceil(t / NS) blocks whose sub-tile
+counts differ by at most one (NS = B / 128), so its padding is round_up(n, 128) - n, never
+most of a B-slot block, and no block is smaller than it must be (a small block streams
+the expert's weights for few tokens). Blocks are ordered by sub-tile count s, largest
+first, then by expert; `kind_bounds[0, j]` for j = 0..NS: blocks of s = NS - j sub-tiles
+are [kind_bounds[j], kind_bounds[j + 1]) (kind_bounds[NS] = the used blocks). A block of
+s sub-tiles uses slots b * B .. b * B + s * 128 - 1 (the layout stays B slots per block).
+The block count per expert, hence NB, is the fixed plan's. The fixed plan's
+`kind_bounds` puts every used block in kind NS.
+
 What runs where, and why: the plan is integer bookkeeping on T*k small ints (a stable
 sort by expert, per-expert counts, a prefix sum over E), microseconds on the host and a
 few KiB to move, while NKI has no sort primitive and the work is negligible next to the
@@ -65,6 +76,8 @@ class BlockPlan:
     expert_counts: np.ndarray  # [E] int64: kept assignments per expert
     kept: np.ndarray  # [T, k] bool
     may_drop: bool  # some token_slot is out of range (capacity drops or padded tokens)
+    kind_bounds: np.ndarray  # [1, B/128 + 1] int32: blocks of s = NS - j sub-tiles
+    padded_slots: int  # slots of the used blocks' sub-tiles (128 per used sub-tile)
 
 
 def kept_bounds(num_tokens: int, top_k: int, num_experts: int, cap: int | None) -> tuple[int, int]:
@@ -101,8 +114,10 @@ def plan_blocks(
     capacity_factor: float | None = None,
     num_tokens: int | None = None,
     min_tokens: int | None = None,
+    sized: bool = False,
 ) -> BlockPlan:
-    """Group the assignments (ids, weights: [T, k]) into blocks of `block_size` slots.
+    """Group the assignments (ids, weights: [T, k]) into blocks of `block_size` slots
+    (`sized`: variable-size blocks of whole 128-slot sub-tiles, see the module docstring).
 
     `num_tokens` (>= T, default T) is the padded token count the kernels see: padded
     tokens get no assignment, and the static sizes (NB, token_slot rows) come from it.
@@ -141,11 +156,12 @@ def plan_blocks(
     counts = np.bincount(ids[kept], minlength=num_experts).astype(np.int64)
     blocks_per_expert = -(-counts // block_size)
     used = int(blocks_per_expert.sum())
+    ns = block_size // PARTITIONS
+    sizes, pos = _block_sizes(counts, blocks_per_expert, ns, sized)
     cap_hi = None if capacity_factor is None else _capacity(padded, num_experts, k, capacity_factor)
     nb = max_blocks(padded, k, num_experts, block_size, cap_hi)
     assert used <= nb, (used, nb)
     cap_lo = None if capacity_factor is None else _capacity(lowest, num_experts, k, capacity_factor)
-    ns = block_size // PARTITIONS
 
     # place each expert's kept assignments in token order
     tok_flat = np.tile(np.arange(t_count), k)  # column-major (j, t) flattening
@@ -154,10 +170,16 @@ def plan_blocks(
     t_kept = tok_flat[kept_idx]
     place = np.lexsort((t_kept, e_kept))
     e_sorted, t_sorted, src_sorted = e_kept[place], t_kept[place], kept_idx[place]
-    first_block = np.concatenate(([0], np.cumsum(blocks_per_expert)[:-1]))
     e_start = np.searchsorted(e_sorted, np.arange(num_experts))
     within = np.arange(e_sorted.size) - e_start[e_sorted]
-    slot = first_block[e_sorted] * block_size + within
+    # expert-major blocks q (expert e's j-th: q = first block of e + j) hold the expert's
+    # assignments in order, size_q * 128 each; gpos = the assignment's place in that order
+    cap = sizes[pos] * PARTITIONS
+    begin = np.cumsum(cap) - cap
+    first_q = np.concatenate(([0], np.cumsum(blocks_per_expert)[:-1])).astype(np.int64)
+    gpos = begin[first_q[e_sorted]] + within if used else within
+    q = np.searchsorted(begin, gpos, side="right") - 1
+    slot = pos[q] * block_size + gpos - begin[q]
 
     slot_token_flat = np.full(nb * block_size, t_count, dtype=np.int32)
     slot_weight_flat = np.zeros(nb * block_size, dtype=np.float32)
@@ -170,7 +192,10 @@ def plan_blocks(
     token_weight = np.zeros((padded, k), dtype=np.float32)
     token_weight[:t_count] = weights
     block_expert = np.zeros((nb, 1), dtype=np.int32)
-    block_expert[:used, 0] = np.repeat(np.arange(num_experts), blocks_per_expert)
+    block_expert[pos, 0] = np.repeat(np.arange(num_experts), blocks_per_expert)
+    kinds = np.zeros(ns + 1, dtype=np.int64)  # kinds[j + 1]: blocks of NS - j sub-tiles
+    np.add.at(kinds, ns - sizes + 1, 1)
+    kind_bounds = np.cumsum(kinds).astype(np.int32).reshape(1, ns + 1)
     block_keep = np.zeros((nb, 1), dtype=np.float32)
     block_keep[1:used, 0] = block_expert[1:used, 0] == block_expert[: used - 1, 0]
 
@@ -193,7 +218,33 @@ def plan_blocks(
         expert_counts=counts,
         kept=kept,
         may_drop=bool(padded > t_count or not kept.all()),
+        kind_bounds=kind_bounds,
+        padded_slots=int(sizes.sum()) * PARTITIONS,
     )
+
+
+def _block_sizes(
+    counts: np.ndarray, blocks_per_expert: np.ndarray, ns: int, sized: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(sub-tiles of every used block by plan position, the plan position of each
+    expert-major block q). Fixed: NS sub-tiles, plan order = expert-major. Sized: each
+    expert's ceil(count / 128) sub-tiles split near-equally over its blocks (the larger
+    ones first), ordered by size (largest first), then expert-major."""
+    size_q: list[int] = []
+    for e in np.nonzero(blocks_per_expert)[0]:
+        nblk = int(blocks_per_expert[e])
+        tiles = -(-int(counts[e]) // PARTITIONS) if sized else nblk * ns
+        size_q += [tiles // nblk + (1 if j < tiles % nblk else 0) for j in range(nblk)]
+    sq = np.asarray(size_q, dtype=np.int64)
+    if sized:
+        order = np.lexsort((np.arange(sq.size), -sq))  # plan position -> q
+        pos = np.empty_like(order)
+        pos[order] = np.arange(sq.size)
+    else:
+        pos = np.arange(sq.size, dtype=np.int64)
+    sizes = np.empty_like(sq)
+    sizes[pos] = sq
+    return sizes, pos
 
 
 def _unflatten(base: np.ndarray, where: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
@@ -201,3 +252,22 @@ def _unflatten(base: np.ndarray, where: np.ndarray, values: np.ndarray, k: int) 
     out = base.astype(np.int32)
     out[where] = values
     return out.reshape(k, -1).T
+
+
+def kind_counts(kind_bounds: np.ndarray) -> tuple[int, ...]:
+    """Blocks of each size, NS sub-tiles first (a plan's `kind_bounds` [1, NS + 1]): the
+    forward kernel's `static_kinds` for this plan."""
+    return tuple(int(c) for c in np.diff(np.asarray(kind_bounds).reshape(-1)))
+
+
+def sized_kinds(counts: np.ndarray, block_size: int) -> tuple[int, ...]:
+    """`kind_counts` of the sized plan for per-expert assignment counts (no plan built)."""
+    ns = block_size // PARTITIONS
+    kinds = [0] * ns
+    for n in np.asarray(counts, dtype=np.int64):
+        if n <= 0:
+            continue
+        tiles, nblk = -(-int(n) // PARTITIONS), -(-int(n) // block_size)
+        for j in range(nblk):
+            kinds[ns - (tiles // nblk + (1 if j < tiles % nblk else 0))] += 1
+    return tuple(kinds)

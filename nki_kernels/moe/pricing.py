@@ -9,10 +9,12 @@ prices one launch of the forward ('fwd', `blockwise_mlp.moe_mlp_fwd`, with its c
 or backward ('bwd', `blockwise_mlp_bwd.moe_mlp_bwd`, with its weight gradients and
 combine) expert kernel for `problem` (a bucketed `MoEProblem`, whose `tokens` is the
 padded token count the kernel sees) under `config` on `target`. `routing` is 'uniform'
-(exactly balanced; the autotuner's "balanced routing"), 'skewed' (see `routing`), or an
-int: the number of used blocks. `may_drop` is the flag the kernel is launched with; the
-op always passes True (padded tokens and capacity drops have no slot), so that is the
-default. Router kernels are not included (`price_router`, `price_router_bwd`).
+(exactly balanced; the autotuner's "balanced routing"), 'skewed' (see `routing`), or the
+used blocks: an int (the backward's fixed plan; for the forward, that many blocks of the
+largest size) or, for the forward, a tuple of block counts per size (its sized plan).
+`may_drop` is the flag the kernel is launched with; the op always passes True (padded
+tokens and capacity drops have no slot), so that is the default. Router kernels are not
+included (`price_router`, `price_router_bwd`).
 
 Method. A Mixtral-size forward runs ~13k instructions per block (the backward ~50k) and
 T = 16384 tokens make 64+ blocks, so the full trace would take minutes to interpret and
@@ -33,6 +35,11 @@ each parity and extrapolates to the routing's used blocks; `extrapolation_check`
 |d3 - d1| / d3 compares the two increments of the
 same parity, so the reader sees how close to periodic the schedule is. Used blocks
 <= n0 + 3 are priced exactly. Routing (uniform, skewed) only changes the used blocks.
+
+The forward runs the sized plan: blocks of s = 1 .. B/128 sub-tiles, each size one
+device loop. `price_fwd_kinds` prices each size present by its own increment (traces of
+n0, n0 + lnc, n0 + 2 lnc blocks all of that size) and adds them per program in plan
+order (a test checks a mixed plan against its full trace, within 2 %).
 
 The blocks are priced as a static loop; in the op, blocks past the static lower bound run
 in device loops whose bodies are the same instruction sequences (block indices are
@@ -56,7 +63,7 @@ from ..targets import Target, get_target
 from .blockwise_mlp import moe_mlp_fwd
 from .blockwise_mlp_bwd import moe_mlp_bwd
 from .config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
-from .grouping import plan_blocks
+from .grouping import kind_counts, plan_blocks
 from .router import moe_router_bwd, moe_router_fwd
 
 # n0: blocks before the first measured increment (the forward's first block has no
@@ -87,6 +94,12 @@ def used_blocks(ids: np.ndarray, experts: int, block_size: int) -> int:
     return plan_blocks(ids, w, experts, block_size).used_blocks
 
 
+def used_kinds(ids: np.ndarray, experts: int, block_size: int) -> tuple[int, ...]:
+    """Blocks of each size (B/128 sub-tiles first) of the forward's sized plan."""
+    w = np.full(ids.shape, 1.0 / ids.shape[1], dtype=np.float32)
+    return kind_counts(plan_blocks(ids, w, experts, block_size, sized=True).kind_bounds)
+
+
 def _fwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
     dt, t, h, i, e, k = p.dtype, p.tokens, p.hidden, p.intermediate, p.experts, p.top_k
     return (
@@ -95,7 +108,7 @@ def _fwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
         TensorSpec((e, i, h), dt),
         TensorSpec((nb, 128, block // 128), "int32"),
         TensorSpec((nb, 1), "int32"),
-        TensorSpec((1, 1), "int32"),
+        TensorSpec((1, block // 128 + 1), "int32"),
         TensorSpec((t, k), "int32"),
         TensorSpec((t, k), "float32"),
     )
@@ -124,19 +137,25 @@ def _price(
     kind: str,
     p: MoEProblem,
     cfg: Any,
-    nb: int,
+    blocks: int | tuple[int, ...],
     target: Target,
     may_drop: bool = True,
     lnc: int = 1,
 ) -> Estimate:
+    """One trace-only launch: the backward with `blocks` static blocks, the forward with
+    `blocks` = its static_kinds (blocks of each size, largest first)."""
     if kind == "fwd":
+        assert isinstance(blocks, tuple)
+        nb = sum(blocks)
         specs = _fwd_specs(p, nb, cfg.block_size)
         kernel = moe_mlp_fwd
     else:
+        assert isinstance(blocks, int)
+        nb = blocks
         specs = _bwd_specs(p, nb, cfg.block_size)
         kernel = moe_mlp_bwd
     fields = cfg.to_dict()
-    trace = trace_kernel(kernel, *specs, nb, may_drop, *fields.values(), target=target, lnc=lnc)
+    trace = trace_kernel(kernel, *specs, blocks, may_drop, *fields.values(), target=target, lnc=lnc)
     return estimate_trace(trace, target)
 
 
@@ -181,11 +200,18 @@ def price_blocks(
     launched as kernel[lnc] (LNC 2: both programs traced, each on its own core)."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}; got {kind!r}")
+    if kind == "fwd":
+        ns = cfg.block_size // 128
+        kinds = (blocks,) + (0,) * (ns - 1) if isinstance(blocks, int) else tuple(blocks)
+        if len(kinds) != ns or min(kinds) < 0 or sum(kinds) < 1:
+            raise ValueError(
+                f"blocks: expected a positive int or {ns} block counts (one per size); got "
+                f"{blocks!r}"
+            )
+        return price_fwd_kinds(p, cfg, kinds, target, may_drop, lnc)
     if not isinstance(blocks, int) or blocks < 1:
         raise ValueError(f"blocks: expected a positive int; got {blocks!r}")
     n0 = REPRESENTATIVE_BLOCKS[kind]
-    if kind == "fwd":  # LNC 2: programs take alternate blocks, so n0 blocks per program
-        n0 *= lnc
     if blocks <= n0 + 3:
         e = _price(kind, p, cfg, blocks, target, may_drop, lnc)
         return BlockPricing(
@@ -221,6 +247,77 @@ def price_blocks(
     )
 
 
+def _estimate_parts(e: Estimate) -> list[float]:
+    """latency, compute bound, memory bound, then busy ns per engine (sorted names)."""
+    return [e.latency_ns, e.compute_bound_ns, e.memory_bound_ns] + [
+        e.busy_ns[k] for k in sorted(e.busy_ns)
+    ]
+
+
+def price_fwd_kinds(
+    p: MoEProblem,
+    cfg: Any,
+    kinds: tuple[int, ...],
+    target: Target,
+    may_drop: bool = True,
+    lnc: int = 1,
+) -> BlockPricing:
+    """The forward with kinds[j] blocks of B/128 - j sub-tiles (the sized plan).
+
+    Per size s present: traces of n0, n0 + lnc and n0 + 2 lnc blocks all of size s (n0 =
+    2 per program) give its steady-state increment per program-block, inc_s (the last
+    one; `extrapolation_check` = the largest |d2 - d1| / d2); the fixed part comes from
+    the largest size's n0 trace. Each program's latency = fixed + sum over sizes of its
+    blocks of that size (blocks b = p, p + lnc, ... in plan order) * inc_s; the busier
+    program's is the launch's. Plans of at most n0 + 2 lnc blocks are traced exactly.
+    """
+    ns = len(kinds)
+    total = sum(kinds)
+    n0 = REPRESENTATIVE_BLOCKS["fwd"] * lnc
+    if total <= n0 + 2 * lnc:
+        e = _price("fwd", p, cfg, tuple(kinds), target, may_drop, lnc)
+        return BlockPricing(
+            e.latency_ns, e.latency_ns / total, 0.0, True, dict(e.busy_ns),
+            e.compute_bound_ns, e.memory_bound_ns,
+        )  # fmt: skip
+
+    def only(j: int, n: int) -> tuple[int, ...]:
+        return tuple(n if q == j else 0 for q in range(ns))
+
+    present = [j for j in range(ns) if kinds[j]]
+    inc: dict[int, list[float]] = {}
+    check = 0.0
+    fixed: list[float] = []
+    names: list[str] = []
+    for j in present:
+        est = [
+            _price("fwd", p, cfg, only(j, n0 + m * lnc), target, may_drop, lnc) for m in range(3)
+        ]
+        parts = [_estimate_parts(e) for e in est]
+        d1 = [b - a for a, b in zip(parts[0], parts[1])]
+        d2 = [b - a for a, b in zip(parts[1], parts[2])]
+        inc[j] = d2
+        check = max(check, abs(d2[0] - d1[0]) / d2[0] if d2[0] else 0.0)
+        if not fixed:  # the largest size present
+            per_prog = n0 // lnc
+            fixed = [a - per_prog * d for a, d in zip(parts[0], d2)]
+            names = sorted(est[0].busy_ns)
+    bounds = np.concatenate([[0], np.cumsum(kinds)])
+    best: list[float] = []
+    for pid in range(lnc):
+        mine = fixed[:]
+        for j in present:
+            lo, hi = int(bounds[j]), int(bounds[j + 1])
+            first = lo + (pid - lo) % lnc
+            count = max(0, -(-(hi - first) // lnc))
+            mine = [x + count * d for x, d in zip(mine, inc[j])]
+        if not best or mine[0] > best[0]:
+            best = mine
+    busy = dict(zip(names, best[3:]))
+    per_block = sum(kinds[j] * inc[j][0] for j in present) / total * lnc
+    return BlockPricing(best[0], per_block, check, False, busy, best[1], best[2])
+
+
 def price_kernel(
     kind: str,
     problem: MoEProblem,
@@ -237,9 +334,13 @@ def price_kernel(
     """
     tgt = get_target(target)
     block = config.block_size
+    blocks: int | tuple[int, ...]
     if isinstance(routing, str):
         ids = routing_ids(routing, problem.tokens, problem.experts, problem.top_k)
-        blocks = used_blocks(ids, problem.experts, block)
+        if kind == "fwd":
+            blocks = used_kinds(ids, problem.experts, block)
+        else:
+            blocks = used_blocks(ids, problem.experts, block)
     else:
         blocks = routing
     return price_blocks(kind, problem, config, blocks, tgt, may_drop)
@@ -286,8 +387,9 @@ def layer_row(
     p = MoEProblem(tokens, shape.hidden, shape.intermediate, shape.num_experts, shape.top_k, dtype)
     cfg = MoEMLPConfig.heuristic(p, tgt)
     ids = routing_ids(kind, tokens, shape.num_experts, shape.top_k)
-    blocks = used_blocks(ids, shape.num_experts, cfg.block_size)
-    mlp = price_blocks("fwd", p, cfg, blocks, tgt, lnc=lnc)
+    kinds = used_kinds(ids, shape.num_experts, cfg.block_size)
+    blocks = sum(kinds)
+    mlp = price_blocks("fwd", p, cfg, kinds, tgt, lnc=lnc)
     router = price_router(p, tgt, lnc=lnc)
     latency = mlp.latency_ns + router.latency_ns
     routed_flops = 2 * tokens * shape.top_k * 3 * shape.hidden * shape.intermediate
@@ -302,6 +404,7 @@ def layer_row(
         "dtype": dtype,
         "config": cfg.to_dict(),
         "blocks": blocks,
+        "block_sizes": {str(128 * (len(kinds) - j)): c for j, c in enumerate(kinds) if c},
         "latency_ms": latency / 1e6,
         "mlp_ms": mlp.latency_ns / 1e6,
         "router_ms": router.latency_ns / 1e6,
@@ -329,14 +432,14 @@ def layer_row(
         row["bwd_extrapolation_check"] = bwd.extrapolation_check
     if bands:
         bwd_plan = (bcfg, bblocks) if backward else None
-        row.update(_layer_bands(p, cfg, blocks, tgt, lnc, bwd_plan))
+        row.update(_layer_bands(p, cfg, kinds, tgt, lnc, bwd_plan))
     return row
 
 
 def _layer_bands(
     p: MoEProblem,
     cfg: Any,
-    blocks: int,
+    blocks: tuple[int, ...],
     tgt: Target,
     lnc: int,
     bwd_plan: tuple[Any, int] | None,

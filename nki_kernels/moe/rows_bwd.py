@@ -23,7 +23,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nl
-from .tiles import TRANSPOSE_GROUP, P, block_ap, slot_tiles, tile_rows
+from .tiles import (
+    TRANSPOSE_GROUP,
+    P,
+    block_ap,
+    cdiv,
+    expert_column,
+    expert_row_index,
+    slot_tiles,
+    tile_rows,
+)
 
 
 def row_sets(d: dict[str, Any]) -> dict[str, Any]:
@@ -34,13 +43,18 @@ def row_sets(d: dict[str, Any]) -> dict[str, Any]:
     for _ in range(2):
         tok = nl.ndarray((P, ns), dtype=nl.int32, buffer=nl.sbuf)
         nisa.memset(dst=tok, value=d["T"])
-        meta.append(
-            {
-                "tok": tok,
-                "wsl": nl.ndarray((P, ns), dtype=nl.float32, buffer=nl.sbuf),
-                "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
-            }
-        )
+        one = {
+            "tok": tok,
+            "wsl": nl.ndarray((P, ns), dtype=nl.float32, buffer=nl.sbuf),
+            "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+        }
+        if d["ramp"] is not None:  # expert 0 until loaded: a skipped load keeps a valid id
+            one["exp_col"] = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.memset(dst=one["exp_col"], value=0)
+            for name, rows in (("wd_rows", min(d["TI"], d["I"])), ("wgu_rows", d["H"])):
+                k = min(cdiv(rows, P), d["DH"]) if name == "wgu_rows" else cdiv(rows, P)
+                one[name] = nl.ndarray((P, k), dtype=nl.uint32, buffer=nl.sbuf)
+        meta.append(one)
     if not d["PF"]:
         return {"meta": meta}
     xT = nl.ndarray((P, d["HT"], d["SB"]), dtype=d["dt"], buffer=nl.sbuf)
@@ -75,6 +89,10 @@ def load_meta(d: dict[str, Any], ws: tuple[Any, ...], meta: dict[str, Any], addr
     nisa.dma_copy(dst=meta["tok"], src=block_ap(slot_token, addr, pat), oob_mode=skip)
     one = block_ap(block_expert, addr, [[1, 1], [1, 1]])
     nisa.dma_copy(dst=meta["exp"], src=one, oob_mode=skip)
+    if d["ramp"] is not None:  # the column loads' row indexes (tiles.load_weight_cols)
+        expert_column(block_expert, addr, meta["exp_col"], oob_skip=True)
+        expert_row_index(ws[2], meta["exp_col"], d["ramp"], meta["wd_rows"])
+        expert_row_index(ws[1], meta["exp_col"], d["ramp"], meta["wgu_rows"])
     nisa.dma_copy(dst=meta["wsl"], src=block_ap(slot_weight, addr, pat), oob_mode=skip)
 
 

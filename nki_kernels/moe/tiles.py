@@ -8,8 +8,16 @@ turns the former into an immediate register, so both issue the same DMA instruct
 Weights stream from HBM [E, rows, cols] with the expert picked by `.ap(scalar_offset=
 expert)`. `load_weight_rows` keeps the HBM row layout (rows on partitions, a contiguous
 run of `ncols` elements per partition and row tile); `load_weight_cols` puts the columns
-on partitions: a DMA transpose for 2-byte dtypes (the source rows stay contiguous runs
-of 128 elements), else a natural load and PE transposes.
+on partitions: for 2-byte dtypes an indirect DMA transpose (a gather of the expert's rows
+through a uint32 row index, `expert_row_index`; the source rows stay contiguous runs of
+128 elements), else a natural load and PE transposes.
+
+An indirect DMA transpose obeys NKI's documented limits (nki.isa.dma_transpose, "DMA
+Indirect Transpose Constraints"): a vector-offset uint32 index on SBUF, gathered rows a
+multiple of 16, an index of [16..128 (multiple of 16), 1] or [128, k] (read column-major),
+at most 128 source elements per row. A dynamic `scalar_offset` source is not among the
+documented indirect forms, so the expert is folded into the index instead; the rows past
+the last multiple of 16 (ragged test shapes only) take the PE path.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ P = 128  # partitions: tokens per sub-tile, contraction rows per matmul
 PSUM_FP32 = 512  # fp32 elements per PSUM bank row: the matmul N limit with an fp32 dst
 # ---- tile sizes -----------------------------------------------------------------------
 TRANSPOSE_GROUP = 4  # PE transposes evacuated by one copy: [128, 4 x 128] fits one bank
+GATHER_ROW_GRID = 16  # an indirect DMA transpose gathers a multiple of 16 rows
+INDEX_EXACT = 1 << 24  # VectorE computes the row index in fp32: exact below 2**24
 
 
 def cdiv(a: int, b: int) -> int:
@@ -189,28 +199,71 @@ def load_weight_rows(
         nisa.dma_copy(dst=dst[0:rest, full, 0:ncols], src=src)
 
 
+def row_index_ok(w: Any) -> bool:
+    """True when w [E, R, C]'s column loads are indirect DMA transposes through a row index
+    (2-byte dtype, every row index below E * R exact in fp32)."""
+    return dtype_bytes(w.dtype) == 2 and w.shape[0] * w.shape[1] < INDEX_EXACT
+
+
+def row_ramp(ncols: int) -> Any:
+    """int32 [128, ncols] SBUF: ramp[p, c] = c * 128 + p (built once per kernel)."""
+    ramp = nl.ndarray((P, ncols), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=ramp, pattern=[[P, ncols]], offset=0, channel_multiplier=1)
+    return ramp
+
+
+def expert_column(table: Any, addr: Any, dst: Any, oob_skip: bool = False) -> None:
+    """dst [128, 1] int32 <- table [NB, 1]'s entry of block addr, on every partition."""
+    src = block_ap(table, addr, [[0, P], [1, 1]])
+    mode = nisa.oob_mode.skip if oob_skip else nisa.oob_mode.error
+    nisa.dma_copy(dst=dst, src=src, oob_mode=mode)
+
+
+def expert_row_index(w: Any, exp_col: Any, ramp: Any, dst: Any) -> None:
+    """dst [128, k] uint32 = exp * R + c * 128 + p: row c * 128 + p of expert exp's
+    [R, C] slice of w [E, R, C] seen as [E * R, C] (a [128, k] index is read column-major).
+    `exp_col`: [128, 1] int32, the expert id on every partition (`expert_column`)."""
+    base = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=base, data=exp_col, op0=nl.multiply, operand0=float(w.shape[1]))
+    k = dst.shape[1]
+    nisa.tensor_scalar(dst=dst, data=ramp[:, 0:k], op0=nl.add, operand0=base)
+
+
 def load_weight_cols(
-    w: Any, exp: Any, row0: int, nrows: int, col0: int, ncols: int, dst: Any
+    w: Any, ex: tuple[Any, Any], row0: int, nrows: int, col0: int, ncols: int, dst: Any
 ) -> None:
     """dst[p, j, r] = w[exp, row0 + r, col0 + j*128 + p]: columns on partitions.
 
-    2-byte dtypes: DMA transposes (one for the full 128-column tiles, one for a ragged
-    last tile). Other dtypes: the rows are loaded as they lie and PE-transposed.
+    ex = (exp [1, 1] int32, expert exp's row index or None): with an index (2-byte dtypes,
+    `expert_row_index` covering `nrows` rows), indirect DMA transposes of the rows up to
+    the last multiple of 16 (one for the full 128-column tiles, one for a ragged last
+    tile); the other rows, and everything without an index, are loaded as they lie and
+    PE-transposed.
     """
-    width = w.shape[2]
-    full = ncols // P
-    rest = ncols - full * P
-    if dtype_bytes(w.dtype) == 2:
+    exp, index = ex
+    n16 = nrows - nrows % GATHER_ROW_GRID if index is not None else 0
+    if n16:
+        e, r, width = w.shape
+        rows = w.reshape((e * r, width))
+        k = cdiv(n16, P)
+        assert index.shape[1] >= k, "load_weight_cols: the row index is too short"
+        ix = index[0:n16, 0:1] if k == 1 else index[:, 0:k]
+        full, rest = ncols // P, ncols % P
+        off = row0 * width + col0
         if full:
-            pat = [[width, nrows], [P, full], [1, P]]
-            src = w.ap(pat, offset=row0 * width + col0, scalar_offset=exp, indirect_dim=0)
-            nisa.dma_transpose(dst=dst[:, 0:full, 0:nrows], src=src)
+            pat = [[width, n16], [P, full], [1, P]]
+            src = rows.ap(pat, offset=off, vector_offset=ix, indirect_dim=0)
+            nisa.dma_transpose(dst=dst[:, 0:full, 0:n16], src=src)
         if rest:
-            pat = [[width, nrows], [1, rest]]
-            off = row0 * width + col0 + full * P
-            src = w.ap(pat, offset=off, scalar_offset=exp, indirect_dim=0)
-            nisa.dma_transpose(dst=dst[0:rest, full, 0:nrows], src=src)
-        return
+            pat = [[width, n16], [1, rest]]
+            src = rows.ap(pat, offset=off + full * P, vector_offset=ix, indirect_dim=0)
+            nisa.dma_transpose(dst=dst[0:rest, full, 0:n16], src=src)
+    if nrows > n16:
+        _load_cols_pe(w, exp, row0 + n16, nrows - n16, col0, ncols, dst[:, :, n16:nrows])
+
+
+def _load_cols_pe(w: Any, exp: Any, row0: int, nrows: int, col0: int, ncols: int, dst: Any) -> None:
+    """load_weight_cols by a natural load and PE transposes."""
     nrt = cdiv(nrows, P)
     tmp = nl.ndarray((P, nrt, ncols), dtype=w.dtype, buffer=nl.sbuf)
     load_weight_rows(w, exp, row0, nrows, col0, ncols, tmp)

@@ -8,7 +8,9 @@ Per sub-block the chunks of `tile_i` intermediate columns each need
   pieces of `dma_h` H tiles (a piece waits only for the dgrad matmuls that read it, which
   run in H order).
 
-Both column loads are DMA transposes for 2-byte dtypes (`tiles.load_weight_cols`).
+Both column loads are indirect DMA transposes for 2-byte dtypes (`tiles.load_weight_cols`),
+through the row indexes of the block's expert that `rows_bwd.load_meta` builds with its
+metadata ("wd_rows", "wgu_rows"); the functions below take that metadata set.
 
 With `prefetch_rows` the next unit's first chunk is loaded ahead too, into buffers that
 live through phase A ("heads"): its strips right after the current unit's last dgrad, and
@@ -38,13 +40,13 @@ def stream_depth(d: dict[str, Any]) -> int:
     return max(1, d["WB"] - 1)
 
 
-def load_wd_unit(d: dict[str, Any], w_down: Any, exp: Any, unit: Any, dst: Any) -> None:
-    """dst[p, j, i] = Wd[exp, i0 + i, (h0 + j) * 128 + p] for one Wd unit."""
+def load_wd_unit(d: dict[str, Any], w_down: Any, meta: Any, unit: Any, dst: Any) -> None:
+    """dst[p, j, i] = Wd[exp, i0 + i, (h0 + j) * 128 + p] for one Wd unit (exp: meta's)."""
     ic, h0, nh = unit
     i0 = ic * d["TI"]
     icw = min(d["TI"], d["I"] - i0)
     nrows = min(nh * P, d["H"] - h0 * P)
-    load_weight_cols(w_down, exp, i0, icw, h0 * P, nrows, dst)
+    load_weight_cols(w_down, (meta["exp"], meta.get("wd_rows")), i0, icw, h0 * P, nrows, dst)
 
 
 def wd_head(d: dict[str, Any]) -> list[Any]:
@@ -53,13 +55,13 @@ def wd_head(d: dict[str, Any]) -> list[Any]:
     return [nl.ndarray((P, d["DH"], d["TI"]), dtype=d["dt"], buffer=nl.sbuf) for _ in range(n)]
 
 
-def load_wd_head(d: dict[str, Any], w_down: Any, exp: Any, head: list[Any]) -> None:
-    """The first Wd units of a block of expert `exp` into `head`."""
+def load_wd_head(d: dict[str, Any], w_down: Any, meta: Any, head: list[Any]) -> None:
+    """The first Wd units of the block of metadata set `meta` into `head`."""
     for unit, dst in zip(wd_units(d), head):
-        load_wd_unit(d, w_down, exp, unit, dst)
+        load_wd_unit(d, w_down, meta, unit, dst)
 
 
-def weight_stream(d: dict[str, Any], w_down: Any, exp: Any, head: list[Any] | None) -> Any:
+def weight_stream(d: dict[str, Any], w_down: Any, meta: Any, head: list[Any] | None) -> Any:
     """A `fetch()` returning the block's next Wd unit, `stream_depth` units ahead.
 
     The units of all sub-blocks of the block form one stream, so the first units of a
@@ -79,7 +81,7 @@ def weight_stream(d: dict[str, Any], w_down: Any, exp: Any, head: list[Any] | No
             loaded[str(u)] = head[u]
             return
         wdT = nl.ndarray((P, units[u][2], d["TI"]), dtype=d["dt"], buffer=nl.sbuf)
-        load_wd_unit(d, w_down, exp, units[u], wdT)
+        load_wd_unit(d, w_down, meta, units[u], wdT)
         loaded[str(u)] = wdT
 
     for u in range(depth):
@@ -101,14 +103,15 @@ def new_strips(d: dict[str, Any]) -> list[Any]:
     return [nl.ndarray(shape, dtype=d["dt"], buffer=nl.sbuf) for _ in range(2)]
 
 
-def load_strips(d: dict[str, Any], w_gate_up: Any, exp: Any, ic: int, strips: list[Any]) -> None:
+def load_strips(d: dict[str, Any], w_gate_up: Any, meta: Any, ic: int, strips: list[Any]) -> None:
     """strips[c, h, it] = chunk ic of Wg and Wu with I on partitions (I = it*128 + c),
     in pieces of `dma_h` H tiles."""
     ti, h = d["TI"], d["H"]
     i0 = ic * ti
     icw = min(ti, d["I"] - i0)
+    ex = (meta["exp"], meta.get("wgu_rows"))
     for h0 in range(0, d["HT"], d["DH"]):
         r0, nrows = h0 * P, min(d["DH"] * P, h - h0 * P)
         for strip, c0 in zip(strips, (i0, d["I"] + i0)):
             piece = strip[:, r0 : r0 + nrows, :].permute((0, 2, 1))
-            load_weight_cols(w_gate_up, exp, r0, nrows, c0, icw, piece)
+            load_weight_cols(w_gate_up, ex, r0, nrows, c0, icw, piece)

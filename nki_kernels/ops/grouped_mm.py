@@ -173,6 +173,12 @@ def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
 )
 def grouped_mm(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
     """Per group g: x_sorted[rows of g] @ w[g] (rows of g: offs[g-1] .. offs[g]) (NKI)."""
+    return grouped_mm_forward(x_sorted, w, offs)
+
+
+def grouped_mm_forward(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
+    """The op's forward body (plan + kernel launch), for other ops' bodies to call: the
+    MoE decode mode (ops/moe_decode.py) runs it on detached tensors."""
     m, n = x_sorted.shape[0], w.shape[2]
     if m == 0:
         return x_sorted.new_zeros((0, n))

@@ -7,7 +7,10 @@
 
 Both differentiate (hidden, router_logits, w_gate_up, w_down) with NKI backward kernels.
 A call runs: pad T to its bucket (padded tokens route nowhere) -> NKI router -> host
-block plan (grouping.py) -> config lookup per bucket -> NKI blockwise MLP -> unpad.
+block plan (grouping.py; variable-size blocks) -> config lookup per bucket -> NKI
+blockwise MLP -> unpad. Decode-sized dropless calls (T <= 64) run the decode mode
+instead (moe_decode.py: the router, then two `grouped_mm` launches that stream only the
+touched experts' weights).
 The backward recomputes the routing from the logits (cheap, deterministic) instead of
 saving it, plans its own blocks and accumulates the weight gradients on chip in fp32
 (one rounding to the weights' dtype).
@@ -36,6 +39,7 @@ from ..runtime.buckets import current_policy
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
+from .moe_decode import decode_experts, use_decode_mode
 from .registry import call_host_op, define_host_op, define_op, tracing
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
@@ -176,6 +180,7 @@ PLAN_TENSORS = (
     "block_count",
     "token_slot",
     "token_weight",
+    "kind_bounds",
 )
 
 
@@ -187,12 +192,16 @@ def _block_plan(
     block: int,
     capacity_factor: float | None,
     min_tokens: int,
+    sized: bool,
 ) -> list[Tensor]:
-    """The host block plan (grouping.py) of the padded routing as tensors on its device
-    (`PLAN_TENSORS`); the body of the `nki_host::moe_block_plan` node under tracing."""
+    """The host block plan (grouping.py; `sized`: variable-size blocks, the forward's) of
+    the padded routing as tensors on its device (`PLAN_TENSORS`); the body of the
+    `nki_host::moe_block_plan` node under tracing."""
     tb = weights.shape[0]
     w, i = host_numpy(weights[:tokens]), host_numpy(ids[:tokens])
-    plan = plan_blocks(i, w, experts, block, capacity_factor, num_tokens=tb, min_tokens=min_tokens)
+    plan = plan_blocks(
+        i, w, experts, block, capacity_factor, num_tokens=tb, min_tokens=min_tokens, sized=sized
+    )
     return [torch.from_numpy(getattr(plan, n)).to(weights.device) for n in PLAN_TENSORS]
 
 
@@ -204,6 +213,7 @@ def _block_plan_fake(
     block: int,
     capacity_factor: float | None,
     min_tokens: int,
+    sized: bool,
 ) -> list[Tensor]:
     tb, k = ids.shape
     cap = None if capacity_factor is None else capacity(tb, experts, k, capacity_factor)
@@ -218,6 +228,7 @@ def _block_plan_fake(
         ((1, 1), i32),
         ((tb, k), i32),
         ((tb, k), f32),
+        ((1, ns + 1), i32),
     )
     return [weights.new_empty(shape, dtype=dt) for shape, dt in shapes]
 
@@ -226,18 +237,25 @@ define_host_op("moe_block_plan", _block_plan, fake=_block_plan_fake)
 
 
 def _plan(
-    weights: Tensor, ids: Tensor, t: int, e: int, block: int, cf: float | None
+    weights: Tensor,
+    ids: Tensor,
+    t: int,
+    e: int,
+    block: int,
+    cf: float | None,
+    sized: bool = False,
 ) -> tuple[dict[str, Tensor], int]:
-    """(plan tensors by name, static block count) of the padded routing. The static count
-    depends on shapes only; the plan reads the routing, so while the op body is traced
-    it is the `nki_host::moe_block_plan` node."""
+    """(plan tensors by name, static block count) of the padded routing (`sized`: the
+    forward's variable-size blocks). The static count depends on shapes only; the plan
+    reads the routing, so while the op body is traced it is the `nki_host::moe_block_plan`
+    node."""
     tb, k = ids.shape
     lowest = min(t, _bucket_floor(tb))
     static = min_blocks(lowest, k, e, block, None if cf is None else capacity(lowest, e, k, cf))
     if tracing(weights, ids):
-        tensors = call_host_op("moe_block_plan", weights, ids, t, e, block, cf, lowest)
+        tensors = call_host_op("moe_block_plan", weights, ids, t, e, block, cf, lowest, sized)
     else:
-        tensors = _block_plan(weights, ids, t, e, block, cf, lowest)
+        tensors = _block_plan(weights, ids, t, e, block, cf, lowest, sized)
     return dict(zip(PLAN_TENSORS, tensors)), static
 
 
@@ -256,8 +274,69 @@ def _routed_plan(
     cfg = lookup_config(op, problem, kernel, target=get_target(None))
     t, e = hidden.shape[0], w_gate_up.shape[0]
     assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
-    meta, static = _plan(weights, ids, t, e, cfg.block_size, r.capacity_factor)
+    sized = isinstance(cfg, MoEMLPConfig)  # the forward runs variable-size blocks
+    meta, static = _plan(weights, ids, t, e, cfg.block_size, r.capacity_factor, sized)
     return cfg, static, meta, ids
+
+
+def launch_experts_fwd(
+    hp: Tensor, w_gate_up: Tensor, w_down: Tensor, cfg: MoEMLPConfig, m: dict[str, Tensor]
+) -> Tensor:
+    """The forward expert kernel on padded rows `hp` and a sized block plan `m` (the
+    launch `moe_mlp` and `moe_experts` share)."""
+    return launch(
+        moe_mlp_fwd,
+        hp,
+        w_gate_up.detach(),
+        w_down.detach(),
+        m["slot_token"],
+        m["block_expert"],
+        m["kind_bounds"],
+        m["token_slot"],
+        m["token_weight"],
+        config=cfg,
+        target=get_target(None),
+        static_kinds=None,  # one device loop per block size over kind_bounds
+        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
+    )
+
+
+def launch_experts_bwd(
+    hp: Tensor,
+    gp: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    cfg: MoEMLPBwdConfig,
+    plan: tuple[dict[str, Tensor], int],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d hidden, d weights per slot [T, k] fp32, d w_gate_up, d w_down) of the expert
+    kernels on padded rows / grads and a fixed block plan (the launch `moe_mlp` and
+    `moe_experts` share). The weight gradients are written in place for every expert
+    with a block (fp32 sums on chip, one rounding); the others stay zero."""
+    m, static = plan
+    dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hp.device)
+    dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hp.device)
+    dh, dw = launch(
+        moe_mlp_bwd,
+        hp,
+        w_gate_up.detach(),
+        w_down.detach(),
+        gp,
+        m["slot_token"],
+        m["slot_weight"],
+        m["block_expert"],
+        m["block_keep"],
+        m["block_count"],
+        m["token_slot"],
+        dgu,
+        dd,
+        config=cfg,
+        target=get_target(None),
+        mutated=(10, 11),
+        static_blocks=static,
+        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
+    )
+    return dh, dw, dgu, dd
 
 
 # ---- moe_route ------------------------------------------------------------------------------
@@ -420,27 +499,16 @@ def moe_mlp(
 ) -> Tensor:
     """SwiGLU mixture of experts: sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) (NKI)."""
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
-    target = get_target(None)
     t = hidden.shape[0]
-    hp, _ = pad_to_bucket(hidden.detach(), 0)
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    cfg, static, m, _ = _routed_plan("moe_mlp", moe_mlp_fwd, hidden, lp, w_gate_up, routing)
+    if use_decode_mode(t, capacity_factor):  # T <= 64: two grouped matmuls (moe_decode.py)
+        weights, ids = _route(lp, top_k, scoring, renormalize)
+        wd_, wgu_ = w_down.detach(), w_gate_up.detach()
+        return decode_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_)
+    hp, _ = pad_to_bucket(hidden.detach(), 0)
+    cfg, _, m, _ = _routed_plan("moe_mlp", moe_mlp_fwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPConfig)
-    out = launch(
-        moe_mlp_fwd,
-        hp,
-        w_gate_up.detach(),
-        w_down.detach(),
-        m["slot_token"],
-        m["block_expert"],
-        m["block_count"],
-        m["token_slot"],
-        m["token_weight"],
-        config=cfg,
-        target=target,
-        static_blocks=static,
-        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
-    )
+    out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m)
     return unpad(out, 0, t).contiguous()
 
 
@@ -493,29 +561,7 @@ def moe_mlp_backward(
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
     cfg, static, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPBwdConfig)
-    # written in place for every expert with a block (fp32 sums on chip, one rounding)
-    dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hidden.device)
-    dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hidden.device)
-    dh, dw = launch(
-        moe_mlp_bwd,
-        hp,
-        w_gate_up.detach(),
-        w_down.detach(),
-        gp,
-        m["slot_token"],
-        m["slot_weight"],
-        m["block_expert"],
-        m["block_keep"],
-        m["block_count"],
-        m["token_slot"],
-        dgu,
-        dd,
-        config=cfg,
-        target=target,
-        mutated=(10, 11),
-        static_blocks=static,
-        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
-    )
+    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static))
     dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)
     return (
         unpad(dh, 0, t).contiguous(),

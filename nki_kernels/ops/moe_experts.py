@@ -4,8 +4,9 @@
                 w_gate_up [E, H, 2I], w_down [E, I, H]) -> [T, H]
     out[t] = sum_j weights[t, j] * (silu(x Wg_e) * (x Wu_e)) Wd_e,  e = ids[t, j]
 
-The same NKI kernels as `moe_mlp` (block plan, blockwise expert MLP and combine; the
-backward's dgrad, on-chip weight-gradient sums and combine), without the router: any
+The same NKI kernels as `moe_mlp` (block plan, blockwise expert MLP and combine, or for
+T <= 64 the decode mode of moe_decode.py; the backward's dgrad, on-chip weight-gradient
+sums and combine), without the router: any
 routing -- DeepSeek-V3's group-limited sigmoid top-k with a selection-only bias, GPT-OSS's
 softmax over the selected logits, `moe.routing.route` -- produces (weights, ids) and this
 op runs the experts. Differentiable in hidden, weights, w_gate_up and w_down (the
@@ -24,10 +25,19 @@ from torch import Tensor
 from ..moe.blockwise_mlp import moe_mlp_fwd
 from ..moe.blockwise_mlp_bwd import moe_mlp_bwd
 from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig
-from ..runtime import launch, lookup_config, pad_to_bucket, unpad
+from ..runtime import lookup_config, pad_to_bucket, unpad
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_tensor
-from .moe import HIDDEN_DTYPES, ID_DTYPES, _check_ids, _plan, _problem
+from .moe import (
+    HIDDEN_DTYPES,
+    ID_DTYPES,
+    _check_ids,
+    _plan,
+    _problem,
+    launch_experts_bwd,
+    launch_experts_fwd,
+)
+from .moe_decode import decode_experts, use_decode_mode
 from .registry import define_op, tracing
 
 MAX_EXPERTS, MAX_TOP_K = 512, 16
@@ -98,7 +108,8 @@ def _config_and_plan(
     problem = _problem(wp.shape[0], w_gate_up, ids.shape[1])
     cfg = lookup_config(op, problem, kernel, target=get_target(None))
     assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
-    meta, static = _plan(wp, ip, hidden.shape[0], w_gate_up.shape[0], cfg.block_size, None)
+    sized = isinstance(cfg, MoEMLPConfig)  # the forward runs variable-size blocks
+    meta, static = _plan(wp, ip, hidden.shape[0], w_gate_up.shape[0], cfg.block_size, None, sized)
     return cfg, static, meta
 
 
@@ -139,24 +150,15 @@ def moe_experts(
 ) -> Tensor:
     """sum_j weights[t, j] * SwiGLU-expert_{ids[t, j]}(hidden[t]) (NKI expert kernels)."""
     t = hidden.shape[0]
-    cfg, static, m = _config_and_plan("moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up)
+    if use_decode_mode(t, None):  # T <= 64: two grouped matmuls (moe_decode.py)
+        if not tracing(ids):
+            _check_ids(ids, w_gate_up.shape[0])
+        wgu, wd = w_gate_up.detach(), w_down.detach()
+        return decode_experts(hidden.detach(), weights.detach(), ids, wgu, wd)
+    cfg, _, m = _config_and_plan("moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up)
     assert isinstance(cfg, MoEMLPConfig)
     hp, _ = pad_to_bucket(hidden.detach(), 0)
-    out = launch(
-        moe_mlp_fwd,
-        hp,
-        w_gate_up.detach(),
-        w_down.detach(),
-        m["slot_token"],
-        m["block_expert"],
-        m["block_count"],
-        m["token_slot"],
-        m["token_weight"],
-        config=cfg,
-        target=get_target(None),
-        static_blocks=static,
-        may_drop=True,  # padded tokens have no slot
-    )
+    out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m)
     return unpad(out, 0, t).contiguous()
 
 
@@ -187,26 +189,5 @@ def moe_experts_backward(
     assert isinstance(cfg, MoEMLPBwdConfig)
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
-    dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hidden.device)
-    dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hidden.device)
-    dh, dw = launch(
-        moe_mlp_bwd,
-        hp,
-        w_gate_up.detach(),
-        w_down.detach(),
-        gp,
-        m["slot_token"],
-        m["slot_weight"],
-        m["block_expert"],
-        m["block_keep"],
-        m["block_count"],
-        m["token_slot"],
-        dgu,
-        dd,
-        config=cfg,
-        target=get_target(None),
-        mutated=(10, 11),
-        static_blocks=static,
-        may_drop=True,
-    )
+    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static))
     return unpad(dh, 0, t).contiguous(), unpad(dw, 0, t).contiguous(), dgu, dd

@@ -13,13 +13,6 @@ from nki_kernels.interp import nisa, nl, run
 
 rng = np.random.default_rng(11)
 
-# The interpreter does not enforce these limits yet: the MoE kernels (blockwise_mlp,
-# grouped_gemm) gather row counts off the 16 grid and must be fixed first. The decode
-# kernel obeys them (tests/attention/test_decode.py checks its plan).
-NOT_ENFORCED = pytest.mark.xfail(
-    strict=True, reason="indirect-transpose limits not enforced until the MoE kernels obey them"
-)
-
 
 def _gather_transpose(src, idx, view_shape):
     """Gather `view_shape` (rows first, a 2-D / 4-D view of `src` [N, W]) through `idx`
@@ -55,7 +48,6 @@ def _src(rows, width):
     return rng.standard_normal((rows, width)).astype(ml_dtypes.bfloat16)
 
 
-@NOT_ENFORCED
 def test_4d_source_with_heads_and_keys_both_above_one_is_rejected():
     # "When src is 4D: len(src[1]) or len(src[2]) must be 1"
     src = _src(256, 2 * 4 * 64)
@@ -72,7 +64,6 @@ def test_4d_source_with_one_head_is_gathered_and_transposed():
     np.testing.assert_array_equal(got, want)
 
 
-@NOT_ENFORCED
 def test_int32_indices_are_rejected():
     # "indices.dtype is np.uint32"
     src = _src(64, 32)
@@ -81,7 +72,6 @@ def test_int32_indices_are_rejected():
     assert "indices.dtype must be uint32; got int32" in str(err)
 
 
-@NOT_ENFORCED
 @pytest.mark.parametrize("rows", [4, 8])
 def test_fewer_than_16_gathered_rows_are_rejected(rows):
     # "src.shape[0] must be divisible by 16"; "indices.shape[0] must be in [16, 128] and
@@ -92,10 +82,45 @@ def test_fewer_than_16_gathered_rows_are_rejected(rows):
     assert f"src.shape[0] must be divisible by 16; got {rows}" in str(err)
 
 
-@NOT_ENFORCED
 def test_two_index_columns_need_128_index_rows():
     # "When indices.shape[1] > 1: indices.shape[0] must be exactly 128"
     src = _src(64, 32)
     idx = np.arange(32, dtype=np.uint32).reshape(16, 2)
     err = expect_rule("TRANSPOSE", _gather_transpose, src, idx, (32, 32))
     assert "indices.shape[0] must be 128 when indices.shape[1] > 1; got 16 x 2" in str(err)
+
+
+def test_a_scalar_offset_source_is_rejected():
+    # the documented indirect form gathers through an "indices" tensor; a source moved by a
+    # run-time scalar offset (one expert's weight slice) is not among them
+    src = _src(64, 32)
+
+    def kernel(s):
+        e = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=e, value=1)
+        view = s.ap([[32, 16], [1, 32]], offset=0, scalar_offset=e, indirect_dim=0)
+        dst = nl.ndarray((32, 16), nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=dst, src=view)
+        return dst
+
+    err = expect_rule("TRANSPOSE", run, kernel, src)
+    assert "needs a vector_offset index tensor" in str(err)
+
+
+def test_more_than_128_rows_gather_through_a_128_by_k_index_read_column_major():
+    # "When indices.shape[1] > 1: indices.shape[0] must be exactly 128"; "indices.shape[0] *
+    # indices.shape[1] must be >= src.shape[0]": 144 rows through a [128, 2] index, row i
+    # at index[i % 128, i // 128] (the MoE weight loads' form, tiles.load_weight_cols)
+    src = _src(400, 64)
+    rows = rng.permutation(400)[:256].astype(np.uint32)
+    idx = rows.reshape(2, 128).T.copy()
+    got = _gather_transpose(src, idx, (144, 64)).outputs
+    np.testing.assert_array_equal(got, src[rows[:144]].T)
+
+
+@pytest.mark.parametrize("rows", [16, 48, 128])
+def test_row_counts_on_the_16_grid_are_gathered_and_transposed(rows):
+    src = _src(200, 96)
+    idx = rng.permutation(200)[:rows].astype(np.uint32).reshape(rows, 1)
+    got = _gather_transpose(src, idx, (rows, 96)).outputs
+    np.testing.assert_array_equal(got, src[idx[:, 0]].T)

@@ -8,7 +8,7 @@ import torch
 from nki_kernels.interp import run
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
-from nki_kernels.moe.grouping import BlockPlan, plan_blocks
+from nki_kernels.moe.grouping import BlockPlan, kind_counts, plan_blocks
 from nki_kernels.moe.reference import capacity, capacity_keep, expert_mlp_reference
 
 # Normalized max error max|actual - ref| / max|ref| against the fp32 reference.
@@ -81,10 +81,12 @@ def mlp_with_routing(
 def fwd_kernel(
     layer: dict[str, torch.Tensor],
     plan: BlockPlan,
-    static_blocks: int | None = None,
+    static: bool = False,
     lnc: int = 1,
     **cfg: object,
 ) -> torch.Tensor:
+    """Run the forward kernel (at `lnc`) on `plan`: one device loop per block size over
+    its kind_bounds, or (`static`) static loops over its block counts (pricing's form)."""
     args = {"tile_i": 256, "loop_order": "h_outer", "down_n": 512, "w_bufs": 2, "dma_h": 1}
     args.update(cfg)
     t = torch.from_numpy
@@ -95,10 +97,10 @@ def fwd_kernel(
         layer["w_down"],
         t(plan.slot_token),
         t(plan.block_expert),
-        t(plan.block_count),
+        t(plan.kind_bounds),
         t(plan.token_slot),
         t(plan.token_weight),
-        plan.static_blocks if static_blocks is None else static_blocks,
+        kind_counts(plan.kind_bounds) if static else None,
         plan.may_drop,
         plan.block_size,
         *args.values(),
@@ -162,6 +164,12 @@ def bwd_kernel(
 
 
 def plan_for(
-    ids: np.ndarray, w: np.ndarray, e: int, block: int, cf: float | None = None
+    ids: np.ndarray,
+    w: np.ndarray,
+    e: int,
+    block: int,
+    cf: float | None = None,
+    sized: bool = False,
 ) -> BlockPlan:
-    return plan_blocks(ids, w, e, block, cf)
+    """The op's plan: `sized` (variable-size blocks) for the forward, fixed for the backward."""
+    return plan_blocks(ids, w, e, block, cf, sized=sized)

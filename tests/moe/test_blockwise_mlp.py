@@ -16,6 +16,7 @@ from moe_cases import (
 )
 
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
+from nki_kernels.moe.grouping import kind_counts
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -27,6 +28,8 @@ def _routing(kind: str, t: int, e: int, k: int, seed: int) -> tuple[np.ndarray, 
             j = int(np.nonzero(row == 0)[0][0]) if 0 in row else 0
             row[j] = row[0]
             row[0] = 0
+    elif kind == "sizes":  # expert 0 every token, 1 the first 2/3, 2 the rest, 3 none
+        ids[:, 0], ids[:, 1] = 0, np.where(np.arange(t) < 2 * t // 3, 1, 2)
     elif kind == "half":  # experts e/2.. never chosen
         rng = np.random.default_rng(seed)
         ids = np.stack([rng.permutation(e // 2)[:k] for _ in range(t)])
@@ -71,7 +74,7 @@ def test_forward_and_backward_match_reference(name: str) -> None:
     if cf is not None:
         assert not plan.kept.all(), "the capacity case must drop something"
 
-    out = fwd_kernel(layer, plan, **cfg)
+    out = fwd_kernel(layer, plan_for(ids, w, e, b, cf, sized=True), **cfg)
     assert out.dtype == dtype and out.shape == (t, h)
 
     x = layer["hidden"].float().clone().requires_grad_()
@@ -103,7 +106,7 @@ def test_padding_slots_never_contribute() -> None:
     layer = make_layer(t, h, i, e, F32, seed=5)
     ids = np.arange(4).reshape(4, 1)
     w = np.ones((4, 1), np.float32)
-    plan = plan_for(ids, w, e, 128)
+    plan = plan_for(ids, w, e, 128, sized=True)
     out = fwd_kernel(layer, plan)
     assert torch.isfinite(out).all()
     ref = mlp_with_routing(layer, ids, torch.from_numpy(w), None)
@@ -120,10 +123,6 @@ def test_device_loops_match_static_blocks_bit_for_bit(device_blocks: int) -> Non
     plan = plan_for(ids, w, e, 128)
     assert plan.used_blocks - plan.static_blocks >= 2
     static = plan.used_blocks - device_blocks
-    cfg = {"tile_i": 128, "w_bufs": 2}
-    fwd_dev = fwd_kernel(layer, plan, static_blocks=static, **cfg)
-    fwd_all = fwd_kernel(layer, plan, static_blocks=plan.used_blocks, **cfg)
-    assert torch.equal(fwd_dev, fwd_all)
     bcfg = {"tile_i": 256, "dma_h": 1}
     bwd_dev = bwd_kernel(layer, plan, static_blocks=static, **bcfg)
     bwd_all = bwd_kernel(layer, plan, static_blocks=plan.used_blocks, **bcfg)
@@ -131,39 +130,42 @@ def test_device_loops_match_static_blocks_bit_for_bit(device_blocks: int) -> Non
         assert torch.equal(a, b)
 
 
-# name: (T, H, I, E, k, B, routing, capacity_factor, blocks left to device loops)
+# name: (T, H, I, E, k, B, routing, capacity_factor)
 LNC2_FWD_CASES = {
-    # 5 used blocks: program 0 runs 3, program 1 runs 2; 3 in the device loop (odd start)
-    "odd-blocks-device": (100, 200, 160, 5, 2, 128, "random", None, 3),
-    # every block static, an odd count
-    "odd-blocks-static": (100, 72, 160, 5, 2, 128, "random", None, 0),
+    # 5 used blocks: program 0 runs 3, program 1 runs 2
+    "odd-blocks": (100, 200, 160, 5, 2, 128, "random", None),
     # skewed routing with capacity drops: the drop row is zeroed by program 0 only
-    "skewed-drops": (140, 64, 96, 8, 2, 128, "skewed", 0.5, 2),
+    "skewed-drops": (140, 64, 96, 8, 2, 128, "skewed", 0.5),
     # one block in the plan: program 1 has no block, it only combines
-    "one-block": (1, 96, 160, 8, 1, 128, "random", None, 0),
+    "one-block": (1, 96, 160, 8, 1, 128, "random", None),
+    # blocks of 3, 2 and 1 sub-tiles (300 / 200 / 100 rows, B = 512 slots): the programs
+    # alternate across the sizes, each block's rows prefetched by the previous larger one
+    "three-sizes": (300, 64, 96, 4, 2, 512, "sizes", None),
 }
 
 
 @pytest.mark.parametrize("name", sorted(LNC2_FWD_CASES))
 def test_forward_lnc2_splits_blocks_bit_for_bit(name: str) -> None:
-    """kernel[2]: program p runs blocks p, p + 2, ... (static and device loop), a
+    """kernel[2]: program p runs blocks p, p + 2, ... (one device loop per block size), a
     core_barrier, then combines every other token tile -- each block's and each token's
-    arithmetic is LNC 1's, so the outputs are identical (and match the reference)."""
-    t, h, i, e, k, b, kind, cf, device_blocks = LNC2_FWD_CASES[name]
+    arithmetic is LNC 1's, so the outputs are identical (and match the reference); the
+    static loops pricing traces compute the same."""
+    t, h, i, e, k, b, kind, cf = LNC2_FWD_CASES[name]
     layer = make_layer(t, h, i, e, BF16, seed=len(name))
     ids, w = _routing(kind, t, e, k, seed=len(name))
-    plan = plan_for(ids, w, e, b, cf)
+    plan = plan_for(ids, w, e, b, cf, sized=True)
     if cf is not None:
         assert not plan.kept.all(), "the capacity case must drop something"
     if name == "one-block":
         assert plan.num_blocks == 1
     if name.startswith("odd"):
         assert plan.used_blocks % 2 == 1
-    static = plan.used_blocks - device_blocks
-    assert static >= 1
-    one = fwd_kernel(layer, plan, static_blocks=static, tile_i=128)
-    two = fwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128)
+    if name == "three-sizes":
+        assert kind_counts(plan.kind_bounds) == (0, 1, 1, 1)
+    one = fwd_kernel(layer, plan, tile_i=128)
+    two = fwd_kernel(layer, plan, lnc=2, tile_i=128)
     assert torch.equal(one, two)
+    assert torch.equal(two, fwd_kernel(layer, plan, static=True, lnc=2, tile_i=128))
     ref = mlp_with_routing(layer, ids, torch.from_numpy(w), cf)
     assert_close_scaled(two, ref, BF16, f"{name}: out")
 
@@ -181,14 +183,14 @@ def test_forward_lnc2_programs_share_the_matmuls() -> None:
         TensorSpec((e, i, h), "bfloat16"),
         TensorSpec((nb, 128, b // 128), "int32"),
         TensorSpec((nb, 1), "int32"),
-        TensorSpec((1, 1), "int32"),
+        TensorSpec((1, b // 128 + 1), "int32"),
         TensorSpec((t, k), "int32"),
         TensorSpec((t, k), "float32"),
     )
     cfg = (b, 128, "h_outer", 512, 2, 1)
 
     def flops(lnc: int) -> list[float]:
-        trace = trace_kernel(moe_mlp_fwd, *specs, nb, True, *cfg, target="trn2", lnc=lnc)
+        trace = trace_kernel(moe_mlp_fwd, *specs, (nb,), True, *cfg, target="trn2", lnc=lnc)
         per = [0.0] * lnc
         for ins in trace.instrs:
             if ins.engine == "tensor":
@@ -202,12 +204,13 @@ def test_forward_lnc2_programs_share_the_matmuls() -> None:
     assert p0 == pytest.approx(one * 3 / 5) and p1 == pytest.approx(one * 2 / 5)
 
 
-# backward LNC 2 cases: the forward's, plus H = 1100 (phase B's columns 1024 | 76; at
-# H <= 512 program 1 has none); rows prefetched or not
+# backward LNC 2 cases: (T, H, I, E, k, B, routing, capacity_factor, blocks left to device
+# loops), as the forward's plus H = 1100 (phase B's columns 1024 | 76; at H <= 512
+# program 1 has none); rows prefetched or not
 LNC2_BWD_CASES = {
-    "odd-blocks-device": (LNC2_FWD_CASES["odd-blocks-device"], {"prefetch_rows": 1}),
-    "skewed-drops": (LNC2_FWD_CASES["skewed-drops"], {"prefetch_rows": 0}),
-    "one-block": (LNC2_FWD_CASES["one-block"], {"prefetch_rows": 1}),
+    "odd-blocks-device": ((*LNC2_FWD_CASES["odd-blocks"], 3), {"prefetch_rows": 1}),
+    "skewed-drops": ((*LNC2_FWD_CASES["skewed-drops"], 2), {"prefetch_rows": 0}),
+    "one-block": ((*LNC2_FWD_CASES["one-block"], 0), {"prefetch_rows": 1}),
     "wide-h1100": ((300, 1100, 160, 4, 2, 128, "random", None, 2), {"prefetch_rows": 1}),
 }
 

@@ -107,13 +107,16 @@ def test_mixtral_heuristic_and_plan_estimate_is_an_upper_bound() -> None:
             TensorSpec((8, p.intermediate, p.hidden), "bfloat16"),
             TensorSpec((1, 128, c.block_size // 128), "int32"),
         ]
+        ns = c.block_size // 128
         spec += [
             TensorSpec((1, 1), "int32"),
-            TensorSpec((1, 1), "int32"),
+            TensorSpec((1, ns + 1), "int32"),
             TensorSpec((256, 2), "int32"),
             TensorSpec((256, 2), "float32"),
         ]
-        r = run(moe_mlp_fwd, *spec, 1, False, *c.to_dict().values(), trace_only=True, target=TRN2)
+        kinds = (1,) + (0,) * (ns - 1)
+        vals = c.to_dict().values()
+        r = run(moe_mlp_fwd, *spec, kinds, False, *vals, trace_only=True, target=TRN2)
         assert r.peak_sbuf_bytes <= est_sbuf <= r.peak_sbuf_bytes * 1.05
         assert r.peak_psum_banks <= est_psum
 

@@ -123,3 +123,52 @@ def test_bad_plan_arguments() -> None:
         plan_blocks(ids, w, 4, 100)
     with pytest.raises(ValueError, match=r"ids: expected expert ids in \[0, 3\)"):
         plan_blocks(ids, w, 3, 128)
+
+
+@pytest.mark.parametrize(("t", "e", "k", "b", "cf"), CASES)
+def test_sized_plan_pads_each_expert_to_128_rows_only(
+    t: int, e: int, k: int, b: int, cf: float | None
+) -> None:
+    """The forward's variable-size blocks: every kept assignment in one slot of a block of
+    its expert, inside the block's s sub-tiles; an expert's blocks differ by at most one
+    sub-tile and pad it to round_up(count, 128) only; blocks ordered by size; the static
+    shapes and block count are the fixed plan's."""
+    ids, w = random_routing(t, e, k, seed=t + e)
+    fixed = plan_blocks(ids, w, e, b, cf)
+    plan = plan_blocks(ids, w, e, b, cf, sized=True)
+    ns = b // PARTITIONS
+    assert plan.slot_token.shape == fixed.slot_token.shape
+    assert plan.used_blocks == fixed.used_blocks and plan.num_blocks == fixed.num_blocks
+    bounds = plan.kind_bounds[0]
+    assert bounds[0] == 0 and bounds[ns] == plan.used_blocks and (np.diff(bounds) >= 0).all()
+    size = np.zeros(plan.num_blocks, dtype=np.int64)
+    for j in range(ns):
+        size[bounds[j] : bounds[j + 1]] = ns - j
+    tok, sw = _slots(plan)
+    for tt in range(t):
+        for j in range(k):
+            s = plan.token_slot[tt, j]
+            if plan.kept[tt, j]:
+                assert tok[s] == tt and sw[s] == w[tt, j]
+                assert plan.block_expert[s // b, 0] == ids[tt, j]
+                assert s % b < size[s // b] * PARTITIONS
+            else:
+                assert s == plan.num_blocks * b
+    tiles = -(-plan.expert_counts // PARTITIONS)
+    assert plan.padded_slots == tiles.sum() * PARTITIONS
+    for ex in range(e):
+        mine = size[: plan.used_blocks][plan.block_expert[: plan.used_blocks, 0] == ex]
+        if plan.expert_counts[ex]:
+            assert mine.sum() == tiles[ex] and mine.max() - mine.min() <= 1
+            assert len(mine) == -(-plan.expert_counts[ex] // b)
+
+
+def test_sized_plan_of_skewed_mixtral_routing() -> None:
+    # every token's first choice expert 0 (4096 rows), the others 585 / 586 rows each
+    t, e, b = 4096, 8, 512
+    ids = np.stack([np.zeros(t, np.int64), 1 + np.arange(t) % 7], axis=1)
+    w = np.full((t, 2), 0.5, np.float32)
+    fixed, sized = plan_blocks(ids, w, e, b), plan_blocks(ids, w, e, b, sized=True)
+    assert fixed.padded_slots == 22 * 512 == 11264
+    assert sized.padded_slots == 8576  # 8192 rows + 384 of padding
+    assert sized.kind_bounds.tolist() == [[0, 8, 15, 22, 22]]  # 8 x 512, 7 x 384, 7 x 256

@@ -40,7 +40,7 @@ def test_extrapolated_latency_matches_the_full_trace(kind: str) -> None:
         cfg = MoEMLPBwdConfig(128, 128)
     blocks = 12
     est = price_blocks(kind, p, cfg, blocks, TRN2)
-    exact = _price(kind, p, cfg, blocks, TRN2)
+    exact = _price(kind, p, cfg, (blocks,) if kind == "fwd" else blocks, TRN2)
     assert not est.exact
     assert abs(est.latency_ns / exact.latency_ns - 1) < 0.01
     assert est.busiest == exact.bottleneck
@@ -52,10 +52,27 @@ def test_extrapolated_lnc2_forward_matches_the_full_trace() -> None:
     p = MoEProblem(1024, 256, 512, 4, 2)
     cfg = MoEMLPConfig(128, 256, "h_outer", 256, 2, 2)
     est = price_blocks("fwd", p, cfg, 13, TRN2, lnc=2)
-    exact = _price("fwd", p, cfg, 13, TRN2, True, 2)
+    exact = _price("fwd", p, cfg, (13,), TRN2, True, 2)
     assert not est.exact
     assert abs(est.latency_ns / exact.latency_ns - 1) < 0.01
     assert est.busiest == exact.bottleneck
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_forward_with_blocks_of_several_sizes_matches_the_full_trace(lnc: int) -> None:
+    """The sized plan's blocks (4, 3, 2 and 1 sub-tiles of 128 rows): priced per size
+    (`price_fwd_kinds`) against one trace of the whole plan."""
+    p = MoEProblem(1024, 256, 512, 4, 2)
+    cfg = MoEMLPConfig(512, 256, "h_outer", 256, 2, 2)
+    kinds = (3, 2, 4, 3)
+    est = price_blocks("fwd", p, cfg, kinds, TRN2, lnc=lnc)
+    exact = _price("fwd", p, cfg, kinds, TRN2, True, lnc)
+    assert not est.exact
+    assert abs(est.latency_ns / exact.latency_ns - 1) < 0.02
+    # a block of s sub-tiles costs less than one of s + 1
+    one = [price_blocks("fwd", p, cfg, tuple(8 if q == j else 0 for q in range(4)), TRN2)
+           for j in range(4)]  # fmt: skip
+    assert [o.latency_ns for o in one] == sorted((o.latency_ns for o in one), reverse=True)
 
 
 def test_layer_row_is_labeled_modeled() -> None:
