@@ -14,8 +14,9 @@ holds z_r = x_r W_e (2I columns: gate and up) of expert e = row_group[r]. Forwar
 
 Per tile of 128 rows (rows on partitions; LNC 2: the programs take alternate tiles) and
 chunk of <= 512 output columns: one contiguous load of the 2-chunk of h, the bias rows
-gathered by each partition's group id, the activation on ScalarE, the products on
-VectorE in fp32, one rounding on the store.
+gathered by each partition's group id and added in h's dtype (as torch's x @ W + b
+rounds), the activation on ScalarE, the products on VectorE (fp32 math, fp32
+intermediates), one rounding on the store.
 
 Backward (`expert_act_bwd`, d out -> d z = d h; d bias is the per-expert sum of d z,
 which the op computes with grouped_mm's weight-gradient kernel):
@@ -39,7 +40,7 @@ from typing import Any
 from ..nki import nisa, nki, nl
 
 P = 128  # rows per tile: one row per partition
-COLS = 512  # output columns per chunk (fp32 work tiles: 6 x 2 KiB per partition)
+COLS = 2048  # output columns per chunk: >= 2 KiB per partition per DMA (fp32 tiles 8 KiB)
 ACTIVATIONS = ("none", "swiglu", "geglu", "gpt_oss")
 
 
@@ -66,12 +67,11 @@ def expert_act_fwd(h, bias, row_group, activation, interleaved, alpha, limit):
         for c0 in range(0, width, COLS):
             cw = min(COLS, width - c0)
             z = _load_z(h, bias, rg, t0, rows, c0, cw, gated, interleaved)
-            res = nl.ndarray((P, COLS), dtype=h.dtype, buffer=nl.sbuf)
+            res = z
             if gated:
+                res = nl.ndarray((P, COLS), dtype=h.dtype, buffer=nl.sbuf)
                 gate, up = _halves(z, rows, cw, interleaved)
                 _gated_fwd(res[r, 0:cw], gate, up, activation, alpha, limit, rows, cw)
-            else:
-                nisa.tensor_copy(dst=res[r, 0:cw], src=z[r, 0:cw])
             nisa.dma_copy(dst=out[t0 : t0 + rows, c0 : c0 + cw], src=res[r, 0:cw])
     return out
 
@@ -123,8 +123,8 @@ def _load_z(
     gated: bool,
     interleaved: bool,
 ) -> Any:
-    """fp32 [128, 2 * COLS]: columns 0 .. 2cw hold the chunk's (gate, up) pairs in h's
-    layout (interleaved: one contiguous run; halves: gate then up), bias added."""
+    """[128, 2 * COLS] of h's dtype: columns 0 .. 2cw hold the chunk's (gate, up) pairs in
+    h's layout (interleaved: one contiguous run; halves: gate then up), bias added."""
     r = slice(0, rows)
     n2 = h.shape[1]
     width = n2 // 2 if gated else n2
@@ -142,12 +142,11 @@ def _load_z(
                 [[n2, rows], [1, n]], offset=src0, vector_offset=rg[r, 0:1], indirect_dim=0
             )
             nisa.dma_copy(dst=b[r, dst0 : dst0 + n], src=view)
-    z = nl.ndarray((P, 2 * COLS), dtype=nl.float32, buffer=nl.sbuf)
     if b is None:
-        nisa.tensor_copy(dst=z[r, 0:used], src=raw[r, 0:used])
-    else:
-        nisa.tensor_tensor(dst=z[r, 0:used], data1=raw[r, 0:used], data2=b[r, 0:used], op=nl.add)
-    return z
+        return raw
+    # h + b rounded to h's dtype, as torch's x @ W + b is (and all-16-bit VectorE operands)
+    nisa.tensor_tensor(dst=raw[r, 0:used], data1=raw[r, 0:used], data2=b[r, 0:used], op=nl.add)
+    return raw
 
 
 def _spans(c0: int, cw: int, width: int, gated: bool, interleaved: bool) -> list[tuple[int, ...]]:
