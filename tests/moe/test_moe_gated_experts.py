@@ -13,8 +13,9 @@ import torch
 from nki_kernels.moe.gated_reference import gated_experts_reference
 from nki_kernels.ops.moe_gated_experts import moe_gated_experts
 
-F32, BF16 = torch.float32, torch.bfloat16
-TOL = {F32: 3e-5, BF16: 2.0**-5}  # relative to the largest magnitude; bf16: 5 roundings deep
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+# relative to the largest magnitude; 16-bit: ~5 roundings deep
+TOL = {F32: 3e-5, BF16: 2.0**-5, F16: 2.0**-8}
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
@@ -122,8 +123,25 @@ def test_empty_experts_and_all_tokens_on_one_expert() -> None:
     _check(_case(t=t, e=e, k=1, ids=one), activation="geglu")
 
 
-def test_bf16() -> None:
-    _check(_case(t=19, dtype=BF16, shared="gated"), activation="gpt_oss", interleaved=True)
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_16_bit(dtype: Any) -> None:
+    _check(_case(t=19, dtype=dtype, shared="gated"), activation="gpt_oss", interleaved=True)
+
+
+def test_shared_expert_fused_as_one_more_routed_expert() -> None:
+    """The one-launch form: the shared expert stacked as expert E (weights stacked once,
+    at load) and one more routing column (id E, weight sigmoid(x . g)) gives the same
+    layer as the separate shared launches."""
+    c = _case(t=21, bias=False, shared="gated", i=16)
+    sep = moe_gated_experts(**c)
+    t = c["hidden"].shape[0]
+    gate = torch.sigmoid(c["hidden"] @ c.pop("shared_gate"))
+    w_gu = torch.cat([c["w_gate_up"], c.pop("shared_gate_up")[None]])
+    w_d = torch.cat([c["w_down"], c.pop("shared_down")[None]])
+    ids = torch.cat([c["ids"], torch.full((t, 1), w_gu.shape[0] - 1)], 1)
+    weights = torch.cat([c["weights"], gate[:, None]], 1)
+    fused = moe_gated_experts(c["hidden"], weights, ids, w_gu, w_d)
+    torch.testing.assert_close(fused, sep, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
