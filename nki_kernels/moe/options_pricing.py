@@ -192,3 +192,34 @@ def options_comparison(
         nat_ns / 1e3, ours_ns / 1e3, nat_ns / ours_ns, (min(ratios), max(ratios)),
         nat_opt_ns / 1e3, ours_opt_ns / 1e3, label,
     )  # fmt: skip
+
+
+def fused_shared_us(
+    tokens: int, hidden: int, inter: int, experts: int, counts: Sequence[int], o: Options,
+    target: str = "trn2", dtype: str = "bfloat16",
+) -> tuple[float, tuple[float, float]]:  # fmt: skip
+    """Our layer (us, shipped set; band) with the shared expert in the routed launches:
+    stacked as shared_inter / inter more experts of width I (a SwiGLU / GeGLU expert is a
+    sum over slices of its intermediate dim), each routed every token (weight 1 or the
+    sigmoid gate, whose [T, 1] logits are a one-group grouped_mm); the router, gathers and
+    combine the native steps for the k + n columns."""
+    if not o.shared_inter or o.shared_inter % inter or o.biases:
+        raise ValueError("fused_shared_us: a bias-free shared expert of a multiple of I")
+    tgt = get_target(target)
+    n = o.shared_inter // inter
+    counts_f = [*counts, *([tokens] * n)]
+    steps_f = moe_native.grouped_mm_fwd(tokens, hidden, inter, experts + n, dtype, counts_f)
+    kept = [s for s in steps_f if s.name not in GEMM_STEPS and s.name != "silu(g) * u"]
+    ours = [
+        price_grouped_mm(counts_f, hidden, 2 * inter, tgt, dtype).latency_ns,
+        price_grouped_mm(counts_f, inter, hidden, tgt, dtype).latency_ns,
+        price_expert_act(int(sum(counts_f)), 2 * inter, experts + n, o.activation, False, tgt,
+                         dtype),
+    ]  # fmt: skip
+    if o.shared_gated:
+        ours.append(price_grouped_mm([tokens], hidden, 1, tgt, dtype).latency_ns)
+    totals = [
+        price_native(kept, t).latency_ns + sum(p[idx] for p in ours)
+        for idx, t in enumerate(parameter_sets(tgt))
+    ]
+    return totals[0] / 1e3, (min(totals) / 1e3, max(totals) / 1e3)

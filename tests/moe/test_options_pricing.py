@@ -3,10 +3,13 @@ and every figure is labelled modeled (small shapes: seconds)."""
 
 from __future__ import annotations
 
+import pytest
+
 from nki_kernels.baselines.native import price
 from nki_kernels.moe.options_pricing import (
     Options,
     _ours_extra,
+    fused_shared_us,
     native_steps,
     options_comparison,
     price_expert_act,
@@ -46,3 +49,15 @@ def test_comparison_is_labelled_modeled_with_a_band() -> None:
     assert lo <= r.speedup <= hi
     nat = price(native_steps(384, 256, 128, 4, COUNTS, Options("gpt_oss", True)), "trn2")
     assert abs(r.native_us - nat.latency_ns / 1e3) < 1e-6 * r.native_us
+
+
+def test_fused_shared_expert_prices_the_stacked_launches() -> None:
+    o = Options(shared_inter=256, shared_gated=True)  # 2 stacked experts of I = 128
+    us, (lo, hi) = fused_shared_us(384, 256, 128, 4, COUNTS, o)
+    assert lo <= us <= hi and us > 0
+    # more rows through the same kernels: the stacked form is never cheaper than the
+    # routed part alone
+    alone = options_comparison(384, 256, 128, 4, COUNTS, Options())
+    assert us > alone.ours_us
+    with pytest.raises(ValueError, match="multiple of I"):
+        fused_shared_us(384, 256, 128, 4, COUNTS, Options(shared_inter=100))
