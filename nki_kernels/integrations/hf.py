@@ -15,8 +15,12 @@ For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3
 - DeepSeek-V3 keeps its own router module (group-limited sigmoid top-k with a
   selection-only correction bias and a routed scaling factor): its `experts` modules
   become `HFExperts` on `torch.ops.nki.moe_experts`, holding the same Parameters; its
-  attention (MLA) keeps the model's implementation (reported as skipped). GPT-OSS is not
-  supported (expert biases, the clamped SwiGLU, attention sinks).
+  attention (MLA) keeps the model's implementation (reported as skipped);
+- GPT-OSS keeps its own router module too (softmax over the top-k logits, router bias):
+  its `experts` become `HFGatedExperts` on `moe_gated_experts` (gate_up / down biases,
+  the clamped SwiGLU over interleaved gate / up columns, the model's alpha and limit),
+  holding the same Parameters; its attention (learned sinks) keeps the model's
+  implementation (reported as skipped).
 
 `unpatch` puts every original module and the previous attention implementation back.
 """
@@ -42,11 +46,19 @@ SUPPORTED_MODEL_TYPES = (
     "qwen2_moe",
     "qwen3_moe",
     "deepseek_v3",
+    "gpt_oss",
 )
 # models whose router is not softmax-top-k over `gate`'s logits: their own router module
 # keeps routing, and only the `experts` module (transformers' experts seam, called as
 # experts(hidden, top_k_index, top_k_weights)) runs on `torch.ops.nki.moe_experts`
-OWN_ROUTER_TYPES = ("deepseek_v3",)
+OWN_ROUTER_TYPES = ("deepseek_v3", "gpt_oss")
+# models whose attention stays the model's: (model_type, why)
+OWN_ATTENTION = {
+    "deepseek_v3": (
+        "multi-head latent attention (q/k and v head dims differ): not on flash_attention"
+    ),
+    "gpt_oss": "attention with learned sinks (s_aux): not in the nki attention implementation",
+}
 
 
 @dataclass(frozen=True)
@@ -147,13 +159,67 @@ class HFExperts(nn.Module):
         )
 
 
+class HFGatedExperts(nn.Module):
+    """transformers' GPT-OSS experts module on `moe_gated_experts` (NKI grouped_mm and
+    expert_act kernels): gate_up_proj [E, H, 2I] with (gate, up) interleaved, down_proj
+    [E, I, H], both biases, the clamped SwiGLU with the module's alpha and limit. Holds
+    the original Parameters (same state_dict keys); routing comes from the caller."""
+
+    def __init__(self, experts: nn.Module) -> None:
+        super().__init__()
+        src: Any = experts
+        self.gate_up_proj = src.gate_up_proj
+        self.gate_up_proj_bias = src.gate_up_proj_bias
+        self.down_proj = src.down_proj
+        self.down_proj_bias = src.down_proj_bias
+        self.alpha = float(src.alpha)
+        self.limit = float(src.limit)
+        self.num_experts = int(src.gate_up_proj.shape[0])
+
+    def forward(
+        self, hidden_states: Tensor, router_indices: Tensor, routing_weights: Tensor
+    ) -> Tensor:
+        """[T, H], ids [T, k], weights [T, k] -> [T, H]."""
+        from ..ops.moe_gated_experts import moe_gated_experts
+
+        return moe_gated_experts(
+            hidden_states,
+            routing_weights,
+            router_indices,
+            self.gate_up_proj,
+            self.down_proj,
+            b_gate_up=self.gate_up_proj_bias,
+            b_down=self.down_proj_bias,
+            activation="gpt_oss",
+            interleaved=True,
+            alpha=self.alpha,
+            limit=self.limit,
+        )
+
+
+def _is_gpt_oss_experts(m: nn.Module) -> bool:
+    return (
+        all(
+            isinstance(getattr(m, n, None), torch.Tensor)
+            for n in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+        )
+        and hasattr(m, "alpha")
+        and hasattr(m, "limit")
+    )
+
+
 def experts_unsupported(model: nn.Module, experts: nn.Module) -> str | None:
-    """Why an experts module cannot run on `moe_experts` (None: it can)."""
+    """Why an experts module cannot run on `moe_experts` / `moe_gated_experts` (None: it can)."""
     config: Any = model.config
-    if getattr(experts, "gate_up_proj_bias", None) is not None or hasattr(experts, "alpha"):
-        return "experts with biases and GPT-OSS's clamped SwiGLU (not in the expert kernels)"
+    gpt_oss = _model_type(model) == "gpt_oss"
+    if gpt_oss and not _is_gpt_oss_experts(experts):
+        return "GPT-OSS experts without gate_up_proj / down_proj and their biases"
+    if not gpt_oss and (
+        getattr(experts, "gate_up_proj_bias", None) is not None or hasattr(experts, "alpha")
+    ):
+        return "experts with biases outside GPT-OSS (no patch rule for this model type)"
     act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
+    if act != "silu" and not gpt_oss:
         return f"expert activation {act!r} (the kernel is SwiGLU: silu)"
     w: Any = getattr(experts, "gate_up_proj", None)
     if w is None or w.dim() != 3:
@@ -260,8 +326,9 @@ def patch_hf(
             if why is not None:
                 report.skipped.append((path, why))
                 continue
-            undo.append((path, _set_child(model, path, HFExperts(m))))
-            report.replaced.append(Replacement(path, type(m).__name__, "HFExperts"))
+            new: nn.Module = HFGatedExperts(m) if kind == "gpt_oss" else HFExperts(m)
+            undo.append((path, _set_child(model, path, new)))
+            report.replaced.append(Replacement(path, type(m).__name__, type(new).__name__))
         elif moe and kind not in OWN_ROUTER_TYPES and is_hf_sparse_moe(m):
             why = moe_unsupported(model, m)
             if why is not None:
@@ -271,10 +338,8 @@ def patch_hf(
             undo.append((path, _set_child(model, path, HFSparseMoeBlock(m, renorm))))
             report.replaced.append(Replacement(path, type(m).__name__, "HFSparseMoeBlock"))
     previous = None
-    mla = kind == "deepseek_v3"  # q / k head dim (nope + rope) != v head dim
-    if attention and mla:
-        why = "multi-head latent attention (q/k and v head dims differ): not on flash_attention"
-        report.skipped.append(("config._attn_implementation", why))
+    if attention and kind in OWN_ATTENTION:
+        report.skipped.append(("config._attn_implementation", OWN_ATTENTION[kind]))
     elif attention:
         hf_attention.register()
         previous = model.config._attn_implementation  # type: ignore[union-attr]
@@ -304,6 +369,7 @@ def unpatch_hf(model: nn.Module) -> PatchReport:
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "HFExperts",
+    "HFGatedExperts",
     "HFSparseMoeBlock",
     "PatchReport",
     "Replacement",

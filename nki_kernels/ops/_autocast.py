@@ -65,6 +65,8 @@ RULES: dict[str, Rule] = {
     "moe_mlp_backward": Rule(NONE),
     "grouped_mm_weight_grad": Rule(NONE),
     "moe_experts_backward": Rule(NONE),
+    "expert_act": Rule(INPUT, (0,), (1,)),  # the bias follows the grouped_mm output's dtype
+    "expert_act_backward": Rule(NONE),
     # serving: the KV cache (written in place) fixes the dtype; q, k, v must match it
     "serving_attention": Rule(NONE),
     "kv_cache_write": Rule(NONE),

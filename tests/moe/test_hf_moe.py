@@ -1,6 +1,6 @@
-"""`nki_kernels.patch` on tiny random-init DeepSeek-V3 and Qwen3-MoE models (no download):
-logits, every gradient and the router's outputs match the unpatched model; generate()
-gives the same tokens; GPT-OSS is refused by name."""
+"""`nki_kernels.patch` on tiny random-init DeepSeek-V3, Qwen3-MoE and GPT-OSS models (no
+download): logits, every gradient and the router's outputs (router logits, aux loss)
+match the unpatched model; generate() gives the same tokens."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ pytestmark = pytest.mark.filterwarnings(
 ATOL, RTOL = 2e-5, 1e-4  # fp32: the same sums in other orders, 2 layers deep
 
 
-def _deepseek_v3() -> Any:
+def _deepseek_v3(**kw: Any) -> Any:
     cfg = transformers.DeepseekV3Config(
         vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
         n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4, n_group=4,
         topk_group=2, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, routed_scaling_factor=2.5,
-        norm_topk_prob=True, max_position_embeddings=64,
+        norm_topk_prob=True, max_position_embeddings=64, **kw,
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.DeepseekV3ForCausalLM(cfg).float()
@@ -48,7 +48,29 @@ def _qwen3_moe(**kw: Any) -> Any:
     return transformers.Qwen3MoeForCausalLM(cfg).float()
 
 
-BUILD = {"deepseek_v3": _deepseek_v3, "qwen3_moe": _qwen3_moe}
+def _gpt_oss(**kw: Any) -> Any:
+    cfg = transformers.GptOssConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=8,
+        num_experts_per_tok=2, max_position_embeddings=64, sliding_window=4, **kw,
+    )  # fmt: skip
+    torch.manual_seed(2)
+    model = transformers.GptOssForCausalLM(cfg).float()
+    with torch.no_grad():  # non-zero biases and sinks; experts scaled so the clamps cut
+        for name, p in model.named_parameters():
+            if name.endswith(("_bias", "router.bias", "sinks")):
+                p.copy_(torch.randn(p.shape) * 0.5)
+            if name.endswith("gate_up_proj"):
+                p.mul_(40.0)
+    return model
+
+
+BUILD = {"deepseek_v3": _deepseek_v3, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss}
+REPLACED = {
+    "deepseek_v3": "HFExperts",
+    "qwen3_moe": "HFSparseMoeBlock",
+    "gpt_oss": "HFGatedExperts",
+}
 
 
 def _loss_and_grads(model: Any, ids: torch.Tensor) -> tuple[Any, ...]:
@@ -67,8 +89,7 @@ def test_patched_logits_and_every_gradient_match(model_type: str) -> None:
     ref = _loss_and_grads(model, ids)
     report = nki_kernels.patch(model)
     kinds = " ".join(report.counts())
-    expected = "HFExperts" if model_type == "deepseek_v3" else "HFSparseMoeBlock"
-    assert expected in kinds, str(report)
+    assert REPLACED[model_type] in kinds, str(report)
     assert list(model.state_dict()) == keys
     logits, loss, grads = _loss_and_grads(model, ids)
     torch.testing.assert_close(logits, ref[0], atol=ATOL, rtol=RTOL)
@@ -88,18 +109,6 @@ def test_generate_gives_the_same_tokens(model_type: str) -> None:
     ref = model.generate(input_ids=ids, **kw)
     nki_kernels.patch(model)
     assert torch.equal(model.generate(input_ids=ids, **kw), ref)
-
-
-def test_qwen3_moe_router_logits_and_aux_loss_survive() -> None:
-    model = _qwen3_moe(output_router_logits=True).train()
-    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(3))
-    ref = model(input_ids=ids, labels=ids)
-    nki_kernels.patch(model)
-    out = model(input_ids=ids, labels=ids)
-    for a, b in zip(out.router_logits, ref.router_logits, strict=True):
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
-    assert ref.aux_loss is not None and ref.aux_loss > 0
-    torch.testing.assert_close(out.aux_loss, ref.aux_loss, atol=ATOL, rtol=RTOL)
 
 
 def test_deepseek_v3_router_is_the_models_own() -> None:
@@ -122,12 +131,49 @@ def test_deepseek_v3_router_is_the_models_own() -> None:
     assert type(model.model.layers[1].mlp.experts).__name__ == "HFExperts"
 
 
-def test_gpt_oss_is_refused_by_name() -> None:
-    cfg = transformers.GptOssConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2,
-    )  # fmt: skip
-    model = transformers.GptOssForCausalLM(cfg)
-    with pytest.raises(ValueError, match="model_type 'gpt_oss'"):
-        nki_kernels.patch(model)
+@pytest.mark.parametrize("model_type", sorted(BUILD))
+def test_router_logits_and_aux_loss_match(model_type: str) -> None:
+    """output_router_logits=True: every layer's router logits, the aux loss and the loss
+    with it, and the gradients through the routers, as unpatched."""
+    model = BUILD[model_type](output_router_logits=True).train()
+    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(5))
+    ref = model(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    ref_grads = {
+        n: p.grad.clone() for n, p in model.named_parameters() if "gate" in n or "router" in n
+    }
+    model.zero_grad()
+    nki_kernels.patch(model)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    assert len(out.router_logits) == len(ref.router_logits) > 0
+    for a, b in zip(out.router_logits, ref.router_logits, strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+    if ref.aux_loss is not None:
+        assert ref.aux_loss > 0
+        torch.testing.assert_close(out.aux_loss, ref.aux_loss, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(out.loss, ref.loss, atol=ATOL, rtol=RTOL)
+    assert ref_grads
+    for name, g in ref_grads.items():
+        p = dict(model.named_parameters())[name]
+        torch.testing.assert_close(p.grad, g, atol=ATOL, rtol=RTOL, msg=name)
+
+
+def test_gpt_oss_clamps_cut_and_attention_is_reported_kept() -> None:
+    """The test model reaches GPT-OSS's clamps (gate > 7, |up| > 7), so the matches above
+    cover the clamped branches; its sink attention stays the model's, said by name."""
+    model = _gpt_oss().eval()
+    seen: list[Any] = []
+    experts = model.model.layers[0].mlp.experts
+    hook = experts.register_forward_hook(lambda m, a, o: seen.append(a))
+    model(input_ids=torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(6)))
+    hook.remove()
+    x, idx, _ = seen[0]
+    z = (
+        torch.einsum("th,thn->tn", x, experts.gate_up_proj[idx[:, 0]])
+        + experts.gate_up_proj_bias[idx[:, 0]]
+    )
+    assert (z[:, 0::2] > 7).any() and (z[:, 1::2].abs() > 7).any()
+    report = nki_kernels.patch(model)
+    assert any("sinks" in why for _, why in report.skipped), str(report)
+    assert type(model.model.layers[0].mlp.experts).__name__ == "HFGatedExperts"

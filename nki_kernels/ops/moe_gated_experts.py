@@ -1,0 +1,338 @@
+"""MoE experts with the options of 2026's models, composed on `torch.ops.nki.grouped_mm`.
+
+    moe_gated_experts(hidden [T, H], weights [T, k], ids [T, k], w_gate_up [E, H, 2I],
+                      w_down [E, I, H], *, b_gate_up [E, 2I] = None, b_down [E, H] = None,
+                      activation = "swiglu" | "geglu" | "gpt_oss", interleaved = False,
+                      alpha = 1.702, limit = 7.0, shared_gate_up [H, 2Is] = None,
+                      shared_down [Is, H] = None, shared_gate [H] = None) -> [T, H]
+
+    out[t] = sum_j weights[t, j] * (act(x_t W_gu[e] + b_gu[e]) W_d[e] + b_d[e]),  e = ids[t, j]
+           + sigmoid(x_t . shared_gate) * act(x_t S_gu) S_d      (shared expert; ungated: 1)
+
+The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True)`):
+
+- dispatch: the T * k assignments sorted by expert (a stable sort: ties keep token
+  order), `offs` = cumulative counts, the token rows gathered in that order (torch ops);
+- the two expert matmuls: `torch.ops.nki.grouped_mm` (NKI; 128-row-granular blocks, empty
+  experts cost nothing) -- the weights may be transposed views (transformers' [E, 2I, H]
+  parameters pass `.transpose(1, 2)` without a copy);
+- `torch.ops.nki.expert_act` (NKI, `moe/expert_act.py`): per-expert bias + the gated
+  activation between them, and the down bias after the second (activation "none");
+  backward: `expert_act_backward` (NKI) for d h, the bias gradient as the per-expert row
+  sum of d h on grouped_mm's weight-gradient kernel (d b[e] = 1^T dh_e);
+- combine: out[t] = sum_j w[t, j] y[slot(t, j)] in fp32, one rounding (torch ops);
+- shared expert: the same kernels with one group of all T rows (not fused into the routed
+  launches: a separate pair of grouped_mm calls); its sigmoid gate's logits [T, 1] are a
+  one-group grouped_mm too.
+
+GPT-OSS: activation "gpt_oss" (gate clamped above at `limit`, up to [-limit, limit],
+(up + 1) * gate * sigmoid(alpha * gate): transformers' GptOssExperts._apply_gate) with
+interleaved (gate, up) columns and both biases. A NaN / Inf in a token stays in its row
+(and in the gradients of the experts it was routed to).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..moe.expert_act import ACTIVATIONS, expert_act_bwd, expert_act_fwd
+from ..runtime import launch, pad_to_bucket, unpad
+from ..targets import get_target
+from .checks import FLOAT_DTYPES, check_tensor
+from .registry import define_op
+
+GATED = tuple(a for a in ACTIVATIONS if a != "none")
+MAX_EXPERTS, MAX_TOP_K = 512, 16
+
+
+# ---- expert_act ---------------------------------------------------------------------------
+def _check_options(activation: str, interleaved: bool, alpha: float, limit: float) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}; got {activation!r}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved: expected a bool; got {interleaved!r}")
+    for arg, v in (("alpha", alpha), ("limit", limit)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+            raise TypeError(f"{arg}: expected a finite number; got {v!r}")
+    if activation == "gpt_oss" and not limit > 0:
+        raise ValueError(f"limit: expected > 0 for activation 'gpt_oss'; got {limit}")
+
+
+def _check_act(
+    h: Tensor,
+    bias: Tensor | None,
+    offs: Tensor,
+    activation: str,
+    interleaved: bool,
+    alpha: float,
+    limit: float,
+) -> None:
+    _check_options(activation, interleaved, alpha, limit)
+    check_tensor("h", h, dtypes=FLOAT_DTYPES, min_dim=2, nonempty=False)
+    if h.dim() != 2:
+        raise ValueError(f"h: expected 2 dims [M, N]; got {tuple(h.shape)}")
+    if activation != "none" and h.shape[1] % 2:
+        raise ValueError(f"h: expected an even width 2I (gate and up); got {h.shape[1]}")
+    check_tensor("offs", offs, dtypes=(torch.int32,), min_dim=1)
+    if offs.dim() != 1:
+        raise ValueError(f"offs: expected 1 dim [G]; got {tuple(offs.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=FLOAT_DTYPES, min_dim=2)
+        expected = (offs.shape[0], h.shape[1])
+        if tuple(bias.shape) != expected:
+            raise ValueError(
+                f"bias: expected [G, N] = {expected} (G from offs, N from h); got "
+                f"{tuple(bias.shape)}"
+            )
+        if bias.dtype != h.dtype:
+            raise TypeError(f"bias: expected dtype {h.dtype} (as h); got {bias.dtype}")
+    for arg, t in (("bias", bias), ("offs", offs)):
+        if t is not None and t.device != h.device:
+            raise ValueError(f"{arg}: expected device {h.device} (as h); got {t.device}")
+
+
+def _width(h: Tensor, activation: str) -> int:
+    return h.shape[1] if activation == "none" else h.shape[1] // 2
+
+
+def _row_group(offs: Tensor, rows: int) -> Tensor:
+    """[rows, 1] int32: the group of each row (rows past offs[-1]: the last group's)."""
+    r = torch.arange(rows, dtype=torch.int32, device=offs.device)
+    g = torch.searchsorted(offs, r, right=True)
+    return g.clamp(max=offs.shape[0] - 1).to(torch.int32).unsqueeze(1)
+
+
+def _act_launch(kernel: Any, tensors: tuple[Any, ...], *options: Any) -> Tensor:
+    activation, interleaved, alpha, limit = options
+    return launch(
+        kernel,
+        *tensors,
+        target=get_target(None),
+        activation=activation,
+        interleaved=interleaved,
+        alpha=float(alpha),
+        limit=float(limit),
+    )
+
+
+def _act_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    h, bias, offs, *options = inputs
+    ctx.save_for_backward(h, bias, offs)
+    ctx.options = options
+
+
+def _act_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    h, bias, offs = ctx.saved_tensors
+    activation = ctx.options[0]
+    dy = grad.to(h.dtype)
+    if activation == "none":
+        dh = dy.contiguous()
+    else:
+        dh = torch.ops.nki.expert_act_backward(dy, h, bias, offs, *ctx.options)
+    db = None
+    if bias is not None and ctx.needs_input_grad[1]:
+        ones = torch.ones((h.shape[0], 1), dtype=h.dtype, device=h.device)
+        db = torch.ops.nki.grouped_mm_weight_grad(ones, dh, offs)[:, 0, :]
+    return dh if ctx.needs_input_grad[0] else None, db, None, None, None, None, None
+
+
+def _act_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    b = torch.randn(3, 16, generator=g, requires_grad=True)
+    offs = torch.tensor([10, 10, 37], dtype=torch.int32)
+    return [
+        ((h, b, offs, "gpt_oss", True, 1.702, 7.0), {}),
+        ((h, None, offs, "swiglu", False, 1.0, 1.0), {}),
+        ((h, b, offs, "none", False, 1.0, 1.0), {}),
+    ]
+
+
+@define_op(
+    "expert_act",
+    fake=lambda h, bias, offs, activation, *a: h.new_empty((h.shape[0], _width(h, activation))),
+    validate=_check_act,
+    backward=_act_backward,
+    setup_context=_act_setup,
+    examples=_act_examples,
+    traceable=True,
+)
+def expert_act(
+    h: Tensor,
+    bias: Tensor | None,
+    offs: Tensor,
+    activation: str,
+    interleaved: bool,
+    alpha: float,
+    limit: float,
+) -> Tensor:
+    """act(h + bias[group of row]) on rows sorted by group (grouped_mm's offs) (NKI)."""
+    m = h.shape[0]
+    if m == 0:
+        return h.new_zeros((0, _width(h, activation)))
+    hp, _ = pad_to_bucket(h.detach(), 0)
+    rg = _row_group(offs, hp.shape[0])
+    b = None if bias is None else bias.detach().contiguous()
+    opts = (activation, interleaved, alpha, limit)
+    out = _act_launch(expert_act_fwd, (hp.contiguous(), b, rg), *opts)
+    return unpad(out, 0, m).contiguous()
+
+
+@define_op(
+    "expert_act_backward",
+    fake=lambda grad, h, *a: torch.empty_like(h),
+    validate=lambda grad, *a: _check_act(*a),
+    examples=lambda: [
+        ((torch.randn(37, 8), *(x.detach() if isinstance(x, Tensor) else x for x in e[0])), {})
+        for e in _act_examples()[:2]
+    ],
+    traceable=True,
+)
+def expert_act_backward(
+    grad: Tensor,
+    h: Tensor,
+    bias: Tensor | None,
+    offs: Tensor,
+    activation: str,
+    interleaved: bool,
+    alpha: float,
+    limit: float,
+) -> Tensor:
+    """d h of a gated `expert_act` (NKI); d bias is the per-group row sum of it."""
+    if activation == "none":
+        raise ValueError("activation: expected a gated activation for the backward; got 'none'")
+    m = h.shape[0]
+    if m == 0:
+        return torch.zeros_like(h)
+    hp, _ = pad_to_bucket(h.detach(), 0)
+    gp, _ = pad_to_bucket(grad.detach().to(h.dtype), 0)
+    rg = _row_group(offs, hp.shape[0])
+    b = None if bias is None else bias.detach().contiguous()
+    opts = (activation, interleaved, alpha, limit)
+    dh = _act_launch(expert_act_bwd, (hp.contiguous(), b, rg, gp.contiguous()), *opts)
+    return unpad(dh, 0, m).contiguous()
+
+
+# ---- the expert layer ---------------------------------------------------------------------
+def _check_layer(
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+) -> None:
+    check_tensor("hidden", hidden, dtypes=FLOAT_DTYPES, min_dim=2)
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden: expected 2 dims [T, H]; got {tuple(hidden.shape)}")
+    t, h = hidden.shape
+    check_tensor("weights", weights, dtypes=FLOAT_DTYPES, min_dim=2)
+    check_tensor("ids", ids, dtypes=(torch.int32, torch.int64), min_dim=2)
+    if ids.dim() != 2 or ids.shape[0] != t or tuple(weights.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"weights / ids: expected [T={t}, k] each (T from hidden); got "
+            f"{tuple(weights.shape)} / {tuple(ids.shape)}"
+        )
+    for arg, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        check_tensor(arg, w, dtypes=FLOAT_DTYPES, min_dim=3)
+        if w.dim() != 3 or w.dtype != hidden.dtype:
+            raise ValueError(
+                f"{arg}: expected 3 dims of dtype {hidden.dtype} (as hidden); got "
+                f"{tuple(w.shape)} {w.dtype}"
+            )
+    e = w_gate_up.shape[0]
+    if not 1 <= e <= MAX_EXPERTS:
+        raise ValueError(f"w_gate_up: expected E (dim 0) in 1..{MAX_EXPERTS}; got {e}")
+    if not 1 <= ids.shape[1] <= min(MAX_TOP_K, e):
+        raise ValueError(f"ids: expected 1..{min(MAX_TOP_K, e)} columns; got {ids.shape[1]}")
+    if w_gate_up.shape[1] != h or w_gate_up.shape[2] % 2:
+        raise ValueError(f"w_gate_up: expected [E, H={h}, 2I]; got {tuple(w_gate_up.shape)}")
+    i = w_gate_up.shape[2] // 2
+    if tuple(w_down.shape) != (e, i, h):
+        raise ValueError(f"w_down: expected [E, I, H] = {(e, i, h)}; got {tuple(w_down.shape)}")
+    if not torch.compiler.is_compiling() and ids.numel():  # data-dependent: eager only
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= e:
+            raise ValueError(f"ids: expected expert ids in [0, {e}); got min {lo}, max {hi}")
+
+
+def _check_shared(
+    hidden: Tensor, gu: Tensor | None, down: Tensor | None, gate: Tensor | None
+) -> None:
+    if (gu is None) != (down is None) or (gate is not None and gu is None):
+        raise ValueError("shared_gate_up / shared_down: give both (and shared_gate only with them)")
+    if gu is None or down is None:
+        return
+    h = hidden.shape[1]
+    if gu.dim() != 2 or gu.shape[0] != h or gu.shape[1] % 2 or gu.dtype != hidden.dtype:
+        raise ValueError(
+            f"shared_gate_up: expected [H={h}, 2Is] of dtype {hidden.dtype}; got "
+            f"{tuple(gu.shape)} {gu.dtype}"
+        )
+    if tuple(down.shape) != (gu.shape[1] // 2, h) or down.dtype != hidden.dtype:
+        raise ValueError(
+            f"shared_down: expected [Is, H] = {(gu.shape[1] // 2, h)} of dtype {hidden.dtype}; "
+            f"got {tuple(down.shape)} {down.dtype}"
+        )
+    if gate is not None and (gate.numel() != h or gate.dtype != hidden.dtype):
+        raise ValueError(
+            f"shared_gate: expected [H={h}] of dtype {hidden.dtype}; got "
+            f"{tuple(gate.shape)} {gate.dtype}"
+        )
+
+
+def _mlp(
+    x: Tensor, offs: Tensor, w_gu: Tensor, w_d: Tensor, b_gu: Any, b_d: Any, o: tuple
+) -> Tensor:
+    """act(x W_gu + b_gu) W_d + b_d per group (rows sorted by group)."""
+    a = torch.ops.nki.expert_act(torch.ops.nki.grouped_mm(x, w_gu, offs), b_gu, offs, *o)
+    y = torch.ops.nki.grouped_mm(a, w_d, offs)
+    if b_d is not None:
+        y = torch.ops.nki.expert_act(y, b_d, offs, "none", False, 1.0, 1.0)
+    return y
+
+
+def moe_gated_experts(
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    *,
+    b_gate_up: Tensor | None = None,
+    b_down: Tensor | None = None,
+    activation: str = "swiglu",
+    interleaved: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    shared_gate_up: Tensor | None = None,
+    shared_down: Tensor | None = None,
+    shared_gate: Tensor | None = None,
+) -> Tensor:
+    """[T, H]: the routed experts (with biases and the chosen activation) plus the shared
+    expert; see the module docstring."""
+    _check_layer(hidden, weights, ids, w_gate_up, w_down)
+    _check_options(activation, interleaved, alpha, limit)
+    if activation not in GATED:
+        raise ValueError(f"activation: expected one of {GATED}; got {activation!r}")
+    _check_shared(hidden, shared_gate_up, shared_down, shared_gate)
+    t, k = ids.shape
+    e = w_gate_up.shape[0]
+    opts = (activation, interleaved, float(alpha), float(limit))
+    flat = ids.reshape(-1).to(torch.int64)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(e, dtype=torch.int64, device=flat.device)
+    counts = counts.scatter_add(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)
+    x_sorted = hidden.index_select(0, order // k)
+    y = _mlp(x_sorted, offs, w_gate_up, w_down, b_gate_up, b_down, opts)
+    slot = torch.empty_like(order).scatter(0, order, torch.arange(t * k, device=order.device))
+    y_tok = y.index_select(0, slot).view(t, k, -1).to(torch.float32)
+    out = (weights.to(torch.float32).unsqueeze(-1) * y_tok).sum(1)
+    if shared_gate_up is not None and shared_down is not None:
+        one = torch.full((1,), t, dtype=torch.int32, device=hidden.device)
+        s = _mlp(hidden, one, shared_gate_up[None], shared_down[None], None, None, opts)
+        s = s.to(torch.float32)
+        if shared_gate is not None:
+            logit = torch.ops.nki.grouped_mm(hidden, shared_gate.reshape(1, -1, 1), one)
+            s = torch.sigmoid(logit.to(torch.float32)) * s
+        out = out + s
+    return out.to(hidden.dtype)

@@ -1,0 +1,135 @@
+"""moe.routing.route, option by option: forward and backward against a float64 per-token
+loop written from the option definitions (no torch.topk), with tied logits, NaN / Inf in
+a token (it stays in its row), 512 experts and k = 16; eager and under
+torch.compile(fullgraph=True); CPU and the emulated neuron device."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from nki_kernels.moe.routing import route
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "softmax-renorm": dict(top_k=3),
+    "softmax-scaled": dict(top_k=3, renormalize=False, scaling=1.5),
+    "softmax-bias": dict(top_k=3, bias=True),
+    "softmax-groups": dict(top_k=3, n_group=4, topk_group=3, renormalize=False),
+    "sigmoid-renorm-scaled": dict(top_k=4, scoring="sigmoid", scaling=2.5),
+    "sigmoid-bias": dict(top_k=4, scoring="sigmoid", bias=True, renormalize=False),
+    "sigmoid-groups-bias": dict(
+        top_k=4, scoring="sigmoid", bias=True, n_group=4, topk_group=2, scaling=2.5
+    ),
+    "after-topk": dict(top_k=4, softmax_after_topk=True, renormalize=False),
+    "after-topk-bias-scaled": dict(
+        top_k=2, softmax_after_topk=True, bias=True, renormalize=False, scaling=2.0
+    ),
+}
+
+
+def _order(vals: list[float], eligible: list[int], k: int) -> list[int]:
+    """k best of `eligible` by value, ties to the lower index, NaN only to fill k."""
+    nan = [e for e in eligible if math.isnan(vals[e])]
+    finite = [e for e in eligible if not math.isnan(vals[e])]
+    return (sorted(finite, key=lambda e: (-vals[e], e)) + nan)[:k]
+
+
+def reference(lg: torch.Tensor, bias: torch.Tensor | None, o: dict[str, Any]) -> tuple[Any, Any]:
+    """(weights [T, k] float64 with autograd to lg, ids [T, k]) by a loop over tokens."""
+    k, e = o["top_k"], lg.shape[1]
+    b = [0.0] * e if bias is None else bias.double().tolist()
+    rows_w, rows_i = [], []
+    for t in range(lg.shape[0]):
+        x = lg[t].double()
+        if o.get("softmax_after_topk"):
+            vals = [float(v) + b[j] for j, v in enumerate(x.tolist())]
+            ids = _order(vals, list(range(e)), k)
+            w = torch.softmax(x[ids], 0)
+        else:
+            s = torch.softmax(x, 0) if o.get("scoring", "softmax") == "softmax" else x.sigmoid()
+            vals = [float(v) + b[j] for j, v in enumerate(s.tolist())]
+            eligible = list(range(e))
+            if o.get("n_group"):
+                n, size = o["n_group"], e // o["n_group"]
+                score = []
+                for g in range(n):
+                    best = sorted((vals[j] for j in range(g * size, (g + 1) * size)), reverse=True)
+                    score.append(sum(best[:2]))
+                keep = _order(score, list(range(n)), o["topk_group"])
+                eligible = [j for j in range(e) if j // size in keep]
+            ids = _order(vals, eligible, k)
+            w = s[ids]
+            if o.get("renormalize", True):
+                w = w / (w.sum() + 1e-20)
+        rows_w.append(w * o.get("scaling", 1.0))
+        rows_i.append(ids)
+    return torch.stack(rows_w), torch.tensor(rows_i)
+
+
+def _inputs(name: str, t: int = 13, e: int = 16, ties: bool = False) -> tuple[Any, Any, Any]:
+    o = dict(OPTIONS[name])
+    g = torch.Generator().manual_seed(len(name))
+    lg = torch.randn(t, e, generator=g)
+    if ties:  # few distinct values: many equal logits per row
+        lg = torch.randint(-2, 3, (t, e), generator=g).float() / 2
+    bias = torch.randn(e, generator=g) * 0.3 if o.pop("bias", False) else None
+    return lg, bias, o
+
+
+def _compare(lg: Any, bias: Any, o: dict[str, Any], fn: Any = route, rows: Any = None) -> None:
+    rows = list(range(lg.shape[0])) if rows is None else rows
+    lf = lg.clone().requires_grad_()
+    w, ids = fn(lf, bias=bias, **o)
+    lr = lg.detach().cpu().double().requires_grad_()
+    wr, idr = reference(lr, None if bias is None else bias.cpu(), o)
+    assert torch.equal(ids.cpu()[rows], idr[rows])
+    torch.testing.assert_close(
+        w.detach().cpu().double()[rows], wr.detach()[rows], atol=1e-6, rtol=1e-6
+    )
+    gw = torch.randn(w.shape, generator=torch.Generator().manual_seed(3))
+    (w * gw.to(w.device)).sum().backward()
+    (wr[rows] * gw.double()[rows]).sum().backward()
+    assert lf.grad is not None and lr.grad is not None
+    grad = lf.grad.cpu().double()[rows]
+    assert torch.isfinite(grad).all()
+    torch.testing.assert_close(grad, lr.grad[rows], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_forward_and_backward_per_option(name: str, ties: bool) -> None:
+    _compare(*_inputs(name, ties=ties))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("name", ["softmax-bias", "sigmoid-groups-bias", "after-topk"])
+def test_nan_or_inf_in_a_token_stays_in_its_row(name: str, bad: float) -> None:
+    lg, bias, o = _inputs(name)
+    lg[4, 2] = bad
+    _compare(lg, bias, o, rows=[r for r in range(lg.shape[0]) if r != 4])
+    _, ids = route(lg, bias=bias, **o)
+    assert int(ids.min()) >= 0 and int(ids.max()) < lg.shape[1]  # a valid expert still
+
+
+def test_512_experts_top_16_with_groups() -> None:
+    lg, bias, o = _inputs("sigmoid-groups-bias", t=3, e=512)
+    _compare(lg, bias, {**o, "top_k": 16, "n_group": 8, "topk_group": 4})
+
+
+@pytest.mark.parametrize(
+    "name", ["softmax-groups", "sigmoid-groups-bias", "after-topk-bias-scaled"]
+)
+def test_torch_compile_fullgraph(name: str) -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(route, backend="aot_eager", fullgraph=True)
+    _compare(*_inputs(name, ties=True), fn=compiled)
+
+
+@pytest.mark.parametrize("name", ["sigmoid-groups-bias", "after-topk-bias-scaled"])
+def test_emulated_neuron_device(name: str, neuron: str) -> None:
+    lg, bias, o = _inputs(name, ties=True)
+    dev_bias = None if bias is None else bias.to(neuron)
+    _compare(lg.to(neuron), dev_bias, o, fn=lambda x, bias, **kw: route(x, bias=bias, **kw))
