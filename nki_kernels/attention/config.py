@@ -86,11 +86,13 @@ def _dry_run_error(
     `extra_sbuf` (bytes per partition) accounts for buffers the reduced run sizes
     smaller than the real problem (the forward's per-query bounds tile).
     """
-    from ..interp import run
+    from ..interp import run, settings
     from ..interp.errors import NkiValidationError
 
     try:
-        res = run(kernel, *args, target=target, trace_only=True)
+        # strict: a buffer the reduced run leaves untouched is used at full size
+        with settings(free_unused_tiles=False):
+            res = run(kernel, *args, target=target, trace_only=True)
     except NkiValidationError as err:
         return str(err)
     if res.peak_sbuf_bytes + extra_sbuf > target.sbuf_usable_bytes:

@@ -204,14 +204,15 @@ def stream_kernel_args(
 def _stream_dry_run(config: StreamConfig, problem: DecodeProblem, target: Target) -> str | None:
     """The interpreter's complaint about a trace-only launch of `problem` cut to one
     tile and at most two slabs (SBUF / PSUM use is per slab), or None."""
-    from ..interp import run
+    from ..interp import run, settings
     from ..interp.errors import NkiValidationError
 
     keys = min(problem.seq_k, 2 * P * config.piece)
     unit = replace(problem, batch=1, seq_k=keys)
     try:
-        res = run(decode_stream_fwd, *stream_kernel_args(unit, config), target=target,
-                  trace_only=True)  # fmt: skip
+        with settings(free_unused_tiles=False):  # strict: the full launch uses every buffer
+            res = run(decode_stream_fwd, *stream_kernel_args(unit, config), target=target,
+                      trace_only=True)  # fmt: skip
     except NkiValidationError as err:
         return str(err)
     if res.peak_sbuf_bytes > target.sbuf_usable_bytes:
@@ -245,13 +246,15 @@ def kernel_args(
 def _dry_run(config: DecodeConfig, problem: DecodeProblem, target: Target) -> str | None:
     """The interpreter's complaint about a trace-only run of one program of `problem`
     (at most DRY_RUN_STEPS key steps), or None."""
-    from ..interp import run
+    from ..interp import run, settings
     from ..interp.errors import NkiValidationError
 
     keys = min(problem.seq_k, DRY_RUN_STEPS * config.kv_tile)
     unit = replace(problem, batch=1, q_heads=problem.group, kv_heads=1, seq_k=keys)
     try:
-        res = run(decode_attention_fwd, *kernel_args(unit, config), target=target, trace_only=True)
+        with settings(free_unused_tiles=False):  # strict: the full launch uses every buffer
+            res = run(decode_attention_fwd, *kernel_args(unit, config), target=target,
+                      trace_only=True)  # fmt: skip
     except NkiValidationError as err:
         return str(err)
     if res.peak_sbuf_bytes > target.sbuf_usable_bytes:

@@ -165,6 +165,15 @@ V1_CAVEAT = (
 )
 
 
+def _band_sets(targets: Sequence[str]) -> list[str]:
+    """The parameter sets every band of `targets` spans (one paragraph each), or none."""
+    try:
+        from ..perfmodel.band import describe_sets
+    except ImportError:
+        return []
+    return [f"Band, {t}: {describe_sets(t)}.\n" for t in targets]
+
+
 def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) -> tuple[str, str]:
     """(tables page, details page) of the manual: the LNC 2 headline bullets and tables,
     and the LNC 1 ones with the capacity-factor rows."""
@@ -178,6 +187,7 @@ def markdown(rows: Sequence[BenchRow], cost_model: str, commits: Sequence[str]) 
         "",
         *(headline(rows, targets, 2, cost_model) or ["- no case priced by this cost model yet"]),
         "",
+        *_band_sets(targets),
     ]
     note = configs_note(rows)
     if note:

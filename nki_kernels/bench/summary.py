@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .bands import ceiling_label
 from .readme import FAMILIES, _geo, _pairs, geo_band
 from .rows import BenchRow
 
@@ -81,9 +82,10 @@ def _bound(row: BenchRow) -> str:
 def _engine(row: BenchRow) -> str:
     eff = ""
     if row.mfu is not None:
-        eff = f", MFU {100 * row.mfu:.0f} %"
+        eff = f", MFU {ceiling_label(f'{100 * row.mfu:.0f} %', row.op, row.mfu)}"
     elif row.hbm_fraction is not None:
-        eff = f", {100 * row.hbm_fraction:.0f} % of HBM bandwidth"
+        frac = ceiling_label(f"{100 * row.hbm_fraction:.0f} %", row.op, None, row.hbm_fraction)
+        eff = f", {frac} of HBM bandwidth"
     if row.bound_by.startswith("step:"):  # a native composition: its slowest step
         return f"slowest step{row.bound_by[len('step:') :]}{eff}"
     return f"{row.bound_by or 'unknown'}-bound{eff}"
@@ -151,6 +153,7 @@ def markdown(lines: Sequence[Line], lnc: int) -> str:
             f"| {x.title} | {x.phase} | {x.target} | {_cell(x.stats.get('aws'))} "
             f"| {_cell(x.stats.get('native'))} | {slower} |"
         )
+    out += ["", *(f"- {n}" for n in _band_notes(lines))]
     losses = [loss for x in lines for loss in x.losses]
     if losses:
         out += [
@@ -163,6 +166,16 @@ def markdown(lines: Sequence[Line], lnc: int) -> str:
             for x in losses
         ]
     return "\n".join(out)
+
+
+def _band_notes(lines: Sequence[Line]) -> list[str]:
+    """What each target's bands span: its parameter sets by name and the structural term."""
+    try:
+        from ..perfmodel.band import describe_sets
+    except ImportError:
+        return []
+    targets = sorted({x.target for x in lines})
+    return [f"Band, {t}: {describe_sets(t)}." for t in targets]
 
 
 def text(lines: Sequence[Line], lnc: int) -> str:
@@ -187,6 +200,7 @@ def text(lines: Sequence[Line], lnc: int) -> str:
             "no figure: nki-library has no kernel for the op, or it fails in the interpreter "
             "(the tables list why)"
         )
+    out += _band_notes(lines)
     losses = [loss for x in lines for loss in x.losses]
     if losses:
         out.append("where ours is slower:")

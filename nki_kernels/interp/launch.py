@@ -87,9 +87,10 @@ def settings(
     """Defaults for kernel calls made inside the block (`kernel(...)`, `kernel[2](...)`)
     by the calling thread (other threads keep their own settings).
 
-    `free_unused_tiles=True`: when a launch is replayed with last-use lifetimes
+    `free_unused_tiles` (default True): when a launch is replayed with last-use lifetimes
     (liveness.py), an on-chip tile no instruction touches is freed at once, as the
-    compiler drops a dead allocation (default: it keeps its Python lifetime).
+    compiler drops a dead allocation; False keeps its Python lifetime (a dry run of a
+    reduced problem whose full size uses every buffer).
     `compiler_schedule` (default True): in that replay, memory is accounted as neuronx-cc's
     default flow schedules it -- each tile placed at its first access, and an instruction
     that reads PSUM into SBUF counted right after the last instruction it depends on
@@ -323,6 +324,8 @@ def run_call(
         launch = state.Launch(tgt, lnc, t_only or not arithmetic)
         launch.grid = lnc > 1 if grid is None else grid
         launch.liveness = liveness
+        if liveness is not None:
+            liveness.reset()
         for prog in launch.programs:
             prog.memory.set_rotation(rotate)
         if not rotate:  # a replay: the kernel's prints were shown by the first attempt
@@ -354,6 +357,7 @@ def run_call(
                 free_unused=bool(state.settings_now()["free_unused_tiles"]),
                 reorder=recorder.reorder,
                 spans=recorder.spans,
+                ranges=recorder.live_ranges(),
             )
             result, launch = placed(plan)
         except MemoryPlanError as e:

@@ -12,11 +12,12 @@ is replayed twice:
    tile (keyed by program and allocation order: the meta-program is deterministic, the
    LNC programs take turns, so the keys repeat);
 2. the placing pass frees each tile right after its last counted use. A tile no
-   instruction touches keeps its Python lifetime by default: the project's dry runs of
-   a reduced problem (one head, a few blocks) allocate every buffer of the full plan
-   but use some only at full size, so they must still count. The compiler drops such a
-   dead allocation; `settings(free_unused_tiles=True)` does too (the conformance loader
-   sets it for AWS's kernels, whose small test shapes leave some buffers unused).
+   instruction touches is dropped at once, as the compiler drops a dead allocation
+   (default; AWS's small test shapes and nki-autotune's 2048^3 matmul, which allocates
+   4 x 4 rotating groups and uses 2 x 2, leave such buffers). The project's dry runs of
+   a reduced problem (one head, a few blocks) allocate every buffer of the full plan but
+   use some only at full size: they run with `settings(free_unused_tiles=False)`, under
+   which such a tile keeps its Python lifetime.
 
 A plan that still does not fit is a true overflow and fails with the numbers. Loops are
 unrolled Python (`range` and its aliases), so "last use" is the last use in the
@@ -46,10 +47,24 @@ The interpreter still executes the instructions in program order (their values d
 depend on the order); only the accounting follows the schedule, and the trace's region
 of a moved read-out may share an address with a later tile (a false dependency in the
 trace, never a wrong value).
+
+**Live ranges** (same mode, SBUF tiles without an explicit address): a tile whose every
+element is written again before it is next read holds no live value between its last
+read and that rewrite, so its bytes are free there. The replay frees the tile after the
+last read and places it again (anywhere) at the first write of the next live range. The
+default flow allocates "with graph coloring after it traces the kernel" (NKI
+`nki.compiler.Allocation.COLORING`) on a per-tensor liveness analysis (compiler release
+notes 2.30: "a per-tensor backward traversal that only visits blocks where each tensor
+is actually live"); liveness ends at a full overwrite. nki-library's MoE kernel reloads
+its hidden-state tiles in every block and fits on the chip only so (`shard_on_block`,
+whose AWS test cases ran on hardware). Splitting is assumed (M): the docs give no
+allocator example; a partial rewrite, an indirect write, a write of another dtype and a
+PSUM tile (matmul accumulation reads its destination) never end a live range.
 """
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -74,6 +89,7 @@ class Liveness:
         free_unused: bool = False,
         reorder: bool = False,
         spans: dict[Key, tuple[int, int]] | None = None,
+        ranges: dict[Key, list[tuple[int, int]]] | None = None,
     ) -> None:
         self.recording = plan is None
         self.free_unused = free_unused
@@ -87,9 +103,41 @@ class Liveness:
         self.last_write: dict[Key, int] = {}
         self.last_access: dict[Key, int] = {}
         self.spans: dict[Key, tuple[int, int]] = {} if spans is None else spans
+        # live ranges (slots) of the tiles that have more than one (recording: the
+        # closed ones, the open one through its last read, the writes since that read)
+        self.ranges: dict[Key, list[tuple[int, int]]] = {} if ranges is None else ranges
+        self._open: dict[Key, list[int]] = {}
+        self._rewrite: dict[Key, list[Any]] = {}  # [first slot, last slot, cover]
         # placing, with `reorder`: tiles to place / free at a slot, per program
         self.starts: dict[tuple[int, int], list[Storage]] = {}
         self.ends: dict[tuple[int, int], list[Storage]] = {}
+
+    def reset(self) -> None:
+        """Forget a placing pass's progress before the pass runs again (a placement retry)."""
+        if not self.recording:
+            self.seq = {}
+            self.starts = {}
+            self.ends = {}
+
+    def live_ranges(self) -> dict[Key, list[tuple[int, int]]]:
+        """Recording, at its end: each split tile's live ranges (slots), in order; ranges
+        that the schedule makes overlap are merged."""
+        out: dict[Key, list[tuple[int, int]]] = {}
+        for key, closed in self.ranges.items():
+            lo, hi = self._open[key]
+            tail = self._rewrite.get(key)
+            if tail is not None:
+                lo, hi = min(lo, tail[0]), max(hi, tail[1])
+            merged: list[list[int]] = []
+            for a, b in [*closed, (lo, hi)]:
+                if merged and a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], b)
+                    merged[-1][0] = min(merged[-1][0], a)
+                else:
+                    merged.append([a, b])
+            if len(merged) > 1:
+                out[key] = [(a, b) for a, b in merged]
+        return out
 
     def uses(self, key: Key) -> int:
         """Instructions that touch the tile `key` in the recorded run."""
@@ -108,6 +156,11 @@ class Liveness:
         if span is None:
             return False
         prog = key[0]
+        ranges = self.ranges.get(key)
+        if ranges is not None:
+            for (_, hi), (lo, _) in pairwise(ranges):
+                self.ends.setdefault((prog, hi), []).append(st)
+                self.starts.setdefault((prog, lo), []).append(st)
         self.ends.setdefault((prog, span[1]), []).append(st)
         if span[0] <= 2 * self.seq.get(prog, 0):  # its first slot is now
             return False
@@ -181,10 +234,81 @@ class Liveness:
             key = st.key
             span = spans.get(key)
             spans[key] = (slot, slot) if span is None else (min(span[0], slot), max(span[1], slot))
+        self._live_range(slot, dsts, srcs, seen)
         for k in written:
             self.last_write[k] = s
         for st in seen:
             self.last_access[st.key] = s
+
+    def _live_range(
+        self, slot: int, dsts: tuple[NkiTensor, ...], srcs: tuple[NkiTensor, ...], seen: list[Any]
+    ) -> None:
+        """Recording: extend or end the live ranges of the SBUF tiles `seen` at `slot`."""
+        from .language import sbuf
+
+        read = {t._st.key for t in srcs}
+        for t in (*dsts, *srcs):
+            ind = t.indirect
+            if ind is not None and hasattr(ind.index, "_st"):
+                read.add(ind.index._st.key)
+        for st in seen:
+            if st.buffer is not sbuf or st.pinned:
+                continue
+            key = st.key
+            if key in read:
+                tail = self._rewrite.pop(key, None)
+                cur = self._open.get(key)
+                if cur is None:
+                    lo = slot if tail is None else min(slot, tail[0])
+                    self._open[key] = [lo, slot]
+                elif tail is not None and tail[2] is True:  # rewritten whole: a new range
+                    self.ranges.setdefault(key, []).append((cur[0], cur[1]))
+                    self._open[key] = [min(slot, tail[0]), max(slot, tail[1])]
+                else:
+                    los = (cur[0], slot) if tail is None else (cur[0], slot, tail[0])
+                    his = (cur[1], slot) if tail is None else (cur[1], slot, tail[1])
+                    cur[0], cur[1] = min(los), max(his)
+                continue
+            tail = self._rewrite.get(key)
+            if tail is None:
+                tail = self._rewrite[key] = [slot, slot, None]
+            tail[0], tail[1] = min(tail[0], slot), max(tail[1], slot)
+            if tail[2] is not True:
+                tail[2] = _cover(st, [t for t in dsts if t._st is st], tail[2])
+
+
+def _cover(st: Storage, views: list[NkiTensor], mask: Any) -> Any:
+    """The elements of `st` a rewrite has written so far: True when all of them, a
+    boolean mask when some, False when a write's elements cannot be told (an indirect
+    view, another dtype): that rewrite never ends a live range."""
+    import numpy as np
+
+    from .engine import _affine
+
+    for t in views:
+        if mask is False or t.indirect is not None or t.dtype != st.dtype:
+            return False
+        if int(np.prod(t.shape)) == st.size and _dense(t):
+            return True
+        if mask is None:
+            mask = np.zeros(st.size, dtype=np.bool_)
+        addr = _affine(t.shape, t.strides) + t.offset
+        mask[addr[(addr >= 0) & (addr < st.size)]] = True
+    if isinstance(mask, np.ndarray) and bool(mask.all()):
+        return True
+    return mask
+
+
+def _dense(t: NkiTensor) -> bool:
+    """Whether the view's elements are distinct storage elements filling [offset, offset +
+    size): sorted by stride, each dimension's stride is the product of the smaller ones."""
+    dims = sorted((d, s) for s, d in zip(t.shape, t.strides) if s > 1)
+    step = 1
+    for d, s in dims:
+        if d != step:
+            return False
+        step *= s
+    return t.offset == 0
 
 
 def _add(seen: list[Any], st: Any) -> None:

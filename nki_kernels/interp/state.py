@@ -37,7 +37,7 @@ DEFAULT_SETTINGS: Mapping[str, Any] = MappingProxyType(
     {
         "target": None,
         "trace_only": False,
-        "free_unused_tiles": False,
+        "free_unused_tiles": True,
         "compiler_schedule": True,  # neuronx-cc's default flow (liveness.py)
         "mx_scale": "nki-0.6",
         "fresh_memory": "poison",

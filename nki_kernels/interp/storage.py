@@ -141,6 +141,7 @@ class Storage:
             self.key: tuple[int, int] | None = (launch.program_id, prog.onchip_count)
             prog.onchip_count += 1
             live = launch.liveness
+            self.pinned = address is not None
             if live is not None and not live.recording:
                 self.site = _kernel_line()  # only a replayed plan can fail for good
             if live is not None and live.recording:

@@ -249,6 +249,8 @@ def table(rows: list[Row]) -> str:
 def markdown_table(rows: list[Row], shapes: list[tuple[int, int]]) -> str:
     """One target's README table: per kernel, 'latency us (band), % of bound (band)' for
     each [tokens, hidden] of `shapes`, and the busiest engine(s)."""
+    from ..bench.bands import ceiling_label
+
     by = {(r.op, r.kernel, r.tokens, r.hidden): r for r in rows}
     head = "| kernel | " + " | ".join(f"[{n}, {h}]" for n, h in shapes) + " | busiest engine |"
     lines = [head, "|---|" + "---|" * len(shapes) + "---|"]
@@ -265,7 +267,8 @@ def markdown_table(rows: list[Row], shapes: list[tuple[int, int]]) -> str:
                 lat = format_band(r.latency_us, lo, hi, "us")
                 pct = 100 * r.hbm_fraction, 100 * r.bound_us / hi, 100 * r.bound_us / lo
                 cell = f"{lat}, {format_band(*pct, '%', 1)}"
-            cells.append(cell)
+            # a bandwidth fraction above the best published one is a ceiling of the model
+            cells.append(ceiling_label(cell, f"{op} {kernel}", None, r.hbm_fraction))
             if r.busiest not in busiest:
                 busiest.append(r.busiest)
         lines.append(f"| {op} {kernel} | " + " | ".join(cells) + f" | {' / '.join(busiest)} |")

@@ -87,6 +87,33 @@ def parameter_sets(target: str | Target | None = None) -> list[Target]:
     return sets
 
 
+def describe_sets(target: str | Target | None = None) -> str:
+    """What a band of `target` spans, in words: its parameter sets by name and the
+    structural term (printed under every table of bands)."""
+    tgt = get_target(target)
+    rec = _record()["targets"]
+    name = tgt.name if tgt.name in rec else ("trn2" if tgt.name == "trn3" else "")
+    loo = list(rec.get(name, {}).get("loo_sets", {}))
+    dropped = set(rec.get(name, {}).get("loo_dropped", ()))
+    kept = [aid for aid in loo if aid not in dropped]
+    words = [f"the shipped {tgt.name} parameters"]
+    if kept:
+        whose = "" if name == tgt.name else f" (trn2's, for the parameters {tgt.name} shares)"
+        words.append(f"{len(kept)} leave-one-out fits{whose} (without {', '.join(kept)})")
+    if dropped:
+        words.append(f"not the fits without {', '.join(sorted(dropped))} (> 25 % off it)")
+    if len(parameter_sets(tgt)) > 1 + len(kept):
+        from .fit import UNANCHORED
+
+        params = ", ".join(r[0] for r, _ in UNANCHORED.get(tgt.name, UNANCHORED.get("trn2", [])))
+        words.append(f"the slow and fast corners of the unanchored parameters ({params})")
+    pct = structural_pct(tgt)
+    return (
+        f"{'; '.join(words)}; widened by the cross-validated error {pct:.1f} % "
+        f"({pct * 2**0.5:.1f} % for a ratio of two modeled figures)"
+    )
+
+
 def _kept_loo_sets(rec: dict) -> list[dict]:
     dropped = set(rec.get("loo_dropped", ()))
     return [params for aid, params in rec["loo_sets"].items() if aid not in dropped]

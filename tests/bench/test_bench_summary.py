@@ -50,6 +50,26 @@ def test_summary_is_per_phase_with_geometric_means_bands_and_losses() -> None:
     assert "bench --reprice" in summary.text([], 2)
 
 
+def test_summary_labels_ceilings_and_names_the_band_parameter_sets() -> None:
+    # a losing case's efficiency above the best published measurement of its kind reads
+    # "ceiling"; under the table, each target's band names its parameter sets
+    def row(impl: str, lat: float, mfu: float) -> BenchRow:
+        return BenchRow(
+            "attention", "flash_attention fwd", "a", "trn2", impl, lat, LABEL,
+            bound_by="tensor", lnc=2, mfu=mfu, extra={"samples_us": [lat, lat]},
+        )  # fmt: skip
+
+    lines = summary.summarize([row("nki", 20.0, 0.60), row("native", 10.0, 0.40)], 2, "v9")
+    why = lines[0].losses[0].why
+    assert "ours tensor-bound, MFU 60 % ceiling" in why  # attention's reference: 46 %
+    assert "native path tensor-bound, MFU 40 %" in why and "40 % ceiling" not in why
+    md = summary.markdown(lines, 2)
+    assert "- Band, trn2: the shipped trn2 parameters; 6 leave-one-out fits" in md
+    assert "nki_autotune.attention_cte_causal_16k" in md and "semaphore_ns" in md
+    assert "cross-validated error 15.0 % (21.1 % for a ratio" in md
+    assert "Band, trn2:" in summary.text(lines, 2)
+
+
 def _tracked_changes() -> str:
     proc = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=all"],

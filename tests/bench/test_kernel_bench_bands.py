@@ -56,6 +56,22 @@ def test_norm_row_band_is_the_trace_scheduled_under_every_parameter_set() -> Non
     assert (lo / 1e3, hi / 1e3) == pytest.approx((row.latency_lo_us, row.latency_hi_us))
 
 
+def test_kernel_tables_label_fractions_above_the_best_published_as_ceilings() -> None:
+    # attention MFU above 46 % (attention_cte at S = 16384) and an HBM fraction above
+    # 70 % (the perf guide's best DMA utilization) read "ceiling"; below them they do not
+    from dataclasses import replace
+
+    attn = price_attention("fwd", 512, "trn2", True, shape=TINY_ATTN)
+    high, low = replace(attn, mfu=0.60), replace(attn, mfu=0.40)
+    rows = attention_markdown([high, low]).splitlines()[2:]
+    assert rows[0].endswith(" | 60.0 ceiling | " + attn.busiest + " |")
+    assert "ceiling" not in rows[1]
+    norm = price_norm("rms_norm", "fwd", 256, 512, "trn2")
+    fast = norm_markdown([replace(norm, hbm_fraction=0.9)], [(256, 512)])
+    slow = norm_markdown([replace(norm, hbm_fraction=0.5)], [(256, 512)])
+    assert "90.0 % ceiling |" in fast and "ceiling" not in slow
+
+
 def test_moe_layer_row_band_brackets_the_shipped_figure() -> None:
     shape = MoEShape("tiny", hidden=256, intermediate=512, num_experts=4, top_k=2)
     row = layer_row(shape, 512, "uniform", "trn2", bands=True)
