@@ -1,8 +1,11 @@
 """One rank of `nki-kernels parity --nproc N` (started by torchrun; see `distributed`).
 
 Phase "train": for each model, under each wrapper (DistributedDataParallel, then FSDP2
-`fully_shard`), the reference path and the NKI path train N steps each (same seed, same
-data order, each rank on its rows `rank::N` of every batch). After every step the full
+`fully_shard`), the reference path and its noise floor's second torch implementation
+(`alternative`, as in the single-process rule) train N steps; then the tolerance is fixed
+from the floor (see `floor_tolerance`) and printed; then the NKI path trains N steps under
+each wrapper (same seed, same data order, each rank on its rows `rank::N` of every
+batch). After every step the full
 parameters are hashed on every rank and the hashes compared, and the non-finite
 gradient elements counted (under DDP the parameters
 are replicas, so gradients that stayed synchronized keep them bit-identical; under FSDP2
@@ -34,18 +37,39 @@ import torch.distributed as dist
 from torch import nn
 
 WRAPPERS = ("ddp", "fsdp2")
-PATHS = ("reference", "nki")
+FLOOR_PATHS = ("reference", "alternative")
 
 
-def tolerance_of(loss0: float, given: float | None) -> tuple[float, str]:
-    """The --nproc tolerance on |Δloss| and its rule: 16 fp32 ulps of the reference's
-    first loss (no noise-floor runs here), or the given value."""
-    from .harness import ULPS, tolerance_for
+def _max_gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
+
+def floor_tolerance(
+    runs: dict[str, Any], single: list[float] | None, given: float | None, world: int
+) -> dict[str, Any]:
+    """The --nproc noise floor and the tolerance fixed from it, before any NKI run.
+
+    The floor is the largest |Δloss| between two correct torch runs of the same training:
+    under each wrapper, the reference against its second implementation
+    (`<wrapper>/alternative`, the single-process rule's pair), and the reference at N
+    processes against the same reference in one process on the whole batch (`single`:
+    the same objective, with every reduction over the batch grouped differently; None
+    when the ranks' shards are not the same objective, see `distributed`). Tolerance:
+    the single-process rule, max(3 x floor, 16 fp32 ulps of the first loss), or the
+    given value."""
+    from .harness import tolerance_for
+
+    parts: dict[str, float] = {}
+    for w in WRAPPERS:
+        ref = runs[f"{w}/reference"]["losses"]
+        parts[f"{w}: reference vs alternative"] = _max_gap(ref, runs[f"{w}/alternative"]["losses"])
+        if single is not None:
+            parts[f"{w}: {world} processes vs 1"] = _max_gap(ref, single)
+    floor = max(parts.values())
+    tol, rule = tolerance_for(floor, runs["ddp/reference"]["losses"][0], torch.float32)
     if given is not None:
-        return float(given), "given (--tolerance)"
-    tol, _ = tolerance_for(0.0, loss0, torch.float32)
-    return tol, f"{ULPS} x eps(float32) x |reference loss0| (no noise-floor runs under --nproc)"
+        tol, rule = float(given), "given (--tolerance)"
+    return {"value": tol, "rule": rule, "floor": floor, "floor_parts": parts}
 
 
 def entry(spec: str) -> Any:
@@ -98,30 +122,44 @@ def _digest(model: nn.Module) -> torch.Tensor:
     return torch.tensor(list(h.digest()[:8]), dtype=torch.int64)
 
 
-def _build(factory: Any, seed: int, patched: bool, wrapper: str) -> tuple[nn.Module, nn.Module]:
-    """(the module to call, the module holding the parameters) for one run."""
+def _build(factory: Any, seed: int, path: str, wrapper: str) -> tuple[nn.Module, nn.Module]:
+    """(the module to call, the module holding the parameters) for one run; `path` is
+    "reference", "alternative" (the noise floor's second torch implementation) or "nki"."""
     import nki_kernels
 
+    from .harness import _alternative_impl
+
+    alternative = path == "alternative"
     if getattr(factory, "builds_nki", False):
-        model = factory(seed=seed, nki=patched)
+        if alternative:
+            model = factory(seed=seed, nki=False, alternative=True)
+        else:
+            model = factory(seed=seed, nki=path == "nki")
     else:
         model = factory(seed=seed)
-        if patched:
+        if path == "nki":
             nki_kernels.patch(model)
     model.train()
     if getattr(factory, "titan_name", None) and wrapper == "fsdp2":
         return _titan_fsdp(model), model
+    # the plain factories' second implementation wraps the model (SDPA math backend)
+    call = _alternative_impl(model) if alternative and not factory_builds(factory) else model
     if wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model), model
+        return DDP(call), model
     from torch.distributed.fsdp import fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     for layer in layers if isinstance(layers, nn.ModuleList) else ():
         fully_shard(layer)  # one all-gather / reduce-scatter group per decoder layer
     fully_shard(model)
-    return model, model
+    return call, model
+
+
+def factory_builds(factory: Any) -> bool:
+    """Whether the factory builds both paths itself (TorchTitan, kernels: models)."""
+    return bool(getattr(factory, "builds_nki", False))
 
 
 def _titan_fsdp(lm: Any) -> nn.Module:
@@ -157,7 +195,10 @@ def _is_titan(model: nn.Module) -> bool:
 def _optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     # TorchTitan's flat optimizer state dict keys the state by parameter names
     params: Any = model.named_parameters() if _is_titan(model) else model.parameters()
-    return torch.optim.AdamW(params, lr=lr, foreach=False)
+    opt = torch.optim.AdamW(params, lr=lr, foreach=False)
+    if _is_titan(model):
+        model.attach_optimizer(opt)  # type: ignore[operator]
+    return opt
 
 
 def _titan_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -179,10 +220,10 @@ def _train(
     steps: range,
     save_at: int | None = None,
     save_to: Path | None = None,
+    sharded: bool = False,
 ) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     losses, nonfinite, in_sync = [], [], True
-    sharded = call is params  # FSDP2 shards the module itself; DDP wraps it
     t0 = time.perf_counter()
     for step in steps:
         if step == save_at:
@@ -256,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--tolerance", type=float, default=None)
     p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--single", type=Path, default=None, help="one-process reference losses")
     a = p.parse_args(argv)
     dist.init_process_group("gloo")
     data, half = entry(a.data), a.steps // 2
@@ -264,33 +306,44 @@ def main(argv: list[str] | None = None) -> int:
         if dist.get_rank() == 0:
             print(line, flush=True)
 
+    single = json.loads(a.single.read_text()) if a.single else {}
     result: dict[str, Any] = {}
     for spec in a.model:
         factory = entry(spec)
         runs: dict[str, Any] = {}
-        for wrapper in WRAPPERS:
-            ckpt = checkpoint_dir(a.work, spec, wrapper)
-            if a.phase == "train":
-                for path in PATHS:
-                    say(f"[parity] {spec}: {wrapper} {path} run, {a.steps} steps")
-                    call, params = _build(factory, a.seed, path == "nki", wrapper)
-                    opt = _optimizer(params, a.lr)
-                    save = half if path == "nki" else None
-                    runs[f"{wrapper}/{path}"] = _train(
-                        call, params, opt, data, a.seed, range(a.steps), save, ckpt
+        if a.phase == "train":
+            paths = [(w, p) for w in WRAPPERS for p in FLOOR_PATHS]
+            for wrapper, path in paths + [(w, "nki") for w in WRAPPERS]:
+                if path == "nki" and "tolerance" not in runs:
+                    runs["tolerance"] = t = floor_tolerance(
+                        runs, single.get(spec), a.tolerance, dist.get_world_size()
                     )
-                    if wrapper == "ddp" and path == "reference":
-                        tol, rule = tolerance_of(runs["ddp/reference"]["losses"][0], a.tolerance)
-                        say(
-                            f"[parity] {spec}: tolerance, fixed before the NKI runs: "
-                            f"|Δloss| <= {tol:.3g} = {rule}"
-                        )
-            else:
-                call, params = _build(factory, a.seed, True, wrapper)
+                    say(
+                        f"[parity] {spec}: tolerance, fixed before the NKI runs: "
+                        f"|Δloss| <= {t['value']:.3g} = {t['rule']}; floor parts "
+                        + ", ".join(f"{k} {v:.3g}" for k, v in t["floor_parts"].items())
+                    )
+                say(f"[parity] {spec}: {wrapper} {path} run, {a.steps} steps")
+                call, params = _build(factory, a.seed, path, wrapper)
                 opt = _optimizer(params, a.lr)
-                _load(call, opt, ckpt)
+                save = half if path == "nki" else None
+                ckpt = checkpoint_dir(a.work, spec, wrapper)
+                runs[f"{wrapper}/{path}"] = _train(
+                    call, params, opt, data, a.seed, range(a.steps), save, ckpt, wrapper == "fsdp2"
+                )
+        else:
+            for wrapper in WRAPPERS:
+                call, params = _build(factory, a.seed, "nki", wrapper)
+                opt = _optimizer(params, a.lr)
+                _load(call, opt, checkpoint_dir(a.work, spec, wrapper))
                 runs[f"{wrapper}/resumed"] = _train(
-                    call, params, opt, data, a.seed, range(half, a.steps)
+                    call,
+                    params,
+                    opt,
+                    data,
+                    a.seed,
+                    range(half, a.steps),
+                    sharded=wrapper == "fsdp2",
                 )
         result[spec] = runs
     if dist.get_rank() == 0:

@@ -16,9 +16,16 @@ deltas against the tolerance, the first divergent step, non-finite gradient elem
 per step, whether the parameters stayed identical on all ranks, the resumed run's max
 |Δloss| against the uninterrupted NKI run, and FSDP2 against DDP on the same path (the
 two reduce gradients differently, so this shows FSDP2's reduce-scatter gives DDP's
-all-reduce result). The tolerance is the single-process rule's ulp term (16 fp32 ulps
-of the first loss): there are no noise-floor runs here, so this mode is for fp32 models
-(or pass --tolerance).
+all-reduce result).
+
+The tolerance is fixed first, from a noise floor measured in this mode (`dist_rank.
+floor_tolerance`): before the launches, the reference trains N steps in this process on
+the whole batch (one process: the same objective as the ranks' mean loss when every rank
+holds as many loss positions, checked by `same_objective`; otherwise that term is left
+out and the rule says so); in the train launch, under each wrapper, the reference and its
+second torch implementation (the single-process rule's pair) train before any NKI run.
+The floor is the largest |Δloss| of those pairs, the tolerance max(3 x floor, 16 fp32
+ulps of the first loss), printed before the NKI runs.
 
 Each rank's output goes to `<out>/logs/<phase>/`; when a launch fails, the error quotes
 the failing ranks' last lines (torchrun itself reports only an exit code).
@@ -32,8 +39,59 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .dist_rank import WRAPPERS, tolerance_of
+from .dist_rank import WRAPPERS, entry, factory_builds
 from .report import loss_figure, save_figure
+
+IGNORE_INDEX = -100  # the loss positions' mark, as in torch's cross_entropy
+
+
+def same_objective(data: Any, seed: int, steps: int, world: int) -> str | None:
+    """None when the mean over `world` ranks of each rank's mean loss is the one-process
+    mean loss for every step's batch; otherwise why not. With `labels`, every rank must
+    hold as many loss positions (labels != -100, before and after the one-position shift
+    of a causal-LM loss); without, as many rows."""
+    for step in range(steps):
+        batch = data(seed, step)
+        labels = batch.get("labels")
+        if labels is None:
+            rows = {
+                len(v[r::world])
+                for v in batch.values()
+                if hasattr(v, "shape")
+                for r in range(world)
+            }
+            if len(rows) > 1:
+                return f"step {step}: the ranks hold different numbers of rows"
+            continue
+        for shifted in (labels, labels[:, 1:]):
+            counts = {int((shifted[r::world] != IGNORE_INDEX).sum()) for r in range(world)}
+            if len(counts) > 1:
+                return f"step {step}: the ranks hold different numbers of loss positions"
+    return None
+
+
+def single_process(
+    models: list[str], data: str, steps: int, seed: int, lr: float, world: int
+) -> dict[str, Any]:
+    """Per model, the reference's losses trained in this process on the whole batch (the
+    --nproc floor's one-process run), or the reason it is not the same objective."""
+    from .harness import _train
+
+    batches = entry(data)
+    out: dict[str, Any] = {}
+    for spec in models:
+        why = same_objective(batches, seed, steps, world)
+        if why is not None:
+            out[spec] = {"losses": None, "why_not": why}
+            continue
+        factory = entry(spec)
+        model = factory(seed=seed, nki=False) if factory_builds(factory) else factory(seed=seed)
+        print(
+            f"[parity] {spec}: one-process reference run (noise floor), {steps} steps", flush=True
+        )
+        run, _ = _train("single", model, batches, seed, range(steps), "cpu", lr)
+        out[spec] = {"losses": run.losses, "seconds_per_step": run.seconds / steps}
+    return out
 
 
 def _torchrun(nproc: int, phase: str, work: Path, args: list[str]) -> dict[str, Any]:
@@ -83,19 +141,22 @@ def merge(
     steps: int,
     train: dict[str, Any],
     resume: dict[str, Any],
-    tolerance: float | None,
 ) -> dict[str, Any]:
-    """One model's report from the two phases' results."""
-    tol, rule = tolerance_of(train["ddp/reference"]["losses"][0], tolerance)  # as printed
-    half = steps // 2
+    """One model's report from the two phases' results (the tolerance as the train
+    launch fixed and printed it before the NKI runs)."""
+    fixed = train["tolerance"]
+    tol, half = fixed["value"], steps // 2
     out: dict[str, Any] = {
         "model": model,
         "world_size": world,
         "backend": "gloo (CPU)",
         "steps": steps,
+        "floor": fixed["floor"],
+        "floor_parts": fixed["floor_parts"],
         "tolerance": tol,
-        "tolerance_rule": rule,
+        "tolerance_rule": fixed["rule"],
         "resume_from": half,
+        "single_process": train.get("single_process"),
     }
     passed = True
     for w in WRAPPERS:
@@ -114,6 +175,7 @@ def merge(
         out[w] = {
             "wrapper": "DistributedDataParallel" if w == "ddp" else "FSDP2 (fully_shard)",
             "reference_losses": ref["losses"],
+            "alternative_losses": train[f"{w}/alternative"]["losses"],
             "candidate_losses": cand["losses"],
             "resumed_losses": resumed["losses"],
             "deltas": deltas,
@@ -127,6 +189,7 @@ def merge(
             "resume_max_delta": resume_delta,
             "seconds_per_step": {
                 "reference": ref["seconds_per_step"],
+                "alternative": train[f"{w}/alternative"]["seconds_per_step"],
                 "candidate": cand["seconds_per_step"],
             },
             "passed": ok,
@@ -162,7 +225,11 @@ def launch(
             f"steps: expected >= 2 (a resume point needs a step before it); got {steps}"
         )
     out.mkdir(parents=True, exist_ok=True)
+    single = single_process(models, data, steps, seed, lr, nproc)
+    single_path = out / "single.json"
+    single_path.write_text(json.dumps({m: s["losses"] for m, s in single.items()}) + "\n")
     args = ["--data", data, "--steps", str(steps), "--seed", str(seed), "--lr", str(lr)]
+    args += ["--single", str(single_path)]
     if tolerance is not None:
         args += ["--tolerance", str(tolerance)]
     for m in models:
@@ -171,7 +238,8 @@ def launch(
     resume = _torchrun(nproc, "resume", out, args)
     reports = {}
     for m in models:
-        r = merge(m, nproc, steps, train[m], resume[m], tolerance)
+        train[m]["single_process"] = single[m]
+        r = merge(m, nproc, steps, train[m], resume[m])
         report_path(out, m, nproc).write_text(json.dumps(r, indent=1) + "\n")
         reports[m] = r
     return reports
@@ -181,8 +249,12 @@ def summary(r: dict[str, Any]) -> list[str]:
     """The verdict lines of one model's distributed report."""
     lines = [
         f"[parity] {r['model']}: {r['world_size']} ranks, {r['backend']}; tolerance "
-        f"{r['tolerance']:.3g} ({r['tolerance_rule']}), fixed before the NKI runs"
+        f"{r['tolerance']:.3g} ({r['tolerance_rule']}), fixed before the NKI runs; floor "
+        + ", ".join(f"{k} {v:.3g}" for k, v in r["floor_parts"].items())
     ]
+    single = r.get("single_process") or {}
+    if single.get("why_not"):
+        lines.append(f"[parity]   no one-process floor run: {single['why_not']}")
     for w in WRAPPERS:
         x = r[w]
         first = x["first_divergent_step"]

@@ -132,7 +132,11 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: dict[str, Any], r
 
 
 def _optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    attach = getattr(model, "attach_optimizer", None)  # a framework's optimizer hooks
+    if attach is not None:
+        attach(opt)
+    return opt
 
 
 def _train(

@@ -15,6 +15,11 @@ one at a time with their products kept in fp32 (TorchTitan's experts compute in 
 whatever the model's dtype; where a bf16 result is rounded is an implementation's free
 choice, so that gap is part of the floor).
 
+The optimizer gets what TorchTitan's trainer gives it: the model spec's
+`post_optimizer_build_fn` (for MoE models, `register_moe_load_balancing_hook`: before each
+step, the expert bias moves by the load-balance coefficient against each expert's token
+count, summed over the ranks), called by `TitanLM.attach_optimizer`.
+
 `titan_batches(seed, step)`: tokens [2, 64] in three packed documents (positions reset
 to 0 at each start, as TorchTitan's dataloader emits them), labels the next token.
 """
@@ -41,12 +46,19 @@ def parse(name: str) -> tuple[str, str] | None:
     return (family, flavor) if family in FAMILIES and flavor else None
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float | None) -> Tensor:
-    """q, k, v [B, L, N, H] -> [B, L, N, H] with a bool mask [B|1, 1, L, L]."""
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float | None, math: bool
+) -> Tensor:
+    """q, k, v [B, L, N, H] -> [B, L, N, H] with a bool mask [B|1, 1, L, L]; `math`: on
+    SDPA's math backend. The backend is chosen here, inside the module's forward, so an
+    activation-checkpoint recomputation (run during backward) uses the same one."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=allowed, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+    with sdpa_kernel([SDPBackend.MATH]) if math else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
     return out.transpose(1, 2)
 
 
@@ -58,6 +70,8 @@ def _reference_classes() -> dict[str, Any]:
     class TorchFlexReference(tt.FlexAttention):
         """The FlexAttention call on torch's SDPA with the BlockMask's mask_mod."""
 
+        math_sdpa = False  # the noise floor's run: SDPA's math backend
+
         @dataclass(kw_only=True, slots=True)
         class Config(tt.FlexAttention.Config):
             pass
@@ -65,10 +79,12 @@ def _reference_classes() -> dict[str, Any]:
         def forward(self, q, k, v, *, attention_masks, scale=None, **kw):  # type: ignore[no-untyped-def, override]
             b, length = q.shape[:2]
             allowed = create_mask(attention_masks.mask_mod, b, 1, length, length, q.device)
-            return _sdpa(q, k, v, allowed, scale)
+            return _sdpa(q, k, v, allowed, scale, self.math_sdpa)
 
     class TorchVarlenReference(tt.NkiVarlenAttention):
         """The VarlenAttention call on torch's SDPA with its documents and window."""
+
+        math_sdpa = False  # the noise floor's run: SDPA's math backend
 
         @dataclass(kw_only=True, slots=True)
         class Config(tt.VarlenAttention.Config):
@@ -84,7 +100,8 @@ def _reference_classes() -> dict[str, Any]:
                 allowed = allowed & (j <= i)
             if self.sliding is not None:
                 allowed = allowed & (j > i - self.sliding)
-            return _sdpa(q, k, v, allowed.unsqueeze(1), scale)
+            math = self.math_sdpa
+            return _sdpa(q, k, v, allowed.unsqueeze(1), scale, math)
 
     class LoopGroupedExperts(tt.GroupedExperts):
         """The noise floor's second bf16 experts: one expert at a time, the same bf16
@@ -122,33 +139,72 @@ def _reference_classes() -> dict[str, Any]:
     return {"converter": ReferenceConverter}
 
 
+class DataParallelDims:
+    """What `register_moe_load_balancing_hook` reads of TorchTitan's ParallelDims, for
+    data parallelism only (gloo on CPU: ParallelDims builds its meshes for TorchTitan's
+    accelerator type): the "loss" mesh is the world (None in one process), no expert or
+    tensor parallelism."""
+
+    ep_enabled = False
+    tp = 1
+
+    def __init__(self) -> None:
+        self._mesh: Any = None
+
+    def get_optional_mesh(self, dims: str) -> Any:
+        import torch.distributed as dist
+
+        if dims != "loss":
+            raise ValueError(f"dims: expected 'loss' (data parallelism only); got {dims!r}")
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return None
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            world = dist.get_world_size()
+            self._mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("loss",))
+        return self._mesh
+
+
 class TitanLM(nn.Module):
     """A TorchTitan decoder with a causal-LM loss: forward(tokens, positions, labels) ->
     mean cross entropy (fp32). `layers` is TorchTitan's ModuleDict (FSDP2 and
     activation checkpointing wrap its blocks)."""
 
-    def __init__(self, model: nn.Module, replaced: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        replaced: dict[str, int] | None = None,
+        post_optimizer_build_fn: Any = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.nki_replaced = replaced or {}
         self.math_sdpa = False
+        self.post_optimizer_build_fn = post_optimizer_build_fn
+
+    def attach_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        """Give `opt` the model spec's post-optimizer hooks, as TorchTitan's trainer does
+        (a torch optimizer has the container's `register_step_pre_hook`)."""
+        if self.post_optimizer_build_fn is not None:
+            self.post_optimizer_build_fn(opt, [self.model], DataParallelDims())
 
     @property
     def layers(self) -> nn.Module:
         return self.model.layers  # type: ignore[return-value]
 
     def parity_alternative(self) -> TitanLM:
-        """The same model on the noise floor's second torch implementation (SDPA math)."""
+        """The same model on the noise floor's second torch implementation: each
+        reference attention module on SDPA's math backend."""
         self.math_sdpa = True
+        for m in self.model.modules():
+            if hasattr(type(m), "math_sdpa"):
+                m.math_sdpa = True
         return self
 
     def forward(self, tokens: Tensor, positions: Tensor, labels: Tensor) -> Tensor:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        ctx = sdpa_kernel([SDPBackend.MATH]) if self.math_sdpa else contextlib.nullcontext()
-        with ctx:
-            masks = self.model.get_attention_masks(positions)  # type: ignore[operator]
-            logits = self.model(tokens, positions, masks)
+        masks = self.model.get_attention_masks(positions)  # type: ignore[operator]
+        logits = self.model(tokens, positions, masks)
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
@@ -187,7 +243,7 @@ def build(
     model = config.build()
     model.init_states(buffer_device=None)
     replaced = Counter(type(m).__name__ for m in model.modules() if type(m).__name__[:3] == "Nki")
-    lm = TitanLM(cast_real(model, dtype), dict(replaced))
+    lm = TitanLM(cast_real(model, dtype), dict(replaced), spec.post_optimizer_build_fn)
     return lm.parity_alternative() if alternative else lm
 
 
@@ -232,4 +288,13 @@ def titan_batches(seed: int, step: int) -> dict[str, Any]:
     return {"tokens": ids[:, :-1], "positions": positions, "labels": ids[:, 1:]}
 
 
-__all__ = ["FAMILIES", "TitanLM", "build", "cast_real", "parse", "titan_batches", "titan_factory"]
+__all__ = [
+    "FAMILIES",
+    "DataParallelDims",
+    "TitanLM",
+    "build",
+    "cast_real",
+    "parse",
+    "titan_batches",
+    "titan_factory",
+]

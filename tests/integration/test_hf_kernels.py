@@ -64,15 +64,29 @@ def test_kernelize_training_matches_transformers(model_type, device) -> None:
     _assert_same(_run(ref, batch), _run(model, batch))
 
 
-def test_kernelize_for_torch_compile_compiles_and_matches() -> None:
-    ref = tiny_model("llama", num_hidden_layers=1).train()
+@pytest.mark.parametrize("model_type", ["llama", "mixtral"])
+def test_kernelize_for_torch_compile_compiles_and_matches(model_type) -> None:
+    ref = tiny_model(model_type, num_hidden_layers=1).train()
     model = copy.deepcopy(ref)
     mode = kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE
     hf_kernels.kernelize_model(model, device="cpu", mode=mode)
-    assert hf_kernels.kernelized(model) == {"LlamaAttention": 1, "RMSNorm": 3}
+    assert hf_kernels.kernelized(model) == {
+        k: 1 if k != "RMSNorm" else 3 for k in EXPECTED[model_type]
+    }
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     batch = _batch()
     _assert_same(_run(ref, batch), _run(compiled, batch))
+
+
+def test_declarations_are_the_supports_these_tests_exercise() -> None:
+    """Truthful declarations: a layer declares `has_backward` only if the training test
+    above runs its backward against transformers' gradients, and `can_torch_compile`
+    only if the compile test above runs it compiled with fullgraph=True (forward and
+    backward); both tests together cover the layers that EXPECTED lists."""
+    exercised = {layer for layers in EXPECTED.values() for layer in layers}
+    for name, cls in hf_kernels.layer_classes().items():
+        declared = {flag for flag in ("has_backward", "can_torch_compile") if getattr(cls, flag)}
+        assert declared <= ({"has_backward", "can_torch_compile"} if name in exercised else set())
 
 
 @pytest.mark.parametrize(
@@ -100,3 +114,22 @@ def test_a_layer_without_the_modes_support_keeps_its_forward(attr, mode, used) -
 def test_unknown_device_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="device"):
         hf_kernels.kernelize_model(tiny_model("llama"), device="cuda")
+
+
+def test_kernelized_for_neuron_trains_on_the_emulated_neuron_device(neuron) -> None:
+    """device="neuron": the repository's layers on the (emulated) neuron device, forward
+    and backward on device tensors, against transformers on CPU."""
+    ref = tiny_model("llama", num_hidden_layers=1).train()
+    model = copy.deepcopy(ref)
+    hf_kernels.kernelize_model(model, device="neuron", mode=kernels.Mode.TRAINING)
+    assert hf_kernels.kernelized(model) == {"LlamaAttention": 1, "RMSNorm": 3}
+    model = model.to(neuron)
+    batch = _batch()
+    out = model(**{k: v.to(neuron) for k, v in batch.items()})
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert out.logits.device.type == "neuron" and all(
+        g.device.type == "neuron" for g in grads.values()
+    )
+    got = (out.logits.detach().cpu(), {n: g.cpu() for n, g in grads.items()})
+    _assert_same(_run(ref, batch), got)

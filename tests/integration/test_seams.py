@@ -10,8 +10,9 @@ import inspect
 from importlib.metadata import PackageNotFoundError, version
 
 import pytest
+import torch
 
-PINS = {"torchtitan": "0.3.0", "kernels": "0.19.1"}
+PINS = {"torchtitan": "0.3.0", "kernels": "0.19.1", "transformers": "5.25.0"}
 
 
 def _installed(package: str) -> str:
@@ -28,6 +29,14 @@ def _seam(package: str, what: str, ok: bool) -> None:
     )
 
 
+def _attr(package: str, module: str, name: str):
+    """`module.name`, or a failure naming the package, its versions and the seam."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        _seam(package, f"{module}.{name}", False)
+
+
 def _params(fn) -> list[str]:
     return list(inspect.signature(fn).parameters)
 
@@ -36,8 +45,8 @@ def _params(fn) -> list[str]:
 def test_pinned_version_installed(package: str) -> None:
     got = _installed(package)
     assert got == PINS[package], (
-        f"{package}: expected the pinned {PINS[package]} (make install; torchtitan with "
-        f"--no-deps); got {got}"
+        f"{package}: expected the pinned {PINS[package]} (make install: the integrations "
+        f"extra; torchtitan with --no-deps); got {got}"
     )
 
 
@@ -121,6 +130,26 @@ def test_torchtitan_seams() -> None:
             f"{family}.model_registry(flavor, attn_backend, converters)",
             {"flavor", "attn_backend", "converters"} <= set(_params(reg)),
         )
+    spec = _attr(p, "torchtitan.protocols.model_spec", "ModelSpec")
+    _seam(
+        p,
+        "ModelSpec.post_optimizer_build_fn",
+        "post_optimizer_build_fn" in {f.name for f in dataclasses.fields(spec)},
+    )
+    hook = _attr(p, "torchtitan.components.optimizer", "register_moe_load_balancing_hook")
+    _seam(
+        p,
+        "register_moe_load_balancing_hook(optimizers, model_parts, parallel_dims)",
+        _params(hook) == ["optimizers", "model_parts", "parallel_dims"],
+    )
+    apply_fsdp = _attr(p, "torchtitan.distributed.fsdp", "apply_fsdp_to_decoder")
+    _seam(
+        p,
+        "apply_fsdp_to_decoder(model, mesh, *, param_dtype, reduce_dtype, pp_enabled)",
+        {"param_dtype", "reduce_dtype", "pp_enabled"} <= set(_params(apply_fsdp)),
+    )
+    full_ac = _attr(p, "torchtitan.distributed.activation_checkpoint", "FullAC")
+    _seam(p, "FullAC.Config().build(...).apply(model)", hasattr(full_ac, "Config"))
 
 
 def test_kernels_seams() -> None:
@@ -147,10 +176,53 @@ def test_kernels_seams() -> None:
         "replace_kernel_forward_from_hub(cls, layer_name)",
         _params(kernels.replace_kernel_forward_from_hub)[:2] == ["cls", "layer_name"],
     )
-    from transformers.models.llama import modeling_llama
 
+
+def test_transformers_seams() -> None:
+    """What the kernels layers copy or read of transformers' modules."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.mixtral import modeling_mixtral
+
+    p = "transformers"
     _seam(
         p,
-        "transformers' LlamaRMSNorm marked 'RMSNorm'",
+        "LlamaRMSNorm marked 'RMSNorm' (use_kernel_forward_from_hub)",
         getattr(modeling_llama.LlamaRMSNorm, "kernel_layer_name", None) == "RMSNorm",
     )
+    for cls in (modeling_llama.LlamaAttention, modeling_mixtral.MixtralAttention):
+        _seam(
+            p,
+            f"{cls.__name__}.forward(hidden_states, position_embeddings, attention_mask, ...)",
+            _params(cls.forward)[1:4] == ["hidden_states", "position_embeddings", "attention_mask"],
+        )
+    moe = modeling_mixtral.MixtralSparseMoeBlock
+    _seam(
+        p,
+        "MixtralSparseMoeBlock.forward(hidden_states)",
+        _params(moe.forward)[1:] == ["hidden_states"],
+    )
+    experts = inspect.getsource(modeling_mixtral.MixtralExperts.__init__)
+    _seam(
+        p,
+        "MixtralExperts gate_up_proj / down_proj",
+        "gate_up_proj" in experts and "down_proj" in experts,
+    )
+    t, cos = torch.ones(1, 1, 2, 4), torch.ones(1, 2, 4)  # q, k [B, N, S, D]; cos, sin [B, S, D]
+    rotated = modeling_llama.apply_rotary_pos_emb(t, t, cos, cos)
+    _seam(
+        p,
+        "apply_rotary_pos_emb(q, k, cos, sin) -> (q, k)",
+        len(rotated) == 2 and all(r.shape == t.shape for r in rotated),
+    )
+
+
+@pytest.mark.parametrize("package", sorted(PINS))
+def test_a_moved_seam_fails_naming_the_package_and_its_versions(package: str) -> None:
+    with pytest.raises(AssertionError) as err:
+        _seam(package, "some_function(a, b)", False)
+    assert str(err.value).startswith(
+        f"{package} {_installed(package)} (integration tested with {PINS[package]}): "
+        "some_function(a, b) changed"
+    )
+    with pytest.raises(AssertionError, match=f"{package} .*: torch.no_such_module.f"):
+        _attr(package, "torch.no_such_module", "f")

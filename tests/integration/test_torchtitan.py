@@ -393,3 +393,51 @@ def test_triton_stand_in_never_shadows_a_findable_triton(monkeypatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
     tt._triton_stand_in()
     assert tt._EP_KERNELS not in sys.modules
+
+
+def test_load_balancing_hook_moves_the_bias_and_the_nki_moe_routes_by_it() -> None:
+    """The parity optimizer gets TorchTitan's `register_moe_load_balancing_hook` (the
+    model spec's post-optimizer hook); after the first step the expert bias is non-zero,
+    so the NKI MoE routes by TorchTitan's router code with that bias (the fused kernel
+    does not take one) and its experts run on `moe_experts`, on the stock loss."""
+    from nki_kernels.parity.harness import _optimizer
+
+    batch = titan.titan_batches(0, 0)
+    runs = {}
+    for nki in (False, True):
+        m = titan.build("deepseekv3_debugmodel", nki=nki, layers=2)
+        opt = _optimizer(m, 1e-3)
+        m(**batch).backward()
+        opt.step()  # the pre-step hook moves expert_bias_E from the token counts
+        bias = m.model.layers["1"].moe.expert_bias_E
+        tt.reset_fallbacks()
+        with torch.no_grad():
+            runs[nki] = (bias.clone(), m(**titan.titan_batches(0, 1)))
+        paths = tt.fallbacks()
+    assert bool((runs[False][0] != 0).any())
+    torch.testing.assert_close(runs[True][0], runs[False][0], atol=0, rtol=0)
+    assert paths == {
+        "moe: router + moe_experts (not fused: a non-zero load-balancing bias (it changes "
+        "the choice, not the weights))": 1,
+        "router: torch (a non-zero load-balancing bias (it changes the choice, not the "
+        "weights))": 1,
+    }
+    torch.testing.assert_close(runs[True][1], runs[False][1], atol=2e-5, rtol=0)
+
+
+def test_floor_alternative_keeps_the_math_backend_under_activation_checkpointing() -> None:
+    """The floor's second implementation picks SDPA's math backend inside each attention
+    module's forward, so TorchTitan's FullAC recomputation (during backward) runs the same
+    backend as the forward (a context around the model's forward did not reach it)."""
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    batch = titan.titan_batches(0, 0)
+    plain = titan.build("llama3_debugmodel", nki=False, layers=1, alternative=True)
+    plain(**batch).backward()
+    checkpointed = titan.build("llama3_debugmodel", nki=False, layers=1, alternative=True)
+    FullAC.Config().build(dump_folder="").apply(checkpointed.model)
+    checkpointed(**batch).backward()
+    grads = dict(plain.named_parameters())
+    for name, p in checkpointed.named_parameters():
+        key = name.replace("._checkpoint_wrapped_module", "")
+        torch.testing.assert_close(p.grad, grads[key].grad, atol=0, rtol=0, msg=name)

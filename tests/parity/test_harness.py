@@ -145,8 +145,12 @@ def _phase(losses: list[float], sync: bool = True, bad: int = 0) -> dict:
 
 
 def _phases(cand: list[float], resumed: list[float], sync: bool = True) -> tuple[dict, dict]:
+    from nki_kernels.parity.dist_rank import floor_tolerance
+
     ref = [2.0, 1.9, 1.8, 1.7]
-    train = {f"{w}/{p}": _phase(ref) for w in ("ddp", "fsdp2") for p in ("reference", "nki")}
+    paths = ("reference", "alternative", "nki")
+    train = {f"{w}/{p}": _phase(ref) for w in ("ddp", "fsdp2") for p in paths}
+    train["tolerance"] = floor_tolerance(train, ref, None, 2)  # floor 0: the ulp term
     train["fsdp2/nki"] = _phase(cand, sync)
     return train, {"ddp/resumed": _phase(ref[2:]), "fsdp2/resumed": _phase(resumed)}
 
@@ -154,17 +158,17 @@ def _phases(cand: list[float], resumed: list[float], sync: bool = True) -> tuple
 def test_distributed_merge_flags_divergence_a_bad_resume_and_lost_sync() -> None:
     from nki_kernels.parity.distributed import merge
 
-    good = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7]), None)
+    good = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7]))
     assert good["passed"] and good["fsdp2"]["resume_max_delta"] == 0.0
-    diverged = merge("m", 2, 4, *_phases([2.0, 1.9, 1.85, 1.7], [1.85, 1.7]), None)
+    diverged = merge("m", 2, 4, *_phases([2.0, 1.9, 1.85, 1.7], [1.85, 1.7]))
     assert not diverged["passed"] and diverged["fsdp2"]["first_divergent_step"] == 2
-    bad_resume = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.75]), None)
+    bad_resume = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.75]))
     assert not bad_resume["fsdp2"]["passed"] and bad_resume["fsdp2"]["resume_max_delta"] > 0.04
-    unsynced = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7], sync=False), None)
+    unsynced = merge("m", 2, 4, *_phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7], sync=False))
     assert not unsynced["passed"] and unsynced["ddp"]["passed"]
     train, resume = _phases([2.0, 1.9, 1.8, 1.7], [1.8, 1.7])
     train["ddp/nki"] = _phase([2.0, 1.9, 1.8, 1.7], bad=3)
-    nonfinite = merge("m", 2, 4, train, resume, None)
+    nonfinite = merge("m", 2, 4, train, resume)
     assert (
         not nonfinite["ddp"]["passed"] and nonfinite["ddp"]["nonfinite_grads"]["candidate"][0] == 3
     )
