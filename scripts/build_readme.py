@@ -101,22 +101,34 @@ def anchor(title: str) -> str:
     return slug.replace(" ", "-")
 
 
+def _measured_on(r: dict) -> str:
+    """Where a report's seconds were measured (reports before 2026-12-04 did not say)."""
+    env = r.get("environment") or {}
+    if not env.get("date"):
+        return "not recorded"
+    load = env.get("load_average_1min")
+    return f"{env['date']}, {env['machine']}" + ("" if load is None else f", load {load:g}")
+
+
 def parity_table() -> str:
     """The summary of every parity report in benchmarks/results/parity (measured)."""
     rows = [
         "| model | dtype | steps | tolerance (fixed first) | noise floor | max abs Δloss "
-        "| first divergent step | NaN/Inf grads | resume Δ | s/step torch | s/step NKI | verdict |",
-        "|---|---|---:|---:|---:|---:|:---:|---:|---:|---:|---:|:---:|",
+        "| first divergent step | NaN/Inf grads | resume Δ | s/step torch | s/step NKI "
+        "(interpreter) | NKI / torch | seconds measured on (CPU, 1-min load at start) "
+        "| verdict |",
+        "|---|---|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---|:---:|",
     ]
     for path in sorted(PARITY.glob("*.json")):
         r = json.loads(path.read_text())
         first = r["first_divergent_step"]
+        torch_s = r["reference"]["seconds"] / r["steps"]
+        nki_s = r["candidate"]["seconds"] / r["steps"]
         rows.append(
             f"| {r['model']} | {r['dtype']} | {r['steps']} | {r['tolerance']:.2e} "
             f"| {r['floor']:.2e} | {max(r['deltas']):.2e} | {'none' if first is None else first} "
             f"| {sum(r['candidate']['nonfinite'])} | {r['resume_max_delta']:.1e} "
-            f"| {r['reference']['seconds'] / r['steps']:.2f} "
-            f"| {r['candidate']['seconds'] / r['steps']:.2f} "
+            f"| {torch_s:.3f} | {nki_s:.3f} | {nki_s / torch_s:.0f}x | {_measured_on(r)} "
             f"| {'PASS' if r['passed'] else 'FAIL'} |"
         )
     return "\n".join(rows)

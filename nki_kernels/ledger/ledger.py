@@ -106,9 +106,10 @@ class Ledger:
             "usd_per_m_lo": None,
             "usd_per_m_hi": None,
         }
-        if st.band is not None and inst.usd_per_hour is not None:
-            lo_tps = tps * st.us / st.band[1]
-            hi_tps = tps * st.us / st.band[0]
+        band = st.full_band
+        if band is not None and inst.usd_per_hour is not None:
+            lo_tps = tps * st.us / band[1]
+            hi_tps = tps * st.us / band[0]
             out["usd_per_m_lo"] = usd_per_million(hi_tps, inst)
             out["usd_per_m_hi"] = usd_per_million(lo_tps, inst)
         return out

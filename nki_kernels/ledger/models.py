@@ -40,6 +40,12 @@ class ModelSpec:
     moe_intermediate: int = 0
     shared_intermediate: int = 0  # shared-expert MLP width beside the routed experts
     dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
+    # multi-head latent attention (DeepSeek-V2 / V3; 0: plain attention): queries through
+    # a rank-`q_lora_rank` bottleneck, keys and values from a `kv_lora_rank` latent plus
+    # one shared rotary key of `qk_rope_dim`; q / k heads are head_dim + qk_rope_dim wide
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_dim: int = 0
     source: str = ""
     changes: str = ""  # what a "-like" entry changes from the original
 
@@ -59,10 +65,23 @@ class ModelSpec:
             raise ValueError(f"model: {self.name} has no MoE layers")
         return MoEShape(self.name, self.hidden, self.moe_intermediate, self.experts, self.top_k)
 
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
     def projections(self) -> list[tuple[str, int, int]]:
         """The attention block's matmuls left to the compiler: (name, K, N) of x[T, K] W[K, N]."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return [("qkv_proj", self.hidden, q + 2 * kv), ("o_proj", q, self.hidden)]
+        if not self.is_mla:
+            return [("qkv_proj", self.hidden, q + 2 * kv), ("o_proj", q, self.hidden)]
+        qk = self.heads * (self.head_dim + self.qk_rope_dim)
+        q_in = [("q_a_proj", self.hidden, self.q_lora_rank), ("q_b_proj", self.q_lora_rank, qk)]
+        return [
+            *(q_in if self.q_lora_rank else [("q_proj", self.hidden, qk)]),
+            ("kv_a_proj", self.hidden, self.kv_lora_rank + self.qk_rope_dim),
+            ("kv_b_proj", self.kv_lora_rank, self.heads * 2 * self.head_dim),
+            ("o_proj", q, self.hidden),
+        ]
 
 
 LLAMA3_8B = ModelSpec(
@@ -128,13 +147,27 @@ DEEPSEEK_V3_LIKE = ModelSpec(
     moe_intermediate=2048,
     shared_intermediate=2048,
     dense_layers=3,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_rope_dim=64,
     source="deepseek-ai/DeepSeek-V3 config.json",
     changes=(
-        "multi-head latent attention priced as plain multi-head attention with 128 heads "
-        "of D = 128 (the original's queries and keys have D = 192: 128 + 64 rotary) and "
-        "plain q / k / v projections instead of the low-rank ones; sigmoid group-limited "
-        "routing priced as top-8 softmax routing"
+        "multi-head latent attention: its projections are priced at their real shapes "
+        "(q through rank 1536, k / v from the 512-wide latent plus a 64-wide rotary key); "
+        "the attention itself is an APPROXIMATION: priced as plain multi-head attention, 128 "
+        "heads of D = 128, while the original's queries and keys are 192 wide (128 + 64 "
+        "rotary), so the score product is under-counted by a third; at decode it is priced "
+        "over a per-head K / V cache (2 x 128 x 128 values a token), while MLA's absorbed "
+        "decode reads one 576-value latent a token shared by all heads (about 57x fewer "
+        "cache bytes), so DeepSeek's decode attention here is far too slow; sigmoid "
+        "group-limited routing priced as top-8 softmax routing"
     ),
+)
+
+MLA_APPROXIMATION = (
+    "multi-head latent attention priced as plain multi-head attention of D = v_head_dim "
+    "(projections at their real low-rank shapes; the score product's rotary width and, at "
+    "decode, MLA's shared latent cache are not modeled)"
 )
 
 MODELS: dict[str, ModelSpec] = {
@@ -169,6 +202,10 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     if not shared and _get(cfg, "n_shared_experts"):
         shared = int(cfg["n_shared_experts"]) * int(_get(cfg, "moe_intermediate_size", default=0))
     inter = int(_get(cfg, "intermediate_size", default=0))
+    mla = int(_get(cfg, "kv_lora_rank", default=0))
+    head_dim = int(_get(cfg, "head_dim", default=hidden // heads))
+    if mla:  # DeepSeek's head_dim is the rotary part; the priced heads are the v width
+        head_dim = int(_get(cfg, "v_head_dim", "qk_nope_head_dim", default=head_dim))
     moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter if experts else 0))
     return ModelSpec(
         name=str(_get(cfg, "_name_or_path", default="") or p.parent.name or "config"),
@@ -176,7 +213,7 @@ def from_hf_config(path: str | Path) -> ModelSpec:
         hidden=hidden,
         heads=heads,
         kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
-        head_dim=int(_get(cfg, "head_dim", default=hidden // heads)),
+        head_dim=head_dim,
         vocab=int(cfg["vocab_size"]),
         intermediate=inter,
         experts=experts,
@@ -184,7 +221,11 @@ def from_hf_config(path: str | Path) -> ModelSpec:
         moe_intermediate=moe_inter if experts else 0,
         shared_intermediate=shared,
         dense_layers=int(_get(cfg, "first_k_dense_replace", default=0)) if experts else 0,
+        q_lora_rank=int(_get(cfg, "q_lora_rank", default=0)) if mla else 0,
+        kv_lora_rank=mla,
+        qk_rope_dim=int(_get(cfg, "qk_rope_head_dim", default=0)) if mla else 0,
         source=f"transformers config {p}",
+        changes=MLA_APPROXIMATION if mla else "",
     )
 
 

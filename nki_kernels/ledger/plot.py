@@ -23,9 +23,10 @@ def _value(led: Ledger, impl: str, inst: Instance, usd: bool) -> tuple[float, fl
     per_hour = inst.usd_per_hour if usd and inst.usd_per_hour is not None else 1.0
     v = per_hour * 1e6 / tps / 3600.0
     st = led.step_total(impl)
-    if st is None or st.band is None:
+    band = None if st is None else st.full_band
+    if st is None or band is None:
         return v, 0.0, 0.0
-    lo, hi = v * st.band[0] / st.us, v * st.band[1] / st.us
+    lo, hi = v * band[0] / st.us, v * band[1] / st.us
     return v, v - lo, hi - v
 
 

@@ -26,12 +26,18 @@ def trainium_label(led: Ledger) -> str:
     return f.label if f is not None else f"modeled ({led.target})"
 
 
+def _structural(led: Ledger) -> str:
+    f = led.step_total("ours")
+    return f" ({f.structural_pct:.1f} %)" if f is not None and f.structural_pct else ""
+
+
 def header(led: Ledger, gpu: bool = True) -> list[str]:
     m, s = led.model, led.step
     out = [
         f"{m.name} ({m.source}): {s.describe()} per logical core; {led.target}, LNC {led.lnc}",
         f"Trainium columns: {trainium_label(led)}; the band in brackets is the range over "
-        "the cost model's parameter sets, carried through every sum per set.",
+        "the cost model's parameter sets, carried through every sum per set, widened by "
+        f"its structural error{_structural(led)} (taken as the same on every op).",
     ]
     if gpu and led.gpu_device:
         share = led.measured_share()

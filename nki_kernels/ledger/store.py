@@ -53,14 +53,35 @@ def current_version() -> str:
     return str(COST_MODEL_VERSION)
 
 
+def structural_pct_of(provenance: str, target: str) -> float:
+    """The structural error a modeled row carries: the current cost model's (v3 and
+    later); 0 for measured rows and for rows of an older version (they keep their own
+    band, as `bench.bands.widen_ratio` does)."""
+    if not provenance.startswith("modeled") or version_of(provenance) != current_version():
+        return 0.0
+    try:
+        from ..perfmodel.band import structural_pct
+    except ImportError:
+        return 0.0
+    return structural_pct(target)
+
+
 def figure_of(row: BenchRow, source: str) -> Figure:
+    """A row as a figure: its band is the range of its per-set samples (op-level rows of
+    the current model store it widened by the structural term, which `full_band`
+    re-applies), or the row's band when it has no samples."""
     samples = row.extra.get("samples_us")
+    if samples:
+        band: tuple[float, float] | None = (float(min(samples)), float(max(samples)))
+    else:
+        band = None if row.band_us is None else (float(row.band_us[0]), float(row.band_us[1]))
     return Figure(
         row.latency_us,
         row.provenance,
         source,
-        None if row.band_us is None else (float(row.band_us[0]), float(row.band_us[1])),
+        band,
         None if samples is None else tuple(float(s) for s in samples),
+        structural_pct=structural_pct_of(row.provenance, row.target) if samples else 0.0,
     )
 
 

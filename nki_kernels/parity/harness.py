@@ -26,14 +26,24 @@ The runs, in order:
 
 Every step records the loss, the gradient norm and the count of non-finite gradient
 elements. The first divergent step is the first with |Δloss| > tol.
+
+Reproducible: every run trains with torch on one thread and torch's deterministic
+algorithms on (the interpreter already runs NumPy's BLAS on one thread), so a rerun on
+the same versions gives the same losses, floor, tolerance and deltas bit for bit, on any
+core count. The report records the versions, the thread count and, for its measured
+seconds, the date, the machine and its load.
 """
 
 from __future__ import annotations
 
+import datetime
 import io
 import math
+import os
+import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +52,7 @@ from torch import nn
 
 FLOOR_MARGIN = 3.0
 ULPS = 16
+TORCH_THREADS = 1  # a reduction's order, hence a bf16 loss, depends on torch's thread count
 
 ModelFactory = Callable[..., nn.Module]
 DataFactory = Callable[[int, int], dict[str, Any]]
@@ -78,6 +89,7 @@ class Report:
     first_divergent_step: int | None
     resume_max_delta: float
     patched: dict[str, int] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
 
     @property
     def deltas(self) -> list[float]:
@@ -188,6 +200,45 @@ def _alternative_impl(model: nn.Module) -> nn.Module:
     return _MathSdpa(model)
 
 
+@contextmanager
+def reproducible() -> Iterator[None]:
+    """torch on TORCH_THREADS threads with deterministic algorithms, restored after."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(TORCH_THREADS)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+
+def environment() -> dict[str, Any]:
+    """What a rerun must match to give the same numbers (versions, threads), and what the
+    measured seconds ran on (date, machine, its 1-minute load average at the start)."""
+    import numpy
+
+    try:
+        import transformers
+
+        hf = transformers.__version__
+    except ImportError:
+        hf = None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "torch": torch.__version__,
+        "transformers": hf,
+        "numpy": numpy.__version__,
+        "torch_threads": TORCH_THREADS,
+        "deterministic_algorithms": True,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, {platform.system()}",
+        "load_average_1min": None if load is None else round(load, 2),
+    }
+
+
 def tolerance_for(floor: float, loss0: float, dtype: torch.dtype) -> tuple[float, str]:
     """The fixed tolerance on |Δloss| and the rule that produced it, as printed."""
     del dtype  # the floor carries the dtype; the loss itself is an fp32 reduction
@@ -215,6 +266,27 @@ def run_parity(
 ) -> Report:
     """Run the golden-batch check (see module doc); `device="neuron"` compares the patched
     model on the neuron device against the patched model on CPU."""
+    env = environment()
+    with reproducible():
+        report = _run(
+            model_factory, data_factory, name, steps, seed, dtype, lr, device, tolerance, log
+        )
+    report.environment = env
+    return report
+
+
+def _run(
+    model_factory: ModelFactory,
+    data_factory: DataFactory,
+    name: str,
+    steps: int,
+    seed: int,
+    dtype: torch.dtype,
+    lr: float,
+    device: str | None,
+    tolerance: float | None,
+    log: Callable[[str], None],
+) -> Report:
     import nki_kernels
 
     if steps < 2:
@@ -304,4 +376,13 @@ def run_parity(
     )
 
 
-__all__ = ["DataFactory", "ModelFactory", "Report", "Run", "run_parity", "tolerance_for"]
+__all__ = [
+    "DataFactory",
+    "ModelFactory",
+    "Report",
+    "Run",
+    "environment",
+    "reproducible",
+    "run_parity",
+    "tolerance_for",
+]

@@ -1,7 +1,7 @@
 """The ledger's per-layer sums are built from the committed op-level benchmark rows: where
 a ledger op is exactly a committed case, its figure is that row (times the sequences of
 the step), and a layer's total is the sum of those rows with the band summed per
-parameter set."""
+parameter set and widened by the cost model's structural error, as the rows' own bands are."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from nki_kernels.ledger.ledger import Ledger, OpFigures
 from nki_kernels.ledger.models import LLAMA3_8B, MIXTRAL_8X7B
 from nki_kernels.ledger.store import RowStore, current_version, version_of
 from nki_kernels.ledger.trainium import price_op
+from nki_kernels.perfmodel.band import structural_pct, widen
 
 TARGET, LNC = "trn2", 2
 
@@ -21,19 +22,17 @@ TARGET, LNC = "trn2", 2
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # never the user's cache
-    s = RowStore(cache=tmp_path / "ledger_rows.jsonl")
-    rows = [r for r in s.bench_rows() if r.target == TARGET and r.lnc == LNC]
-    if not rows or any(version_of(r.provenance) != current_version() for r in rows):
-        pytest.skip(
-            f"the committed op-level rows are not all cost model {current_version()}: "
-            "re-price them (`nki-kernels bench --reprice --full`) for this check"
-        )
-    return s
+    return RowStore(cache=tmp_path / "ledger_rows.jsonl")
 
 
 def _row(store: RowStore, family: str, op: str, case: str, impl: str) -> BenchRow:
     r = store.op_row(family, op, case, TARGET, LNC, impl)
     assert r is not None, f"no committed row {impl} {op} {case}"
+    if version_of(r.provenance) != current_version():
+        pytest.skip(
+            f"the committed row {impl} {op} {case} is {r.provenance}, not cost model "
+            f"{current_version()}: re-price it (`nki-kernels bench --reprice --full`)"
+        )
     return r
 
 
@@ -85,6 +84,10 @@ def test_attention_and_norm_sums_are_the_committed_rows(store):
             for a, b in zip(fwd.extra["samples_us"], bwd.extra["samples_us"], strict=True)
         ]
         assert attn.band == pytest.approx((min(sets), max(sets)), rel=1e-12)
+        # printed with the structural term, exactly as a single committed row's band is
+        assert attn.full_band == pytest.approx(widen(min(sets), max(sets), TARGET), rel=1e-12)
+        one = price_op(store, led.ops[0].op, impl, LLAMA3_8B, TARGET, LNC)
+        assert one is not None and one.structural_pct == structural_pct(TARGET) > 0
         assert all(
             "committed row" in o.figs[impl].source for o in led.ops if o.op.group == "attention"
         )
@@ -111,6 +114,29 @@ def test_total_sums_bands_per_parameter_set():
     # per set: 10 + 5, 9 + 6, 12 + 4 -> 15, 15, 16 (narrower than 13..18 from the ends)
     assert t.us == 15.0 and t.band == (15.0, 16.0) and t.samples == (15.0, 15.0, 16.0)
     assert t.label == "modeled (cost model v9, trn2)"
+
+
+def test_a_committed_rows_figure_prints_the_rows_own_band(store):
+    # op-level rows of the current model store their band widened by the structural
+    # term; the ledger's figure of that row prints the same band
+    case = "B=1 H=32/8 S=8192 D=128 bf16"
+    r = _row(store, "attention", "flash_attention fwd causal", case, "nki")
+    led = _priced(store, LLAMA3_8B, Step("prefill", 1, seq=8192), ("attention",), moe=False)
+    f = led.layer_total("layer", "ours", "attention")
+    assert f is not None and f.us == pytest.approx(r.latency_us, rel=1e-12)
+    assert f.full_band == pytest.approx(tuple(r.band_us), rel=1e-12)
+
+
+def test_total_carries_the_structural_error_through_the_sum():
+    lab = "modeled (cost model v9, trn2)"
+    a = Figure(10.0, lab, band=(9.0, 12.0), samples=(10.0, 9.0, 12.0), structural_pct=15.0)
+    b = Figure(5.0, lab, band=(4.0, 6.0), samples=(5.0, 6.0, 4.0), structural_pct=15.0)
+    t = total([a.scaled(2), b])
+    assert t.band == (24.0, 28.0) and t.structural_pct == 15.0 and not t.notes
+    assert t.full_band == pytest.approx((24.0 / 1.15, 28.0 * 1.15))
+    older = Figure(5.0, "modeled (cost model v8, trn2)", band=(4.0, 6.0), samples=(5.0, 6.0, 4.0))
+    mixed = total([a, older])
+    assert mixed.structural_pct == 15.0 and any("15 %" in n for n in mixed.notes)
 
 
 def test_total_without_samples_adds_ends_and_says_so():
