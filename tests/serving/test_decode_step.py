@@ -149,12 +149,14 @@ def test_plan_right_aligns_queries_and_cuts_the_window() -> None:
     assert q2.stream.hi[0, :6].tolist() == [5, 6, 7, 5, 6, 7]  # 2 heads x 3 rows, seq 0
 
 
-def test_lnc2_single_sequence_splits_and_merges() -> None:
+@pytest.mark.parametrize("seqs", [[(300, 3)], MIXED], ids=["one-sequence", "mixed"])
+def test_lnc2_single_sequence_splits_and_merges(seqs: list[tuple[int, int]]) -> None:
     """At LNC 2 one sequence's keys split between the programs, merged by log-sum-exp on
-    the host, then the sink folded in."""
+    the host, then the sink folded in; a mixed step shares its decode tiles and
+    segmented work units between the programs."""
     from nki_kernels.runtime.lnc import set_runtime_lnc
 
-    step = make_step([(300, 3)], seed=12)
+    step = make_step(seqs, seed=12)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
     set_runtime_lnc(2)
     try:
