@@ -19,7 +19,8 @@ Hkv 8, D 64), bf16 queries, 16-key blocks, LNC 1. Per case:
 * AWS: nki-library's kernel for the case, through this project's harness, unmodified
   (a local checkout, `--nki-library`; commit recorded): `attention_tkg` (token
   generation; paged 16-key blocks, `qk_in_sb`, `use_pos_id`, s_active = queries per
-  sequence, `start_pos_ids` for a window, `sink` [H, 1]) one KV head per call x Hkv, and
+  sequence, `start_pos_ids` for a window, `sink` [H, 1], its FP8 KV path for an fp8
+  cache: every K / V operand float8_e4m3) one KV head per call x Hkv, and
   `attention_cte` with `k_prior` / `v_prior` / `prior_used_len` (its prefix caching over
   a contiguous prefix: it reads no block table) for prefill chunks, all heads in one call
   (batch = Hq, batch_kv = Hkv). AWS's kernels write no cache: "AWS + write" adds our
@@ -239,9 +240,11 @@ def aws_tkg(checkout: str, c: Case, target: str) -> list[float]:
     cfg = tkg.AttnTKGConfig(bs=b, q_head=h, s_active=sa, curr_sprior=s, full_sprior=s, d_head=d,
                             block_len=BS, tp_k_prior=True, use_pos_id=True, fuse_rope=False,
                             qk_in_sb=True, strided_mm1=False)  # fmt: skip
-    kv = TensorSpec((b * (s // BS), BS, d), BF16)
-    args = (TensorSpec((d, b * h * sa), BF16), TensorSpec((d, b * sa), BF16),
-            TensorSpec((b, 1, sa, d), BF16), kv, kv, TensorSpec((sa, b, h, sa), "uint8"),
+    # an fp8 cache: its FP8 KV path (every K / V operand float8_e4m3, trn2's e4m3)
+    kdt = "float8_e4m3" if c.cache_dtype.startswith("float8") else BF16
+    kv = TensorSpec((b * (s // BS), BS, d), kdt)
+    args = (TensorSpec((d, b * h * sa), BF16), TensorSpec((d, b * sa), kdt),
+            TensorSpec((b, 1, sa, d), kdt), kv, kv, TensorSpec((sa, b, h, sa), "uint8"),
             TensorSpec((b, sa), "float32"),
             TensorSpec((b, sa), "float32") if c.window else None,
             TensorSpec((h, 1), "float32") if c.sinks else None,
@@ -275,8 +278,8 @@ def aws_samples(checkout: str | None, c: Case, target: str) -> tuple[list[float]
     """(AWS's latency samples, what was priced) or (None, why not)."""
     if checkout is None:
         return None, "no nki-library checkout given"
-    if c.cache_dtype != BF16:
-        return None, "not priced: attention_tkg's fp8 KV path takes other inputs (not wired)"
+    if c.cache_dtype != BF16 and c.chunk:
+        return None, "not priced: attention_cte reads no fp8 prefix"
     parts, what = [], []
     try:
         if c.seqs:

@@ -149,12 +149,14 @@ def test_plan_right_aligns_queries_and_cuts_the_window() -> None:
     assert q2.stream.hi[0, :6].tolist() == [5, 6, 7, 5, 6, 7]  # 2 heads x 3 rows, seq 0
 
 
-def test_lnc2_single_sequence_splits_and_merges() -> None:
+@pytest.mark.parametrize("seqs", [[(300, 3)], MIXED], ids=["one-sequence", "mixed"])
+def test_lnc2_single_sequence_splits_and_merges(seqs: list[tuple[int, int]]) -> None:
     """At LNC 2 one sequence's keys split between the programs, merged by log-sum-exp on
-    the host, then the sink folded in."""
+    the host, then the sink folded in; a mixed step shares its decode tiles and
+    segmented work units between the programs."""
     from nki_kernels.runtime.lnc import set_runtime_lnc
 
-    step = make_step([(300, 3)], seed=12)
+    step = make_step(seqs, seed=12)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
     set_runtime_lnc(2)
     try:
@@ -218,3 +220,27 @@ def test_decode_steps_compiled_without_recompiles(
     finally:
         torch.compiler.set_stance("default")
     assert len(decode_calls) == 3
+
+
+def test_threads_give_the_serial_result() -> None:
+    """Decode-step, mixed and segmented (fp8) launches from 3 threads at once: each
+    output and written cache equals the serial call's bit for bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    steps = [make_step(DECODE, seed=21), make_step(MIXED, layout="hnd", seed=22),
+             make_step(MIXED, cache_dtype=torch.float8_e4m3fn, seed=23)]  # fmt: skip
+    kw = [{}, {"layout": "hnd"}, {"k_scale": torch.tensor(0.05), "v_scale": torch.tensor(0.05)}]
+
+    def call(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        st = steps[n]
+        kc, vc = st.k_cache.clone(), st.v_cache.clone()
+        out = serving_attention(st.q, kc, vc, st.block_table, st.cached_seq_len,
+                                st.query_start_loc, k=st.k, v=st.v,
+                                slot_mapping=st.slot_mapping, **kw[n])  # fmt: skip
+        return out, kc, vc
+
+    serial = [call(n) for n in range(3)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        threaded = list(pool.map(call, [2, 1, 0]))
+    for n, got in zip([2, 1, 0], threaded, strict=True):
+        assert all(same_bits(a, b) for a, b in zip(got, serial[n], strict=True))
