@@ -134,14 +134,21 @@ def parity_table() -> str:
     return "\n".join(rows)
 
 
+def _floor(r: dict) -> str:
+    """A --nproc report's measured noise floor ("none" in reports from before the mode
+    measured one: their tolerance is the 16-ulp term)."""
+    return f"{r['floor']:.2e}" if "floor" in r else "none"
+
+
 def parity_dist_table() -> str:
     """The `--nproc` reports in benchmarks/results/parity/distributed (measured), a row
     per model and wrapper."""
     rows = [
-        "| model | ranks | wrapper | steps | tolerance | max abs Δloss | first divergent step "
+        "| model | ranks | wrapper | steps | tolerance (fixed first) | noise floor "
+        "| max abs Δloss | first divergent step "
         "| NaN/Inf grads | params identical on all ranks | resume Δ (fresh processes) "
         "| FSDP2 vs DDP Δ | s/step torch | s/step NKI | verdict |",
-        "|---|---:|---|---:|---:|---:|:---:|---:|:---:|---:|---:|---:|---:|:---:|",
+        "|---|---:|---|---:|---:|---:|---:|:---:|---:|:---:|---:|---:|---:|---:|:---:|",
     ]
     for path in sorted((PARITY / "distributed").glob("*.json")):
         r = json.loads(path.read_text())
@@ -151,7 +158,7 @@ def parity_dist_table() -> str:
             cross = max(r["fsdp2_vs_ddp_max_delta"].values())
             rows.append(
                 f"| {r['model']} | {r['world_size']} | {x['wrapper']} | {r['steps']} "
-                f"| {r['tolerance']:.2e} | {x['max_delta']:.2e} "
+                f"| {r['tolerance']:.2e} | {_floor(r)} | {x['max_delta']:.2e} "
                 f"| {'none' if first is None else first} "
                 f"| {sum(x['nonfinite_grads']['candidate'])} "
                 f"| {'yes' if all(x['params_in_sync'].values()) else '**no**'} "
