@@ -1,10 +1,11 @@
-"""MoE expert options benchmark: GPT-OSS-like (expert biases + the clamped SwiGLU) and
-Qwen3-MoE-like (+ a Qwen2-MoE-style sigmoid-gated shared expert) layers on
+"""MoE expert options benchmark: GPT-OSS-like (expert biases + the clamped SwiGLU),
+Qwen3-MoE-like (+ a Qwen2-MoE-style sigmoid-gated shared expert) and DeepSeek-V3-like
+(+ its ungated shared expert) layers on
 `moe_gated_experts` vs TorchNeuron's native `_grouped_mm` composition with the same
 options as fused elementwise passes (`moe/options_pricing.py`).
 
 Run: `python benchmarks/bench_moe_options.py [--targets trn2,trn3]` (a markdown table;
-~2 min). Per physical core at LNC 2 (T = 4096 in all, 2048 per core), bf16. Every figure
+~15 min). Per physical core at LNC 2 (T = 4096 in all, 2048 per core), bf16. Every figure
 is "modeled (cost model vN, target)" with the band over the cost model's parameter sets;
 none is a measurement.
 """
@@ -23,6 +24,8 @@ ROWS = (
      Options("gpt_oss", biases=True), "biases + clamped SwiGLU"),
     (MoEShape("qwen3-moe-like", hidden=2048, intermediate=768, num_experts=128, top_k=8),
      Options("swiglu", shared_inter=3072, shared_gated=True), "sigmoid-gated shared expert (4 I)"),
+    (MoEShape("deepseek-v3-like", hidden=7168, intermediate=2048, num_experts=256, top_k=8),
+     Options("swiglu", shared_inter=2048), "ungated shared expert (I)"),
 )  # fmt: skip
 TOKENS, LNC = 4096, 2
 
