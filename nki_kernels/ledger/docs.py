@@ -30,6 +30,7 @@ REFRESH = [
     ["ledger", "--model", "mixtral-8x7b", "--phase", "prefill", "--seq", "4096"],
     ["ledger", "--model", "mixtral-8x7b", "--phase", "decode", "--batch", "64"],
     ["ledger", "--model", "mixtral-8x7b", "--phase", "train", "--seq", "4096"],
+    ["ledger", "--model", "mixtral-8x7b", "--phase", "train", "--seq", "8192"],
     ["ledger", "--model", "qwen3-moe-like", "--phase", "train", "--seq", "4096"],
     ["ledger", "--model", "deepseek-v3-like", "--phase", "prefill", "--seq", "4096"],
 ]
