@@ -33,6 +33,7 @@ interleaved (gate, up) columns and both biases. A NaN / Inf in a token stays in 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -55,7 +56,7 @@ def _check_options(activation: str, interleaved: bool, alpha: float, limit: floa
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved: expected a bool; got {interleaved!r}")
     for arg, v in (("alpha", alpha), ("limit", limit)):
-        if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             raise TypeError(f"{arg}: expected a finite number; got {v!r}")
     if activation == "gpt_oss" and not limit > 0:
         raise ValueError(f"limit: expected > 0 for activation 'gpt_oss'; got {limit}")
