@@ -259,7 +259,12 @@ def _check_shared(
     hidden: Tensor, gu: Tensor | None, down: Tensor | None, gate: Tensor | None
 ) -> None:
     if (gu is None) != (down is None) or (gate is not None and gu is None):
-        raise ValueError("shared_gate_up / shared_down: give both (and shared_gate only with them)")
+        given = [n for n, t in (("shared_gate_up", gu), ("shared_down", down),
+                                ("shared_gate", gate)) if t is not None]  # fmt: skip
+        raise ValueError(
+            "shared_gate_up / shared_down: give both (and shared_gate only with them); got "
+            f"{', '.join(given)}"
+        )
     if gu is None or down is None:
         return
     h = hidden.shape[1]
