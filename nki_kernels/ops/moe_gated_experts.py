@@ -322,6 +322,12 @@ def moe_gated_experts(
     _check_shared(hidden, shared_gate_up, shared_down, shared_gate)
     t, k = ids.shape
     e = w_gate_up.shape[0]
+    for arg, b, n in (
+        ("b_gate_up", b_gate_up, w_gate_up.shape[2]),
+        ("b_down", b_down, w_down.shape[2]),
+    ):
+        if b is not None and tuple(b.shape) != (e, n):
+            raise ValueError(f"{arg}: expected [E, N] = {(e, n)}; got {tuple(b.shape)}")
     opts = (activation, interleaved, float(alpha), float(limit))
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)

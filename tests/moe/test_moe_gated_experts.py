@@ -185,7 +185,7 @@ def test_emulated_neuron_device_eager(neuron: str) -> None:
     [({"activation": "relu"}, "activation: expected one of"),
      ({"limit": True}, "limit: expected a finite number"),
      ({"limit": float("inf")}, "limit: expected a finite number"),
-     ({"b_gate_up": torch.zeros(5, 7)}, r"bias: expected \[G, N\]"),
+     ({"b_gate_up": torch.zeros(5, 7)}, r"b_gate_up: expected \[E, N\] = \(5, 40\); got \(5, 7\)"),
      ({"shared_down": torch.zeros(16, 24)}, "shared_gate_up / shared_down: give both"),
      ({"ids": torch.zeros(37, 2, dtype=torch.int64).fill_(5)}, "ids")],
 )  # fmt: skip
