@@ -13,10 +13,11 @@ holds z_r = x_r W_e (2I columns: gate and up) of expert e = row_group[r]. Forwar
            | z                                   "none" (the bias alone: down_proj's)
 
 Per tile of 128 rows (rows on partitions; LNC 2: the programs take alternate tiles) and
-chunk of <= 512 output columns: one contiguous load of the 2-chunk of h, the bias rows
-gathered by each partition's group id and added in h's dtype (as torch's x @ W + b
-rounds), the activation on ScalarE, the products on VectorE (fp32 math, fp32
-intermediates), one rounding on the store.
+chunk of <= COLS (2048) output columns: the chunk's gate and up columns of h loaded (one
+contiguous run interleaved, two runs for halves), the bias rows gathered by each
+partition's group id and added in h's dtype (as torch's x @ W + b rounds), the
+activation on ScalarE, the products on VectorE (fp32 math, fp32 intermediates), one
+rounding on the store.
 
 Backward (`expert_act_bwd`, d out -> d z = d h; d bias is the per-expert sum of d z,
 which the op computes with grouped_mm's weight-gradient kernel):

@@ -33,6 +33,7 @@ interleaved (gate, up) columns and both biases. A NaN / Inf in a token stays in 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -55,7 +56,7 @@ def _check_options(activation: str, interleaved: bool, alpha: float, limit: floa
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved: expected a bool; got {interleaved!r}")
     for arg, v in (("alpha", alpha), ("limit", limit)):
-        if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             raise TypeError(f"{arg}: expected a finite number; got {v!r}")
     if activation == "gpt_oss" and not limit > 0:
         raise ValueError(f"limit: expected > 0 for activation 'gpt_oss'; got {limit}")
@@ -258,7 +259,12 @@ def _check_shared(
     hidden: Tensor, gu: Tensor | None, down: Tensor | None, gate: Tensor | None
 ) -> None:
     if (gu is None) != (down is None) or (gate is not None and gu is None):
-        raise ValueError("shared_gate_up / shared_down: give both (and shared_gate only with them)")
+        given = [n for n, t in (("shared_gate_up", gu), ("shared_down", down),
+                                ("shared_gate", gate)) if t is not None]  # fmt: skip
+        raise ValueError(
+            "shared_gate_up / shared_down: give both (and shared_gate only with them); got "
+            f"{', '.join(given)}"
+        )
     if gu is None or down is None:
         return
     h = hidden.shape[1]
@@ -316,6 +322,12 @@ def moe_gated_experts(
     _check_shared(hidden, shared_gate_up, shared_down, shared_gate)
     t, k = ids.shape
     e = w_gate_up.shape[0]
+    for arg, b, n in (
+        ("b_gate_up", b_gate_up, w_gate_up.shape[2]),
+        ("b_down", b_down, w_down.shape[2]),
+    ):
+        if b is not None and tuple(b.shape) != (e, n):
+            raise ValueError(f"{arg}: expected [E, N] = {(e, n)}; got {tuple(b.shape)}")
     opts = (activation, interleaved, float(alpha), float(limit))
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)

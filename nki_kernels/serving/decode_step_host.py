@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..attention.decode_host import DecodeProblem, StreamConfig
+from ..attention.decode_host import DecodeProblem, StreamConfig, _merge
 from ..attention.decode_plan import BIG, StreamPlan, plan_decode
 from ..attention.decode_stream import decode_stream_fwd
 from ..runtime.buckets import bucket
@@ -287,17 +287,6 @@ def _segmented_part(
                                                      geo.block_size, row_bytes)  # fmt: skip
     args = (q_t, key_rows, key_mask, info, scales.to(q.device), sp.n_steps, sp.kv_tile)
     return tokens, args, sp
-
-
-def _merge(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
-    """Exact log-sum-exp merge of the key splits' (out, lse) (LNC 2, one sequence)."""
-    if outs.shape[0] == 1:
-        return outs[0], lses[0]
-    top = lses.max(dim=0).values
-    w = torch.exp(lses - top)
-    tot = w.sum(dim=0)
-    merged = (w[..., None] * outs.float()).sum(dim=0) / tot[..., None]
-    return merged.to(outs.dtype), top + torch.log(tot)
 
 
 __all__ = [

@@ -253,14 +253,24 @@ def attention_decode(
     sinks = None if sink is None else sink.reshape(q_heads).float()
     common = dict(sinks=sinks, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   layout="hnd", max_query_len=s_tkg)  # fmt: skip
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError(
+            f"k_scale / v_scale: expected both (an fp8 cache) or neither; got k_scale "
+            f"{'None' if k_scale is None else 'a tensor'}, v_scale "
+            f"{'None' if v_scale is None else 'a tensor'}"
+        )
+    for arg, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if sc is not None and sc.numel() != 1:
+            # one multiplier: the caller folds its inverse into the scalar softmax_scale / W_out
+            raise ValueError(f"{arg}: expected one value (per tensor); got shape {tuple(sc.shape)}")
     if k_scale is not None and v_scale is not None:
         # The plugin's FP8 convention: the cache holds x * k_scale and the caller folded
         # the dequantization into softmax_scale and W_out, so the attention reads the
         # cached values unscaled: write with this op's x / (1 / k_scale), attend with unit
         # scales (two launches; one launch would need 1 / k_scale as a host float).
         kv_cache_write(kf, vf, K_cache, V_cache, slots, layout="hnd",
-                       k_scale=1.0 / k_scale.reshape(-1)[:1].float(),
-                       v_scale=1.0 / v_scale.reshape(-1)[:1].float())  # fmt: skip
+                       k_scale=1.0 / k_scale.reshape(-1).float(),
+                       v_scale=1.0 / v_scale.reshape(-1).float())  # fmt: skip
         one = torch.ones(1, device=X.device)
         out = serving_attention(qf, K_cache, V_cache, block_tables, cached_seq_len.reshape(-1),
                                 qsl, k_scale=one, v_scale=one, **common)  # type: ignore[arg-type]  # fmt: skip

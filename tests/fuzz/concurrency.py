@@ -15,8 +15,9 @@ import torch
 import nki_kernels  # noqa: F401  (registers torch.ops.nki.*)
 from nki_kernels.ops.attention import flash_attention_varlen
 from nki_kernels.ops.decode import decode_attention
+from nki_kernels.ops.moe_gated_experts import moe_gated_experts
 
-KINDS = ("attention", "varlen", "rms_norm", "layer_norm", "moe_mlp", "decode")
+KINDS = ("attention", "varlen", "rms_norm", "layer_norm", "moe_mlp", "moe_gated", "decode")
 Call = tuple[str, int, int, str]  # (kind, size index 0..2, seed, device)
 
 
@@ -60,8 +61,19 @@ def run_call(call: Call) -> list[torch.Tensor]:
         x, lg = _leaves(dev, g, (t, 16), (t, 4))
         wgu = (0.1 * torch.randn(4, 16, 32, generator=g)).to(dev).requires_grad_(True)
         wd = (0.1 * torch.randn(4, 16, 16, generator=g)).to(dev).requires_grad_(True)
-        out = torch.ops.nki.moe_mlp(x, lg, wgu, wd, top_k=2)
+        # sizes 0, 1: the decode mode (T <= 64, dropless); 2: the blockwise kernel (a
+        # capacity factor that drops nothing)
+        cf = 4.0 if size == 2 else None
+        out = torch.ops.nki.moe_mlp(x, lg, wgu, wd, top_k=2, capacity_factor=cf)
         return _grads(out, (x, lg, wgu, wd))
+    if kind == "moe_gated":  # GPT-OSS experts: grouped_mm + expert_act, biases, clamps
+        t = (3, 9, 20)[size]
+        x, w = _leaves(dev, g, (t, 16), (t, 2))
+        ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(t)]).to(dev)
+        wgu, bgu, wd, bd = _leaves(dev, g, (4, 16, 32), (4, 32), (4, 16, 16), (4, 16))
+        out = moe_gated_experts(x, w, ids, wgu, wd, b_gate_up=bgu, b_down=bd,
+                                activation="gpt_oss", interleaved=True, limit=1.5)  # fmt: skip
+        return _grads(out, (x, w, wgu, bgu, wd, bd))
     if kind == "decode":
         s = (6, 19, 33)[size]
         q = torch.randn(2, 2, 1, 16, generator=g).to(dev)

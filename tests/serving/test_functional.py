@@ -151,3 +151,22 @@ def test_attention_decode_block(fp8: bool) -> None:
     assert_rel_close(y, ref, TOLERANCES[torch.float32])
     written = k_cache[table[0, 0], :, 7].double() / ks  # sequence 0's first new token
     assert_rel_close(written, kq[0, 0], 1e-6, "k_cache")
+
+
+@pytest.mark.parametrize(
+    ("scales", "match"),
+    [({"k_scale": torch.tensor([4.0])}, "k_scale / v_scale: expected both"),
+     ({"k_scale": torch.tensor([4.0, 4.0]), "v_scale": torch.tensor([2.0])},
+      r"k_scale: expected one value \(per tensor\); got shape \(2,\)")],
+)  # fmt: skip
+def test_attention_decode_fp8_scales_are_checked(scales: dict, match: str) -> None:
+    """A lone scale, or per-head scales the scalar softmax_scale / W_out cannot carry,
+    are refused before anything is written."""
+    x, w_qkv, _, kc, vc, table, ctx, slots, cos, sin, (hq, _, _) = _decode_case(True)
+    k_cache, v_cache = kc.clone(), vc.clone()
+    with pytest.raises(ValueError, match=match):
+        NF.attention_decode(
+            x, W_qkv=w_qkv, K_cache=k_cache, V_cache=v_cache, block_tables=table,
+            cached_seq_len=ctx, slot_mapping=slots, q_heads=hq, cos=cos, sin=sin, **scales,
+        )  # fmt: skip
+    assert torch.equal(k_cache.view(torch.uint8), kc.view(torch.uint8))
