@@ -70,6 +70,9 @@ def test_kernel_tables_label_fractions_above_the_best_published_as_ceilings() ->
     fast = norm_markdown([replace(norm, hbm_fraction=0.9)], [(256, 512)])
     slow = norm_markdown([replace(norm, hbm_fraction=0.5)], [(256, 512)])
     assert "90.0 % ceiling |" in fast and "ceiling" not in slow
+    # a band widened past the HBM bound stops at it (100 % of the bound, never more)
+    wide = replace(norm, latency_lo_us=norm.bound_us / 2, latency_hi_us=2 * norm.latency_us)
+    assert "–100.0 %)" in norm_markdown([wide], [(256, 512)])
 
 
 def test_moe_layer_row_band_brackets_the_shipped_figure() -> None:
