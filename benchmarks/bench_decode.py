@@ -28,9 +28,12 @@ from nki_kernels.attention.bench_decode import (
     rows_as_dicts,
     streamed_row,
 )
+from nki_kernels.bench.bands import ceiling_label, ratio_band
 from nki_kernels.perfmodel import COST_MODEL_VERSION
 
 DATA = Path(__file__).resolve().parent / "data" / "decode_stream_rows.json"
+# the table as priced on cost model v2 (kept beside the current one, never mixed with it)
+OLD_DATA = Path(__file__).resolve().parent / "data" / "decode_stream_rows_v2.json"
 # a streamed row priced on other kernel source than the current (no matching kernel_hash)
 STALE_MARK = " (stale)"
 SETS = {"main": (4, 1), "gqa8": (8, 1), "lnc2": (4, 2)}
@@ -62,43 +65,69 @@ def _fmt(x: float) -> str:
     )
 
 
-def table(rows: dict[tuple[Any, ...], dict[str, Any]], group: int, lnc: int) -> str:
-    """Markdown rows: cache, layout, B, then each method's ms (band) and MBU, and the
-    streamed kernel's speedup over attention_tkg (shipped parameters; low end of the band
-    ratio: ours' slow end against AWS's fast end)."""
+def _speedup(s: dict[str, Any] | None, a: dict[str, Any] | None) -> str:
+    """attention_tkg / streamed at the shipped parameters, with its band: per-set ratios
+    (the same parameter set on both sides) widened by the structural error of two
+    figures (`bench.bands.ratio_band`); rows without per-set samples (cost model v2)
+    pair AWS's fast end with ours' slow end, as v2 did."""
+    if not s or not a or a["latency_us"] != a["latency_us"]:
+        return "-"
+    ratio = a["latency_us"] / s["latency_us"]
+    if s.get("samples_us") and a.get("samples_us"):
+        lo, hi = ratio_band(s["samples_us"], a["samples_us"], "trn2")
+        return f"{ratio:.2f} ({lo:.2f}-{hi:.2f})"
+    return f"{ratio:.2f} ({a['band_us'][0] / s['band_us'][1]:.2f})"
+
+
+def _cell(r: dict[str, Any] | None, stale: bool = False) -> list[str]:
+    if r is None or r["latency_us"] != r["latency_us"]:
+        return ["-", "-"]
+    lo, hi = r["band_us"]
+    star = "*" if r.get("note", "").startswith("extrapolated") else ""
+    star += STALE_MARK if stale else ""
+    # a modeled HBM fraction above the best published one reads "ceiling"
+    mbu = f"{100 * r['mbu']:.1f}"
+    if r.get("label", "").startswith(f"modeled (cost model {COST_MODEL_VERSION}"):
+        mbu = ceiling_label(mbu, "decode_attention", hbm_fraction=r["mbu"])
+    return [f"{_fmt(r['latency_us'] / 1e3)}{star} ({_fmt(lo / 1e3)}-{_fmt(hi / 1e3)})",
+            mbu]  # fmt: skip
+
+
+def table(
+    rows: dict[tuple[Any, ...], dict[str, Any]],
+    group: int,
+    lnc: int,
+    old: dict[tuple[Any, ...], dict[str, Any]] | None = None,
+) -> str:
+    """Markdown rows: cache, layout, B, then the streamed kernel and attention_tkg (ms
+    with band, MBU), the speedup with its band, the per-program kernel, and from `old`
+    (the cost model v2 table) the speedup it gave (with its low end)."""
     out = [
-        "| cache | layout | B | streamed, ms (band) | MBU % | per-program, ms (band) | MBU % "
-        "| attention_tkg, ms (band) | MBU % | speedup vs AWS (low end) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cache | layout | B | streamed, ms (band) | MBU % | attention_tkg, ms (band) | MBU % "
+        "| speedup vs AWS (band) | per-program, ms (band) | MBU % | v2: speedup (low end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     current = _stream_hash()
-    cells = sorted({(r["cache"], r["paged"], r["batch"]) for r in rows.values()
-                    if r["group"] == group and r["lnc"] == lnc})  # fmt: skip
+    # the table's batches; other priced batches (B = 2, 4) only feed extrapolations
+    mine = [r for r in rows.values() if (r["group"], r["lnc"]) == (group, lnc)]
+    cells = sorted({(r["cache"], r["paged"], r["batch"]) for r in mine if r["batch"] in (1, 8, 64)})
     for cache, paged, b in cells:
         got = {
             m: rows.get((m, group, lnc, b, cache, paged)) for m in (STREAMED, PER_PROGRAM, AWS_TKG)
         }
+        s = got[STREAMED]
+        stale = s is not None and s.get("kernel_hash") != current
         line = [f"{cache // 1024} K", "paged" if paged else "contiguous", str(b)]
-        for m in (STREAMED, PER_PROGRAM, AWS_TKG):
-            r = got[m]
-            if r is None or r["latency_us"] != r["latency_us"]:
-                line += ["-", "-"]
-                continue
-            lo, hi = r["band_us"]
-            star = "*" if r.get("note", "").startswith("extrapolated") else ""
-            if m == STREAMED and r.get("kernel_hash") != current:
-                star += STALE_MARK
-            line += [f"{_fmt(r['latency_us'] / 1e3)}{star} ({_fmt(lo / 1e3)}-{_fmt(hi / 1e3)})",
-                     f"{100 * r['mbu']:.1f}"]  # fmt: skip
-        s, a = got[STREAMED], got[AWS_TKG]
-        if s and a and a["latency_us"] == a["latency_us"]:
-            mark = STALE_MARK if s.get("kernel_hash") != current else ""
-            line.append(
-                f"{a['latency_us'] / s['latency_us']:.2f}{mark} "
-                f"({a['band_us'][0] / s['band_us'][1]:.2f})"
+        line += _cell(s, stale) + _cell(got[AWS_TKG])
+        line.append(_speedup(s, got[AWS_TKG]) + (STALE_MARK if stale else ""))
+        line += _cell(got[PER_PROGRAM])
+        o = old or {}
+        line.append(
+            _speedup(
+                o.get((STREAMED, group, lnc, b, cache, paged)),
+                o.get((AWS_TKG, group, lnc, b, cache, paged)),
             )
-        else:
-            line.append("-")
+        )
         out.append("| " + " | ".join(line) + " |")
     return "\n".join(out)
 
@@ -107,32 +136,37 @@ def extrapolated(
     rows: dict[tuple[Any, ...], dict[str, Any]], method: str, group: int, lnc: int,
     cache: int, paged: bool, batch: int,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """A row at `batch` from the priced B = 8 and B = 16 rows (else B = 1 and 8): the
-    timeline of a launch whose batch tiles repeat one schedule grows linearly in tiles
-    once the pipeline is full, so L(B) = L(8) + (B - 8) (L(16) - L(8)) / 8, each band
-    end likewise (checked: the streamed kernel's B = 64 x 2 K row priced in full is that
-    figure to 0.1 %; attention_tkg's B = 64 x 32 K row is 9 % above it, so its
-    extrapolated rows are low, i.e. in its favour)."""
+    """A row at `batch` from the two largest priced batches below it (B = 1 and 8 where
+    those are the priced ones): the timeline of a launch whose batch tiles repeat one
+    schedule grows linearly in tiles once the pipeline is full, so
+    L(B) = L(b1) + (B - b1) (L(b2) - L(b1)) / (b2 - b1), each parameter set's sample and
+    each band end likewise (checked against priced rows in the README)."""
     if (method, group, lnc, batch, cache, paged) in rows:
         return None
-    r8, r16 = (rows.get((method, group, lnc, b, cache, paged)) for b in (8, 16))
-    lo_b = 8
-    if r16 is None:  # from B = 1 and 8 instead
-        r8, r16, lo_b = rows.get((method, group, lnc, 1, cache, paged)), r8, 1
-    if r8 is None or r16 is None:
+    priced = sorted(
+        b
+        for (m, g, n, b, c, pg), r in rows.items()
+        if (m, g, n, c, pg) == (method, group, lnc, cache, paged)
+        and b < batch
+        and not r.get("note", "").startswith("extrapolated")
+    )
+    if len(priced) < 2:
         return None
-    f = (batch - lo_b) / (16 - lo_b if lo_b == 8 else 7)
+    b1, b2 = priced[-2:]
+    r1, r2 = (rows[(method, group, lnc, b, cache, paged)] for b in (b1, b2))
+    f = (batch - b1) / (b2 - b1)
 
-    def ext(x8: float, x16: float) -> float:
-        return x8 + f * (x16 - x8)
+    def ext(x1: float, x2: float) -> float:
+        return x1 + f * (x2 - x1)
 
-    lat = ext(r8["latency_us"], r16["latency_us"])
-    band = [ext(r8["band_us"][i], r16["band_us"][i]) for i in (0, 1)]
-    hi_b = 16 if lo_b == 8 else 8
-    note = f"extrapolated from the B = {lo_b} and B = {hi_b} rows (linear in batch tiles)"
-    mbu = r8["mbu"] * r8["latency_us"] * batch / (lo_b * lat)
-    out = {**r8, "batch": batch, "latency_us": lat, "band_us": band, "mbu": mbu, "note": note}
-    if r8.get("kernel_hash") != r16.get("kernel_hash"):
+    lat = ext(r1["latency_us"], r2["latency_us"])
+    band = [ext(r1["band_us"][i], r2["band_us"][i]) for i in (0, 1)]
+    samples = [ext(x, y) for x, y in zip(r1.get("samples_us", ()), r2.get("samples_us", ()))]
+    note = f"extrapolated from the B = {b1} and B = {b2} rows (linear in batch tiles)"
+    mbu = r1["mbu"] * r1["latency_us"] * batch / (b1 * lat)
+    out = {**r1, "batch": batch, "latency_us": lat, "band_us": band, "mbu": mbu, "note": note,
+           "samples_us": samples}  # fmt: skip
+    if r1.get("kernel_hash") != r2.get("kernel_hash"):
         out.pop("kernel_hash", None)  # priced on different kernel source: not current
     return out
 
@@ -160,14 +194,14 @@ def main() -> None:
         "--extrapolate",
         type=int,
         default=None,
-        help="add rows at this batch from the B = 8 and B = 16 rows in the file",
+        help="add rows at this batch from the two largest priced batches below it",
     )
     a = ap.parse_args()
     path = Path(a.data)
     rows = _load(path)
     group, lnc = SETS[a.set]
     if a.table:
-        print(table(rows, group, lnc))
+        print(table(rows, group, lnc, _load(OLD_DATA)))
         return
     methods = a.methods.split(",")
     if a.extrapolate:
@@ -192,6 +226,7 @@ def main() -> None:
                     new.append(aws_row(a.nki_library, group, b, cache, paged, lnc))
             for r in rows_as_dicts(new):
                 r["band_us"] = list(r["band_us"])
+                r["samples_us"] = list(r["samples_us"])
                 if r["method"] == STREAMED:
                     r["kernel_hash"] = _stream_hash()
                 rows[_key(r)] = r

@@ -40,11 +40,17 @@ PLAN: dict[str, tuple[tuple[str, ...], tuple[int, ...], int | None, str, tuple[s
     # mixtral-8x7b has the same attention shape as llama3-8b
     "flash_attention": (("llama3-8b", "llama3-70b"), (2048, 8192, 32768), 16, "nominal", ()),
     "moe_mlp": (("mixtral-8x7b", "fine-grained-64e"), (512, 4096, 16384), 8, "nominal", ()),
-    # whole grid (12 configs); buckets are cache lengths (Sq = 1, contiguous cache)
-    "decode_attention": (("llama3-8b", "llama3-70b"), (2048, 32768, 131072), None, "nominal", ()),
+    # whole grid (6 configs); buckets are cache lengths (Sq = 1), contiguous and paged
+    "decode_attention": (
+        ("llama3-8b", "llama3-70b", "llama3-8b,layout=paged", "llama3-70b,layout=paged"),
+        (2048, 32768, 131072),
+        None,
+        "nominal",
+        (),
+    ),
 }
 # families whose tuner takes no LNC (autotune/families.OpSpec.tunable): LNC 1 only
-LNC1_ONLY = frozenset({"decode_attention"})
+LNC1_ONLY: frozenset[str] = frozenset()
 
 
 def _trials(text: str) -> dict[str, int]:

@@ -57,6 +57,9 @@ class Row:
     label: str
     config: str = "-"
     note: str = ""
+    # latency (us) under each of the cost model's parameter sets, shipped set first: a
+    # speedup's band pairs the same set on both sides (`bench.bands.ratio_band`)
+    samples_us: tuple[float, ...] = ()
 
 
 def kv_bytes(batch: int, cache: int) -> float:
@@ -65,13 +68,20 @@ def kv_bytes(batch: int, cache: int) -> float:
 
 def _priced(
     kernel: Any, args: tuple[Any, ...], target: str, lnc: int
-) -> tuple[float, tuple, str, int]:
-    from ..perfmodel import estimate_trace, trace_kernel
-    from ..perfmodel.band import band
+) -> tuple[float, tuple[float, float], str, int, tuple[float, ...]]:
+    """(latency ns, band ns, label, instructions, per-set latencies in us): the band is
+    the range over the parameter sets widened by the structural error
+    (`bench.bands.latency_band`)."""
+    from ..bench.bands import latency_band, parameter_sets
+    from ..perfmodel import estimate_trace, schedule, trace_kernel
 
     trace = trace_kernel(kernel, *args, target=target, lnc=lnc)
     est = estimate_trace(trace, target)
-    return est.latency_ns, band(trace, get_target(target)), est.label, len(trace)
+    samples = tuple(schedule(trace, p).latency_ns for p in parameter_sets(target))
+    lo, hi = latency_band(samples, target)
+    n = len(trace)
+    del trace
+    return est.latency_ns, (lo, hi), est.label, n, tuple(x / 1e3 for x in samples)
 
 
 def _problem(group: int, batch: int, cache: int, paged: bool) -> DecodeProblem:
@@ -87,15 +97,16 @@ def streamed_row(
     from ..runtime.config_store import lookup_config
 
     tgt = get_target(target)
-    key = _problem(group, 1, bucket(cache), False)  # the op's key: contiguous, batch 1
+    key = _problem(group, 1, bucket(cache), paged)  # the op's key: layout, batch 1, LNC
     cfg = lookup_config("decode_attention", key, decode_stream_fwd, target=tgt,
-                        config_cls=StreamConfig, lnc=1)  # fmt: skip
+                        config_cls=StreamConfig, lnc=lnc)  # fmt: skip
     assert isinstance(cfg, StreamConfig)
     args = stream_kernel_args(_problem(group, batch, cache, paged), cfg, lnc=lnc)
-    ns, (lo, hi), label, n = _priced(decode_stream_fwd, args, target, lnc)
+    ns, (lo, hi), label, n, samples = _priced(decode_stream_fwd, args, target, lnc)
     mbu = kv_bytes(batch, cache) / (ns * tgt.hbm_bytes_per_ns * lnc)
     return Row(tgt.name, STREAMED, group, lnc, batch, cache, paged, ns / 1e3,
-               (lo / 1e3, hi / 1e3), mbu, label, cfg.key(), f"{n} instructions")  # fmt: skip
+               (lo / 1e3, hi / 1e3), mbu, label, cfg.key(), f"{n} instructions",
+               samples)  # fmt: skip
 
 
 def per_program_rows(
@@ -109,7 +120,12 @@ def per_program_rows(
     key = _problem(group, 1, bucket(cache), paged)
     cfg = DecodeConfig.heuristic(key, tgt)
     unit = DecodeProblem(1, group, 1, 1, cache, D, "bfloat16", key.layout)
-    ns, (lo, hi), label, n = _priced(decode_attention_fwd, kernel_args(unit, cfg), target, 1)  # type: ignore[arg-type]
+    ns, (lo, hi), label, n, samples = _priced(
+        decode_attention_fwd,
+        kernel_args(unit, cfg),  # type: ignore[arg-type]
+        target,
+        1,
+    )
     rows = []
     for b in batches:
         k = math.ceil(b * KV_HEADS / lnc) / 1e3
@@ -117,7 +133,8 @@ def per_program_rows(
         mbu = kv_bytes(b, cache) / (lat * 1e3 * tgt.hbm_bytes_per_ns * lnc)
         rows.append(Row(tgt.name, PER_PROGRAM, group, lnc, b, cache, paged, lat,
                         (lo * k, hi * k), mbu, label, cfg.key(),
-                        f"{n} instructions x {b * KV_HEADS // lnc}"))  # fmt: skip
+                        f"{n} instructions x {b * KV_HEADS // lnc}",
+                        tuple(x * k * 1e3 for x in samples)))  # fmt: skip
     return rows
 
 
@@ -139,7 +156,7 @@ def aws_row(
     note = f"nki-library {r['nki_library_commit']}, {r['instructions']} instructions x 8"
     return Row(tgt.name, AWS_TKG, group, lnc, batch, cache, paged, lat, (lo, hi),
                kv_bytes(batch, cache) / (lat * 1e3 * tgt.hbm_bytes_per_ns * lnc), r["label"],
-               note=note)  # fmt: skip
+               note=note, samples_us=tuple(x * KV_HEADS for x in r["samples_us"]))  # fmt: skip
 
 
 def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:

@@ -350,14 +350,14 @@ def decode(
         layout = ("paged_hm" if head_major else "paged") if paged else "contiguous"
         longest = max(1, int(lens.max(initial=1)))
         dtype = str(q.dtype).removeprefix("torch.")
-        # keyed as a contiguous cache at LNC 1: every layout is the same gather schedule
-        # (paged and contiguous price alike), and a launch's tiles run it at any LNC
-        # (LNC 2 shares the tiles out, or splits a single sequence's keys)
-        problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype, "contiguous")
+        # keyed by the cache's layout (both paged layouts: "paged") and the runtime LNC
+        lnc = runtime_lnc(target)
+        problem = DecodeProblem(1, hq, hkv, sq, bucket(longest), d, dtype,
+                                "paged" if paged else "contiguous")  # fmt: skip
         cfg = config or lookup_config("decode_attention", problem, decode_stream_fwd,
-                                      target=target, config_cls=StreamConfig, lnc=1)  # fmt: skip
+                                      target=target, config_cls=StreamConfig, lnc=lnc)  # fmt: skip
         assert isinstance(cfg, StreamConfig)
-        ksplit = 2 if b == 1 and runtime_lnc(target) == 2 else 1
+        ksplit = 2 if b == 1 and lnc == 2 else 1
         plan = plan_decode(lens, hq, hkv, sq, layout, tuple(k_cache.shape), bt, d,
                            q.element_size(), cfg.piece, cfg.ring, ksplit)  # fmt: skip
         dev = q.device

@@ -279,10 +279,16 @@ def _load_v(io, b, step, slot, islot):
     if j < 0:
         nisa.memset(dst=b["v"][slot][:n, : ns * nh * d], value=0.0, engine=nisa.engine.gpsimd)
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
+    # one DMA per head where a head's keys are one run (contiguous / head-major blocks), so
+    # P V starts on the first heads while the last ones land
+    per_head = layout != "paged" and j >= 0
     for sl in range(ns):
-        vsrc = _gather(v, ix[:n, sl : sl + 1], layout, hkv, h0, nh, c, 0, d, True)
-        vdst = b["v"][slot][:n, sl * nh * c * d : (sl + 1) * nh * c * d]
-        nisa.dma_copy(dst=vdst.reshape(vsrc.shape), src=vsrc, oob_mode=skip)
+        col = ix[:n, sl : sl + 1]
+        base = sl * nh * c * d
+        for h0_, nh_ in [(h, 1) for h in range(nh)] if per_head else [(0, nh)]:
+            vsrc = _gather(v, col, layout, hkv, h0 + h0_, nh_, c, 0, d, True)
+            vdst = b["v"][slot][:n, base + h0_ * c * d : base + (h0_ + nh_) * c * d]
+            nisa.dma_copy(dst=vdst.reshape(vsrc.shape), src=vsrc, oob_mode=skip)
 
 
 def _kt_fp32(b, slot, dci, sl, nh, c, n, d0, dc, layout, src, skip):
@@ -416,7 +422,7 @@ def _slab(b, slots, shape, scale, main):
     p32 = b["p32"]
     nisa.activation(dst=p32[:n, :width], op=nl.exp, data=z[:n, :width])
     if p_sb.dtype != nl.float32:
-        nisa.tensor_copy(dst=p_sb[:n, :width], src=p32[:n, :width], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=p_sb[:n, :width], src=p32[:n, :width], engine=nisa.engine.scalar)
     else:
         p_sb = p32
     # row sums on TensorE (keys contracted, fp32), l = a l + sum

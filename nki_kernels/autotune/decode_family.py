@@ -33,12 +33,12 @@ def _kernel() -> Any:
     return decode_stream_fwd
 
 
-def _trace(p: Any, config: KernelConfig, target: Target) -> Any:
+def _trace(p: Any, config: KernelConfig, target: Target, lnc: int = 1) -> Any:
     from ..attention.decode_host import stream_kernel_args
     from ..interp import run
 
-    args = stream_kernel_args(p, config, BLOCK_SIZE)  # type: ignore[arg-type]
-    return run(_kernel(), *args, target=target, trace_only=True).trace
+    args = stream_kernel_args(p, config, BLOCK_SIZE, lnc=lnc)  # type: ignore[arg-type]
+    return run(_kernel(), *args, target=target, trace_only=True, lnc=lnc).trace
 
 
 def _lengths(p: Any) -> np.ndarray:
@@ -47,7 +47,7 @@ def _lengths(p: Any) -> np.ndarray:
 
 
 def _numeric(
-    p: Any, config: KernelConfig, target: Target, seed: int
+    p: Any, config: KernelConfig, target: Target, seed: int, lnc: int = 1
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     from ..attention.decode_plan import merge_splits, plan_decode
     from ..interp import dtypes, run
@@ -71,12 +71,13 @@ def _numeric(
                 blk, off = table[b, j // BLOCK_SIZE], j % BLOCK_SIZE
                 kc[blk, off], vc[blk, off] = k[b, :, j], v[b, :, j]
     isz = 4 if p.dtype == "float32" else 2
+    ksplit = 2 if lnc == 2 and p.batch == 1 else 1
     plan = plan_decode(lens, hq, hkv, sq, layout, kc.shape, table, d, isz,
-                       int(config.piece), int(config.ring))  # type: ignore[attr-defined]  # fmt: skip
+                       int(config.piece), int(config.ring), ksplit)  # type: ignore[attr-defined]  # fmt: skip
     scale = 1.0 / float(np.sqrt(d))
     arrays = (plan.idx, plan.kpos, plan.tail_idx, plan.tail_kpos, plan.hi, plan.full)
     out, lse = run(_kernel(), q, kc, vc, *arrays, scale, *plan.static_args(),
-                   target=target).outputs  # fmt: skip
+                   target=target, lnc=lnc).outputs  # fmt: skip
     out, lse = merge_splits(np.asarray(out, np.float32), np.asarray(lse, np.float32))
     ref_out, ref_lse = _reference(q, k, v, lens, scale)
     got = [np.asarray(out, np.float64), np.asarray(lse, np.float64)]
@@ -136,7 +137,8 @@ def _device_launcher(p: Any, config: KernelConfig, target: Target) -> Any:
 
 
 def make_problem(layout: str) -> Any:
-    """(model shape, cache-length bucket, dtype) -> the op's lookup problem."""
+    """(model shape, cache-length bucket, dtype) -> the op's lookup problem; the shape
+    may name its cache layout (`llama3-8b,layout=paged`), else `layout`."""
 
     def make(shape: str, bucket: int, dtype: str) -> Any:
         from ..attention.decode_host import DecodeProblem
@@ -144,23 +146,32 @@ def make_problem(layout: str) -> Any:
         from ..runtime.buckets import bucket as to_bucket
         from .shapes import resolve_shape
 
-        s = resolve_shape(ATTENTION_SHAPES, shape)
+        parts = [x.strip() for x in shape.split(",")]
+        chosen = [x.partition("=")[2] for x in parts if x.startswith("layout=")]
+        if any(c not in LAYOUTS for c in chosen) or len(chosen) > 1:
+            raise ValueError(
+                f"--shape: expected at most one layout=L with L in {LAYOUTS}; got {shape!r}"
+            )
+        s = resolve_shape(
+            ATTENTION_SHAPES, ",".join(x for x in parts if not x.startswith("layout="))
+        )
         return DecodeProblem(1, s.num_heads, s.num_kv_heads, 1, to_bucket(bucket), s.head_dim,
-                             dtype, layout)  # fmt: skip
+                             dtype, chosen[0] if chosen else layout)  # fmt: skip
 
     return make
 
 
-def tunable() -> Tunable:
-    """The decode family's `Tunable`."""
+def tunable(lnc: int = 1) -> Tunable:
+    """The decode family's `Tunable` as launched at `lnc` (LNC 2: the tiles shared out
+    between the two programs, a single sequence's keys split in two)."""
     from ..attention.decode_host import StreamConfig
 
     return Tunable(
         op=OP,
         config_cls=StreamConfig,
-        trace=_trace,
+        trace=lambda p, c, t: _trace(p, c, t, lnc),
         reduced=_reduced,
-        run_numeric=_numeric,
+        run_numeric=lambda p, c, t, seed: _numeric(p, c, t, seed, lnc),
         tolerance=_tolerance,
         bucket_key=lambda p: (
             f"s{p.seq_q}x{p.seq_k}-h{p.q_heads}:{p.kv_heads}-d{p.head_dim}-b{p.batch}-{p.layout}"
@@ -172,12 +183,13 @@ def tunable() -> Tunable:
             f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Sq={p.seq_q} cache={p.seq_k} "
             f"D={p.head_dim} {p.dtype} {p.layout}"
         ),
+        lnc=lnc,
     )
 
 
 def specs() -> list[Any]:
-    """The `OpSpec`s of the family: one op, its standard problems contiguous (the op's
-    lookup key carries the layout, so paged calls use the heuristic unless tuned)."""
+    """The `OpSpec`s of the family: one op, its standard problems contiguous and paged
+    (the op's lookup key carries the layout: both paged layouts look up "paged")."""
     from .families import OpSpec
 
     return [
@@ -186,7 +198,12 @@ def specs() -> list[Any]:
             family="attention",
             make_tunable=tunable,
             make_problem=make_problem("contiguous"),
-            shapes=("llama3-8b", "llama3-70b"),
+            shapes=(
+                "llama3-8b",
+                "llama3-70b",
+                "llama3-8b,layout=paged",
+                "llama3-70b,layout=paged",
+            ),
             bucket_dim="seq",
             standard_buckets=(2048, 32768, 131072),
         )

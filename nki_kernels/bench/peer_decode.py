@@ -110,11 +110,12 @@ def price_tkg(
     lnc: int = 1,
 ) -> dict[str, Any]:
     """One harness launch priced (trace-only interpretation + cost model, with the band
-    over the cost model's parameter sets), or the reason it could not be; at `lnc` 2 the
+    over the cost model's parameter sets widened by its structural error, and the
+    per-set latencies `samples_us`), or the reason it could not be; at `lnc` 2 the
     kernel runs as `kernel[2]` (its own batch / sequence sharding)."""
     from ..conformance import loader
     from ..perfmodel import estimate_trace, schedule, trace_kernel
-    from .bands import parameter_sets
+    from .bands import latency_band, parameter_sets
 
     t0 = time.perf_counter()
     try:
@@ -129,7 +130,8 @@ def price_tkg(
     samples = [schedule(trace, p).latency_ns / 1e3 for p in parameter_sets(target)]
     return {
         "latency_us": est.latency_ns / 1e3,
-        "band_us": (min(samples), max(samples)),
+        "band_us": latency_band(samples, target),
+        "samples_us": samples,
         "instructions": len(trace),
         "busiest": est.bottleneck,
         "label": est.label,

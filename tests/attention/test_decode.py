@@ -533,9 +533,11 @@ def test_default_decode_call_uses_the_shipped_configs_without_warnings() -> None
         warnings.simplefilter("always")
         for target in ("trn2", "trn3"):
             for key, _entry, _file in store.entries("decode_attention", target):
-                problem = DecodeProblem(**parse_key(key))  # type: ignore[arg-type]
+                fields = parse_key(key)
+                lnc = int(fields.pop("lnc", 1))
+                problem = DecodeProblem(**fields)  # type: ignore[arg-type]
                 d = store.decide("decode_attention", target, problem, config_cls=StreamConfig,
-                                 kernel_hash=h, lnc=1)  # fmt: skip
+                                 kernel_hash=h, lnc=lnc)  # fmt: skip
                 seen.append(d)
         with cs.recording_decisions() as calls:
             # a shipped shape (Llama-3 8B heads, bf16), a short cache: the nearest bucket
@@ -545,7 +547,14 @@ def test_default_decode_call_uses_the_shipped_configs_without_warnings() -> None
     bad = [w for w in caught if issubclass(w.category, (cs.StaleConfigWarning,
                                                          cs.ConfigFallbackWarning))]  # fmt: skip
     assert not bad, [str(w.message) for w in bad]
-    assert len(seen) >= 12 and all(d.source == cs.TUNED for d in seen)
+    # trn2 and trn3 x LNC 1 and 2 x contiguous and paged x 2 shapes x 3 buckets
+    assert len(seen) >= 48 and all(d.source == cs.TUNED for d in seen)
+    assert {(d.lnc, "layout=paged" in (d.entry_key or "")) for d in seen} == {
+        (1, False),
+        (1, True),
+        (2, False),
+        (2, True),
+    }
     assert calls and all(d.source in (cs.TUNED, cs.NEAREST) for d in calls)
 
 

@@ -82,3 +82,43 @@ def test_stream_config_space_and_validity() -> None:
     wide = DecodeProblem(1, 64, 1, 4, 4096, 256, "float32", "paged")
     with pytest.raises(InvalidConfig, match="256 packed rows exceed 128"):
         StreamConfig().validate(wide, TRN2)
+
+
+def test_paged_and_lnc2_problems_are_tuned_and_looked_up(tmp_path: Any, monkeypatch: Any) -> None:
+    """A shape may name its layout (`llama3-8b,layout=paged`); the LNC-2 tunable prices
+    and checks `kernel[2]`; the op looks a paged call up under the paged key at the
+    runtime LNC (both paged block layouts share it)."""
+    spec = get("decode_attention")
+    p = spec.make_problem("llama3-8b,layout=paged", 2048, "bfloat16")
+    assert p == DecodeProblem(1, 32, 8, 1, 2048, 128, "bfloat16", "paged")
+    with pytest.raises(ValueError, match="layout=L"):
+        spec.make_problem("llama3-8b,layout=ring", 2048, "bfloat16")
+    tunable = spec.tunable(2)
+    assert tunable.lnc == 2
+    problem = DecodeProblem(1, 4, 2, 1, 512, 64, "float32", "paged")
+    opts = TuneOptions(seed=0, gate="improving")
+    tuner = Tuner(tunable, problem, TRN2, storage=open_storage("memory"),
+                  measurer=CostModelMeasurer(), options=opts)  # fmt: skip
+    report = tuner.run(n_trials=2)
+    assert report.best.outcome == OK
+    monkeypatch.setattr(cs, "_default", None)
+    out = export_best(tuner, cs.set_config_dir(tmp_path))
+    assert out.provenance.measurer == "modeled (cost model v3, trn2, LNC 2)"
+    from nki_kernels.runtime.lnc import set_runtime_lnc
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 1, 64, generator=g)
+    pool = torch.randn(40, 16, 2, 64, generator=g)
+    table = torch.randperm(40, generator=g)[:32].view(1, 32).to(torch.int32)
+    set_runtime_lnc(2)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the tuned LNC-2 paged entry: no fallback
+            with cs.recording_decisions() as seen:
+                decode_attention(q, pool, pool, torch.tensor([500]), block_table=table)
+    finally:
+        set_runtime_lnc(None)
+    (d,) = [d for d in seen if d.op == "decode_attention"]
+    assert d.source == cs.TUNED and d.config == out.config
+    assert d.entry_key is not None and "lnc=2" in d.entry_key and "layout=paged" in d.entry_key
+    monkeypatch.setattr(cs, "_default", None)
