@@ -49,8 +49,9 @@ def _qwen3_moe(**kw: Any) -> Any:
 
 
 def _gpt_oss(**kw: Any) -> Any:
+    kw.setdefault("num_hidden_layers", 2)
     cfg = transformers.GptOssConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        vocab_size=128, hidden_size=32, intermediate_size=16,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=8,
         num_experts_per_tok=2, max_position_embeddings=64, sliding_window=4, **kw,
     )  # fmt: skip
@@ -177,3 +178,21 @@ def test_gpt_oss_clamps_cut_and_attention_is_reported_kept() -> None:
     report = nki_kernels.patch(model)
     assert any("sinks" in why for _, why in report.skipped), str(report)
     assert type(model.model.layers[0].mlp.experts).__name__ == "HFGatedExperts"
+
+
+def test_patched_gpt_oss_compiles_fullgraph() -> None:
+    """torch.compile(fullgraph=True) of the patched GPT-OSS model (aot_eager): loss,
+    logits and every gradient as the unpatched eager model."""
+    model = _gpt_oss(num_hidden_layers=1).train()
+    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(8))
+    ref = _loss_and_grads(model, ids)
+    nki_kernels.patch(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    logits, loss, grads = _loss_and_grads(compiled, ids)
+    grads = {n.removeprefix("_orig_mod."): g for n, g in grads.items()}
+    torch.testing.assert_close(logits, ref[0], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(loss, ref[1], atol=ATOL, rtol=RTOL)
+    assert grads.keys() == ref[2].keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref[2][name], atol=ATOL, rtol=RTOL, msg=name)
