@@ -4,8 +4,9 @@
 here. The streamed kernel (`decode_stream.decode_stream_fwd`, the whole batch in one
 launch, its index tensors planned by `decode_plan.plan_decode`) serves every call, with a
 `StreamConfig` from the config store (`runtime.config_store.lookup_config`: tuned entry,
-nearest cache-length bucket, else `StreamConfig.heuristic`), keyed as a contiguous batch-1
-problem with the cache length bucketed; the tuner family is `autotune/decode_family.py`.
+nearest cache-length bucket, else `StreamConfig.heuristic`), keyed as a batch-1 problem
+with the cache length bucketed, the cache's layout ("contiguous" or "paged", both paged
+block layouts) and the runtime LNC; the tuner family is `autotune/decode_family.py`.
 A `DecodeConfig` passed explicitly selects the per-(sequence, KV head) kernel
 (`decode.decode_attention_fwd`), kept for comparison.
 """
