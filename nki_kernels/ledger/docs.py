@@ -32,6 +32,8 @@ REFRESH = [
     ["ledger", "--model", "mixtral-8x7b", "--phase", "train", "--seq", "4096"],
     ["ledger", "--model", "mixtral-8x7b", "--phase", "train", "--seq", "8192"],
     ["ledger", "--model", "qwen3-moe-like", "--phase", "train", "--seq", "4096"],
+    ["ledger", "--model", "qwen3-moe-like", "--phase", "train", "--seq", "8192"],
+    ["ledger", "--model", "qwen3-moe-like", "--phase", "decode", "--batch", "64"],
     ["ledger", "--model", "deepseek-v3-like", "--phase", "prefill", "--seq", "4096"],
 ]
 
