@@ -113,7 +113,7 @@ def _rings(d, cdt, kv_tile, n_sub, splits):
             nl.ndarray((min(d, P), _chunks(d), kv_tile), dtype=cdt, buffer=sb) for _ in range(RING)
         ],
         "vt": [nl.ndarray((P, n_sub, d), dtype=cdt, buffer=sb) for _ in range(RING)],
-        "idx": [nl.ndarray((P, n_sub), dtype=nl.int32, buffer=sb) for _ in range(RING)],
+        "idx": [nl.ndarray((P, n_sub), dtype=nl.uint32, buffer=sb) for _ in range(RING)],
         "s_ps": [nl.ndarray((P, kv_tile), dtype=f32, buffer=ps) for _ in range(2)],
         "s": [nl.ndarray((P, kv_tile), dtype=f32, buffer=sb) for _ in range(2)],
         "p": [nl.ndarray((P, kv_tile), dtype=cdt, buffer=sb) for _ in range(3)],

@@ -277,14 +277,14 @@ def decode_bounds(cache_lens: np.ndarray, group: int, sq: int) -> np.ndarray:
 def paged_slots(
     block_table: np.ndarray, cache_lens: np.ndarray, block_size: int, n_keys: int
 ) -> np.ndarray:
-    """int32 [B, n_keys, 1]: cache row (block * block_size + offset) of each key position;
+    """uint32 [B, n_keys, 1]: cache row (block * block_size + offset) of each key position;
     positions at or past the sequence's length read row 0 (masked by the bounds)."""
     b = block_table.shape[0]
     j = np.arange(n_keys)
     live = j[None, :] < cache_lens.reshape(b, 1)
     blk_idx = np.minimum(j // block_size, block_table.shape[1] - 1)
     rows = block_table[:, blk_idx] * block_size + (j % block_size)[None, :]
-    return np.where(live, rows, 0).astype(np.int32)[:, :, None]
+    return np.where(live, rows, 0).astype(np.uint32)[:, :, None]
 
 
 def check_block_table(

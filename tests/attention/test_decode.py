@@ -106,6 +106,18 @@ def test_vllm_paged_cache(sq: int, dtype: torch.dtype) -> None:
     assert_rel_close(out, ref, TOLERANCES[dtype][0], "out")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_per_program_kernel_gathers_a_two_byte_paged_cache(dtype: torch.dtype) -> None:
+    """The per-program kernel (an explicit DecodeConfig) transposes 2-byte paged rows by
+    indirect DMA: its row indices are uint32, as NKI's indirect transpose requires."""
+    lens = [600, 1, 129]
+    pool_k, pool_v, table, k, v = _paged(dtype, lens)
+    q = _rand(len(lens), HQ, 1, D, seed=7, dtype=dtype)
+    out, _ = decode(q, pool_k, pool_v, torch.tensor(lens), table, None, DecodeConfig(128, 1))
+    ref, _ = _reference(q, k, v, torch.tensor(lens))
+    assert_rel_close(out, ref, TOLERANCES[dtype][0], "out")
+
+
 @pytest.mark.parametrize("kv_tile,splits", [(128, 1), (128, 3), (256, 4), (512, 2)])
 def test_split_k_configs_agree(kv_tile: int, splits: int) -> None:
     q = _rand(2, HQ, 2, D, seed=8, dtype=torch.float32)
