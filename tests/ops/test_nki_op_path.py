@@ -35,7 +35,7 @@ def clone(name: str) -> NkiOp:
     """The library op `name` defined again, now (under real_device) through nki_op."""
     e = registered_ops()[name]
     return define_op(
-        f"standin_{name}_{next(_names)}", e.impl, fake=e.fake, backward=e.backward,
+        f"testonly_standin_{name}_{next(_names)}", e.impl, fake=e.fake, backward=e.backward,
         setup_context=e.setup_context, validate=e.validate, mutates_args=e.mutates_args,
         examples=e.examples, traceable=e.traceable,
     )  # fmt: skip
