@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .bands import ceiling_label
+from .bands import ceiling_label, widen_ratio
 from .readme import FAMILIES, _geo, _pairs, geo_band
 from .rows import BenchRow
 
@@ -27,10 +27,27 @@ class Stat:
     hi: float
     cases: int
     band: tuple[float, float] | None
+    structural_only: bool = False
 
     def text(self) -> str:
-        band = f" (band {self.band[0]:.2f}–{self.band[1]:.2f})" if self.band else ""
+        band = ""
+        if self.band:
+            only = ", structural error only" if self.structural_only else ""
+            band = f" (band {self.band[0]:.2f}–{self.band[1]:.2f}{only})"
         return f"{self.geo:.2f}x{band}, {self.cases} cases"
+
+
+def _stat(
+    ratios: list[float], band: tuple[float, float] | None, target: str, cost_model: str
+) -> Stat:
+    """A line's statistics. Rows priced without their parameter sets (no samples) still
+    carry the model's structural error around the geometric mean, labelled as such."""
+    geo = _geo(ratios)
+    if band is None and cost_model:
+        widened = widen_ratio(geo, geo, target, f"cost model {cost_model}")
+        if widened != (geo, geo):
+            return Stat(geo, min(ratios), max(ratios), len(ratios), widened, True)
+    return Stat(geo, min(ratios), max(ratios), len(ratios), band)
 
 
 @dataclass(frozen=True)
@@ -112,13 +129,8 @@ def summarize(rows: Sequence[BenchRow], lnc: int, cost_model: str) -> list[Line]
                         line.stats[other] = None
                         continue
                     ratios = [o.latency_us / ours.latency_us for _, _, ours, o in pairs]
-                    line.stats[other] = Stat(
-                        _geo(ratios),
-                        min(ratios),
-                        max(ratios),
-                        len(ratios),
-                        geo_band(sub, family, target, lnc, other, cost_model),
-                    )
+                    band = geo_band(sub, family, target, lnc, other, cost_model)
+                    line.stats[other] = _stat(ratios, band, target, cost_model)
                     for (op, case, ours, o), s in zip(pairs, ratios, strict=True):
                         if s < 1.0:
                             why = f"ours {_bound(ours)}; {name} {_bound(o)}"
@@ -175,7 +187,14 @@ def _band_notes(lines: Sequence[Line]) -> list[str]:
     except ImportError:
         return []
     targets = sorted({x.target for x in lines})
-    return [f"Band, {t}: {describe_sets(t)}." for t in targets]
+    notes = [f"Band, {t}: {describe_sets(t)}." for t in targets]
+    if any(s is not None and s.structural_only for x in lines for s in x.stats.values()):
+        notes.append(
+            '"structural error only": the rows were priced with the shipped parameters alone '
+            "(their parameter sets were not run), so the band is the cross-validated error "
+            "around the geometric mean, without the parameter-set spread."
+        )
+    return notes
 
 
 def text(lines: Sequence[Line], lnc: int) -> str:

@@ -96,3 +96,23 @@ def test_bench_summarizes_first_writes_tables_aside_and_changes_nothing_tracked(
     assert "| flash_attention bwd causal |" in tables.read_text()
     assert _tracked_changes() == before, "bench changed files git sees"
     assert not list(tmp_path.iterdir())
+
+
+def test_rows_without_parameter_sets_carry_the_structural_band_labelled() -> None:
+    # rows priced with the shipped parameters alone (no samples) on the current model
+    # still show the model's cross-validated error around their mean, and say so
+    from nki_kernels.perfmodel import COST_MODEL_VERSION
+    from nki_kernels.perfmodel.band import widen
+
+    label = f"modeled (cost model {COST_MODEL_VERSION}, trn2)"
+    rows = [
+        BenchRow("moe", "moe_mlp fwd", "a", "trn2", "nki", 10.0, label, lnc=2),
+        BenchRow("moe", "moe_mlp fwd", "a", "trn2", "native", 15.0, label, lnc=2),
+    ]
+    (line,) = summary.summarize(rows, 2, COST_MODEL_VERSION)
+    stat = line.stats["native"]
+    assert stat is not None and stat.structural_only
+    assert stat.band == pytest.approx(widen(1.5, 1.5, "trn2", terms=2))
+    assert stat.band[0] < 1.5 < stat.band[1]
+    md = summary.markdown([line], 2)
+    assert "structural error only" in md and "parameter sets were not run" in md
