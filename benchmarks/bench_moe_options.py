@@ -54,7 +54,7 @@ def main() -> None:
                     stacked = f"{us:,.1f}"
                 print(
                     f"| {target} | {s.model} | {what} | {routing} | {r.native_us:,.1f} | "
-                    f"{r.ours_us:,.1f} | {r.speedup:.3f}x ({lo:.3f}-{hi:.3f}) | "
+                    f"{r.ours_us:,.1f} | {r.speedup:.3f}x ({lo:.2f}-{hi:.2f}) | "
                     f"{r.native_option_us:,.1f} | {r.ours_option_us:,.1f} | {stacked} |",
                     flush=True,
                 )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..baselines import moe_native, steps
 from ..baselines.native import F32, Step
 from ..baselines.native import price as price_native
-from ..bench.bands import parameter_sets
+from ..bench.bands import parameter_sets, widen_ratio
 from ..interp import TensorSpec
 from ..perfmodel import COST_MODEL_VERSION, estimate_trace, trace_kernel
 from ..targets import Target, get_target
@@ -188,8 +188,9 @@ def options_comparison(
             shipped = (nat.latency_ns, ours, nat_opt, ours_opt)
     label = f"modeled (cost model {COST_MODEL_VERSION}, {tgt.name})"
     nat_ns, ours_ns, nat_opt_ns, ours_opt_ns = shipped
+    band = widen_ratio(min(ratios), max(ratios), tgt, label)
     return OptionsComparison(
-        nat_ns / 1e3, ours_ns / 1e3, nat_ns / ours_ns, (min(ratios), max(ratios)),
+        nat_ns / 1e3, ours_ns / 1e3, nat_ns / ours_ns, band,
         nat_opt_ns / 1e3, ours_opt_ns / 1e3, label,
     )  # fmt: skip
 
