@@ -71,17 +71,26 @@ def figure_of(row: BenchRow, source: str) -> Figure:
     the current model store it widened by the structural term, which `full_band`
     re-applies), or the row's band when it has no samples."""
     samples = row.extra.get("samples_us")
+    structural = structural_pct_of(row.provenance, row.target)
+    notes: tuple[str, ...] = ()
     if samples:
         band: tuple[float, float] | None = (float(min(samples)), float(max(samples)))
+    elif row.band_us is not None:
+        band, structural = (float(row.band_us[0]), float(row.band_us[1])), 0.0
+    elif structural:
+        # priced with the shipped parameters alone: the band is the structural term only
+        band = (row.latency_us, row.latency_us)
+        notes = ("band: structural error only (the row's parameter sets were not priced)",)
     else:
-        band = None if row.band_us is None else (float(row.band_us[0]), float(row.band_us[1]))
+        band = None
     return Figure(
         row.latency_us,
         row.provenance,
         source,
         band,
         None if samples is None else tuple(float(s) for s in samples),
-        structural_pct=structural_pct_of(row.provenance, row.target) if samples else 0.0,
+        notes,
+        structural_pct=structural if band is not None else 0.0,
     )
 
 

@@ -23,9 +23,11 @@ from nki_kernels.targets import TRN2
 
 from .toy import ToyConfig, ToyMeasurer, ToyProblem, make_toy
 
-# 256 x 8200: a ragged last column tile for every tile width, and room for 8 x 8192-wide
-# fp32 buffers (256 KiB per partition) to overflow trn2's usable SBUF.
-PROBLEM = ToyProblem(rows=256, cols=8200)
+# 1024 x 8200: a ragged last column tile for every tile width, and 8 row tiles, so that
+# 8 buffers are all live at every width (a buffer no instruction touches is not
+# allocated) and 8 x 8192-wide fp32 buffers (256 KiB per partition) overflow trn2's
+# usable SBUF.
+PROBLEM = ToyProblem(rows=1024, cols=8200)
 
 
 def make_tuner(strategy: str = "grid", seed: int = 0, gate: str = "always", **kw) -> Tuner:

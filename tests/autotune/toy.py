@@ -2,8 +2,9 @@
 
 Config fields and what each exercises in the tuner:
 - `tile_cols`: free-dim tile width (the main trade-off of the toy price below);
-- `bufs`: SBUF tiles kept live at once. `validate` does not check SBUF capacity, so wide
-  tiles times many buffers overflow SBUF in the interpreter (rule SBUF_OVERFLOW);
+- `bufs`: SBUF tiles kept live at once (each group of `bufs` tiles is loaded before any is
+  computed). `validate` does not check SBUF capacity, so wide tiles times many buffers
+  overflow SBUF in the interpreter (rule SBUF_OVERFLOW);
 - `skip_tail`: drops the ragged last column tile -- less work (fast) and wrong whenever
   the column count is not a multiple of `tile_cols` (the correctness gate must catch it);
 - `tile_cols` wider than the problem is rejected by `validate` (InvalidConfig).
@@ -42,15 +43,18 @@ def toy_kernel(x, tile_cols, bufs, skip_tail):
     out = nl.ndarray((rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     tiles = [nl.ndarray((128, tile_cols), dtype=x.dtype, buffer=nl.sbuf) for _ in range(bufs)]
     n_col_tiles = cols // tile_cols if skip_tail else (cols + tile_cols - 1) // tile_cols
-    i = 0
-    for r0 in range(0, rows, 128):
-        nr = min(128, rows - r0)
-        for j in range(n_col_tiles):
-            c0 = j * tile_cols
-            nc = min(tile_cols, cols - c0)
-            t = tiles[i % bufs][0:nr, 0:nc]
-            i += 1
-            nisa.dma_copy(dst=t, src=x[r0 : r0 + nr, c0 : c0 + nc])
+    spans = [
+        (r0, min(128, rows - r0), j * tile_cols, min(tile_cols, cols - j * tile_cols))
+        for r0 in range(0, rows, 128)
+        for j in range(n_col_tiles)
+    ]
+    # `bufs` loads in flight: a group's tiles are all loaded before any is computed
+    for g0 in range(0, len(spans), bufs):
+        group = spans[g0 : g0 + bufs]
+        for b, (r0, nr, c0, nc) in enumerate(group):
+            nisa.dma_copy(dst=tiles[b][0:nr, 0:nc], src=x[r0 : r0 + nr, c0 : c0 + nc])
+        for b, (r0, nr, c0, nc) in enumerate(group):
+            t = tiles[b][0:nr, 0:nc]
             nisa.tensor_scalar(
                 dst=t, data=t, op0=nl.multiply, operand0=3.0, op1=nl.add, operand1=1.0
             )
