@@ -19,16 +19,10 @@ import argparse
 import time
 
 from nki_kernels.bench.compare import expert_counts
-from nki_kernels.model_shapes import MoEShape
+from nki_kernels.model_shapes import MOE_MODEL_SHAPES
 from nki_kernels.moe.grouped_pricing import moe_layer_comparison
 
-SHAPES = (
-    MoEShape("mixtral-8x7b", hidden=4096, intermediate=14336, num_experts=8, top_k=2),
-    MoEShape("fine-grained-64e", hidden=2048, intermediate=1408, num_experts=64, top_k=6),
-    MoEShape("deepseek-v3-like", hidden=7168, intermediate=2048, num_experts=256, top_k=8),
-    MoEShape("qwen3-moe-like", hidden=2048, intermediate=768, num_experts=128, top_k=8),
-    MoEShape("gpt-oss-like", hidden=2880, intermediate=2880, num_experts=128, top_k=4),
-)
+SHAPES = MOE_MODEL_SHAPES
 TOKENS, LNC = 4096, 2
 
 

@@ -19,16 +19,21 @@ from __future__ import annotations
 import time
 
 from nki_kernels.bench.compare import expert_counts
-from nki_kernels.model_shapes import MoEShape
+from nki_kernels.model_shapes import (
+    DEEPSEEK_V3_LIKE_MOE,
+    GPT_OSS_LIKE_MOE,
+    MIXTRAL_8X7B_MOE,
+    QWEN3_MOE_LIKE_MOE,
+)
 from nki_kernels.moe.grouped_pricing import price_grouped_mm
 from nki_kernels.perfmodel import COST_MODEL_VERSION
 from nki_kernels.targets import get_target
 
 SHAPES = (
-    MoEShape("mixtral-8x7b", hidden=4096, intermediate=14336, num_experts=8, top_k=2),
-    MoEShape("deepseek-v3-like", hidden=7168, intermediate=2048, num_experts=256, top_k=8),
-    MoEShape("qwen3-moe-like", hidden=2048, intermediate=768, num_experts=128, top_k=8),
-    MoEShape("gpt-oss-like", hidden=2880, intermediate=2880, num_experts=128, top_k=4),
+    MIXTRAL_8X7B_MOE,
+    DEEPSEEK_V3_LIKE_MOE,
+    QWEN3_MOE_LIKE_MOE,
+    GPT_OSS_LIKE_MOE,
 )
 LNC = 2
 

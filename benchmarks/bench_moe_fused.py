@@ -28,19 +28,13 @@ from nki_kernels.baselines import moe_native
 from nki_kernels.baselines.native import price as price_native
 from nki_kernels.bench.bands import parameter_sets, ratio_band, replayed_traces
 from nki_kernels.bench.compare import expert_counts
-from nki_kernels.model_shapes import MoEShape
+from nki_kernels.model_shapes import MOE_MODEL_SHAPES, MoEShape
 from nki_kernels.moe.config import MoEMLPConfig, MoEProblem
 from nki_kernels.moe.pricing import price_fwd_kinds, price_router, routing_ids, used_kinds
 from nki_kernels.perfmodel import COST_MODEL_VERSION
 from nki_kernels.targets import get_target
 
-SHAPES = (
-    MoEShape("mixtral-8x7b", hidden=4096, intermediate=14336, num_experts=8, top_k=2),
-    MoEShape("fine-grained-64e", hidden=2048, intermediate=1408, num_experts=64, top_k=6),
-    MoEShape("deepseek-v3-like", hidden=7168, intermediate=2048, num_experts=256, top_k=8),
-    MoEShape("qwen3-moe-like", hidden=2048, intermediate=768, num_experts=128, top_k=8),
-    MoEShape("gpt-oss-like", hidden=2880, intermediate=2880, num_experts=128, top_k=4),
-)
+SHAPES = MOE_MODEL_SHAPES
 TOKENS, LNC = 4096, 2
 
 

@@ -16,15 +16,15 @@ import argparse
 import time
 
 from nki_kernels.bench.compare import expert_counts
-from nki_kernels.model_shapes import MoEShape
+from nki_kernels.model_shapes import DEEPSEEK_V3_LIKE_MOE, GPT_OSS_LIKE_MOE, QWEN3_MOE_LIKE_MOE
 from nki_kernels.moe.options_pricing import Options, fused_shared_us, options_comparison
 
 ROWS = (
-    (MoEShape("gpt-oss-like", hidden=2880, intermediate=2880, num_experts=128, top_k=4),
+    (GPT_OSS_LIKE_MOE,
      Options("gpt_oss", biases=True), "biases + clamped SwiGLU"),
-    (MoEShape("qwen3-moe-like", hidden=2048, intermediate=768, num_experts=128, top_k=8),
+    (QWEN3_MOE_LIKE_MOE,
      Options("swiglu", shared_inter=3072, shared_gated=True), "sigmoid-gated shared expert (4 I)"),
-    (MoEShape("deepseek-v3-like", hidden=7168, intermediate=2048, num_experts=256, top_k=8),
+    (DEEPSEEK_V3_LIKE_MOE,
      Options("swiglu", shared_inter=2048), "ungated shared expert (I)"),
 )  # fmt: skip
 TOKENS, LNC = 4096, 2

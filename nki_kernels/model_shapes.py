@@ -45,10 +45,23 @@ MIXTRAL_8X7B_MOE = MoEShape("mixtral-8x7b", hidden=4096, intermediate=14336, num
 FINE_GRAINED_MOE = MoEShape(
     "fine-grained-64e", hidden=2048, intermediate=1408, num_experts=64, top_k=6
 )
+# The 2026 MoE models (issue shapes: routed experts only, from each published config.json)
+DEEPSEEK_V3_LIKE_MOE = MoEShape(
+    "deepseek-v3-like", hidden=7168, intermediate=2048, num_experts=256, top_k=8
+)
+QWEN3_MOE_LIKE_MOE = MoEShape(
+    "qwen3-moe-like", hidden=2048, intermediate=768, num_experts=128, top_k=8
+)
+GPT_OSS_LIKE_MOE = MoEShape(
+    "gpt-oss-like", hidden=2880, intermediate=2880, num_experts=128, top_k=4
+)
 
 ATTENTION_SHAPES = (LLAMA3_8B_ATTN, LLAMA3_70B_ATTN, MIXTRAL_8X7B_ATTN)
 NORM_SHAPES = (LLAMA3_8B_NORM, LLAMA3_70B_NORM)
 MOE_SHAPES = (MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE)
+MOE_MODEL_SHAPES = (
+    MIXTRAL_8X7B_MOE, FINE_GRAINED_MOE, DEEPSEEK_V3_LIKE_MOE, QWEN3_MOE_LIKE_MOE, GPT_OSS_LIKE_MOE,
+)  # fmt: skip
 
 # Sequence lengths / token counts the benchmarks and shipped configs cover.
 SEQUENCE_LENGTHS = (2048, 8192, 32768)
