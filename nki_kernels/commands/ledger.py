@@ -1,8 +1,10 @@
 """What a model's training step or serving step costs, per layer and per dollar: Trainium
 with this library's kernels vs TorchNeuron's native path (modeled by the cost model, with
 its band), beside a GPU (measured rows). `nki_kernels/ledger/instances.json` records each
-instance's hardware and the state of its price with sources and dates; a price not
-confirmed there is never used: give it with `--price INSTANCE=USD_PER_HOUR`.
+instance's hardware and the prices found for it, each with its kind (On-Demand / Capacity
+Block), source and date; none was read on AWS's own page, so none is used unasked: give
+one with `--price INSTANCE=USD_PER_HOUR[:KIND]`, or `--price INSTANCE=recorded` for the
+instance's first recorded price (printed with its kind and source).
 
 Examples:
   nki-kernels ledger --model llama3-8b --phase train --seq 8192
@@ -46,8 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--price",
         action="append",
         default=[],
-        metavar="INSTANCE=USD_PER_HOUR",
-        help="an instance's hourly price (repeatable); overrides the data file",
+        metavar="INSTANCE=USD_PER_HOUR[:KIND]",
+        help="an instance's hourly price (repeatable; KIND: on-demand, capacity-block, "
+        "savings-plan, spot), or INSTANCE=recorded for its first price recorded in the data "
+        "file; overrides the data file",
     )
     parser.add_argument("--port-weeks", type=float, help="engineer-weeks to port (payback)")
     parser.add_argument(

@@ -54,7 +54,8 @@ def cost_chart(ledgers: list[Ledger], trn: Instance, gpu: Instance, path: str | 
             width,
             yerr=[[v[1] for v in vals], [v[2] for v in vals]],
             capsize=3,
-            label=f"{name} on {inst.name}",
+            label=f"{name} on {inst.name}"
+            + (f" at ${inst.usd_per_hour:,.2f}/h, {inst.price_kind}" if usd else ""),
         )
     ax.set_xticks(range(len(ledgers)))
     ax.set_xticklabels([led.step.describe() for led in ledgers], fontsize=8)

@@ -1,22 +1,32 @@
 """Instances, their hourly prices (data with sources: `instances.json`) and payback arithmetic.
 
-No price is used unless it is confirmed on a stored public AWS page or given with
-`--price INSTANCE=USD_PER_HOUR`; every printed cost names the price and where it came
-from. The payback arithmetic is the seeds' question: porting takes `port_weeks` of an
-engineer costing `engineer_usd_per_week`; the current monthly spend falls by the ledger's
-saving fraction; how many months until the port has paid for itself?
+A price is used only when the data file gives the instance a `default_price` (one read on
+AWS's own page; none is, as of the file's `read` date) or the user names it:
+`--price INSTANCE=USD_PER_HOUR[:KIND]` (KIND: on-demand, capacity-block, savings-plan,
+spot) or `--price INSTANCE=recorded` (the instance's first price recorded from another
+page, with its kind, region and source). Every printed cost names its price, the price's
+kind and where it came from. The payback arithmetic is the seeds' question: porting takes
+`port_weeks` of an engineer costing `engineer_usd_per_week`; the current monthly spend falls
+by the ledger's saving fraction; how many months until the port has paid for itself?
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 INSTANCES_FILE = Path(__file__).with_name("instances.json")
 DEFAULT_INSTANCE = {"trn2": "trn2.48xlarge", "trn3": "trn3-chip"}
 DEFAULT_GPU_INSTANCE = "p5en.48xlarge"
+KINDS = {
+    "on-demand": "On-Demand",
+    "capacity-block": "Capacity Block",
+    "savings-plan": "Savings Plan",
+    "spot": "Spot",
+}
+UNSTATED = "kind not stated"
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,8 @@ class Instance:
     cores_per_chip: int
     usd_per_hour: float | None
     price_source: str  # where the price came from, or why there is none
+    price_kind: str = UNSTATED  # On-Demand / Capacity Block / Savings Plan / Spot
+    recorded: tuple[dict[str, Any], ...] = ()  # prices found on other pages, not used unasked
 
     def logical_cores(self, lnc: int) -> int:
         """Trainium: physical cores / LNC; a GPU instance: its GPUs."""
@@ -35,56 +47,90 @@ class Instance:
         return self.chips
 
 
+def _record_source(r: dict[str, Any]) -> str:
+    return f"recorded from {r['source']} ({r['publisher']}; region {r['region']}; read {r['read']})"
+
+
 def load_instances(path: Path = INSTANCES_FILE) -> tuple[dict[str, Instance], dict[str, Any]]:
     raw = json.loads(path.read_text())
     out = {}
     for name, d in raw["instances"].items():
-        usd = d.get("on_demand_usd_per_hour")
+        recorded = tuple(d.get("recorded", []))
+        default = d.get("default_price")
+        usd, source, kind = None, d["price_status"], UNSTATED
+        if default is not None:  # an index into `recorded`: a price read on AWS's own page
+            r = recorded[int(default)]
+            usd, source, kind = float(r["usd_per_hour"]), _record_source(r), r["kind"]
         out[name] = Instance(
             name,
             d["accelerator"],
             int(d["chips"]),
             int(d["cores_per_chip"]),
-            None if usd is None else float(usd),
-            d.get("price_source", "") if usd is not None else d["price_status"],
+            usd,
+            source,
+            kind,
+            recorded,
         )
     return out, raw
 
 
-def parse_price(text: str) -> tuple[str, float]:
-    """'trn2.48xlarge=12.5' -> ('trn2.48xlarge', 12.5), with a clean error naming --price."""
-    name, sep, usd = text.partition("=")
+def parse_price(text: str) -> tuple[str, float | None, str]:
+    """'trn2.48xlarge=12.5' -> ('trn2.48xlarge', 12.5, 'kind not stated');
+    'x=12.5:capacity-block' -> (..., 'Capacity Block'); 'x=recorded' -> ('x', None, 'recorded'),
+    with a clean error naming --price."""
+    name, sep, rest = text.partition("=")
+    usd, _, kind = rest.partition(":")
+    if sep and name and usd == "recorded" and not kind:
+        return name, None, "recorded"
     try:
         value = float(usd)
     except ValueError:
         value = float("nan")
+    if kind and kind not in KINDS:
+        raise ValueError(
+            f"--price: expected KIND one of {', '.join(KINDS)} after ':'; got {kind!r} in {text!r}"
+        )
     if not sep or not name or not value > 0:
         raise ValueError(
-            f"--price: expected INSTANCE=USD_PER_HOUR (a positive number); got {text!r}"
+            "--price: expected INSTANCE=USD_PER_HOUR[:KIND] (a positive number) or "
+            f"INSTANCE=recorded; got {text!r}"
         )
-    return name, value
+    return name, value, KINDS[kind] if kind else UNSTATED
 
 
 def with_overrides(instances: dict[str, Instance], prices: list[str]) -> dict[str, Instance]:
     """The instances with `--price` overrides applied (an unknown instance is an error)."""
     out = dict(instances)
     for text in prices:
-        name, usd = parse_price(text)
+        name, usd, kind = parse_price(text)
         if name not in out:
             raise ValueError(
                 f"--price: unknown instance {name!r}; expected one of {', '.join(out)}"
             )
         i = out[name]
-        out[name] = Instance(
-            i.name, i.accelerator, i.chips, i.cores_per_chip, usd, "given with --price"
-        )
+        if usd is None:  # recorded
+            if not i.recorded:
+                raise ValueError(
+                    f"--price: {name} has no recorded price; give it as {name}=USD_PER_HOUR"
+                )
+            r = i.recorded[0]
+            out[name] = replace(
+                i,
+                usd_per_hour=float(r["usd_per_hour"]),
+                price_source=_record_source(r),
+                price_kind=r["kind"],
+            )
+        else:
+            out[name] = replace(
+                i, usd_per_hour=usd, price_source="given with --price", price_kind=kind
+            )
     return out
 
 
 def price_text(inst: Instance) -> str:
     if inst.usd_per_hour is None:
         return f"{inst.name}: no price ({inst.price_source})"
-    return f"{inst.name} at ${inst.usd_per_hour:,.2f}/h ({inst.price_source})"
+    return f"{inst.name} at ${inst.usd_per_hour:,.2f}/h, {inst.price_kind} ({inst.price_source})"
 
 
 def usd_per_million(tokens_per_s: float, inst: Instance) -> float | None:

@@ -103,7 +103,7 @@ def cost_lines(led: Ledger, trn: Instance, gpu_inst: Instance | None) -> list[st
         if c.get("usd_per_m_lo") is not None:
             band = f" ({c['usd_per_m_lo']:,.3g}-{c['usd_per_m_hi']:,.3g})"
         money = (
-            f"${usd:,.3g}{band} per M tokens at ${inst.usd_per_hour:,.2f}/h"
+            f"${usd:,.3g}{band} per M tokens at ${inst.usd_per_hour:,.2f}/h ({inst.price_kind})"
             if usd is not None and inst.usd_per_hour is not None
             else "USD: needs --price"
         )

@@ -63,13 +63,17 @@ def test_trn3_is_priced_per_chip(capsys):
 
 
 def test_serving_ledger_with_prices_and_payback(capsys):
-    argv = [*DECODE, "--price", "trn2.48xlarge=40", "--price", "p5en.48xlarge=60"]
+    argv = [*DECODE, "--price", "trn2.48xlarge=40:capacity-block", "--price", "p5en.48xlarge=60"]
     argv += ["--port-weeks", "4", "--engineer-cost", "5000", "--monthly-spend", "100000"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "trn2.48xlarge at $40.00/h (given with --price)" in out
-    assert "p5en.48xlarge at $60.00/h (given with --price)" in out
-    assert "per M tokens" in out and "$" in out
+    assert "trn2.48xlarge at $40.00/h, Capacity Block (given with --price)" in out
+    assert "p5en.48xlarge at $60.00/h, kind not stated (given with --price)" in out
+    # the kind beside every per-dollar figure
+    money = [ln for ln in out.splitlines() if "per M tokens at $" in ln]
+    assert len(money) == 3 and all(
+        ("Capacity Block" in ln) != ("kind not stated" in ln) for ln in money
+    )
     assert "Payback" in out and ("break-even after" in out or "never pays back" in out)
 
 

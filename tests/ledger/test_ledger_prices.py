@@ -12,6 +12,7 @@ from nki_kernels.ledger.prices import (
     load_instances,
     parse_price,
     payback,
+    price_text,
     usd_per_million,
     with_overrides,
 )
@@ -22,11 +23,33 @@ def test_every_instance_states_where_its_price_stands():
     assert raw["read"] and raw["method"]
     for name, d in raw["instances"].items():
         assert d["hardware_source"], name
-        if d["on_demand_usd_per_hour"] is None:
-            # unconfirmed: the status says so and tells the user the --price to pass
+        for r in d["recorded"]:  # every price found: its kind, source, publisher and date
+            assert r["usd_per_hour"] > 0 and r["kind"] in raw["kinds"], (name, r)
+            assert r["source"].startswith("http") and r["publisher"] and r["read"], (name, r)
+        if d["default_price"] is None:
+            # none read on AWS's own page: the status says so and names the --price to pass
             assert f"--price {name}=" in d["price_status"], name
             assert instances[name].usd_per_hour is None
     assert {"trn2.48xlarge", "trn2.3xlarge", "p5en.48xlarge", "p5.48xlarge"} <= set(instances)
+
+
+def test_recorded_price_is_used_only_when_asked_and_says_its_kind():
+    base = load_instances()[0]
+    assert base["p5.48xlarge"].usd_per_hour is None  # recorded, but not from an AWS page
+    inst = with_overrides(base, ["p5.48xlarge=recorded"])["p5.48xlarge"]
+    first = base["p5.48xlarge"].recorded[0]
+    assert inst.usd_per_hour == first["usd_per_hour"] and inst.price_kind == first["kind"]
+    assert first["source"] in price_text(inst) and first["kind"] in price_text(inst)
+    with pytest.raises(ValueError, match=r"trn2\.48xlarge has no recorded price"):
+        with_overrides(base, ["trn2.48xlarge=recorded"])
+
+
+def test_price_kind_is_carried():
+    inst = with_overrides(load_instances()[0], ["trn2.48xlarge=30:capacity-block"])
+    assert inst["trn2.48xlarge"].price_kind == "Capacity Block"
+    assert "Capacity Block" in price_text(inst["trn2.48xlarge"])
+    with pytest.raises(ValueError, match="--price: expected KIND"):
+        parse_price("trn2.48xlarge=30:reserved-ish")
 
 
 def test_logical_cores_follow_lnc():
@@ -40,6 +63,7 @@ def test_price_override_is_used_and_named():
     inst = with_overrides(load_instances()[0], ["trn2.48xlarge=36", "p5en.48xlarge=72.5"])
     assert inst["trn2.48xlarge"].usd_per_hour == 36.0
     assert inst["trn2.48xlarge"].price_source == "given with --price"
+    assert inst["trn2.48xlarge"].price_kind == "kind not stated"
     # 36 $/h at 1000 tokens/s: 36 / 3600 s per ... = 0.01 $/s -> 1e6 tokens take 1000 s
     assert usd_per_million(1000.0, inst["trn2.48xlarge"]) == pytest.approx(10.0)
     assert usd_per_million(1000.0, load_instances()[0]["trn2.48xlarge"]) is None
