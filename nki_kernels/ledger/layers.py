@@ -58,7 +58,7 @@ class Step:
         return f"{self.phase}, {self.batch} x {self.seq} tokens"
 
 
-def _matmuls(group: str, name: str, m: int, k: int, n: int, train: bool) -> list[Op]:
+def matmuls(group: str, name: str, m: int, k: int, n: int, train: bool) -> list[Op]:
     """x[m, k] W[k, n]; in training also dX = dY W^T and dW = X^T dY."""
     ops = [Op(group, f"{name} fwd", "matmul", (m, k, n))]
     if train:
@@ -68,11 +68,11 @@ def _matmuls(group: str, name: str, m: int, k: int, n: int, train: bool) -> list
 
 
 def _mlp(group: str, name: str, t: int, h: int, inter: int, train: bool) -> list[Op]:
-    ops = _matmuls("matmuls", f"{name} gate_up", t, h, 2 * inter, train)
+    ops = matmuls("matmuls", f"{name} gate_up", t, h, 2 * inter, train)
     ops.append(Op(group, f"{name} silu(g) * u", "swiglu", (t, inter, "fwd")))
     if train:
         ops.append(Op(group, f"{name} silu(g) * u bwd", "swiglu", (t, inter, "bwd")))
-    ops += _matmuls("matmuls", f"{name} down", t, inter, h, train)
+    ops += matmuls("matmuls", f"{name} down", t, inter, h, train)
     return ops
 
 
@@ -83,8 +83,29 @@ def layer_ops(model: ModelSpec, step: Step, moe: bool) -> list[Op]:
     ops = [Op("norms", "add_rms_norm fwd", "norm", ("add_rms_norm", "fwd", t, h), 2)]
     if train:
         ops.append(Op("norms", "rms_norm bwd", "norm", ("rms_norm", "bwd", t, h), 2))
+    if model.is_mla:
+        from .mla import layer_ops as mla_ops
+
+        ops += mla_ops(model, step)
+    else:
+        ops += _attention_ops(model, step)
+    if moe:
+        ops.append(Op("moe", "MoE layer fwd (router + experts)", "moe", (t, "fwd")))
+        if train:
+            ops.append(Op("moe", "MoE layer bwd", "moe", (t, "bwd")))
+        if model.shared_intermediate:
+            ops += _mlp("mlp", "shared expert", t, h, model.shared_intermediate, train)
+    else:
+        ops += _mlp("mlp", "mlp", t, h, model.intermediate, train)
+    return ops
+
+
+def _attention_ops(model: ModelSpec, step: Step) -> list[Op]:
+    """Plain (grouped-query) attention: its projections and the attention op."""
+    train = step.phase == "train"
+    ops: list[Op] = []
     for name, k, n in model.projections():
-        ops += _matmuls("matmuls", name, t, k, n, train)
+        ops += matmuls("matmuls", name, step.tokens, k, n, train)
     a = (model.heads, model.kv_heads, model.head_dim)
     if step.phase == "decode":
         ops.append(
@@ -108,14 +129,6 @@ def layer_ops(model: ModelSpec, step: Step, moe: bool) -> list[Op]:
                     ("bwd", step.seq, step.batch, *a),
                 )
             )
-    if moe:
-        ops.append(Op("moe", "MoE layer fwd (router + experts)", "moe", (t, "fwd")))
-        if train:
-            ops.append(Op("moe", "MoE layer bwd", "moe", (t, "bwd")))
-        if model.shared_intermediate:
-            ops += _mlp("mlp", "shared expert", t, h, model.shared_intermediate, train)
-    else:
-        ops += _mlp("mlp", "mlp", t, h, model.intermediate, train)
     return ops
 
 
@@ -125,7 +138,7 @@ def head_ops(model: ModelSpec, step: Step) -> list[Op]:
     t, h = step.tokens, model.hidden
     rows = t if step.phase != "prefill" else step.batch  # prefill emits one token each
     ops = [Op("head", "final rms_norm fwd", "norm", ("rms_norm", "fwd", t, h))]
-    ops += _matmuls("head", "lm_head", rows, h, model.vocab, train)
+    ops += matmuls("head", "lm_head", rows, h, model.vocab, train)
     return ops
 
 

@@ -12,10 +12,10 @@ them: it is a compute bound for the instance, which the left-out list names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .figure import Figure, total
-from .gpu import GpuRows
+from .gpu import MISSING, GpuRows
 from .gpu import price_op as gpu_price
 from .layers import LEFT_OUT, Op, Step, head_ops, layer_kinds, layer_ops
 from .models import ModelSpec
@@ -24,6 +24,23 @@ from .store import RowStore
 from .trainium import price_op
 
 TRAINIUM_IMPLS = ("ours", "native", "aws")
+PARTIAL = "partial: leaves out "
+
+
+def missing_of(figs: list[Figure]) -> list[str]:
+    """The ops the figures' partial sums left out."""
+    out = []
+    for f in figs:
+        for n in f.notes:
+            if n.startswith(PARTIAL):
+                out += n.removeprefix(PARTIAL).split("; ")
+    return out
+
+
+def _with_missing(f: Figure, missing: list[str]) -> Figure:
+    if not missing:
+        return f
+    return replace(f, notes=(*f.notes, PARTIAL + "; ".join(sorted(set(missing)))))
 
 
 @dataclass
@@ -49,16 +66,21 @@ class Ledger:
 
     # ---- sums ---------------------------------------------------------------------------
     def layer_total(self, layer: str, impl: str, group: str | None = None) -> Figure | None:
-        """One layer of this kind (or one group of its ops), for `impl`."""
-        figs = []
+        """One layer of this kind (or one group of its ops), for `impl`. The GPU's sum
+        leaves out the ops no measured row covers (`gpu.MISSING`) and says so: a partial
+        sum, a lower bound on the GPU's time."""
+        figs, missing = [], []
         for o in self.ops:
             if o.layer != layer or (group is not None and o.op.group != group):
                 continue
             f = o.figs.get(impl)
             if f is None:
+                if impl == "gpu" and o.op.kind in MISSING:
+                    missing.append(MISSING[o.op.kind])
+                    continue
                 return None
             figs.append(f.scaled(o.op.count) if o.op.count != 1 else f)
-        return total(figs) if figs else None
+        return _with_missing(total(figs), missing) if figs else None
 
     def step_total(self, impl: str) -> Figure | None:
         """The whole step: every layer kind times its count, plus the head."""
@@ -71,7 +93,18 @@ class Ledger:
         head = self.layer_total("head", impl)
         if head is None:
             return None
-        return total([*parts, head])
+        return _with_missing(total([*parts, head]), missing_of([*parts, head]))
+
+    def missing(self, impl: str = "gpu") -> list[str]:
+        """What `impl`'s totals leave out (no measured row), once each."""
+        if impl != "gpu":
+            return []
+        gone = {
+            MISSING[o.op.kind]
+            for o in self.ops
+            if o.op.kind in MISSING and "gpu" in o.figs and o.figs["gpu"] is None
+        }
+        return sorted(gone)
 
     def measured_share(self, impl: str = "gpu") -> float:
         """Fraction of the step's time that comes from directly measured rows."""

@@ -42,10 +42,12 @@ class ModelSpec:
     dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
     # multi-head latent attention (DeepSeek-V2 / V3; 0: plain attention): queries through
     # a rank-`q_lora_rank` bottleneck, keys and values from a `kv_lora_rank` latent plus
-    # one shared rotary key of `qk_rope_dim`; q / k heads are head_dim + qk_rope_dim wide
+    # one shared rotary key of `qk_rope_dim`; q / k heads are nope_dim + qk_rope_dim wide,
+    # v heads head_dim (`ledger/mla.py`)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_rope_dim: int = 0
+    qk_nope_dim: int = 0  # the q / k heads' non-rotary part (0: head_dim)
     source: str = ""
     changes: str = ""  # what a "-like" entry changes from the original
 
@@ -69,17 +71,21 @@ class ModelSpec:
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
+    @property
+    def nope_dim(self) -> int:
+        return self.qk_nope_dim or self.head_dim
+
     def projections(self) -> list[tuple[str, int, int]]:
         """The attention block's matmuls left to the compiler: (name, K, N) of x[T, K] W[K, N]."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         if not self.is_mla:
             return [("qkv_proj", self.hidden, q + 2 * kv), ("o_proj", q, self.hidden)]
-        qk = self.heads * (self.head_dim + self.qk_rope_dim)
+        qk = self.heads * (self.nope_dim + self.qk_rope_dim)
         q_in = [("q_a_proj", self.hidden, self.q_lora_rank), ("q_b_proj", self.q_lora_rank, qk)]
         return [
             *(q_in if self.q_lora_rank else [("q_proj", self.hidden, qk)]),
             ("kv_a_proj", self.hidden, self.kv_lora_rank + self.qk_rope_dim),
-            ("kv_b_proj", self.kv_lora_rank, self.heads * 2 * self.head_dim),
+            ("kv_b_proj", self.kv_lora_rank, self.heads * (self.nope_dim + self.head_dim)),
             ("o_proj", q, self.hidden),
         ]
 
@@ -152,22 +158,24 @@ DEEPSEEK_V3_LIKE = ModelSpec(
     qk_rope_dim=64,
     source="deepseek-ai/DeepSeek-V3 config.json",
     changes=(
-        "multi-head latent attention: its projections are priced at their real shapes "
-        "(q through rank 1536, k / v from the 512-wide latent plus a 64-wide rotary key); "
-        "the attention itself is an APPROXIMATION: priced as plain multi-head attention, 128 "
-        "heads of D = 128, while the original's queries and keys are 192 wide (128 + 64 "
-        "rotary), so the score product is under-counted by a third; at decode it is priced "
-        "over a per-head K / V cache (2 x 128 x 128 values a token), while MLA's absorbed "
-        "decode reads one 576-value latent a token shared by all heads (about 57x fewer "
-        "cache bytes), so DeepSeek's decode attention here is far too slow; sigmoid "
-        "group-limited routing priced as top-8 softmax routing"
+        "multi-head latent attention priced as it runs (ledger/mla.py): q / k heads 192 wide "
+        "(128 + 64 rotary), v heads 128, the latent projections and their RMSNorms as the "
+        "compiler's matmuls and norms; our flash op takes one head dim for q, k and v, so "
+        "ours falls back to TorchNeuron's SDPA (head dim 192: the S x S composition); "
+        "decode is the absorbed form over the 576-value latent cache (DeepSeek's reference "
+        "inference; transformers' DeepseekV3Attention caches per-head K / V instead, not "
+        "priced), which our decode kernel cannot run (head dim <= 256, K and V one width): "
+        "ours = the native composition; APPROXIMATED: sigmoid group-limited routing priced "
+        "as top-8 softmax routing, and the rotary embedding left out as for every model"
     ),
 )
 
-MLA_APPROXIMATION = (
-    "multi-head latent attention priced as plain multi-head attention of D = v_head_dim "
-    "(projections at their real low-rank shapes; the score product's rotary width and, at "
-    "decode, MLA's shared latent cache are not modeled)"
+MLA_NOTE = (
+    "multi-head latent attention priced as it runs (ledger/mla.py): q / k heads nope + rope "
+    "wide, v heads v_head_dim, the latent projections and norms as the compiler's ops; ours "
+    "falls back to TorchNeuron's path (our kernels take one head dim for q, k and v); "
+    "decode in the absorbed form over the latent cache; APPROXIMATED: the model's routing "
+    "priced as top-k softmax routing"
 )
 
 MODELS: dict[str, ModelSpec] = {
@@ -204,8 +212,10 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     inter = int(_get(cfg, "intermediate_size", default=0))
     mla = int(_get(cfg, "kv_lora_rank", default=0))
     head_dim = int(_get(cfg, "head_dim", default=hidden // heads))
-    if mla:  # DeepSeek's head_dim is the rotary part; the priced heads are the v width
+    nope = 0
+    if mla:  # DeepSeek's head_dim is the rotary part; ModelSpec.head_dim is the v width
         head_dim = int(_get(cfg, "v_head_dim", "qk_nope_head_dim", default=head_dim))
+        nope = int(_get(cfg, "qk_nope_head_dim", default=head_dim))
     moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter if experts else 0))
     return ModelSpec(
         name=str(_get(cfg, "_name_or_path", default="") or p.parent.name or "config"),
@@ -224,8 +234,9 @@ def from_hf_config(path: str | Path) -> ModelSpec:
         q_lora_rank=int(_get(cfg, "q_lora_rank", default=0)) if mla else 0,
         kv_lora_rank=mla,
         qk_rope_dim=int(_get(cfg, "qk_rope_head_dim", default=0)) if mla else 0,
+        qk_nope_dim=nope,
         source=f"transformers config {p}",
-        changes=MLA_APPROXIMATION if mla else "",
+        changes=MLA_NOTE if mla else "",
     )
 
 

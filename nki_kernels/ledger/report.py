@@ -5,7 +5,8 @@ once in the header and repeated in each column title."""
 from __future__ import annotations
 
 from .figure import Figure, fmt_band, fmt_us
-from .ledger import Ledger
+from .gpu import MISSING
+from .ledger import PARTIAL, Ledger
 from .prices import Instance, price_text
 
 GROUPS = (
@@ -17,8 +18,23 @@ GROUPS = (
 )
 
 
+MLA_GROUP = "MLA attention (ours falls back to native's path)"
+
+
+def _missing_group(led: Ledger, layer: str, group: str) -> bool:
+    """The GPU has no figure for this group because its ops are not measured."""
+    return any(o.layer == layer and o.op.group == group and o.op.kind in MISSING for o in led.ops)
+
+
+def _partial(f: Figure) -> bool:
+    return any(n.startswith(PARTIAL) for n in f.notes)
+
+
 def _cell(f: Figure | None, width: int = 34) -> str:
-    return ("n/a" if f is None else fmt_band(f)).ljust(width)
+    """A figure with its band; '>= x (partial)' for a sum that leaves ops out."""
+    if f is None:
+        return "n/a".ljust(width)
+    return (f">= {fmt_band(f)} (partial)" if _partial(f) else fmt_band(f)).ljust(width)
 
 
 def trainium_label(led: Ledger) -> str:
@@ -49,6 +65,12 @@ def header(led: Ledger, gpu: bool = True) -> list[str]:
             "Modeled (Trainium) and measured (GPU) figures sit side by side: they are "
             "different kinds of figure, not one method applied twice."
         )
+        gone = led.missing("gpu")
+        if gone:
+            out.append(
+                f"GPU column MISSING: {'; '.join(gone)}; its totals leave it out, so they are "
+                "lower bounds on the GPU's time, marked '>= ... (partial)'."
+            )
     for n in led.notes:
         out.append(f"Model note: {n}")
     return out
@@ -63,11 +85,19 @@ def layer_table(led: Ledger, impls: tuple[str, ...], titles: dict[str, str]) -> 
         out.append("")
         out.append(f"{title:<58}" + "".join(f"{titles[i]:<34}" for i in impls))
         groups = GROUPS if name != "head" else (("head", "final norm + lm_head matmuls"),)
+        if led.model.is_mla and name != "head":
+            groups = ((GROUPS[0][0], MLA_GROUP), *GROUPS[1:])
         for g, desc in groups:
             if not any(o.layer == name and o.op.group == g for o in led.ops):
                 continue
             row = [led.layer_total(name, i, g) for i in impls]
-            out.append(f"  {desc:<56}" + "".join(_cell(f) for f in row))
+            cells = [
+                "MISSING (not measured)".ljust(34)
+                if f is None and i == "gpu" and _missing_group(led, name, g)
+                else _cell(f)
+                for i, f in zip(impls, row, strict=True)
+            ]
+            out.append(f"  {desc:<56}" + "".join(cells))
         tot = [led.layer_total(name, i) for i in impls]
         out.append(f"  {'total':<56}" + "".join(_cell(f) for f in tot))
     return out
@@ -108,6 +138,8 @@ def cost_lines(led: Ledger, trn: Instance, gpu_inst: Instance | None) -> list[st
             else "USD: needs --price"
         )
         kind = "modeled" if impl != "gpu" else "measured + derived"
+        if _partial(st):
+            kind += f", a LOWER BOUND (leaves out {'; '.join(led.missing(impl))})"
         out.append(
             f"  {impl:<7} {inst.name} ({cores} {unit}), {kind}: step {fmt_band(st)}; "
             f"{c['tokens_per_s']:,.0f} tokens/s; {c['hours_per_m']:,.3g} instance-hours "

@@ -350,4 +350,8 @@ def price_op(
         return decode_attention(store, impl, a, target, lnc)
     if op.kind == "moe":
         return moe(store, impl, model, a[0], a[1], target, lnc)
+    if op.kind in ("mla_attention", "mla_decode"):
+        from . import mla
+
+        return mla.price(store, op, impl, target, lnc)
     raise ValueError(f"op kind: unknown {op.kind!r}")

@@ -83,3 +83,22 @@ def test_rows_are_read_as_measured(peers, tmp_path):
     # a shape no row has is derived, and says so
     f = gpu_price(g, Op("attention", "decode", "decode_attention", (64, 8192, 32, 8, 128)), m)
     assert f is not None and f.kind == "derived" and "scaled by K/V bytes" in f.source
+
+
+def test_decode_moe_streams_the_touched_experts_weights():
+    # DeepSeek-V3's 256 experts at a 64-token decode step: uniform routing touches ~222 of
+    # them, whose weights (3 x 7168 x 2048 bf16 each) bound the step below, far above
+    # what the FLOPs of 64 tokens scaled from a 4096-token row would say
+    from nki_kernels.ledger.models import MODELS
+
+    g = GpuRows.load()
+    m = MODELS["deepseek-v3-like"]
+    fwd = g.moe(m, 64, "fwd")
+    touched = 256 * (1 - (1 - 8 / 256) ** 64)
+    floor = touched * 3 * 7168 * 2048 * 2 / g.hbm_bytes_per_us()
+    assert fwd is not None and fwd.us == pytest.approx(floor)
+    assert "HBM bandwidth" in fwd.source and fwd.label.startswith("derived")
+    assert g.moe(m, 64, "bwd").us == pytest.approx(2 * floor)
+    # a many-token step is still its FLOP scaling (every expert's weights are read anyway)
+    big = g.moe(m, 65536, "fwd")
+    assert big is not None and "scaled by routed FLOPs" in big.source
