@@ -7,12 +7,14 @@ For every op of one layer of the step (and the head) that `nki_kernels.ledger.la
 lists, the plain PyTorch a GPU user runs is timed: `torch.matmul` for each GEMM (forward,
 dX and dW are each a GEMM of their own shape), `F.scaled_dot_product_attention` (causal,
 GQA via `enable_gqa`; forward, and backward as median(fwd + bwd) - median(fwd)), SDPA at
-Sq = 1 over the cache for decode, `F.rms_norm` eager and under `torch.compile`, the SwiGLU
-product, and a dropless MoE on `torch._grouped_mm` (uniform routing). Timing: CUDA
-events, `--warmup` calls, then the median of `--reps` (range kept); the device name,
-torch, CUDA and the date go into every row. The rows are in the format
-`nki_kernels.ledger.gpu.GpuRows` reads (that of `benchmarks/data/gpu_rows.jsonl`);
-append them there (or pass `--gpu-rows` to `nki-kernels ledger`).
+Sq = 1 over the cache for decode, DeepSeek's MLA (SDPA with q / k 192 and v 128 wide; at
+decode the absorbed form, einsum + softmax over the shared latent cache), `F.rms_norm`
+eager and under `torch.compile`, the SwiGLU product, and a dropless MoE on
+`torch._grouped_mm` (uniform routing). Timing: CUDA events, `--warmup` calls, then the
+median of `--reps` (range kept); the device name, torch, CUDA and the date go into every
+row. The rows are in the format `nki_kernels.ledger.gpu.GpuRows` reads (that of
+`benchmarks/data/gpu_rows.jsonl`); append them there (or pass `--gpu-rows` to
+`nki-kernels ledger`).
 
 Without CUDA the script stops with `CudaUnavailable` (exit status 2) before timing
 anything; it imports on any machine.
@@ -84,6 +86,15 @@ def ledger_ops(model_name: str, phase: str, batch: int, seq: int, context: int) 
     for _, _, moe in layer_kinds(model):
         ops += layer_ops(model, step, moe)
     return [model, *ops, *head_ops(model, step)]
+
+
+def absorbed_mla_decode(torch: Any, q: Any, cache: Any, lat: int) -> Any:
+    """[B, H, lat] outputs of absorbed MLA: q [B, H, lat + rope] (the query with `kv_b`'s
+    key half folded in) against cache [B, L, lat + rope] (latent + rotary key); the
+    values are the cache's latent part, shared by every head."""
+    scores = torch.einsum("bhd,bld->bhl", q, cache) / (q.shape[-1] ** 0.5)
+    p = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.einsum("bhl,bld->bhd", p, cache[..., :lat])
 
 
 def make_row(
@@ -175,6 +186,53 @@ class Measurer:
         case = f"B={batch} Hq={heads} Hkv={kv} L={ctx} D={d} bf16"
         return self._row("decode", "sdpa decode (1 query)", case, f, hbm_GBps=kv_bytes / f[0] / 1e3)
 
+    def mla_attention(
+        self, kind: str, seq: int, batch: int, heads: int, d_qk: int, d_v: int
+    ) -> list[dict[str, Any]]:
+        """DeepSeek's expanded MLA: SDPA with q / k of `d_qk` and v of `d_v` per head."""
+        F = self.t.nn.functional
+        q, k = (
+            self._rand(batch, heads, seq, d_qk, grad=True),
+            self._rand(batch, heads, seq, d_qk, grad=True),
+        )
+        v = self._rand(batch, heads, seq, d_v, grad=True)
+
+        def fwd() -> Any:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        case = f"B={batch} H={heads} S={seq} D_qk={d_qk} D_v={d_v} bf16"
+        f = self._time(fwd)
+        if kind == "fwd":
+            return [self._row("attention", "sdpa mla fwd causal", case, f, backend="default")]
+        fb = self._time(lambda: fwd().sum().backward())
+        bwd = (fb[0] - f[0], fb[1] - f[0], fb[2] - f[0])
+        return [
+            self._row(
+                "attention",
+                "sdpa mla bwd causal",
+                case,
+                bwd,
+                backend="default",
+                fwd_plus_bwd_us=fb[0],
+            )
+        ]
+
+    def mla_decode(self, batch: int, ctx: int, heads: int, lat: int, rope: int) -> dict[str, Any]:
+        """Absorbed MLA decode: every head's latent query against the shared latent cache."""
+        q = self._rand(batch, heads, lat + rope)
+        cache = self._rand(batch, ctx, lat + rope)
+        f = self._time(lambda: absorbed_mla_decode(self.t, q, cache, lat))
+        cache_bytes = 2.0 * batch * ctx * (lat + rope)
+        case = f"B={batch} H={heads} L={ctx} latent={lat}+{rope} bf16"
+        return self._row(
+            "decode",
+            "mla decode (absorbed)",
+            case,
+            f,
+            backend="torch einsum + softmax",
+            hbm_GBps=cache_bytes / f[0] / 1e3,
+        )
+
     def norm(self, kind: str, t: int, h: int) -> list[dict[str, Any]]:
         F = self.t.nn.functional
         x, w = self._rand(t, h, grad=True), self._rand(h, grad=True)
@@ -262,6 +320,10 @@ class Measurer:
                 out += self.attention(*a)
             elif op.kind == "decode_attention":
                 out.append(self.decode(*a))
+            elif op.kind == "mla_attention":
+                out += self.mla_attention(*a)
+            elif op.kind == "mla_decode":
+                out.append(self.mla_decode(*a))
             elif op.kind == "norm":
                 out += self.norm(a[1], a[2], a[3])
             elif op.kind == "swiglu":

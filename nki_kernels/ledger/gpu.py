@@ -28,8 +28,9 @@ from .models import ModelSpec
 from .store import DATA
 
 GPU_ROWS = DATA / "gpu_rows.jsonl"
-# ops no measured row covers: DeepSeek's latent attention (q / k 192 vs v 128; the absorbed
-# decode over a shared 576-wide latent) is not a shape of the measured SDPA rows
+# ops only a measured row of exactly their case covers (`benchmarks/gpu_peers.py` measures
+# them; the committed H200 rows have none): DeepSeek's latent attention (q / k 192 vs v 128;
+# the absorbed decode over a shared 576-wide latent) is no shape of the measured SDPA rows
 MISSING = {
     "mla_attention": "MLA attention (no measured row: q / k 192, v 128)",
     "mla_decode": "absorbed MLA decode (no measured row)",
@@ -258,6 +259,13 @@ class GpuRows:
             "weights and writes their gradients)",
         )
 
+    def exact(self, op: str, case: str) -> Figure | None:
+        """The measured row of exactly this op and case (None: not measured, and no
+        row near enough in kind to derive it from)."""
+        for r in self.find(op, case):
+            return self._fig(r["latency_us"], r, f"{op} {case}")
+        return None
+
     def whole_layer(self, model: ModelSpec, seq: int) -> dict[str, Any] | None:
         for r in self.rows:
             if (
@@ -301,6 +309,14 @@ def price_op(g: GpuRows, op: Op, model: ModelSpec) -> Figure | None:
         return g.decode_attention(a[0], a[1], a[2], a[3])
     if op.kind == "moe":
         return g.moe(model, a[0], a[1])
-    if op.kind in MISSING:
-        return None  # no measured row to carry it from: the ledger says the op is missing
+    if op.kind == "mla_attention":
+        kind, seq, batch, heads, d_qk, d_v = a
+        return g.exact(
+            f"sdpa mla {kind} causal", f"B={batch} H={heads} S={seq} D_qk={d_qk} D_v={d_v} bf16"
+        )
+    if op.kind == "mla_decode":
+        batch, ctx, heads, lat, rope = a
+        return g.exact(
+            "mla decode (absorbed)", f"B={batch} H={heads} L={ctx} latent={lat}+{rope} bf16"
+        )
     raise ValueError(f"op kind: unknown {op.kind!r}")

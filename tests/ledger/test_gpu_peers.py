@@ -102,3 +102,43 @@ def test_decode_moe_streams_the_touched_experts_weights():
     # a many-token step is still its FLOP scaling (every expert's weights are read anyway)
     big = g.moe(m, 65536, "fwd")
     assert big is not None and "scaled by routed FLOPs" in big.source
+
+
+def test_absorbed_mla_decode_is_attention_over_the_shared_latent(peers):
+    # absorbed MLA = multi-query attention whose one key head is the cache (latent + rope)
+    # and whose one value head is its latent part
+    torch.manual_seed(0)
+    b, h, ctx, lat, rope = 2, 4, 37, 16, 8
+    q = torch.randn(b, h, lat + rope)
+    cache = torch.randn(b, ctx, lat + rope)
+    got = peers.absorbed_mla_decode(torch, q, cache, lat)
+    k, v = cache[:, None], cache[:, None, :, :lat]
+    want = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)
+    torch.testing.assert_close(got, want[:, :, 0])
+
+
+def test_measured_mla_rows_fill_the_missing_cells(peers, tmp_path):
+    from nki_kernels.ledger.layers import Step
+    from nki_kernels.ledger.mla import layer_ops as mla_ops
+    from nki_kernels.ledger.models import MODELS
+
+    m = MODELS["deepseek-v3-like"]
+    base = {"device": "GPU X", "torch": "9.9", "cuda": "99", "provenance": "measured (GPU X)"}
+    rows = [
+        peers.make_row(base, "attention", "sdpa mla fwd causal",
+                       "B=1 H=128 S=4096 D_qk=192 D_v=128 bf16", (900.0, 890.0, 910.0)),
+        peers.make_row(base, "decode", "mla decode (absorbed)",
+                       "B=64 H=128 L=32768 latent=512+64 bf16", (400.0, 390.0, 410.0),
+                       hbm_GBps=4000.0),
+    ]  # fmt: skip
+    p = tmp_path / "rows.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    g = GpuRows.load(p)
+    prefill = [o for o in mla_ops(m, Step("prefill", 1, seq=4096)) if o.kind == "mla_attention"]
+    decode = [o for o in mla_ops(m, Step("decode", 64, context=32768)) if o.kind == "mla_decode"]
+    for op, us in ((prefill[0], 900.0), (decode[0], 400.0)):
+        f = gpu_price(g, op, m)
+        assert f is not None and f.us == us and f.kind == "measured"
+    # another shape has no row and nothing to derive it from: missing, not guessed
+    other = mla_ops(m, Step("prefill", 1, seq=8192))
+    assert gpu_price(g, next(o for o in other if o.kind == "mla_attention"), m) is None
