@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..model_shapes import (
+    DEEPSEEK_V3_LIKE_MOE,
     LLAMA3_8B_ATTN,
     LLAMA3_70B_ATTN,
     MIXTRAL_8X7B_ATTN,
     MIXTRAL_8X7B_MOE,
+    QWEN3_MOE_LIKE_MOE,
     AttentionShape,
     MoEShape,
 )
@@ -90,67 +92,64 @@ class ModelSpec:
         ]
 
 
-LLAMA3_8B = ModelSpec(
-    "llama3-8b",
-    layers=32,
-    hidden=4096,
-    heads=LLAMA3_8B_ATTN.num_heads,
-    kv_heads=LLAMA3_8B_ATTN.num_kv_heads,
-    head_dim=LLAMA3_8B_ATTN.head_dim,
-    vocab=128256,
-    intermediate=14336,
-    source="meta-llama/Meta-Llama-3-8B config.json",
-)
-LLAMA3_70B = ModelSpec(
-    "llama3-70b",
-    layers=80,
-    hidden=8192,
-    heads=LLAMA3_70B_ATTN.num_heads,
-    kv_heads=LLAMA3_70B_ATTN.num_kv_heads,
-    head_dim=LLAMA3_70B_ATTN.head_dim,
-    vocab=128256,
-    intermediate=28672,
-    source="meta-llama/Meta-Llama-3-70B config.json",
-)
+def _attention(shape: AttentionShape) -> dict[str, int]:
+    """ModelSpec's attention fields from the project's shared shape table."""
+    return {"heads": shape.num_heads, "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim}
+
+
+def _moe(shape: MoEShape) -> dict[str, int]:
+    """ModelSpec's routed-expert fields (and hidden size) from the shared MoE shape table."""
+    return {
+        "hidden": shape.hidden,
+        "experts": shape.num_experts,
+        "top_k": shape.top_k,
+        "moe_intermediate": shape.intermediate,
+    }
+
+
+def _llama3(size: str, attn: AttentionShape, layers: int, hidden: int, inter: int) -> ModelSpec:
+    """A Llama-3 size: its vocabulary is shared, the rest from meta-llama's config.json."""
+    return ModelSpec(
+        f"llama3-{size}",
+        layers=layers,
+        hidden=hidden,
+        **_attention(attn),
+        vocab=128256,
+        intermediate=inter,
+        source=f"meta-llama/Meta-Llama-3-{size.upper()} config.json",
+    )
+
+
+LLAMA3_8B = _llama3("8b", LLAMA3_8B_ATTN, layers=32, hidden=4096, inter=14336)
+LLAMA3_70B = _llama3("70b", LLAMA3_70B_ATTN, layers=80, hidden=8192, inter=28672)
 MIXTRAL_8X7B = ModelSpec(
     "mixtral-8x7b",
     layers=32,
-    hidden=MIXTRAL_8X7B_MOE.hidden,
-    heads=MIXTRAL_8X7B_ATTN.num_heads,
-    kv_heads=MIXTRAL_8X7B_ATTN.num_kv_heads,
-    head_dim=MIXTRAL_8X7B_ATTN.head_dim,
+    **_attention(MIXTRAL_8X7B_ATTN),
+    **_moe(MIXTRAL_8X7B_MOE),
     vocab=32000,
-    experts=MIXTRAL_8X7B_MOE.num_experts,
-    top_k=MIXTRAL_8X7B_MOE.top_k,
-    moe_intermediate=MIXTRAL_8X7B_MOE.intermediate,
     source="mistralai/Mixtral-8x7B-v0.1 config.json",
 )
 QWEN3_MOE_LIKE = ModelSpec(
     "qwen3-moe-like",
     layers=48,
-    hidden=2048,
     heads=32,
     kv_heads=4,
     head_dim=128,
+    **_moe(QWEN3_MOE_LIKE_MOE),
     vocab=151936,
-    experts=128,
-    top_k=8,
-    moe_intermediate=768,
     source="Qwen/Qwen3-30B-A3B config.json",
     changes="the q / k RMSNorms of Qwen3 attention are left out",
 )
 DEEPSEEK_V3_LIKE = ModelSpec(
     "deepseek-v3-like",
     layers=61,
-    hidden=7168,
     heads=128,
     kv_heads=128,
     head_dim=128,
     vocab=129280,
     intermediate=18432,
-    experts=256,
-    top_k=8,
-    moe_intermediate=2048,
+    **_moe(DEEPSEEK_V3_LIKE_MOE),
     shared_intermediate=2048,
     dense_layers=3,
     q_lora_rank=1536,
