@@ -47,6 +47,12 @@ class Instance:
         return self.chips
 
 
+def _record_kind(r: dict[str, Any]) -> str:
+    """The record's kind, and whether AWS's own page stated it."""
+    aws = r["publisher"].startswith("AWS")
+    return r["kind"] if aws else f"{r['kind']}, not from an AWS page"
+
+
 def _record_source(r: dict[str, Any]) -> str:
     return f"recorded from {r['source']} ({r['publisher']}; region {r['region']}; read {r['read']})"
 
@@ -60,7 +66,7 @@ def load_instances(path: Path = INSTANCES_FILE) -> tuple[dict[str, Instance], di
         usd, source, kind = None, d["price_status"], UNSTATED
         if default is not None:  # an index into `recorded`: a price read on AWS's own page
             r = recorded[int(default)]
-            usd, source, kind = float(r["usd_per_hour"]), _record_source(r), r["kind"]
+            usd, source, kind = float(r["usd_per_hour"]), _record_source(r), _record_kind(r)
         out[name] = Instance(
             name,
             d["accelerator"],
@@ -118,7 +124,7 @@ def with_overrides(instances: dict[str, Instance], prices: list[str]) -> dict[st
                 i,
                 usd_per_hour=float(r["usd_per_hour"]),
                 price_source=_record_source(r),
-                price_kind=r["kind"],
+                price_kind=_record_kind(r),
             )
         else:
             out[name] = replace(
