@@ -263,3 +263,34 @@ def test_patched_gpt_oss_compiles_fullgraph() -> None:
     assert grads.keys() == ref[2].keys()
     for name, g in grads.items():
         torch.testing.assert_close(g, ref[2][name], atol=ATOL, rtol=RTOL, msg=name)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_sinks_fallback_is_the_models_eager_formula(window: Any) -> None:
+    """head_dim > 256 with sinks: not on the kernels; the fallback is GPT-OSS's eager
+    attention (same output and gradients), counted by reason."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from nki_kernels.integrations import hf_attention
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 7, 264, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 7, 264, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 7, 264, generator=g, requires_grad=True)
+    sinks = torch.nn.Parameter(torch.randn(4, generator=g))
+    module = torch.nn.Module()
+    module.sinks, module.num_key_value_groups, module.is_causal = sinks, 2, True
+    allowed = hf_attention._allowed(7, 7, True, window, "cpu")
+    additive = torch.zeros(7, 7).masked_fill(~allowed, float("-inf"))[None, None]
+    before = hf_attention.fallbacks().get("head_dim 264 > 256 with sinks", 0)
+    outs = []
+    for fn, mask, kw in (
+        (eager_attention_forward, additive, {}),
+        (hf_attention.nki_attention_forward, None, {"s_aux": sinks, "sliding_window": window}),
+    ):
+        out = fn(module, q, k, v, mask, scaling=0.1, **kw)[0]
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v, sinks))
+        outs.append((out.detach(), *grads))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+    assert hf_attention.fallbacks()["head_dim 264 > 256 with sinks"] == before + 1
