@@ -19,8 +19,9 @@ For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3
 - GPT-OSS keeps its own router module too (softmax over the top-k logits, router bias):
   its `experts` become `HFGatedExperts` on `moe_gated_experts` (gate_up / down biases,
   the clamped SwiGLU over interleaved gate / up columns, the model's alpha and limit),
-  holding the same Parameters; its attention (learned sinks) keeps the model's
-  implementation (reported as skipped).
+  holding the same Parameters; its attention (learned sinks, sliding-window layers) runs
+  the "nki" implementation with the sinks (`sink_attention`, or flash_attention's
+  log-sum-exp joined with the sink).
 
 `unpatch` puts every original module and the previous attention implementation back.
 """
@@ -57,7 +58,6 @@ OWN_ATTENTION = {
     "deepseek_v3": (
         "multi-head latent attention (q/k and v head dims differ): not on flash_attention"
     ),
-    "gpt_oss": "attention with learned sinks (s_aux): not in the nki attention implementation",
 }
 
 

@@ -39,8 +39,17 @@ keys from position 0, queries last) is "plain" causal with the sliding window, e
 transformers' mask for those arguments; any padding mask takes the "dense" path, exact
 for every mask. Both compile with `fullgraph=True`.
 
+Attention sinks (GPT-OSS: transformers passes `s_aux`, one logit per query head that
+joins every row's softmax denominator and carries no value): a "plain" plan runs
+`torch.ops.nki.sink_attention`; every other plan runs `flash_attention` with its
+log-sum-exp and joins the sink the same way (lse = logaddexp(lse0, sink), out = out0 *
+exp(lse0 - lse), differentiable through the lse). decode_attention has no sinks: a
+"decode" plan takes its flash_attention plan. A row that sees no key gets out = 0, as in
+the model's eager attention (the sink takes the whole row).
+
 What the op cannot do at all (attention dropout, logit softcapping, head_dim > 256) runs
-through torch's SDPA with the same mask; `fallbacks()` counts those calls by reason, so
+through torch's SDPA with the same mask (with sinks: a torch composition of the model's
+eager formula); `fallbacks()` counts those calls by reason, so
 `nki-kernels probe` and the tests can tell.
 
 Query rows that see no key at all (the padding of a left-padded row) get zeros and no
@@ -61,6 +70,7 @@ from torch import Tensor
 
 from ..ops.attention import HEAD_DIM_MAX, TORCH_SDPA, flash_attention
 from ..ops.decode import PACKED_ROWS_MAX
+from ..ops.sinks import sink_attention
 
 NAME = "nki"
 DECODE_SQ_MAX = 16  # new queries per decode step routed to decode_attention
@@ -239,6 +249,39 @@ def _sdpa(
     )
 
 
+def _torch_sinks(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    scale: Any,
+    sinks: Tensor,
+    dropout: float,
+    reason: str,
+) -> Tensor:
+    """The model's eager formula with sinks (for what the op cannot do): [B, Hq, Sq, D]."""
+    _FALLBACKS[f"{reason} with sinks"] += 1
+    rep = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+    scores = query @ k.transpose(2, 3) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores = (
+            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        )
+    b, h, sq, _ = scores.shape
+    sink = sinks.to(scores.dtype).reshape(1, h, 1, 1).expand(b, h, sq, 1)
+    probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
+    probs = torch.nn.functional.dropout(probs, p=dropout, training=True) if dropout else probs
+    return probs.to(v.dtype) @ v
+
+
+def _join_sinks(out0: Tensor, lse0: Tensor, sinks: Tensor) -> Tensor:
+    """flash_attention's (out, lse) with one more logit per head in the denominator."""
+    sink = sinks.to(torch.float32)[None, :, None].expand_as(lse0)
+    lse = torch.logaddexp(lse0, sink)
+    return (out0.to(torch.float32) * torch.exp(lse0 - lse)[..., None]).to(out0.dtype)
+
+
 def _decode(query: Tensor, key: Tensor, value: Tensor, m: NkiMask, scale: Any) -> Any:
     """decode_attention's output [B, Hq, Sq, D] for a "decode" plan, or None when autograd
     needs a gradient (the op has no backward) or the step is too wide for it."""
@@ -298,31 +341,46 @@ def nki_attention_forward(
         reason = "logit softcap"
     elif query.shape[-1] > HEAD_DIM_MAX:
         reason = f"head_dim {query.shape[-1]} > {HEAD_DIM_MAX}"
+    sinks = kwargs.get("s_aux")
     if reason is not None:
         dense = m.dense
         sq, sk = query.shape[2], key.shape[2]
-        if dense is None and m.causal and (m.window is not None or sq != sk):
+        causal_dense = m.causal and (m.window is not None or sq != sk or sinks is not None)
+        if dense is None and causal_dense:
             dense = _allowed(sq, sk, True, m.window, query.device)  # bottom-right, as ours
+        if sinks is not None:
+            out_s = _torch_sinks(query, key, value, dense, scaling, sinks, dropout, reason)
+            return out_s.transpose(1, 2), None
         fallback = _sdpa(query, key, value, dense, scaling, m.causal, reason)
         return fallback.transpose(1, 2), None
     if m.kind == "decode":
-        decoded = _decode(query, key, value, m, scaling)
+        decoded = None if sinks is not None else _decode(query, key, value, m, scaling)
         if decoded is not None:
             return decoded.transpose(1, 2), None
         m = _grad_plan(m, query.shape[2])
     if m.gather is not None:
         key, value = _gather_keys(key, m.gather), _gather_keys(value, m.gather)
-    out: Any = flash_attention(
-        query,
-        key,
-        value,
-        causal=m.causal,
-        softmax_scale=scaling,
-        sliding_window=m.window,
-        kv_lens=m.kv_lens,
-        segment_ids=m.segment_ids,
-        attn_mask=m.dense if m.kind == "dense" else None,
-    )
+    out: Any
+    if sinks is not None and m.kind == "plain":
+        out = sink_attention(
+            query, key, value, sinks.to(torch.float32), causal=m.causal,
+            softmax_scale=scaling, sliding_window=m.window,
+        )  # fmt: skip
+    else:
+        out = flash_attention(
+            query,
+            key,
+            value,
+            causal=m.causal,
+            softmax_scale=scaling,
+            sliding_window=m.window,
+            kv_lens=m.kv_lens,
+            segment_ids=m.segment_ids,
+            attn_mask=m.dense if m.kind == "dense" else None,
+            return_lse=sinks is not None,
+        )
+        if sinks is not None:
+            out = _join_sinks(out[0], out[1], sinks)
     if m.rows is not None:
         out = out * m.rows[:, None, :, None].to(out.dtype)
     return out.transpose(1, 2), None

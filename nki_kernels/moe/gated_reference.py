@@ -42,13 +42,16 @@ def gated_experts_reference(
     shared_down: Tensor | None = None,
     shared_gate: Tensor | None = None,
 ) -> Tensor:
-    """out[t] = sum_j w[t, j] expert_{ids[t, j]}(x_t) + gate_t * shared(x_t)."""
+    """out[t] = sum_j w[t, j] expert_{ids[t, j]}(x_t) + gate_t * shared(x_t); a slot with
+    id E (not on this rank) is skipped."""
     o: Any = (activation, interleaved, alpha, limit)
     rows = []
     for t in range(hidden.shape[0]):
         acc = torch.zeros(w_down.shape[2], dtype=hidden.dtype)
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
+            if e == w_gate_up.shape[0]:  # not on this rank: no contribution
+                continue
             z = hidden[t] @ w_gate_up[e]
             if b_gate_up is not None:
                 z = z + b_gate_up[e]

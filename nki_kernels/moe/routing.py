@@ -1,7 +1,10 @@
-"""Router variants of the MoE models in use (2026), as differentiable torch code.
+"""Router variants of the MoE models in use (2026).
 
 `route(logits, top_k=..., ...)` -> (weights [T, k] fp32, ids [T, k] int64), the input of
-`torch.ops.nki.moe_experts`. Options (each model's setting in `ROUTERS`):
+`torch.ops.nki.moe_experts`, runs on the NKI router kernel (`torch.ops.nki.
+moe_route_options`, `moe/router_options.py`; forward and backward), on every device;
+`route_reference` is the same routing as differentiable torch code (the specification
+the kernel is tested against). Options (each model's setting in `ROUTERS`):
 
 - scoring: "softmax" over the E experts, or "sigmoid" per expert;
 - softmax_after_topk: select on the logits, then softmax over the k selected (GPT-OSS);
@@ -15,8 +18,8 @@
 
 Ties go to the lower expert index, as torch.topk on CPU gives them (a stable descending
 sort); NaN scores are never selected while a finite one remains. Up to 512 experts, k <= 16.
-The routing runs as torch ops (T x E elementwise work and a top-k, small next to the
-experts); its backward is torch autograd through the selected scores.
+The kernel clamps its selection keys to the fp32 range, so there a +-inf key ties with
++-FLT_MAX (the reference keeps them apart); nothing else differs.
 """
 
 from __future__ import annotations
@@ -99,7 +102,38 @@ def route(
     renormalize: bool = True,
     scaling: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """(weights [T, k] fp32, ids [T, k] int64); see the module docstring."""
+    """(weights [T, k] fp32, ids [T, k] int64) on the NKI router (`moe_route_options`);
+    differentiable in logits. See the module docstring."""
+    _check(logits, top_k, scoring, bias, (n_group, topk_group))
+    from ..ops import moe_routing  # noqa: F401  (registers the op; ops sit above moe/)
+
+    weights, ids = torch.ops.nki.moe_route_options(
+        logits,
+        bias,
+        top_k=top_k,
+        scoring=scoring,
+        softmax_after_topk=softmax_after_topk,
+        n_group=n_group or 0,
+        topk_group=topk_group or 0,
+        renormalize=renormalize,
+        scaling=scaling,
+    )
+    return weights, ids.to(torch.int64)
+
+
+def route_reference(
+    logits: Tensor,
+    *,
+    top_k: int,
+    scoring: str = "softmax",
+    softmax_after_topk: bool = False,
+    bias: Tensor | None = None,
+    n_group: int | None = None,
+    topk_group: int | None = None,
+    renormalize: bool = True,
+    scaling: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """`route` as torch code (autograd for the backward): the kernel's specification."""
     _check(logits, top_k, scoring, bias, (n_group, topk_group))
     lf = logits.to(torch.float32)
     if softmax_after_topk:

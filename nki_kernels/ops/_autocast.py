@@ -57,11 +57,13 @@ RULES: dict[str, Rule] = {
     "layer_norm": Rule(INPUT, (0,), (1, 2)),
     "add_rms_norm": Rule(INPUT, (0, 1), (2,)),
     "moe_route": Rule(NONE),
+    "moe_route_options": Rule(NONE),  # as moe_route: the router computes in fp32
     "flash_attention_backward": Rule(NONE),
     "rms_norm_backward": Rule(NONE),
     "layer_norm_backward": Rule(NONE),
     "add_rms_norm_backward": Rule(NONE),
     "moe_route_backward": Rule(NONE),
+    "moe_route_options_backward": Rule(NONE),
     "moe_mlp_backward": Rule(NONE),
     "grouped_mm_weight_grad": Rule(NONE),
     "moe_experts_backward": Rule(NONE),

@@ -25,6 +25,11 @@ The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True
   launches: a separate pair of grouped_mm calls); its sigmoid gate's logits [T, 1] are a
   one-group grouped_mm too.
 
+An id equal to E marks a slot whose expert is not on this rank (transformers' expert-
+parallel mask value, `distributed/expert_parallel.py`): its row is selected away before
+the experts and after them, so it contributes nothing, whatever its weight (NaN too),
+and gets no gradient.
+
 GPT-OSS: activation "gpt_oss" (gate clamped above at `limit`, up to [-limit, limit],
 (up + 1) * gate * sigmoid(alpha * gate): transformers' GptOssExperts._apply_gate) with
 interleaved (gate, up) columns and both biases. A NaN / Inf in a token stays in its row
@@ -251,8 +256,11 @@ def _check_layer(
         raise ValueError(f"w_down: expected [E, I, H] = {(e, i, h)}; got {tuple(w_down.shape)}")
     if not torch.compiler.is_compiling() and ids.numel():  # data-dependent: eager only
         lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= e:
-            raise ValueError(f"ids: expected expert ids in [0, {e}); got min {lo}, max {hi}")
+        if lo < 0 or hi > e:
+            raise ValueError(
+                f"ids: expected expert ids in [0, {e}] ({e}: not on this rank); got min {lo}, "
+                f"max {hi}"
+            )
 
 
 def _check_shared(
@@ -330,15 +338,17 @@ def moe_gated_experts(
             raise ValueError(f"{arg}: expected [E, N] = {(e, n)}; got {tuple(b.shape)}")
     opts = (activation, interleaved, float(alpha), float(limit))
     flat = ids.reshape(-1).to(torch.int64)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(e, dtype=torch.int64, device=flat.device)
+    order = torch.argsort(flat, stable=True)  # id E (not on this rank) sorts to the tail
+    counts = torch.zeros(e + 1, dtype=torch.int64, device=flat.device)
     counts = counts.scatter_add(0, flat, torch.ones_like(flat))
-    offs = counts.cumsum(0).to(torch.int32)
-    x_sorted = hidden.index_select(0, order // k)
+    offs = counts[:e].cumsum(0).to(torch.int32)  # tail rows: in no group
+    on_rank = (flat.index_select(0, order) < e).unsqueeze(1)
+    x_sorted = torch.where(on_rank, hidden.index_select(0, order // k), 0.0)
     y = _mlp(x_sorted, offs, w_gate_up, w_down, b_gate_up, b_down, opts)
     slot = torch.empty_like(order).scatter(0, order, torch.arange(t * k, device=order.device))
     y_tok = y.index_select(0, slot).view(t, k, -1).to(torch.float32)
-    out = (weights.to(torch.float32).unsqueeze(-1) * y_tok).sum(1)
+    weighted = weights.to(torch.float32).unsqueeze(-1) * y_tok
+    out = torch.where((ids < e).unsqueeze(-1), weighted, 0.0).sum(1)  # a select, not * 0
     if shared_gate_up is not None and shared_down is not None:
         one = torch.full((1,), t, dtype=torch.int32, device=hidden.device)
         s = _mlp(hidden, one, shared_gate_up[None], shared_down[None], None, None, opts)

@@ -160,14 +160,16 @@ def test_router_logits_and_aux_loss_match(model_type: str) -> None:
         torch.testing.assert_close(p.grad, g, atol=ATOL, rtol=RTOL, msg=name)
 
 
-def test_gpt_oss_clamps_cut_and_attention_is_reported_kept() -> None:
+def test_gpt_oss_clamps_cut_and_sink_attention_is_patched() -> None:
     """The test model reaches GPT-OSS's clamps (gate > 7, |up| > 7), so the matches above
-    cover the clamped branches; its sink attention stays the model's, said by name."""
+    cover the clamped branches; its attention (sinks, sliding and full layers) runs the
+    "nki" implementation: sink_attention in every layer."""
     model = _gpt_oss().eval()
     seen: list[Any] = []
     experts = model.model.layers[0].mlp.experts
     hook = experts.register_forward_hook(lambda m, a, o: seen.append(a))
-    model(input_ids=torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(6)))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(6))
+    model(input_ids=ids)
     hook.remove()
     x, idx, _ = seen[0]
     z = (
@@ -175,9 +177,74 @@ def test_gpt_oss_clamps_cut_and_attention_is_reported_kept() -> None:
         + experts.gate_up_proj_bias[idx[:, 0]]
     )
     assert (z[:, 0::2] > 7).any() and (z[:, 1::2].abs() > 7).any()
+    assert model.config.layer_types[:2] == ["sliding_attention", "full_attention"]
     report = nki_kernels.patch(model)
-    assert any("sinks" in why for _, why in report.skipped), str(report)
+    assert not report.skipped, str(report)
+    assert model.config._attn_implementation == "nki"
     assert type(model.model.layers[0].mlp.experts).__name__ == "HFGatedExperts"
+    with _OpCalls() as calls:
+        model(input_ids=ids)
+    assert calls.calls.get("nki.sink_attention") == 2, calls.calls
+
+
+class _OpCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the nki ops dispatched (by name) while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func.overloadpacket)
+        if name.startswith("nki."):
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _padded(seed: int, b: int = 2, s: int = 11, pad: int = 4) -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 128, (b, s), generator=g)
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[1, :pad] = 0  # left padding
+    ids[1, :pad] = 0
+    return ids, mask
+
+
+def test_gpt_oss_sinks_on_a_left_padded_batch() -> None:
+    """Padding makes the sink layers take flash_attention's segment / dense plans with its
+    log-sum-exp joined to the sinks: logits of real tokens, loss and every gradient (the
+    sinks' included) as unpatched."""
+    model = _gpt_oss().train()
+    ids, mask = _padded(seed=9)
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def run() -> tuple[Any, ...]:
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return out.logits.detach(), out.loss.detach(), grads
+
+    ref = run()
+    nki_kernels.patch(model)
+    with _OpCalls() as calls:
+        logits, loss, grads = run()
+    assert calls.calls.get("nki.flash_attention") == 2, calls.calls  # one per layer
+    valid = mask.bool()
+    torch.testing.assert_close(logits[valid], ref[0][valid], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(loss, ref[1], atol=ATOL, rtol=RTOL)
+    assert grads.keys() == ref[2].keys() and any(n.endswith("sinks") for n in grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref[2][name], atol=ATOL, rtol=RTOL, msg=name)
+
+
+def test_gpt_oss_left_padded_batched_generate_gives_the_same_tokens() -> None:
+    model = _gpt_oss().eval()
+    ids, mask = _padded(seed=10, s=9, pad=3)
+    kw = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    ref = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    nki_kernels.patch(model)
+    assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, **kw), ref)
 
 
 def test_patched_gpt_oss_compiles_fullgraph() -> None:
@@ -196,3 +263,34 @@ def test_patched_gpt_oss_compiles_fullgraph() -> None:
     assert grads.keys() == ref[2].keys()
     for name, g in grads.items():
         torch.testing.assert_close(g, ref[2][name], atol=ATOL, rtol=RTOL, msg=name)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_sinks_fallback_is_the_models_eager_formula(window: Any) -> None:
+    """head_dim > 256 with sinks: not on the kernels; the fallback is GPT-OSS's eager
+    attention (same output and gradients), counted by reason."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from nki_kernels.integrations import hf_attention
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 7, 264, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 7, 264, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 7, 264, generator=g, requires_grad=True)
+    sinks = torch.nn.Parameter(torch.randn(4, generator=g))
+    module = torch.nn.Module()
+    module.sinks, module.num_key_value_groups, module.is_causal = sinks, 2, True
+    allowed = hf_attention._allowed(7, 7, True, window, "cpu")
+    additive = torch.zeros(7, 7).masked_fill(~allowed, float("-inf"))[None, None]
+    before = hf_attention.fallbacks().get("head_dim 264 > 256 with sinks", 0)
+    outs = []
+    for fn, mask, kw in (
+        (eager_attention_forward, additive, {}),
+        (hf_attention.nki_attention_forward, None, {"s_aux": sinks, "sliding_window": window}),
+    ):
+        out = fn(module, q, k, v, mask, scaling=0.1, **kw)[0]
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v, sinks))
+        outs.append((out.detach(), *grads))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+    assert hf_attention.fallbacks()["head_dim 264 > 256 with sinks"] == before + 1

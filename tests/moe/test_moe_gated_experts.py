@@ -167,6 +167,24 @@ def test_nan_or_inf_in_a_token_stays_in_its_row(bad: float) -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_id_e_is_not_on_this_rank(device: str, request: pytest.FixtureRequest) -> None:
+    # transformers' expert parallelism masks other ranks' slots as local id E, weight 0;
+    # here their weights are NaN / Inf: a select keeps them out of every output and grad
+    if device == "neuron":
+        device = request.getfixturevalue("neuron")
+    c = _case(t=19, e=5, k=3, shared="ungated")
+    g = torch.Generator().manual_seed(4)
+    off = torch.rand(19, 3, generator=g) < 0.4
+    off[7] = True  # a token with no expert on this rank: the shared expert alone
+    c["ids"] = torch.where(off, 5, c["ids"])
+    c["weights"] = torch.where(off, torch.tensor(float("nan")), c["weights"])
+    c["weights"][off.nonzero()[::2].unbind(1)] = float("inf")
+    out, grads = _check(c, device=device, activation="gpt_oss", interleaved=True)
+    assert torch.isfinite(out).all()
+    assert bool((grads["weights"][off] == 0).all()), "a masked slot's weight got a gradient"
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_torch_compile_fullgraph(device: str, request: pytest.FixtureRequest) -> None:
     if device == "neuron":
         device = request.getfixturevalue("neuron")
@@ -187,8 +205,8 @@ def test_emulated_neuron_device_eager(neuron: str) -> None:
      ({"limit": float("inf")}, "limit: expected a finite number"),
      ({"b_gate_up": torch.zeros(5, 7)}, r"b_gate_up: expected \[E, N\] = \(5, 40\); got \(5, 7\)"),
      ({"shared_down": torch.zeros(16, 24)}, "shared_gate_up / shared_down: give both"),
-     ({"ids": torch.zeros(37, 2, dtype=torch.int64).fill_(5)},
-      r"ids: expected expert ids in \[0, 5\); got min 5, max 5")],
+     ({"ids": torch.zeros(37, 2, dtype=torch.int64).fill_(6)},
+      r"ids: expected expert ids in \[0, 5\] \(5: not on this rank\); got min 6, max 6")],
 )  # fmt: skip
 def test_bad_input_is_named(change: dict[str, Any], match: str) -> None:
     c = _case()

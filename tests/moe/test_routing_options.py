@@ -1,7 +1,8 @@
-"""moe.routing.route, option by option: forward and backward against a float64 per-token
-loop written from the option definitions (no torch.topk), with tied logits, NaN / Inf in
-a token (it stays in its row), 512 experts and k = 16; eager and under
-torch.compile(fullgraph=True); CPU and the emulated neuron device."""
+"""moe.routing.route (the NKI router, `torch.ops.nki.moe_route_options`) and its torch
+specification `route_reference`, option by option: forward and backward against a
+float64 per-token loop written from the option definitions (no torch.topk), with tied
+logits, NaN / Inf in a token (it stays in its row), 512 experts and k = 16; eager and
+under torch.compile(fullgraph=True); CPU and the emulated neuron device; from threads."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from nki_kernels.moe.routing import route
+from nki_kernels.moe.routing import route, route_reference
+
+ROUTES = {"nki": route, "torch": route_reference}
 
 OPTIONS: dict[str, dict[str, Any]] = {
     "softmax-renorm": dict(top_k=3),
@@ -98,25 +101,52 @@ def _compare(lg: Any, bias: Any, o: dict[str, Any], fn: Any = route, rows: Any =
     torch.testing.assert_close(grad, lr.grad[rows], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", sorted(ROUTES))
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
 @pytest.mark.parametrize("name", sorted(OPTIONS))
-def test_forward_and_backward_per_option(name: str, ties: bool) -> None:
-    _compare(*_inputs(name, ties=ties))
+def test_forward_and_backward_per_option(name: str, ties: bool, impl: str) -> None:
+    _compare(*_inputs(name, ties=ties), fn=ROUTES[impl])
 
 
+@pytest.mark.parametrize("impl", sorted(ROUTES))
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-@pytest.mark.parametrize("name", ["softmax-bias", "sigmoid-groups-bias", "after-topk"])
-def test_nan_or_inf_in_a_token_stays_in_its_row(name: str, bad: float) -> None:
+@pytest.mark.parametrize(
+    "name", ["softmax-bias", "sigmoid-bias", "sigmoid-groups-bias", "after-topk"]
+)
+def test_nan_or_inf_in_a_token_stays_in_its_row(name: str, bad: float, impl: str) -> None:
     lg, bias, o = _inputs(name)
     lg[4, 2] = bad
-    _compare(lg, bias, o, rows=[r for r in range(lg.shape[0]) if r != 4])
-    _, ids = route(lg, bias=bias, **o)
+    _compare(lg, bias, o, fn=ROUTES[impl], rows=[r for r in range(lg.shape[0]) if r != 4])
+    w, ids = ROUTES[impl](lg, bias=bias, **o)
     assert int(ids.min()) >= 0 and int(ids.max()) < lg.shape[1]  # a valid expert still
+    if "groups" not in name:  # the bad row itself: the reference's choice and weights
+        wr, idr = reference(lg.double(), bias, o)
+        assert torch.equal(ids[4], idr[4])
+        torch.testing.assert_close(w[4].double(), wr[4], atol=1e-6, rtol=1e-6, equal_nan=True)
 
 
-def test_512_experts_top_16_with_groups() -> None:
-    lg, bias, o = _inputs("sigmoid-groups-bias", t=3, e=512)
-    _compare(lg, bias, {**o, "top_k": 16, "n_group": 8, "topk_group": 4})
+@pytest.mark.parametrize("impl", sorted(ROUTES))
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_512_experts_top_16_with_groups(ties: bool, impl: str) -> None:
+    lg, bias, o = _inputs("sigmoid-groups-bias", t=3, e=512, ties=ties)
+    _compare(lg, bias, {**o, "top_k": 16, "n_group": 8, "topk_group": 4}, fn=ROUTES[impl])
+
+
+@pytest.mark.parametrize(
+    ("name", "e", "k", "groups"),
+    [
+        ("softmax-renorm", 5, 3, None),  # E < 8: the max8 source padded with -inf
+        ("after-topk", 12, 11, None),  # k > 8 with E < 16: two rounds, few left for the 2nd
+        ("sigmoid-groups-bias", 8, 3, (8, 3)),  # groups of one expert (a group's top-1)
+        ("softmax-groups", 64, 16, (4, 1)),  # all 16 from one group of 16
+    ],
+)
+def test_edge_widths_and_groups(name: str, e: int, k: int, groups: Any) -> None:
+    lg, bias, o = _inputs(name, e=e, ties=True)
+    o = {**o, "top_k": k}
+    if groups is not None:
+        o.update(n_group=groups[0], topk_group=groups[1])
+    _compare(lg, bias, o)
 
 
 @pytest.mark.parametrize(
@@ -133,3 +163,77 @@ def test_emulated_neuron_device(name: str, neuron: str) -> None:
     lg, bias, o = _inputs(name, ties=True)
     dev_bias = None if bias is None else bias.to(neuron)
     _compare(lg.to(neuron), dev_bias, o, fn=lambda x, bias, **kw: route(x, bias=bias, **kw))
+
+
+# d logits stored in the logits' dtype: one rounding (bf16 u = 2^-8, fp16 2^-11), against
+# max |reference|; fp32: a few ulp over k + E terms
+DL_TOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+@pytest.mark.parametrize("lnc", [1, 2])  # LNC 2: the cores take alternate token tiles
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        ("sigmoid-groups-bias", torch.bfloat16),
+        ("after-topk-bias-scaled", torch.float16),
+        ("softmax-renorm", torch.float32),
+    ],
+)
+def test_kernel_lnc_and_logit_dtypes(name: str, dtype: torch.dtype, lnc: int) -> None:
+    from nki_kernels.moe.router_options import moe_route_options_bwd, moe_route_options_fwd
+
+    lg, bias, o = _inputs(name, t=261, e=32)  # 3 token tiles, the last one ragged
+    o = {**o, **({"n_group": 8, "topk_group": 3} if "groups" in name else {})}
+    lg = lg.to(dtype)
+    opts = (o.get("scoring", "softmax"), o.get("softmax_after_topk", False))
+    renorm, scale = o.get("renormalize", True), float(o.get("scaling", 1.0))
+    w, ids = moe_route_options_fwd[lnc](
+        lg, bias, o["top_k"], *opts, o.get("n_group", 0), o.get("topk_group", 0), renorm, scale
+    )
+    lr = lg.double().requires_grad_()
+    wr, idr = reference(lr, bias, o)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), idr)
+    torch.testing.assert_close(w.double(), wr.detach(), atol=1e-6, rtol=1e-6)
+    dw = torch.randn(w.shape, generator=torch.Generator().manual_seed(5))
+    wr.backward(dw.double())
+    dl = moe_route_options_bwd[lnc](lg, ids, dw, *opts, renorm, scale)
+    assert dl.dtype == dtype
+    err = (dl.double() - lr.grad).abs().max() / lr.grad.abs().max()
+    assert err <= DL_TOL[dtype], f"d_logits error {err:.3g}"
+
+
+def test_threads_give_the_serial_result(neuron: str) -> None:
+    import threading
+
+    calls = [(n, dev, seed) for seed, n in enumerate(sorted(OPTIONS)) for dev in ("cpu", neuron)]
+
+    def one(call: tuple[str, str, int]) -> list[torch.Tensor]:
+        name, dev, seed = call
+        lg, bias, o = _inputs(name, t=9 + seed)
+        lf = lg.to(dev).requires_grad_()
+        w, ids = route(lf, bias=None if bias is None else bias.to(dev), **o)
+        (g,) = torch.autograd.grad(w.square().sum(), [lf])
+        return [w.detach().cpu(), ids.cpu(), g.cpu()]
+
+    want = [one(c) for c in calls]
+    got: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def worker(j: int) -> None:
+        try:
+            start.wait()
+            for i in range(j, len(calls), 4):
+                got[i] = one(calls[i])
+        except BaseException as e:  # re-raised in the test's thread
+            errors.append(e)
+
+    pool = [threading.Thread(target=worker, args=(j,)) for j in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors[0]
+    for call, a, b in zip(calls, got, want):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y), f"{call}: differs from the serial run"
