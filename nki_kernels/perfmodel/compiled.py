@@ -22,8 +22,9 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..interp.trace import HBM, Instr, Trace
 from ..targets import Target
@@ -151,17 +152,22 @@ def reuse_compiled() -> Iterator[None]:
         _REUSE.pop()
 
 
+def cached(trace: Trace, key: Hashable, make: Callable[[], Any]) -> Any:
+    """`make()`, kept per trace under `key` while a `reuse_compiled` block is open (and
+    made again when the trace has grown)."""
+    if not _REUSE:
+        return make()
+    per_trace = _REUSE[-1].setdefault(trace, {})
+    n = len(trace.instrs)
+    hit = per_trace.get(key)
+    if hit is None or hit[0] != n:
+        hit = per_trace[key] = (n, make())
+    return hit[1]
+
+
 def compiled_for(trace: Trace, target: Target) -> CompiledTrace:
     """`compile_trace(trace, target)`, from the `reuse_compiled` cache when one is open."""
-    if not _REUSE:
-        return compile_trace(trace, target)
-    cache = _REUSE[-1]
-    hit = cache.get(trace)
-    n = len(trace.instrs)
-    if hit is None or hit[0] != n or hit[1].psum_bank_bytes != target.psum_bank_bytes:
-        hit = (n, compile_trace(trace, target))
-        cache[trace] = hit
-    return hit[1]
+    return cached(trace, ("compiled", target.psum_bank_bytes), lambda: compile_trace(trace, target))
 
 
 def schedule_compiled(
