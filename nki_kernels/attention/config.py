@@ -78,6 +78,16 @@ class AttentionProblem:
         return 4 if self.dtype == "float32" else 2
 
 
+def _limits(target: Target) -> Target:
+    """The target a dry run needs: its cost parameters do not change a trace, so every
+    parameter set of a band shares one cached dry run (`perfmodel.band.interpreter_target`)."""
+    try:
+        from ..perfmodel.band import interpreter_target
+    except ImportError:
+        return target
+    return interpreter_target(target)
+
+
 def _dry_run_error(
     kernel: Any, args: tuple[Any, ...], target: Target, extra_sbuf: int = 0
 ) -> str | None:
@@ -233,7 +243,7 @@ class FlashFwdConfig(KernelConfig):
                 "dma_quarters: the forward DMA-transposes P for 2-byte dtypes only "
                 "(an fp32 forward is TensorE-bound); got float32"
             )
-        err = _fwd_dry_run(self, problem, target)
+        err = _fwd_dry_run(self, problem, _limits(target))
         if err is not None:
             raise InvalidConfig(f"does not fit on {target.name}: {err}")
 
@@ -284,7 +294,7 @@ class FlashBwdConfig(KernelConfig):
             raise InvalidConfig(f"scalar_evac: expected 0..8; got {self.scalar_evac}")
         if problem.itemsize == 4 and self.dma_quarters:
             raise InvalidConfig("dma_quarters: DMA transposes need a 2-byte dtype; got float32")
-        err = _bwd_dry_run(self, problem, target)
+        err = _bwd_dry_run(self, problem, _limits(target))
         if err is not None:
             raise InvalidConfig(f"does not fit on {target.name}: {err}")
 
@@ -326,7 +336,7 @@ def _max_keys(config: FlashFwdConfig, problem: AttentionProblem, target: Target)
             dtype=problem.dtype,
             mask=problem.mask,
         )
-        if _fwd_dry_run(config, trial, target) is None:
+        if _fwd_dry_run(config, trial, _limits(target)) is None:
             lo = mid
         else:
             hi = mid - 1

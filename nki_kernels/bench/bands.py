@@ -93,6 +93,7 @@ def replayed_traces() -> Iterator[None]:
     """Within the block, a trace-only interpretation seen before is not run again: the
     recorded result is returned (keyed by kernel, arguments, target name and LNC)."""
     from ..perfmodel import api
+    from ..perfmodel.compiled import reuse_compiled
 
     real = api.run
     seen: dict[str, Any] = {}
@@ -106,7 +107,8 @@ def replayed_traces() -> Iterator[None]:
 
     api.run = run  # type: ignore[assignment]
     try:
-        yield
+        with reuse_compiled():  # a replayed trace is scheduled on its compiled form
+            yield
     finally:
         api.run = real  # type: ignore[assignment]
 

@@ -198,20 +198,24 @@ def attention_rows(
     lncs: Iterable[int],
     backward: bool = True,
     decomposition: bool = False,
+    ops: Iterable[str] = ("fwd", "bwd"),
+    causals: Iterable[bool] = (False, True),
 ) -> list[BenchRow]:
     """Our flash attention (Llama-3 8B heads, B = 1, bf16). The native row of each case is
     AWS's flash kernel (TorchNeuron's SDPA route, `native.sdpa_route`), added from the
-    peer data by `merge_peer`; `decomposition` also prices the S x S composition that
+    peer data by `merge_peer`; `ops` / `causals` choose a part of the cases (re-pricing
+    in pieces); `decomposition` also prices the S x S composition that
     SDPA falls back to off that route (as `native_decomposition` rows, informational)."""
     from ..attention import bench as attn
     from ..model_shapes import AttentionShape
 
     full = LLAMA3_8B_ATTN
+    ops, causals = tuple(ops), tuple(causals)
     rows = []
     for target in targets:
         for seq in seqs:
-            for causal in (False, True):
-                for op in ("fwd", "bwd") if backward else ("fwd",):
+            for causal in causals:
+                for op in [o for o in ops if backward or o == "fwd"]:
                     name = f"flash_attention {op}" + (" causal" if causal else "")
                     case = (
                         f"B=1 H={full.num_heads}/{full.num_kv_heads} S={seq} D={full.head_dim} bf16"

@@ -237,7 +237,10 @@ def price_call(checkout: Path, call: PeerCall, target: str) -> PeerResult:
     Results are memoized per (checkout, call, target) within the process."""
     key = repr((str(checkout), call.module, call.attr, call.args, call.kwargs, call.lnc, target))
     if key not in _PRICED:
-        _PRICED[key] = _price_call(checkout, call, target)
+        from ..perfmodel.compiled import reuse_compiled
+
+        with reuse_compiled():  # the trace is compiled once for every parameter set
+            _PRICED[key] = _price_call(checkout, call, target)
     return _PRICED[key]
 
 

@@ -50,11 +50,15 @@ class AddressAllocator:
         self.free: list[list[int]] = [[0, capacity]]  # sorted [start, end) holes
         self.live = 0
         self.peak = 0
-        self.pinned: list[tuple[int, int]] = []  # live explicit placements [start, end)
+        # live explicit placements [start, end) -> how many (placements may coincide)
+        self.pinned: dict[tuple[int, int], int] = {}
         self.pinned_extra = 0  # bytes of pinned placements outside first-fit tiles
-        # per-byte count of the live pinned placements covering it (created on first pin):
-        # keeps `_recount` linear in the capacity instead of pins x holes
+        # per-byte count of the live pinned placements covering it (created on first pin)
         self._cover: np.ndarray | None = None
+        # bytes covered by a pinned placement that lie in free holes, kept up to date by
+        # every change of the holes or the cover (what `_recount` adds to `live`): a
+        # change costs its own bytes, not the whole free list
+        self._covered_free = 0
 
     def round(self, nbytes: int) -> int:
         """`nbytes` rounded up to whole granules (at least one)."""
@@ -98,6 +102,8 @@ class AddressAllocator:
         return start
 
     def _take(self, i: int, start: int, size: int) -> None:
+        if self._cover is not None:
+            self._covered_free -= int(np.count_nonzero(self._cover[start : start + size]))
         hole = self.free[i]
         h0, h1 = hole
         pieces = [p for p in ([h0, start], [start + size, h1]) if p[1] > p[0]]
@@ -119,6 +125,8 @@ class AddressAllocator:
         size = self.round(nbytes)
         end = start + size
         self.live -= size
+        if self._cover is not None:
+            self._covered_free += int(np.count_nonzero(self._cover[start:end]))
         free = self.free
         i = bisect.bisect_left(free, [start, 0])
         free.insert(i, [start, end])
@@ -136,29 +144,46 @@ class AddressAllocator:
         end = start + self.round(nbytes)
         if start < 0 or end > self.capacity:
             return None
-        self.pinned.append((start, end))
+        self.pinned[(start, end)] = self.pinned.get((start, end), 0) + 1
         if self._cover is None:
             self._cover = np.zeros(self.capacity, dtype=np.int32)
-        self._cover[start:end] += 1
+        cover = self._cover[start:end]
+        self._covered_free += self._in_holes(start, end, cover == 0)
+        cover += 1
         self._recount()
         return start
 
     def unpin(self, start: int, nbytes: int) -> None:
         """Drop an explicit placement."""
         end = start + self.round(nbytes)
-        self.pinned.remove((start, end))
+        left = self.pinned[(start, end)] - 1
+        if left:
+            self.pinned[(start, end)] = left
+        else:
+            del self.pinned[(start, end)]
         assert self._cover is not None
-        self._cover[start:end] -= 1
+        cover = self._cover[start:end]
+        self._covered_free -= self._in_holes(start, end, cover == 1)
+        cover -= 1
         self._recount()
+
+    def _in_holes(self, start: int, end: int, mask: np.ndarray) -> int:
+        """How many bytes b in [start, end) with mask[b - start] set lie in free holes."""
+        free = self.free
+        i = max(0, bisect.bisect_right(free, [start, self.capacity + 1]) - 1)
+        n = 0
+        while i < len(free) and free[i][0] < end:
+            h0, h1 = free[i]
+            a, b = max(h0, start), min(h1, end)
+            if a < b:
+                n += int(np.count_nonzero(mask[a - start : b - start]))
+            i += 1
+        return n
 
     def _recount(self) -> None:
         """Bytes of pinned placements not inside first-fit tiles (= inside free holes)."""
         self.live -= self.pinned_extra
-        extra = 0
-        if self.pinned and self._cover is not None:
-            covered = self._cover > 0
-            for h0, h1 in self.free:
-                extra += int(np.count_nonzero(covered[h0:h1]))
+        extra = self._covered_free if self.pinned else 0
         self.pinned_extra = extra
         self.live += extra
         if self.live > self.peak:

@@ -37,6 +37,7 @@ from functools import lru_cache
 from ..interp.trace import Trace
 from ..targets import Target, get_target
 from .anchor_fit import load_fit
+from .compiled import reuse_compiled, schedule_sets
 from .timeline import schedule
 
 # trn3 takes these fitted values from trn2 (targets.py) and hence their band sets
@@ -85,6 +86,30 @@ def parameter_sets(target: str | Target | None = None) -> list[Target]:
             ok = {k: v for k, v in corner.items() if _applies(tgt, k)}
             sets.append(tgt.replace(**ok))
     return sets
+
+
+def cost_parameters() -> frozenset[str]:
+    """Names of every `Target` field a band varies (fitted, unanchored, the scheduling
+    window): costs only, never read by the interpreter, so a trace or a dry run does not
+    depend on them."""
+    from .fit import FIT_PARAMETERS, UNANCHORED
+
+    names = {r[0] for ranges in FIT_PARAMETERS.values() for r in ranges}
+    names |= {r[0] for ranges in UNANCHORED.values() for r, _ in ranges}
+    return frozenset(names | {"scheduling_window"})
+
+
+def interpreter_target(target: Target) -> Target:
+    """`target` with its cost parameters (`cost_parameters`) set to those of the target
+    registered under its name: what the interpreter sees is the same for every parameter
+    set of a band, so a dry run cached for one serves them all."""
+    from ..targets import TARGETS
+
+    base = TARGETS.get(target.name)
+    if base is None or base is target:
+        return target
+    same = {f: getattr(base, f) for f in cost_parameters() if hasattr(base, f)}
+    return target.replace(**same)
 
 
 def describe_sets(target: str | Target | None = None) -> str:
@@ -149,7 +174,7 @@ def band(trace: Trace, target: str | Target | None = None) -> tuple[float, float
     """(lowest, highest) modeled latency in ns of `trace` over `parameter_sets(target)`,
     widened by the structural error (`widen`)."""
     tgt = target or trace.target
-    lat = [schedule(trace, t).latency_ns for t in parameter_sets(tgt)]
+    lat = schedule_sets(trace, parameter_sets(tgt))
     return widen(min(lat), max(lat), tgt)
 
 
@@ -176,8 +201,9 @@ class Banded:
 def band_estimate(trace: Trace, target: str | Target | None = None) -> Banded:
     """Latency and MFU of `trace` on `target` with their bands (MFU falls as latency grows)."""
     tgt = get_target(target or trace.target)
-    central = schedule(trace, tgt).latency_ns
-    lo, hi = band(trace, tgt)
+    with reuse_compiled():  # one compiled trace for the central figure and the band
+        central = schedule(trace, tgt).latency_ns
+        lo, hi = band(trace, tgt)
     flops = sum(i.flops for i in trace.instrs if i.engine == "tensor")
     cores = max(1, trace.lnc)
     peak = tgt.tensor_peak_flops_per_ns * cores

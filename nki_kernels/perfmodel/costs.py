@@ -357,10 +357,10 @@ class Pricer:
         """`compute_ns` through a cache keyed by everything the cost reads."""
         return self.compute(instr)[0]
 
-    def compute(self, instr: Instr) -> tuple[float, int]:
-        """(`compute_ns`, `port_mask`) through a cache keyed by everything they read."""
+    def compute_key(self, instr: Instr) -> tuple:
+        """Everything `compute_ns` and `port_mask` read of `instr` (its cache key)."""
         a = instr.attrs
-        key = (
+        return (
             instr.engine,
             instr.opcode,
             instr.n,
@@ -377,6 +377,10 @@ class Pricer:
             a.get("stride_bytes", 0) > STRIDE_FREE_BYTES,
             psum_bank_mask(instr, self.target) if instr.engine in ("vector", "scalar") else 0,
         )
+
+    def compute(self, instr: Instr) -> tuple[float, int]:
+        """(`compute_ns`, `port_mask`) through a cache keyed by everything they read."""
+        key = self.compute_key(instr)
         hit = self._compute.get(key)
         if hit is None:
             t = self.target
@@ -388,10 +392,11 @@ class Pricer:
             self._compute[key] = hit
         return hit
 
-    def dma_plan(self, instr: Instr, chip_region: tuple[int, ...] | None) -> DmaPlan:
-        """`dma_plan` through a cache keyed by everything the plan reads."""
+    @staticmethod
+    def dma_key(instr: Instr, chip_region: tuple[int, ...] | None) -> tuple:
+        """Everything `dma_plan` reads of `instr` and its chip region (its cache key)."""
         a = instr.attrs
-        key = (
+        return (
             a.get("descriptors"),
             a.get("descriptor_bytes"),
             chip_region[2] if chip_region else -1,
@@ -404,6 +409,10 @@ class Pricer:
             instr.hbm_read + instr.hbm_write,
             hbm_contiguous(instr),
         )
+
+    def dma_plan(self, instr: Instr, chip_region: tuple[int, ...] | None) -> DmaPlan:
+        """`dma_plan` through a cache keyed by everything the plan reads."""
+        key = self.dma_key(instr, chip_region)
         plan = self._dma.get(key)
         if plan is None:
             plan = self._dma[key] = dma_plan(instr, chip_region, self.target)

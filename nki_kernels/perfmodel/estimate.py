@@ -129,10 +129,17 @@ class Estimate:
         }
 
 
-def build_estimate(trace: Trace, sched: Schedule) -> Estimate:
-    """Fold a trace and its schedule into an `Estimate` (checks latency >= roofline)."""
-    tgt: Target = sched.target
-    cores = max(1, sched.lnc)
+def _totals(trace: Trace, tgt: Target) -> tuple:
+    """(counts per engine, FLOPs, hardware FLOPs, DMA bytes, TensorE ns at peak, HBM bytes
+    read, written) of `trace`: the same sums for every parameter set that keeps the
+    TensorE peak rules, so within `compiled.reuse_compiled` they are summed once."""
+    from .compiled import cached
+
+    key = (tgt.tensor_peak_flops_per_ns, tgt.fp32_matmul_slowdown, tgt.fp8_matmul_speedup)
+    return cached(trace, ("totals", key), lambda: _sum_totals(trace, tgt))
+
+
+def _sum_totals(trace: Trace, tgt: Target) -> tuple:
     flops = hw = dma_bytes = 0
     ideal = 0.0
     counts = dict.fromkeys(ENGINES, 0)
@@ -144,7 +151,15 @@ def build_estimate(trace: Trace, sched: Schedule) -> Estimate:
             ideal += tensor_ideal_ns(ins, tgt)
         elif ins.engine == "dma":
             dma_bytes += ins.nbytes
-    hbm_r, hbm_w = trace.hbm_read_bytes, trace.hbm_write_bytes
+    return counts, flops, hw, dma_bytes, ideal, trace.hbm_read_bytes, trace.hbm_write_bytes
+
+
+def build_estimate(trace: Trace, sched: Schedule) -> Estimate:
+    """Fold a trace and its schedule into an `Estimate` (checks latency >= roofline)."""
+    tgt: Target = sched.target
+    cores = max(1, sched.lnc)
+    counts, flops, hw, dma_bytes, ideal, hbm_r, hbm_w = _totals(trace, tgt)
+    counts = dict(counts)
     latency = sched.latency_ns
     compute_bound = ideal / cores
     memory_bound = (hbm_r + hbm_w) / (tgt.hbm_bytes_per_ns * cores)

@@ -206,6 +206,7 @@ def schedule(
     target: Target | str | None = None,
     record: bool = False,
     scheduling: bool = True,
+    compiled: bool = True,
 ) -> Schedule:
     """Place every instruction of `trace` on its engine; see the module docstring.
 
@@ -214,10 +215,19 @@ def schedule(
     scheduling off (`--enable-instruction-scheduling=false`): every engine in program
     order. With it on (the compiler default) each compute engine may issue a later
     independent instruction ahead of an earlier one, within `scheduling_window`
-    (`scheduling.schedule_window`); window 1 is program order, through the in-order
-    loop below.
+    (`scheduling.schedule_window`); window 1 is program order. Program order without
+    `record` runs on the compiled trace (`compiled.py`: the same rules and floats, the
+    trace's parameter-free work done once); `compiled=False` forces the reference loop
+    below (what the compiled path is tested against).
     """
     tgt = get_target(target if target is not None else trace.target)
+    window = max(1, int(tgt.scheduling_window)) if scheduling else 1
+    if compiled and window == 1 and not record:
+        from .compiled import compiled_for, schedule_compiled
+
+        comp = compiled_for(trace, tgt)
+        starts_c, ends_c, latency, dge_busy, cores_c = schedule_compiled(comp, trace, tgt)
+        return _result(tgt, trace, cores_c, starts_c, ends_c, latency, dge_busy, [])
     instrs = trace.instrs
     count = len(instrs)
     starts = [0.0] * count
@@ -234,7 +244,6 @@ def schedule(
         (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
         for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
     ]
-    window = max(1, int(tgt.scheduling_window)) if scheduling else 1
     # the compiler renames buffers that merely share bytes (scheduling.py), at window > 1
     rename = window > 1 and renames(trace)
     span = _AllocTables().span
@@ -451,6 +460,19 @@ def schedule(
             place,
         )
 
+    return _result(tgt, trace, cores, starts, ends, totals[0], totals[1], segments)
+
+
+def _result(
+    tgt: Target,
+    trace: Trace,
+    cores: list[_Core],
+    starts: list[float],
+    ends: list[float],
+    latency: float,
+    dge_busy: float,
+    segments: list[DmaSegment],
+) -> Schedule:
     busy = {name: sum(c.busy[i] for c in cores) for i, name in enumerate(COMPUTE_ENGINES)}
     dma_busy = [c.dma.busy() for c in cores]
     busy["dma"] = sum(sum(b) for b in dma_busy) / tgt.dma_engines
@@ -459,9 +481,9 @@ def schedule(
         lnc=max(trace.lnc, len(cores)),
         start=starts,
         end=ends,
-        latency_ns=totals[0],
+        latency_ns=latency,
         busy_ns=busy,
         dma_queue_busy_ns=dma_busy,
-        dge_busy_ns=totals[1],
+        dge_busy_ns=dge_busy,
         dma_segments=segments,
     )
