@@ -194,10 +194,15 @@ def _plot(
     from ..ledger.plot import cost_chart
 
     seq = args.seq or DEFAULT_SEQ
+    # --batch means sequences per step of the phase it was given with; the other phases
+    # keep their defaults (a decode batch of 64 is not 64 training sequences per core)
+    decode = (args.phase or "train") == "decode"
+    seq_batch = (None if decode else args.batch) or 1
+    dec_batch = (args.batch if decode else None) or DEFAULT_DECODE_BATCH
     steps = [
-        Step("train", args.batch or 1, seq=seq),
-        Step("prefill", args.batch or 1, seq=seq),
-        Step("decode", args.batch or DEFAULT_DECODE_BATCH, context=args.context or DEFAULT_CONTEXT),
+        Step("train", seq_batch, seq=seq),
+        Step("prefill", seq_batch, seq=seq),
+        Step("decode", dec_batch, context=args.context or DEFAULT_CONTEXT),
     ]
     leds = [build(model, s, target, lnc, store, gpu) for s in steps]  # type: ignore[arg-type]
     print(f"chart written to {cost_chart(leds, trn, gpu_inst, args.plot)}")

@@ -36,7 +36,17 @@ REFRESH = [
     ["ledger", "--model", "qwen3-moe-like", "--phase", "decode", "--batch", "64"],
     ["ledger", "--model", "deepseek-v3-like", "--phase", "prefill", "--seq", "4096"],
     ["ledger", "--model", "deepseek-v3-like", "--phase", "train", "--seq", "8192"],
-    ["ledger", "--model", "deepseek-v3-like", "--phase", "decode", "--batch", "64"],
+    [
+        "ledger",
+        "--model",
+        "deepseek-v3-like",
+        "--phase",
+        "decode",
+        "--batch",
+        "64",
+        "--plot",
+        "benchmarks/results/ledger_cost_deepseek.png",
+    ],
 ]
 
 

@@ -129,3 +129,14 @@ def test_the_manual_page_shows_what_the_cli_prints():
             f"docs/readme/ledger.md's {name} ledger is stale: run "
             "`python -m nki_kernels.ledger.docs` and `python scripts/build_readme.py`"
         )
+
+
+def test_plot_keeps_the_decode_batch_to_decode(capsys, tmp_path):
+    # --batch 64 with --phase decode: the chart's train and prefill bars stay at one
+    # sequence per core (committed rows: nothing priced), not 64 x 8192 tokens
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "chart.png"
+    assert main([*DECODE, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert png.exists() and "chart written to" in out
+    assert "priced now" not in out
