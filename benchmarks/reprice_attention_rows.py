@@ -9,11 +9,17 @@ into `benchmarks/data/bench_rows.jsonl` (ours) and `peer_rows.jsonl` (AWS's), re
 the rows of the same case. The rows are exactly what `nki-kernels bench --reprice --full
 --bands` and `--peer PATH --full` write for those cases; every figure is modeled (cost
 model vN, target), never a measurement. Prints the CPU seconds each case took.
+
+On a loaded machine one case may not fit a command's time limit: `price --sets A:B`
+prices the case under parameter sets A..B-1 only (the trace made again in each command)
+and appends a part to `--out`; `assemble PARTS OUT` puts the parts of each case together
+into its row once every set is there (the same row as one command makes).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -61,6 +67,111 @@ def price(args: argparse.Namespace) -> int:
     return 0
 
 
+def price_part(args: argparse.Namespace) -> int:
+    """One case under parameter sets [A, B): a JSON line with each set's latency (and,
+    with set 0, the row as priced under the shipped set)."""
+    from nki_kernels.bench.bands import parameter_sets, replayed_traces
+
+    a, b = (int(x) for x in args.sets.split(":"))
+    sets = parameter_sets(args.target)
+    causal = bool(args.causal)
+    cpu = time.process_time()
+    part: dict = {"tag": _tag(args), "target": args.target, "sets": len(sets), "samples": {}}
+    if args.impl == "nki":
+        from nki_kernels.bench.compare import attention_rows
+
+        with replayed_traces():
+            for i in range(a, min(b, len(sets))):
+                (row,) = attention_rows(
+                    (args.seq,), [sets[i]], (args.lnc,), ops=(args.op,), causals=(causal,)
+                )
+                part["samples"][i] = row.latency_us
+                if i == 0:
+                    part["row"] = row.to_json()
+    else:
+        from nki_kernels.bench import peer
+        from nki_kernels.conformance import loader
+        from nki_kernels.perfmodel import estimate_trace, schedule, trace_kernel
+        from nki_kernels.perfmodel.compiled import reuse_compiled
+
+        (call,), _ = peer.attention_calls(args.op, args.seq, causal, args.lnc)
+        mod = loader.load_module(Path(args.nki_library), call.module)
+        fn = getattr(mod, call.attr)
+        kernel = fn if hasattr(fn, "__getitem__") and hasattr(fn, "fn") else loader.jit(fn)
+        with loader.mapped_nki():
+            trace = trace_kernel(
+                kernel, *call.args, target=args.target, lnc=call.lnc, **call.kwargs
+            )
+        with reuse_compiled():
+            if a == 0:
+                est = estimate_trace(trace, args.target)
+                part["est"] = [est.latency_ns * call.repeat / 1e3, len(trace), est.bottleneck]
+            for i in range(a, min(b, len(sets))):
+                part["samples"][i] = schedule(trace, sets[i]).latency_ns * call.repeat / 1e3
+    with open(args.out, "a") as f:
+        f.write(json.dumps(part) + "\n")
+    print(f"{part['tag']} sets {a}:{b}: {time.process_time() - cpu:.0f} s CPU")
+    return 0
+
+
+def _tag(args: argparse.Namespace) -> str:
+    return f"{args.impl}:{args.target}:{args.lnc}:{args.op}:{args.causal}:{args.seq}"
+
+
+def assemble(args: argparse.Namespace) -> int:
+    """Rows of the cases whose every parameter set has a part (as one command makes them)."""
+    from dataclasses import replace
+
+    from nki_kernels.bench.bands import latency_band
+    from nki_kernels.bench.rows import BenchRow
+
+    parts: dict[str, dict] = {}
+    for path in args.parts:
+        for line in Path(path).read_text().splitlines():
+            p = json.loads(line)
+            got = parts.setdefault(p["tag"], {"samples": {}})
+            got["samples"].update({int(k): v for k, v in p["samples"].items()})
+            got.update({k: v for k, v in p.items() if k != "samples"})
+    rows = []
+    for tag, p in parts.items():
+        n = p["sets"]
+        if sorted(p["samples"]) != list(range(n)):
+            print(f"{tag}: sets {sorted(p['samples'])} of {n}, not assembled")
+            continue
+        samples = [p["samples"][i] for i in range(n)]
+        impl, target, lnc, op, causal, seq = tag.split(":")
+        if impl == "nki":
+            d = json.loads(p["row"])
+            d["band_us"] = tuple(d["band_us"]) if d.get("band_us") else None
+            row = BenchRow(**d)
+            rows.append(
+                replace(
+                    row,
+                    band_us=latency_band(samples, target),
+                    extra={**row.extra, "samples_us": samples},
+                )
+            )
+        else:
+            from nki_kernels.attention import bench as attn
+            from nki_kernels.bench import peer
+            from nki_kernels.model_shapes import LLAMA3_8B_ATTN as s
+
+            lnc_i, seq_i, is_causal = int(lnc), int(seq), bool(int(causal))
+            calls, mult = peer.attention_calls(op, seq_i, is_causal, lnc_i)
+            lat, count, busiest = p["est"]
+            res = [(calls[0], peer.PeerResult(lat, "", count, busiest, tuple(samples)))]
+            name = f"flash_attention {op}" + (" causal" if is_causal else "")
+            case = f"B=1 H={s.num_heads}/{s.num_kv_heads} S={seq_i} D={s.head_dim} bf16"
+            flops = attn.useful_flops(
+                op, seq_i, seq_i, s.head_dim, s.num_heads // lnc_i, 1, is_causal
+            )
+            commit = peer.checkout_commit(Path(args.nki_library))
+            rows.append(peer._row("attention", name, case, target, lnc_i, res, mult, commit, flops))
+        print(f"{tag}: assembled ({rows[-1].latency_us:,.1f} us, {rows[-1].provenance})")
+    append_rows(args.out, rows)
+    return 0
+
+
 def merge(args: argparse.Namespace) -> int:
     new = read_rows(args.rows)
     for name, impls in (("bench_rows.jsonl", ("nki",)), ("peer_rows.jsonl", ("aws",))):
@@ -101,10 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--causal", type=int, choices=(0, 1), required=True)
     a.add_argument("--out", required=True)
     a.add_argument("--nki-library", default="", help="aws-neuron/nki-library checkout (aws)")
+    a.add_argument("--sets", default="", help="A:B: only parameter sets A..B-1 (a part)")
     m = sub.add_parser("merge")
     m.add_argument("rows")
+    s = sub.add_parser("assemble")
+    s.add_argument("out")
+    s.add_argument("parts", nargs="+")
+    s.add_argument("--nki-library", default="", help="the checkout the AWS parts priced")
     args = p.parse_args(argv)
-    return price(args) if args.cmd == "price" else merge(args)
+    if args.cmd == "price":
+        return price_part(args) if args.sets else price(args)
+    return assemble(args) if args.cmd == "assemble" else merge(args)
 
 
 if __name__ == "__main__":

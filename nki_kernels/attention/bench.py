@@ -176,6 +176,7 @@ def price(
     band (the same trace scheduled under each of the cost model's parameter sets)."""
     from ..perfmodel import estimate_trace, modeled_label, trace_kernel
     from ..perfmodel.band import band
+    from ..perfmodel.compiled import reuse_compiled
 
     tgt = get_target(target)
     problem = AttentionProblem(
@@ -209,8 +210,9 @@ def price(
         kernel, args = _specs(op, seq, shape, 1, group * unit, unit, dtype, causal, cfg)
         mult = pairs // unit
     trace = trace_kernel(kernel, *args, target=tgt, lnc=lnc)
-    est = estimate_trace(trace, tgt)
-    lo_ns, hi_ns = band(trace, tgt) if bands else (None, None)
+    with reuse_compiled():  # the estimate and the band share one compiled trace
+        est = estimate_trace(trace, tgt)
+        lo_ns, hi_ns = band(trace, tgt) if bands else (None, None)
     elapsed = time.perf_counter() - t0
     latency = est.latency_ns * mult
     flops = useful_flops(op, seq, seq, shape.head_dim, shape.num_heads, batch, causal)
