@@ -20,7 +20,8 @@ its own indices, weights and rows, so a NaN stays in the rows that gather it.
 Per tile of 128 output rows (rows on partitions; LNC 2: the programs take alternate
 tiles) and chunk of <= COLS columns: each slot's rows gathered by one indirect DMA
 (each partition reads its own row), then acc = w_0 y_0 (ScalarE copy with a
-per-partition scale), acc = w_j y_j + acc (VectorE), fp32, one rounding on the store.
+per-partition scale), acc = w_j y_j + acc (VectorE), fp32, one rounding on the store;
+a plain gather (k = 1, no weight, the source's dtype out) stores the gathered tile.
 Limits: any M, N, H; k <= 16 (routing's top-k, plus one).
 """
 
@@ -77,6 +78,11 @@ def gather_rows_sum(src, index, weight, out_dtype):
             nisa.dma_copy(dst=wt[r], src=weight[t0 : t0 + rows, :])
         for c0 in range(0, h, cols):
             cw = min(cols, h - c0)
+            if k == 1 and wt is None and out_dtype == src.dtype:
+                # a plain gather (dispatch): the gathered rows are the output rows
+                y = _gather(src, idx, 0, rows, c0, cw)
+                nisa.dma_copy(dst=out[t0 : t0 + rows, c0 : c0 + cw], src=y[r, 0:cw])
+                continue
             acc = nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.sbuf)
             for j in range(k):
                 y = _gather(src, idx, j, rows, c0, cw)

@@ -42,6 +42,8 @@ def test_sums_and_dots(m: int, n: int, h: int, k: int, dtype: torch.dtype, lnc: 
     plain = gather_rows_sum[lnc](src, index, None, str(dtype).removeprefix("torch."))
     assert plain.dtype == dtype
     _close(plain, rows.sum(1), dtype)
+    one = gather_rows_sum[lnc](src, index[:, :1], None, str(dtype).removeprefix("torch."))
+    assert torch.equal(one.double(), rows[:, 0])  # a plain gather: the rows, bit for bit
     a = torch.randn(m, h, generator=torch.Generator().manual_seed(1))
     dots = gather_rows_dot[lnc](a, src, index)
     _close(dots, (a.double()[:, None, :] * rows).sum(-1), torch.float32)
