@@ -250,7 +250,7 @@ def test_threads_give_the_serial_result(neuron: str) -> None:
 
 @pytest.mark.parametrize("name", ["softmax-renorm", "sigmoid-groups-bias", "after-topk"])
 def test_all_tokens_on_the_same_experts(name: str) -> None:
-    # every token's logits equal: the same k experts (ties -> the lowest ids) for all
+    # every token's logits are one and the same row: the same k experts for all
     lg, bias, o = _inputs(name, t=140)  # two token tiles
     lg = lg[:1].expand(140, -1).clone()
     _compare(lg, bias, o)
