@@ -12,22 +12,25 @@ For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3
   which keeps the block's own router and experts modules as children: the parameters and
   state_dict keys do not change, the optimizer keeps its references, and the router still
   runs as a module, so `output_router_logits=True` (the load-balancing loss) sees it;
-- DeepSeek-V3 keeps its own router module (group-limited sigmoid top-k with a
-  selection-only correction bias and a routed scaling factor): its `experts` modules
-  become `HFExperts` on `torch.ops.nki.moe_experts`, holding the same Parameters; its
-  attention (MLA) keeps the model's implementation (reported as skipped);
-- GPT-OSS keeps its own router module too (softmax over the top-k logits, router bias):
-  its `experts` become `HFGatedExperts` on `moe_gated_experts` (gate_up / down biases,
-  the clamped SwiGLU over interleaved gate / up columns, the model's alpha and limit),
-  holding the same Parameters; its attention (learned sinks, sliding-window layers) runs
-  the "nki" implementation with the sinks (`sink_attention`, or flash_attention's
-  log-sum-exp joined with the sink).
+- DeepSeek-V3's router module (group-limited sigmoid top-k with a selection-only
+  correction bias and a routed scaling factor) runs `moe.routing.route` (the NKI router)
+  as a subclass of its class sharing its Parameters, buffer and hooks (transformers'
+  router-logit recorder still finds it); its `experts` modules become `HFExperts` on
+  `torch.ops.nki.moe_experts`, holding the same Parameters; its attention (MLA) keeps
+  the model's implementation (reported as skipped);
+- GPT-OSS's router module (its linear with bias, softmax over the top-k logits) runs
+  `route` the same way; its `experts` become `HFGatedExperts` on `moe_gated_experts`
+  (gate_up / down biases, the clamped SwiGLU over interleaved gate / up columns, the
+  model's alpha and limit), holding the same Parameters; its attention (learned sinks,
+  sliding-window layers) runs the "nki" implementation with the sinks (`sink_attention`,
+  or flash_attention's log-sum-exp joined with the sink).
 
 `unpatch` puts every original module and the previous attention implementation back.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,9 +52,9 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v3",
     "gpt_oss",
 )
-# models whose router is not softmax-top-k over `gate`'s logits: their own router module
-# keeps routing, and only the `experts` module (transformers' experts seam, called as
-# experts(hidden, top_k_index, top_k_weights)) runs on `torch.ops.nki.moe_experts`
+# models whose router is not softmax-top-k over `gate`'s logits: their router module runs
+# `moe.routing.route` (the NKI router with their options) and their `experts` module
+# (transformers' experts seam, experts(hidden, top_k_index, top_k_weights)) the NKI experts
 OWN_ROUTER_TYPES = ("deepseek_v3", "gpt_oss")
 # models whose attention stays the model's: (model_type, why)
 OWN_ATTENTION = {
@@ -197,6 +200,67 @@ class HFGatedExperts(nn.Module):
         )
 
 
+def _deepseek_v3_route(self: Any, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """DeepseekV3TopkRouter.forward on the NKI router: fp32 logits (the model's linear),
+    then sigmoid scores, the correction bias for selection only, group-limited top-k,
+    renormalization (+ 1e-20) and the routed scaling factor (`moe.routing.route`)."""
+    from ..moe.routing import route
+
+    h = hidden_states.view(-1, self.hidden_dim)
+    logits = F.linear(h.type(torch.float32), self.weight.type(torch.float32))
+    weights, ids = route(
+        logits, top_k=self.top_k, scoring="sigmoid", bias=self.e_score_correction_bias,
+        n_group=self.num_group, topk_group=self.topk_group,
+        renormalize=bool(self.norm_topk_prob), scaling=float(self.routed_scaling_factor),
+    )  # fmt: skip
+    return logits, weights, ids
+
+
+def _gpt_oss_route(self: Any, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """GptOssTopKRouter.forward on the NKI router: the model's linear (with its bias),
+    then the softmax over the top-k logits (`moe.routing.route`)."""
+    from ..moe.routing import route
+
+    logits = F.linear(hidden_states, self.weight, self.bias)
+    weights, ids = route(logits, top_k=self.top_k, softmax_after_topk=True, renormalize=False)
+    return logits, weights.to(logits.dtype), ids
+
+
+ROUTE_FORWARDS = {"deepseek_v3": _deepseek_v3_route, "gpt_oss": _gpt_oss_route}
+_ROUTER_CLASSES: dict[type, type] = {}
+
+
+def _is_own_router(m: nn.Module, kind: str) -> bool:
+    """The router module of DeepSeek-V3 / GPT-OSS (their routing options in one module)."""
+    name = type(m).__name__
+    return kind in ROUTE_FORWARDS and name.endswith(("TopkRouter", "TopKRouter"))
+
+
+def router_unsupported(kind: str, router: nn.Module) -> str | None:
+    """Why a router cannot run on `moe.routing.route` (None: it can)."""
+    r: Any = router
+    e, k = int(r.weight.shape[0]), int(r.top_k)
+    if not 1 <= e <= 512 or not 1 <= k <= min(e, 16):
+        return f"{e} experts, top-{k} (supported: up to 512 experts, top-k <= 16)"
+    if kind == "deepseek_v3":
+        n, g = int(r.num_group), int(r.topk_group)
+        if e % n or not 1 <= g <= n or g * (e // n) < k:
+            return f"n_group {n} / topk_group {g} do not hold top-{k} of {e} experts"
+    return None
+
+
+def _nki_router(old: nn.Module, kind: str) -> nn.Module:
+    """The same router (same Parameters, buffers and hooks; a subclass of its class, so
+    transformers' router-logit recorder still finds it) whose forward runs `route`."""
+    cls = type(old)
+    if cls not in _ROUTER_CLASSES:
+        body = {"forward": ROUTE_FORWARDS[kind], "__module__": __name__}
+        _ROUTER_CLASSES[cls] = type(f"Nki{cls.__name__}", (cls,), body)
+    new = copy.copy(old)
+    new.__class__ = _ROUTER_CLASSES[cls]
+    return new
+
+
 def _is_gpt_oss_experts(m: nn.Module) -> bool:
     return (
         all(
@@ -321,6 +385,14 @@ def patch_hf(
         if norms and is_hf_rmsnorm(m):
             undo.append((path, _set_child(model, path, _nki_norm(m))))
             report.replaced.append(Replacement(path, type(m).__name__, "nki_kernels.nn.RMSNorm"))
+        elif moe and _is_own_router(m, kind):
+            why = router_unsupported(kind, m)
+            if why is not None:
+                report.skipped.append((path, why))
+                continue
+            router = _nki_router(m, kind)
+            undo.append((path, _set_child(model, path, router)))
+            report.replaced.append(Replacement(path, type(m).__name__, type(router).__name__))
         elif moe and kind in OWN_ROUTER_TYPES and _is_experts_seam(m):
             why = experts_unsupported(model, m)
             if why is not None:

@@ -10,8 +10,9 @@ Per physical core (LNC 2: half the tokens each), bf16:
   a per-column vector and the clamped SwiGLU's ops in the activation pass, the down bias
   in the combine pass; a shared expert as dense matmuls over all T tokens plus one fused
   activation pass (and, gated, a [T, H] x [H, 1] matmul and a sigmoid-scale pass);
-- ours: what `moe_gated_experts` runs: the same router, gathers and combine (torch ops
-  there too), the GEMMs on our grouped_mm kernel (`grouped_pricing.price_grouped_mm`),
+- ours: what `moe_gated_experts` runs, except that the router, gathers and combine are
+  priced as native's steps (the layer now runs its gathers and combine on the NKI
+  `moe_dispatch` / `moe_combine` kernels; not re-priced here), the GEMMs on our grouped_mm kernel (`grouped_pricing.price_grouped_mm`),
   the activation and each bias as our `expert_act` kernel over all routed rows (the down
   bias is a pass of its own), the shared expert as one-group grouped_mm launches with
   its expert_act, its gate a one-group grouped_mm with N = 1 and a native sigmoid-scale.

@@ -69,6 +69,10 @@ RULES: dict[str, Rule] = {
     "moe_experts_backward": Rule(NONE),
     "expert_act": Rule(INPUT, (0,), (1,)),  # the bias follows the grouped_mm output's dtype
     "expert_act_backward": Rule(NONE),
+    "moe_dispatch": Rule(NONE),  # a row gather (as index_select): the rows' own dtype
+    "moe_dispatch_backward": Rule(NONE),
+    "moe_combine": Rule(NONE),  # fp32 sums of the expert rows as given
+    "moe_combine_backward": Rule(NONE),
     # serving: the KV cache (written in place) fixes the dtype; q, k, v must match it
     "serving_attention": Rule(NONE),
     "kv_cache_write": Rule(NONE),

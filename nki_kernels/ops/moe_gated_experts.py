@@ -12,7 +12,8 @@
 The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True)`):
 
 - dispatch: the T * k assignments sorted by expert (a stable sort: ties keep token
-  order), `offs` = cumulative counts, the token rows gathered in that order (torch ops);
+  order), `offs` = cumulative counts (torch ops on T * k ids); the token rows gathered
+  in that order by `torch.ops.nki.moe_dispatch` (NKI row gather, `moe/row_gather.py`);
 - the two expert matmuls: `torch.ops.nki.grouped_mm` (NKI; 128-row-granular blocks, empty
   experts cost nothing) -- the weights may be transposed views (transformers' [E, 2I, H]
   parameters pass `.transpose(1, 2)` without a copy);
@@ -20,7 +21,9 @@ The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True
   activation between them, and the down bias after the second (activation "none");
   backward: `expert_act_backward` (NKI) for d h, the bias gradient as the per-expert row
   sum of d h on grouped_mm's weight-gradient kernel (d b[e] = 1^T dh_e);
-- combine: out[t] = sum_j w[t, j] y[slot(t, j)] in fp32, one rounding (torch ops);
+- combine: out[t] = sum_j w[t, j] y[slot(t, j)] in fp32 by `torch.ops.nki.moe_combine`
+  (NKI: each token's k rows gathered and summed with their weights), one rounding at the
+  end (after the shared expert); backward: the other direction's gathers (NKI);
 - shared expert: the same kernels with one group of all T rows (not fused into the routed
   launches: a separate pair of grouped_mm calls); its sigmoid gate's logits [T, 1] are a
   one-group grouped_mm too.
@@ -47,6 +50,7 @@ from torch import Tensor
 from ..moe.expert_act import ACTIVATIONS, expert_act_bwd, expert_act_fwd
 from ..runtime import launch, pad_to_bucket, unpad
 from ..targets import get_target
+from . import moe_dispatch  # noqa: F401  (registers moe_dispatch / moe_combine)
 from .checks import FLOAT_DTYPES, check_tensor
 from .registry import define_op
 
@@ -342,13 +346,17 @@ def moe_gated_experts(
     counts = torch.zeros(e + 1, dtype=torch.int64, device=flat.device)
     counts = counts.scatter_add(0, flat, torch.ones_like(flat))
     offs = counts[:e].cumsum(0).to(torch.int32)  # tail rows: in no group
-    on_rank = (flat.index_select(0, order) < e).unsqueeze(1)
-    x_sorted = torch.where(on_rank, hidden.index_select(0, order // k), 0.0)
+    # the permutation both ways: each sorted row's token and flat slot (T / T k: a row
+    # serving no slot), each slot's sorted row (T k: not on this rank)
+    r = t * k
+    on_rank = flat.index_select(0, order) < e
+    row_token = torch.where(on_rank, order // k, t).to(torch.int32)
+    row_slot = torch.where(on_rank, order, r).to(torch.int32)
+    slot = torch.empty_like(order).scatter(0, order, torch.arange(r, device=order.device))
+    slot = torch.where(flat < e, slot, r).to(torch.int32).view(t, k)
+    x_sorted = torch.ops.nki.moe_dispatch(hidden, row_token, slot)
     y = _mlp(x_sorted, offs, w_gate_up, w_down, b_gate_up, b_down, opts)
-    slot = torch.empty_like(order).scatter(0, order, torch.arange(t * k, device=order.device))
-    y_tok = y.index_select(0, slot).view(t, k, -1).to(torch.float32)
-    weighted = weights.to(torch.float32).unsqueeze(-1) * y_tok
-    out = torch.where((ids < e).unsqueeze(-1), weighted, 0.0).sum(1)  # a select, not * 0
+    out = torch.ops.nki.moe_combine(y, weights, slot, row_token, row_slot)
     if shared_gate_up is not None and shared_down is not None:
         one = torch.full((1,), t, dtype=torch.int32, device=hidden.device)
         s = _mlp(hidden, one, shared_gate_up[None], shared_down[None], None, None, opts)

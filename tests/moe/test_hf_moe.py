@@ -112,24 +112,35 @@ def test_generate_gives_the_same_tokens(model_type: str) -> None:
     assert torch.equal(model.generate(input_ids=ids, **kw), ref)
 
 
-def test_deepseek_v3_router_is_the_models_own() -> None:
-    """The router (sigmoid, correction bias for selection only, group-limited top-k,
-    scaling) still runs as the model's module: its outputs are those of the unpatched
-    model, and the experts receive them."""
-    model = _deepseek_v3().eval()
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "gpt_oss"])
+def test_router_runs_on_the_nki_router_with_the_models_outputs(model_type: str) -> None:
+    """DeepSeek-V3's router (sigmoid, correction bias for selection only, group-limited
+    top-k, scaling) and GPT-OSS's (softmax over the top-k logits) run on
+    `torch.ops.nki.moe_route_options`: logits, weights and chosen experts as the unpatched
+    router's (experts compared as sets: transformers' top-k order is unspecified)."""
+    model = BUILD[model_type]().eval()
     ids = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(4))
+    layer = model.model.layers[1].mlp
+    router = layer.gate if model_type == "deepseek_v3" else layer.router
     seen: list[Any] = []
-    gate = model.model.layers[1].mlp.gate
-    hook = gate.register_forward_hook(lambda m, a, o: seen.append(o))
+    hook = router.register_forward_hook(lambda m, a, o: seen.append((a[0], o)))
     model(input_ids=ids)
-    nki_kernels.patch(model)
-    model(input_ids=ids)
+    report = nki_kernels.patch(model)
+    new = layer.gate if model_type == "deepseek_v3" else layer.router
+    assert type(new).__name__ == "Nki" + type(router).__name__ and isinstance(new, type(router))
+    assert any(r.after.startswith("Nki") for r in report.replaced)
+    with _OpCalls() as calls:
+        model(input_ids=ids)
     hook.remove()
-    (logits0, w0, ids0), (logits1, w1, ids1) = seen  # inputs differ by the patched norms' ulps
-    torch.testing.assert_close(logits1, logits0, atol=ATOL, rtol=RTOL)
-    torch.testing.assert_close(w1, w0, atol=ATOL, rtol=RTOL)
-    assert torch.equal(ids1, ids0)
-    assert type(model.model.layers[1].mlp.experts).__name__ == "HFExperts"
+    assert calls.calls.get("nki.moe_route_options", 0) >= 1, calls.calls
+    x = seen[0][0]
+    logits0, w0, ids0 = router(x)  # the model's own router on the same input
+    logits1, w1, ids1 = new(x)
+    torch.testing.assert_close(logits1, logits0, atol=0, rtol=0)
+    o0, o1 = ids0.argsort(-1), ids1.argsort(-1)
+    assert torch.equal(ids1.gather(1, o1), ids0.gather(1, o0))
+    torch.testing.assert_close(w1.gather(1, o1), w0.gather(1, o0), atol=1e-6, rtol=1e-6)
+    assert len(seen) == 2  # hooks registered before the patch still run
 
 
 @pytest.mark.parametrize("model_type", sorted(BUILD))

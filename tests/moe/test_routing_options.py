@@ -159,6 +159,15 @@ def test_torch_compile_fullgraph(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["sigmoid-groups-bias", "after-topk-bias-scaled"])
+def test_torch_compile_fullgraph_on_the_emulated_device(name: str, neuron: str) -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(route, backend="aot_eager", fullgraph=True)
+    lg, bias, o = _inputs(name, ties=True)
+    dev_bias = None if bias is None else bias.to(neuron)
+    _compare(lg.to(neuron), dev_bias, o, fn=lambda x, bias, **kw: compiled(x, bias=bias, **kw))
+
+
+@pytest.mark.parametrize("name", ["sigmoid-groups-bias", "after-topk-bias-scaled"])
 def test_emulated_neuron_device(name: str, neuron: str) -> None:
     lg, bias, o = _inputs(name, ties=True)
     dev_bias = None if bias is None else bias.to(neuron)
@@ -237,3 +246,13 @@ def test_threads_give_the_serial_result(neuron: str) -> None:
     for call, a, b in zip(calls, got, want):
         for x, y in zip(a, b):
             assert torch.equal(x, y), f"{call}: differs from the serial run"
+
+
+@pytest.mark.parametrize("name", ["softmax-renorm", "sigmoid-groups-bias", "after-topk"])
+def test_all_tokens_on_the_same_experts(name: str) -> None:
+    # every token's logits are one and the same row: the same k experts for all
+    lg, bias, o = _inputs(name, t=140)  # two token tiles
+    lg = lg[:1].expand(140, -1).clone()
+    _compare(lg, bias, o)
+    _, ids = route(lg, bias=bias, **o)
+    assert bool((ids == ids[:1]).all())
