@@ -44,9 +44,22 @@ Across blocks: persistent "head" buffers hold the next block's slot tokens, expe
 gathered token rows and first gate/up unit. A block takes its expert id, transposes its
 rows out of the head and starts on the head unit; the head is refilled for this
 program's next block (b + 1, or b + 2 at LNC 2: the next block in plan order, of the same
-or a smaller size) as soon as each part is consumed (rows after the transposes: s
-sub-tiles, which cover the next block's; the unit when the block moves to its second
-unit), so the next block starts without waiting for its gathers or weights.
+or a smaller size) as soon as each part is consumed (rows: s sub-tiles, which cover the
+next block's, one sub-tile gather per chunk from chunk 1 on; the unit when the block
+moves to its second unit), so the next block starts without waiting for its gathers or
+weights.
+
+Keeping TensorE busy (DMA queues run in issue order, and a tile allocated after a dead
+one inherits that tile's last reader): the next block's row gathers are spread over
+chunks 1..s rather than queued in front of the block's first weight units; each y[c] is
+stored as soon as its last chunk is summed, so the block's output DMAs run during its
+last down projection instead of in front of the next block's loads; SwiGLU's fp32
+scratch lives across chunks (allocated per chunk it took a dead weight unit's SBUF and
+waited for that unit's last matmul); the chunk's last weight unit is contracted one I
+tile at a time, so ScalarE / VectorE evaluate SwiGLU of tile it while TensorE runs tile
+it + 1, and the last tile's SwiGLU is split per sub-tile so the down projection starts
+after a quarter of it. None of this changes an accumulation order: outputs are
+bit-identical.
 
 The op runs one device loop per block size, bounded by `kind_bounds` (run-time data), so
 a kernel is specialized on shapes only, never on the routing. `static_kinds` (pricing:
