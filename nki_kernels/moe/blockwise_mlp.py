@@ -44,9 +44,22 @@ Across blocks: persistent "head" buffers hold the next block's slot tokens, expe
 gathered token rows and first gate/up unit. A block takes its expert id, transposes its
 rows out of the head and starts on the head unit; the head is refilled for this
 program's next block (b + 1, or b + 2 at LNC 2: the next block in plan order, of the same
-or a smaller size) as soon as each part is consumed (rows after the transposes: s
-sub-tiles, which cover the next block's; the unit when the block moves to its second
-unit), so the next block starts without waiting for its gathers or weights.
+or a smaller size) as soon as each part is consumed (rows: s sub-tiles, which cover the
+next block's, one sub-tile gather per chunk from chunk 1 on; the unit when the block
+moves to its second unit), so the next block starts without waiting for its gathers or
+weights.
+
+Keeping TensorE busy (DMA queues run in issue order, and a tile allocated after a dead
+one inherits that tile's last reader): the next block's row gathers are spread over
+chunks 1..s rather than queued in front of the block's first weight units; each y[c] is
+stored as soon as its last chunk is summed, so the block's output DMAs run during its
+last down projection instead of in front of the next block's loads; SwiGLU's fp32
+scratch lives across chunks (allocated per chunk it took a dead weight unit's SBUF and
+waited for that unit's last matmul); the chunk's last weight unit is contracted one I
+tile at a time, so ScalarE / VectorE evaluate SwiGLU of tile it while TensorE runs tile
+it + 1, and the last tile's SwiGLU is split per sub-tile so the down projection starts
+after a quarter of it. None of this changes an accumulation order: outputs are
+bit-identical.
 
 The op runs one device loop per block size, bounded by `kind_bounds` (run-time data), so
 a kernel is specialized on shapes only, never on the routing. `static_kinds` (pricing:
@@ -266,13 +279,17 @@ def _fwd_block(
         cols = slice(t * P, t * P + tile_rows(h, t))
         srcs = [head["x"][:, c, cols] for c in range(s)]
         parity = transpose_into(dt, srcs, xT[:, t, :], parity)
-    _prefetch_rows(d, hidden, head, s)  # the next block has <= s sub-tiles
-    y = _expert_mlp(dk, cfg, w_down, exp, xT, fetch)
     row0 = block_row0(addr, stride)
-    for c in range(s):
+
+    def gather_next(c: int) -> None:  # the next block has <= s sub-tiles
+        gather_rows(hidden, head["tok"][:, c : c + 1], head["x"][:, c, :], h)
+
+    def store(c: int, yc: Any) -> None:
         off = (extra * stride + c * P) * h
         view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0, indirect_dim=0)
-        nisa.dma_copy(dst=view, src=y[c])
+        nisa.dma_copy(dst=view, src=yc)
+
+    _expert_mlp(dk, cfg, w_down, exp, xT, (fetch, gather_next, store))
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -349,57 +366,81 @@ def _weight_stream(
 
 
 def _expert_mlp(
-    d: dict[str, Any], cfg: dict[str, Any], w_down: Any, exp: Any, xT: Any, fetch: Any
-) -> list[Any]:
-    """The block's unweighted expert outputs, NS tiles [128 tokens, H] in dtype."""
+    d: dict[str, Any], cfg: dict[str, Any], w_down: Any, exp: Any, xT: Any, hooks: Any
+) -> None:
+    """The block's unweighted expert outputs, NS tiles [128 tokens, H], each handed to
+    `store(c, tile)` as soon as its last chunk is summed. `hooks` = (fetch, gather_next,
+    store); `gather_next(c)` (the next block's rows of sub-tile c) is issued one sub-tile
+    per chunk from chunk 1 on, so those gathers do not queue in front of this block's
+    first weight loads (DMA queues run in issue order)."""
+    fetch, gather_next, store = hooks
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
     nic = cdiv(d["I"], ti)
     # one chunk: results go straight to dtype; several: fp32 sums, cast by the store DMA
     y_dt = dt if nic == 1 else nl.float32
     y = [nl.ndarray((P, h), dtype=y_dt, buffer=nl.sbuf) for _ in range(ns)]
+    # SwiGLU's fp32 scratch lives across chunks: allocated per chunk it would take a
+    # dead weight unit's SBUF and wait for that unit's last matmul (write after read)
+    sg = nl.ndarray((P, d["B"]), dtype=nl.float32, buffer=nl.sbuf)
     for ic in range(nic):
         i0 = ic * ti
         icw = min(ti, d["I"] - i0)
         nit = cdiv(icw, P)
         wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
+
         load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
+        if 1 <= ic <= ns:
+            gather_next(ic - 1)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
         if cfg["loop_order"] == "h_outer":
-            _gate_up_h_outer(d, cfg, fetch, xT, icw, act)
+            _gate_up_h_outer(d, cfg, fetch, xT, icw, act, sg)
         else:
-            _gate_up_i_outer(d, fetch(), xT, icw, act)
+            _gate_up_i_outer(d, fetch(), xT, icw, act, sg)
         if ic == nic - 1:
             fetch(last=True)
-        _down_proj(d, cfg, act, wd, icw, ic, y)
+        _down_proj(d, cfg, act, wd, icw, ic, y, store if ic == nic - 1 else None)
         del act, wd
-    return y
+    for c in range(max(0, nic - 1), ns):  # fewer chunks than sub-tiles (small I)
+        gather_next(c)
 
 
 def _gate_up_h_outer(
-    d: dict[str, Any], cfg: dict[str, Any], fetch: Any, xT: Any, icw: int, act: Any
+    d: dict[str, Any], cfg: dict[str, Any], fetch: Any, xT: Any, icw: int, act: Any, sg: Any
 ) -> None:
+    """act = SwiGLU of the chunk's gate/up projections, weight units in H order."""
     bsz, nit = d["B"], cdiv(icw, P)
     acc = psum_accumulators(2 * nit, bsz)
     g_ps, u_ps = acc[0::2], acc[1::2]
     for h0 in range(0, d["HT"], cfg["dma_h"]):
         wg, wu = fetch()
-        for j in range(min(cfg["dma_h"], d["HT"] - h0)):
+        nj = min(cfg["dma_h"], d["HT"] - h0)
+        steps = [(j, it) for j in range(nj) for it in range(nit)]
+        if h0 + nj == d["HT"]:
+            # the last unit finishes one I tile at a time, so ScalarE / VectorE evaluate
+            # SwiGLU of tile it while TensorE contracts the next (each accumulator still
+            # sums its H tiles in ascending order: the same results)
+            steps = [(j, it) for it in range(nit) for j in range(nj)]
+        for j, it in steps:
             ht = h0 + j
             hr = tile_rows(d["H"], ht)
-            for it in range(nit):
-                cw = min(P, icw - it * P)
-                for n0 in range(0, bsz, PSUM_FP32):
-                    nw = min(PSUM_FP32, bsz - n0)
-                    mov = xT[0:hr, ht, n0 : n0 + nw]
-                    cols = slice(it * P, it * P + cw)
-                    _mm2(g_ps[it][0:cw, n0 : n0 + nw], wg[0:hr, j, cols], mov, ht != 0)
-                    _mm2(u_ps[it][0:cw, n0 : n0 + nw], wu[0:hr, j, cols], mov, ht != 0)
+            cw = min(P, icw - it * P)
+            for n0 in range(0, bsz, PSUM_FP32):
+                nw = min(PSUM_FP32, bsz - n0)
+                mov = xT[0:hr, ht, n0 : n0 + nw]
+                cols = slice(it * P, it * P + cw)
+                _mm2(g_ps[it][0:cw, n0 : n0 + nw], wg[0:hr, j, cols], mov, ht != 0)
+                _mm2(u_ps[it][0:cw, n0 : n0 + nw], wu[0:hr, j, cols], mov, ht != 0)
         del wg, wu
     for it in range(nit):
-        _swiglu(d, g_ps[it], u_ps[it], act, it, min(P, icw - it * P))
+        # the last I tile's SwiGLU is what the down projection waits for: per 128-token
+        # sub-tile, so its first matmuls (sub-tile 0) start after a quarter of it
+        pieces = d["NS"] if it == nit - 1 else 1
+        _swiglu(g_ps[it], u_ps[it], act, it, min(P, icw - it * P), sg, pieces)
 
 
-def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int, act: Any) -> None:
+def _gate_up_i_outer(
+    d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int, act: Any, sg: Any
+) -> None:
     wg, wu = unit
     bsz = d["B"]
     for it in range(cdiv(icw, P)):
@@ -413,24 +454,40 @@ def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int
                 cols = slice(it * P, it * P + cw)
                 _mm2(g_ps[0:cw, n0 : n0 + nw], wg[0:hr, ht, cols], mov, ht != 0)
                 _mm2(u_ps[0:cw, n0 : n0 + nw], wu[0:hr, ht, cols], mov, ht != 0)
-        _swiglu(d, g_ps, u_ps, act, it, cw)
+        _swiglu(g_ps, u_ps, act, it, cw, sg)
 
 
 def _mm2(dst: Any, stationary: Any, moving: Any, accumulate: bool) -> None:
     nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, accumulate=accumulate)
 
 
-def _swiglu(d: dict[str, Any], g_ps: Any, u_ps: Any, act: Any, it: int, cw: int) -> None:
-    """act[:, it, :] = silu(g) * u: ScalarE reads the gate PSUM, VectorE the up PSUM."""
-    sg = nl.ndarray((P, d["B"]), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sg[0:cw, :], op=nl.silu, data=g_ps[0:cw, :])
-    nisa.tensor_tensor(dst=act[0:cw, it, :], data1=sg[0:cw, :], data2=u_ps[0:cw, :], op=nl.multiply)
+def _swiglu(g_ps: Any, u_ps: Any, act: Any, it: int, cw: int, sg: Any, pieces: int = 1) -> None:
+    """act[:, it, :] = silu(g) * u: ScalarE reads the gate PSUM (into sg, fp32), VectorE
+    the up PSUM; in `pieces` equal column ranges (elementwise: the same results)."""
+    n = g_ps.shape[1]
+    step = cdiv(n, pieces)
+    for c0 in range(0, n, step):
+        c = slice(c0, min(n, c0 + step))
+        nisa.activation(dst=sg[0:cw, c], op=nl.silu, data=g_ps[0:cw, c])
+        nisa.tensor_tensor(
+            dst=act[0:cw, it, c], data1=sg[0:cw, c], data2=u_ps[0:cw, c], op=nl.multiply
+        )
 
 
 def _down_proj(
-    d: dict[str, Any], cfg: dict[str, Any], act: Any, wd: Any, icw: int, ic: int, y: list[Any]
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    act: Any,
+    wd: Any,
+    icw: int,
+    ic: int,
+    y: list[Any],
+    store: Any,
 ) -> None:
-    """y[c] (+)= act[:, :, c]^T @ wd over this chunk's I tiles, per 128-token sub-tile."""
+    """y[c] (+)= act[:, :, c]^T @ wd over this chunk's I tiles, per 128-token sub-tile;
+    in the last chunk (`store` given) each finished y[c] is stored at once, so the
+    block's output DMAs spread over its last down projection instead of queueing at
+    its end in front of the next block's loads."""
     h, dn = d["H"], cfg["down_n"]
     nit = cdiv(icw, P)
     for c in range(d["NS"]):
@@ -450,3 +507,5 @@ def _down_proj(
                 nisa.tensor_copy(dst=dst, src=ps[:, 0:nw], engine=nisa.engine.scalar)
             else:
                 nisa.tensor_tensor(dst=dst, data1=dst, data2=ps[:, 0:nw], op=nl.add)
+        if store is not None:
+            store(c, y[c])

@@ -56,30 +56,51 @@ def combine(
     k = token_slot.shape[1]
     dt = slots.dtype
     cols = min(h, max(PSUM_FP32, COMBINE_BYTES // dtype_bytes(dt)))
-    for t0 in range(first * P, t_count, step * P):
-        rows = min(P, t_count - t0)
+    chunks = [(t0, c0) for t0 in range(first * P, t_count, step * P) for c0 in range(lo, hi, cols)]
+    meta: dict[int, tuple[Any, Any]] = {}
+
+    def load(t0: int, c0: int) -> list[Any]:
+        """The k gathered slot rows of chunk (t0, c0) (and, first, the tile's slots and
+        weights)."""
+        rows, cw = min(P, t_count - t0), min(cols, hi - c0)
         r = slice(0, rows)
-        sl = nl.ndarray((P, k), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=sl[r, :], src=token_slot[t0 : t0 + rows, :])
-        wt: Any = None
-        if token_weight is not None:
-            wt = nl.ndarray((P, k), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=wt[r, :], src=token_weight[t0 : t0 + rows, :])
-        for c0 in range(lo, hi, cols):
-            cw = min(cols, hi - c0)
-            res = nl.ndarray((P, cols), dtype=out.dtype, buffer=nl.sbuf)
-            acc = res
-            if k > 1:
-                acc = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf)
-            for j in range(k):
-                yj = nl.ndarray((P, cols), dtype=dt, buffer=nl.sbuf)
-                view = slots.ap(
-                    [[h, rows], [1, cw]], offset=c0, vector_offset=sl[r, j : j + 1], indirect_dim=0
-                )
-                nisa.dma_copy(dst=yj[r, 0:cw], src=view)
-                dst = res if j == k - 1 else acc
-                _accumulate(dst[r, 0:cw], yj[r, 0:cw], acc[r, 0:cw], wt, r, j)
-            nisa.dma_copy(dst=out[t0 : t0 + rows, c0 : c0 + cw], src=res[r, 0:cw])
+        if t0 not in meta:
+            sl = nl.ndarray((P, k), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=sl[r, :], src=token_slot[t0 : t0 + rows, :])
+            wt: Any = None
+            if token_weight is not None:
+                wt = nl.ndarray((P, k), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=wt[r, :], src=token_weight[t0 : t0 + rows, :])
+            meta[t0] = (sl, wt)
+        sl = meta[t0][0]
+        ys = []
+        for j in range(k):
+            yj = nl.ndarray((P, cols), dtype=dt, buffer=nl.sbuf)
+            view = slots.ap(
+                [[h, rows], [1, cw]], offset=c0, vector_offset=sl[r, j : j + 1], indirect_dim=0
+            )
+            nisa.dma_copy(dst=yj[r, 0:cw], src=view)
+            ys.append(yj)
+        return ys
+
+    # the next chunk's gathers are issued before this chunk's sum and store: the DMA
+    # engines, the combine's bottleneck with VectorE, then never wait for VectorE
+    ahead = load(*chunks[0]) if chunks else []
+    for q, (t0, c0) in enumerate(chunks):
+        ys = ahead
+        if q + 1 < len(chunks):
+            ahead = load(*chunks[q + 1])
+        rows, cw = min(P, t_count - t0), min(cols, hi - c0)
+        r = slice(0, rows)
+        wt = meta[t0][1]
+        res = nl.ndarray((P, cols), dtype=out.dtype, buffer=nl.sbuf)
+        acc = res
+        if k > 1:
+            acc = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf)
+        for j in range(k):
+            dst = res if j == k - 1 else acc
+            _accumulate(dst[r, 0:cw], ys[j][r, 0:cw], acc[r, 0:cw], wt, r, j)
+        nisa.dma_copy(dst=out[t0 : t0 + rows, c0 : c0 + cw], src=res[r, 0:cw])
 
 
 def _accumulate(dst: Any, y: Any, acc: Any, wt: Any | None, r: slice, j: int) -> None:
