@@ -42,7 +42,8 @@ from .tiles import PSUM_FP32, P, cdiv
 
 UNIT_BYTES = 16 * 1024  # bytes per partition of one weight unit (2 MiB per load)
 W_BUFS = 3  # weight units in flight
-ACC_BANKS = 2  # PSUM banks of one accumulator group (gate, up and down each)
+GU_BANKS = 3  # PSUM banks of the gate and of the up accumulators of one column group
+DOWN_BANKS = 2  # PSUM banks of the down projection's accumulators (8 banks in all)
 
 
 def tile_split(d: int) -> tuple[int, int]:
@@ -186,9 +187,7 @@ def _expert(d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: An
     eview = ex_i.ap([[e_count, 1], [1, 1]], scalar_offset=i, indirect_dim=1)
     nisa.tensor_copy(dst=e1, src=eview, engine=nisa.engine.gpsimd)
     ecol = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(
-        dst=ecol, src=ex_f.ap([[e_count, P], [1, 1]], scalar_offset=i, indirect_dim=1)
-    )
+    nisa.tensor_copy(dst=ecol, src=ex_f.ap([[e_count, P], [1, 1]], scalar_offset=i, indirect_dim=1))
     eq = nl.ndarray((P, t_count, k), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=eq, data=ids_f, op0=nl.equal, operand0=ecol)
     routed = nl.ndarray((P, t_count), dtype=nl.float32, buffer=nl.sbuf)
@@ -210,7 +209,7 @@ def _gate_up(d: dict[str, Any], w: Any, e1: Any, xT: Any, mask: Any, act: Any) -
     t_count, inter, ts, dt = d["T"], d["I"], d["TS"], d["dt"]
     pkh, kth, pki, kti = d["pkh"], d["kth"], d["pki"], d["kti"]
     i2 = 2 * inter
-    nq = min(kti, ACC_BANKS * PSUM_FP32 // ts)  # I tiles per column group
+    nq = min(kti, GU_BANKS * PSUM_FP32 // ts)  # I tiles per column group
     cw_max = nq * pki
     kc = max(1, min(kth, UNIT_BYTES // (2 * cw_max * d["isz"])))
     for q0 in range(0, kti, nq):
@@ -254,7 +253,7 @@ def _down(d: dict[str, Any], w: Any, e1: Any, act: Any, w_e: Any, acc: Any) -> N
     """acc [pkh, kth, T] += (act^T W_down)^T * the tokens' weights."""
     t_count, h, ts, dt = d["T"], d["H"], d["TS"], d["dt"]
     pkh, kth, pki, kti = d["pkh"], d["kth"], d["pki"], d["kti"]
-    nm = min(kth, ACC_BANKS * PSUM_FP32 // ts)  # H tiles per column group
+    nm = min(kth, DOWN_BANKS * PSUM_FP32 // ts)  # H tiles per column group
     hw_max = nm * pkh
     kc = max(1, min(kti, UNIT_BYTES // (hw_max * d["isz"])))
     for m0 in range(0, kth, nm):

@@ -1,27 +1,28 @@
 """The decode mode of `moe_mlp` / `moe_experts`: decode-sized batches (T <= 64 tokens,
-dropless) through two grouped matmul launches (`torch.ops.nki.grouped_mm`'s kernel)
-instead of the blockwise kernel.
+dropless) through one launch of the decode MoE kernel (`moe/decode_mlp.py`) instead of
+the blockwise kernel.
 
 At decode sizes an MoE layer is bound by streaming the touched experts' weights: each
-touched expert has a few rows, so what matters is that its weights are read once, in
-long contiguous runs, and that untouched experts cost nothing. The grouped matmul does
-exactly that: its row plan (`moe/group_plan.py`) gives every non-empty expert one
-128-row block (empty experts get none), each block streams its expert's weights once in
-units up to 2048 columns wide, and under LNC 2 the two programs take alternate blocks,
-so the touched experts' weights are split over both cores. The steps:
+touched expert sees a few tokens, so what matters is that its weights are read once, in
+long runs, that untouched experts cost nothing, and that the compute per weight byte
+hides under the stream. The kernel runs every touched expert on all T tokens with the
+weights as the matmuls' stationary operand (no per-expert gather or transposes), keeps
+only the routed tokens' activations (a select), scales them by their routing weights and
+sums the experts in fp32 on chip; under LNC 2 the two programs take alternate touched
+experts. The host side is bookkeeping on E + 1 ints:
 
-    order  = the T*k assignments sorted by expert (stable: token order within an expert)
-    x_s    = hidden[token of each assignment]           [T*k, H]
-    offs   = cumulative assignments per expert          [E] int32
-    gu     = grouped_mm(x_s, w_gate_up, offs)           [T*k, 2I]   NKI
-    act    = silu(gate) * up, rounded to the dtype      [T*k, I]
-    y      = grouped_mm(act, w_down, offs)              [T*k, H]    NKI
-    out[t] = sum_j weights[t, j] * y[slot of (t, j)]    fp32 sums, one rounding
+    present  = experts some assignment picks          [E] bool
+    experts  = their ids first (stable)               [1, E] int32
+    n        = how many                               [1, 1] int32
+    out      = moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n)
 
-The gather, the activation and the combine are torch ops on T*k rows (a few hundred
-KiB at most); a NaN / Inf in a token's row or weights stays in that token's output row
-(each y row is one assignment's, and the combine adds only a token's own rows).
-Shapes depend on (T, k, E, H, I) only, so the mode traces under `torch.compile`.
+A NaN / Inf in a token's row or weights stays in that token's output row (a token is its
+own column throughout, and a non-routed token's activation is selected to 0). Shapes
+depend on (T, k, E, H, I) only, so the mode traces under `torch.compile`.
+
+Contraction dims with no divisor in [32, 128] (e.g. a prime hidden size > 128) would make
+the kernel's tiles too thin: those shapes keep the earlier composition, two grouped
+matmul launches with the gather, SwiGLU and combine as torch steps (`_grouped_decode`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..moe.decode_mlp import moe_decode_fwd, tile_split
+from ..runtime import launch
+from ..targets import get_target
 from .grouped_mm import grouped_mm_forward
 
 DECODE_MAX_TOKENS = 64  # batches up to this many tokens (and dropless) take the decode mode
@@ -41,11 +45,44 @@ def use_decode_mode(tokens: int, capacity_factor: float | None) -> bool:
     return tokens <= DECODE_MAX_TOKENS and capacity_factor is None
 
 
+def kernel_fits(hidden_size: int, intermediate: int) -> bool:
+    """Whether the decode kernel's contraction tiles are wide enough (module docstring)."""
+    return all(d <= 128 or tile_split(d)[0] >= 32 for d in (hidden_size, intermediate))
+
+
 def decode_experts(
     hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
 ) -> Tensor:
     """out [T, H] (hidden's dtype) = sum_j weights[:, j] * SwiGLU expert ids[:, j] of hidden
     (module docstring); weights [T, k] float, ids [T, k] int in [0, E)."""
+    e, h, i2 = w_gate_up.shape
+    if hidden.shape[0] == 0:
+        return hidden.new_zeros(hidden.shape)
+    if not kernel_fits(h, i2 // 2):
+        return _grouped_decode(hidden, weights, ids, w_gate_up, w_down)
+    flat = ids.reshape(-1).to(torch.int64)
+    present = torch.zeros(e, dtype=torch.int32, device=ids.device)
+    present.scatter_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    experts = torch.argsort(1 - present, stable=True).to(torch.int32).reshape(1, e)
+    n = present.sum().to(torch.int32).reshape(1, 1)
+    dt = hidden.dtype
+    return launch(
+        moe_decode_fwd,
+        hidden.contiguous(),
+        w_gate_up.to(dt).contiguous(),
+        w_down.to(dt).contiguous(),
+        ids.to(torch.int32).contiguous(),
+        weights.to(torch.float32).contiguous(),
+        experts,
+        n,
+        target=get_target(None),
+    )
+
+
+def _grouped_decode(
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+) -> Tensor:
+    """The two-grouped-matmul composition (module docstring's fallback)."""
     k = ids.shape[1]
     e, _, i2 = w_gate_up.shape
     flat = ids.reshape(-1).to(torch.int64)
