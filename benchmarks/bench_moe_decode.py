@@ -1,8 +1,10 @@
 """Decode-sized MoE (T = 1 / 8 / 64 tokens) through the decode MoE kernel: modeled time of
-the experts launch and of the whole layer (our NKI router + the experts launch), and the
-share of HBM bandwidth spent on the touched experts' weights.
+the experts launch and of the whole layer (our NKI router + the experts launch), the
+share of HBM bandwidth spent on the touched experts' weights, and AWS's `moe_tkg`.
 
-Run: `python benchmarks/bench_moe_decode.py [model ...]` (prints a markdown table).
+Run: `python benchmarks/bench_moe_decode.py [--nki-library PATH] [--models m1,m2]`
+(prints markdown tables; with a checkout it also prices nki-library's moe_tkg and writes
+`benchmarks/data/moe_decode_rows.json`).
 
 The experts launch is the decode mode of `moe_mlp` / `moe_experts` (dropless calls of
 T <= 64, `ops/moe_decode.py`): `moe/decode_mlp.py`'s kernel, every touched expert's
@@ -10,16 +12,24 @@ weights streamed once as the matmuls' stationary operand, SwiGLU, the routing se
 the weighted fp32 combine on chip, at LNC 2 (the two programs take alternate touched
 experts) on trn2, bf16, uniform routing (T * k assignments spread over the experts).
 HBM % = touched experts' weight bytes (gate/up and down) / (latency x the logical core's
-bandwidth, 2 x trn2's per-core HBM figure). The layer adds our router kernel (softmax,
-renormalized top-k) on the T tokens. Every figure is "modeled (cost model vN, trn2)",
-never a measurement; the band is the range over the cost model's parameter sets.
+bandwidth, 2 x trn2's per-core HBM figure); its band is the range over the cost model's
+parameter sets. The layer adds our router kernel (softmax, renormalized top-k) on the T
+tokens. AWS's moe_tkg (`bench/peer_moe_decode.py`: selective mode everywhere, all-expert
+mode where every expert is touched) runs the same experts computation from the same
+routing; ours / moe_tkg is a ratio of two modeled figures, its band the range over the
+parameter sets widened by the cost model's structural error of two figures
+(`bench.bands.ratio_band`). Every figure is "modeled (cost model vN, trn2)", never a
+measurement.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
 import time
+from pathlib import Path
 
+from nki_kernels.bench.bands import ratio_band
 from nki_kernels.bench.compare import expert_counts
 from nki_kernels.model_shapes import (
     DEEPSEEK_V3_LIKE_MOE,
@@ -38,6 +48,8 @@ SHAPES = (
     GPT_OSS_LIKE_MOE,
 )
 LNC = 2
+TOKENS = (1, 8, 64)
+DATA = Path(__file__).parent / "data" / "moe_decode_rows.json"
 
 
 def _pct(nbytes: float, lats: tuple[float, ...], bw: float) -> tuple[float, float, float]:
@@ -45,37 +57,143 @@ def _pct(nbytes: float, lats: tuple[float, ...], bw: float) -> tuple[float, floa
     return pct[0], min(pct), max(pct)
 
 
-def main(models: list[str]) -> None:
+def ours_rows(models: list[str]) -> list[dict]:
+    tgt = get_target("trn2")
+    rows = []
+    for s in SHAPES:
+        if models and s.model not in models:
+            continue
+        for t in TOKENS:
+            counts = expert_counts("uniform", t, s.num_experts, s.top_k)
+            touched = sum(1 for c in counts if c)
+            h, i = s.hidden, s.intermediate
+            kern = price_decode(touched, t, h, i, s.num_experts, s.top_k, tgt, lnc=LNC)
+            rout = router_latency(t, s.num_experts, s.top_k, tgt, LNC)
+            rows.append(
+                {
+                    "model": s.model,
+                    "tokens": t,
+                    "touched": touched,
+                    "weight_bytes": touched * 3 * h * i * 2,
+                    "kernel_ns": list(kern.latency_ns),
+                    "router_ns": list(rout),
+                }
+            )
+    return rows
+
+
+def aws_columns(rows: list[dict], checkout: str, log: bool = True) -> None:
+    from nki_kernels.bench.peer import checkout_commit
+    from nki_kernels.bench.peer_moe_decode import price_moe_tkg
+
+    shapes = {s.model: s for s in SHAPES}
+    commit = checkout_commit(Path(checkout))
+    for r in rows:
+        t0 = time.time()
+        s = shapes[r["model"]]
+        sel = price_moe_tkg(checkout, s, r["tokens"], "trn2", LNC)
+        r["moe_tkg"] = {"commit": commit, "selective": _tkg(sel)}
+        if r["touched"] == s.num_experts:
+            full = price_moe_tkg(checkout, s, r["tokens"], "trn2", LNC, all_expert=True)
+            r["moe_tkg"]["all_expert"] = _tkg(full)
+        if log:
+            print(
+                f"<!-- moe_tkg {r['model']} T={r['tokens']}: {time.time() - t0:.0f} s -->",
+                flush=True,
+            )
+
+
+def _tkg(p) -> dict:  # type: ignore[no-untyped-def]
+    return {"samples_us": list(p.samples_us), "method": p.method, "error": p.error}
+
+
+def print_tables(rows: list[dict]) -> None:
     tgt = get_target("trn2")
     bw = LNC * tgt.hbm_bytes_per_ns  # bytes per ns of one logical core
-    print(f"modeled (cost model {COST_MODEL_VERSION}, trn2), LNC {LNC}, bf16")
+    print(f"modeled (cost model {COST_MODEL_VERSION}, trn2), LNC {LNC}, bf16, uniform routing")
     print(
         "| model | T | touched experts | weight MB | experts kernel (us) | HBM % (band) "
         "| router (us) | layer (us) | layer HBM % (band) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for s in SHAPES:
-        if models and s.model not in models:
+    for r in rows:
+        kern, rout = tuple(r["kernel_ns"]), tuple(r["router_ns"])
+        layer = tuple(a + b for a, b in zip(kern, rout))
+        nb = r["weight_bytes"]
+        k0, klo, khi = _pct(nb, kern, bw)
+        l0, llo, lhi = _pct(nb, layer, bw)
+        print(
+            f"| {r['model']} | {r['tokens']} | {r['touched']} | {nb / 1e6:,.1f} | "
+            f"{kern[0] / 1e3:,.1f} | {k0:.1f} ({klo:.1f}-{khi:.1f}) | "
+            f"{rout[0] / 1e3:,.1f} | {layer[0] / 1e3:,.1f} | {l0:.1f} ({llo:.1f}-{lhi:.1f}) |"
+        )
+    if not any("moe_tkg" in r for r in rows):
+        return
+    print()
+    print(
+        "| model | T | ours (us) | moe_tkg selective (us) | moe_tkg all-expert (us) "
+        "| moe_tkg HBM % | moe_tkg / ours (band) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        m = r.get("moe_tkg")
+        if m is None:
             continue
-        for t in (1, 8, 64):
-            t0 = time.time()
-            counts = expert_counts("uniform", t, s.num_experts, s.top_k)
-            touched = sum(1 for c in counts if c)
-            h, i = s.hidden, s.intermediate
-            nbytes = touched * 3 * h * i * 2
-            kern = price_decode(touched, t, h, i, s.num_experts, s.top_k, tgt, lnc=LNC)
-            rout = router_latency(t, s.num_experts, s.top_k, tgt, LNC)
-            layer = tuple(a + b for a, b in zip(kern.latency_ns, rout))
-            k0, klo, khi = _pct(nbytes, kern.latency_ns, bw)
-            l0, llo, lhi = _pct(nbytes, layer, bw)
-            print(
-                f"| {s.model} | {t} | {touched} | {nbytes / 1e6:,.1f} | "
-                f"{kern.latency_ns[0] / 1e3:,.1f} | {k0:.1f} ({klo:.1f}-{khi:.1f}) | "
-                f"{rout[0] / 1e3:,.1f} | {layer[0] / 1e3:,.1f} | {l0:.1f} ({llo:.1f}-{lhi:.1f}) |",
-                flush=True,
-            )
-            print(f"<!-- {s.model} T={t}: {time.time() - t0:.0f} s -->", flush=True)
+        ours = [x / 1e3 for x in r["kernel_ns"]]
+        cells, best = [], None
+        for mode in ("selective", "all_expert"):
+            p = m.get(mode)
+            if p is None:
+                cells.append("-")
+            elif p["error"]:
+                cells.append(f"does not run: {p['error']}")
+            else:
+                note = "" if p["method"] == "exact" else " (extrap.)"
+                cells.append(f"{p['samples_us'][0]:,.1f}{note}")
+                if best is None or p["samples_us"][0] < best[0]:
+                    best = p["samples_us"]
+        if best is None:
+            head = f"| {r['model']} | {r['tokens']} | {ours[0]:,.1f}"
+            print(f"{head} | {cells[0]} | {cells[1]} | - | - |")
+            continue
+        pct = 100.0 * r["weight_bytes"] / (best[0] * 1e3 * bw)
+        lo, hi = ratio_band(ours, best, tgt)
+        print(
+            f"| {r['model']} | {r['tokens']} | {ours[0]:,.1f} | {cells[0]} | {cells[1]} | "
+            f"{pct:.1f} | {best[0] / ours[0]:.2f}x ({lo:.2f}-{hi:.2f}) |"
+        )
+
+
+def _save(rows: list[dict]) -> None:
+    """Merge `rows` into DATA (a row replaces the stored one of its model and T)."""
+    kept = json.loads(DATA.read_text())["rows"] if DATA.exists() else []
+    new = {(r["model"], r["tokens"]) for r in rows}
+    kept = [r for r in kept if (r["model"], r["tokens"]) not in new] + rows
+    order = {s.model: j for j, s in enumerate(SHAPES)}
+    kept.sort(key=lambda r: (order[r["model"]], r["tokens"]))
+    label = f"modeled (cost model {COST_MODEL_VERSION}, trn2)"
+    DATA.write_text(json.dumps({"provenance": label, "lnc": LNC, "rows": kept}, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nki-library", default=None, help="an aws-neuron/nki-library checkout")
+    ap.add_argument("--models", default="", help="comma-separated model names (default: all)")
+    ap.add_argument("--from-data", action="store_true", help=f"print the tables of {DATA.name}")
+    a = ap.parse_args()
+    if a.from_data:
+        print_tables(json.loads(DATA.read_text())["rows"])
+        return
+    models = [m for m in a.models.split(",") if m]
+    rows = ours_rows(models)
+    if a.nki_library:
+        aws_columns(rows, a.nki_library)
+        label = f"modeled (cost model {COST_MODEL_VERSION}, trn2)"
+        DATA.write_text(
+            json.dumps({"provenance": label, "lnc": LNC, "rows": rows}, indent=1) + "\n"
+        )
+    print_tables(rows)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
