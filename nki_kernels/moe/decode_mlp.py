@@ -17,11 +17,11 @@ work per weight byte small enough to hide under that stream:
   of 0, never a multiply), so a NaN / Inf of another token never reaches them, and its
   routed tokens are scaled by their routing weight after the down projection. The
   weighted combine is a running fp32 sum over the experts in SBUF, one rounding at the end.
-- A contraction dim D (hidden H for gate/up, intermediate I for down) is cut into tiles of
-  pk = the largest divisor of D <= 128 rows (tile j = rows j*pk .. j*pk + pk - 1; all
-  tiles full, e.g. 120 x 24 for 2880): weight units are [pk, kc tiles, columns], each
-  partition reading kc runs of whole rows (or column groups of >= 4 KiB), W_BUFS units in
-  flight across expert boundaries (the buffers are renamed per unit).
+- H and I are cut into 128-row tiles, the last one ragged (2880 = 22 x 128 + 64): weight
+  units are [128, kc tiles, columns], each partition reading kc runs of whole rows (or of
+  column groups of >= 4 KiB), and every full tile's load spans all 128 partitions, so
+  all 16 DMA engines share it (a 120-partition tile would leave one idle). The buffers
+  are renamed per unit, so the stream runs ahead across expert boundaries.
 - LNC 2: the programs take alternate touched experts (`experts` lists them first), each
   keeping a partial fp32 sum; after a core barrier on the shared partials each program
   finishes half of the output columns.
@@ -41,17 +41,8 @@ from ..nki import nisa, nki, nl
 from .tiles import PSUM_FP32, P, cdiv
 
 UNIT_BYTES = 16 * 1024  # bytes per partition of one weight unit (2 MiB per load)
-W_BUFS = 3  # weight units in flight
 GU_BANKS = 3  # PSUM banks of the gate and of the up accumulators of one column group
 DOWN_BANKS = 2  # PSUM banks of the down projection's accumulators (8 banks in all)
-
-
-def tile_split(d: int) -> tuple[int, int]:
-    """(pk, tiles): rows per contraction tile = the largest divisor of d that is <= 128."""
-    pk = min(d, P)
-    while d % pk:
-        pk -= 1
-    return pk, d // pk
 
 
 def token_slot(t: int) -> int:
@@ -60,6 +51,23 @@ def token_slot(t: int) -> int:
     while s < t:
         s *= 2
     return s
+
+
+def _rows(d: int, j: int) -> int:
+    """Rows of 128-row tile j of a dim of size d."""
+    return min(P, d - j * P)
+
+
+def _runs(lo: int, hi: int, d: int) -> list[tuple[int, int, int]]:
+    """Tiles [lo, hi) of a dim of size d as (first, count, rows) runs: the full tiles, then
+    the ragged last one on its own (an op over it must not touch its missing rows)."""
+    full_end = min(hi, d // P)
+    out = []
+    if full_end > lo:
+        out.append((lo, full_end - lo, P))
+    if hi > full_end and hi > lo:
+        out.append((max(lo, full_end), 1, _rows(d, hi - 1)))
+    return out
 
 
 def _program() -> tuple[int, int]:
@@ -79,28 +87,27 @@ def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, 
     assert t_count <= PSUM_FP32 // 8, "moe_decode_fwd: T <= 64"
     dt = hidden.dtype
     pid, nprog = _program()
-    pkh, kth = tile_split(h)
-    pki, kti = tile_split(inter)
+    kth, kti = cdiv(h, P), cdiv(inter, P)
     ts = token_slot(t_count)
     d = {"T": t_count, "H": h, "I": inter, "E": e_count, "k": k, "dt": dt, "TS": ts}
-    d.update(pkh=pkh, kth=kth, pki=pki, kti=kti, isz=dtype_bytes(dt))
+    d.update(kth=kth, kti=kti, isz=dtype_bytes(dt))
     out = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
 
-    # x^T [pkh, kth, T] once: PE transposes of x's column tiles
+    # x^T [128, kth, T] once: PE transposes of x's column tiles
     x_sb = nl.ndarray((t_count, h), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_sb, src=hidden)
-    xT = nl.ndarray((pkh, kth, t_count), dtype=dt, buffer=nl.sbuf)
+    xT = nl.ndarray((P, kth, t_count), dtype=dt, buffer=nl.sbuf)
     per_bank = PSUM_FP32 // ts
     for g0 in range(0, kth, per_bank):
-        gn = min(per_bank, kth - g0)
-        tp = nl.ndarray((P, per_bank, ts), dtype=dt, buffer=nl.psum)
-        for j in range(gn):
-            c0 = (g0 + j) * pkh
-            nisa.nc_transpose(
-                dst=tp[0:pkh, j, 0:t_count], data=x_sb[0:t_count, c0 : c0 + pkh],
-                engine=nisa.engine.tensor,
-            )  # fmt: skip
-        nisa.tensor_copy(dst=xT[:, g0 : g0 + gn, :], src=tp[0:pkh, 0:gn, 0:t_count])
+        for j0, jn, rows in _runs(g0, min(kth, g0 + per_bank), h):
+            tp = nl.ndarray((P, per_bank, ts), dtype=dt, buffer=nl.psum)
+            for j in range(jn):
+                c0 = (j0 + j) * P
+                nisa.nc_transpose(
+                    dst=tp[0:rows, j, 0:t_count], data=x_sb[0:t_count, c0 : c0 + rows],
+                    engine=nisa.engine.tensor,
+                )  # fmt: skip
+            nisa.tensor_copy(dst=xT[0:rows, j0 : j0 + jn, :], src=tp[0:rows, 0:jn, 0:t_count])
 
     # routing tables on every partition: ids (as fp32), weights, the touched experts
     ids_i = nl.ndarray((P, t_count, k), dtype=nl.int32, buffer=nl.sbuf)
@@ -113,7 +120,7 @@ def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, 
     nisa.dma_copy(dst=ex_i, src=experts.ap([[0, P], [1, e_count]]))
     ex_f = nl.ndarray((P, e_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=ex_f, src=ex_i)
-    acc = nl.ndarray((pkh, kth, t_count), dtype=nl.float32, buffer=nl.sbuf)
+    acc = nl.ndarray((P, kth, t_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc, value=0.0)
     tabs = (xT, ids_f, w_f, ex_i, ex_f, acc)
     ws = (w_gate_up, w_down)
@@ -134,8 +141,9 @@ def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, 
 
     lo, hi = 0, kth
     if nprog > 1:  # the other program's partial sums, through shared HBM
-        part = nl.ndarray((nprog, pkh, kth * t_count), dtype=nl.float32, buffer=nl.shared_hbm)
-        mine = part.ap([[kth * t_count, pkh], [1, kth * t_count]], offset=pid * pkh * kth * t_count)
+        span = kth * t_count
+        part = nl.ndarray((nprog, P, span), dtype=nl.float32, buffer=nl.shared_hbm)
+        mine = part.ap([[span, P], [1, span]], offset=pid * P * span)
         nisa.dma_copy(dst=mine, src=acc)
         nisa.core_barrier(data=part, cores=tuple(range(nprog)))
         half = cdiv(kth, nprog)
@@ -143,11 +151,8 @@ def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, 
         for q in range(nprog):
             if q == pid or hi <= lo:
                 continue
-            other = nl.ndarray((pkh, half, t_count), dtype=nl.float32, buffer=nl.sbuf)
-            src = part.ap(
-                [[kth * t_count, pkh], [1, (hi - lo) * t_count]],
-                offset=q * pkh * kth * t_count + lo * t_count,
-            )
+            other = nl.ndarray((P, half, t_count), dtype=nl.float32, buffer=nl.sbuf)
+            src = part.ap([[span, P], [1, (hi - lo) * t_count]], offset=q * P * span + lo * t_count)
             nisa.dma_copy(dst=other[:, 0 : hi - lo, :], src=src)
             nisa.tensor_tensor(
                 dst=acc[:, lo:hi, :], data1=acc[:, lo:hi, :], data2=other[:, 0 : hi - lo, :],
@@ -160,20 +165,24 @@ def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, 
 
 def _finish(d: dict[str, Any], acc: Any, out: Any, lo: int, hi: int) -> None:
     """out[:, column tiles lo .. hi] = acc^T, rounded once to the output dtype."""
-    t_count, pkh, ts = d["T"], d["pkh"], d["TS"]
-    o_sb = nl.ndarray((t_count, (hi - lo) * pkh), dtype=d["dt"], buffer=nl.sbuf)
+    t_count, h, ts = d["T"], d["H"], d["TS"]
+    c_lo, c_hi = lo * P, min(h, hi * P)
+    o_sb = nl.ndarray((t_count, (hi - lo) * P), dtype=d["dt"], buffer=nl.sbuf)
     group = PSUM_FP32 // P  # [T, 128] fp32 transposes per PSUM bank
     for g0 in range(lo, hi, group):
         gn = min(group, hi - g0)
         tp = nl.ndarray((ts, group * P), dtype=nl.float32, buffer=nl.psum)
+        width = 0
         for j in range(gn):
+            rows = _rows(h, g0 + j)
             nisa.nc_transpose(
-                dst=tp[0:t_count, j * pkh : (j + 1) * pkh], data=acc[:, g0 + j, :],
+                dst=tp[0:t_count, width : width + rows], data=acc[0:rows, g0 + j, :],
                 engine=nisa.engine.tensor,
             )  # fmt: skip
-        c0 = (g0 - lo) * pkh
-        nisa.tensor_copy(dst=o_sb[:, c0 : c0 + gn * pkh], src=tp[0:t_count, 0 : gn * pkh])
-    nisa.dma_copy(dst=out[:, lo * pkh : hi * pkh], src=o_sb)
+            width += rows
+        c0 = (g0 - lo) * P
+        nisa.tensor_copy(dst=o_sb[:, c0 : c0 + width], src=tp[0:t_count, 0:width])
+    nisa.dma_copy(dst=out[:, c_lo:c_hi], src=o_sb[:, 0 : c_hi - c_lo])
 
 
 def _expert(d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: Any) -> None:
@@ -187,7 +196,8 @@ def _expert(d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: An
     eview = ex_i.ap([[e_count, 1], [1, 1]], scalar_offset=i, indirect_dim=1)
     nisa.tensor_copy(dst=e1, src=eview, engine=nisa.engine.gpsimd)
     ecol = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=ecol, src=ex_f.ap([[e_count, P], [1, 1]], scalar_offset=i, indirect_dim=1))
+    ecol_src = ex_f.ap([[e_count, P], [1, 1]], scalar_offset=i, indirect_dim=1)
+    nisa.tensor_copy(dst=ecol, src=ecol_src)
     eq = nl.ndarray((P, t_count, k), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=eq, data=ids_f, op0=nl.equal, operand0=ecol)
     routed = nl.ndarray((P, t_count), dtype=nl.float32, buffer=nl.sbuf)
@@ -199,84 +209,102 @@ def _expert(d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: An
     nisa.tensor_tensor(dst=wsel, data1=eq, data2=w_f, op=nl.multiply)
     w_e = nl.ndarray((P, t_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=w_e, op=nl.add, data=wsel, axis=(2,))
-    act = nl.ndarray((d["pki"], d["kti"], t_count), dtype=dt, buffer=nl.sbuf)
+    act = nl.ndarray((P, d["kti"], t_count), dtype=dt, buffer=nl.sbuf)
     _gate_up(d, ws[0], e1, xT, mask, act)
     _down(d, ws[1], e1, act, w_e, acc)
 
 
+def _load_rows(w: Any, e1: Any, d_rows: int, t0: int, tw: int, cols: list[tuple[int, int, int]],
+               dst: Any) -> None:  # fmt: skip
+    """dst[p, t, c] = w[e, (t0 + t) * 128 + p, columns]: `cols` = (source column, width,
+    destination column) runs; the full tiles in one DMA per run, a ragged last tile in its
+    own (only its rows exist)."""
+    width = w.shape[2]
+    for first, count, rows in _runs(t0, t0 + tw, d_rows):
+        for c_src, cw, c_dst in cols:
+            if rows == P:
+                pat = [[width, P], [P * width, count], [1, cw]]
+            else:
+                pat = [[width, rows], [1, cw]]
+            src = w.ap(pat, offset=first * P * width + c_src, scalar_offset=e1, indirect_dim=0)
+            t = first - t0
+            nisa.dma_copy(dst=dst[0:rows, t : t + count, c_dst : c_dst + cw], src=src)
+
+
 def _gate_up(d: dict[str, Any], w: Any, e1: Any, xT: Any, mask: Any, act: Any) -> None:
-    """act [pki, kti, T] = silu(gate)^T * up^T, 0 in non-routed token columns."""
-    t_count, inter, ts, dt = d["T"], d["I"], d["TS"], d["dt"]
-    pkh, kth, pki, kti = d["pkh"], d["kth"], d["pki"], d["kti"]
-    i2 = 2 * inter
+    """act [128, kti, T] = silu(gate)^T * up^T, 0 in non-routed token columns."""
+    t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
+    kth, kti = d["kth"], d["kti"]
     nq = min(kti, GU_BANKS * PSUM_FP32 // ts)  # I tiles per column group
-    cw_max = nq * pki
-    kc = max(1, min(kth, UNIT_BYTES // (2 * cw_max * d["isz"])))
+    kc = max(1, min(kth, UNIT_BYTES // (2 * nq * P * d["isz"])))
     for q0 in range(0, kti, nq):
         qn = min(nq, kti - q0)
-        cw, c0 = qn * pki, q0 * pki
+        c0 = q0 * P
+        cw = min(inter, c0 + qn * P) - c0
         gps = nl.ndarray((P, nq, ts), dtype=nl.float32, buffer=nl.psum)
         ups = nl.ndarray((P, nq, ts), dtype=nl.float32, buffer=nl.psum)
+        if cw == inter:  # whole rows: one run of the gate and up columns
+            cols = [(0, 2 * inter, 0)]
+        else:
+            cols = [(c0, cw, 0), (inter + c0, cw, cw)]
         for t0 in range(0, kth, kc):
             tw = min(kc, kth - t0)
-            wu = nl.ndarray((pkh, kc, 2 * cw_max), dtype=dt, buffer=nl.sbuf)
-            row0 = t0 * pkh * i2
-            if cw == inter:  # whole rows: one run of tw rows' gate and up columns each
-                pat = [[i2, pkh], [pkh * i2, tw], [1, i2]]
-                src = w.ap(pat, offset=row0, scalar_offset=e1, indirect_dim=0)
-                nisa.dma_copy(dst=wu[:, 0:tw, 0:i2], src=src)
-            else:
-                for half, base in ((0, c0), (cw, inter + c0)):
-                    pat = [[i2, pkh], [pkh * i2, tw], [1, cw]]
-                    src = w.ap(pat, offset=row0 + base, scalar_offset=e1, indirect_dim=0)
-                    nisa.dma_copy(dst=wu[:, 0:tw, half : half + cw], src=src)
+            wu = nl.ndarray((P, kc, 2 * nq * P), dtype=dt, buffer=nl.sbuf)
+            _load_rows(w, e1, h, t0, tw, cols, wu)
             for t in range(tw):
-                mov = xT[:, t0 + t, :]
+                r = _rows(h, t0 + t)
+                mov = xT[0:r, t0 + t, :]
                 for q in range(qn):
+                    m = _rows(inter, q0 + q)
                     for ps, base in ((gps, 0), (ups, cw)):
                         nisa.nc_matmul(
-                            dst=ps[0:pki, q, 0:t_count],
-                            stationary=wu[:, t, base + q * pki : base + (q + 1) * pki],
+                            dst=ps[0:m, q, 0:t_count],
+                            stationary=wu[0:r, t, base + q * P : base + q * P + m],
                             moving=mov,
                             accumulate=t0 + t != 0,
                         )
-        sg = nl.ndarray((pki, nq, t_count), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sg[:, 0:qn, :], op=nl.silu, data=gps[0:pki, 0:qn, 0:t_count])
-        dst = act[:, q0 : q0 + qn, :]
-        nisa.tensor_tensor(dst=dst, data1=sg[:, 0:qn, :], data2=ups[0:pki, 0:qn, 0:t_count],
-                           op=nl.multiply)  # fmt: skip
-        pred = mask.ap([[t_count, pki], [0, qn], [1, t_count]])
-        nisa.tensor_copy_predicated(dst=dst, src=0.0, predicate=pred, reverse_pred=True)
+        for j0, jn, rows in _runs(q0, q0 + qn, inter):
+            qa = j0 - q0
+            sg = nl.ndarray((P, nq, t_count), dtype=nl.float32, buffer=nl.sbuf)
+            g = gps[0:rows, qa : qa + jn, 0:t_count]
+            nisa.activation(dst=sg[0:rows, 0:jn, :], op=nl.silu, data=g)
+            dst = act[0:rows, j0 : j0 + jn, :]
+            u = ups[0:rows, qa : qa + jn, 0:t_count]
+            nisa.tensor_tensor(dst=dst, data1=sg[0:rows, 0:jn, :], data2=u, op=nl.multiply)
+            pred = mask.ap([[t_count, rows], [0, jn], [1, t_count]])
+            nisa.tensor_copy_predicated(dst=dst, src=0.0, predicate=pred, reverse_pred=True)
 
 
 def _down(d: dict[str, Any], w: Any, e1: Any, act: Any, w_e: Any, acc: Any) -> None:
-    """acc [pkh, kth, T] += (act^T W_down)^T * the tokens' weights."""
-    t_count, h, ts, dt = d["T"], d["H"], d["TS"], d["dt"]
-    pkh, kth, pki, kti = d["pkh"], d["kth"], d["pki"], d["kti"]
+    """acc [128, kth, T] += (act^T W_down)^T * the tokens' weights."""
+    t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
+    kth, kti = d["kth"], d["kti"]
     nm = min(kth, DOWN_BANKS * PSUM_FP32 // ts)  # H tiles per column group
-    hw_max = nm * pkh
-    kc = max(1, min(kti, UNIT_BYTES // (hw_max * d["isz"])))
+    kc = max(1, min(kti, UNIT_BYTES // (nm * P * d["isz"])))
     for m0 in range(0, kth, nm):
         mn = min(nm, kth - m0)
-        hw, h0 = mn * pkh, m0 * pkh
+        h0 = m0 * P
+        hw = min(h, h0 + mn * P) - h0
         yps = nl.ndarray((P, nm, ts), dtype=nl.float32, buffer=nl.psum)
         for t0 in range(0, kti, kc):
             tw = min(kc, kti - t0)
-            wu = nl.ndarray((pki, kc, hw_max), dtype=dt, buffer=nl.sbuf)
-            pat = [[h, pki], [pki * h, tw], [1, hw]]
-            src = w.ap(pat, offset=t0 * pki * h + h0, scalar_offset=e1, indirect_dim=0)
-            nisa.dma_copy(dst=wu[:, 0:tw, 0:hw], src=src)
+            wu = nl.ndarray((P, kc, nm * P), dtype=dt, buffer=nl.sbuf)
+            _load_rows(w, e1, inter, t0, tw, [(h0, hw, 0)], wu)
             for t in range(tw):
+                r = _rows(inter, t0 + t)
                 for m in range(mn):
+                    c = _rows(h, m0 + m)
                     nisa.nc_matmul(
-                        dst=yps[0:pkh, m, 0:t_count],
-                        stationary=wu[:, t, m * pkh : (m + 1) * pkh],
-                        moving=act[:, t0 + t, :],
+                        dst=yps[0:c, m, 0:t_count],
+                        stationary=wu[0:r, t, m * P : m * P + c],
+                        moving=act[0:r, t0 + t, :],
                         accumulate=t0 + t != 0,
                     )
-        y = nl.ndarray((pkh, nm, t_count), dtype=nl.float32, buffer=nl.sbuf)
-        wv = w_e.ap([[t_count, pkh], [0, mn], [1, t_count]])
-        nisa.tensor_tensor(dst=y[:, 0:mn, :], data1=yps[0:pkh, 0:mn, 0:t_count], data2=wv,
-                           op=nl.multiply)  # fmt: skip
-        a = acc[:, m0 : m0 + mn, :]
-        nisa.tensor_tensor(dst=a, data1=a, data2=y[:, 0:mn, :], op=nl.add)
+        for j0, jn, rows in _runs(m0, m0 + mn, h):
+            ma = j0 - m0
+            y = nl.ndarray((P, nm, t_count), dtype=nl.float32, buffer=nl.sbuf)
+            wv = w_e.ap([[t_count, rows], [0, jn], [1, t_count]])
+            yp = yps[0:rows, ma : ma + jn, 0:t_count]
+            nisa.tensor_tensor(dst=y[0:rows, 0:jn, :], data1=yp, data2=wv, op=nl.multiply)
+            a = acc[0:rows, j0 : j0 + jn, :]
+            nisa.tensor_tensor(dst=a, data1=a, data2=y[0:rows, 0:jn, :], op=nl.add)

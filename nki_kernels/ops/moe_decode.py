@@ -19,22 +19,16 @@ experts. The host side is bookkeeping on E + 1 ints:
 A NaN / Inf in a token's row or weights stays in that token's output row (a token is its
 own column throughout, and a non-routed token's activation is selected to 0). Shapes
 depend on (T, k, E, H, I) only, so the mode traces under `torch.compile`.
-
-Contraction dims with no divisor in [32, 128] (e.g. a prime hidden size > 128) would make
-the kernel's tiles too thin: those shapes keep the earlier composition, two grouped
-matmul launches with the gather, SwiGLU and combine as torch steps (`_grouped_decode`).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..moe.decode_mlp import moe_decode_fwd, tile_split
+from ..moe.decode_mlp import moe_decode_fwd
 from ..runtime import launch
 from ..targets import get_target
-from .grouped_mm import grouped_mm_forward
 
 DECODE_MAX_TOKENS = 64  # batches up to this many tokens (and dropless) take the decode mode
 
@@ -45,21 +39,14 @@ def use_decode_mode(tokens: int, capacity_factor: float | None) -> bool:
     return tokens <= DECODE_MAX_TOKENS and capacity_factor is None
 
 
-def kernel_fits(hidden_size: int, intermediate: int) -> bool:
-    """Whether the decode kernel's contraction tiles are wide enough (module docstring)."""
-    return all(d <= 128 or tile_split(d)[0] >= 32 for d in (hidden_size, intermediate))
-
-
 def decode_experts(
     hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
 ) -> Tensor:
     """out [T, H] (hidden's dtype) = sum_j weights[:, j] * SwiGLU expert ids[:, j] of hidden
     (module docstring); weights [T, k] float, ids [T, k] int in [0, E)."""
-    e, h, i2 = w_gate_up.shape
+    e = w_gate_up.shape[0]
     if hidden.shape[0] == 0:
         return hidden.new_zeros(hidden.shape)
-    if not kernel_fits(h, i2 // 2):
-        return _grouped_decode(hidden, weights, ids, w_gate_up, w_down)
     flat = ids.reshape(-1).to(torch.int64)
     present = torch.zeros(e, dtype=torch.int32, device=ids.device)
     present.scatter_(0, flat, torch.ones_like(flat, dtype=torch.int32))
@@ -77,26 +64,3 @@ def decode_experts(
         n,
         target=get_target(None),
     )
-
-
-def _grouped_decode(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
-) -> Tensor:
-    """The two-grouped-matmul composition (module docstring's fallback)."""
-    k = ids.shape[1]
-    e, _, i2 = w_gate_up.shape
-    flat = ids.reshape(-1).to(torch.int64)
-    order = torch.argsort(flat, stable=True)
-    token = torch.div(order, k, rounding_mode="floor")
-    counts = torch.zeros(e, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0).to(torch.int32)
-    x_sorted = hidden.index_select(0, token)
-    gu = grouped_mm_forward(x_sorted, w_gate_up, offs)
-    gate, up = gu[:, : i2 // 2].float(), gu[:, i2 // 2 :].float()
-    act = (F.silu(gate) * up).to(hidden.dtype)
-    y = grouped_mm_forward(act, w_down, offs)
-    w_sorted = weights.reshape(-1).to(torch.float32).index_select(0, order)
-    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-    out.index_add_(0, token, y.float() * w_sorted.unsqueeze(1))
-    return out.to(hidden.dtype)
