@@ -43,6 +43,7 @@ from .tiles import PSUM_FP32, P, cdiv
 UNIT_BYTES = 16 * 1024  # bytes per partition of one weight unit (2 MiB per load)
 GU_BANKS = 3  # PSUM banks of the gate and of the up accumulators of one column group
 DOWN_BANKS = 2  # PSUM banks of the down projection's accumulators (8 banks in all)
+GATED = ("swiglu", "geglu", "gpt_oss")
 
 
 def token_slot(t: int) -> int:
@@ -77,7 +78,10 @@ def _program() -> tuple[int, int]:
 
 
 @nki.jit
-def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, static_count=None):
+def moe_decode_fwd(
+    hidden, w_gate_up, w_down, ids, weights, experts, n_touched, b_gate_up=None, b_down=None,
+    static_count=None, activation="swiglu", interleaved=False, alpha=1.702, limit=7.0,
+):  # fmt: skip
     """out [T, H] = the decode MoE layer (module docstring)."""
     t_count, h = hidden.shape
     e_count, _, i2 = w_gate_up.shape
@@ -91,6 +95,12 @@ def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, 
     ts = token_slot(t_count)
     d = {"T": t_count, "H": h, "I": inter, "E": e_count, "k": k, "dt": dt, "TS": ts}
     d.update(kth=kth, kti=kti, isz=dtype_bytes(dt))
+    assert activation in GATED, "moe_decode_fwd: activation is swiglu, geglu or gpt_oss"
+    d.update(act=activation, il=interleaved, alpha=alpha, limit=limit)
+    d["ones"] = None
+    if b_gate_up is not None or b_down is not None:  # biases enter as K = 1 matmuls
+        d["ones"] = nl.ndarray((1, t_count), dtype=dt, buffer=nl.sbuf)
+        nisa.memset(dst=d["ones"], value=1.0)
     out = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
 
     # x^T [128, kth, T] once: PE transposes of x's column tiles
@@ -123,7 +133,7 @@ def moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n_touched, 
     acc = nl.ndarray((P, kth, t_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc, value=0.0)
     tabs = (xT, ids_f, w_f, ex_i, ex_f, acc)
-    ws = (w_gate_up, w_down)
+    ws = (w_gate_up, w_down, b_gate_up, b_down)
 
     if static_count is not None:
         for i in range(pid, static_count, nprog):
@@ -210,8 +220,18 @@ def _expert(d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: An
     w_e = nl.ndarray((P, t_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=w_e, op=nl.add, data=wsel, axis=(2,))
     act = nl.ndarray((P, d["kti"], t_count), dtype=dt, buffer=nl.sbuf)
-    _gate_up(d, ws[0], e1, xT, mask, act)
-    _down(d, ws[1], e1, act, w_e, acc)
+    _gate_up(d, (ws[0], _bias_row(ws[2], e1, dt)), e1, xT, mask, act)
+    _down(d, (ws[1], _bias_row(ws[3], e1, dt)), e1, act, w_e, acc)
+
+
+def _bias_row(b: Any, e1: Any, dt: Any) -> Any:
+    """Expert e's bias row [1, N] on one partition (one contiguous DMA), or None."""
+    if b is None:
+        return None
+    n = b.shape[1]
+    row = nl.ndarray((1, n), dtype=dt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=row, src=b.ap([[n, 1], [1, n]], scalar_offset=e1, indirect_dim=0))
+    return row
 
 
 def _load_rows(w: Any, e1: Any, d_rows: int, t0: int, tw: int, cols: list[tuple[int, int, int]],
@@ -231,9 +251,10 @@ def _load_rows(w: Any, e1: Any, d_rows: int, t0: int, tw: int, cols: list[tuple[
             nisa.dma_copy(dst=dst[0:rows, t : t + count, c_dst : c_dst + cw], src=src)
 
 
-def _gate_up(d: dict[str, Any], w: Any, e1: Any, xT: Any, mask: Any, act: Any) -> None:
-    """act [128, kti, T] = silu(gate)^T * up^T, 0 in non-routed token columns."""
+def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any, act: Any) -> None:
+    """act [128, kti, T] = act(gate + b, up + b)^T, 0 in non-routed token columns."""
     t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
+    w, bias = wb
     kth, kti = d["kth"], d["kti"]
     nq = min(kti, GU_BANKS * PSUM_FP32 // ts)  # I tiles per column group
     kc = max(1, min(kth, UNIT_BYTES // (2 * nq * P * d["isz"])))
@@ -245,8 +266,17 @@ def _gate_up(d: dict[str, Any], w: Any, e1: Any, xT: Any, mask: Any, act: Any) -
         ups = nl.ndarray((P, nq, ts), dtype=nl.float32, buffer=nl.psum)
         if cw == inter:  # whole rows: one run of the gate and up columns
             cols = [(0, 2 * inter, 0)]
+        elif d["il"]:  # interleaved (gate, up) pairs: the group's columns are one run
+            cols = [(2 * c0, 2 * cw, 0)]
         else:
             cols = [(c0, cw, 0), (inter + c0, cw, cw)]
+        # a chunk's gate / up columns in the unit (and in the bias row, offset by `b0`):
+        # halves [base + q*128, + m), interleaved every other column from 2*q*128 (+1 up)
+        if d["il"]:
+            spans = ((gps, 0, 2), (ups, 1, 2))
+        else:
+            spans = ((gps, 0, 1), (ups, cw if cw != inter else inter, 1))
+        b0 = 2 * c0 if d["il"] else c0
         for t0 in range(0, kth, kc):
             tw = min(kc, kth - t0)
             wu = nl.ndarray((P, kc, 2 * nq * P), dtype=dt, buffer=nl.sbuf)
@@ -256,28 +286,66 @@ def _gate_up(d: dict[str, Any], w: Any, e1: Any, xT: Any, mask: Any, act: Any) -
                 mov = xT[0:r, t0 + t, :]
                 for q in range(qn):
                     m = _rows(inter, q0 + q)
-                    for ps, base in ((gps, 0), (ups, cw)):
+                    for ps, base, st in spans:
+                        c = base + st * q * P
                         nisa.nc_matmul(
                             dst=ps[0:m, q, 0:t_count],
-                            stationary=wu[0:r, t, base + q * P : base + q * P + m],
+                            stationary=wu[0:r, t, c : c + st * (m - 1) + 1 : st],
                             moving=mov,
                             accumulate=t0 + t != 0,
                         )
+        if bias is not None:  # acc += b (x) 1: the bias on every token, in fp32
+            for q in range(qn):
+                m = _rows(inter, q0 + q)
+                for ps, base, st in spans:
+                    c = b0 + (base if d["il"] else (0 if ps is gps else inter)) + st * q * P
+                    nisa.nc_matmul(
+                        dst=ps[0:m, q, 0:t_count],
+                        stationary=bias[0:1, c : c + st * (m - 1) + 1 : st],
+                        moving=d["ones"],
+                        accumulate=True,
+                    )
         for j0, jn, rows in _runs(q0, q0 + qn, inter):
             qa = j0 - q0
-            sg = nl.ndarray((P, nq, t_count), dtype=nl.float32, buffer=nl.sbuf)
             g = gps[0:rows, qa : qa + jn, 0:t_count]
-            nisa.activation(dst=sg[0:rows, 0:jn, :], op=nl.silu, data=g)
-            dst = act[0:rows, j0 : j0 + jn, :]
             u = ups[0:rows, qa : qa + jn, 0:t_count]
-            nisa.tensor_tensor(dst=dst, data1=sg[0:rows, 0:jn, :], data2=u, op=nl.multiply)
+            dst = act[0:rows, j0 : j0 + jn, :]
+            _activate(d, g, u, dst, (rows, nq, jn))
             pred = mask.ap([[t_count, rows], [0, jn], [1, t_count]])
             nisa.tensor_copy_predicated(dst=dst, src=0.0, predicate=pred, reverse_pred=True)
 
 
-def _down(d: dict[str, Any], w: Any, e1: Any, act: Any, w_e: Any, acc: Any) -> None:
-    """acc [128, kth, T] += (act^T W_down)^T * the tokens' weights."""
+def _activate(d: dict[str, Any], g: Any, u: Any, dst: Any, dims: tuple[int, int, int]) -> None:
+    """dst = the gated activation of the PSUM pre-activations g, u (fp32 math, one
+    rounding on dst): silu(g) u | gelu(g) u | (clamp(u, -L, L) + 1) g' sigmoid(alpha g'),
+    g' = min(g, L) (GPT-OSS)."""
+    rows, nq, jn = dims
+    t_count = d["T"]
+    a = nl.ndarray((P, nq, t_count), dtype=nl.float32, buffer=nl.sbuf)
+    av = a[0:rows, 0:jn, :]
+    if d["act"] != "gpt_oss":
+        op = nl.silu if d["act"] == "swiglu" else nl.gelu
+        nisa.activation(dst=av, op=op, data=g)
+        nisa.tensor_tensor(dst=dst, data1=av, data2=u, op=nl.multiply)
+        return
+    lim = d["limit"]
+    gc = nl.ndarray((P, nq, t_count), dtype=nl.float32, buffer=nl.sbuf)
+    gv = gc[0:rows, 0:jn, :]
+    nisa.tensor_scalar(dst=gv, data=g, op0=nl.minimum, operand0=lim)
+    uc = nl.ndarray((P, nq, t_count), dtype=nl.float32, buffer=nl.sbuf)
+    uv = uc[0:rows, 0:jn, :]
+    nisa.tensor_scalar(dst=uv, data=u, op0=nl.minimum, operand0=lim, op1=nl.maximum, operand1=-lim)
+    nisa.activation(dst=av, op=nl.sigmoid, data=gv, scale=d["alpha"])
+    nisa.tensor_tensor(dst=av, data1=av, data2=gv, op=nl.multiply)
+    nisa.scalar_tensor_tensor(
+        dst=dst, data=uv, op0=nl.add, operand0=1.0, op1=nl.multiply, operand1=av
+    )
+
+
+def _down(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, act: Any, w_e: Any, acc: Any) -> None:
+    """acc [128, kth, T] += ((act^T W_down)^T + b) * the tokens' weights."""
     t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
+    w, bias = wb
     kth, kti = d["kth"], d["kti"]
     nm = min(kth, DOWN_BANKS * PSUM_FP32 // ts)  # H tiles per column group
     kc = max(1, min(kti, UNIT_BYTES // (nm * P * d["isz"])))
@@ -300,6 +368,15 @@ def _down(d: dict[str, Any], w: Any, e1: Any, act: Any, w_e: Any, acc: Any) -> N
                         moving=act[0:r, t0 + t, :],
                         accumulate=t0 + t != 0,
                     )
+        if bias is not None:
+            for m in range(mn):
+                c = _rows(h, m0 + m)
+                nisa.nc_matmul(
+                    dst=yps[0:c, m, 0:t_count],
+                    stationary=bias[0:1, h0 + m * P : h0 + m * P + c],
+                    moving=d["ones"],
+                    accumulate=True,
+                )
         for j0, jn, rows in _runs(m0, m0 + mn, h):
             ma = j0 - m0
             y = nl.ndarray((P, nm, t_count), dtype=nl.float32, buffer=nl.sbuf)

@@ -47,7 +47,7 @@ def _launch_latency(
         TensorSpec((1, experts), "int32"),
         TensorSpec((1, 1), "int32"),
     )
-    trace = trace_kernel(moe_decode_fwd, *specs, count, target=tgt, lnc=lnc)
+    trace = trace_kernel(moe_decode_fwd, *specs, static_count=count, target=tgt, lnc=lnc)
     return tuple(estimate_trace(trace, t).latency_ns for t in parameter_sets(tgt))
 
 

@@ -44,6 +44,26 @@ def decode_experts(
 ) -> Tensor:
     """out [T, H] (hidden's dtype) = sum_j weights[:, j] * SwiGLU expert ids[:, j] of hidden
     (module docstring); weights [T, k] float, ids [T, k] int in [0, E)."""
+    return decode_gated_experts(hidden, weights, ids, w_gate_up, w_down)
+
+
+def decode_gated_experts(
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    b_gate_up: Tensor | None = None,
+    b_down: Tensor | None = None,
+    activation: str = "swiglu",
+    interleaved: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> Tensor:
+    """The decode kernel with the expert options of `moe_gated_experts` (routed experts
+    only: biases [E, 2I] / [E, H], swiglu / geglu / gpt_oss, interleaved gate/up columns):
+    out[t] = sum_j weights[t, j] * (act(x_t W_gu[e] + b_gu[e]) W_d[e] + b_d[e]). Forward
+    only, detached tensors, T <= 64; the caller checks the arguments."""
     e = w_gate_up.shape[0]
     if hidden.shape[0] == 0:
         return hidden.new_zeros(hidden.shape)
@@ -62,5 +82,11 @@ def decode_experts(
         weights.to(torch.float32).contiguous(),
         experts,
         n,
+        None if b_gate_up is None else b_gate_up.to(dt).contiguous(),
+        None if b_down is None else b_down.to(dt).contiguous(),
         target=get_target(None),
+        activation=activation,
+        interleaved=bool(interleaved),
+        alpha=float(alpha),
+        limit=float(limit),
     )

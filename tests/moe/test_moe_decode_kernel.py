@@ -103,3 +103,39 @@ def test_qwen3_like_decode_meets_the_hbm_goal() -> None:
     share = 64 * 3 * h * i * 2 / (p.latency_ns[0] * 2 * tgt.hbm_bytes_per_ns)
     assert p.per_program == 32
     assert 0.7 <= share <= 1.0, share
+
+
+@pytest.mark.parametrize(
+    ("activation", "interleaved", "biases", "dtype", "gs"),
+    [
+        ("swiglu", False, True, F32, False),
+        ("geglu", False, False, BF16, False),
+        ("geglu", True, True, F32, True),
+        ("gpt_oss", True, True, F32, False),  # GPT-OSS: interleaved, both biases, clamps
+        ("gpt_oss", True, True, BF16, True),
+        ("gpt_oss", False, False, F32, True),
+    ],
+)
+def test_expert_options_match_the_gated_reference(
+    monkeypatch: Any, activation: str, interleaved: bool, biases: bool, dtype: Any, gs: bool
+) -> None:
+    from nki_kernels.moe.gated_reference import gated_experts_reference
+    from nki_kernels.ops.moe_decode import decode_gated_experts
+
+    if gs:  # column groups: gate / up runs of part of I (interleaved: one run)
+        monkeypatch.setattr(decode_mlp, "GU_BANKS", 1)
+    t = 64 if gs else 7
+    i = 1090 if gs else 40
+    x, w, ids, wgu, wd = _case(t, 136, i, 6, 2, dtype, seed=11)
+    x = x * 4  # pre-activations past the GPT-OSS limit (7) on both sides
+    g = torch.Generator().manual_seed(12)
+    bgu = (torch.randn(6, 2 * i, generator=g)).to(dtype) if biases else None
+    bd = (torch.randn(6, 136, generator=g)).to(dtype) if biases else None
+    opts = {"activation": activation, "interleaved": interleaved, "alpha": 1.702, "limit": 7.0}
+    out = decode_gated_experts(x, w, ids, wgu, wd, bgu, bd, **opts)
+    ref = gated_experts_reference(
+        x.double(), w.double(), ids, wgu.double(), wd.double(),
+        b_gate_up=None if bgu is None else bgu.double(),
+        b_down=None if bd is None else bd.double(), **opts,
+    )  # fmt: skip
+    _close(out, ref, dtype, f"{activation} interleaved={interleaved} biases={biases}")
