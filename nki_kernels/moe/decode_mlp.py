@@ -44,6 +44,7 @@ UNIT_BYTES = 16 * 1024  # bytes per partition of one weight unit (2 MiB per load
 GU_BANKS = 3  # PSUM banks of the gate and of the up accumulators of one column group
 DOWN_BANKS = 2  # PSUM banks of the down projection's accumulators (8 banks in all)
 GATED = ("swiglu", "geglu", "gpt_oss")
+PMAJOR_ROW_BYTES = 4096  # gate/up rows narrower than this are loaded p-major (one run)
 
 
 def token_slot(t: int) -> int:
@@ -103,7 +104,10 @@ def moe_decode_fwd(
         nisa.memset(dst=d["ones"], value=1.0)
     out = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
 
-    # x^T [128, kth, T] once: PE transposes of x's column tiles
+    # gate/up rows narrower than PMAJOR_ROW_BYTES: hidden row p * kth + j on partition p of
+    # tile j, so a partition's rows of a unit are one contiguous run (needs H % 128 == 0)
+    d["pmajor"] = h % P == 0 and i2 * d["isz"] < PMAJOR_ROW_BYTES
+    # x^T [128, kth, T] once: PE transposes of x's column tiles (p-major: strided columns)
     x_sb = nl.ndarray((t_count, h), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_sb, src=hidden)
     xT = nl.ndarray((P, kth, t_count), dtype=dt, buffer=nl.sbuf)
@@ -113,10 +117,12 @@ def moe_decode_fwd(
             tp = nl.ndarray((P, per_bank, ts), dtype=dt, buffer=nl.psum)
             for j in range(jn):
                 c0 = (j0 + j) * P
+                cols = x_sb[0:t_count, c0 : c0 + rows]
+                if d["pmajor"]:
+                    cols = x_sb[0:t_count, j0 + j : h - kth + j0 + j + 1 : kth]
                 nisa.nc_transpose(
-                    dst=tp[0:rows, j, 0:t_count], data=x_sb[0:t_count, c0 : c0 + rows],
-                    engine=nisa.engine.tensor,
-                )  # fmt: skip
+                    dst=tp[0:rows, j, 0:t_count], data=cols, engine=nisa.engine.tensor
+                )
             nisa.tensor_copy(dst=xT[0:rows, j0 : j0 + jn, :], src=tp[0:rows, 0:jn, 0:t_count])
 
     # routing tables on every partition: ids (as fp32), weights, the touched experts
@@ -235,20 +241,35 @@ def _bias_row(b: Any, e1: Any, dt: Any) -> Any:
 
 
 def _load_rows(w: Any, e1: Any, d_rows: int, t0: int, tw: int, cols: list[tuple[int, int, int]],
-               dst: Any) -> None:  # fmt: skip
-    """dst[p, t, c] = w[e, (t0 + t) * 128 + p, columns]: `cols` = (source column, width,
-    destination column) runs; the full tiles in one DMA per run, a ragged last tile in its
-    own (only its rows exist)."""
+               wu: Any, pmajor: bool = False) -> None:  # fmt: skip
+    """wu[p, t * uw + c] = w[e, (t0 + t) * 128 + p, columns] (`pmajor`: row p * tiles +
+    t0 + t), uw = wu's columns per tile: `cols` = (source column, width, destination
+    column) runs; the full tiles in one DMA per run, a ragged last tile in its own (only
+    its rows exist)."""
     width = w.shape[2]
+    uw = wu.shape[2]
+    pst = wu.shape[1] * uw  # the unit tile's elements per partition
     for first, count, rows in _runs(t0, t0 + tw, d_rows):
+        t = first - t0
         for c_src, cw, c_dst in cols:
-            if rows == P:
+            off = first * P * width + c_src
+            if pmajor:
+                tiles = d_rows // P
+                pat = [[tiles * width, P], [width, count], [1, cw]]
+                off = first * width + c_src
+            elif rows == P:
                 pat = [[width, P], [P * width, count], [1, cw]]
             else:
                 pat = [[width, rows], [1, cw]]
-            src = w.ap(pat, offset=first * P * width + c_src, scalar_offset=e1, indirect_dim=0)
-            t = first - t0
-            nisa.dma_copy(dst=dst[0:rows, t : t + count, c_dst : c_dst + cw], src=src)
+            src = w.ap(pat, offset=off, scalar_offset=e1, indirect_dim=0)
+            if pmajor and cw == width == uw:
+                # whole rows, p-major: one contiguous run per partition on both sides
+                src = w.ap([[tiles * width, P], [1, count * cw]], offset=off,
+                           scalar_offset=e1, indirect_dim=0)  # fmt: skip
+                dst = wu.ap([[pst, P], [1, count * cw]], offset=t * uw)
+            else:
+                dst = wu[0:rows, t : t + count, c_dst : c_dst + cw]
+            nisa.dma_copy(dst=dst, src=src)
 
 
 def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any, act: Any) -> None:
@@ -257,7 +278,7 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any
     w, bias = wb
     kth, kti = d["kth"], d["kti"]
     nq = min(kti, GU_BANKS * PSUM_FP32 // ts)  # I tiles per column group
-    kc = max(1, min(kth, UNIT_BYTES // (2 * nq * P * d["isz"])))
+    kc = max(1, min(kth, UNIT_BYTES // (2 * min(inter, nq * P) * d["isz"])))
     for q0 in range(0, kti, nq):
         qn = min(nq, kti - q0)
         c0 = q0 * P
@@ -279,8 +300,8 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any
         b0 = 2 * c0 if d["il"] else c0
         for t0 in range(0, kth, kc):
             tw = min(kc, kth - t0)
-            wu = nl.ndarray((P, kc, 2 * nq * P), dtype=dt, buffer=nl.sbuf)
-            _load_rows(w, e1, h, t0, tw, cols, wu)
+            wu = nl.ndarray((P, kc, 2 * min(inter, nq * P)), dtype=dt, buffer=nl.sbuf)
+            _load_rows(w, e1, h, t0, tw, cols, wu, d["pmajor"])
             for t in range(tw):
                 r = _rows(h, t0 + t)
                 mov = xT[0:r, t0 + t, :]

@@ -50,6 +50,7 @@ def _ref(x: Any, w: Any, ids: Any, wgu: Any, wd: Any) -> torch.Tensor:
         (1, 16, 24, 6, 2, F32, 2),
         (5, 300, 136, 16, 4, BF16, 2),  # ragged tiles: 2 x 128 + 44 and 128 + 8
         (64, 32, 40, 8, 8, F32, 2),  # every expert touched, k = E
+        (6, 256, 72, 10, 3, BF16, 2),  # narrow gate/up rows: p-major, one run per partition
         (13, 48, 64, 300, 16, F16, 2),  # many experts, k = 16
     ],
 )
@@ -62,12 +63,15 @@ def test_matches_the_float64_loop(
     _close(out, _ref(x, w, ids, wgu, wd), dtype, f"decode kernel lnc {lnc}")
 
 
-def test_column_groups_and_weight_units(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("pmajor", [False, True])
+def test_column_groups_and_weight_units(monkeypatch: Any, pmajor: bool) -> None:
     # one PSUM bank per accumulator group: 8 of the 9 I (and H) tiles per column group (the
-    # 9th ragged), gate and up loaded as separate column runs, several K units per group
+    # 9th ragged), gate and up loaded as separate column runs, several K units per group;
+    # p-major: hidden row p * tiles + j on partition p (H a multiple of 128)
     monkeypatch.setattr(decode_mlp, "GU_BANKS", 1)
     monkeypatch.setattr(decode_mlp, "DOWN_BANKS", 1)
-    x, w, ids, wgu, wd = _case(64, 1100, 1090, 3, 1, F32, seed=4)
+    monkeypatch.setattr(decode_mlp, "PMAJOR_ROW_BYTES", 1 << 30 if pmajor else 0)
+    x, w, ids, wgu, wd = _case(64, 1024 if pmajor else 1100, 1090, 3, 1, F32, seed=4)
     _close(_run(x, w, ids, wgu, wd, 2), _ref(x, w, ids, wgu, wd), F32, "column groups")
 
 
