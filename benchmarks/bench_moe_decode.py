@@ -120,8 +120,11 @@ def aws_columns(rows: list[dict], checkout: str, log: bool = True) -> None:
 
 def _reason(error: str) -> str:
     """The kernel's own validation message, without the wrapper text around it."""
-    msg = error.split("Kernel validation exception: ")[-1]
-    return msg.split(" - Please")[0]
+    msg = error.split("Kernel validation exception: ")[-1].split(" - Please")[0]
+    if msg.startswith("MemoryPlanError: "):  # our interpreter's SBUF plan: the tile and sizes
+        msg = msg.split(", even with")[0].replace("MemoryPlanError: ", "")
+        msg = msg.split(" from ")[0] + " (" + msg.split(" needs ")[-1] + ")"
+    return msg
 
 
 def _tkg(p) -> dict:  # type: ignore[no-untyped-def]
