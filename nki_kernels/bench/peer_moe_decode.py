@@ -18,11 +18,12 @@ affinities [T, E] fp32, expert_index [T, K] int32, SiLU, `POST_SCALE` affinities
   ours).
 
 Selective launches with more than `EXACT_PAIRS` (token, expert) pairs are priced by
-linear extrapolation in T from launches at T = 4 and T = 8 (its token loop repeats one
-body per token and core; checked against exact launches at Qwen3-MoE-like T = 16 and
-64 in the benchmark notes); all-expert launches with more than `EXACT_EXPERTS` experts by linear
-extrapolation in E from E = 4 and E = 8 local experts (its expert loop repeats one body
-per expert). The method is recorded with each figure.
+linear extrapolation in T from launches at T = 8 and T = 16 (its token loop repeats one
+body per token and core; below T = 8 its cost per token still varies with T, so the
+anchors start there; checked against exact launches in the benchmark notes);
+all-expert launches with more than `EXACT_EXPERTS` experts by linear extrapolation in E
+from E = 4 and E = 8 local experts (its expert loop repeats one body per expert: linear
+from E = 4 to 32). The method is recorded with each figure.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from ..model_shapes import MoEShape
 from .peer import PeerCall, PeerResult, price_call
 
 TKG_MODULE = "nkilib.core.moe.moe_tkg.moe_tkg"
-EXACT_PAIRS = 64  # selective launches up to this many (token, expert) streams run exactly
+EXACT_PAIRS = 128  # selective launches up to this many (token, expert) streams run exactly
 EXACT_EXPERTS = 8  # all-expert launches up to this many experts run exactly
-TOKEN_ANCHORS = (4, 8)  # the exact selective launches a longer one is extrapolated from
+TOKEN_ANCHORS = (8, 16)  # the exact selective launches a longer one is extrapolated from
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 
 
