@@ -104,6 +104,14 @@ def moe_decode_fwd(
         nisa.memset(dst=d["ones"], value=1.0)
     out = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
 
+    # the touched experts' ids on one partition first: the weight stream waits only on it
+    ex_row = nl.ndarray((1, e_count), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ex_row, src=experts)
+    # this program's first expert's id, before any VectorE work: GpSimd waits for VectorE
+    # perf-mode copies that hold their shared SBUF port (the setup's), so later ids are
+    # copied in the loop, the first one here
+    e1_first = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=e1_first, src=ex_row[0:1, pid : pid + 1], engine=nisa.engine.gpsimd)
     # gate/up rows narrower than PMAJOR_ROW_BYTES: hidden row p * kth + j on partition p of
     # tile j, so a partition's rows of a unit are one contiguous run (needs H % 128 == 0)
     d["pmajor"] = h % P == 0 and i2 * d["isz"] < PMAJOR_ROW_BYTES
@@ -138,22 +146,31 @@ def moe_decode_fwd(
     nisa.tensor_copy(dst=ex_f, src=ex_i)
     acc = nl.ndarray((P, kth, t_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc, value=0.0)
-    tabs = (xT, ids_f, w_f, ex_i, ex_f, acc)
+    tabs = (xT, ids_f, w_f, ex_row, ex_f, acc)
     ws = (w_gate_up, w_down, b_gate_up, b_down)
 
     if static_count is not None:
         for i in range(pid, static_count, nprog):
-            _expert(d, ws, tabs, nisa.register_alloc(i))
+            _expert(d, ws, tabs, nisa.register_alloc(i), e1_first if i == pid else None)
     else:
         cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=cnt, src=n_touched)
         hi_r = nisa.register_alloc()
         nisa.register_load(hi_r, cnt)
+        # the first expert (if this program has one: a loop of 0 or 1 trips), then the rest
+        one = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=one, data=cnt, op0=nl.minimum, operand0=pid + 1)
+        one_r = nisa.register_alloc()
+        nisa.register_load(one_r, one)
+
+        def first(i: Any) -> None:
+            _expert(d, ws, tabs, i, e1_first)
 
         def body(i: Any) -> None:
             _expert(d, ws, tabs, i)
 
-        nl.fori_loop(pid, hi_r, body, step=nprog)
+        nl.fori_loop(pid, one_r, first)
+        nl.fori_loop(pid + nprog, hi_r, body, step=nprog)
 
     lo, hi = 0, kth
     if nprog > 1:  # the other program's partial sums, through shared HBM
@@ -201,16 +218,20 @@ def _finish(d: dict[str, Any], acc: Any, out: Any, lo: int, hi: int) -> None:
     nisa.dma_copy(dst=out[:, c_lo:c_hi], src=o_sb[:, 0 : c_hi - c_lo])
 
 
-def _expert(d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: Any) -> None:
-    """acc += weights * expert experts[i] on all T tokens (its routed ones kept)."""
+def _expert(
+    d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: Any, e1: Any = None
+) -> None:
+    """acc += weights * expert experts[i] on all T tokens (its routed ones kept); `e1`:
+    its id as a (1, 1) tile, when already copied."""
     t_count, k, e_count, dt = d["T"], d["k"], d["E"], d["dt"]
-    xT, ids_f, w_f, ex_i, ex_f, acc = tabs
+    xT, ids_f, w_f, ex_row, ex_f, acc = tabs
     # this expert's id: a (1, 1) offset for the weight loads and a column to compare ids to
-    e1 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    # on GpSimd (idle otherwise): the weight loads wait for it, and VectorE is still
-    # finishing the previous expert
-    eview = ex_i.ap([[e_count, 1], [1, 1]], scalar_offset=i, indirect_dim=1)
-    nisa.tensor_copy(dst=e1, src=eview, engine=nisa.engine.gpsimd)
+    if e1 is None:
+        e1 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        # on GpSimd (idle otherwise): the weight loads wait for it, and VectorE is still
+        # finishing the previous expert
+        eview = ex_row.ap([[e_count, 1], [1, 1]], scalar_offset=i, indirect_dim=1)
+        nisa.tensor_copy(dst=e1, src=eview, engine=nisa.engine.gpsimd)
     ecol = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     ecol_src = ex_f.ap([[e_count, P], [1, 1]], scalar_offset=i, indirect_dim=1)
     nisa.tensor_copy(dst=ecol, src=ecol_src)
