@@ -197,19 +197,22 @@ def moe_decode_fwd(
 
 
 def _finish(d: dict[str, Any], acc: Any, out: Any, lo: int, hi: int) -> None:
-    """out[:, column tiles lo .. hi] = acc^T, rounded once to the output dtype."""
-    t_count, h, ts = d["T"], d["H"], d["TS"]
+    """out[:, column tiles lo .. hi] = acc^T, rounded once to the output dtype (rounded
+    before the PE transposes, which are bit-exact: in the output dtype they cost less)."""
+    t_count, h, ts, dt = d["T"], d["H"], d["TS"], d["dt"]
     c_lo, c_hi = lo * P, min(h, hi * P)
-    o_sb = nl.ndarray((t_count, (hi - lo) * P), dtype=d["dt"], buffer=nl.sbuf)
-    group = PSUM_FP32 // P  # [T, 128] fp32 transposes per PSUM bank
+    rounded = nl.ndarray((P, hi - lo, t_count), dtype=dt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=rounded, src=acc[:, lo:hi, :])
+    o_sb = nl.ndarray((t_count, (hi - lo) * P), dtype=dt, buffer=nl.sbuf)
+    group = 4 * PSUM_FP32 // (P * d["isz"])  # [T, 128] transposes per 2 KiB PSUM bank
     for g0 in range(lo, hi, group):
         gn = min(group, hi - g0)
-        tp = nl.ndarray((ts, group * P), dtype=nl.float32, buffer=nl.psum)
+        tp = nl.ndarray((ts, group * P), dtype=dt, buffer=nl.psum)
         width = 0
         for j in range(gn):
             rows = _rows(h, g0 + j)
             nisa.nc_transpose(
-                dst=tp[0:t_count, width : width + rows], data=acc[0:rows, g0 + j, :],
+                dst=tp[0:t_count, width : width + rows], data=rounded[0:rows, g0 + j - lo, :],
                 engine=nisa.engine.tensor,
             )  # fmt: skip
             width += rows
