@@ -1,36 +1,34 @@
 """The decode mode of `moe_mlp` / `moe_experts`: decode-sized batches (T <= 64 tokens,
-dropless) through two grouped matmul launches (`torch.ops.nki.grouped_mm`'s kernel)
-instead of the blockwise kernel.
+dropless) through one launch of the decode MoE kernel (`moe/decode_mlp.py`) instead of
+the blockwise kernel.
 
 At decode sizes an MoE layer is bound by streaming the touched experts' weights: each
-touched expert has a few rows, so what matters is that its weights are read once, in
-long contiguous runs, and that untouched experts cost nothing. The grouped matmul does
-exactly that: its row plan (`moe/group_plan.py`) gives every non-empty expert one
-128-row block (empty experts get none), each block streams its expert's weights once in
-units up to 2048 columns wide, and under LNC 2 the two programs take alternate blocks,
-so the touched experts' weights are split over both cores. The steps:
+touched expert sees a few tokens, so what matters is that its weights are read once, in
+long runs, that untouched experts cost nothing, and that the compute per weight byte
+hides under the stream. The kernel runs every touched expert on all T tokens with the
+weights as the matmuls' stationary operand (no per-expert gather or transposes), keeps
+only the routed tokens' activations (a select), scales them by their routing weights and
+sums the experts in fp32 on chip; under LNC 2 the two programs take alternate touched
+experts. The host side is bookkeeping on E + 1 ints:
 
-    order  = the T*k assignments sorted by expert (stable: token order within an expert)
-    x_s    = hidden[token of each assignment]           [T*k, H]
-    offs   = cumulative assignments per expert          [E] int32
-    gu     = grouped_mm(x_s, w_gate_up, offs)           [T*k, 2I]   NKI
-    act    = silu(gate) * up, rounded to the dtype      [T*k, I]
-    y      = grouped_mm(act, w_down, offs)              [T*k, H]    NKI
-    out[t] = sum_j weights[t, j] * y[slot of (t, j)]    fp32 sums, one rounding
+    present  = experts some assignment picks          [E] bool
+    experts  = their ids first (stable)               [1, E] int32
+    n        = how many                               [1, 1] int32
+    out      = moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n)
 
-The gather, the activation and the combine are torch ops on T*k rows (a few hundred
-KiB at most); a NaN / Inf in a token's row or weights stays in that token's output row
-(each y row is one assignment's, and the combine adds only a token's own rows).
-Shapes depend on (T, k, E, H, I) only, so the mode traces under `torch.compile`.
+A NaN / Inf in a token's row or weights stays in that token's output row (a token is its
+own column throughout, and a non-routed token's activation is selected to 0). Shapes
+depend on (T, k, E, H, I) only, so the mode traces under `torch.compile`.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .grouped_mm import grouped_mm_forward
+from ..moe.decode_mlp import moe_decode_fwd
+from ..runtime import launch
+from ..targets import get_target
 
 DECODE_MAX_TOKENS = 64  # batches up to this many tokens (and dropless) take the decode mode
 
@@ -46,20 +44,49 @@ def decode_experts(
 ) -> Tensor:
     """out [T, H] (hidden's dtype) = sum_j weights[:, j] * SwiGLU expert ids[:, j] of hidden
     (module docstring); weights [T, k] float, ids [T, k] int in [0, E)."""
-    k = ids.shape[1]
-    e, _, i2 = w_gate_up.shape
+    return decode_gated_experts(hidden, weights, ids, w_gate_up, w_down)
+
+
+def decode_gated_experts(
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    b_gate_up: Tensor | None = None,
+    b_down: Tensor | None = None,
+    activation: str = "swiglu",
+    interleaved: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> Tensor:
+    """The decode kernel with the expert options of `moe_gated_experts` (routed experts
+    only: biases [E, 2I] / [E, H], swiglu / geglu / gpt_oss, interleaved gate/up columns):
+    out[t] = sum_j weights[t, j] * (act(x_t W_gu[e] + b_gu[e]) W_d[e] + b_d[e]). Forward
+    only, detached tensors, T <= 64; the caller checks the arguments."""
+    e = w_gate_up.shape[0]
+    if hidden.shape[0] == 0:
+        return hidden.new_zeros(hidden.shape)
     flat = ids.reshape(-1).to(torch.int64)
-    order = torch.argsort(flat, stable=True)
-    token = torch.div(order, k, rounding_mode="floor")
-    counts = torch.zeros(e, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0).to(torch.int32)
-    x_sorted = hidden.index_select(0, token)
-    gu = grouped_mm_forward(x_sorted, w_gate_up, offs)
-    gate, up = gu[:, : i2 // 2].float(), gu[:, i2 // 2 :].float()
-    act = (F.silu(gate) * up).to(hidden.dtype)
-    y = grouped_mm_forward(act, w_down, offs)
-    w_sorted = weights.reshape(-1).to(torch.float32).index_select(0, order)
-    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-    out.index_add_(0, token, y.float() * w_sorted.unsqueeze(1))
-    return out.to(hidden.dtype)
+    present = torch.zeros(e, dtype=torch.int32, device=ids.device)
+    present.scatter_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    experts = torch.argsort(1 - present, stable=True).to(torch.int32).reshape(1, e)
+    n = present.sum().to(torch.int32).reshape(1, 1)
+    dt = hidden.dtype
+    return launch(
+        moe_decode_fwd,
+        hidden.contiguous(),
+        w_gate_up.to(dt).contiguous(),
+        w_down.to(dt).contiguous(),
+        ids.to(torch.int32).contiguous(),
+        weights.to(torch.float32).contiguous(),
+        experts,
+        n,
+        None if b_gate_up is None else b_gate_up.to(dt).contiguous(),
+        None if b_down is None else b_down.to(dt).contiguous(),
+        target=get_target(None),
+        activation=activation,
+        interleaved=bool(interleaved),
+        alpha=float(alpha),
+        limit=float(limit),
+    )
