@@ -96,9 +96,9 @@ def parse_price(text: str) -> tuple[str, float | None, str]:
         raise ValueError(
             f"--price: expected KIND one of {', '.join(KINDS)} after ':'; got {kind!r} in {text!r}"
         )
-    if not sep or not name or not value > 0:
+    if not sep or not name or not 0 < value < float("inf"):
         raise ValueError(
-            "--price: expected INSTANCE=USD_PER_HOUR[:KIND] (a positive number) or "
+            "--price: expected INSTANCE=USD_PER_HOUR[:KIND] (a positive, finite number) or "
             f"INSTANCE=recorded; got {text!r}"
         )
     return name, value, KINDS[kind] if kind else UNSTATED

@@ -66,6 +66,10 @@ def _check(logits: Tensor, top_k: int, scoring: str, bias: Tensor | None, groups
         )
     if scoring not in SCORINGS:
         raise ValueError(f"scoring: expected one of {SCORINGS}; got {scoring!r}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(
+            f"bias: expected a tensor of shape ({e},) or None; got {type(bias).__name__}"
+        )
     if bias is not None and tuple(bias.shape) != (e,):
         raise ValueError(f"bias: expected shape ({e},) (one per expert); got {tuple(bias.shape)}")
     n_group, topk_group = groups

@@ -70,7 +70,9 @@ def test_price_override_is_used_and_named():
     assert usd_per_million(1000.0, load_instances()[0]["trn2.48xlarge"]) is None
 
 
-@pytest.mark.parametrize("text", ["trn2.48xlarge", "trn2.48xlarge=", "=3", "x=-1", "x=abc"])
+@pytest.mark.parametrize(
+    "text", ["trn2.48xlarge", "trn2.48xlarge=", "=3", "x=-1", "x=abc", "x=inf"]
+)
 def test_bad_price_names_the_option(text):
     with pytest.raises(ValueError, match="--price"):
         parse_price(text)
