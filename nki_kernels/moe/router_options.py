@@ -7,7 +7,7 @@ on the free dim, fp32; LNC 2: the programs take alternate tiles):
     s      = softmax(l) (ScalarE exp with the row sum in its accumulator, * 1/sum)
            | sigmoid(l)                              scores (not with softmax_after_topk)
     key    = (s | l) + bias                          selection key; bias: selection only
-    key    = NaN -> -FLT_MAX, then clamped to [-FLT_MAX, FLT_MAX]   (select, then clamp)
+    key    = NaN -> -FLT_MAX (a select); with a bias or on logits, clamped to +-FLT_MAX
     groups (n_group, topk_group): per group, top-2 sum of key (max, and the second best
            counting a tied max twice); a group is kept when fewer than topk_group groups
            beat it (a higher score, or an equal one at a lower group index); the other
@@ -103,7 +103,7 @@ def moe_route_options_fwd(
             nisa.tensor_tensor(dst=key[r, 0:e], data1=vals[r], data2=bias_sb[r], op=nl.add)
         else:
             nisa.tensor_copy(dst=key[r, 0:e], src=vals[r])
-        _sanitize(key, rows, e)
+        _sanitize(key, rows, e, clamp=iota is not None)
         if n_group:
             _limit_groups(key, rows, e, n_group, topk_group)
         top, sel = _select(key, rows, top_k)
@@ -158,13 +158,16 @@ def _scores(lg: Any, rows: int, e: int, scoring: str) -> Any:
     return sc
 
 
-def _sanitize(key: Any, rows: int, e: int) -> None:
-    """NaN keys -> -FLT_MAX (a select), then every key clamped to [-FLT_MAX, FLT_MAX]."""
+def _sanitize(key: Any, rows: int, e: int, clamp: bool) -> None:
+    """NaN keys -> -FLT_MAX (a select), then (`clamp`) every key clamped to [-FLT_MAX,
+    FLT_MAX]; unbiased scores lie in [0, 1] or are NaN, so they need the select alone."""
     r = slice(0, rows)
     k = key[r, 0:e]
     is_nan = nl.ndarray((P, e), dtype=nl.uint8, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=is_nan[r], data1=k, data2=k, op=nl.not_equal)
     nisa.select_reduce(dst=k, predicate=is_nan[r], on_true=k, on_false=-FLT_MAX, reverse_pred=True)
+    if not clamp:
+        return
     nisa.tensor_scalar(
         dst=k, data=k, op0=nl.maximum, operand0=-FLT_MAX, op1=nl.minimum, operand1=FLT_MAX
     )
