@@ -72,14 +72,14 @@ def _pct(nbytes: float, lats: tuple[float, ...], bw: float) -> str:
     return f"{text} ({min(pct):.1f}-{max(pct):.1f})"
 
 
-def ours_rows(models: list[str]) -> list[dict]:
+def ours_rows(models: list[str], routing: str = "uniform") -> list[dict]:
     tgt = get_target("trn2")
     rows = []
     for s in SHAPES:
         if models and s.model not in models:
             continue
         for t in TOKENS:
-            counts = expert_counts("uniform", t, s.num_experts, s.top_k)
+            counts = expert_counts(routing, t, s.num_experts, s.top_k)
             touched = sum(1 for c in counts if c)
             h, i = s.hidden, s.intermediate
             kern = price_decode(touched, t, h, i, s.num_experts, s.top_k, tgt, lnc=LNC)
@@ -134,7 +134,7 @@ def _tkg(p) -> dict:  # type: ignore[no-untyped-def]
 def print_tables(rows: list[dict]) -> None:
     tgt = get_target("trn2")
     bw = LNC * tgt.hbm_bytes_per_ns  # bytes per ns of one logical core
-    print(f"modeled (cost model {COST_MODEL_VERSION}, trn2), LNC {LNC}, bf16, uniform routing")
+    print(f"modeled (cost model {COST_MODEL_VERSION}, trn2), LNC {LNC}, bf16")
     print(
         "| model | T | touched experts | weight MB | experts kernel (us) | HBM % (band) "
         "| router (us) | layer (us) | layer HBM % (band) |"
@@ -202,7 +202,12 @@ def main() -> None:
     ap.add_argument("--nki-library", default=None, help="an aws-neuron/nki-library checkout")
     ap.add_argument("--models", default="", help="comma-separated model names (default: all)")
     ap.add_argument("--from-data", action="store_true", help=f"print the tables of {DATA.name}")
+    ap.add_argument("--skewed", action="store_true", help="our kernel under skewed routing")
     a = ap.parse_args()
+    if a.skewed:  # fewer touched experts: the fixed cost weighs more (not stored)
+        print("skewed routing (moe.pricing.routing_ids)")
+        print_tables(ours_rows([m.strip() for m in a.models.split(",") if m.strip()], "skewed"))
+        return
     if a.from_data:
         print_tables(json.loads(DATA.read_text())["rows"])
         return

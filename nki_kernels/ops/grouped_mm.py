@@ -177,8 +177,8 @@ def grouped_mm(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
 
 
 def grouped_mm_forward(x_sorted: Tensor, w: Tensor, offs: Tensor) -> Tensor:
-    """The op's forward body (plan + kernel launch), for other ops' bodies to call: the
-    MoE decode mode (ops/moe_decode.py) runs it on detached tensors."""
+    """The op's forward body (plan + kernel launch), for other ops' bodies to call (on
+    detached tensors)."""
     m, n = x_sorted.shape[0], w.shape[2]
     if m == 0:
         return x_sorted.new_zeros((0, n))

@@ -9,7 +9,7 @@ Both differentiate (hidden, router_logits, w_gate_up, w_down) with NKI backward 
 A call runs: pad T to its bucket (padded tokens route nowhere) -> NKI router -> host
 block plan (grouping.py; variable-size blocks) -> config lookup per bucket -> NKI
 blockwise MLP -> unpad. Decode-sized dropless calls (T <= 64) run the decode mode
-instead (moe_decode.py: the router, then two `grouped_mm` launches that stream only the
+instead (moe_decode.py: the router, then one decode-kernel launch that streams only the
 touched experts' weights).
 The backward recomputes the routing from the logits (cheap, deterministic) instead of
 saving it, plans its own blocks and accumulates the weight gradients on chip in fp32
@@ -501,7 +501,7 @@ def moe_mlp(
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
     t = hidden.shape[0]
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    if use_decode_mode(t, capacity_factor):  # T <= 64: two grouped matmuls (moe_decode.py)
+    if use_decode_mode(t, capacity_factor):  # T <= 64: the decode kernel (moe_decode.py)
         weights, ids = _route(lp, top_k, scoring, renormalize)
         wd_, wgu_ = w_down.detach(), w_gate_up.detach()
         return decode_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_)

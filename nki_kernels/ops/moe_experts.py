@@ -150,7 +150,7 @@ def moe_experts(
 ) -> Tensor:
     """sum_j weights[t, j] * SwiGLU-expert_{ids[t, j]}(hidden[t]) (NKI expert kernels)."""
     t = hidden.shape[0]
-    if use_decode_mode(t, None):  # T <= 64: two grouped matmuls (moe_decode.py)
+    if use_decode_mode(t, None):  # T <= 64: the decode kernel (moe_decode.py)
         if not tracing(ids):
             _check_ids(ids, w_gate_up.shape[0])
         wgu, wd = w_gate_up.detach(), w_down.detach()
