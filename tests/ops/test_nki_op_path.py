@@ -186,8 +186,6 @@ def _graph_targets(gm: torch.fx.GraphModule) -> list[str]:
 
 # ops whose plan reads tensor data: that part is one nki_host node under tracing
 HOST_NODES = {
-    # decode-sized dropless calls: the decode mode's grouped-matmul row plan
-    "moe_mlp": ("nki_host.moe_block_plan", "nki_host.grouped_mm_plan"),
     "moe_mlp_backward": "nki_host.moe_block_plan",
     "decode_attention": "nki_host.decode_attention",
     "serving_attention": "nki_host.serving_attention",
