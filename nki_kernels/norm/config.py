@@ -244,10 +244,13 @@ class RMSNormConfig(_NormConfig):
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormConfig:
-        # No GpSimd share: a GpSimd instruction cannot overlap VectorE's perf-mode ones
-        # (the shared SBUF port), so VectorE alone models faster at every size (cost model
-        # v3, trn2: [4096, 1536] LNC 2 48.4 -> 46.5 us, [16384, 7168] 775 -> 668 us)
-        return cls._pick(problem, target, scale_mode=SCALE_VECTOR, gpsimd_eighths=0)
+        # bf16 / fp16: no GpSimd share: a GpSimd instruction cannot overlap VectorE's
+        # perf-mode ones (the shared SBUF port), so VectorE alone models faster at every
+        # size (cost model v3, trn2: [4096, 1536] LNC 2 48.4 -> 46.5 us, [16384, 7168]
+        # 775 -> 668 us); fp32 has no perf mode and half of the products on GpSimd stays
+        # faster
+        share = 4 if problem.dtype == "float32" else 0
+        return cls._pick(problem, target, scale_mode=SCALE_VECTOR, gpsimd_eighths=share)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:

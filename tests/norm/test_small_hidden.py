@@ -45,7 +45,8 @@ def test_heuristic_small_hidden_tilings(
     x, r = nh.make((rows, hidden), dtype, 41), nh.make((rows, hidden), dtype, 42)
     w = nh.make((hidden,), dtype, 43, loc=1.0)
     cfg = _cfg(C.RMSNormConfig, rows, hidden, dtype, "w")
-    assert (cfg.rows_per_partition, cfg.chunk, cfg.gpsimd_eighths) == (kk, chunk, 0)
+    share = 4 if dtype == torch.float32 else 0  # fp32: no VectorE perf mode to protect
+    assert (cfg.rows_per_partition, cfg.chunk, cfg.gpsimd_eighths) == (kk, chunk, share)
     y, rstd = run(rms_norm_fwd, x, w, nh.EPS, target=TARGET, **cfg.to_dict()).outputs
     nh.assert_within("y", y, *nh.rms_fwd_bound(x, w, *nh.TOL[dtype]))
     _, rr = ref.rms_norm_ref(x, None, nh.EPS)
