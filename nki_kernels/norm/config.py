@@ -20,6 +20,7 @@ the interpreter's own accounting.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -46,6 +47,16 @@ SBUF_HEADROOM = 0.95
 # rows until a partition's share of one tile reaches 16 KiB, which also spreads each
 # tile's fixed per-row statistics instructions over more rows.
 TARGET_DMA_BYTES = 16384
+# Forward: a bigger row tile costs more pipeline fill and drain (the first load and the
+# last tile's stages run alone), a smaller one more per-tile fixed costs; the modeled best
+# tile share per partition grows like sqrt(the problem's bytes per partition x this)
+# (cost model v3, trn2, bf16, H 128..2048, 64..16384 rows, LNC 1 and 2).
+FILL_BALANCE_BYTES = 512
+# Forward: with at most this many rows (one or two row tiles) nothing overlaps a tile's
+# load but its own column chunks, so rows of >= SPLIT_MIN_H columns go in chunks of about
+# a quarter row (modeled, cost model v3: [64, 1536] 7.5 -> 6.9 us, [64, 7168] 31.5 -> 23.3)
+FEW_ROWS = 2 * 128
+SPLIT_MIN_H = 1024
 CHUNK_CANDIDATES = (512, 1024, 2048, 4096, 8192)
 ROWS_PER_PARTITION = (1, 2, 4, 8)
 # eighths of the split products on GpSimd; the best modeled shares sit between 2 and 6
@@ -111,6 +122,16 @@ def _kks(rows: int) -> tuple[int, ...]:
     return tuple(k for k in ROWS_PER_PARTITION if k == 1 or P * k <= rows)
 
 
+def _fwd_grouping(problem: NormProblem) -> int:
+    """Rows per partition per forward row tile: the largest grouping whose share of a tile
+    per partition stays within sqrt(bytes per partition of all rows x FILL_BALANCE_BYTES)
+    and the DMA target (16 KiB); one row when even that exceeds it."""
+    row_bytes = problem.hidden * problem.itemsize
+    per_partition = -(-problem.rows // P) * row_bytes
+    want = min(TARGET_DMA_BYTES, math.isqrt(per_partition * FILL_BALANCE_BYTES))
+    return max(k for k in _kks(problem.rows) if k == 1 or k * row_bytes <= want)
+
+
 @dataclass(frozen=True)
 class _NormConfig(KernelConfig):
     """Fields shared by every norm kernel (forward and backward)."""
@@ -174,17 +195,17 @@ class _NormConfig(KernelConfig):
     @classmethod
     def _pick(cls, problem: NormProblem, target: Target, **fixed: Any) -> Any:
         """The first valid plan in order of preference: whole row tiles in SBUF with one
-        tile loading ahead (the largest chunk that allows it), else without, else streamed
-        chunks loading ahead; within each, the largest row grouping up to the DMA target
-        (16 KiB per partition). Loading ahead comes before a larger chunk: without it the
-        DMA of the next tile waits for the last stage of the current one (on trn2, 47 %
-        slower for add_rms_norm at [32768, 8192], modeled)."""
-        row_bytes = problem.hidden * problem.itemsize
-        kk = 1
-        for k in _kks(problem.rows):
-            if k * row_bytes <= TARGET_DMA_BYTES or k == 1:
-                kk = k
+        tile loading ahead (the largest chunk that allows it; with few rows, quarter-row
+        chunks first), else without, else streamed chunks loading ahead; within each, the
+        row grouping of `_fwd_grouping`, else one row per partition. Loading ahead comes
+        before a larger chunk: without it the DMA of the next tile waits for the last
+        stage of the current one (on trn2, 47 % slower for add_rms_norm at [32768, 8192],
+        modeled)."""
+        kk = _fwd_grouping(problem)
         chunks = sorted(_chunks(problem.hidden), reverse=True)
+        if problem.rows <= FEW_ROWS and problem.hidden >= SPLIT_MIN_H:
+            quarter = max(c for c in chunks if c <= max(CHUNK_CANDIDATES[0], problem.hidden // 4))
+            chunks = [quarter, *(c for c in chunks if c != quarter)]
         plans = [(True, c, b) for b in (NSTAGES + 1, NSTAGES) for c in chunks]
         plans += [(False, c, b) for b in (3, 2) for c in chunks]
         for resident, chunk, bufs in plans:
@@ -223,7 +244,13 @@ class RMSNormConfig(_NormConfig):
 
     @classmethod
     def heuristic(cls, problem: NormProblem, target: Target) -> RMSNormConfig:
-        return cls._pick(problem, target, scale_mode=SCALE_VECTOR, gpsimd_eighths=4)
+        # bf16 / fp16: no GpSimd share: a GpSimd instruction cannot overlap VectorE's
+        # perf-mode ones (the shared SBUF port), so VectorE alone models faster at every
+        # size (cost model v3, trn2: [4096, 1536] LNC 2 48.4 -> 46.5 us, [16384, 7168]
+        # 775 -> 668 us); fp32 has no perf mode and half of the products on GpSimd stays
+        # faster
+        share = 4 if problem.dtype == "float32" else 0
+        return cls._pick(problem, target, scale_mode=SCALE_VECTOR, gpsimd_eighths=share)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
@@ -418,7 +445,14 @@ class LayerNormConfig(_NormConfig):
         # xn on ScalarE where VectorE's clock is the slower (trn2), else on VectorE.
         # v1 had picked mixed statistics and half of the affine columns on GpSimd.
         mode = LN_SCALAR if target.vector_ghz < target.scalar_ghz else LN_VECTOR
-        return cls._pick(problem, target, scale_mode=mode, gpsimd_eighths=0, stats=STATS_SCALAR)
+        stats = STATS_SCALAR
+        if problem.rows <= FEW_ROWS and problem.dtype != "float32":
+            # one or two row tiles: no other tile's work hides a stage, so the shortest
+            # chain wins: one ScalarE pass (the mixed statistics) and xn on VectorE
+            # (modeled, cost model v3, trn2 LNC 2: [64, 512] 6.3 -> 5.6 us, [64, 1536]
+            # 12.3 -> 10.7 us)
+            mode, stats = LN_VECTOR, STATS_MIXED
+        return cls._pick(problem, target, scale_mode=mode, gpsimd_eighths=0, stats=stats)
 
     @classmethod
     def search_space(cls, problem: NormProblem, target: Target) -> dict[str, tuple[Any, ...]]:
