@@ -1,7 +1,7 @@
 """`patch` / `unpatch` for Hugging Face transformers (5.x) decoder models.
 
-For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3
-(`config.model_type`):
+For Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 and
+GPT-OSS (`config.model_type`):
 
 - every `*RMSNorm` module (the layers' norms, the final norm, Qwen3's q / k norms)
   becomes `nki_kernels.nn.RMSNorm` holding the *same* weight Parameter;

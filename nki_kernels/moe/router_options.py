@@ -20,10 +20,12 @@ on the free dim, fp32; LNC 2: the programs take alternate tiles):
 
 Invariants. Every candidate key is >= -FLT_MAX and every removed / ineligible / padding
 position is -inf, so a removed position is never found again and ids stay in [0, E) for
-any logits; ties go to the lower expert (and the lower group) index, and a NaN key ties
-with -inf at the bottom, as a stable descending sort of (key, NaN -> -inf) orders them
-(`moe.routing.route_reference`). Clamping makes +-inf keys tie with +-FLT_MAX (nothing
-else changes). The weights are read from the unbiased values by selects (no multiply by
+any logits; ties go to the lower expert (and the lower group) index. A NaN key is
+-FLT_MAX in every comparison (the top-k and the group top-2 sums: two NaN keys sum to
+-inf), below every non-NaN eligible key and above every ineligible position, as
+`moe.routing.route_reference` orders them (stable descending sorts of those keys).
+Clamping makes +-inf keys tie with +-FLT_MAX, where the reference keeps them apart
+(nothing else differs). The weights are read from the unbiased values by selects (no multiply by
 a 0 / 1 mask), so a NaN / Inf reaches only its own token's row: with softmax scoring a
 NaN or +inf logit makes the row's scores NaN (its weights are NaN), as in torch.
 

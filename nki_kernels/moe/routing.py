@@ -16,10 +16,21 @@ the kernel is tested against). Options (each model's setting in `ROUTERS`):
 - renormalize: divide the k weights by their sum (DeepSeek-V3 adds 1e-20 to the sum);
 - scaling: routed scaling factor, multiplies the final weights.
 
-Ties go to the lower expert index, as torch.topk on CPU gives them (a stable descending
-sort); NaN scores are never selected while a finite one remains. Up to 512 experts, k <= 16.
-The kernel clamps its selection keys to the fp32 range, so there a +-inf key ties with
-+-FLT_MAX (the reference keeps them apart); nothing else differs.
+Selection keys (both implementations): a NaN key counts as -FLT_MAX, the lowest finite
+fp32 value, everywhere it is compared -- in the top-k and in a group's top-2 sum (fp32) --
+and an expert outside the kept groups ranks below every eligible one. Ties go to the
+lower expert (and group) index, as torch.topk on CPU gives them (a stable descending
+sort). So a NaN score is picked only when fewer than k eligible non-NaN keys remain, and
+a group holding a NaN is ranked on its two best keys (the NaN counting only when it is
+one of them). transformers' routers (torch.topk) rank NaN first, in a group's top-2 and
+among the groups too, so on a token with a NaN score the ids can differ from theirs;
+the weights are the selected scores as ever: with softmax scoring a NaN logit makes the
+whole row's scores and so its k weights NaN; with sigmoid only the NaN expert's score
+is NaN, so the row's weights are NaN when that expert is picked (renormalization then
+spreads it over the row) and finite otherwise. Either way no other token changes. The
+kernel also clamps its keys to [-FLT_MAX, FLT_MAX] when they can be infinite (a bias,
+or keys on the logits), so there a +-inf key ties with +-FLT_MAX, where the reference
+keeps them apart; nothing else differs. Up to 512 experts, k <= 16.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import torch
 from torch import Tensor
 
 MAX_EXPERTS, MAX_TOP_K = 512, 16
+FLT_MAX = torch.finfo(torch.float32).max  # a NaN selection key counts as -FLT_MAX
 SCORINGS = ("softmax", "sigmoid")
 
 
@@ -88,10 +100,19 @@ def _check(logits: Tensor, top_k: int, scoring: str, bias: Tensor | None, groups
             )
 
 
-def _topk(scores: Tensor, k: int) -> Tensor:
-    """ids of the k largest, ties to the lower index, NaN last (a stable descending sort)."""
-    key = torch.where(torch.isnan(scores), torch.full_like(scores, float("-inf")), scores)
-    return torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :k]
+def _keys(scores: Tensor) -> Tensor:
+    """Selection keys: NaN -> -FLT_MAX (the kernel's select before any comparison)."""
+    return torch.where(torch.isnan(scores), torch.full_like(scores, -FLT_MAX), scores)
+
+
+def _topk(keys: Tensor, k: int, eligible: Tensor | None = None) -> Tensor:
+    """ids of the k largest keys, ties to the lower index (a stable descending sort);
+    with `eligible`, every ineligible position after every eligible one."""
+    order = torch.sort(keys, dim=-1, descending=True, stable=True).indices
+    if eligible is not None:  # a second stable sort: eligibility first, then the key order
+        rank = eligible.gather(1, order).to(torch.float32)
+        order = order.gather(1, torch.sort(rank, dim=-1, descending=True, stable=True).indices)
+    return order[:, :k]
 
 
 def route(
@@ -141,22 +162,23 @@ def route_reference(
     _check(logits, top_k, scoring, bias, (n_group, topk_group))
     lf = logits.to(torch.float32)
     if softmax_after_topk:
-        ids = _topk(lf.detach() if bias is None else lf.detach() + bias.float(), top_k)
+        ids = _topk(_keys(lf.detach() if bias is None else lf.detach() + bias.float()), top_k)
         weights = torch.softmax(lf.gather(1, ids), dim=-1)
     else:
         scores = torch.softmax(lf, dim=-1) if scoring == "softmax" else torch.sigmoid(lf)
-        choice = scores.detach() if bias is None else scores.detach() + bias.float()
+        keys = _keys(scores.detach() if bias is None else scores.detach() + bias.float())
+        eligible = None
         if n_group is not None:
             assert topk_group is not None
-            t, e = choice.shape
-            grouped = choice.view(t, n_group, e // n_group)
+            t, e = keys.shape
+            grouped = keys.view(t, n_group, e // n_group)
             best2 = torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, e // n_group)]
-            keep_groups = _topk(best2.sum(-1), topk_group)
+            group_score = best2.sum(-1)  # fp32: two NaN keys (-FLT_MAX each) give -inf
+            keep_groups = _topk(_keys(group_score), topk_group)
             eligible = torch.zeros(t, n_group, dtype=torch.bool, device=lf.device)
             eligible.scatter_(1, keep_groups, True)
             eligible = eligible.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
-            choice = torch.where(eligible, choice, torch.full_like(choice, float("-inf")))
-        ids = _topk(choice, top_k)
+        ids = _topk(keys, top_k, eligible)
         weights = scores.gather(1, ids)
     if renormalize and not softmax_after_topk:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)

@@ -13,6 +13,16 @@ op runs the experts. Differentiable in hidden, weights, w_gate_up and w_down (th
 weights' gradient, d out / d weights[t, j] = <grad[t], y_e(x_t)>, comes from the
 backward kernel). Up to 512 experts and k <= 16. A NaN / Inf in a token's hidden row or
 weights stays in that token's output row (and in the weight gradients of its experts).
+
+An id equal to E marks a slot whose expert is not on this rank (transformers' expert-
+parallel mask value), as in `moe_gated_experts`: it contributes nothing, whatever its
+weight (NaN / Inf too), and gets no gradient. Before the plan such a slot takes its
+token's lowest on-rank id (0 when it has none) and weight 0 (selects); then, in the
+block plan, its slot becomes a padding slot (no token row, weight 0) and the token's
+entry for it a dropped one (the combine skips it), so it is never multiplied into
+anything. The decode mode (T <= 64) has no plan: there the slot's weight-0 duplicate of
+an id its token already uses adds exactly 0 to that expert's weight, and a token with
+no on-rank slot has its output row selected to 0.
 """
 
 from __future__ import annotations
@@ -31,7 +41,6 @@ from .checks import FLOAT_DTYPES, check_tensor
 from .moe import (
     HIDDEN_DTYPES,
     ID_DTYPES,
-    _check_ids,
     _plan,
     _problem,
     launch_experts_bwd,
@@ -91,6 +100,46 @@ def _check(hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_do
             raise ValueError(f"{arg}: expected device {hidden.device} (as hidden); got {x.device}")
 
 
+def _check_ids(ids: Tensor, e: int) -> None:
+    """ids' values are expert ids in [0, E], E meaning not on this rank (eager only)."""
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi > e:
+        raise ValueError(
+            f"ids: expected expert ids in [0, {e}] ({e}: not on this rank); got min {lo}, max {hi}"
+        )
+
+
+def _on_rank(weights: Tensor, ids: Tensor, e: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(weights, ids, off): each id-E slot (`off`) given its token's lowest on-rank id
+    (0 when none) and weight 0, by selects."""
+    off = ids == e
+    lowest = torch.where(off, e, ids).amin(dim=1, keepdim=True)
+    lowest = torch.where(lowest == e, 0, lowest)
+    ids = torch.where(off, lowest, ids)
+    weights = torch.where(off, torch.zeros_like(weights), weights)
+    return weights, ids, off
+
+
+def _drop_off_rank(m: dict[str, Tensor], off: Tensor, t: int) -> dict[str, Tensor]:
+    """The plan with each off-rank slot a padding slot (token T, weight 0) and its token
+    entry a dropped one (slot NB * B: the combine skips it)."""
+    nb, p, ns = m["slot_token"].shape  # slot s = b * B + c * 128 + p  ->  [b, p, c]
+    total = nb * p * ns
+    off_p, _ = pad_to_bucket(off, 0)  # padded tokens: never off-rank
+    where = torch.where(off_p, m["token_slot"].to(torch.int64), total).reshape(-1)
+    hit = torch.zeros(total + 1, dtype=torch.int32, device=off.device)
+    hit = hit.scatter(0, where, torch.ones_like(where, dtype=torch.int32))[:total]
+    hit = hit.view(nb, ns, p).transpose(1, 2) > 0
+    out = dict(m)
+    out["slot_token"] = torch.where(hit, t, m["slot_token"])
+    out["slot_weight"] = torch.where(hit, 0.0, m["slot_weight"])
+    out["token_slot"] = torch.where(off_p, total, m["token_slot"])
+    out["token_weight"] = torch.where(off_p, 0.0, m["token_weight"])
+    return out
+
+
 def _padded(weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     """weights (fp32) and ids (int32) padded to the token bucket (padded tokens route
     nowhere: the plan reads the first T rows only)."""
@@ -102,15 +151,17 @@ def _padded(weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
 def _config_and_plan(
     op: str, kernel: Any, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor
 ) -> tuple[Any, int, dict[str, Tensor]]:
+    e = w_gate_up.shape[0]
     if not tracing(ids):
-        _check_ids(ids, w_gate_up.shape[0])
+        _check_ids(ids, e)
+    weights, ids, off = _on_rank(weights, ids, e)
     wp, ip = _padded(weights, ids)
     problem = _problem(wp.shape[0], w_gate_up, ids.shape[1])
     cfg = lookup_config(op, problem, kernel, target=get_target(None))
     assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
     sized = isinstance(cfg, MoEMLPConfig)  # the forward runs variable-size blocks
-    meta, static = _plan(wp, ip, hidden.shape[0], w_gate_up.shape[0], cfg.block_size, None, sized)
-    return cfg, static, meta
+    meta, static = _plan(wp, ip, hidden.shape[0], e, cfg.block_size, None, sized)
+    return cfg, static, _drop_off_rank(meta, off, hidden.shape[0])
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -151,10 +202,13 @@ def moe_experts(
     """sum_j weights[t, j] * SwiGLU-expert_{ids[t, j]}(hidden[t]) (NKI expert kernels)."""
     t = hidden.shape[0]
     if use_decode_mode(t, None):  # T <= 64: the decode kernel (moe_decode.py)
+        e = w_gate_up.shape[0]
         if not tracing(ids):
-            _check_ids(ids, w_gate_up.shape[0])
+            _check_ids(ids, e)
+        w_on, ids_on, off = _on_rank(weights.detach(), ids, e)
         wgu, wd = w_gate_up.detach(), w_down.detach()
-        return decode_experts(hidden.detach(), weights.detach(), ids, wgu, wd)
+        out = decode_experts(hidden.detach(), w_on, ids_on, wgu, wd)
+        return torch.where(off.all(dim=1, keepdim=True), torch.zeros_like(out), out)
     cfg, _, m = _config_and_plan("moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up)
     assert isinstance(cfg, MoEMLPConfig)
     hp, _ = pad_to_bucket(hidden.detach(), 0)
@@ -190,4 +244,6 @@ def moe_experts_backward(
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
     dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static))
-    return unpad(dh, 0, t).contiguous(), unpad(dw, 0, t).contiguous(), dgu, dd
+    dw = unpad(dw, 0, t)
+    dw = torch.where(ids == w_gate_up.shape[0], torch.zeros_like(dw), dw)  # not on this rank
+    return unpad(dh, 0, t).contiguous(), dw.contiguous(), dgu, dd

@@ -33,6 +33,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+FLT_MAX = torch.finfo(torch.float32).max  # a NaN key's rank in a group score
+
+
 def _order(vals: list[float], eligible: list[int], k: int) -> list[int]:
     """k best of `eligible` by value, ties to the lower index, NaN only to fill k."""
     nan = [e for e in eligible if math.isnan(vals[e])]
@@ -59,7 +62,8 @@ def reference(lg: torch.Tensor, bias: torch.Tensor | None, o: dict[str, Any]) ->
                 n, size = o["n_group"], e // o["n_group"]
                 score = []
                 for g in range(n):
-                    best = sorted((vals[j] for j in range(g * size, (g + 1) * size)), reverse=True)
+                    group = [vals[j] for j in range(g * size, (g + 1) * size)]
+                    best = sorted((-FLT_MAX if math.isnan(v) else v for v in group), reverse=True)
                     score.append(sum(best[:2]))
                 keep = _order(score, list(range(n)), o["topk_group"])
                 eligible = [j for j in range(e) if j // size in keep]
@@ -119,10 +123,34 @@ def test_nan_or_inf_in_a_token_stays_in_its_row(name: str, bad: float, impl: str
     _compare(lg, bias, o, fn=ROUTES[impl], rows=[r for r in range(lg.shape[0]) if r != 4])
     w, ids = ROUTES[impl](lg, bias=bias, **o)
     assert int(ids.min()) >= 0 and int(ids.max()) < lg.shape[1]  # a valid expert still
-    if "groups" not in name:  # the bad row itself: the reference's choice and weights
-        wr, idr = reference(lg.double(), bias, o)
-        assert torch.equal(ids[4], idr[4])
-        torch.testing.assert_close(w[4].double(), wr[4], atol=1e-6, rtol=1e-6, equal_nan=True)
+    wr, idr = reference(lg.double(), bias, o)  # the bad row itself: choice and weights
+    assert torch.equal(ids[4], idr[4])
+    torch.testing.assert_close(w[4].double(), wr[4], atol=1e-6, rtol=1e-6, equal_nan=True)
+
+
+NAN = float("nan")
+NAN_GROUP_ROWS = [
+    # a group ranked on its two best keys, the NaN below them: groups 0 and 2 kept
+    [NAN, 3, 3, -5] + [0] * 4 + [1] * 4 + [-1] * 4,
+    # two NaN keys sum to -inf, one NaN and a score to -FLT_MAX: group 1 beats group 0
+    [NAN, NAN, NAN, 1] + [NAN] * 12,
+    # NaN experts picked to fill k, never an expert of a dropped group (by index first)
+    [NAN] * 4 + [5, 5, NAN, NAN] + [5, NAN, NAN, NAN] + [NAN] * 4,
+]
+
+
+@pytest.mark.parametrize("impl", sorted(ROUTES))
+@pytest.mark.parametrize("size", [2, 4])
+def test_nan_keys_in_group_scores(size: int, impl: str) -> None:
+    lg = torch.tensor(NAN_GROUP_ROWS)
+    o = dict(top_k=4, scoring="sigmoid", n_group=16 // size, topk_group=8 // size)
+    w, ids = ROUTES[impl](lg, **o)
+    wr, idr = reference(lg.double(), None, o)
+    assert torch.equal(ids, idr)
+    torch.testing.assert_close(w.double(), wr, atol=1e-6, rtol=1e-6, equal_nan=True)
+    if size == 4:  # the reviewer's row: groups 0 and 2, not (as a NaN-first sort gave) 1 and 2
+        assert ids[0].tolist() == [1, 2, 8, 9]
+        assert ids[2].tolist() == [4, 5, 8, 6]
 
 
 @pytest.mark.parametrize("impl", sorted(ROUTES))
