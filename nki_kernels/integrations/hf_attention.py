@@ -382,7 +382,7 @@ def nki_attention_forward(
         if sinks is not None:
             out = _join_sinks(out[0], out[1], sinks)
     if m.rows is not None:
-        out = out * m.rows[:, None, :, None].to(out.dtype)
+        out = torch.where(m.rows[:, None, :, None].bool(), out, out.new_zeros(()))
     return out.transpose(1, 2), None
 
 
