@@ -279,17 +279,25 @@ def _fwd_block(
         cols = slice(t * P, t * P + tile_rows(h, t))
         srcs = [head["x"][:, c, cols] for c in range(s)]
         parity = transpose_into(dt, srcs, xT[:, t, :], parity)
-    row0 = block_row0(addr, stride)
+    row0: list[Any] = []  # the block's first slot row, computed at its first store
 
     def gather_next(c: int) -> None:  # the next block has <= s sub-tiles
         gather_rows(hidden, head["tok"][:, c : c + 1], head["x"][:, c, :], h)
 
+    # spread over chunks 1..s (h_outer, enough chunks), else gathered now as before
+    spread = cfg["loop_order"] == "h_outer" and cdiv(d["I"], cfg["tile_i"]) > s
+    if not spread:
+        for c in range(s):
+            gather_next(c)
+
     def store(c: int, yc: Any) -> None:
+        if not row0:
+            row0.append(block_row0(addr, stride))
         off = (extra * stride + c * P) * h
-        view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0, indirect_dim=0)
+        view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0[0], indirect_dim=0)
         nisa.dma_copy(dst=view, src=yc)
 
-    _expert_mlp(dk, cfg, w_down, exp, xT, (fetch, gather_next, store))
+    _expert_mlp(dk, cfg, w_down, exp, xT, (fetch, gather_next if spread else None, store))
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -370,9 +378,9 @@ def _expert_mlp(
 ) -> None:
     """The block's unweighted expert outputs, NS tiles [128 tokens, H], each handed to
     `store(c, tile)` as soon as its last chunk is summed. `hooks` = (fetch, gather_next,
-    store); `gather_next(c)` (the next block's rows of sub-tile c) is issued one sub-tile
-    per chunk from chunk 1 on, so those gathers do not queue in front of this block's
-    first weight loads (DMA queues run in issue order)."""
+    store); `gather_next(c)` (the next block's rows of sub-tile c; None: gathered
+    already) is issued one sub-tile per chunk from chunk 1 on, so those gathers do not
+    queue in front of this block's first weight loads (DMA queues run in issue order)."""
     fetch, gather_next, store = hooks
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
     nic = cdiv(d["I"], ti)
@@ -381,7 +389,10 @@ def _expert_mlp(
     y = [nl.ndarray((P, h), dtype=y_dt, buffer=nl.sbuf) for _ in range(ns)]
     # SwiGLU's fp32 scratch lives across chunks: allocated per chunk it would take a
     # dead weight unit's SBUF and wait for that unit's last matmul (write after read)
-    sg = nl.ndarray((P, d["B"]), dtype=nl.float32, buffer=nl.sbuf)
+    # (i_outer: one per I tile, its units are whole strips)
+    sg = None
+    if cfg["loop_order"] == "h_outer":
+        sg = nl.ndarray((P, d["B"]), dtype=nl.float32, buffer=nl.sbuf)
     for ic in range(nic):
         i0 = ic * ti
         icw = min(ti, d["I"] - i0)
@@ -389,19 +400,17 @@ def _expert_mlp(
         wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
 
         load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
-        if 1 <= ic <= ns:
+        if gather_next is not None and 1 <= ic <= ns:
             gather_next(ic - 1)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
         if cfg["loop_order"] == "h_outer":
             _gate_up_h_outer(d, cfg, fetch, xT, icw, act, sg)
         else:
-            _gate_up_i_outer(d, fetch(), xT, icw, act, sg)
+            _gate_up_i_outer(d, fetch(), xT, icw, act)
         if ic == nic - 1:
             fetch(last=True)
         _down_proj(d, cfg, act, wd, icw, ic, y, store if ic == nic - 1 else None)
         del act, wd
-    for c in range(max(0, nic - 1), ns):  # fewer chunks than sub-tiles (small I)
-        gather_next(c)
 
 
 def _gate_up_h_outer(
@@ -438,9 +447,7 @@ def _gate_up_h_outer(
         _swiglu(g_ps[it], u_ps[it], act, it, min(P, icw - it * P), sg, pieces)
 
 
-def _gate_up_i_outer(
-    d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int, act: Any, sg: Any
-) -> None:
+def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int, act: Any) -> None:
     wg, wu = unit
     bsz = d["B"]
     for it in range(cdiv(icw, P)):
@@ -454,7 +461,9 @@ def _gate_up_i_outer(
                 cols = slice(it * P, it * P + cw)
                 _mm2(g_ps[0:cw, n0 : n0 + nw], wg[0:hr, ht, cols], mov, ht != 0)
                 _mm2(u_ps[0:cw, n0 : n0 + nw], wu[0:hr, ht, cols], mov, ht != 0)
+        sg = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.sbuf)
         _swiglu(g_ps, u_ps, act, it, cw, sg)
+        del sg  # (a tile lives while referenced: not across the next I tile's matmuls)
 
 
 def _mm2(dst: Any, stationary: Any, moving: Any, accumulate: bool) -> None:

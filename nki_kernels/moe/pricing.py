@@ -30,7 +30,7 @@ buffer sets between consecutive blocks, so its increments may have period 2; so 
 forward's at LNC 2, whose programs take alternate blocks (a block added to the program
 that is behind costs little; n0 is doubled so that each program is past its first
 block). `price_blocks` interprets the kernel (trace-only, the full T) with n0 .. n0 + 3
-blocks (n0 = 2 forward, 4 forward at LNC 2, 1 backward), takes the last increment of
+blocks (n0 = 4 forward, 8 forward at LNC 2, 1 backward), takes the last increment of
 each parity and extrapolates to the routing's used blocks; `extrapolation_check` =
 |d3 - d1| / d3 compares the two increments of the
 same parity, so the reader sees how close to periodic the schedule is. Used blocks
@@ -66,9 +66,11 @@ from .config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from .grouping import kind_counts, plan_blocks
 from .router import moe_router_bwd, moe_router_fwd
 
-# n0: blocks before the first measured increment (the forward's first block has no
-# weight prefetch ahead of it; the backward is periodic from its first block)
-REPRESENTATIVE_BLOCKS = {"fwd": 2, "bwd": 1}
+# n0: blocks before the first measured increment (the forward's first blocks have no
+# weight prefetch ahead of them and its DMA queues settle over ~4 blocks: at the
+# fine-grained shape the increments after 2 blocks differ by 18 %, after 4 by < 1 %;
+# the backward is periodic from its first block)
+REPRESENTATIVE_BLOCKS = {"fwd": 4, "bwd": 1}
 KINDS = ("fwd", "bwd")
 
 
@@ -265,7 +267,7 @@ def price_fwd_kinds(
     """The forward with kinds[j] blocks of B/128 - j sub-tiles (the sized plan).
 
     Per size s present: traces of n0, n0 + lnc and n0 + 2 lnc blocks all of size s (n0 =
-    2 per program) give its steady-state increment per program-block, inc_s (the last
+    4 per program) give its steady-state increment per program-block, inc_s (the last
     one; `extrapolation_check` = the largest |d2 - d1| / d2); the fixed part comes from
     the largest size's n0 trace. Each program's latency = fixed + sum over sizes of its
     blocks of that size (blocks b = p, p + lnc, ... in plan order) * inc_s; the busier
@@ -329,7 +331,7 @@ def price_kernel(
     """Modeled cost of one launch of the forward or backward expert kernel (see module doc).
 
     `routing`: 'uniform', 'skewed' or the number of used blocks; `may_drop`: the kernel's
-    flag (True, as the op launches it). Cost: 4 trace-only runs of 2..5 (forward) or
+    flag (True, as the op launches it). Cost: 4 trace-only runs of 4..7 (forward) or
     1..4 (backward) blocks, cached per (kind, problem, config, blocks, target, may_drop).
     """
     tgt = get_target(target)
