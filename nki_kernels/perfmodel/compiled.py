@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -139,25 +140,35 @@ def compile_trace(trace: Trace, target: Target) -> CompiledTrace:
     )
 
 
-_REUSE: list[weakref.WeakKeyDictionary] = []
+_LOCAL = threading.local()  # each thread its own stack of open reuse blocks
+
+
+def _reuse_stack() -> list[weakref.WeakKeyDictionary]:
+    stack = getattr(_LOCAL, "stack", None)
+    if stack is None:
+        stack = _LOCAL.stack = []
+    return stack
 
 
 @contextlib.contextmanager
 def reuse_compiled() -> Iterator[None]:
-    """Within the block, each trace is compiled once (it must not change meanwhile)."""
-    _REUSE.append(weakref.WeakKeyDictionary())
+    """Within the block, each trace is compiled once (it must not change meanwhile).
+    The cache belongs to the calling thread."""
+    stack = _reuse_stack()
+    stack.append(weakref.WeakKeyDictionary())
     try:
         yield
     finally:
-        _REUSE.pop()
+        stack.pop()
 
 
 def cached(trace: Trace, key: Hashable, make: Callable[[], Any]) -> Any:
     """`make()`, kept per trace under `key` while a `reuse_compiled` block is open (and
     made again when the trace has grown)."""
-    if not _REUSE:
+    stack = _reuse_stack()
+    if not stack:
         return make()
-    per_trace = _REUSE[-1].setdefault(trace, {})
+    per_trace = stack[-1].setdefault(trace, {})
     n = len(trace.instrs)
     hit = per_trace.get(key)
     if hit is None or hit[0] != n:

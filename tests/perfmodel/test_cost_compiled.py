@@ -125,6 +125,34 @@ def test_reuse_compiles_each_trace_once_and_recompiles_a_grown_trace(monkeypatch
     assert lo_hi[0] < lo_hi[1]
 
 
+def test_reuse_blocks_belong_to_their_thread():
+    """A block opened in one thread neither serves nor closes another thread's cache."""
+    import threading
+
+    inside, release, errors, seen = threading.Event(), threading.Event(), [], []
+
+    def other() -> None:
+        try:
+            with reuse_compiled():
+                compiled_mod.cached(trace, "k", lambda: "other")
+                inside.set()
+                release.wait(10)
+                seen.append(compiled_mod.cached(trace, "k", lambda: "again"))
+        except Exception as e:
+            errors.append(e)
+
+    trace = _hand_built("trn2")
+    t = threading.Thread(target=other)
+    t.start()
+    assert inside.wait(10)
+    assert compiled_mod.cached(trace, "k", lambda: "main") == "main"  # no block open here
+    with reuse_compiled():
+        assert compiled_mod.cached(trace, "k", lambda: "mine") == "mine"
+    release.set()
+    t.join(10)
+    assert not errors and seen == ["other"]
+
+
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
 def test_a_band_shares_dry_runs_because_cost_parameters_never_reach_the_interpreter(target):
     sets = parameter_sets(target)
