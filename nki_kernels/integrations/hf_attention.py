@@ -62,6 +62,7 @@ does reach the loss.
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,7 @@ from ..ops.sinks import sink_attention
 NAME = "nki"
 DECODE_SQ_MAX = 16  # new queries per decode step routed to decode_attention
 _FALLBACKS: collections.Counter[str] = collections.Counter()
+_FALLBACKS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,19 @@ class NkiMask:
 
 def fallbacks() -> dict[str, int]:
     """How many attention calls fell back to torch SDPA since start, by reason."""
-    return dict(_FALLBACKS)
+    with _FALLBACKS_LOCK:
+        return dict(_FALLBACKS)
+
+
+def _count_fallback(reason: str) -> None:
+    """One more fallback for `reason`. Eager calls take the lock (models run on several
+    threads); inside torch.compile none is taken (Dynamo cannot trace one under fullgraph):
+    Dynamo applies the increment after each run of the compiled graph."""
+    if torch.compiler.is_compiling():
+        _FALLBACKS[reason] += 1
+        return
+    with _FALLBACKS_LOCK:
+        _FALLBACKS[reason] += 1
 
 
 def _allowed(sq: int, sk: int, causal: bool, window: int | None, device: Any) -> Tensor:
@@ -237,7 +251,7 @@ def _sdpa(
     causal: bool,
     reason: str,
 ) -> Tensor:
-    _FALLBACKS[reason] += 1
+    _count_fallback(reason)
     return TORCH_SDPA(
         query,
         key,
@@ -260,7 +274,7 @@ def _torch_sinks(
     reason: str,
 ) -> Tensor:
     """The model's eager formula with sinks (for what the op cannot do): [B, Hq, Sq, D]."""
-    _FALLBACKS[f"{reason} with sinks"] += 1
+    _count_fallback(f"{reason} with sinks")
     rep = query.shape[1] // key.shape[1]
     k, v = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
     scores = query @ k.transpose(2, 3) * (query.shape[-1] ** -0.5 if scale is None else scale)

@@ -19,6 +19,7 @@ kernel (dK / dV reduced over each GQA group on chip).
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from typing import Any
 
@@ -531,6 +532,20 @@ class SdpaFallbackWarning(UserWarning):
 
 
 _WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _first_fallback(reason: str) -> bool:
+    """Whether this is the first fallback for `reason` (its warning is due), exactly once
+    among threads. Inside torch.compile no lock is taken (Dynamo cannot trace one)."""
+    if torch.compiler.is_compiling():
+        first = reason not in _WARNED
+        _WARNED.add(reason)
+        return first
+    with _WARNED_LOCK:
+        first = reason not in _WARNED
+        _WARNED.add(reason)
+        return first
 
 
 def _sdpa_unsupported(
@@ -594,8 +609,7 @@ def sdpa(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
     )
     if reason is not None:
-        if reason not in _WARNED:
-            _WARNED.add(reason)
+        if _first_fallback(reason):
             warnings.warn(
                 f"nki_kernels.sdpa: falling back to torch scaled_dot_product_attention for "
                 f"{reason}",
