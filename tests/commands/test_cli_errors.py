@@ -44,6 +44,7 @@ BAD = [
     (["parity", "--dtype", "int3"], "--dtype"),
     (["probe", "no_such_module_xyz:fn"], "no_such_module_xyz"),
     (["doctor", "--require", "bogus"], "--require"),
+    (["hwcheck", "--quick", "--ops", "nope"], "--ops"),
     (["conformance", "/no/such/checkout"], "/no/such/checkout"),
 ]
 
