@@ -58,6 +58,20 @@ def test_bad_values_are_one_line_naming_the_option(
     assert names in err[0] and "Traceback" not in err[0], err[0]
 
 
+@pytest.mark.parametrize(
+    "extra", [["--target", "trn3"], ["--cost", "quadratic", "--dtype", "float16"], ["--shape", "x"]]
+)
+def test_buckets_refuses_cost_model_options_the_time_model_ignores(
+    extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("100\n300 2\n")
+    rc, err = _run(["buckets", "--lengths", str(lengths), "--max-buckets", "2", *extra], capsys)
+    opt = next(a for a in extra if a != "--cost" and a.startswith("--"))
+    assert rc == 2 and len(err) == 1, err
+    assert f"{opt}: expected only with --cost model" in err[0] and f"got {extra[-1]!r}" in err[0]
+
+
 def test_estimate_prices_a_users_own_kernel(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
