@@ -42,6 +42,7 @@ BAD = [
     (["bench", "--no-check", "--measured", "/no/such/file.jsonl"], "--measured"),
     (["parity", "--steps", "0"], "--steps"),
     (["parity", "--dtype", "int3"], "--dtype"),
+    (["parity", "--nproc", "0"], "--nproc"),
     (["probe", "no_such_module_xyz:fn"], "no_such_module_xyz"),
     (["doctor", "--require", "bogus"], "--require"),
     (["hwcheck", "--quick", "--ops", "nope"], "--ops"),
