@@ -28,6 +28,11 @@ The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True
   launches: a separate pair of grouped_mm calls); its sigmoid gate's logits [T, 1] are a
   one-group grouped_mm too.
 
+Decode sizes: T <= 64 without gradients (no input requiring one, or grad mode off) is one
+launch of the decode MoE kernel instead (`torch.ops.nki.moe_gated_decode`, forward only,
+`moe/decode_mlp.py`), the shared expert fused into it; a call that needs gradients runs
+the composition above, whose kernels keep what its backward reads.
+
 An id equal to E marks a slot whose expert is not on this rank (transformers' expert-
 parallel mask value, `distributed/expert_parallel.py`): its row is selected away before
 the experts and after them, so it contributes nothing, whatever its weight (NaN too),
@@ -417,10 +422,18 @@ def _decode_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     ]
 
 
+def _check_decode(hidden: Tensor, *args: Any) -> None:
+    _check_gated(hidden, *args)
+    if hidden.shape[0] > DECODE_MAX_TOKENS:
+        raise ValueError(
+            f"hidden: expected at most {DECODE_MAX_TOKENS} tokens; got {hidden.shape[0]}"
+        )
+
+
 @define_op(
     "moe_gated_decode",
     fake=lambda hidden, *a: torch.empty_like(hidden),
-    validate=_check_gated,
+    validate=_check_decode,
     examples=_decode_examples,
     traceable=True,
 )
@@ -442,9 +455,6 @@ def moe_gated_decode(
 ) -> Tensor:
     """`moe_gated_experts`' layer for T <= 64 in one launch of the decode kernel
     (moe/decode_mlp.py), the shared expert included; forward only (no autograd)."""
-    t = hidden.shape[0]
-    if t > DECODE_MAX_TOKENS:
-        raise ValueError(f"hidden: expected at most {DECODE_MAX_TOKENS} tokens; got {t}")
     shared = None
     if shared_gate_up is not None and shared_down is not None:
         shared = (shared_gate_up.detach(), shared_down.detach(),
