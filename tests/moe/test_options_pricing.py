@@ -65,3 +65,17 @@ def test_fused_shared_expert_prices_the_stacked_launches() -> None:
     assert us > alone.ours_us
     with pytest.raises(ValueError, match="multiple of I"):
         fused_shared_us(384, 256, 128, 4, COUNTS, Options(shared_inter=100))
+
+
+def test_ours_prices_the_nki_dispatch_and_combine_for_natives_gathers() -> None:
+    from nki_kernels.moe.gather_pricing import price_dispatch_combine
+    from nki_kernels.moe.options_pricing import _is_gather_or_combine, price_dispatch_combine_sets
+
+    names = [s.name for s in native_steps(384, 256, 128, 4, COUNTS, Options())]
+    moved = {n for n in names if _is_gather_or_combine(n)}
+    assert {"gather out rows", "out += w * y", "scatter out rows"} <= moved
+    assert not {"x W_gate_up", "h W_down"} & moved
+    # the same two launches gather_pricing prices (COUNTS sum to 384 rows: k = 1)
+    sets = price_dispatch_combine_sets(384, 256, 1, get_target("trn2"))
+    d, c = price_dispatch_combine(384, 256, 1)
+    assert abs(sets[0] / 1e3 - (d.us + c.us)) <= 1e-9 * sets[0]
