@@ -40,6 +40,8 @@ BAD = [
     (["configs", "which", "rms_norm"], "--shape"),
     (["bench", "--no-check", "--data", "/no/such/dir"], "--data"),
     (["bench", "--no-check", "--measured", "/no/such/file.jsonl"], "--measured"),
+    (["bench", "--no-check", "--full"], "--full: expected together with --reprice or --peer"),
+    (["bench", "--no-check", "--bands"], "--bands: expected together with --reprice"),
     (["parity", "--steps", "0"], "--steps"),
     (["parity", "--dtype", "int3"], "--dtype"),
     (["parity", "--nproc", "0"], "--nproc"),
