@@ -211,3 +211,18 @@ def test_shared_expert_pricing_fused_vs_its_own_launches() -> None:
     routed_us = price_decode(6, 8, 256, 128, 8, 2, "trn2").latency_ns[0] / 1e3
     assert routed_us < r.fused_us and routed_us < r.unfused_us
     assert r.shared_hbm > 0
+
+
+def test_threads_give_the_serial_result() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [
+        (_case(t=3 + 5 * n, seed=n, shared="gated" if n % 2 else None),
+         {"activation": ("swiglu", "gpt_oss")[n % 2], "interleaved": bool(n % 2)})
+        for n in range(4)
+    ]  # fmt: skip
+    serial = [_decoded(c, **o) for c, o in cases]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda co: _decoded(co[0], **co[1]), cases * 2))
+    for n, out in enumerate(threaded):
+        assert torch.equal(out, serial[n % 4]), n
