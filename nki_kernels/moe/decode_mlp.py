@@ -28,8 +28,12 @@ work per weight byte small enough to hide under that stream:
 
 Inputs: hidden [T, H]; w_gate_up [E, H, 2I] (gate columns then up); w_down [E, I, H];
 ids [T, k] int32; weights [T, k] fp32; experts [1, E] int32 (the touched experts first);
-n_touched [1, 1] int32. `static_count` (pricing): the touched count, run as a static loop
-of the same body. Output [T, H] in hidden's dtype.
+n_touched [1, 1] int32; optional expert biases b_gate_up [E, 2I] / b_down [E, H] and a
+shared expert, shared_gate_up [1, H, 2Is] / shared_down [1, Is, H] (and shared_gate
+[1, H] for a sigmoid gate), streamed first as one more expert on every token (weight 1
+or sigmoid(x . g)), its intermediate tiles split between the programs. `static_count`
+(pricing): the touched count, run as a static loop of the same body. Output [T, H] in
+hidden's dtype.
 """
 
 from __future__ import annotations

@@ -106,8 +106,8 @@ class SharedDecodeComparison:
     unfused_band: tuple[float, float]
     speedup: float  # unfused / fused
     speedup_band: tuple[float, float]
-    shared_hbm: float  # the shared expert's share of HBM bandwidth in the fused launch's
-    label: str  # extra time over the routed-only launch (its weight bytes / that time)
+    shared_hbm: float  # the shared expert's weight bytes / the time the fused launch adds
+    label: str  # to the routed-only one, at the logical core's HBM bandwidth
 
 
 def shared_decode_comparison(
@@ -127,8 +127,23 @@ def shared_decode_comparison(
 
     tgt = get_target(target)
     base = (touched, tokens, hidden, inter, experts, top_k, tgt, dtype, lnc)
-    fused = price_decode(*base, shared_inter=shared_inter, shared_gated=shared_gated)
     routed = price_decode(*base)
+    # the shared expert's time: two exactly traced launches at the same touched count
+    # (the extrapolation's base), not two extrapolations -- their modeled per-expert
+    # increments differ by ~1 % (the weight buffers' rotation phase), which the
+    # extrapolation would multiply by the expert count
+    c0 = min(routed.per_program, 2) * lnc
+    args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc)
+    delta = [
+        f - r
+        for f, r in zip(
+            _launch_latency(c0, *args, shared_inter, shared_gated),
+            _launch_latency(c0, *args, 0, False),  # as price_decode's own call (cached)
+        )
+    ]
+    fused = DecodePricing(
+        tuple(r + d for r, d in zip(routed.latency_ns, delta)), routed.per_program
+    )
     parts = [
         price_grouped_mm([tokens], hidden, 2 * shared_inter, tgt, dtype, lnc).latency_ns,
         price_expert_act(tokens, 2 * shared_inter, 1, "swiglu", False, tgt, dtype),
@@ -146,7 +161,7 @@ def shared_decode_comparison(
     ratios = [u / f for u, f in zip(unfused, fused.latency_ns)]
     label = f"modeled (cost model {COST_MODEL_VERSION}, {tgt.name})"
     shared_bytes = 3 * hidden * shared_inter * (2 if dtype != "float32" else 4)
-    extra = fused.latency_ns[0] - routed.latency_ns[0]
+    extra = delta[0]
     share = shared_bytes / (extra * lnc * tgt.hbm_bytes_per_ns) if extra > 0 else float("inf")
     f_us = [x / 1e3 for x in fused.latency_ns]
     u_us = [x / 1e3 for x in unfused]

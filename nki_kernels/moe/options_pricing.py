@@ -4,9 +4,11 @@ SwiGLU, GeGLU, a shared expert) on `moe_gated_experts` vs the native composition
 Per physical core (LNC 2: half the tokens each), bf16:
 
 - native: TorchNeuron's `aten::_grouped_mm` composition (`baselines.moe_native.
-  grouped_mm_fwd`: router, gathers, the two grouped GEMMs on 128-row groups, the
-  activation, combine) with the option's elementwise work priced as ONE fused pass per
-  group (the compiler fusing the whole chain: favourable to native): gate / up bias as
+  grouped_mm_fwd`: router, the two grouped GEMMs on 128-row groups, the activation) with
+  the row gather and the combine as ONE launch each over all routed rows (an
+  index_select and an index_add_; moe_native prices them per group) and the option's
+  elementwise work priced as ONE fused pass per group (the compiler fusing the whole
+  chain: both favourable to native): gate / up bias as
   a per-column vector and the clamped SwiGLU's ops in the activation pass, the down bias
   in the combine pass; a shared expert as dense matmuls over all T tokens plus one fused
   activation pass (and, gated, a [T, H] x [H, 1] matmul and a sigmoid-scale pass);
@@ -81,19 +83,40 @@ def native_steps(
     out = []
     sc, vc = ACT_PASSES[o.activation]
     for st in moe_native.grouped_mm_fwd(tokens, hidden, inter, experts, dtype, counts):
+        if _is_gather_or_combine(st.name):
+            continue  # one launch each over all routed rows, below
         if st.name == "silu(g) * u":
             rows = st.args[0].shape[0]
             bias = _t((inter,), dtype) if o.biases else None
             args = (_t((rows, inter), dtype), _t((rows, inter), dtype), None, bias, sc, vc, dtype)
             st = Step(f"{o.activation} (+ biases)", steps.stream_rows, args, st.repeat)
-        elif st.name == "out += w * y" and o.biases:
-            x, other, w, _, a, b, dt = st.args
-            st = Step("out += w * (y + b_down)", steps.stream_rows,
-                      (x, other, w, _t((hidden,), dtype), a, b + 1, dt), st.repeat)  # fmt: skip
         out.append(st)
+    out += _native_gathers(tokens, hidden, int(sum(counts)), o, dtype)
     if o.shared_inter:
         out += _native_shared(tokens, hidden, o, dtype)
     return out
+
+
+def _native_gathers(tokens: int, hidden: int, rows: int, o: Options, dtype: str) -> list[Step]:
+    """The row gather into expert order and the combine (gather the tokens' out rows, add
+    w * y, scatter them back) as ONE launch each over all `rows` routed rows (unpadded):
+    `baselines.moe_native` prices them per expert group, which a composition written
+    with one index_select / index_add_ does not pay (favourable to native)."""
+    idx = _t((rows, 1), "int32")
+    x = _t((tokens, hidden), dtype)
+    y = _t((rows, hidden), dtype)
+    w = _t((rows, 1), F32)
+    if o.biases:  # the down bias fused into the combine pass
+        combine = Step("out += w * (y + b_down)", steps.stream_rows,
+                       (y, y, w, _t((hidden,), dtype), 0, 1, dtype))  # fmt: skip
+    else:
+        combine = Step("out += w * y", steps.stream_rows, (y, y, w, None, 0, 0, dtype))
+    return [
+        Step("gather token rows", steps.gather_rows, (x, idx)),
+        Step("gather out rows", steps.gather_rows, (x, idx)),
+        combine,
+        Step("scatter out rows", steps.gather_rows, (y, idx)),
+    ]
 
 
 def _native_shared(tokens: int, hidden: int, o: Options, dtype: str) -> list[Step]:

@@ -195,3 +195,34 @@ def test_op_refuses_more_than_64_tokens() -> None:
     with pytest.raises(ValueError, match="hidden: expected at most 64 tokens; got 65"):
         torch.ops.nki.moe_gated_decode(*args, None, None, None, None, None, "swiglu", False,
                                        1.702, 7.0)  # fmt: skip
+
+
+def test_shared_expert_pricing_fused_vs_its_own_launches() -> None:
+    from nki_kernels.moe.decode_pricing import price_decode, shared_decode_comparison
+
+    r = shared_decode_comparison(6, 8, 256, 128, 8, 2, 512, True, "trn2")
+    assert r.label.startswith("modeled (cost model v") and r.label.endswith("trn2)")
+    assert r.fused_band[0] <= r.fused_us <= r.fused_band[1]
+    assert r.unfused_band[0] <= r.unfused_us <= r.unfused_band[1]
+    assert r.speedup_band[0] <= r.speedup <= r.speedup_band[1]
+    assert abs(r.speedup - r.unfused_us / r.fused_us) < 1e-9
+    # both forms add time to the routed experts' launch alone (3 experts per program:
+    # one extrapolated step, the shared expert's time from the exact launches)
+    routed_us = price_decode(6, 8, 256, 128, 8, 2, "trn2").latency_ns[0] / 1e3
+    assert routed_us < r.fused_us and routed_us < r.unfused_us
+    assert r.shared_hbm > 0
+
+
+def test_threads_give_the_serial_result() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [
+        (_case(t=3 + 5 * n, seed=n, shared="gated" if n % 2 else None),
+         {"activation": ("swiglu", "gpt_oss")[n % 2], "interleaved": bool(n % 2)})
+        for n in range(4)
+    ]  # fmt: skip
+    serial = [_decoded(c, **o) for c, o in cases]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda co: _decoded(co[0], **co[1]), cases * 2))
+    for n, out in enumerate(threaded):
+        assert torch.equal(out, serial[n % 4]), n
