@@ -41,9 +41,13 @@ class Target:
     # --- on-chip memory ---------------------------------------------------------------
     partitions: int = 128  # on every generation. H
     sbuf_bytes_per_partition: int  # physical SBUF per partition. H
-    # compiler DMA scratch: nki-library budgets 16 KiB + 264 B on trn2 (M); assumed the
-    # same on trn1 and trn3 (L)
-    sbuf_reserved_bytes: int = 16 * KIB + 264
+    # what the compiler keeps for itself: nki-library (d2ad3a57,
+    # core/mlp/mlp_cte/mlp_cte_constants.py) budgets "Total available SBUF -
+    # DynamicDMAScratchLoc - EvalAccelReservedLoc - identity tensor size for transpose"
+    # = 224 KiB - 16384 - 8 - 256 on trn2 (bwmm_bwd_dropless.py: - 8 - 520, its identity
+    # fp32): the identity tile is the kernel's own allocation (counted when it allocates
+    # it), the compiler's are 16 KiB + 8 B (M); assumed the same on trn1 and trn3 (L)
+    sbuf_reserved_bytes: int = 16 * KIB + 8
     psum_banks: int = 8  # banks per partition. H
     psum_bank_bytes: int = 2 * KIB  # per bank = 512 fp32. H
 

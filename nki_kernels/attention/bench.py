@@ -68,12 +68,21 @@ class Row:
     latency_lo_us: float | None = None
     latency_hi_us: float | None = None
 
-    def mfu_band(self) -> tuple[float, float] | None:
-        """(low, high) MFU over the band (MFU falls as latency grows)."""
+    def latency_band(self) -> tuple[float, float] | None:
+        """(low, high) latency in us, the low end no lower than the time TensorE needs at
+        its peak for the counted FLOPs (rows priced before `perfmodel.band` stopped at
+        the roofline could widen past it)."""
         if self.latency_lo_us is None or self.latency_hi_us is None:
             return None
+        return max(self.latency_lo_us, self.mfu * self.latency_us), self.latency_hi_us
+
+    def mfu_band(self) -> tuple[float, float] | None:
+        """(low, high) MFU over the band (MFU falls as latency grows; at most 100 %)."""
+        lat = self.latency_band()
+        if lat is None:
+            return None
         scale = self.mfu * self.latency_us
-        return scale / self.latency_hi_us, scale / self.latency_lo_us
+        return scale / lat[1], scale / lat[0]
 
 
 def useful_flops(
@@ -279,12 +288,11 @@ def format_table(rows: list[Row]) -> str:
             f"{100 * r.mfu:6.1f} {r.busiest:>8s} {r.tensor_active:5.0f} {r.vector_active:5.0f} "
             f"{r.scalar_active:5.0f}  {r.pricing}"
         )
-        mb = r.mfu_band()
-        if mb is not None and r.latency_lo_us is not None and r.latency_hi_us is not None:
+        mb, lb = r.mfu_band(), r.latency_band()
+        if mb is not None and lb is not None:
             lines.append(
                 f"{'':6s} {'':3s} {'':6s} {'band':>6s} "
-                f"{r.latency_lo_us:.1f}-{r.latency_hi_us:.1f} us, MFU "
-                f"{100 * mb[0]:.1f}-{100 * mb[1]:.1f} %"
+                f"{lb[0]:.1f}-{lb[1]:.1f} us, MFU {100 * mb[0]:.1f}-{100 * mb[1]:.1f} %"
             )
     labels = sorted({r.label for r in rows})
     lines.append(
@@ -306,11 +314,9 @@ def markdown_table(rows: list[Row]) -> str:
     for r in rows:
         lat = f"{r.latency_us / 1e3:.2f}"
         mfu = f"{100 * r.mfu:.1f}"
-        mb = r.mfu_band()
-        if mb is not None and r.latency_lo_us is not None and r.latency_hi_us is not None:
-            lat = format_band(
-                r.latency_us / 1e3, r.latency_lo_us / 1e3, r.latency_hi_us / 1e3, "", 2
-            )
+        mb, lb = r.mfu_band(), r.latency_band()
+        if mb is not None and lb is not None:
+            lat = format_band(r.latency_us / 1e3, lb[0] / 1e3, lb[1] / 1e3, "", 2)
             mfu = format_band(100 * r.mfu, 100 * mb[0], 100 * mb[1], "", 1)
         # an MFU above the best published attention measurement is a ceiling of the model
         mfu = ceiling_label(mfu, "flash_attention", r.mfu)

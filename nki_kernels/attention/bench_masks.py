@@ -2,7 +2,8 @@
 
 Every figure is "modeled (cost model vN, target)": trace-only interpretation + timeline,
 never a measurement. Each row carries its band: the same traces scheduled under every
-parameter set of the cost model (`perfmodel.band`; min and max over the sets).
+parameter set of the cost model (`perfmodel.band`; min and max over the sets, widened by the
+model's cross-validated error, `perfmodel.band.widen`).
 
 Masks (forward, Llama-3 8B attention: one (batch, kv-head) program of 4 query heads,
 D = 128, bf16, priced once and multiplied by the 8 kv heads, an upper bound as in
@@ -91,15 +92,17 @@ def _banded(kernel: Any, args: tuple[Any, ...], tgt: Target) -> tuple[float, tup
 
 def _native_banded(step_list: list[Step], tgt: Target) -> tuple[float, tuple, str]:
     """(latency ns, band ns, label) of a native decomposition, each step's trace reused
-    across the parameter sets."""
+    across the parameter sets; the band widened as `perfmodel.band.band` widens a
+    kernel's (the model's cross-validated error)."""
     from ..bench.bands import parameter_sets, replayed_traces
+    from ..perfmodel.band import widen
 
     with replayed_traces():
         first = native.price(step_list, tgt)
         vals = [first.latency_ns] + [
             native.price(step_list, p).latency_ns for p in parameter_sets(tgt)[1:]
         ]
-    return first.latency_ns, (min(vals), max(vals)), first.label
+    return first.latency_ns, widen(min(vals), max(vals), tgt), first.label
 
 
 def _mask(kind: str, s: int, seed: int = 0) -> np.ndarray:

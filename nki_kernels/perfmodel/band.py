@@ -172,10 +172,15 @@ def _applies(tgt: Target, name: str) -> bool:
 
 def band(trace: Trace, target: str | Target | None = None) -> tuple[float, float]:
     """(lowest, highest) modeled latency in ns of `trace` over `parameter_sets(target)`,
-    widened by the structural error (`widen`)."""
-    tgt = target or trace.target
+    widened by the structural error (`widen`). The low end is never below the trace's
+    roofline (TensorE at its peak, HBM at its bandwidth): the widening must not claim a
+    latency no parameter set can reach, so an MFU or bandwidth band ends at 100 %."""
+    from .estimate import roofline_ns
+
+    tgt = get_target(target or trace.target)
     lat = schedule_sets(trace, parameter_sets(tgt))
-    return widen(min(lat), max(lat), tgt)
+    lo, hi = widen(min(lat), max(lat), tgt)
+    return max(lo, roofline_ns(trace, tgt)), hi
 
 
 @dataclass(frozen=True)

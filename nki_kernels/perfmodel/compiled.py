@@ -20,14 +20,13 @@ inside the block (traces that are not changed meanwhile, as a replayed benchmark
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..interp.trace import HBM, Instr, Trace
+from ..interp.trace import Trace
 from ..targets import Target
 from .costs import Pricer
 from .dead_stores import dead_psum_memsets
@@ -54,31 +53,11 @@ class CompiledTrace:
     psum_bank_bytes: int  # the bank size the cost keys were made with
 
 
-def _overlaps(reads: tuple, writes: tuple) -> bool:
-    # timeline._overlaps without renaming (window 1)
-    for r in reads:
-        for w in writes:
-            if r[0] == w[0] and r[4] < w[5] and w[4] < r[5] and (r[1] == w[1] or r[0] != HBM):
-                return True
-    return False
-
-
-def _chip_region(instr: Instr) -> tuple | None:
-    for reg in instr.writes:
-        if reg[0] != HBM:
-            return reg
-    for reg in instr.reads:
-        if reg[0] != HBM:
-            return reg
-    return None
-
-
 def compile_trace(trace: Trace, target: Target) -> CompiledTrace:
     """The parameter-free schedule data of `trace` (cost keys made on `target`'s PSUM
     banks, the one target limit they read)."""
-    from .timeline import HBM_BLOCK_SHIFT, ONCHIP_BLOCK_SHIFT
+    from .timeline import _chip_region, _overlaps, block_ranges, dma_queue
 
-    sh, hsh = ONCHIP_BLOCK_SHIFT, HBM_BLOCK_SHIFT
     instrs = trace.instrs
     dead = dead_psum_memsets(instrs)
     keyer = Pricer(target)
@@ -93,17 +72,7 @@ def compile_trace(trace: Trace, target: Target) -> CompiledTrace:
     blocks: dict[tuple, tuple[tuple, tuple]] = {}
 
     def split(regs: tuple) -> tuple[tuple, tuple]:
-        chip, hbm = [], []
-        for reg in regs:
-            if reg[0] == HBM:
-                b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
-                if e > b:
-                    hbm.append((reg[1], b, e))
-            else:
-                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
-                if e > b:
-                    chip.append((reg[0], b, e))
-        got = blocks[regs] = (tuple(chip), tuple(hbm))
+        got = blocks[regs] = block_ranges(regs)
         return got
 
     for idx, ins in enumerate(instrs):
@@ -124,7 +93,7 @@ def compile_trace(trace: Trace, target: Target) -> CompiledTrace:
             if cost < 0:
                 cost = dma_ids[key] = len(dma_reps)
                 dma_reps.append((idx, region))
-            aux = (ins.attrs.get("queue", "sync"), ins.writes[0][0] if ins.writes else HBM)
+            aux = dma_queue(ins)
         elif kind != OTHER:
             key = keyer.compute_key(ins)
             cost = compute_ids.get(key, -1)
@@ -132,7 +101,7 @@ def compile_trace(trace: Trace, target: Target) -> CompiledTrace:
                 cost = compute_ids[key] = len(compute_reps)
                 compute_reps.append(idx)
             prev = last_writes.get((prog, kind))
-            aux = bool(kind and prev and _overlaps(ins.reads, prev))
+            aux = bool(kind and prev and _overlaps(ins.reads, prev, False))
             last_writes[(prog, kind)] = ins.writes
         ops.append((kind, prog, rchip, rhbm, wchip, whbm, cost, aux))
     return CompiledTrace(
@@ -186,7 +155,16 @@ def schedule_compiled(
 ) -> tuple[list[float], list[float], float, float, list]:
     """Run the window-1 timeline of `trace` (compiled as `comp`) on `tgt`: (starts, ends,
     latency, DGE busy, cores), as `timeline.schedule` computes them."""
-    from .timeline import COMPUTE_ENGINES, _Core, throttled_duration
+    from .timeline import (
+        _Core,
+        drain_ns,
+        publish_at,
+        ready_at,
+        run_compute,
+        run_dma,
+        start_compute,
+        throttle_of,
+    )
 
     if comp.psum_bank_bytes != tgt.psum_bank_bytes:
         raise ValueError(
@@ -203,166 +181,33 @@ def schedule_compiled(
     hbm_r: dict[int, list[float]] = {}
     sem = tgt.semaphore_ns
     fixed = tgt.dma_fixed_ns
-    s0, ramp = tgt.throttle_start_fraction, tgt.throttle_ramp_ns
-    throttled = s0 < 1.0
-    reengage = ramp * tgt.throttle_reengage_utilization
-    dep_ns = [
-        (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
-        for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
-    ]
+    throttle = throttle_of(tgt)
+    dep_ns = drain_ns(tgt)
     pricer = Pricer(tgt)
     ccost = [pricer.compute(instrs[i]) for i in comp.compute_reps]
     plans = [pricer.dma_plan(instrs[i], region) for i, region in comp.dma_reps]
     latency = dge_busy = 0.0
-    gpsimd = COMPUTE_ENGINES.index("gpsimd")
-    inf = math.inf
 
     for idx in range(count):
         kind, prog, rchip, rhbm, wchip, whbm, cost, aux = ops[idx]
         core = cores[prog]
-        cw, cr = core.w, core.r
-        # ready: inputs written, outputs' earlier readers and writers done
-        dep = 0.0
-        for space, b, e in rchip:
-            wl = cw[space]
-            if e - b == 1:
-                t = wl[b] if b < len(wl) else 0.0
-            else:
-                part = wl[b:e]
-                t = max(part) if part else 0.0
-            if t > dep:
-                dep = t
-        for tid, b, e in rhbm:
-            wl = hbm_w.get(tid)
-            if wl is None:
-                continue
-            if e - b == 1:
-                t = wl[b] if b < len(wl) else 0.0
-            else:
-                part = wl[b:e]
-                t = max(part) if part else 0.0
-            if t > dep:
-                dep = t
-        for space, b, e in wchip:
-            t = max(cr[space][b:e])
-            if t > dep:
-                dep = t
-        for tid, b, e in whbm:
-            rl = hbm_r.get(tid)
-            if rl is None:
-                continue
-            part = rl[b:e]
-            t = max(part) if part else 0.0
-            if t > dep:
-                dep = t
-
+        dep = ready_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm)
         if kind >= OTHER:  # a dead store, or an engine the model does not know
             starts[idx] = ends[idx] = dep
             continue
         if kind == DMA:
-            plan = plans[cost]
-            trigger = core.trigger
-            trig = trigger.get(aux, 0.0)
-            if dep > trig:
-                trig = dep
-            trigger[aux] = trig
-            ready = trig
-            if plan.dge == "hw":
-                slots = core.dge_free
-                i = min(range(len(slots)), key=slots.__getitem__)
-                s = slots[i] if slots[i] > ready else ready
-                slots[i] = s + plan.dge_ns
-                dge_busy += plan.dge_ns
-                ready = s + plan.dge_ns
-            elif plan.dge == "sw":
-                s = core.free[gpsimd] if core.free[gpsimd] > ready else ready
-                core.free[gpsimd] = s + plan.dge_ns
-                core.busy[gpsimd] += plan.dge_ns
-                ready = s + plan.dge_ns
-            t0 = ready + fixed
-            per = plan.per_engine_ns
-            first = inf
-            end = t0
-            rng = plan.engines
-            for _lo, _hi, s in core.dma.transfer(rng.start, rng.stop, t0, per):
-                f = s + per
-                if s < first:
-                    first = s
-                if f > end:
-                    end = f
-            start = first if first < inf else t0
+            start, end, dge = run_dma(core, plans[cost], aux, dep, fixed)
+            dge_busy += dge
         else:
-            ei = kind
-            free = core.free[ei]
             work, ports = ccost[cost]
-            start = dep + sem if dep > free else free
-            if aux:
-                drained = free + dep_ns[ei]
-                if drained > start:
-                    start = drained
-            if ports:
-                port = core.port
-                bit, rest = 0, ports
-                while rest:
-                    if rest & 1 and port[bit] > start:
-                        start = port[bit]
-                    rest >>= 1
-                    bit += 1
-            if ei == 0 and throttled:
-                warm = 0.0 if start - free > reengage else core.warm
-                dur = throttled_duration(work, warm, s0, ramp)
-                warm += dur
-                core.warm = warm if warm < ramp else ramp
-            else:
-                dur = work
-            end = start + dur
-            core.free[ei] = end
-            core.busy[ei] += dur
-            if ports:
-                port = core.port
-                bit, rest = 0, ports
-                while rest:
-                    if rest & 1:
-                        port[bit] = end
-                    rest >>= 1
-                    bit += 1
+            start = start_compute(core, kind, dep, sem, dep_ns[kind] if aux else 0.0, ports)
+            end = run_compute(core, kind, start, work, ports, throttle)
 
         starts[idx] = start
         ends[idx] = end
         if end > latency:
             latency = end
-        # publish: the latest reader / writer of what it touched
-        for space, b, e in rchip:
-            rl = cr[space]
-            if e - b == 1 and b < len(rl):
-                if rl[b] <= end:
-                    rl[b] = end
-                continue
-            part = rl[b:e]
-            if part and max(part) <= end:
-                rl[b:e] = [end] * (e - b)
-            else:
-                rl[b:e] = [x if x > end else end for x in part]
-        for tid, b, e in rhbm:
-            rl = hbm_r.get(tid)
-            if rl is None:
-                rl = hbm_r[tid] = []
-            if len(rl) < e:
-                rl.extend([0.0] * (e - len(rl)))
-            part = rl[b:e]
-            if max(part) <= end:
-                rl[b:e] = [end] * (e - b)
-            else:
-                rl[b:e] = [x if x > end else end for x in part]
-        for tid, b, e in whbm:
-            wl = hbm_w.get(tid)
-            if wl is None:
-                wl = hbm_w[tid] = []
-            if len(wl) < e:
-                wl.extend([0.0] * (e - len(wl)))
-            wl[b:e] = [x if x > end else end for x in wl[b:e]]
-        for space, b, e in wchip:
-            cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
+        publish_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm, end)
     return starts, ends, latency, dge_busy, cores
 
 

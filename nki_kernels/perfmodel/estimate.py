@@ -154,15 +154,26 @@ def _sum_totals(trace: Trace, tgt: Target) -> tuple:
     return counts, flops, hw, dma_bytes, ideal, trace.hbm_read_bytes, trace.hbm_write_bytes
 
 
+def _bounds(trace: Trace, tgt: Target, cores: int) -> tuple[float, float]:
+    """(TensorE time at peak, HBM bytes / bandwidth) in ns per core: the roofline terms."""
+    ideal, hbm_r, hbm_w = (_totals(trace, tgt)[i] for i in (4, 5, 6))
+    return ideal / cores, (hbm_r + hbm_w) / (tgt.hbm_bytes_per_ns * cores)
+
+
+def roofline_ns(trace: Trace, target: Target, lnc: int | None = None) -> float:
+    """The roofline bound of `trace` on `target`: no schedule is faster (the timeline
+    guarantees it, `build_estimate` checks it)."""
+    return max(_bounds(trace, target, max(1, lnc if lnc is not None else trace.lnc)))
+
+
 def build_estimate(trace: Trace, sched: Schedule) -> Estimate:
     """Fold a trace and its schedule into an `Estimate` (checks latency >= roofline)."""
     tgt: Target = sched.target
     cores = max(1, sched.lnc)
-    counts, flops, hw, dma_bytes, ideal, hbm_r, hbm_w = _totals(trace, tgt)
+    counts, flops, hw, dma_bytes, _ideal, hbm_r, hbm_w = _totals(trace, tgt)
     counts = dict(counts)
     latency = sched.latency_ns
-    compute_bound = ideal / cores
-    memory_bound = (hbm_r + hbm_w) / (tgt.hbm_bytes_per_ns * cores)
+    compute_bound, memory_bound = _bounds(trace, tgt, cores)
     roofline = max(compute_bound, memory_bound)
     if latency < roofline * (1.0 - 1e-9):
         raise AssertionError(

@@ -48,6 +48,7 @@ O(blocks it touches), so pricing is linear in the trace.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..interp.trace import HBM, PSUM, SBUF, Instr, Trace
@@ -60,6 +61,7 @@ from .scheduling import schedule_window
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _ENGINE_INDEX = {name: i for i, name in enumerate(COMPUTE_ENGINES)}
+_GPSIMD = _ENGINE_INDEX["gpsimd"]
 ONCHIP_BLOCK_SHIFT = 6  # 64 B: the SBUF allocation granule
 HBM_BLOCK_SHIFT = 16  # 64 KiB
 
@@ -140,6 +142,231 @@ def throttled_duration(work_ns: float, warm: float, start_frac: float, ramp_ns: 
     c = start_frac * a + 0.5 * k * a * a + work_ns
     b = (-start_frac + math.sqrt(start_frac * start_frac + 2.0 * k * c)) / k
     return b - a
+
+
+def start_compute(
+    core: _Core, ei: int, dep: float, sem: float, drain_ns: float, ports: int
+) -> float:
+    """When a compute instruction ready at `dep` would start on engine `ei` of `core`:
+    after the engine is free, the semaphore latency `sem` when it waits on another
+    engine, `drain_ns` after the previous instruction (0: no drain, see the module
+    docstring) and once every port of the mask `ports` is released."""
+    free = core.free[ei]
+    start = dep + sem if dep > free else free
+    if drain_ns:
+        drained = free + drain_ns
+        if drained > start:
+            start = drained
+    if ports:
+        port = core.port
+        bit, rest = 0, ports
+        while rest:
+            if rest & 1 and port[bit] > start:
+                start = port[bit]
+            rest >>= 1
+            bit += 1
+    return start
+
+
+def run_compute(
+    core: _Core, ei: int, start: float, work: float, ports: int, throttle: tuple | None
+) -> float:
+    """Run `work` ns of engine `ei` from `start`: its end (TensorE slowed by the throttle
+    ramp, `throttle` = (start fraction, ramp ns, re-engage gap ns), or None when the
+    target has none); the engine and the ports it holds are busy until then."""
+    if ei == 0 and throttle is not None:
+        s0, ramp, reengage = throttle
+        # "If utilization drops below 50% over any ~3 microsecond window ... the limit
+        # re-engages": an idle gap longer than half the ramp window resets it.
+        warm = 0.0 if start - core.free[0] > reengage else core.warm
+        dur = throttled_duration(work, warm, s0, ramp)
+        warm += dur
+        core.warm = warm if warm < ramp else ramp
+    else:
+        dur = work
+    end = start + dur
+    core.free[ei] = end
+    core.busy[ei] += dur
+    if ports:
+        port = core.port
+        bit, rest = 0, ports
+        while rest:
+            if rest & 1:
+                port[bit] = end
+            rest >>= 1
+            bit += 1
+    return end
+
+
+def run_dma(
+    core: _Core,
+    plan: DmaPlan,
+    queue: tuple,
+    dep: float,
+    fixed: float,
+    segment: Callable[[int, int, float, float], None] | None = None,
+) -> tuple[float, float, float]:
+    """Trigger a DMA ready at `dep` on `queue` (in order), wait for its descriptor
+    generator and move its bytes on its DMA engines `fixed` ns after: (start, end,
+    hardware-DGE ns it used). `segment(lo, hi, start, end)` sees each engine range's
+    transfer."""
+    trig = core.trigger.get(queue, 0.0)
+    if dep > trig:
+        trig = dep
+    core.trigger[queue] = trig
+    ready = trig
+    dge = 0.0
+    if plan.dge == "hw":
+        slots = core.dge_free
+        i = min(range(len(slots)), key=slots.__getitem__)
+        s = slots[i] if slots[i] > ready else ready
+        slots[i] = s + plan.dge_ns
+        dge = plan.dge_ns
+        ready = s + plan.dge_ns
+    elif plan.dge == "sw":  # descriptors written by GpSimd
+        s = core.free[_GPSIMD] if core.free[_GPSIMD] > ready else ready
+        core.free[_GPSIMD] = s + plan.dge_ns
+        core.busy[_GPSIMD] += plan.dge_ns
+        ready = s + plan.dge_ns
+    t0 = ready + fixed
+    per = plan.per_engine_ns
+    first = math.inf
+    end = t0
+    rng = plan.engines
+    for lo, hi, s in core.dma.transfer(rng.start, rng.stop, t0, per):
+        f = s + per
+        if s < first:
+            first = s
+        if f > end:
+            end = f
+        if segment is not None:
+            segment(lo, hi, s, f)
+    return (first if first < math.inf else t0), end, dge
+
+
+def block_ranges(regs: tuple) -> tuple[tuple, tuple]:
+    """A region list as dependency-table ranges: on chip (space, first block, end block)
+    per 64 B block, HBM (tensor, first block, end block) per 64 KiB block; empty ranges
+    left out (they wait for nothing and publish nothing)."""
+    chip, hbm = [], []
+    for reg in regs:
+        if reg[0] == HBM:
+            b, e = reg[4] >> HBM_BLOCK_SHIFT, ((reg[5] - 1) >> HBM_BLOCK_SHIFT) + 1
+            if e > b:
+                hbm.append((reg[1], b, e))
+        else:
+            b, e = reg[4] >> ONCHIP_BLOCK_SHIFT, ((reg[5] - 1) >> ONCHIP_BLOCK_SHIFT) + 1
+            if e > b:
+                chip.append((reg[0], b, e))
+    return tuple(chip), tuple(hbm)
+
+
+def ready_at(
+    core: _Core, hbm_w: dict, hbm_r: dict, rchip: tuple, rhbm: tuple, wchip: tuple, whbm: tuple
+) -> float:
+    """When what an instruction reads is written and what it writes is no longer read
+    or written by an earlier one (`block_ranges` of its reads and writes)."""
+    cw, cr = core.w, core.r
+    dep = 0.0
+    for space, b, e in rchip:
+        wl = cw[space]
+        if e - b == 1:
+            t = wl[b] if b < len(wl) else 0.0
+        else:
+            part = wl[b:e]
+            t = max(part) if part else 0.0
+        if t > dep:
+            dep = t
+    for tid, b, e in rhbm:
+        wl = hbm_w.get(tid)
+        if wl is None:
+            continue
+        if e - b == 1:
+            t = wl[b] if b < len(wl) else 0.0
+        else:
+            part = wl[b:e]
+            t = max(part) if part else 0.0
+        if t > dep:
+            dep = t
+    for space, b, e in wchip:
+        t = max(cr[space][b:e])
+        if t > dep:
+            dep = t
+    for tid, b, e in whbm:
+        rl = hbm_r.get(tid)
+        if rl is None:
+            continue
+        part = rl[b:e]
+        t = max(part) if part else 0.0
+        if t > dep:
+            dep = t
+    return dep
+
+
+def publish_at(
+    core: _Core,
+    hbm_w: dict,
+    hbm_r: dict,
+    rchip: tuple,
+    rhbm: tuple,
+    wchip: tuple,
+    whbm: tuple,
+    end: float,
+) -> None:
+    """Record an instruction ending at `end` as the latest reader / writer of its ranges."""
+    cw, cr = core.w, core.r
+    for space, b, e in rchip:
+        rl = cr[space]
+        if e - b == 1 and b < len(rl):
+            if rl[b] <= end:
+                rl[b] = end
+            continue
+        part = rl[b:e]
+        if part and max(part) <= end:
+            rl[b:e] = [end] * (e - b)
+        else:
+            rl[b:e] = [x if x > end else end for x in part]
+    for tid, b, e in rhbm:
+        rl = hbm_r.get(tid)
+        if rl is None:
+            rl = hbm_r[tid] = []
+        if len(rl) < e:
+            rl.extend([0.0] * (e - len(rl)))
+        part = rl[b:e]
+        if max(part) <= end:
+            rl[b:e] = [end] * (e - b)
+        else:
+            rl[b:e] = [x if x > end else end for x in part]
+    for tid, b, e in whbm:
+        wl = hbm_w.get(tid)
+        if wl is None:
+            wl = hbm_w[tid] = []
+        if len(wl) < e:
+            wl.extend([0.0] * (e - len(wl)))
+        wl[b:e] = [x if x > end else end for x in wl[b:e]]
+    for space, b, e in wchip:
+        cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
+
+
+def dma_queue(instr: Instr) -> tuple:
+    """The trigger queue of a DMA: its queue name and whether it writes on chip."""
+    return (instr.attrs.get("queue", "sync"), instr.writes[0][0] if instr.writes else HBM)
+
+
+def throttle_of(tgt: Target) -> tuple | None:
+    """`run_compute`'s throttle argument for `tgt` (None: TensorE runs at full speed)."""
+    if tgt.throttle_start_fraction >= 1.0:
+        return None
+    ramp = tgt.throttle_ramp_ns
+    return tgt.throttle_start_fraction, ramp, ramp * tgt.throttle_reengage_utilization
+
+
+def drain_ns(tgt: Target) -> list[float]:
+    """The dependent-instruction overhead of each compute engine in ns."""
+    return [
+        (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
+        for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
+    ]
 
 
 def _overlaps(reads: tuple, writes: tuple, by_allocation: bool = False) -> bool:
@@ -238,12 +465,8 @@ def schedule(
     segments: list[DmaSegment] = []
     sem = tgt.semaphore_ns
     fixed = tgt.dma_fixed_ns
-    s0, ramp = tgt.throttle_start_fraction, tgt.throttle_ramp_ns
-    reengage = ramp * tgt.throttle_reengage_utilization
-    dep_ns = [
-        (tgt.dependent_instr_cycles + tgt.sbuf_access_cycles) / ghz
-        for ghz in (tgt.tensor_ghz, tgt.vector_ghz, tgt.scalar_ghz, tgt.gpsimd_ghz)
-    ]
+    throttle = throttle_of(tgt)
+    dep_ns = drain_ns(tgt)
     # the compiler renames buffers that merely share bytes (scheduling.py), at window > 1
     rename = window > 1 and renames(trace)
     span = _AllocTables().span
@@ -260,26 +483,30 @@ def schedule(
             cores.append(_Core(tgt))
         return cores[prog]
 
+    ranges: dict[tuple, tuple[tuple, tuple]] = {}  # regions repeat (a loop's tiles)
+
+    def ranges_of(regs: tuple) -> tuple[tuple, tuple]:
+        got = ranges.get(regs)
+        if got is None:
+            got = ranges[regs] = block_ranges(regs)
+        return got
+
     def ready_time(ins: Instr, core: _Core) -> float:
         """When the instruction's inputs are written and its outputs free (tables)."""
-        cw, cr = core.w, core.r
-        dep = 0.0
+        rchip, rhbm = ranges_of(ins.reads)
+        wchip, whbm = ranges_of(ins.writes)
+        if not rename:
+            return ready_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm)
+        # renamed: a read waits only for the writes of its own allocation
+        dep = ready_at(core, hbm_w, hbm_r, (), rhbm, wchip, whbm)
         for reg in ins.reads:
-            space = reg[0]
-            if space == HBM:
-                wl = hbm_w.get(reg[1])
-                if wl is None:
-                    continue
-                b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
-            else:
-                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
-                if rename:
-                    if e <= b:
-                        continue
-                    wl, off = span(reg[1], b, e)
-                    b, e = b - off, e - off
-                else:
-                    wl = cw[space]
+            if reg[0] == HBM:
+                continue
+            b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+            if e <= b:
+                continue
+            wl, off = span(reg[1], b, e)
+            b, e = b - off, e - off
             if e - b == 1:
                 t = wl[b] if b < len(wl) else 0.0
             else:
@@ -287,40 +514,12 @@ def schedule(
                 t = max(part) if part else 0.0
             if t > dep:
                 dep = t
-        for reg in ins.writes:
-            space = reg[0]
-            if space == HBM:
-                rl = hbm_r.get(reg[1])
-                if rl is None:
-                    continue
-                part = rl[reg[4] >> hsh : ((reg[5] - 1) >> hsh) + 1]
-                t = max(part) if part else 0.0
-            else:
-                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
-                if e <= b:
-                    continue
-                t = max(cr[space][b:e])
-            if t > dep:
-                dep = t
         return dep
 
     def compute_start(ins: Instr, core: _Core, ei: int, dep: float, ports: int) -> float:
         """When `ins` (ready at `dep`, holding `ports`) would start on engine `ei` now."""
-        free = core.free[ei]
-        start = dep + sem if dep > free else free
-        if ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei], rename):
-            drained = free + dep_ns[ei]
-            if drained > start:
-                start = drained
-        if ports:
-            port = core.port
-            bit, rest = 0, ports
-            while rest:
-                if rest & 1 and port[bit] > start:
-                    start = port[bit]
-                rest >>= 1
-                bit += 1
-        return start
+        drain = ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei], rename)
+        return start_compute(core, ei, dep, sem, dep_ns[ei] if drain else 0.0, ports)
 
     def place(idx: int, dep: float, price: tuple[float, int] | None = None) -> None:
         """Run instruction `idx` now that everything it depends on is placed (a compute
@@ -333,68 +532,24 @@ def schedule(
         eng = ins.engine
         if eng == "dma":
             plan: DmaPlan = price_dma(ins, _chip_region(ins))
-            queue = (ins.attrs.get("queue", "sync"), ins.writes[0][0] if ins.writes else HBM)
-            trig = core.trigger.get(queue, 0.0)
-            if dep > trig:
-                trig = dep
-            core.trigger[queue] = trig
-            ready = trig
-            if plan.dge == "hw":
-                slots = core.dge_free
-                i = min(range(len(slots)), key=slots.__getitem__)
-                s = slots[i] if slots[i] > ready else ready
-                slots[i] = s + plan.dge_ns
-                totals[1] += plan.dge_ns
-                ready = s + plan.dge_ns
-            elif plan.dge == "sw":
-                g = _ENGINE_INDEX["gpsimd"]
-                s = core.free[g] if core.free[g] > ready else ready
-                core.free[g] = s + plan.dge_ns
-                core.busy[g] += plan.dge_ns
-                ready = s + plan.dge_ns
-            t0 = ready + fixed
-            per = plan.per_engine_ns
-            first = math.inf
-            end = t0
-            eng_range = plan.engines
-            for lo, hi, s in core.dma.transfer(eng_range.start, eng_range.stop, t0, per):
-                f = s + per
-                if s < first:
-                    first = s
-                if f > end:
-                    end = f
-                if record:
-                    for q in range(lo, hi):
-                        segments.append(DmaSegment(ins.program, q, s, f, idx))
-            start = first if first < math.inf else t0
+
+            def segment(lo: int, hi: int, s: float, f: float) -> None:
+                for q in range(lo, hi):
+                    segments.append(DmaSegment(ins.program, q, s, f, idx))
+
+            start, end, dge = run_dma(
+                core, plan, dma_queue(ins), dep, fixed, segment if record else None
+            )
+            totals[1] += dge
         else:
             ei = _ENGINE_INDEX.get(eng)
             if ei is None:  # an engine the model does not know (e.g. a sync barrier)
                 starts[idx] = ends[idx] = dep
                 return
-            free = core.free[ei]
             work, ports = price_compute(ins) if price is None else price
             start = compute_start(ins, core, ei, dep, ports)
-            if ei == 0 and s0 < 1.0:
-                # "If utilization drops below 50% over any ~3 microsecond window ... the
-                # limit re-engages": an idle gap longer than half the ramp window resets it.
-                warm = 0.0 if start - free > reengage else core.warm
-                dur = throttled_duration(work, warm, s0, ramp)
-                warm += dur
-                core.warm = warm if warm < ramp else ramp
-            else:
-                dur = work
-            end = start + dur
-            core.free[ei] = end
-            core.busy[ei] += dur
+            end = run_compute(core, ei, start, work, ports, throttle)
             core.last_writes[ei] = ins.writes
-            if ports:
-                bit, rest = 0, ports
-                while rest:
-                    if rest & 1:
-                        core.port[bit] = end
-                    rest >>= 1
-                    bit += 1
 
         starts[idx] = start
         ends[idx] = end
@@ -404,41 +559,15 @@ def schedule(
 
     def publish(ins: Instr, core: _Core, end: float) -> None:
         """Record `ins` as the latest reader / writer of what it touches."""
-        cw, cr = core.w, core.r
-        for reg in ins.reads:
-            space = reg[0]
-            if space == HBM:
-                rl = hbm_r.get(reg[1])
-                if rl is None:
-                    rl = hbm_r[reg[1]] = []
-                b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
-                if len(rl) < e:
-                    rl.extend([0.0] * (e - len(rl)))
-            else:
-                rl = cr[space]
-                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
-            part = rl[b:e]
-            if part and max(part) <= end:
-                rl[b:e] = [end] * (e - b)
-            else:
-                rl[b:e] = [x if x > end else end for x in part]
-        for reg in ins.writes:
-            space = reg[0]
-            if space == HBM:
-                wl = hbm_w.get(reg[1])
-                if wl is None:
-                    wl = hbm_w[reg[1]] = []
-                b, e = reg[4] >> hsh, ((reg[5] - 1) >> hsh) + 1
-                if len(wl) < e:
-                    wl.extend([0.0] * (e - len(wl)))
-                part = wl[b:e]
-                wl[b:e] = [x if x > end else end for x in part]
-            else:
-                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
-                if e <= b:
+        rchip, rhbm = ranges_of(ins.reads)
+        wchip, whbm = ranges_of(ins.writes)
+        publish_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm, end)
+        if rename:  # and per allocation
+            for reg in ins.writes:
+                if reg[0] == HBM:
                     continue
-                cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
-                if rename:
+                b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
+                if e > b:
                     wl, off = span(reg[1], b, e)
                     wl[b - off : e - off] = [end] * (e - b)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from nki_kernels.attention import bench_masks, masks
+from nki_kernels.perfmodel.band import structural_pct
 
 AWS = Path("/work/ext/aws-neuron+nki-library")
 
@@ -27,6 +28,13 @@ def test_mask_rows_are_modeled_with_bands_and_count_the_tiles_they_compute() -> 
     }
     assert all(r.label == "modeled (cost model v3, trn2)" and r.latency_us > 0 for r in rows)
     assert all(_in_band(r) and r.band_us[0] < r.band_us[1] for r in rows)
+    # every row's band, kernels and the S x S decomposition alike, carries the structural
+    # term: at least the model's cross-validated error on each side of the figure
+    f = 1 + structural_pct("trn2") / 100
+    assert f > 1.1
+    for r in rows:
+        lo, hi = r.band_us
+        assert lo <= r.latency_us / f * (1 + 1e-9) and hi >= r.latency_us * f * (1 - 1e-9), r
     for r in rows:
         if r.method == "ours":
             allowed = bench_masks._mask(r.mask, 1024)

@@ -40,9 +40,33 @@ def test_the_same_plan_fits_a_larger_target():
     def kernel():
         nl.ndarray((128, 216 * KIB // 2), nl.bfloat16, buffer=nl.sbuf)
 
-    _plan_error("SBUF_OVERFLOW", kernel, target="trn2")  # 216 KiB > 224 KiB - 16 KiB - 264
+    _plan_error("SBUF_OVERFLOW", kernel, target="trn2")  # 216 KiB > 224 KiB - 16 KiB - 8
     res = run(kernel, target="trn3")
     assert res.peak_sbuf_bytes == 216 * KIB
+
+
+def test_usable_sbuf_is_physical_less_the_compilers_two_reserved_locations():
+    # nki-library d2ad3a57, core/mlp/mlp_cte/mlp_cte_constants.py: "# Total available
+    # SBUF - DynamicDMAScratchLoc - EvalAccelReservedLoc - identity tensor size for
+    # transpose" / MAX_AVAILABLE_SBUF_SIZE = 224 * 1024 - 16384 - 8 - 256. The identity
+    # (128 x 128 bf16: 256 B per partition; fp32, 512 B, in bwmm_bwd_dropless.py's
+    # "- 8 - 520") is the kernel's own tile: a kernel that allocates it and fills
+    # nki-library's budget fits, one byte-granule more does not.
+    trn2 = get_target("trn2")
+    assert trn2.sbuf_usable_bytes == 224 * KIB - 16384 - 8
+    budget = 224 * 1024 - 16384 - 8 - 256
+    rest = (budget // SBUF_ALIGN) * SBUF_ALIGN  # the kernel's tiles in whole granules
+
+    def kernel(extra):
+        live = [nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)]  # the identity
+        live.append(nl.ndarray((128, rest // 4 + extra), nl.float32, buffer=nl.sbuf))
+        assert len(live) == 2
+
+    with settings(free_unused_tiles=False):
+        res = run(kernel, 0, target="trn2")
+    assert res.peak_sbuf_bytes == 256 + rest <= trn2.sbuf_usable_bytes
+    msg = _plan_error("SBUF_OVERFLOW", lambda: kernel(SBUF_ALIGN // 4 + 1))
+    assert f"of {trn2.sbuf_usable_bytes} usable B per partition" in msg
 
 
 def test_psum_has_eight_two_kib_banks():

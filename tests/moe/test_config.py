@@ -154,7 +154,7 @@ def test_validate_rejects_with_reasons() -> None:
     with pytest.raises(InvalidConfig, match=r"PSUM: the tile plan needs 16 banks; trn2 has 8"):
         MoEMLPConfig(block_size=1024, tile_i=512).validate(MoEProblem(4096, 512, 2048, 8, 2), TRN2)
     with pytest.raises(
-        InvalidConfig, match=r"SBUF: the tile plan needs \d+ B per partition; trn2 has 212728"
+        InvalidConfig, match=r"SBUF: the tile plan needs \d+ B per partition; trn2 has 212984"
     ):
         MoEMLPBwdConfig(block_size=1024, sub_block=256, tile_i=1024).validate(p, TRN2)
     with pytest.raises(InvalidConfig, match="no backward MoE config fits"):

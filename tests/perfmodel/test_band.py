@@ -17,6 +17,7 @@ from nki_kernels.perfmodel.band import (
     widen,
 )
 from nki_kernels.perfmodel.calibration import matmul_fully_blocked, matmul_tiled
+from nki_kernels.perfmodel.estimate import roofline_ns
 from nki_kernels.perfmodel.timeline import schedule
 from nki_kernels.targets import get_target
 
@@ -41,9 +42,12 @@ def test_band_contains_the_modeled_latency(target):
     lo, hi = band(trace, target)
     central = schedule(trace, target).latency_ns
     assert lo <= central <= hi
-    # the structural term: at least the cross-validated error on each side
+    # the structural term: at least the cross-validated error on each side (the low end
+    # no lower than the roofline)
     f = 1 + structural_pct(target) / 100
-    assert lo <= central / f * (1 + 1e-12) and hi >= central * f * (1 - 1e-12)
+    floor = roofline_ns(trace, get_target(target))
+    assert lo <= max(central / f, floor) * (1 + 1e-12) and hi >= central * f * (1 - 1e-12)
+    assert lo >= floor
     if len(parameter_sets(target)) > 1:  # trn1's leave-one-out sets may still be pending
         assert hi > lo
 
@@ -54,6 +58,22 @@ def test_mfu_band_is_the_latency_band_inverted():
     assert b.mfu_lo <= b.mfu <= b.mfu_hi
     assert b.mfu_lo * b.latency_hi_ns == pytest.approx(b.mfu * b.latency_ns)
     assert b.mfu_text().endswith("%)")
+
+
+def test_band_low_end_stops_at_the_roofline_so_mfu_ends_at_100_pct(monkeypatch):
+    # a structural error large enough that the widened low end would pass the time
+    # TensorE needs at its peak: the band stops at the roofline (a band end above
+    # 100 % MFU is a latency no hardware reaches)
+    import nki_kernels.perfmodel.band as band_mod
+
+    trace = trace_kernel(matmul_fully_blocked, *SPECS, target="trn2")
+    tgt = get_target("trn2")
+    floor = roofline_ns(trace, tgt)
+    monkeypatch.setattr(band_mod, "structural_pct", lambda target=None: 400.0)
+    lo, hi = band(trace, tgt)
+    assert lo == floor and hi > schedule(trace, tgt).latency_ns * 4
+    b = band_estimate(trace, tgt)
+    assert b.mfu_hi <= 1.0 + 1e-12 and b.mfu_lo < b.mfu < b.mfu_hi
 
 
 def test_formats():
