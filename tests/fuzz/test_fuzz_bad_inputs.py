@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import nki_kernels  # noqa: F401  (registers torch.ops.nki.*)
+from nki_kernels.norm.limits import max_hidden
 
 A = torch.ops.nki
 
@@ -42,6 +43,10 @@ def _ln(t: dict[str, Any], **kw: Any) -> Any:
     return A.layer_norm(
         kw.get("x", t["x"]), kw.get("weight", t["w"]), kw.get("bias", t["b"]), kw.get("eps", 1e-5)
     )
+
+
+# fp32 layer_norm forward with weight and bias: its largest hidden size on trn2
+LN_WB_LIMIT = max_hidden("layer_norm", False, "float32", "wb", "trn2")
 
 
 def _ln_wide(t: dict[str, Any], **kw: Any) -> Any:
@@ -89,7 +94,7 @@ def _bad_values(t: dict[str, Any]) -> list[tuple[Callable[..., Any], str, Any]]:
         (_rms, "eps", math.nan), (_rms, "x", x.to(torch.int64)), (_rms, "weight", t["w"][:7]),
         (_rms, "weight", t["w"].double()), (_rms, "x", x[:0]),
         (_ln, "eps", True), (_ln, "bias", t["b"][:3]), (_ln, "weight", t["w"].to(torch.float16)),
-        (_ln_wide, "x", torch.randn(2, 22753, device=x.device)),
+        (_ln_wide, "x", torch.randn(2, LN_WB_LIMIT + 1, device=x.device)),
         (_add, "residual", t["res"][:, :3]), (_add, "residual", t["res"].to(torch.bfloat16)),
         (_add, "eps", False),
         (_route, "top_k", True), (_route, "top_k", 0), (_route, "top_k", 5), (_route, "top_k", 2.0),
