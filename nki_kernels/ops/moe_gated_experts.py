@@ -56,7 +56,7 @@ from ..moe.expert_act import ACTIVATIONS, expert_act_bwd, expert_act_fwd
 from ..runtime import launch, pad_to_bucket, unpad
 from ..targets import get_target
 from . import moe_dispatch  # noqa: F401  (registers moe_dispatch / moe_combine)
-from .checks import FLOAT_DTYPES, check_tensor
+from .checks import FLOAT_DTYPES, check_is_tensor, check_tensor
 from .moe_decode import DECODE_MAX_TOKENS, decode_gated_experts
 from .registry import define_op, tracing
 
@@ -377,6 +377,9 @@ def _check_gated(
     interleaved: bool, alpha: float, limit: float,
 ) -> None:  # fmt: skip
     _check_layer(hidden, weights, ids, w_gate_up, w_down)
+    optional = {"b_gate_up": b_gate_up, "b_down": b_down, "shared_gate_up": shared_gate_up,
+                "shared_down": shared_down, "shared_gate": shared_gate}  # fmt: skip
+    check_is_tensor(**{arg: t for arg, t in optional.items() if t is not None})
     _check_options(activation, interleaved, alpha, limit)
     if activation not in GATED:
         raise ValueError(f"activation: expected one of {GATED}; got {activation!r}")

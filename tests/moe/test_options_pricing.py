@@ -85,3 +85,53 @@ def test_ours_prices_the_nki_dispatch_and_combine_for_natives_gathers() -> None:
     sets = price_dispatch_combine_sets(384, 256, 1, get_target("trn2"))
     d, c = price_dispatch_combine(384, 256, 1)
     assert abs(sets[0] / 1e3 - (d.us + c.us)) <= 1e-9 * sets[0]
+
+
+@pytest.mark.parametrize(
+    "o",
+    [Options(), Options("gpt_oss", True), Options(shared_inter=32),
+     Options(shared_inter=32, shared_gated=True)],
+)  # fmt: skip
+def test_ours_prices_the_torch_ops_the_layer_runs_outside_its_launches(o: Options) -> None:
+    # moe_gated_experts (grouped composition) runs, on torch ops over [T, H], the cast of
+    # its fp32 combine to the layer's dtype and, with a shared expert, the shared output's
+    # cast to fp32, its gate scale and the add: count them on the real op (T = 65, no
+    # gradients: the composition) and find one priced step each
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nki_kernels.moe.options_pricing import ours_glue_steps
+    from nki_kernels.ops.moe_gated_experts import moe_gated_experts
+
+    t, h, i, e = 65, 24, 16, 4
+    g = torch.Generator().manual_seed(0)
+    args = {"hidden": torch.randn(t, h, generator=g).bfloat16(),
+            "weights": torch.rand(t, 2, generator=g),
+            "ids": torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)]),
+            "w_gate_up": torch.randn(e, h, 2 * i, generator=g).bfloat16(),
+            "w_down": torch.randn(e, i, h, generator=g).bfloat16()}  # fmt: skip
+    if o.biases:
+        args.update(b_gate_up=torch.zeros(e, 2 * i).bfloat16(), b_down=torch.zeros(e, h).bfloat16())
+    if o.shared_inter:
+        args.update(shared_gate_up=torch.randn(h, 2 * o.shared_inter).bfloat16(),
+                    shared_down=torch.randn(o.shared_inter, h).bfloat16())  # fmt: skip
+        if o.shared_gated:
+            args["shared_gate"] = torch.randn(h).bfloat16()
+
+    class TorchPasses(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, a=(), kw=None):  # type: ignore[no-untyped-def]
+            out = func(*a, **(kw or {}))
+            name = func.name()
+            if not name.startswith("nki::") and getattr(out, "shape", None) == (t, h):
+                self.ops.append(name)
+            return out
+
+    with torch.no_grad(), TorchPasses() as mode:
+        moe_gated_experts(**args, activation=o.activation, interleaved=o.activation == "gpt_oss")
+    priced = ours_glue_steps(t, h, o, "bfloat16")
+    assert len(priced) == len(mode.ops), (mode.ops, [s.name for s in priced])
+    assert all(s.args[0].shape == (t, h) for s in priced)
