@@ -188,21 +188,10 @@ def _plot(
     trn: Instance,
     gpu_inst: Instance,
 ) -> None:
-    from ..ledger.cli_args import DEFAULT_CONTEXT, DEFAULT_DECODE_BATCH, DEFAULT_SEQ
-    from ..ledger.layers import Step
+    from ..ledger.cli_args import plot_steps
     from ..ledger.ledger import build
     from ..ledger.plot import cost_chart
 
-    seq = args.seq or DEFAULT_SEQ
-    # --batch means sequences per step of the phase it was given with; the other phases
-    # keep their defaults (a decode batch of 64 is not 64 training sequences per core)
-    decode = (args.phase or "train") == "decode"
-    seq_batch = (None if decode else args.batch) or 1
-    dec_batch = (args.batch if decode else None) or DEFAULT_DECODE_BATCH
-    steps = [
-        Step("train", seq_batch, seq=seq),
-        Step("prefill", seq_batch, seq=seq),
-        Step("decode", dec_batch, context=args.context or DEFAULT_CONTEXT),
-    ]
+    steps = plot_steps(args)
     leds = [build(model, s, target, lnc, store, gpu) for s in steps]  # type: ignore[arg-type]
     print(f"chart written to {cost_chart(leds, trn, gpu_inst, args.plot)}")
