@@ -6,6 +6,10 @@ Block), source and date; none was read on AWS's own page, so none is used unaske
 one with `--price INSTANCE=USD_PER_HOUR[:KIND]`, or `--price INSTANCE=recorded` for the
 instance's first recorded price (printed with its kind and source).
 
+Committed rows cover every model at train / prefill S = 4096 and 8192 and decode B = 64 x
+32K; a row priced before a change to the kernel, config or composition it prices is
+printed marked 'stale' (`--refresh-stale` prices it again).
+
 Examples:
   nki-kernels ledger --model llama3-8b --phase train --seq 8192
   nki-kernels ledger --model llama3-8b --phase decode --batch 64 --context 32768
