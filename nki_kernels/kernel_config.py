@@ -68,7 +68,10 @@ class KernelConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - fields
         if unknown:
-            raise ValueError(f"{cls.__name__}: unknown config field(s) {sorted(unknown)}")
+            raise ValueError(
+                f"{cls.__name__}: expected config fields among {sorted(fields)}; got unknown "
+                f"field(s) {sorted(unknown)}"
+            )
         return cls(**data)
 
     def key(self) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,7 @@ TARGET_ENV_VAR = "NEURON_PLATFORM_TARGET_OVERRIDE"
 
 
 _overrides_loaded = False
+_overrides_lock = threading.Lock()
 
 
 def use_override(path: str | os.PathLike[str]) -> Target:
@@ -354,17 +356,23 @@ def use_override(path: str | os.PathLike[str]) -> Target:
 
 def clear_overrides() -> None:
     """Back to the shipped parameter sets."""
-    TARGETS.clear()
+    # every key of TARGETS is a shipped name (use_override refuses others): replacing the
+    # values in place never leaves a name missing for a concurrent `get_target`
     TARGETS.update(SHIPPED_TARGETS)
 
 
 def _load_override_dir() -> None:
+    """Load NKI_KERNELS_TARGETS_DIR once. Marked loaded only when every file is in: a
+    thread that finds it loaded sees the overrides, and a bad file fails every call."""
     global _overrides_loaded
-    _overrides_loaded = True
-    directory = os.environ.get(OVERRIDE_DIR_ENV)
-    if directory:
-        for f in sorted(Path(directory).glob("*.json")):
-            use_override(f)
+    with _overrides_lock:
+        if _overrides_loaded:
+            return
+        directory = os.environ.get(OVERRIDE_DIR_ENV)
+        if directory:
+            for f in sorted(Path(directory).glob("*.json")):
+                use_override(f)
+        _overrides_loaded = True
 
 
 def get_target(target: str | Target | None = None) -> Target:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..kernel_config import InvalidConfig, KernelConfig
+from ..perfmodel.band import interpreter_target
 from ..targets import Target
 
 P = 128
@@ -81,10 +82,6 @@ class AttentionProblem:
 def _limits(target: Target) -> Target:
     """The target a dry run needs: its cost parameters do not change a trace, so every
     parameter set of a band shares one cached dry run (`perfmodel.band.interpreter_target`)."""
-    try:
-        from ..perfmodel.band import interpreter_target
-    except ImportError:
-        return target
     return interpreter_target(target)
 
 

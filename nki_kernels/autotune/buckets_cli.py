@@ -30,9 +30,9 @@ def add_buckets_arguments(p: argparse.ArgumentParser) -> None:
         help="time model: t(b) ~ b, ~ b^2, or the cost model of --op (default with --op)",
     )
     p.add_argument("--op", default=None, help="price buckets with this op's cost model")
-    p.add_argument("--shape", default=None, help="model shape of --op")
-    p.add_argument("--target", default="trn2")
-    p.add_argument("--dtype", default=None)
+    p.add_argument("--shape", default=None, help="model shape of --op (with --cost model)")
+    p.add_argument("--target", default=None, help="with --cost model (default trn2)")
+    p.add_argument("--dtype", default=None, help="with --cost model (default: the op's first)")
     p.add_argument("--json", action="store_true", help="print the plans as JSON")
     p.add_argument(
         "--write-policy", default=None, metavar="FILE", help="merge the optimal policy into FILE"
@@ -64,7 +64,11 @@ def _model_cost(args: argparse.Namespace, top: int) -> tuple[Any, str]:
     spec = get(args.op)
     shape = args.shape or spec.shapes[0]
     dtype = args.dtype or spec.dtypes[0]
-    tunable, target, measurer = spec.make_tunable(), get_target(args.target), CostModelMeasurer()
+    tunable, target, measurer = (
+        spec.make_tunable(),
+        get_target(args.target or "trn2"),
+        CostModelMeasurer(),
+    )
     points: dict[int, float] = {}
     skipped: list[str] = []
     label = ""
@@ -108,6 +112,12 @@ def run_buckets(args: argparse.Namespace) -> int:
     kind = args.cost or ("model" if args.op else "linear")
     if args.max_buckets < 1:
         raise ValueError(f"--max-buckets: expected an int >= 1; got {args.max_buckets}")
+    for opt, value in (("--target", args.target), ("--dtype", args.dtype), ("--shape", args.shape)):
+        if kind != "model" and value is not None:  # it would change nothing: say so
+            raise ValueError(
+                f"{opt}: expected only with --cost model (the {kind} time model prices no "
+                f"kernel); got {value!r}"
+            )
     if kind == "model":
         if not args.op:
             raise ValueError("--cost model needs --op")

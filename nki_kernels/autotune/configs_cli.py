@@ -74,12 +74,24 @@ def add_configs_arguments(p: argparse.ArgumentParser) -> None:
     val.add_argument("--config-dir", default=None, help="a user dir (default: env + shipped)")
 
 
-def _dirs(arg: str | None) -> list[Path]:
-    from ..runtime.config_store import SHIPPED_DIR, default_store
+def _dir(arg: str, what: str) -> Path:
+    """The directory `arg` names ('shipped': the packaged configs); a ValueError naming
+    `what` when there is none (a mistyped path would read as a directory of no configs)."""
+    from ..runtime.config_store import SHIPPED_DIR
+
+    if arg == "shipped":
+        return SHIPPED_DIR
+    if not Path(arg).is_dir():
+        raise ValueError(f"{what}: expected a config directory or 'shipped'; got {arg!r}")
+    return Path(arg)
+
+
+def _dirs(arg: str | None, what: str = "--config-dir") -> list[Path]:
+    from ..runtime.config_store import default_store
 
     if arg is None:
         return list(default_store().search_dirs)
-    return [SHIPPED_DIR if arg == "shipped" else Path(arg)]
+    return [_dir(arg, what)]
 
 
 def _files(directory: Path, target: str | None, op: str | None) -> dict[tuple[str, str], Path]:
@@ -264,8 +276,8 @@ def run_configs(args: argparse.Namespace) -> int:
         if not found:
             print("no stored configs", file=sys.stderr)
         return 0
-    fa = _files(_dirs(args.a)[0], args.target, args.op)
-    fb = _files(_dirs(args.b)[0], args.target, args.op)
+    fa = _files(_dir(args.a, "a"), args.target, args.op)
+    fb = _files(_dir(args.b, "b"), args.target, args.op)
     changes = 0
     for to in sorted(set(fa) | set(fb)):
         ea = (_entries_or_report(fa[to]) or {}) if to in fa else {}
@@ -344,7 +356,7 @@ def _store_for(config_dir: str | None) -> Any:
 
     if config_dir is None:
         return default_store()
-    return ConfigStore([Path(config_dir), SHIPPED_DIR], None)
+    return ConfigStore([_dir(config_dir, "--config-dir"), SHIPPED_DIR], None)
 
 
 def _which(args: argparse.Namespace) -> int:

@@ -148,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
     from ..model_shapes import FINE_GRAINED_MOE, MIXTRAL_8X7B_MOE
     from ..perfmodel import COST_MODEL_VERSION
 
+    for opt, given, needs in (("--full", args.full, args.reprice or args.peer is not None),
+                              ("--bands", args.bands, args.reprice)):  # fmt: skip
+        if given and not needs:  # alone it would change nothing: say so
+            wants = "--reprice or --peer" if opt == "--full" else "--reprice"
+            raise ValueError(f"{opt}: expected together with {wants}; got {opt} alone")
     names = args.suite or list(SUITES)
     bench_path, peer_path = args.data / BENCH_ROWS.name, args.data / PEER_ROWS.name
     if args.peer is not None:

@@ -383,6 +383,11 @@ def run(args: argparse.Namespace) -> int:
         if value < least:
             print(f"hwcheck: --{name}: expected >= {least}; got {value}", file=sys.stderr)
             return 2
+    try:  # a bad --ops is named on any machine, not only where a device is present
+        cases = cases_for(args.ops.split(",") if args.ops else None, quick=args.quick)
+    except ValueError as exc:
+        print(f"hwcheck: {exc}", file=sys.stderr)
+        return 2
     missing = missing_requirements()
     if missing:
         print("hwcheck needs a Neuron device with TorchNeuron; missing:", file=sys.stderr)
@@ -392,11 +397,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    try:
-        cases = cases_for(args.ops.split(",") if args.ops else None, quick=args.quick)
-    except ValueError as exc:
-        print(f"hwcheck: {exc}", file=sys.stderr)
-        return 2
     # TorchNeuron's device module; torch.accelerator is PyTorch's generic route to it
     sync = getattr(getattr(torch, "neuron", None), "synchronize", None)
     timer = synchronized_timer(sync or torch.accelerator.synchronize)

@@ -127,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     from ..parity.harness import run_parity
     from ..parity.models import BUILTIN as MODELS
 
+    if args.nproc < 1:  # 0 or less ran the single-process check as if 1 had been given
+        raise ValueError(f"--nproc: expected an int >= 1; got {args.nproc}")
     if args.nproc > 1:
         return _distributed(args)
     if args.device == "neuron":

@@ -31,6 +31,7 @@ GPT-OSS (`config.model_type`):
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +229,7 @@ def _gpt_oss_route(self: Any, hidden_states: Tensor) -> tuple[Tensor, Tensor, Te
 
 ROUTE_FORWARDS = {"deepseek_v3": _deepseek_v3_route, "gpt_oss": _gpt_oss_route}
 _ROUTER_CLASSES: dict[type, type] = {}
+_ROUTER_CLASSES_LOCK = threading.Lock()
 
 
 def _is_own_router(m: nn.Module, kind: str) -> bool:
@@ -253,11 +255,13 @@ def _nki_router(old: nn.Module, kind: str) -> nn.Module:
     """The same router (same Parameters, buffers and hooks; a subclass of its class, so
     transformers' router-logit recorder still finds it) whose forward runs `route`."""
     cls = type(old)
-    if cls not in _ROUTER_CLASSES:
-        body = {"forward": ROUTE_FORWARDS[kind], "__module__": __name__}
-        _ROUTER_CLASSES[cls] = type(f"Nki{cls.__name__}", (cls,), body)
+    with _ROUTER_CLASSES_LOCK:  # models patched on several threads share one subclass
+        sub = _ROUTER_CLASSES.get(cls)
+        if sub is None:
+            body = {"forward": ROUTE_FORWARDS[kind], "__module__": __name__}
+            sub = _ROUTER_CLASSES[cls] = type(f"Nki{cls.__name__}", (cls,), body)
     new = copy.copy(old)
-    new.__class__ = _ROUTER_CLASSES[cls]
+    new.__class__ = sub
     return new
 
 

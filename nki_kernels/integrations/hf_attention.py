@@ -47,10 +47,11 @@ exp(lse0 - lse), differentiable through the lse). decode_attention has no sinks:
 "decode" plan takes its flash_attention plan. A row that sees no key gets out = 0, as in
 the model's eager attention (the sink takes the whole row).
 
-What the op cannot do at all (attention dropout, logit softcapping, head_dim > 256) runs
-through torch's SDPA with the same mask (with sinks: a torch composition of the model's
-eager formula); `fallbacks()` counts those calls by reason, so
-`nki-kernels probe` and the tests can tell.
+Gemma-2's logit softcap (`softcap`) runs in the op (`flash_attention(softcap=)`; with
+sinks or over a KV cache too, on the flash_attention plans). What the op cannot do at all
+(attention dropout, head_dim > 256) runs through torch's SDPA with the same mask (with
+sinks or a softcap, which SDPA lacks: a torch composition of the model's eager formula);
+`fallbacks()` counts those calls by reason, so `nki-kernels probe` and the tests can tell.
 
 Query rows that see no key at all (the padding of a left-padded row) get zeros and no
 gradient, as from torch's SDPA: the plan keeps which rows those are and the output is
@@ -62,6 +63,7 @@ does reach the loss.
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +77,7 @@ from ..ops.sinks import sink_attention
 NAME = "nki"
 DECODE_SQ_MAX = 16  # new queries per decode step routed to decode_attention
 _FALLBACKS: collections.Counter[str] = collections.Counter()
+_FALLBACKS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,19 @@ class NkiMask:
 
 def fallbacks() -> dict[str, int]:
     """How many attention calls fell back to torch SDPA since start, by reason."""
-    return dict(_FALLBACKS)
+    with _FALLBACKS_LOCK:
+        return dict(_FALLBACKS)
+
+
+def _count_fallback(reason: str) -> None:
+    """One more fallback for `reason`. Eager calls take the lock (models run on several
+    threads); inside torch.compile none is taken (Dynamo cannot trace one under fullgraph):
+    Dynamo applies the increment after each run of the compiled graph."""
+    if torch.compiler.is_compiling():
+        _FALLBACKS[reason] += 1
+        return
+    with _FALLBACKS_LOCK:
+        _FALLBACKS[reason] += 1
 
 
 def _allowed(sq: int, sk: int, causal: bool, window: int | None, device: Any) -> Tensor:
@@ -237,7 +252,7 @@ def _sdpa(
     causal: bool,
     reason: str,
 ) -> Tensor:
-    _FALLBACKS[reason] += 1
+    _count_fallback(reason)
     return TORCH_SDPA(
         query,
         key,
@@ -249,28 +264,36 @@ def _sdpa(
     )
 
 
-def _torch_sinks(
+def _torch_eager(
     query: Tensor,
     key: Tensor,
     value: Tensor,
     mask: Tensor | None,
     scale: Any,
-    sinks: Tensor,
+    sinks: Tensor | None,
+    softcap: float | None,
     dropout: float,
     reason: str,
 ) -> Tensor:
-    """The model's eager formula with sinks (for what the op cannot do): [B, Hq, Sq, D]."""
-    _FALLBACKS[f"{reason} with sinks"] += 1
+    """The model's eager formula, with its sinks and logit softcap (for what the op cannot
+    do; torch's SDPA has neither): [B, Hq, Sq, D]. A row that sees no key gets zeros."""
+    _count_fallback(reason if sinks is None else f"{reason} with sinks")
     rep = query.shape[1] // key.shape[1]
     k, v = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
     scores = query @ k.transpose(2, 3) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:  # Gemma-2's order: scale, cap, then the mask
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = (
             scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         )
-    b, h, sq, _ = scores.shape
-    sink = sinks.to(scores.dtype).reshape(1, h, 1, 1).expand(b, h, sq, 1)
-    probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
+    if sinks is not None:
+        b, h, sq, _ = scores.shape
+        sink = sinks.to(scores.dtype).reshape(1, h, 1, 1).expand(b, h, sq, 1)
+        probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
+    else:
+        unseen = (scores == float("-inf")).all(-1, keepdim=True)  # NaN scores stay NaN
+        probs = torch.where(unseen, 0.0, torch.softmax(scores, -1))
     probs = torch.nn.functional.dropout(probs, p=dropout, training=True) if dropout else probs
     return probs.to(v.dtype) @ v
 
@@ -334,34 +357,35 @@ def nki_attention_forward(
             )
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         m = NkiMask("plain", causal=bool(causal), window=kwargs.get("sliding_window"))
+    softcap = kwargs.get("softcap")
     reason = None
     if dropout > 0.0:
         reason = f"attention dropout ({dropout})"
-    elif kwargs.get("softcap") is not None:
-        reason = "logit softcap"
     elif query.shape[-1] > HEAD_DIM_MAX:
         reason = f"head_dim {query.shape[-1]} > {HEAD_DIM_MAX}"
     sinks = kwargs.get("s_aux")
     if reason is not None:
         dense = m.dense
         sq, sk = query.shape[2], key.shape[2]
-        causal_dense = m.causal and (m.window is not None or sq != sk or sinks is not None)
+        eager = sinks is not None or softcap is not None
+        causal_dense = m.causal and (m.window is not None or sq != sk or eager)
         if dense is None and causal_dense:
             dense = _allowed(sq, sk, True, m.window, query.device)  # bottom-right, as ours
-        if sinks is not None:
-            out_s = _torch_sinks(query, key, value, dense, scaling, sinks, dropout, reason)
-            return out_s.transpose(1, 2), None
+        if eager:
+            out_e = _torch_eager(query, key, value, dense, scaling, sinks, softcap, dropout, reason)
+            return out_e.transpose(1, 2), None
         fallback = _sdpa(query, key, value, dense, scaling, m.causal, reason)
         return fallback.transpose(1, 2), None
     if m.kind == "decode":
-        decoded = None if sinks is not None else _decode(query, key, value, m, scaling)
+        plain = sinks is None and softcap is None  # decode_attention has neither
+        decoded = _decode(query, key, value, m, scaling) if plain else None
         if decoded is not None:
             return decoded.transpose(1, 2), None
         m = _grad_plan(m, query.shape[2])
     if m.gather is not None:
         key, value = _gather_keys(key, m.gather), _gather_keys(value, m.gather)
     out: Any
-    if sinks is not None and m.kind == "plain":
+    if sinks is not None and m.kind == "plain" and softcap is None:  # sink_attention: no cap
         out = sink_attention(
             query, key, value, sinks.to(torch.float32), causal=m.causal,
             softmax_scale=scaling, sliding_window=m.window,
@@ -377,6 +401,7 @@ def nki_attention_forward(
             kv_lens=m.kv_lens,
             segment_ids=m.segment_ids,
             attn_mask=m.dense if m.kind == "dense" else None,
+            softcap=softcap,
             return_lse=sinks is not None,
         )
         if sinks is not None:

@@ -2,7 +2,7 @@
 
 It inspects the modules and the config (it runs nothing, so a model built on the meta
 device works) with the same rules `patch` applies, plus the limits of the ops that only
-show at run time: head_dim, attention dropout, logit softcapping, the MoE expert count,
+show at run time: head_dim, attention dropout, the MoE expert count,
 activation and dtype, and the masks that fall back to torch (`hf_attention`).
 """
 
@@ -38,11 +38,11 @@ def _attention(model: nn.Module, n: int) -> list[Finding]:
     out = []
     if d > HEAD_DIM_MAX:
         return [Finding("attention", n, False, f"head_dim {d} > {HEAD_DIM_MAX}")]
-    if getattr(config, "attn_logit_softcapping", None):
-        return [Finding("attention", n, False, "logit softcapping")]
+    cap = getattr(config, "attn_logit_softcapping", None)
     kv = getattr(config, "num_key_value_heads", None) or heads
     how = f"flash_attention (head_dim {d}, GQA {heads}/{kv}"
-    how += f", sliding window {window})" if window else ")"
+    how += f", sliding window {window}" if window else ""
+    how += f", logit softcap {cap})" if cap else ")"
     out.append(Finding("attention", n, True, how + "; padding -> segment_ids / kv_lens"))
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
         out.append(Finding("attention (training)", n, False, "attention dropout > 0: torch SDPA"))

@@ -28,8 +28,12 @@ work per weight byte small enough to hide under that stream:
 
 Inputs: hidden [T, H]; w_gate_up [E, H, 2I] (gate columns then up); w_down [E, I, H];
 ids [T, k] int32; weights [T, k] fp32; experts [1, E] int32 (the touched experts first);
-n_touched [1, 1] int32. `static_count` (pricing): the touched count, run as a static loop
-of the same body. Output [T, H] in hidden's dtype.
+n_touched [1, 1] int32; optional expert biases b_gate_up [E, 2I] / b_down [E, H] and a
+shared expert, shared_gate_up [1, H, 2Is] / shared_down [1, Is, H] (and shared_gate
+[1, H] for a sigmoid gate), streamed first as one more expert on every token (weight 1
+or sigmoid(x . g)), its intermediate tiles split between the programs. `static_count`
+(pricing): the touched count, run as a static loop of the same body. Output [T, H] in
+hidden's dtype.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ def _program() -> tuple[int, int]:
 @nki.jit
 def moe_decode_fwd(
     hidden, w_gate_up, w_down, ids, weights, experts, n_touched, b_gate_up=None, b_down=None,
+    shared_gate_up=None, shared_down=None, shared_gate=None,
     static_count=None, activation="swiglu", interleaved=False, alpha=1.702, limit=7.0,
 ):  # fmt: skip
     """out [T, H] = the decode MoE layer (module docstring)."""
@@ -148,6 +153,8 @@ def moe_decode_fwd(
     nisa.memset(dst=acc, value=0.0)
     tabs = (xT, ids_f, w_f, ex_row, ex_f, acc)
     ws = (w_gate_up, w_down, b_gate_up, b_down)
+    if shared_gate_up is not None:  # first: its stream needs no expert id
+        _shared(d, (shared_gate_up, shared_down, shared_gate), xT, acc, pid, nprog)
 
     if static_count is not None:
         for i in range(pid, static_count, nprog):
@@ -254,6 +261,57 @@ def _expert(
     _down(d, (ws[1], _bias_row(ws[3], e1, dt)), e1, act, w_e, acc)
 
 
+def _shared(d: dict[str, Any], sh: tuple[Any, Any, Any], xT: Any, acc: Any, pid: Any,
+            nprog: int) -> None:  # fmt: skip
+    """acc += gate * shared expert on all T tokens (gate: 1, or sigmoid(x . g) in fp32).
+    Under LNC 2 each program takes half of its intermediate tiles (the partial sums are
+    added after the barrier), so both stream half of its weights."""
+    gu, dn, g = sh
+    t_count, inter = d["T"], dn.shape[1]
+    kti = cdiv(inter, P)
+    half = cdiv(kti, nprog)
+    lo, hi = pid * half, min(kti, (pid + 1) * half)
+    if hi <= lo:
+        return
+    ds = dict(d, I=inter, kti=kti, i_lo=lo, i_hi=hi)
+    w_e = nl.ndarray((P, t_count), dtype=nl.float32, buffer=nl.sbuf)
+    if g is None:
+        nisa.memset(dst=w_e, value=1.0)
+    else:
+        _shared_gate(d, g, xT, w_e)
+    e0 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=e0, value=0)
+    act = nl.ndarray((P, kti, t_count), dtype=d["dt"], buffer=nl.sbuf)
+    _gate_up(ds, (gu, None), e0, xT, None, act)
+    _down(ds, (dn, None), e0, act, w_e, acc)
+
+
+def _shared_gate(d: dict[str, Any], g: Any, xT: Any, w_e: Any) -> None:
+    """w_e [128, T] = sigmoid(x_t . g) on every partition: the logits [1, T] accumulate
+    in PSUM (g's tiles stationary, x^T moving), then a K = 1 matmul of a row of ones
+    broadcasts them to the 128 partitions (fp32: the product by 1 is exact)."""
+    t_count, h, kth, ts = d["T"], d["H"], d["kth"], d["TS"]
+    g_sb = nl.ndarray((P, kth, 1), dtype=d["dt"], buffer=nl.sbuf)
+    if d["pmajor"]:  # x^T tile j holds hidden columns p * kth + j
+        nisa.dma_copy(dst=g_sb, src=g.ap([[kth, P], [1, kth], [1, 1]]))
+    else:
+        for first, count, rows in _runs(0, kth, h):
+            src = g.ap([[1, rows], [P, count], [1, 1]], offset=first * P)
+            nisa.dma_copy(dst=g_sb[0:rows, first : first + count, :], src=src)
+    lp = nl.ndarray((1, ts), dtype=nl.float32, buffer=nl.psum)
+    for j in range(kth):
+        r = _rows(h, j)
+        nisa.nc_matmul(dst=lp[0:1, 0:t_count], stationary=g_sb[0:r, j, :],
+                       moving=xT[0:r, j, :], accumulate=j != 0)  # fmt: skip
+    logit = nl.ndarray((1, t_count), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=logit, src=lp[0:1, 0:t_count])
+    ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    bp = nl.ndarray((P, ts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=bp[:, 0:t_count], stationary=ones, moving=logit, accumulate=False)
+    nisa.activation(dst=w_e, op=nl.sigmoid, data=bp[:, 0:t_count])
+
+
 def _bias_row(b: Any, e1: Any, dt: Any) -> Any:
     """Expert e's bias row [1, N] on one partition (one contiguous DMA), or None."""
     if b is None:
@@ -297,14 +355,16 @@ def _load_rows(w: Any, e1: Any, d_rows: int, t0: int, tw: int, cols: list[tuple[
 
 
 def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any, act: Any) -> None:
-    """act [128, kti, T] = act(gate + b, up + b)^T, 0 in non-routed token columns."""
+    """act [128, kti, T] = act(gate + b, up + b)^T, 0 in non-routed token columns (`mask`
+    None: every token routed); I tiles d["i_lo"] .. d["i_hi"] (default: all)."""
     t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
     w, bias = wb
     kth, kti = d["kth"], d["kti"]
-    nq = min(kti, GU_BANKS * PSUM_FP32 // ts)  # I tiles per column group
+    lo, hi = d.get("i_lo", 0), d.get("i_hi", kti)
+    nq = min(hi - lo, GU_BANKS * PSUM_FP32 // ts)  # I tiles per column group
     kc = max(1, min(kth, UNIT_BYTES // (2 * min(inter, nq * P) * d["isz"])))
-    for q0 in range(0, kti, nq):
-        qn = min(nq, kti - q0)
+    for q0 in range(lo, hi, nq):
+        qn = min(nq, hi - q0)
         c0 = q0 * P
         cw = min(inter, c0 + qn * P) - c0
         gps = nl.ndarray((P, nq, ts), dtype=nl.float32, buffer=nl.psum)
@@ -356,6 +416,8 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any
             u = ups[0:rows, qa : qa + jn, 0:t_count]
             dst = act[0:rows, j0 : j0 + jn, :]
             _activate(d, g, u, dst, (rows, nq, jn))
+            if mask is None:
+                continue
             pred = mask.ap([[t_count, rows], [0, jn], [1, t_count]])
             nisa.tensor_copy_predicated(dst=dst, src=0.0, predicate=pred, reverse_pred=True)
 
@@ -392,15 +454,16 @@ def _down(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, act: Any, w_e: Any, a
     t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
     w, bias = wb
     kth, kti = d["kth"], d["kti"]
+    lo, hi = d.get("i_lo", 0), d.get("i_hi", kti)  # the I tiles (rows of W_down) to sum
     nm = min(kth, DOWN_BANKS * PSUM_FP32 // ts)  # H tiles per column group
-    kc = max(1, min(kti, UNIT_BYTES // (nm * P * d["isz"])))
+    kc = max(1, min(hi - lo, UNIT_BYTES // (nm * P * d["isz"])))
     for m0 in range(0, kth, nm):
         mn = min(nm, kth - m0)
         h0 = m0 * P
         hw = min(h, h0 + mn * P) - h0
         yps = nl.ndarray((P, nm, ts), dtype=nl.float32, buffer=nl.psum)
-        for t0 in range(0, kti, kc):
-            tw = min(kc, kti - t0)
+        for t0 in range(lo, hi, kc):
+            tw = min(kc, hi - t0)
             wu = nl.ndarray((P, kc, nm * P), dtype=dt, buffer=nl.sbuf)
             _load_rows(w, e1, inter, t0, tw, [(h0, hw, 0)], wu)
             for t in range(tw):
@@ -411,7 +474,7 @@ def _down(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, act: Any, w_e: Any, a
                         dst=yps[0:c, m, 0:t_count],
                         stationary=wu[0:r, t, m * P : m * P + c],
                         moving=act[0:r, t0 + t, :],
-                        accumulate=t0 + t != 0,
+                        accumulate=t0 + t != lo,
                     )
         if bias is not None:
             for m in range(mn):

@@ -35,10 +35,11 @@ from .router import moe_router_fwd
 @functools.lru_cache(maxsize=256)
 def _launch_latency(
     count: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
-    dtype: str, tgt: Target, lnc: int,
+    dtype: str, tgt: Target, lnc: int, shared_inter: int = 0, shared_gated: bool = False,
 ) -> tuple[float, ...]:  # fmt: skip
-    """ns of one launch with `count` touched experts in all, per parameter set."""
-    specs = (
+    """ns of one launch with `count` touched experts in all (and the shared expert of
+    `shared_inter` columns, when > 0), per parameter set."""
+    specs = [
         TensorSpec((tokens, hidden), dtype),
         TensorSpec((experts, hidden, 2 * inter), dtype),
         TensorSpec((experts, inter, hidden), dtype),
@@ -46,7 +47,11 @@ def _launch_latency(
         TensorSpec((tokens, top_k), "float32"),
         TensorSpec((1, experts), "int32"),
         TensorSpec((1, 1), "int32"),
-    )
+    ]
+    if shared_inter:
+        specs += [None, None, TensorSpec((1, hidden, 2 * shared_inter), dtype),
+                  TensorSpec((1, shared_inter, hidden), dtype),
+                  TensorSpec((1, hidden), dtype) if shared_gated else None]  # fmt: skip
     trace = trace_kernel(moe_decode_fwd, *specs, static_count=count, target=tgt, lnc=lnc)
     return tuple(estimate_trace(trace, t).latency_ns for t in parameter_sets(tgt))
 
@@ -62,11 +67,13 @@ class DecodePricing:
 def price_decode(
     touched: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
     target: str | Target = "trn2", dtype: str = "bfloat16", lnc: int = 2,
+    shared_inter: int = 0, shared_gated: bool = False,
 ) -> DecodePricing:  # fmt: skip
-    """One launch for `touched` experts (module docstring)."""
+    """One launch for `touched` experts, with the fused shared expert when
+    `shared_inter` > 0 (module docstring)."""
     tgt = get_target(target)
     per = math.ceil(touched / lnc)
-    args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc)
+    args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc, shared_inter, shared_gated)
     c0 = min(per, 2)
     base = _launch_latency(c0 * lnc, *args)
     if per == c0:
@@ -86,3 +93,80 @@ def router_latency(
     logits = TensorSpec((tokens, experts), logits_dtype)
     trace = trace_kernel(moe_router_fwd, logits, top_k, scoring, True, target=tgt, lnc=lnc)
     return tuple(estimate_trace(trace, t).latency_ns for t in parameter_sets(tgt))
+
+
+@dataclass(frozen=True)
+class SharedDecodeComparison:
+    """A decode layer's experts with a shared expert: fused into the decode launch vs
+    the decode launch of the routed experts plus the shared expert's own launches."""
+
+    fused_us: float
+    fused_band: tuple[float, float]
+    unfused_us: float
+    unfused_band: tuple[float, float]
+    speedup: float  # unfused / fused
+    speedup_band: tuple[float, float]
+    shared_hbm: float  # the shared expert's weight bytes / the time the fused launch adds
+    label: str  # to the routed-only one, at the logical core's HBM bandwidth
+
+
+def shared_decode_comparison(
+    touched: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
+    shared_inter: int, shared_gated: bool, target: str | Target = "trn2",
+    dtype: str = "bfloat16", lnc: int = 2,
+) -> SharedDecodeComparison:  # fmt: skip
+    """Unfused = what `moe_gated_experts` would otherwise run for the shared expert: the
+    routed experts' decode launch, then one-group `grouped_mm` launches (x S_gu, the
+    activation on `expert_act`, h S_d; gated: x . g as a one-group grouped_mm with N = 1)
+    and one native pass for out += gate * shared. SwiGLU, no biases."""
+    from ..baselines.native import price as price_native
+    from ..bench.bands import widen_ratio
+    from ..perfmodel import COST_MODEL_VERSION
+    from .grouped_pricing import price_grouped_mm
+    from .options_pricing import Options, _scale_add, price_expert_act
+
+    tgt = get_target(target)
+    base = (touched, tokens, hidden, inter, experts, top_k, tgt, dtype, lnc)
+    routed = price_decode(*base)
+    # the shared expert's time: two exactly traced launches at the same touched count
+    # (the extrapolation's base), not two extrapolations -- their modeled per-expert
+    # increments differ by ~1 % (the weight buffers' rotation phase), which the
+    # extrapolation would multiply by the expert count
+    c0 = min(routed.per_program, 2) * lnc
+    args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc)
+    delta = [
+        f - r
+        for f, r in zip(
+            _launch_latency(c0, *args, shared_inter, shared_gated),
+            _launch_latency(c0, *args, 0, False),  # as price_decode's own call (cached)
+        )
+    ]
+    fused = DecodePricing(
+        tuple(r + d for r, d in zip(routed.latency_ns, delta)), routed.per_program
+    )
+    parts = [
+        price_grouped_mm([tokens], hidden, 2 * shared_inter, tgt, dtype, lnc).latency_ns,
+        price_expert_act(tokens, 2 * shared_inter, 1, "swiglu", False, tgt, dtype),
+        price_grouped_mm([tokens], shared_inter, hidden, tgt, dtype, lnc).latency_ns,
+    ]
+    if shared_gated:
+        parts.append(price_grouped_mm([tokens], hidden, 1, tgt, dtype, lnc).latency_ns)
+    add = _scale_add(tokens, hidden, Options(shared_inter=shared_inter,
+                                             shared_gated=shared_gated), dtype)  # fmt: skip
+    sets = parameter_sets(tgt)
+    unfused = [
+        routed.latency_ns[i] + sum(p[i] for p in parts) + price_native([add], t).latency_ns
+        for i, t in enumerate(sets)
+    ]
+    ratios = [u / f for u, f in zip(unfused, fused.latency_ns)]
+    label = f"modeled (cost model {COST_MODEL_VERSION}, {tgt.name})"
+    shared_bytes = 3 * hidden * shared_inter * (2 if dtype != "float32" else 4)
+    extra = delta[0]
+    share = shared_bytes / (extra * lnc * tgt.hbm_bytes_per_ns) if extra > 0 else float("inf")
+    f_us = [x / 1e3 for x in fused.latency_ns]
+    u_us = [x / 1e3 for x in unfused]
+    return SharedDecodeComparison(
+        f_us[0], (min(f_us), max(f_us)), u_us[0], (min(u_us), max(u_us)),
+        unfused[0] / fused.latency_ns[0], widen_ratio(min(ratios), max(ratios), tgt, label),
+        share, label,
+    )  # fmt: skip

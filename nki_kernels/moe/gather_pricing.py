@@ -49,6 +49,14 @@ def price_dispatch_combine(
 ) -> tuple[GatherPrice, GatherPrice]:
     """(dispatch, combine) of one core's share (see the module docstring)."""
     tgt = get_target(target)
+    dispatch, combine = dispatch_combine_traces(tokens, hidden, top_k, tgt, dtype)
+    return _price("dispatch", dispatch, tgt), _price("combine", combine, tgt)
+
+
+def dispatch_combine_traces(
+    tokens: int, hidden: int, top_k: int, tgt: object, dtype: str = "bfloat16"
+) -> tuple[object, object]:
+    """The traces of the dispatch and of the combine launch (one core's share)."""
     rows = tokens * top_k
     dispatch = trace_kernel(
         gather_rows_sum, TensorSpec((tokens, hidden), dtype), TensorSpec((rows, 1), "int32"),
@@ -58,4 +66,4 @@ def price_dispatch_combine(
         gather_rows_sum, TensorSpec((rows, hidden), dtype), TensorSpec((tokens, top_k), "int32"),
         TensorSpec((tokens, top_k), "float32"), "float32", target=tgt,
     )  # fmt: skip
-    return _price("dispatch", dispatch, tgt), _price("combine", combine, tgt)
+    return dispatch, combine

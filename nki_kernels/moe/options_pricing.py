@@ -4,18 +4,22 @@ SwiGLU, GeGLU, a shared expert) on `moe_gated_experts` vs the native composition
 Per physical core (LNC 2: half the tokens each), bf16:
 
 - native: TorchNeuron's `aten::_grouped_mm` composition (`baselines.moe_native.
-  grouped_mm_fwd`: router, gathers, the two grouped GEMMs on 128-row groups, the
-  activation, combine) with the option's elementwise work priced as ONE fused pass per
-  group (the compiler fusing the whole chain: favourable to native): gate / up bias as
+  grouped_mm_fwd`: router, the two grouped GEMMs on 128-row groups, the activation) with
+  the row gather and the combine as ONE launch each over all routed rows (an
+  index_select and an index_add_; moe_native prices them per group) and the option's
+  elementwise work priced as ONE fused pass per group (the compiler fusing the whole
+  chain: both favourable to native): gate / up bias as
   a per-column vector and the clamped SwiGLU's ops in the activation pass, the down bias
   in the combine pass; a shared expert as dense matmuls over all T tokens plus one fused
   activation pass (and, gated, a [T, H] x [H, 1] matmul and a sigmoid-scale pass);
-- ours: what `moe_gated_experts` runs, except that the router, gathers and combine are
-  priced as native's steps (the layer now runs its gathers and combine on the NKI
-  `moe_dispatch` / `moe_combine` kernels; not re-priced here), the GEMMs on our grouped_mm kernel (`grouped_pricing.price_grouped_mm`),
-  the activation and each bias as our `expert_act` kernel over all routed rows (the down
-  bias is a pass of its own), the shared expert as one-group grouped_mm launches with
-  its expert_act, its gate a one-group grouped_mm with N = 1 and a native sigmoid-scale.
+- ours: what `moe_gated_experts` runs: the router priced as native's step, the row
+  gather into expert order and the weighted combine as one launch each of the NKI
+  `moe_dispatch` / `moe_combine` kernels (`gather_pricing`; they replace native's
+  per-group gathers, combine passes and scatters), the GEMMs on our grouped_mm kernel
+  (`grouped_pricing.price_grouped_mm`), the activation and each bias as our `expert_act`
+  kernel over all routed rows (the down bias is a pass of its own), the shared expert as
+  one-group grouped_mm launches with its expert_act, its gate a one-group grouped_mm
+  with N = 1 and a native sigmoid-scale.
 
 Bands: the range over the cost model's parameter sets. Every figure is "modeled (cost
 model vN, target)", never a measurement.
@@ -35,6 +39,7 @@ from ..interp import TensorSpec
 from ..perfmodel import COST_MODEL_VERSION, estimate_trace, trace_kernel
 from ..targets import Target, get_target
 from .expert_act import expert_act_fwd
+from .gather_pricing import dispatch_combine_traces
 from .grouped_pricing import GEMM_STEPS, price_grouped_mm
 
 # the fused chain's passes over a [rows, I] tile (ScalarE, VectorE): representative counts
@@ -78,19 +83,40 @@ def native_steps(
     out = []
     sc, vc = ACT_PASSES[o.activation]
     for st in moe_native.grouped_mm_fwd(tokens, hidden, inter, experts, dtype, counts):
+        if _is_gather_or_combine(st.name):
+            continue  # one launch each over all routed rows, below
         if st.name == "silu(g) * u":
             rows = st.args[0].shape[0]
             bias = _t((inter,), dtype) if o.biases else None
             args = (_t((rows, inter), dtype), _t((rows, inter), dtype), None, bias, sc, vc, dtype)
             st = Step(f"{o.activation} (+ biases)", steps.stream_rows, args, st.repeat)
-        elif st.name == "out += w * y" and o.biases:
-            x, other, w, _, a, b, dt = st.args
-            st = Step("out += w * (y + b_down)", steps.stream_rows,
-                      (x, other, w, _t((hidden,), dtype), a, b + 1, dt), st.repeat)  # fmt: skip
         out.append(st)
+    out += _native_gathers(tokens, hidden, int(sum(counts)), o, dtype)
     if o.shared_inter:
         out += _native_shared(tokens, hidden, o, dtype)
     return out
+
+
+def _native_gathers(tokens: int, hidden: int, rows: int, o: Options, dtype: str) -> list[Step]:
+    """The row gather into expert order and the combine (gather the tokens' out rows, add
+    w * y, scatter them back) as ONE launch each over all `rows` routed rows (unpadded):
+    `baselines.moe_native` prices them per expert group, which a composition written
+    with one index_select / index_add_ does not pay (favourable to native)."""
+    idx = _t((rows, 1), "int32")
+    x = _t((tokens, hidden), dtype)
+    y = _t((rows, hidden), dtype)
+    w = _t((rows, 1), F32)
+    if o.biases:  # the down bias fused into the combine pass
+        combine = Step("out += w * (y + b_down)", steps.stream_rows,
+                       (y, y, w, _t((hidden,), dtype), 0, 1, dtype))  # fmt: skip
+    else:
+        combine = Step("out += w * y", steps.stream_rows, (y, y, w, None, 0, 0, dtype))
+    return [
+        Step("gather token rows", steps.gather_rows, (x, idx)),
+        Step("gather out rows", steps.gather_rows, (x, idx)),
+        combine,
+        Step("scatter out rows", steps.gather_rows, (y, idx)),
+    ]
 
 
 def _native_shared(tokens: int, hidden: int, o: Options, dtype: str) -> list[Step]:
@@ -156,6 +182,22 @@ def _ours_extra(
     return parts
 
 
+def _is_gather_or_combine(name: str) -> bool:
+    """Native's per-group row gathers, combine passes and scatters (ours: one NKI launch
+    each for the dispatch and the combine)."""
+    return name.startswith(("gather ", "scatter ", "out += w * "))
+
+
+@functools.lru_cache(maxsize=64)
+def price_dispatch_combine_sets(
+    tokens: int, hidden: int, top_k: int, tgt: Target, dtype: str = "bfloat16"
+) -> tuple[float, ...]:
+    """ns of our dispatch + combine launches (`gather_pricing`), per parameter set."""
+    traces = dispatch_combine_traces(tokens, hidden, top_k, tgt, dtype)
+    return tuple(sum(estimate_trace(tr, t).latency_ns for tr in traces)  # type: ignore[arg-type]
+                 for t in parameter_sets(tgt))  # fmt: skip
+
+
 REPLACED = {"x W_gate_up", "h W_down", "shared x W_gate_up", "shared h W_down", "shared act",
             "shared gate x w", "out += w * (y + b_down)"}  # fmt: skip
 
@@ -167,18 +209,18 @@ def options_comparison(
     """One physical core's share (`tokens`, `counts`) of the layer forward."""
     tgt = get_target(target)
     nat_steps = native_steps(tokens, hidden, inter, experts, counts, o, dtype)
-    # ours keeps the native router, gathers and combine (a plain combine: the down bias
-    # is our own pass); the GEMMs, activations and shared expert are our launches
-    plain = [s for s in moe_native.grouped_mm_fwd(tokens, hidden, inter, experts, dtype, counts)
-             if s.name == "out += w * y"]  # fmt: skip
     extra = _ours_extra(tokens, hidden, inter, counts, o, tgt, dtype)
+    top_k = int(sum(counts)) // tokens
+    moved = price_dispatch_combine_sets(tokens, hidden, top_k, tgt, dtype)
     ratios, shipped = [], (0.0, 0.0, 0.0, 0.0)
     for idx, t in enumerate(parameter_sets(tgt)):
         nat = price_native(nat_steps, t)
-        replaced = sum(ns for name, ns in nat.steps if name in REPLACED or name in GEMM_STEPS)
-        replaced += sum(ns for name, ns in nat.steps if name.startswith(o.activation))
-        kept_combine = price_native(plain, t).latency_ns if o.biases else 0.0
-        ours = nat.latency_ns - replaced + kept_combine + sum(p[idx] for p in extra.values())
+        replaced = sum(
+            ns for name, ns in nat.steps
+            if name in REPLACED or name in GEMM_STEPS or _is_gather_or_combine(name)
+            or name.startswith(o.activation)
+        )  # fmt: skip
+        ours = nat.latency_ns - replaced + moved[idx] + sum(p[idx] for p in extra.values())
         ratios.append(nat.latency_ns / ours)
         if idx == 0:
             opt_names = {"shared act", "out += g * shared", "out += w * (y + b_down)"}
@@ -203,16 +245,19 @@ def fused_shared_us(
     """Our layer (us, shipped set; band) with the shared expert in the routed launches:
     stacked as shared_inter / inter more experts of width I (a SwiGLU / GeGLU expert is a
     sum over slices of its intermediate dim), each routed every token (weight 1 or the
-    sigmoid gate, whose [T, 1] logits are a one-group grouped_mm); the router, gathers and
-    combine the native steps for the k + n columns."""
+    sigmoid gate, whose [T, 1] logits are a one-group grouped_mm); the router native's
+    step, the dispatch and combine our NKI launches for the k + n columns."""
     if not o.shared_inter or o.shared_inter % inter or o.biases:
         raise ValueError("fused_shared_us: a bias-free shared expert of a multiple of I")
     tgt = get_target(target)
     n = o.shared_inter // inter
     counts_f = [*counts, *([tokens] * n)]
     steps_f = moe_native.grouped_mm_fwd(tokens, hidden, inter, experts + n, dtype, counts_f)
-    kept = [s for s in steps_f if s.name not in GEMM_STEPS and s.name != "silu(g) * u"]
+    kept = [s for s in steps_f if s.name not in GEMM_STEPS and s.name != "silu(g) * u"
+            and not _is_gather_or_combine(s.name)]  # fmt: skip
+    top_k = int(sum(counts)) // tokens
     ours = [
+        price_dispatch_combine_sets(tokens, hidden, top_k + n, tgt, dtype),
         price_grouped_mm(counts_f, hidden, 2 * inter, tgt, dtype).latency_ns,
         price_grouped_mm(counts_f, inter, hidden, tgt, dtype).latency_ns,
         price_expert_act(int(sum(counts_f)), 2 * inter, experts + n, o.activation, False, tgt,

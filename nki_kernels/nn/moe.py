@@ -32,6 +32,7 @@ also returns the router logits [T, E] (for a load-balancing auxiliary loss).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 
 from ..moe.reference import MoERouting
 from ..ops import moe as _moe_ops  # noqa: F401  (registers torch.ops.nki.moe_*)
+from ..ops.checks import check_tensor
 from ..ops.moe import MAX_EXPERTS, MIN_EXPERTS, _check_routing
 
 
@@ -62,6 +64,10 @@ class MoE(nn.Module):
         """`routing`: renormalize (True), scoring ('softmax'), capacity_factor (None), as
         in `torch.ops.nki.moe_mlp` (`moe.reference.MoERouting`)."""
         super().__init__()
+        for name, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
+                           ("num_experts", num_experts)):  # fmt: skip
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+                raise ValueError(f"{name}: expected a positive int; got {size!r}")
         if not MIN_EXPERTS <= num_experts <= MAX_EXPERTS:
             raise ValueError(
                 f"num_experts: expected {MIN_EXPERTS}..{MAX_EXPERTS}; got {num_experts}"
@@ -92,7 +98,8 @@ class MoE(nn.Module):
     def forward(self, x: Tensor, return_router_logits: bool = False) -> Any:
         """Route every token of `x` [..., H] to its top-k experts and combine their outputs;
         with `return_router_logits`, `(y, router_logits [T, E])`."""
-        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
+        check_tensor("x", x, nonempty=False)
+        if x.shape[-1] != self.hidden_size:
             raise ValueError(
                 f"x: expected hidden size (last dim) {self.hidden_size}; got {tuple(x.shape)}"
             )

@@ -27,12 +27,19 @@ _Shape = int | Sequence[int] | torch.Size
 
 
 def _shape(normalized_shape: _Shape) -> tuple[int, ...]:
-    if isinstance(normalized_shape, (int, numbers.Integral)):
-        return (int(normalized_shape),)
-    shape = tuple(int(s) for s in normalized_shape)
-    if not shape or any(s < 1 for s in shape):
-        raise ValueError(f"normalized_shape: expected positive sizes; got {normalized_shape}")
-    return shape
+    """The trailing dims as a tuple; a ValueError naming the argument unless it is a
+    positive int or a non-empty sequence of them (a str would be split into digits)."""
+    given = normalized_shape
+    dims = (given,) if isinstance(given, numbers.Integral) else given
+    ok = isinstance(dims, Sequence) and not isinstance(dims, str) and len(dims) > 0
+    ok = ok and all(
+        isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in dims
+    )
+    if not ok:
+        raise ValueError(
+            f"normalized_shape: expected a positive int or a sequence of them; got {given!r}"
+        )
+    return tuple(int(s) for s in dims)
 
 
 def _flatten(x: Tensor, shape: tuple[int, ...]) -> Tensor:

@@ -67,6 +67,8 @@ RULES: dict[str, Rule] = {
     "moe_mlp_backward": Rule(NONE),
     "grouped_mm_weight_grad": Rule(NONE),
     "moe_experts_backward": Rule(NONE),
+    # as grouped_mm (its unfused form): hidden, expert / bias / shared weights lowered
+    "moe_gated_decode": Rule(LOWER, (0, 3, 4, 5, 6, 7, 8, 9)),
     "expert_act": Rule(INPUT, (0,), (1,)),  # the bias follows the grouped_mm output's dtype
     "expert_act_backward": Rule(NONE),
     "moe_dispatch": Rule(NONE),  # a row gather (as index_select): the rows' own dtype

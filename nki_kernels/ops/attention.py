@@ -19,6 +19,8 @@ kernel (dK / dV reduced over each GQA group on chip).
 from __future__ import annotations
 
 import math
+import numbers
+import threading
 import warnings
 from typing import Any
 
@@ -480,6 +482,12 @@ def flash_attention_varlen(
     max_seqlen_q / max_seqlen_k are checked, not needed (no per-document launch).
     """
     check_is_tensor(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for arg, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, (numbers.Integral, torch.SymInt)):
+            raise TypeError(f"{arg}: expected an int; got {type(n).__name__}")
+    for arg, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):  # a mask-path call would take any truthy value
+            raise TypeError(f"{arg}: expected a bool; got {type(flag).__name__}")
     for arg, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{arg}: expected [total, H, D]; got shape {tuple(t.shape)}")
@@ -531,6 +539,20 @@ class SdpaFallbackWarning(UserWarning):
 
 
 _WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _first_fallback(reason: str) -> bool:
+    """Whether this is the first fallback for `reason` (its warning is due), exactly once
+    among threads. Inside torch.compile no lock is taken (Dynamo cannot trace one)."""
+    if torch.compiler.is_compiling():
+        first = reason not in _WARNED
+        _WARNED.add(reason)
+        return first
+    with _WARNED_LOCK:
+        first = reason not in _WARNED
+        _WARNED.add(reason)
+        return first
 
 
 def _sdpa_unsupported(
@@ -594,8 +616,7 @@ def sdpa(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
     )
     if reason is not None:
-        if reason not in _WARNED:
-            _WARNED.add(reason)
+        if _first_fallback(reason):
             warnings.warn(
                 f"nki_kernels.sdpa: falling back to torch scaled_dot_product_attention for "
                 f"{reason}",

@@ -174,6 +174,8 @@ def decode_attention(
     "head_major" [num_blocks, Hkv, block_size, D].
     """
     check_is_tensor(q=q, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool; got {type(return_lse).__name__}")
     out, lse = torch.ops.nki.decode_attention(
         q, k_cache, v_cache, cache_lens, block_table, softmax_scale=softmax_scale,
         kv_layout=kv_layout,

@@ -59,31 +59,49 @@ def decode_gated_experts(
     interleaved: bool = False,
     alpha: float = 1.702,
     limit: float = 7.0,
+    shared: tuple[Tensor, Tensor, Tensor | None] | None = None,
 ) -> Tensor:
-    """The decode kernel with the expert options of `moe_gated_experts` (routed experts
-    only: biases [E, 2I] / [E, H], swiglu / geglu / gpt_oss, interleaved gate/up columns):
-    out[t] = sum_j weights[t, j] * (act(x_t W_gu[e] + b_gu[e]) W_d[e] + b_d[e]). Forward
+    """The decode kernel with the expert options of `moe_gated_experts`: biases [E, 2I] /
+    [E, H], swiglu / geglu / gpt_oss, interleaved gate/up columns, and `shared` =
+    (shared_gate_up [H, 2Is], shared_down [Is, H], shared_gate [H] or None) in the same
+    launch: out[t] = sum_j weights[t, j] * (act(x_t W_gu[e] + b_gu[e]) W_d[e] + b_d[e])
+    + gate_t * act(x_t S_gu) S_d. An id E (not on this rank) matches no expert: its
+    weight is selected to 0 here, and the kernel never routes the token to it. Forward
     only, detached tensors, T <= 64; the caller checks the arguments."""
     e = w_gate_up.shape[0]
     if hidden.shape[0] == 0:
         return hidden.new_zeros(hidden.shape)
     flat = ids.reshape(-1).to(torch.int64)
-    present = torch.zeros(e, dtype=torch.int32, device=ids.device)
+    present = torch.zeros(e + 1, dtype=torch.int32, device=ids.device)
     present.scatter_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    present = present[:e]
     experts = torch.argsort(1 - present, stable=True).to(torch.int32).reshape(1, e)
     n = present.sum().to(torch.int32).reshape(1, 1)
+    w32 = weights.to(torch.float32)
+    w32 = torch.where(ids == e, torch.zeros_like(w32), w32)
     dt = hidden.dtype
+
+    def dense(x: Tensor | None, shape: tuple[int, ...] | None = None) -> Tensor | None:
+        if x is None:
+            return None
+        x = x.to(dt).contiguous()
+        return x if shape is None else x.reshape(shape)
+
+    s_gu, s_d, s_g = shared if shared is not None else (None, None, None)
     return launch(
         moe_decode_fwd,
         hidden.contiguous(),
-        w_gate_up.to(dt).contiguous(),
-        w_down.to(dt).contiguous(),
+        dense(w_gate_up),
+        dense(w_down),
         ids.to(torch.int32).contiguous(),
-        weights.to(torch.float32).contiguous(),
+        w32.contiguous(),
         experts,
         n,
-        None if b_gate_up is None else b_gate_up.to(dt).contiguous(),
-        None if b_down is None else b_down.to(dt).contiguous(),
+        dense(b_gate_up),
+        dense(b_down),
+        dense(s_gu, None if s_gu is None else (1, *s_gu.shape)),
+        dense(s_d, None if s_d is None else (1, *s_d.shape)),
+        dense(s_g, (1, hidden.shape[1])),
         target=get_target(None),
         activation=activation,
         interleaved=bool(interleaved),

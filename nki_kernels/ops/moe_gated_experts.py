@@ -28,6 +28,11 @@ The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True
   launches: a separate pair of grouped_mm calls); its sigmoid gate's logits [T, 1] are a
   one-group grouped_mm too.
 
+Decode sizes: T <= 64 without gradients (no input requiring one, or grad mode off) is one
+launch of the decode MoE kernel instead (`torch.ops.nki.moe_gated_decode`, forward only,
+`moe/decode_mlp.py`), the shared expert fused into it; a call that needs gradients runs
+the composition above, whose kernels keep what its backward reads.
+
 An id equal to E marks a slot whose expert is not on this rank (transformers' expert-
 parallel mask value, `distributed/expert_parallel.py`): its row is selected away before
 the experts and after them, so it contributes nothing, whatever its weight (NaN too),
@@ -52,7 +57,8 @@ from ..runtime import launch, pad_to_bucket, unpad
 from ..targets import get_target
 from . import moe_dispatch  # noqa: F401  (registers moe_dispatch / moe_combine)
 from .checks import FLOAT_DTYPES, check_tensor
-from .registry import define_op
+from .moe_decode import DECODE_MAX_TOKENS, decode_gated_experts
+from .registry import define_op, tracing
 
 GATED = tuple(a for a in ACTIVATIONS if a != "none")
 MAX_EXPERTS, MAX_TOP_K = 512, 16
@@ -258,7 +264,7 @@ def _check_layer(
     i = w_gate_up.shape[2] // 2
     if tuple(w_down.shape) != (e, i, h):
         raise ValueError(f"w_down: expected [E, I, H] = {(e, i, h)}; got {tuple(w_down.shape)}")
-    if not torch.compiler.is_compiling() and ids.numel():  # data-dependent: eager only
+    if not torch.compiler.is_compiling() and not tracing(ids) and ids.numel():  # eager only
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi > e:
             raise ValueError(
@@ -326,20 +332,15 @@ def moe_gated_experts(
     shared_gate: Tensor | None = None,
 ) -> Tensor:
     """[T, H]: the routed experts (with biases and the chosen activation) plus the shared
-    expert; see the module docstring."""
-    _check_layer(hidden, weights, ids, w_gate_up, w_down)
-    _check_options(activation, interleaved, alpha, limit)
-    if activation not in GATED:
-        raise ValueError(f"activation: expected one of {GATED}; got {activation!r}")
-    _check_shared(hidden, shared_gate_up, shared_down, shared_gate)
+    expert; see the module docstring. T <= 64 without gradients: one decode launch."""
+    args = (hidden, weights, ids, w_gate_up, w_down, b_gate_up, b_down,
+            shared_gate_up, shared_down, shared_gate)  # fmt: skip
+    _check_gated(*args, activation, interleaved, alpha, limit)
     t, k = ids.shape
     e = w_gate_up.shape[0]
-    for arg, b, n in (
-        ("b_gate_up", b_gate_up, w_gate_up.shape[2]),
-        ("b_down", b_down, w_down.shape[2]),
-    ):
-        if b is not None and tuple(b.shape) != (e, n):
-            raise ValueError(f"{arg}: expected [E, N] = {(e, n)}; got {tuple(b.shape)}")
+    if t <= DECODE_MAX_TOKENS and not _needs_grad(args):
+        out = torch.ops.nki.moe_gated_decode(*args, activation, interleaved, alpha, limit)
+        return out.to(hidden.dtype)  # under autocast the op returns the autocast dtype
     opts = (activation, interleaved, float(alpha), float(limit))
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)  # id E (not on this rank) sorts to the tail
@@ -366,3 +367,101 @@ def moe_gated_experts(
             s = torch.sigmoid(logit.to(torch.float32)) * s
         out = out + s
     return out.to(hidden.dtype)
+
+
+# ---- the decode form ----------------------------------------------------------------------
+def _check_gated(
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor,
+    b_gate_up: Tensor | None, b_down: Tensor | None, shared_gate_up: Tensor | None,
+    shared_down: Tensor | None, shared_gate: Tensor | None, activation: str,
+    interleaved: bool, alpha: float, limit: float,
+) -> None:  # fmt: skip
+    _check_layer(hidden, weights, ids, w_gate_up, w_down)
+    _check_options(activation, interleaved, alpha, limit)
+    if activation not in GATED:
+        raise ValueError(f"activation: expected one of {GATED}; got {activation!r}")
+    _check_shared(hidden, shared_gate_up, shared_down, shared_gate)
+    e = w_gate_up.shape[0]
+    for arg, b, n in (
+        ("b_gate_up", b_gate_up, w_gate_up.shape[2]),
+        ("b_down", b_down, w_down.shape[2]),
+    ):
+        if b is not None and tuple(b.shape) != (e, n):
+            raise ValueError(f"{arg}: expected [E, N] = {(e, n)}; got {tuple(b.shape)}")
+        if b is not None and b.dtype != hidden.dtype:
+            raise TypeError(f"{arg}: expected dtype {hidden.dtype} (as hidden); got {b.dtype}")
+    for arg, x in (("weights", weights), ("ids", ids), ("w_gate_up", w_gate_up),
+                   ("w_down", w_down), ("b_gate_up", b_gate_up), ("b_down", b_down),
+                   ("shared_gate_up", shared_gate_up), ("shared_down", shared_down),
+                   ("shared_gate", shared_gate)):  # fmt: skip
+        if x is not None and x.device != hidden.device:
+            raise ValueError(f"{arg}: expected device {hidden.device} (as hidden); got {x.device}")
+
+
+def _needs_grad(tensors: tuple[Tensor | None, ...]) -> bool:
+    """Autograd will ask for a gradient of the layer: the grouped composition runs (its
+    kernels save what the backward needs), else the forward-only decode launch."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _decode_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    g = torch.Generator().manual_seed(0)
+    t, h, i, e, k, si = 9, 32, 24, 5, 2, 40
+    ids = torch.stack([torch.randperm(e + 1, generator=g)[:k] for _ in range(t)])  # E: off rank
+    base = (torch.randn(t, h, generator=g), torch.rand(t, k, generator=g), ids,
+            torch.randn(e, h, 2 * i, generator=g) / h**0.5,
+            torch.randn(e, i, h, generator=g) / i**0.5)  # fmt: skip
+    biases = (torch.randn(e, 2 * i, generator=g), torch.randn(e, h, generator=g))
+    shared = (torch.randn(h, 2 * si, generator=g) / h**0.5,
+              torch.randn(si, h, generator=g) / si**0.5,
+              torch.randn(h, generator=g) / h**0.5)  # fmt: skip
+    return [
+        ((*base, *biases, None, None, None, "gpt_oss", True, 1.702, 7.0), {}),
+        ((*base, None, None, *shared, "swiglu", False, 1.702, 7.0), {}),
+        ((*base, None, None, *shared[:2], None, "geglu", False, 1.702, 7.0), {}),
+    ]
+
+
+def _check_decode(hidden: Tensor, *args: Any) -> None:
+    _check_gated(hidden, *args)
+    if hidden.shape[0] > DECODE_MAX_TOKENS:
+        raise ValueError(
+            f"hidden: expected at most {DECODE_MAX_TOKENS} tokens; got {hidden.shape[0]}"
+        )
+
+
+@define_op(
+    "moe_gated_decode",
+    fake=lambda hidden, *a: torch.empty_like(hidden),
+    validate=_check_decode,
+    examples=_decode_examples,
+    traceable=True,
+)
+def moe_gated_decode(
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    b_gate_up: Tensor | None,
+    b_down: Tensor | None,
+    shared_gate_up: Tensor | None,
+    shared_down: Tensor | None,
+    shared_gate: Tensor | None,
+    activation: str,
+    interleaved: bool,
+    alpha: float,
+    limit: float,
+) -> Tensor:
+    """`moe_gated_experts`' layer for T <= 64 in one launch of the decode kernel
+    (moe/decode_mlp.py), the shared expert included; forward only (no autograd)."""
+    shared = None
+    if shared_gate_up is not None and shared_down is not None:
+        shared = (shared_gate_up.detach(), shared_down.detach(),
+                  None if shared_gate is None else shared_gate.detach())  # fmt: skip
+    return decode_gated_experts(
+        hidden.detach(), weights.detach(), ids, w_gate_up.detach(), w_down.detach(),
+        None if b_gate_up is None else b_gate_up.detach(),
+        None if b_down is None else b_down.detach(),
+        activation, interleaved, alpha, limit, shared,
+    )  # fmt: skip

@@ -232,7 +232,13 @@ def _validate_attention(
             f"k_cache: expected dtype {q.dtype} (as q) or an fp8 dtype; got {k_cache.dtype}"
         )
     if (k is None) != (v is None) or (k is None) != (slot_mapping is None):
-        raise ValueError("k, v, slot_mapping: expected all three (write, then attend) or none")
+        given = [
+            n for n, t in (("k", k), ("v", v), ("slot_mapping", slot_mapping)) if t is not None
+        ]
+        raise ValueError(
+            "k, v, slot_mapping: expected all three (write, then attend) or none; got only "
+            + ", ".join(given)
+        )
     if k is not None and v is not None and slot_mapping is not None:
         _check_new_rows(k, v, slot_mapping, t_tok, q.dtype)
         if k.shape[1:] != (hkv, d):

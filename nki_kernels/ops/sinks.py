@@ -114,6 +114,8 @@ def sink_attention(
     """`torch.ops.nki.sink_attention`: out (or (out, lse)); differentiable in q, k, v and
     sinks. Layout and options as `flash_attention` (bottom-right causal, window W)."""
     check_is_tensor(q=q, k=k, v=v, sinks=sinks)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool; got {type(return_lse).__name__}")
     out, lse = torch.ops.nki.sink_attention(
         q, k, v, sinks, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window
     )

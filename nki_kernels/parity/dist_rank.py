@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -354,4 +355,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the phase's results are written and the process group destroyed; skipping the
+    # interpreter's teardown avoids aborts (std::terminate) from c10d / gloo threads that
+    # are still joinable when their owners are destroyed at exit
+    os._exit(code)

@@ -95,8 +95,34 @@ def single_process(
 
 
 def _torchrun(nproc: int, phase: str, work: Path, args: list[str]) -> dict[str, Any]:
-    logs = work / "logs" / phase
-    cmd = [
+    """Launch one phase; a failed launch is relaunched once (both phases are deterministic:
+    same seed, data and checkpoint), its log tails printed, and a second failure raises."""
+    failures = []
+    for attempt in range(2):
+        logs = work / "logs" / phase / f"launch-{attempt}"
+        proc = subprocess.run(
+            _torchrun_cmd(nproc, phase, work, args, logs), stderr=subprocess.PIPE, text=True
+        )
+        if proc.returncode == 0:
+            return json.loads((work / f"{phase}.json").read_text())  # type: ignore[no-any-return]
+        tails = [
+            f"--- {f.relative_to(logs)}:\n" + "\n".join(f.read_text().splitlines()[-25:])
+            for f in sorted(logs.rglob("std*.log"))
+            if f.stat().st_size
+        ]
+        failures.append(
+            f"the {phase} launch failed (exit {proc.returncode})\n"
+            + "\n".join(tails or [proc.stderr[-4000:]])
+        )
+        if attempt == 0:
+            print(
+                f"[parity] {failures[0]}\n[parity] relaunching the {phase} phase once", flush=True
+            )
+    raise RuntimeError(f"parity --nproc {nproc}: " + "\n".join(failures))
+
+
+def _torchrun_cmd(nproc: int, phase: str, work: Path, args: list[str], logs: Path) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -113,18 +139,6 @@ def _torchrun(nproc: int, phase: str, work: Path, args: list[str]) -> dict[str, 
         str(work),
         *args,
     ]
-    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        tails = [
-            f"--- {f.relative_to(logs)}:\n" + "\n".join(f.read_text().splitlines()[-25:])
-            for f in sorted(logs.rglob("std*.log"))
-            if f.stat().st_size
-        ]
-        raise RuntimeError(
-            f"parity --nproc {nproc}: the {phase} launch failed (exit {proc.returncode})\n"
-            + "\n".join(tails or [proc.stderr[-4000:]])
-        )
-    return json.loads((work / f"{phase}.json").read_text())  # type: ignore[no-any-return]
 
 
 def _first_divergent(a: list[float], b: list[float], tol: float) -> int | None:

@@ -3,6 +3,8 @@ small problem; invalid ones say why; the heuristic default is always valid."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -205,3 +207,15 @@ def test_lnc2_splits_the_work_and_matches_lnc1() -> None:
     grads2 = run(flash_attention_bwd, *bargs, target=TARGET, lnc=2).outputs
     for a, b in zip(grads1, grads2):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_every_parameter_set_of_a_band_dry_runs_on_the_shared_target(monkeypatch) -> None:
+    from nki_kernels.attention import config
+    from nki_kernels.perfmodel.band import parameter_sets
+
+    sets = parameter_sets("trn2")
+    assert any(t != sets[0] for t in sets[1:])  # the band spans other parameter sets
+    # the cost model's module cannot be imported at call time (a broken install, a cycle):
+    # the dry run's target must not silently become each parameter set's own
+    monkeypatch.setitem(sys.modules, "nki_kernels.perfmodel.band", None)
+    assert {config._limits(t) for t in sets} == {config._limits(sets[0])}

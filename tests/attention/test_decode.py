@@ -217,6 +217,8 @@ def test_bad_input_names_the_argument_and_no_backward() -> None:
             torch.tensor([5]),
             block_table=torch.zeros(2, 3, dtype=torch.int32),
         )
+    with pytest.raises(TypeError, match="return_lse: expected a bool; got int"):
+        decode_attention(q, kc, kc, torch.tensor([5]), return_lse=1)
     qg = q.clone().requires_grad_()
     out = decode_attention(qg, kc, kc, torch.tensor([50]))
     with pytest.raises(RuntimeError):

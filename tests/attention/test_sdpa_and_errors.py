@@ -4,6 +4,8 @@ reason) and the op's argument errors (each names the argument, expected and rece
 from __future__ import annotations
 
 import re
+import threading
+import time
 import warnings
 
 import pytest
@@ -32,6 +34,46 @@ def test_sdpa_served_by_the_kernel_matches_torch(kw: dict, hkv: int) -> None:
         out = sdpa(q, k, v, **kw)
     ref = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), **kw)
     assert_rel_close(out, ref, TOLERANCES[torch.float32][0], "out")
+
+
+class _SlowSet(set):
+    """A set whose membership test yields the GIL: an unlocked check-then-add from several
+    threads then lets more than one thread through, instead of rarely."""
+
+    def __contains__(self, item: object) -> bool:
+        found = super().__contains__(item)
+        time.sleep(1e-4)
+        return found
+
+
+def test_sdpa_warns_once_per_reason_and_gives_the_serial_result_under_threads(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(attn, "_WARNED", _SlowSet())
+    g = torch.Generator().manual_seed(0)
+    inputs = [tuple(torch.randn(2, 5, 16, generator=g) for _ in range(3)) for _ in range(3)]
+    want = [F.scaled_dot_product_attention(*qkv) for qkv in inputs]  # 3-D: the fallback
+    threads, per_thread = 6, 4
+    start = threading.Barrier(threads)
+    got: dict[tuple[int, int], torch.Tensor] = {}
+
+    def work(t: int) -> None:
+        start.wait()
+        for n in range(per_thread):
+            got[t, n] = sdpa(*inputs[(t + n) % len(inputs)])
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+    fallbacks = [w for w in rec if issubclass(w.category, SdpaFallbackWarning)]
+    assert len(fallbacks) == 1 and "not 4-D" in str(fallbacks[0].message)
+    assert len(got) == threads * per_thread
+    for (t, n), out in got.items():
+        assert torch.equal(out, want[(t + n) % len(inputs)]), (t, n)
 
 
 @pytest.mark.parametrize(

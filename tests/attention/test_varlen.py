@@ -4,6 +4,7 @@ float64 SDPA, forward and backward, with empty and one-token documents."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -112,3 +113,21 @@ def test_varlen_bad_offsets_name_the_argument() -> None:
         ValueError, match=r"max_seqlen_k: expected >= the longest document \(6\); got 5"
     ):
         flash_attention_varlen(q, k, v, _cu([4, 6]), _cu([4, 6]), 6, 5)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"max_seqlen_q": None}, "max_seqlen_q: expected an int; got NoneType"),
+        ({"max_seqlen_k": "6"}, "max_seqlen_k: expected an int; got str"),
+        ({"max_seqlen_q": 5.5}, "max_seqlen_q: expected an int; got float"),
+        ({"causal": "no"}, "causal: expected a bool; got str"),
+        ({"return_lse": 1}, "return_lse: expected a bool; got int"),
+    ],
+)
+def test_varlen_bad_options_name_the_argument(kw: dict, message: str) -> None:
+    q, k, v = (t.detach() for t in _inputs(10, 10, torch.float32))
+    args = {"max_seqlen_q": 6, "max_seqlen_k": 6, **kw}
+    with pytest.raises(TypeError, match=re.escape(message)):
+        # different query and key offsets: the mask path, which reads `causal` as a truth value
+        flash_attention_varlen(q, k, v, _cu([4, 6]), _cu([3, 7]), **args)

@@ -40,10 +40,31 @@ BAD = [
     (["configs", "which", "rms_norm"], "--shape"),
     (["bench", "--no-check", "--data", "/no/such/dir"], "--data"),
     (["bench", "--no-check", "--measured", "/no/such/file.jsonl"], "--measured"),
+    (["bench", "--no-check", "--full"], "--full: expected together with --reprice or --peer"),
+    (["bench", "--no-check", "--bands"], "--bands: expected together with --reprice"),
     (["parity", "--steps", "0"], "--steps"),
     (["parity", "--dtype", "int3"], "--dtype"),
+    (["parity", "--nproc", "0"], "--nproc"),
+    (["configs", "diff", "/no/such/dir", "shipped"], "a: expected a config directory"),
+    (["configs", "show", "--config-dir", "/no/such/dir"], "--config-dir: expected"),
+    (["configs", "validate", "--config-dir", "/no/such/dir"], "--config-dir: expected"),
+    (
+        [
+            "configs",
+            "which",
+            "rms_norm",
+            "--shape",
+            "llama3-8b",
+            "--size",
+            "128",
+            "--config-dir",
+            "/no/such/dir",
+        ],
+        "--config-dir: expected",
+    ),
     (["probe", "no_such_module_xyz:fn"], "no_such_module_xyz"),
     (["doctor", "--require", "bogus"], "--require"),
+    (["hwcheck", "--quick", "--ops", "nope"], "--ops"),
     (["conformance", "/no/such/checkout"], "/no/such/checkout"),
 ]
 
@@ -55,6 +76,20 @@ def test_bad_values_are_one_line_naming_the_option(
     rc, err = _run(argv, capsys)
     assert rc == 2 and len(err) == 1, err
     assert names in err[0] and "Traceback" not in err[0], err[0]
+
+
+@pytest.mark.parametrize(
+    "extra", [["--target", "trn3"], ["--cost", "quadratic", "--dtype", "float16"], ["--shape", "x"]]
+)
+def test_buckets_refuses_cost_model_options_the_time_model_ignores(
+    extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("100\n300 2\n")
+    rc, err = _run(["buckets", "--lengths", str(lengths), "--max-buckets", "2", *extra], capsys)
+    opt = next(a for a in extra if a != "--cost" and a.startswith("--"))
+    assert rc == 2 and len(err) == 1, err
+    assert f"{opt}: expected only with --cost model" in err[0] and f"got {extra[-1]!r}" in err[0]
 
 
 def test_estimate_prices_a_users_own_kernel(

@@ -16,8 +16,10 @@ import nki_kernels  # noqa: F401  (registers torch.ops.nki.*)
 from nki_kernels.ops.attention import flash_attention_varlen
 from nki_kernels.ops.decode import decode_attention
 from nki_kernels.ops.moe_gated_experts import moe_gated_experts
+from nki_kernels.ops.sinks import sink_attention
 
-KINDS = ("attention", "varlen", "rms_norm", "layer_norm", "moe_mlp", "moe_gated", "decode")
+KINDS = ("attention", "varlen", "rms_norm", "layer_norm", "moe_mlp", "moe_gated", "decode",
+         "sinks", "add_rms_norm")  # fmt: skip
 Call = tuple[str, int, int, str]  # (kind, size index 0..2, seed, device)
 
 
@@ -48,6 +50,18 @@ def run_call(call: Call) -> list[torch.Tensor]:
                                      causal=True)  # fmt: skip
         assert isinstance(out, torch.Tensor)
         return _grads(out, (q, k, v))
+    if kind == "sinks":  # GPT-OSS attention: one sink logit per query head
+        s = (5, 17, 40)[size]
+        q, k, v = _leaves(dev, g, (1, 2, s, 16), (1, 1, s, 16), (1, 1, s, 16))
+        (sinks,) = _leaves(dev, g, (2,))
+        out = sink_attention(q, k, v, sinks, causal=bool(seed % 2), sliding_window=4)
+        assert isinstance(out, torch.Tensor)
+        return _grads(out, (q, k, v, sinks))
+    if kind == "add_rms_norm":
+        rows, h = ((3, 8), (7, 24), (20, 40))[size]
+        x, r, w = _leaves(dev, g, (rows, h), (rows, h), (h,))
+        y, hs = torch.ops.nki.add_rms_norm(x, r, w, 1e-6)
+        return _grads(torch.cat([y, hs], -1), (x, r, w))
     if kind in ("rms_norm", "layer_norm"):
         rows, h = ((3, 8), (7, 24), (20, 40))[size]
         x, w = _leaves(dev, g, (rows, h), (h,))

@@ -33,6 +33,11 @@ def test_probe_says_why_not() -> None:
     assert any("activation 'gelu'" in op for op in gelu)
 
 
+def test_probe_takes_softcapped_attention() -> None:
+    capped = _by_op(probe(tiny_model("llama", attn_logit_softcapping=50.0)))
+    assert capped["attention"].taken and "logit softcap 50.0" in capped["attention"].why
+
+
 def test_probe_plain_model_and_cli(capsys) -> None:
     plain = _by_op(probe(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))))
     assert plain["LayerNorm -> nki LayerNorm"].taken

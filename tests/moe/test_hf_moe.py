@@ -112,6 +112,30 @@ def test_generate_gives_the_same_tokens(model_type: str) -> None:
     assert torch.equal(model.generate(input_ids=ids, **kw), ref)
 
 
+def test_gpt_oss_generate_runs_the_decode_launch(monkeypatch: Any) -> None:
+    """generate() is under no_grad with T <= 64: the patched GPT-OSS experts run one
+    decode-kernel launch per layer call (moe_gated_decode), and the tokens are the
+    unpatched model's."""
+    import nki_kernels.ops.moe_gated_experts as gated_ops
+
+    calls = []
+    real = gated_ops.decode_gated_experts
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(a[0].shape[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(gated_ops, "decode_gated_experts", counted)
+    model = BUILD["gpt_oss"]().eval()
+    ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(3))
+    kw = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    ref = model.generate(input_ids=ids, **kw)
+    nki_kernels.patch(model)
+    assert torch.equal(model.generate(input_ids=ids, **kw), ref)
+    layers = model.config.num_hidden_layers
+    assert calls[:layers] == [7] * layers and calls[layers:] == [1] * (3 * layers), calls
+
+
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "gpt_oss"])
 def test_router_runs_on_the_nki_router_with_the_models_outputs(model_type: str) -> None:
     """DeepSeek-V3's router (sigmoid, correction bias for selection only, group-limited

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -114,3 +116,27 @@ def test_module_rejects_bad_arguments_by_name() -> None:
         ValueError, match=r"x: expected hidden size \(last dim\) 16; got \(2, 3, 17\)"
     ):
         moe(torch.randn(2, 3, 17))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, 24, 4, 2), "hidden_size: expected a positive int; got 0"),
+        ((16, -1, 4, 2), "intermediate_size: expected a positive int; got -1"),
+        ((16, 24.0, 4, 2), "intermediate_size: expected a positive int; got 24.0"),
+        ((16, 24, "4", 2), "num_experts: expected a positive int; got '4'"),
+    ],
+)
+def test_module_sizes_are_checked_by_name(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MoE(*args)
+
+
+def test_module_input_must_be_a_float_tensor() -> None:
+    moe = MoE(16, 24, 4, 2)
+    with pytest.raises(TypeError, match="x: expected a tensor; got list"):
+        moe([[0.0] * 16])
+    with pytest.raises(TypeError, match="x: expected dtype float32, bfloat16, float16; got int32"):
+        moe(torch.ones(3, 16, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"x: expected at least 1 dim\(s\); got shape \(\)"):
+        moe(torch.tensor(1.0))

@@ -65,3 +65,23 @@ def test_fused_shared_expert_prices_the_stacked_launches() -> None:
     assert us > alone.ours_us
     with pytest.raises(ValueError, match="multiple of I"):
         fused_shared_us(384, 256, 128, 4, COUNTS, Options(shared_inter=100))
+
+
+def test_ours_prices_the_nki_dispatch_and_combine_for_natives_gathers() -> None:
+    from nki_kernels.moe.gather_pricing import price_dispatch_combine
+    from nki_kernels.moe.options_pricing import _is_gather_or_combine, price_dispatch_combine_sets
+
+    nat = native_steps(384, 256, 128, 4, COUNTS, Options())
+    names = [s.name for s in nat]
+    moved = {n for n in names if _is_gather_or_combine(n)}
+    assert moved == {"gather token rows", "gather out rows", "out += w * y", "scatter out rows"}
+    # native's gathers and combine: one launch each over all 384 routed rows, not per group
+    for s in nat:
+        if s.name in moved:
+            assert s.repeat == 1 and names.count(s.name) == 1, s.name
+            assert 384 in (s.args[0].shape[0], s.args[1].shape[0]), s.name
+    assert not {"x W_gate_up", "h W_down"} & moved
+    # the same two launches gather_pricing prices (COUNTS sum to 384 rows: k = 1)
+    sets = price_dispatch_combine_sets(384, 256, 1, get_target("trn2"))
+    d, c = price_dispatch_combine(384, 256, 1)
+    assert abs(sets[0] / 1e3 - (d.us + c.us)) <= 1e-9 * sets[0]

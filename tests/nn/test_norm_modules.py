@@ -5,6 +5,7 @@ neuron device (`module.to("neuron")`, forward, backward, .grad on the device).""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -177,3 +178,17 @@ def test_empty_and_integer_inputs_behave_as_torch_modules(ours, theirs) -> None:
     assert m.weight.grad is not None and not m.weight.grad.any()
     with pytest.raises(TypeError, match=r"input: expected dtype float32, bfloat16, float16; got"):
         m(torch.ones(2, 8, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("cls", [RMSNorm, LayerNorm])
+@pytest.mark.parametrize("shape", [0, -1, "16", (), (8, 0), True, 8.0, (4, 2.0)])
+def test_a_bad_normalized_shape_is_named(cls, shape) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=r"normalized_shape: expected a positive int or a "
+                       r"sequence of them; got " + re.escape(repr(shape))):  # fmt: skip
+        cls(shape)
+
+
+def test_good_normalized_shapes() -> None:
+    assert RMSNorm(8).normalized_shape == (8,)
+    assert LayerNorm([4, 2]).normalized_shape == (4, 2)
+    assert RMSNorm(torch.Size([3, 5])).normalized_shape == (3, 5)

@@ -66,3 +66,9 @@ def test_sink_attention_compiled() -> None:
                        fullgraph=True)  # fmt: skip
     ref, _ = _reference(q.double(), k.double(), v.double(), sinks.double(), True, None, 0.25)
     assert_rel_close(fn(q, k, v, sinks), ref, TOLERANCES[torch.float32])
+
+
+def test_sink_attention_return_lse_must_be_a_bool() -> None:
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    with pytest.raises(TypeError, match="return_lse: expected a bool; got int"):
+        sink_attention(q, k, v, torch.zeros(2), return_lse=1)
