@@ -6,6 +6,10 @@ Block), source and date; none was read on AWS's own page, so none is used unaske
 one with `--price INSTANCE=USD_PER_HOUR[:KIND]`, or `--price INSTANCE=recorded` for the
 instance's first recorded price (printed with its kind and source).
 
+Committed rows cover every model at train / prefill S = 4096 and 8192 and decode B = 64 x
+32K; a row priced before a change to the kernel, config or composition it prices is
+printed marked 'stale' (`--refresh-stale` prices it again).
+
 Examples:
   nki-kernels ledger --model llama3-8b --phase train --seq 8192
   nki-kernels ledger --model llama3-8b --phase decode --batch 64 --context 32768
@@ -188,21 +192,10 @@ def _plot(
     trn: Instance,
     gpu_inst: Instance,
 ) -> None:
-    from ..ledger.cli_args import DEFAULT_CONTEXT, DEFAULT_DECODE_BATCH, DEFAULT_SEQ
-    from ..ledger.layers import Step
+    from ..ledger.cli_args import plot_steps
     from ..ledger.ledger import build
     from ..ledger.plot import cost_chart
 
-    seq = args.seq or DEFAULT_SEQ
-    # --batch means sequences per step of the phase it was given with; the other phases
-    # keep their defaults (a decode batch of 64 is not 64 training sequences per core)
-    decode = (args.phase or "train") == "decode"
-    seq_batch = (None if decode else args.batch) or 1
-    dec_batch = (args.batch if decode else None) or DEFAULT_DECODE_BATCH
-    steps = [
-        Step("train", seq_batch, seq=seq),
-        Step("prefill", seq_batch, seq=seq),
-        Step("decode", dec_batch, context=args.context or DEFAULT_CONTEXT),
-    ]
+    steps = plot_steps(args)
     leds = [build(model, s, target, lnc, store, gpu) for s in steps]  # type: ignore[arg-type]
     print(f"chart written to {cost_chart(leds, trn, gpu_inst, args.plot)}")

@@ -59,6 +59,12 @@ def add_shape_arguments(parser: argparse.ArgumentParser, model_required: bool = 
         parser.add_argument(
             "--reprice", action="store_true", help="ignore cached ledger rows and price again"
         )
+    parser.add_argument(
+        "--refresh-stale",
+        action="store_true",
+        help="price again the cached ledger rows whose kernels, configs or compositions "
+        "changed since they were priced (default: print them marked 'stale')",
+    )
 
 
 def default_lnc(target: str) -> int:
@@ -90,10 +96,28 @@ def step_from_args(args: argparse.Namespace) -> Any:
     return Step(phase, args.batch or 1, seq=args.seq or DEFAULT_SEQ)
 
 
+def plot_steps(args: argparse.Namespace) -> list[Any]:
+    """The three steps `--plot` charts: train and prefill at the given (or default) seq,
+    decode at the given (or default) batch and context."""
+    from .layers import Step
+
+    seq = args.seq or DEFAULT_SEQ
+    # --batch means sequences per step of the phase it was given with; the other phases
+    # keep their defaults (a decode batch of 64 is not 64 training sequences per core)
+    decode = (args.phase or "train") == "decode"
+    seq_batch = (None if decode else args.batch) or 1
+    dec_batch = (args.batch if decode else None) or DEFAULT_DECODE_BATCH
+    return [
+        Step("train", seq_batch, seq=seq),
+        Step("prefill", seq_batch, seq=seq),
+        Step("decode", dec_batch, context=args.context or DEFAULT_CONTEXT),
+    ]
+
+
 def store_from_args(args: argparse.Namespace) -> Any:
     from .store import RowStore
 
-    return RowStore(cache=args.cache, reprice=args.reprice)
+    return RowStore(cache=args.cache, reprice=args.reprice, refresh_stale=args.refresh_stale)
 
 
 SHAPE_OPTIONS = ("phase", "seq", "batch", "context", "target", "lnc")

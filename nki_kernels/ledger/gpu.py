@@ -10,8 +10,10 @@ matmul at a measured GEMM's throughput (its forward or backward TFLOP/s), or at 
 measured HBM bandwidth when that is slower (small-M decode matmuls); element-wise
 passes at the measured HBM bandwidth; norms scaled by rows; an MoE layer scaled by
 routed FLOPs, or at the HBM bandwidth over the touched experts' weights when that is
-slower (a decode step's few tokens), and its backward as twice its forward. The ledger
-reports how much of each GPU total is measured directly.
+slower (a decode step's few tokens), and its backward as twice its forward; DeepSeek's
+expanded MLA attention (q / k 192, v 128 wide, 128 heads) from the causal SDPA rows at
+head dim 128 by FLOPs (`mla_attention`). The ledger reports how much of each GPU total
+is measured directly.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from .models import ModelSpec
 from .store import DATA
 
 GPU_ROWS = DATA / "gpu_rows.jsonl"
-# ops only a measured row of exactly their case covers (`benchmarks/gpu_peers.py` measures
-# them; the committed H200 rows have none): DeepSeek's latent attention (q / k 192 vs v 128;
-# the absorbed decode over a shared 576-wide latent) is no shape of the measured SDPA rows
+# ops whose GPU figure may be missing (`benchmarks/gpu_peers.py` measures both; the
+# committed H200 rows have neither): MLA attention is derived from the causal SDPA rows
+# when the rows have them; the absorbed decode (einsum + softmax over a shared 576-wide
+# latent, eager) is no kind of op a measured row is, so only its own row covers it
 MISSING = {
-    "mla_attention": "MLA attention (no measured row: q / k 192, v 128)",
+    "mla_attention": "MLA attention (no measured row, and no causal SDPA row to derive it from)",
     "mla_decode": "absorbed MLA decode (no measured row)",
 }
 
@@ -259,6 +262,30 @@ class GpuRows:
             "weights and writes their gradients)",
         )
 
+    def mla_attention(
+        self, kind: str, seq: int, batch: int, heads: int, d_qk: int, d_v: int
+    ) -> Figure | None:
+        """Expanded MLA from the causal SDPA rows (32 query heads, head dim 128, the
+        faster backend; interpolated in S as `attention`), scaled by FLOPs: x heads / 32,
+        and by the head dims of its products -- forward Q K^T (d_qk) and P V (d_v) vs
+        2 x 128; backward S recomputed, dQ, dK (d_qk) and dP, dV (d_v) vs 5 x 128. It
+        assumes the D = 128 rows' FLOP rate holds at q / k 192, v 128 (torch's flash
+        backend takes one head dim for q, k and v, so another backend may run it)."""
+        base = self.attention(kind, seq, 1, 32, 8)
+        if base is None:
+            return None
+        if kind == "fwd":
+            k_dim, how = (d_qk + d_v) / 256, f"({d_qk} + {d_v}) / (2 x 128)"
+        else:
+            k_dim, how = (3 * d_qk + 2 * d_v) / 640, f"(3 x {d_qk} + 2 x {d_v}) / (5 x 128)"
+        f = Figure(
+            base.us * heads / 32 * k_dim,
+            self.derived_label(),
+            f"by FLOPs from {base.source}: x query heads {heads}/32, x head dims {how}; "
+            "assumes the D = 128 rows' FLOP rate at these head dims",
+        )
+        return f.scaled(batch, f"x {batch} sequences") if batch != 1 else f
+
     def exact(self, op: str, case: str) -> Figure | None:
         """The measured row of exactly this op and case (None: not measured, and no
         row near enough in kind to derive it from)."""
@@ -311,9 +338,10 @@ def price_op(g: GpuRows, op: Op, model: ModelSpec) -> Figure | None:
         return g.moe(model, a[0], a[1])
     if op.kind == "mla_attention":
         kind, seq, batch, heads, d_qk, d_v = a
-        return g.exact(
+        got = g.exact(
             f"sdpa mla {kind} causal", f"B={batch} H={heads} S={seq} D_qk={d_qk} D_v={d_v} bf16"
         )
+        return got if got is not None else g.mla_attention(kind, seq, batch, heads, d_qk, d_v)
     if op.kind == "mla_decode":
         batch, ctx, heads, lat, rope = a
         return g.exact(

@@ -20,7 +20,7 @@ from .gpu import price_op as gpu_price
 from .layers import LEFT_OUT, Op, Step, head_ops, layer_kinds, layer_ops
 from .models import ModelSpec
 from .prices import Instance, instance_hours_per_million, usd_per_million
-from .store import RowStore
+from .store import STALE, RowStore
 from .trainium import price_op
 
 TRAINIUM_IMPLS = ("ours", "native", "aws")
@@ -94,6 +94,27 @@ class Ledger:
         if head is None:
             return None
         return _with_missing(total([*parts, head]), missing_of([*parts, head]))
+
+    def is_stale(self, impl: str, layer: str | None = None, group: str | None = None) -> bool:
+        """Some figure of `impl` in this layer (group; None: the whole step) comes from a
+        stale row (`store.RowStore`)."""
+        return any(
+            (layer is None or o.layer == layer)
+            and (group is None or o.op.group == group)
+            and (f := o.figs.get(impl)) is not None
+            and any(n.startswith(STALE) for n in f.notes)
+            for o in self.ops
+        )
+
+    def stale_ops(self) -> dict[str, str]:
+        """Each op with a figure from a stale row -> what changed since it was priced."""
+        out: dict[str, str] = {}
+        for o in self.ops:
+            for f in o.figs.values():
+                for n in f.notes if f is not None else ():
+                    if n.startswith(STALE):
+                        out[o.op.name] = n.removeprefix(STALE)
+        return out
 
     def missing(self, impl: str = "gpu") -> list[str]:
         """What `impl`'s totals leave out (no measured row), once each."""

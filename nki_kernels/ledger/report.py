@@ -30,11 +30,14 @@ def _partial(f: Figure) -> bool:
     return any(n.startswith(PARTIAL) for n in f.notes)
 
 
-def _cell(f: Figure | None, width: int = 34) -> str:
-    """A figure with its band; '>= x (partial)' for a sum that leaves ops out."""
+def _cell(f: Figure | None, width: int = 34, stale: bool = False) -> str:
+    """A figure with its band; '>= x (partial)' for a sum that leaves ops out; 'stale'
+    after a figure with a part from a stale row."""
     if f is None:
         return "n/a".ljust(width)
-    return (f">= {fmt_band(f)} (partial)" if _partial(f) else fmt_band(f)).ljust(width)
+    text = f">= {fmt_band(f)} (partial)" if _partial(f) else fmt_band(f)
+    text = text + " stale" if stale else text
+    return text.ljust(width) if len(text) < width else text + " "
 
 
 def trainium_label(led: Ledger) -> str:
@@ -71,6 +74,14 @@ def header(led: Ledger, gpu: bool = True) -> list[str]:
                 f"GPU column MISSING: {'; '.join(gone)}; its totals leave it out, so they are "
                 "lower bounds on the GPU's time, marked '>= ... (partial)'."
             )
+    stale = led.stale_ops()
+    if stale:
+        what = sorted(set(stale.values()))
+        out.append(
+            f"STALE: the Trainium figures of {len(stale)} op(s) come from rows priced before a "
+            f"change to what determines them ({'; '.join(what)}); they are printed as priced, "
+            "marked 'stale': --refresh-stale prices them again."
+        )
     for n in led.notes:
         out.append(f"Model note: {n}")
     return out
@@ -94,12 +105,14 @@ def layer_table(led: Ledger, impls: tuple[str, ...], titles: dict[str, str]) -> 
             cells = [
                 "MISSING (not measured)".ljust(34)
                 if f is None and i == "gpu" and _missing_group(led, name, g)
-                else _cell(f)
+                else _cell(f, stale=led.is_stale(i, name, g))
                 for i, f in zip(impls, row, strict=True)
             ]
             out.append(f"  {desc:<56}" + "".join(cells))
-        tot = [led.layer_total(name, i) for i in impls]
-        out.append(f"  {'total':<56}" + "".join(_cell(f) for f in tot))
+        tot = [(i, led.layer_total(name, i)) for i in impls]
+        out.append(
+            f"  {'total':<56}" + "".join(_cell(f, stale=led.is_stale(i, name)) for i, f in tot)
+        )
     return out
 
 
@@ -160,9 +173,9 @@ def ledger_text(
     }
     out = header(led)
     out += layer_table(led, impls, titles)
-    step = [led.step_total(i) for i in impls]
+    step = [(i, led.step_total(i)) for i in impls]
     out.append("")
-    out.append(f"{'step total':<58}" + "".join(_cell(f) for f in step))
+    out.append(f"{'step total':<58}" + "".join(_cell(f, stale=led.is_stale(i)) for i, f in step))
     if led.gpu_device and led.step.phase != "decode":
         out += _whole_layer_check(led)
     out += cost_lines(led, trn, gpu_inst)

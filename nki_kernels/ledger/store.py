@@ -7,7 +7,9 @@ Three sources, in this order, each figure saying which it came from:
    exactly one of theirs and their cost-model version is the current one;
 2. ledger rows priced before: the committed `benchmarks/data/ledger_rows.jsonl` and the
    user's cache (default `~/.cache/nki-kernels/ledger_rows.jsonl`), keyed by the
-   component, target, LNC and cost-model version;
+   component, target, LNC and cost-model version, and stamped with a hash of the code and
+   shipped configs that determine the figure (`stamps`): a row whose stamp is not the
+   current code's is stale, used only with a "stale" mark (or priced again on request);
 3. priced now (trace-only interpretation + cost model, seconds per component) and
    appended to the cache.
 
@@ -22,17 +24,18 @@ import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..bench.rows import BenchRow, append_rows, read_rows
+from ..bench.rows import BenchRow, append_rows, read_rows, write_rows
 from .figure import Figure
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "benchmarks" / "data"
 COMMITTED_CACHE = DATA / "ledger_rows.jsonl"
 _VERSION = re.compile(r"cost model (v\d+)")
+STALE = "stale: priced before a change to "
 
 
 def default_cache() -> Path:
@@ -94,16 +97,61 @@ def figure_of(row: BenchRow, source: str) -> Figure:
     )
 
 
+def partial_path() -> Path:
+    """Where a component's per-set samples wait until all of its parameter sets are priced
+    (a pricing run stopped by a timeout resumes from them)."""
+    return default_cache().parent / "ledger_partial.json"
+
+
+def _partial(key: str, stamp: str) -> list[float]:
+    p = partial_path()
+    try:
+        got = json.loads(p.read_text()).get(key)
+    except (OSError, ValueError):
+        return []
+    return [float(x) for x in got["samples_us"]] if got and got["stamp"] == stamp else []
+
+
+def _keep_partial(key: str, stamp: str, samples: list[float] | None) -> None:
+    """Record `key`'s samples so far (None: forget them)."""
+    p = partial_path()
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, ValueError):
+        d = {}
+    if samples is None:
+        if key not in d:
+            return
+        d.pop(key)
+    else:
+        d[key] = {"stamp": stamp, "samples_us": samples}
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(d))
+    os.replace(tmp, p)
+
+
 @dataclass
 class RowStore:
-    """The committed rows and the cache, loaded once per ledger run."""
+    """The committed rows and the cache, loaded once per ledger run.
+
+    Every ledger row carries the stamp of what determines it (`stamps`): a row whose stamp
+    differs from the current code's is *stale*. A stale row is used as printed, its figure
+    noted "stale" and listed in `stale`, unless `refresh_stale` (then it is priced again,
+    replacing the row in the cache it is written to). `dry` prices nothing: a missing
+    component is listed in `missing` and stands in as 0 us (a query of what a command would
+    price, not a ledger)."""
 
     data: Path = DATA
     cache: Path | None = None  # None: the default user cache; Path("-"): no cache writes
     reprice: bool = False  # ignore cached ledger rows (committed op-level rows still used)
+    refresh_stale: bool = False  # price stale rows again instead of using them
+    dry: bool = False  # price nothing; list what would be priced
     priced: list[str] = field(default_factory=list)  # what was priced in this run
+    missing: list[str] = field(default_factory=list)  # dry: what would have been priced
+    stale: dict[str, list[str]] = field(default_factory=dict)  # key -> changed determinants
     _bench: list[BenchRow] | None = None
-    _cached: dict[str, BenchRow] | None = None
+    _cached: dict[str, list[BenchRow]] | None = None
 
     def bench_rows(self) -> list[BenchRow]:
         if self._bench is None:
@@ -138,14 +186,22 @@ class RowStore:
             return []
         return list(json.loads(p.read_text()).get("rows", []))
 
+    def decode_stream_rows(self) -> list[dict[str, Any]]:
+        """The decode benchmark's rows (ours streamed, per program, AWS's attention_tkg)."""
+        p = self.data / "decode_stream_rows.json"
+        if not p.exists():
+            return []
+        return list(json.loads(p.read_text()).get("rows", []))
+
     def _cache_path(self) -> Path | None:
         if self.cache is not None and str(self.cache) == "-":
             return None
         return self.cache or default_cache()
 
-    def cached(self) -> dict[str, BenchRow]:
+    def cached(self) -> dict[str, list[BenchRow]]:
+        """Every cached row per key: the committed file's, then the user cache's."""
         if self._cached is None:
-            rows: dict[str, BenchRow] = {}
+            rows: dict[str, list[BenchRow]] = {}
             paths = [self.data / COMMITTED_CACHE.name]
             own = self._cache_path()
             if own is not None:
@@ -153,9 +209,20 @@ class RowStore:
             for p in paths:
                 if p.exists():
                     for r in read_rows(p):
-                        rows[r.case] = r
+                        rows.setdefault(r.case, []).append(r)
             self._cached = rows
         return self._cached
+
+    def _save(self, row: BenchRow) -> None:
+        """Write `row` to the cache: appended, or replacing a row of its key."""
+        own = self._cache_path()
+        if own is None:
+            return
+        old = read_rows(own) if own.exists() else []
+        if any(r.case == row.case for r in old):
+            write_rows(own, [row if r.case == row.case else r for r in old])
+        else:
+            append_rows(own, [row])
 
     def get_or_price(
         self,
@@ -168,17 +235,33 @@ class RowStore:
     ) -> Figure:
         """The cached figure of `key` (this cost-model version), else `price(target)` in
         microseconds under every parameter set of the band, cached."""
+        from . import stamps
+
         version = current_version()
         full = f"{key} | {target} LNC {lnc} | {impl} | cost model {version}"
-        row = None if self.reprice else self.cached().get(full)
-        if row is not None:
-            return figure_of(row, f"ledger cache ({what})")
+        stamp, parts = stamps.stamp(what, impl, target)
+        rows = [] if self.reprice else self.cached().get(full, [])
+        fresh = [r for r in rows if r.extra.get("stamp") == stamp]
+        if fresh:
+            return figure_of(fresh[-1], f"ledger cache ({what})")
+        if rows and not self.refresh_stale:
+            changed = stamps.changed(rows[-1].extra.get("stamp_parts"), parts)
+            self.stale[full] = changed
+            f = figure_of(rows[-1], f"ledger cache ({what}), STALE")
+            return replace(f, notes=(*f.notes, STALE + ", ".join(changed)))
+        if self.dry:
+            self.missing.append(full)
+            return Figure(0.0, f"modeled (cost model {version}, {target})", "not priced (dry)")
         from ..bench.bands import parameter_sets, replayed_traces
         from ..perfmodel import modeled_label
 
         sets = parameter_sets(target)
+        samples = _partial(full, stamp)[: len(sets)]
         with replayed_traces():
-            samples = [float(price(s)) for s in sets]
+            for s in sets[len(samples) :]:
+                samples.append(float(price(s)))
+                if len(samples) < len(sets):
+                    _keep_partial(full, stamp, samples)
         row = BenchRow(
             family="ledger",
             op=what,
@@ -189,11 +272,10 @@ class RowStore:
             provenance=modeled_label(target, version),
             lnc=lnc,
             band_us=(min(samples), max(samples)),
-            extra={"samples_us": samples},
+            extra={"samples_us": samples, "stamp": stamp, "stamp_parts": parts},
         )
-        self.cached()[full] = row
+        self.cached()[full] = [row]
         self.priced.append(full)
-        own = self._cache_path()
-        if own is not None:
-            append_rows(own, [row])
+        self._save(row)
+        _keep_partial(full, stamp, None)
         return figure_of(row, f"priced now ({what})")

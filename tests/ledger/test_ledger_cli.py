@@ -126,8 +126,9 @@ def test_the_manual_page_shows_what_the_cli_prints():
     page = docs.PAGE.read_text()
     for name in docs.LEDGERS:
         assert docs.documented(page, name) == docs.block(name, docs.render(name)), (
-            f"docs/readme/ledger.md's {name} ledger is stale: run "
-            "`python -m nki_kernels.ledger.docs` and `python scripts/build_readme.py`"
+            f"docs/readme/ledger.md's {name} ledger is not what the CLI prints: run "
+            "`python -m nki_kernels.ledger.docs --refresh-stale` (re-prices the rows whose "
+            "kernels changed, then rewrites the page) and `python scripts/build_readme.py`"
         )
 
 

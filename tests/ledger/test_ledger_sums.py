@@ -156,3 +156,29 @@ def test_total_without_samples_adds_ends_and_says_so():
 def test_total_of_nothing_is_an_error():
     with pytest.raises(ValueError, match="no figures"):
         total([])
+
+
+def test_decode_attention_is_the_committed_stream_row(store):
+    # Llama-3 8B serving, 64 sequences over 32K caches: our decode kernel's figure is the
+    # decode benchmark's streamed row (32 / 8 heads, LNC 2), band and samples included
+    import json
+
+    from nki_kernels.attention.decode_stream import decode_stream_fwd
+    from nki_kernels.ledger.store import DATA
+    from nki_kernels.runtime.kernel_cache import kernel_source_hash
+
+    rows = json.loads((DATA / "decode_stream_rows.json").read_text())["rows"]
+    want = ("ours (streamed)", TARGET, 4, LNC, 64, 32768, False)
+    (r,) = [
+        r
+        for r in rows
+        if (r["method"], r["target"], r["group"], r["lnc"], r["batch"], r["cache"], r["paged"])
+        == want
+    ]
+    if r.get("kernel_hash") != kernel_source_hash(decode_stream_fwd):
+        pytest.skip("the committed streamed decode row is of other kernel source")
+    led = _priced(store, LLAMA3_8B, Step("decode", 64, context=32768), ("attention",), False)
+    (o,) = [o for o in led.ops if o.op.kind == "decode_attention"]
+    f = o.figs["ours"]
+    assert f.us == r["latency_us"] and f.samples == tuple(r["samples_us"])
+    assert "decode_stream_rows.json" in f.source
