@@ -358,12 +358,15 @@ def price_router(
     return estimate_trace(trace, target)
 
 
-def price_router_bwd(p: MoEProblem, target: Target, logits_dtype: str = "bfloat16") -> Estimate:
-    """Modeled cost of the NKI router backward (d logits from d weights, softmax)."""
+def price_router_bwd(
+    p: MoEProblem, target: Target, logits_dtype: str = "bfloat16", lnc: int = 1
+) -> Estimate:
+    """Modeled cost of the NKI router backward (d logits from d weights, softmax),
+    launched as kernel[lnc]."""
     logits = TensorSpec((p.tokens, p.experts), logits_dtype)
     ids = TensorSpec((p.tokens, p.top_k), "int32")
     dw = TensorSpec((p.tokens, p.top_k), "float32")
-    trace = trace_kernel(moe_router_bwd, logits, ids, dw, "softmax", True, target=target)
+    trace = trace_kernel(moe_router_bwd, logits, ids, dw, "softmax", True, target=target, lnc=lnc)
     return estimate_trace(trace, target)
 
 
@@ -379,12 +382,12 @@ def layer_row(
 ) -> dict[str, Any]:
     """One benchmark row: modeled forward (router + experts + combine) of one MoE layer;
     with `backward`, also the op's backward: router recompute + expert backward (dgrad,
-    weight gradients, combine) + router backward. `lnc` 2 (forward only): the router and
-    the expert kernel launched as kernel[2] on the whole batch (per logical core).
+    weight gradients, combine) + router backward. `lnc` 2: the routers and the expert
+    kernels launched as kernel[2] on the whole batch (per logical core).
     `bands`: also `latency_band_ms` (and `bwd_band_ms`), the range of the same pricing
     over the cost model's parameter sets (`perfmodel.band.parameter_sets`)."""
-    if backward and lnc != 1:
-        raise ValueError(f"lnc: the backward is priced at LNC 1 only; got lnc={lnc}")
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc: expected 1 or 2; got {lnc}")
     tgt = get_target(target)
     p = MoEProblem(tokens, shape.hidden, shape.intermediate, shape.num_experts, shape.top_k, dtype)
     cfg = MoEMLPConfig.heuristic(p, tgt)
@@ -421,8 +424,8 @@ def layer_row(
     if backward:
         bcfg = MoEMLPBwdConfig.heuristic(p, tgt)
         bblocks = used_blocks(ids, shape.num_experts, bcfg.block_size)
-        bwd = price_blocks("bwd", p, bcfg, bblocks, tgt)
-        routers = router.latency_ns + price_router_bwd(p, tgt).latency_ns
+        bwd = price_blocks("bwd", p, bcfg, bblocks, tgt, lnc=lnc)
+        routers = router.latency_ns + price_router_bwd(p, tgt, lnc=lnc).latency_ns
         bwd_ns = bwd.latency_ns + routers
         row["bwd_config"] = bcfg.to_dict()
         row["bwd_blocks"] = bblocks
@@ -456,8 +459,8 @@ def _layer_bands(
         router = price_router(p, t, lnc=lnc).latency_ns
         fwd.append(price_blocks("fwd", p, cfg, blocks, t, lnc=lnc).latency_ns + router)
         if bwd_plan is not None:
-            b = price_blocks("bwd", p, bwd_plan[0], bwd_plan[1], t).latency_ns
-            bwd.append(b + router + price_router_bwd(p, t).latency_ns)
+            b = price_blocks("bwd", p, bwd_plan[0], bwd_plan[1], t, lnc=lnc).latency_ns
+            bwd.append(b + router + price_router_bwd(p, t, lnc=lnc).latency_ns)
     out: dict[str, Any] = {"latency_band_ms": [min(fwd) / 1e6, max(fwd) / 1e6]}
     if bwd_plan is not None:
         out["bwd_band_ms"] = [min(bwd) / 1e6, max(bwd) / 1e6]
