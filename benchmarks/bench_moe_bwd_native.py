@@ -55,14 +55,6 @@ SHAPES = (
 )
 
 
-def _extrapolated(lat: list[float], ns: list[int], blocks: int) -> float:
-    """`price_blocks`' backward extrapolation of traces with ns blocks to `blocks`."""
-    if len(ns) == 1:
-        return lat[0]
-    rest = blocks - ns[-1]
-    return lat[3] + (rest + 1) // 2 * (lat[2] - lat[1]) + rest // 2 * (lat[3] - lat[2])
-
-
 def rows(shape: MoEShape, tokens: int, target: str = "trn2") -> list[dict[str, Any]]:
     """The uniform and skewed rows of one shape."""
     tgt = get_target(target)
@@ -76,8 +68,7 @@ def rows(shape: MoEShape, tokens: int, target: str = "trn2") -> list[dict[str, A
         t0 = time.perf_counter()
         ids = pricing.routing_ids(kind, tokens, shape.num_experts, shape.top_k)
         blocks = pricing.used_blocks(ids, shape.num_experts, cfg.block_size)
-        n0 = pricing.REPRESENTATIVE_BLOCKS["bwd"]
-        ns = [blocks] if blocks <= n0 + 3 else [n0 + j for j in range(4)]
+        ns = pricing.bwd_trace_blocks(blocks)
         for n in ns:
             if n not in traces:
                 specs = pricing._bwd_specs(p, n, cfg.block_size)
@@ -89,7 +80,9 @@ def rows(shape: MoEShape, tokens: int, target: str = "trn2") -> list[dict[str, A
         )
         ours, theirs = [], []
         for t in sets:
-            mlp = _extrapolated([estimate_trace(traces[n], t).latency_ns for n in ns], ns, blocks)
+            mlp = pricing.bwd_extrapolate(
+                [estimate_trace(traces[n], t).latency_ns for n in ns], blocks
+            )
             routers = (
                 pricing.price_router(p, t).latency_ns + pricing.price_router_bwd(p, t).latency_ns
             )
