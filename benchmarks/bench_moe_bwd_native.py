@@ -1,7 +1,9 @@
 """MoE layer backward against TorchNeuron's `_grouped_mm` backward, per core, with bands.
 
 Run: `python benchmarks/bench_moe_bwd_native.py [--tokens 2048] [--only MODEL,...]
-[--json PATH]` (DeepSeek-V3-like ~4 min of CPU, the others 0.5-2 min each).
+[--json PATH]`: Qwen3-MoE-like, the 64-expert shape and GPT-OSS-like take 1-3 min of CPU
+each; Mixtral and DeepSeek-V3-like over 15 min each (their traces of 4, 6 and 8 blocks
+re-scheduled under every parameter set).
 
 Ours = the op's backward as `moe.pricing.layer_row` prices it at LNC 1: router
 recompute + `moe_mlp_bwd` (phase A, weight gradients, combine) + router backward.
