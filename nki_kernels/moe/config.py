@@ -457,9 +457,13 @@ class MoEMLPBwdConfig(KernelConfig):
         lt = _tile(ns * min(self.wgrad_tiles * P, max(h, i)) * dsz)
         rt = _tile(ns * min(self.wgrad_cols, max(h, 2 * i)) * dsz)
         acc_rows = min(self.wgrad_tiles, _cdiv(max(h, i), P))
-        acc = _tile(acc_rows * min(self.wgrad_cols, max(h, 2 * i)) * 4)
-        # per buffer set: rows, expert, keep, keep as an int32 AND mask
-        phase_b = 2 * (lt + rt + 3 * GRANULE) + acc
+        # 512-column slots: one per PSUM tile of the panel, plus two zero slots
+        slots = 2 + acc_rows * _cdiv(min(self.wgrad_cols, max(h, 2 * i)), 512)
+        acc = _tile(slots * 512 * 4)
+        # per buffer set: rows, expert, keep, the adds' slot indexes; + the slot ramp
+        phase_b = 2 * (lt + rt + 2 * GRANULE + _tile(65 * 4)) + acc + _tile(64 * 4)
+        if dsz == 2:  # two row tiles of the panel rounded for their store
+            phase_b += 2 * _tile(min(self.wgrad_cols, max(h, 2 * i)) * dsz)
         combine = 2 * GRANULE + 2 * _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
         sbuf = max(phase_a, phase_b, combine)
         if sb >= 512:

@@ -26,15 +26,14 @@ trace record's cost), so a kernel's latency is
                     blocks' steady-state increments,
 
 exact once the software pipeline reaches its periodic regime. The backward alternates two
-buffer sets between consecutive blocks, so its increments may have period 2; so do the
-forward's at LNC 2, whose programs take alternate blocks (a block added to the program
-that is behind costs little; n0 is doubled so that each program is past its first
-block). `price_blocks` interprets the kernel (trace-only, the full T) with n0 .. n0 + 3
-blocks (n0 = 4 forward, 8 forward at LNC 2, 1 backward), takes the last increment of
-each parity and extrapolates to the routing's used blocks; `extrapolation_check` =
-|d3 - d1| / d3 compares the two increments of the
-same parity, so the reader sees how close to periodic the schedule is. Used blocks
-<= n0 + 3 are priced exactly. Routing (uniform, skewed) only changes the used blocks.
+buffer sets between consecutive blocks and rotates its strip sets, so its increments
+repeat with a period of up to 4 blocks; the forward's at LNC 2 with period 2 (its
+programs take alternate blocks; a block added to the program that is behind costs
+little; n0 is doubled so that each program is past its first block). The backward is
+traced with n0, n0 + 2 and n0 + 4 blocks (n0 = 4) and extrapolated by the mean increment
+over those 4 blocks (`extrapolation_check` = |d2 - d1| / d2 of its two 2-block halves);
+the forward as described at `price_fwd_kinds`. Used blocks <= n0 + 4 (backward) are
+priced exactly. Routing (uniform, skewed) only changes the used blocks.
 
 The forward runs the sized plan: blocks of s = 1 .. B/128 sub-tiles, each size one
 device loop. `price_fwd_kinds` prices each size present by its own increment (traces of
@@ -69,8 +68,14 @@ from .router import moe_router_bwd, moe_router_fwd
 # n0: blocks before the first measured increment (the forward's first blocks have no
 # weight prefetch ahead of them and its DMA queues settle over ~4 blocks: at the
 # fine-grained shape the increments after 2 blocks differ by 18 %, after 4 by < 1 %;
-# the backward is periodic from its first block)
-REPRESENTATIVE_BLOCKS = {"fwd": 4, "bwd": 1}
+# the backward's first 3 increments are transients where the next block's rows are
+# prefetched: from 1 block on, the Qwen3-MoE-like backward was understated by 14 % per
+# block)
+REPRESENTATIVE_BLOCKS = {"fwd": 4, "bwd": 4}
+# the backward's increments repeat with a period of up to 4 blocks (two buffer sets, a
+# rotating strip set: at the Qwen3-MoE-like shape 147, 206, 89, 147 us), so it is
+# extrapolated by the mean increment over BWD_WINDOW blocks from n0 on
+BWD_WINDOW = 4
 KINDS = ("fwd", "bwd")
 
 
@@ -213,9 +218,10 @@ def price_blocks(
         return price_fwd_kinds(p, cfg, kinds, target, may_drop, lnc)
     if not isinstance(blocks, int) or blocks < 1:
         raise ValueError(f"blocks: expected a positive int; got {blocks!r}")
-    n0 = REPRESENTATIVE_BLOCKS[kind]
-    if blocks <= n0 + 3:
-        e = _price(kind, p, cfg, blocks, target, may_drop, lnc)
+    ns = bwd_trace_blocks(blocks)
+    est = [_price(kind, p, cfg, n, target, may_drop, lnc) for n in ns]
+    if len(ns) == 1:
+        e = est[0]
         return BlockPricing(
             e.latency_ns,
             e.latency_ns / blocks,
@@ -225,28 +231,37 @@ def price_blocks(
             e.compute_bound_ns,
             e.memory_bound_ns,
         )
-    est = [_price(kind, p, cfg, n0 + j, target, may_drop, lnc) for j in range(4)]
-    # blocks n0+3 .. blocks-1 remain: the first has the parity of increment d2 (block
-    # n0+1), then they alternate with d3's (block n0+2)
-    rest = blocks - (n0 + 3)
-    n_d2, n_d3 = (rest + 1) // 2, rest // 2
-
-    def ext(vals: list[float]) -> float:
-        d2, d3 = vals[2] - vals[1], vals[3] - vals[2]
-        return vals[3] + n_d2 * d2 + n_d3 * d3
-
     lat = [e.latency_ns for e in est]
-    d1, d3 = lat[1] - lat[0], lat[3] - lat[2]
-    busy = {k: ext([e.busy_ns[k] for e in est]) for k in est[3].busy_ns}
+    d1, d2 = lat[1] - lat[0], lat[2] - lat[1]
+    busy = {k: bwd_extrapolate([e.busy_ns[k] for e in est], blocks) for k in est[2].busy_ns}
     return BlockPricing(
-        ext(lat),
-        (lat[3] - lat[1]) / 2,
-        abs(d3 - d1) / d3 if d3 else 0.0,
+        bwd_extrapolate(lat, blocks),
+        (lat[2] - lat[0]) / BWD_WINDOW,
+        abs(d2 - d1) / d2 if d2 else 0.0,
         False,
         busy,
-        ext([e.compute_bound_ns for e in est]),
-        ext([e.memory_bound_ns for e in est]),
+        bwd_extrapolate([e.compute_bound_ns for e in est], blocks),
+        bwd_extrapolate([e.memory_bound_ns for e in est], blocks),
     )
+
+
+def bwd_trace_blocks(blocks: int) -> list[int]:
+    """The block counts the backward is traced with for `blocks` used blocks: [blocks]
+    (priced exactly) up to n0 + BWD_WINDOW, else n0, n0 + BWD_WINDOW / 2, n0 + BWD_WINDOW."""
+    n0 = REPRESENTATIVE_BLOCKS["bwd"]
+    if blocks <= n0 + BWD_WINDOW:
+        return [blocks]
+    return [n0, n0 + BWD_WINDOW // 2, n0 + BWD_WINDOW]
+
+
+def bwd_extrapolate(vals: list[float], blocks: int) -> float:
+    """A figure of the traces `bwd_trace_blocks(blocks)` taken to `blocks` blocks: the
+    last trace plus the mean increment over the window per further block
+    (`extrapolation_check` = how far the window's two half-window increments differ)."""
+    if len(vals) == 1:
+        return vals[0]
+    rest = blocks - (REPRESENTATIVE_BLOCKS["bwd"] + BWD_WINDOW)
+    return vals[2] + rest * (vals[2] - vals[0]) / BWD_WINDOW
 
 
 def _estimate_parts(e: Estimate) -> list[float]:
@@ -332,7 +347,7 @@ def price_kernel(
 
     `routing`: 'uniform', 'skewed' or the number of used blocks; `may_drop`: the kernel's
     flag (True, as the op launches it). Cost: 4 trace-only runs of 4..7 (forward) or
-    1..4 (backward) blocks, cached per (kind, problem, config, blocks, target, may_drop).
+    4, 6 and 8 (backward) blocks, cached per (kind, problem, config, blocks, target, may_drop).
     """
     tgt = get_target(target)
     block = config.block_size
@@ -358,12 +373,15 @@ def price_router(
     return estimate_trace(trace, target)
 
 
-def price_router_bwd(p: MoEProblem, target: Target, logits_dtype: str = "bfloat16") -> Estimate:
-    """Modeled cost of the NKI router backward (d logits from d weights, softmax)."""
+def price_router_bwd(
+    p: MoEProblem, target: Target, logits_dtype: str = "bfloat16", lnc: int = 1
+) -> Estimate:
+    """Modeled cost of the NKI router backward (d logits from d weights, softmax),
+    launched as kernel[lnc]."""
     logits = TensorSpec((p.tokens, p.experts), logits_dtype)
     ids = TensorSpec((p.tokens, p.top_k), "int32")
     dw = TensorSpec((p.tokens, p.top_k), "float32")
-    trace = trace_kernel(moe_router_bwd, logits, ids, dw, "softmax", True, target=target)
+    trace = trace_kernel(moe_router_bwd, logits, ids, dw, "softmax", True, target=target, lnc=lnc)
     return estimate_trace(trace, target)
 
 
@@ -379,12 +397,12 @@ def layer_row(
 ) -> dict[str, Any]:
     """One benchmark row: modeled forward (router + experts + combine) of one MoE layer;
     with `backward`, also the op's backward: router recompute + expert backward (dgrad,
-    weight gradients, combine) + router backward. `lnc` 2 (forward only): the router and
-    the expert kernel launched as kernel[2] on the whole batch (per logical core).
+    weight gradients, combine) + router backward. `lnc` 2: the routers and the expert
+    kernels launched as kernel[2] on the whole batch (per logical core).
     `bands`: also `latency_band_ms` (and `bwd_band_ms`), the range of the same pricing
     over the cost model's parameter sets (`perfmodel.band.parameter_sets`)."""
-    if backward and lnc != 1:
-        raise ValueError(f"lnc: the backward is priced at LNC 1 only; got lnc={lnc}")
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc: expected 1 or 2; got {lnc}")
     tgt = get_target(target)
     p = MoEProblem(tokens, shape.hidden, shape.intermediate, shape.num_experts, shape.top_k, dtype)
     cfg = MoEMLPConfig.heuristic(p, tgt)
@@ -421,8 +439,8 @@ def layer_row(
     if backward:
         bcfg = MoEMLPBwdConfig.heuristic(p, tgt)
         bblocks = used_blocks(ids, shape.num_experts, bcfg.block_size)
-        bwd = price_blocks("bwd", p, bcfg, bblocks, tgt)
-        routers = router.latency_ns + price_router_bwd(p, tgt).latency_ns
+        bwd = price_blocks("bwd", p, bcfg, bblocks, tgt, lnc=lnc)
+        routers = router.latency_ns + price_router_bwd(p, tgt, lnc=lnc).latency_ns
         bwd_ns = bwd.latency_ns + routers
         row["bwd_config"] = bcfg.to_dict()
         row["bwd_blocks"] = bblocks
@@ -456,8 +474,8 @@ def _layer_bands(
         router = price_router(p, t, lnc=lnc).latency_ns
         fwd.append(price_blocks("fwd", p, cfg, blocks, t, lnc=lnc).latency_ns + router)
         if bwd_plan is not None:
-            b = price_blocks("bwd", p, bwd_plan[0], bwd_plan[1], t).latency_ns
-            bwd.append(b + router + price_router_bwd(p, t).latency_ns)
+            b = price_blocks("bwd", p, bwd_plan[0], bwd_plan[1], t, lnc=lnc).latency_ns
+            bwd.append(b + router + price_router_bwd(p, t, lnc=lnc).latency_ns)
     out: dict[str, Any] = {"latency_band_ms": [min(fwd) / 1e6, max(fwd) / 1e6]}
     if bwd_plan is not None:
         out["bwd_band_ms"] = [min(bwd) / 1e6, max(bwd) / 1e6]

@@ -12,23 +12,30 @@ Loop nest (weight tile outer, blocks inner):
     for each panel [m0 : m0 + R, n0 : n0 + C] of dW:            static
         for each block b (blocks are grouped by expert):        tiles.block_loop
             prefetch block b+1: L[:, m0 : m0 + R], R[:, n0 : n0 + C], expert, keep
-            for each 128-row tile r and 512-column tile q:
-                ps = sum over the block's 128-token sub-tiles   PSUM, [128, 512] fp32
-                acc[r, q] = (acc[r, q] AND mask[b]) + ps        VectorE: bit select, add
-            store acc[r, :] -> dW[expert(b), rows r, n0 : n0 + C]
+            for each 128-row tile r and 512-column tile q (tile j):
+                ps = sum over the block's 128-token sub-tiles   PSUM ring, [128, 512] fp32
+                acc[j] = select(keep[b], acc[j], 0) + ps        VectorE, one pass
+                stage[r, q] = round(acc[j])                     ScalarE (2-byte dW)
+            store stage[r, :] -> dW[expert(b), rows r, n0 : n0 + C]
 
 keep[b] is 0 on the first block of an expert and 1 otherwise, so `acc` holds the fp32 sum
-over the expert's blocks so far. The restart is a select, never a multiply by 0: the fp32
-sum's bits are ANDed with an int32 mask (0 at a restart, all ones otherwise; bitwise ops
-run on VectorE only), so a NaN / Inf in one expert's sum cannot reach the next one. The
-sum never leaves the chip until it is stored, and no gradient is read back from HBM.
-Block 0 (always the first of its expert, and always in the static part) copies PSUM
-instead, so `acc` needs no zero fill. The running sum is
+over the expert's blocks so far. The restart is a select, never a multiply by 0 (0 * a
+NaN of the previous expert is NaN): the accumulators are 512-column slots of two SBUF
+tensors (tile j in slot 1 + j // 2 of tensor j % 2), whose slot 0 is a zero tile that is
+never written; block b's add reads slot keep[b] * (1 + j // 2) (a run-time index; one
+small VectorE op per block builds them) and writes slot 1 + j // 2, so a restart adds
+PSUM to +0.0. One VectorE pass per element, reading PSUM, and bit for bit the sum an AND
+mask would give. Two tensors because a run-time slot read counts as a read of its whole
+tensor: consecutive adds alternate tensors, so an add never reads what the add just
+before it wrote (which would drain VectorE's pipeline). Block 0 (always the first of its
+expert, and always in the static part) copies PSUM on ScalarE instead. For a 2-byte dW,
+ScalarE rounds each tile into a row staging tile (two in turn), so the store DMA moves
+2 bytes per element rather than reading fp32 and converting. The sum never leaves the
+chip until it is stored, and no gradient is read back from HBM. The running sum is
 stored after every block: the store of an expert's last block is the final value. A
 kernel specialized on shapes only cannot skip the others (the expert boundaries are
-run-time data); they cost HBM write bandwidth and no read, and the next block's update of
-a row tile waits on its store (write-after-read on `acc`), which also orders two stores to
-the same rows. Experts without blocks are not written.
+run-time data); they cost HBM write bandwidth and no read. Experts without blocks are
+not written.
 
 Block b's inputs are loaded while block b-1 computes: two buffer sets alternate, and the
 block loop runs device-loop blocks in pairs so that every body knows its set statically.
@@ -42,6 +49,9 @@ from typing import Any
 
 from ..nki import nisa, nl
 from .tiles import PSUM_FP32, P, block_ap, block_loop, cdiv, matmul, slot_tiles
+
+WGRAD_PSUM = 4  # PSUM tiles in turn (phase A's accumulators are dead by then)
+SLOTS_MAX = 64  # PSUM tiles of one panel: (rows / 128) * (columns / 512), 16 * 4 at most
 
 
 def weight_grads(
@@ -65,23 +75,44 @@ def weight_grads(
     lt_rows = min(tiles * P, max([g[0].shape[1] for g in grads]))
     rt_cols = min(cols, max([g[0].shape[2] for g in grads]))
     sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(2)]
+    nt = cdiv(lt_rows, P) * cdiv(rt_cols, PSUM_FP32)
+    assert nt <= SLOTS_MAX, "weight_grads: panel"
+    ramp = nl.ndarray((1, SLOTS_MAX), dtype=nl.float32, buffer=nl.sbuf)  # 1, 1, 2, 2, ...
+    nisa.iota(dst=ramp, pattern=[[1, SLOTS_MAX // 2], [0, 2]], offset=1)
+    # panel tile j in slot 1 + j // 2 of acc[j % 2]; slot 0: zeros (what a restart reads,
+    # never written). Two tensors: an add's run-time slot read covers its whole tensor,
+    # which the add before it (the other tensor) did not write. Allocated once for all
+    # panels (and the rings below), so the panels do not fragment SBUF
+    acc = [
+        nl.ndarray((P, 1 + (nt + 1 - h) // 2, PSUM_FP32), dtype=nl.float32, buffer=nl.sbuf)
+        for h in range(min(2, nt))
+    ]
+    for a in acc:
+        nisa.memset(dst=a[:, 0, :], value=0.0)
+    # a tile's matmul waits for the add WGRAD_PSUM tiles back, not the previous one; a
+    # row's rounded copy (2-byte dW) for the store two rows back
+    ring = [nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum) for _ in range(WGRAD_PSUM)]
+    ddt = grads[0][0].dtype
+    narrow = ddt != nl.float32
+    stages = [nl.ndarray((P, rt_cols), dtype=ddt, buffer=nl.sbuf) for _ in range(2 * narrow)]
     meta = (block_expert, block_keep)
     for dst, left, right, (m_lo, m_hi), (n_lo, n_hi) in grads:
+        assert dst.dtype == ddt, "weight_grads: one dW dtype"
         for m0 in range(m_lo, m_hi, tiles * P):
             rows = min(tiles * P, m_hi - m0)
             for n0 in range(n_lo, n_hi, cols):
                 cw = min(cols, n_hi - n0)
-                acc = nl.ndarray((P, cdiv(rows, P), cw), dtype=nl.float32, buffer=nl.sbuf)
                 if static_blocks == 0:  # no static first block: start from zeros
-                    nisa.memset(dst=acc, value=0.0)
-                pan = (dst, left, right, m0, rows, n0, cw, acc)
+                    for a in acc:
+                        nisa.memset(dst=a, value=0.0)
+                pan = (dst, left, right, m0, rows, n0, cw, acc, ramp, ring, stages)
                 _prefetch(d, pan, meta, sets[0], (nisa.register_alloc(0), 0))
 
                 def body(addr: Any, parity: int, first: bool, pan: Any = pan) -> None:
                     _panel_block(d, pan, meta, sets, addr, parity, first)
 
                 block_loop(body, static_blocks, nb, bounds)
-                del acc, pan, body
+                del pan, body
 
 
 def _buffers(ns: int, dt: Any, rows: int, cols: int) -> dict[str, Any]:
@@ -90,7 +121,7 @@ def _buffers(ns: int, dt: Any, rows: int, cols: int) -> dict[str, Any]:
         "rt": nl.ndarray((P, ns, cols), dtype=dt, buffer=nl.sbuf),
         "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
         "keep1": nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf),
-        "keep": nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf),
+        "slot": nl.ndarray((1, 1 + SLOTS_MAX), dtype=nl.int32, buffer=nl.sbuf),
     }
 
 
@@ -98,7 +129,7 @@ def _prefetch(
     d: dict[str, Any], pan: tuple[Any, ...], meta: tuple[Any, Any], buf: dict[str, Any], addr: Any
 ) -> None:
     """Load block addr's panel inputs, expert id and keep flag into one buffer set."""
-    _, left, right, m0, rows, n0, cw, _ = pan
+    _, left, right, m0, rows, n0, cw = pan[:7]
     block_expert, block_keep = meta
     ns, skip = d["NS"], nisa.oob_mode.skip
     nisa.dma_copy(dst=buf["lt"][:, :, 0:rows], src=slot_tiles(left, addr, 0, ns, m0, rows))
@@ -107,8 +138,15 @@ def _prefetch(
     nisa.dma_copy(dst=buf["exp"], src=one, oob_mode=skip)
     bc = block_ap(block_keep, addr, [[0, P], [1, 1]])
     nisa.dma_copy(dst=buf["keep1"], src=bc, oob_mode=skip)
-    # keep 1.0 / 0.0 -> an int32 AND mask: -1 (all ones) / 0
-    nisa.tensor_scalar(dst=buf["keep"], data=buf["keep1"], op0=nl.multiply, operand0=-1.0)
+    # the slots the adds read: keep * (1 + j), j = 0 .. tiles - 1 (0: the zero tile)
+    nt = cdiv(rows, P) * cdiv(cw, PSUM_FP32)
+    ramp = pan[8]
+    nisa.tensor_scalar(
+        dst=buf["slot"][0:1, 0:nt],
+        data=ramp[0:1, 0:nt],
+        op0=nl.multiply,
+        operand0=buf["keep1"][0:1, :],
+    )
 
 
 def _panel_block(
@@ -122,31 +160,44 @@ def _panel_block(
 ) -> None:
     """Prefetch block b+1, add block b's contribution to the panel accumulator and store
     the running sum."""
-    dst, _, _, m0, rows, n0, cw, acc = pan
+    dst, _, _, m0, rows, n0, cw, acc = pan[:8]
     n = dst.shape[2]
     reg, extra = addr
     _prefetch(d, pan, meta, sets[1 - parity], (reg, extra + 1))
     buf = sets[parity]
-    lt, rt, keep = buf["lt"], buf["rt"], buf["keep"]
+    lt, rt, slot = buf["lt"], buf["rt"], buf["slot"]
+    nq = cdiv(cw, PSUM_FP32)
+    ring, stages = pan[9], pan[10]
+    narrow = bool(stages)  # 2-byte dW: stored from a rounded copy, not through the DMA
     for r in range(cdiv(rows, P)):
         rr = min(P, rows - r * P)
-        for q0 in range(0, cw, PSUM_FP32):
+        stage = stages[r % 2] if narrow else None
+        for q in range(nq):
+            q0 = q * PSUM_FP32
             qw = min(PSUM_FP32, cw - q0)
-            ps = nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum)
+            j = r * nq + q
+            ps = ring[j % WGRAD_PSUM]
             for c in range(d["NS"]):
                 matmul(ps[0:rr, 0:qw], lt[:, c, r * P : r * P + rr], rt[:, c, q0 : q0 + qw], c != 0)
-            a = acc[0:rr, r, q0 : q0 + qw]
+            half = acc[j % 2]
+            a = half[0:rr, 1 + j // 2, 0:qw]
             if first:
                 nisa.tensor_copy(dst=a, src=ps[0:rr, 0:qw], engine=nisa.engine.scalar)
             else:  # select, never multiply: 0 * (a NaN of the previous expert) is NaN
-                bits = a.view(nl.int32)  # AND with 0 / all ones: +0.0 or a, bit for bit
-                nisa.tensor_scalar(
-                    dst=bits,
-                    data=bits,
-                    op0=nl.bitwise_and,
-                    operand0=keep[0:rr, :],
-                )
-                nisa.tensor_tensor(dst=a, data1=a, data2=ps[0:rr, 0:qw], op=nl.add)
-        pat = [[n, rr], [1, cw]]
-        view = dst.ap(pat, offset=(m0 + r * P) * n + n0, scalar_offset=buf["exp"], indirect_dim=0)
-        nisa.dma_copy(dst=view, src=acc[0:rr, r, 0:cw])
+                prev = half[0:rr, :, 0:qw].select(1, slot[0:1, j : j + 1])  # zeros or a
+                nisa.tensor_tensor(dst=a, data1=prev, data2=ps[0:rr, 0:qw], op=nl.add)
+            if narrow:
+                nisa.activation(dst=stage[0:rr, q0 : q0 + qw], op=nl.copy, data=a)
+        row0 = (m0 + r * P) * n + n0
+        if narrow:
+            view = dst.ap([[n, rr], [1, cw]], offset=row0, scalar_offset=buf["exp"], indirect_dim=0)
+            nisa.dma_copy(dst=view, src=stage[0:rr, 0:cw])
+            continue
+        for q in range(nq):  # fp32: each tile straight from its slot
+            q0 = q * PSUM_FP32
+            qw = min(PSUM_FP32, cw - q0)
+            j = r * nq + q
+            view = dst.ap(
+                [[n, rr], [1, qw]], offset=row0 + q0, scalar_offset=buf["exp"], indirect_dim=0
+            )
+            nisa.dma_copy(dst=view, src=acc[j % 2][0:rr, 1 + j // 2, 0:qw])

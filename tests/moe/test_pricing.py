@@ -125,5 +125,28 @@ def test_layer_row_at_lnc2_traces_kernel_2_launches(monkeypatch) -> None:
     assert seen and set(seen) == {2}
     # the second core takes half of the down projection and the combine, not the gate/up
     assert one["latency_ms"] / 2 < two["latency_ms"] < one["latency_ms"]
-    with pytest.raises(ValueError, match="lnc"):
-        layer_row(shape, 512, "uniform", "trn2", backward=True, lnc=2)
+    with pytest.raises(ValueError, match="lnc: expected 1 or 2; got 4"):
+        layer_row(shape, 512, "uniform", "trn2", lnc=4)
+
+
+def test_layer_row_prices_the_backward_as_kernel_2(monkeypatch) -> None:
+    # the backward's kernels (router recompute, expert backward, router backward) are
+    # traced as kernel[2] too: the programs split phase A's blocks, phase B's columns and
+    # the combine's token tiles, so the second core buys most of a 2x
+    from nki_kernels.perfmodel import api
+
+    seen: list[int] = []
+    real = api.run
+
+    def run(kernel, *args, lnc=1, **kwargs):
+        seen.append(lnc)
+        return real(kernel, *args, lnc=lnc, **kwargs)
+
+    monkeypatch.setattr(api, "run", run)
+    shape = MoEShape("tiny-bwd-lnc", hidden=1024, intermediate=512, num_experts=4, top_k=2)
+    one = layer_row(shape, 512, "uniform", "trn2", backward=True)
+    seen.clear()
+    two = layer_row(shape, 512, "uniform", "trn2", backward=True, lnc=2)
+    assert seen and set(seen) == {2}
+    assert two["bwd_blocks"] == one["bwd_blocks"] >= 2
+    assert one["bwd_ms"] / 2 < two["bwd_ms"] < 0.8 * one["bwd_ms"]
