@@ -104,8 +104,8 @@ def kernel_layout(p: nn.Parameter) -> None:
     view `p.transpose(1, 2)` [E, B, A] -- what the NKI MoE ops read -- is contiguous:
     shape, values, identity and state_dict key stay; only the strides change. Without it
     every decode call would copy all experts' weights into the kernels' layout (the
-    matmuls contract over the partition dim, so B must be the rows; a strided read of
-    the [E, A, B] storage would be element-granular DMA)."""
+    matmuls contract over the partition dim, so B must be the rows; reading the [E, A, B]
+    storage would take a transposing DMA, a slower weight stream)."""
     if p.transpose(1, 2).is_contiguous():
         return
     with torch.no_grad():

@@ -17,8 +17,9 @@ experts. The host side is bookkeeping on E + 1 ints:
     out      = moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n)
 
 The kernel reads the weights in its layout, w_gate_up [E, H, 2I] / w_down [E, I, H] row-
-major (the matmuls contract over the partition dim, so H resp. I must be the rows; on
-trn2 a transposing read of [E, 2I, H] storage would be element-granular DMA). Weights
+major (the matmuls contract over the partition dim, so H resp. I must be the rows; a
+read of [E, 2I, H] storage would take a transposing DMA, modeled at 90 % of the copy
+rate on trn2, or an element-granular strided one). Weights
 already so laid out (transposed views included, e.g. the HF patch's re-laid Parameters)
 reach the launch as they are; any other layout or dtype is copied on each call -- the
 whole weight set, several times the kernel's own HBM traffic -- so callers store them
