@@ -3,13 +3,21 @@ decode MoE layer around it (the router included).
 
 `price_decode(touched, tokens, shape, target, lnc)`: one launch for `touched` experts.
 Every touched expert runs the same instruction sequence and the weight stream crosses
-expert boundaries, so
+expert boundaries, but the modeled per-expert step is not constant: it dips with the
+weight buffers' rotation (DeepSeek-V3-like, T = 64, experts per program 1 -> 7: 246.7,
+243.7, 246.7, 246.7, 246.7, 244.3 us), so one step extrapolates whichever phase it
+happened to have (here the dip: ~0.9 % optimistic at 128 experts per program). The
+extrapolation takes the mean step over WINDOW experts per program, from a base of the
+same phase (mod WINDOW) as n (experts per program):
 
-    latency(n per program) = latency(c0) + (n - c0) * (latency(c0 + 1) - latency(c0)),
+    latency(n) = latency(c0) + (n - c0) / WINDOW * (latency(c0 + WINDOW) - latency(c0)),
 
-c0 = min(n, 2) experts per program, each term interpreted trace-only with the count as a
-static loop (`static_count`; the op runs a device loop with the same body). Under LNC 2
-the programs take alternate experts: the busier one has ceil(touched / 2).
+c0 in 2 .. 1 + WINDOW with n - c0 a multiple of WINDOW (n < 2 + 2 WINDOW: traced
+exactly): exact for a step of any period dividing WINDOW, else off by the window's mean
+vs the long-run mean (DeepSeek-V3-like: the mean over 2 -> 6 is 245.96 us, over 2 -> 7
+245.64). Each term is interpreted trace-only with the count as a static loop
+(`static_count`; the op runs a device loop with the same body). Under LNC 2 the programs
+take alternate experts: the busier one has ceil(touched / 2).
 
 `router_latency`: our NKI router (`moe_mlp`'s routing kernel, moe/router.py) on the T
 tokens, so a layer is router + experts kernel (the host bookkeeping between them, a
@@ -30,6 +38,18 @@ from ..perfmodel import estimate_trace, trace_kernel
 from ..targets import Target, get_target
 from .decode_mlp import moe_decode_fwd
 from .router import moe_router_fwd
+
+WINDOW = 4  # experts per program whose mean step is extrapolated
+BASE = 2  # the smallest base (experts per program) of the extrapolation
+
+
+def anchors(per: int) -> tuple[int, int | None]:
+    """(c0, c0 + WINDOW) experts per program that price `per` (module docstring); the
+    second is None when `per` itself is traced."""
+    if per < BASE + 2 * WINDOW:  # c0 + WINDOW would be >= per: trace it instead
+        return per, None
+    c0 = BASE + (per - BASE) % WINDOW
+    return c0, c0 + WINDOW
 
 
 @functools.lru_cache(maxsize=256)
@@ -74,12 +94,13 @@ def price_decode(
     tgt = get_target(target)
     per = math.ceil(touched / lnc)
     args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc, shared_inter, shared_gated)
-    c0 = min(per, 2)
+    c0, c1 = anchors(per)
     base = _launch_latency(c0 * lnc, *args)
-    if per == c0:
+    if c1 is None:
         return DecodePricing(base, per)
-    nxt = _launch_latency((c0 + 1) * lnc, *args)
-    lat = tuple(a + (per - c0) * (b - a) for a, b in zip(base, nxt))
+    nxt = _launch_latency(c1 * lnc, *args)
+    periods = (per - c0) / WINDOW
+    lat = tuple(a + periods * (b - a) for a, b in zip(base, nxt))
     return DecodePricing(lat, per)
 
 
@@ -132,7 +153,7 @@ def shared_decode_comparison(
     # (the extrapolation's base), not two extrapolations -- their modeled per-expert
     # increments differ by ~1 % (the weight buffers' rotation phase), which the
     # extrapolation would multiply by the expert count
-    c0 = min(routed.per_program, 2) * lnc
+    c0 = anchors(routed.per_program)[0] * lnc
     args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc)
     delta = [
         f - r

@@ -16,6 +16,15 @@ experts. The host side is bookkeeping on E + 1 ints:
     n        = how many                               [1, 1] int32
     out      = moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n)
 
+The kernel reads the weights in its layout, w_gate_up [E, H, 2I] / w_down [E, I, H] row-
+major (the matmuls contract over the partition dim, so H resp. I must be the rows; a
+read of [E, 2I, H] storage would take a transposing DMA, modeled at 90 % of the copy
+rate on trn2, or an element-granular strided one). Weights
+already so laid out (transposed views included, e.g. the HF patch's re-laid Parameters)
+reach the launch as they are; any other layout or dtype is copied on each call -- the
+whole weight set, several times the kernel's own HBM traffic -- so callers store them
+this way once.
+
 A NaN / Inf in a token's row or weights stays in that token's output row (a token is its
 own column throughout, and a non-routed token's activation is selected to 0). Shapes
 depend on (T, k, E, H, I) only, so the mode traces under `torch.compile`.

@@ -109,6 +109,36 @@ def test_qwen3_like_decode_meets_the_hbm_goal() -> None:
     assert 0.7 <= share <= 1.0, share
 
 
+@pytest.mark.parametrize("period", [1, 2, 4])
+def test_pricing_extrapolates_the_mean_step_of_a_window(monkeypatch: Any, period: int) -> None:
+    """The modeled per-expert step is not constant (it dips with the weight buffers'
+    rotation): with launch latencies whose step repeats with a period dividing the window
+    from the second expert on (dips of 243.7 in steps of 246.7), every count's price is
+    the exact latency -- a single-step extrapolation is off by up to (n - 2) x 3; at a
+    small shape the extrapolated price is the traced launch's (shipped parameters)."""
+    import nki_kernels.moe.decode_pricing as dp
+    from nki_kernels.targets import get_target
+
+    tgt = get_target("trn2")
+
+    def steps(n: int) -> float:  # experts per program -> ns
+        return 270.0 + sum(243.7 if c % period == 1 else 246.7 for c in range(2, n + 1))
+
+    args = (8, 256, 128, 16, 2)
+    if period == 4:
+        for per in (10, 13):  # extrapolated: c0 = 2 / 5, c0 + WINDOW = 6 / 9
+            traced = dp.price_decode(2 * per, *args, tgt, lnc=2)
+            exact = dp._launch_latency(2 * per, *args, "bfloat16", tgt, 2)
+            assert traced.per_program == per and dp.anchors(per)[1] is not None
+            # the shipped parameters' step is constant here; another set's is not
+            assert traced.latency_ns[0] == pytest.approx(exact[0], rel=1e-9)
+            assert traced.latency_ns == pytest.approx(exact, rel=5e-3)
+    monkeypatch.setattr(dp, "_launch_latency", lambda count, *a: (steps(count // 2),))
+    for per in range(1, 40):
+        got = dp.price_decode(2 * per, *args, tgt, lnc=2).latency_ns[0]
+        assert got == pytest.approx(steps(per), rel=1e-12), per
+
+
 @pytest.mark.parametrize(
     ("activation", "interleaved", "biases", "dtype", "gs"),
     [

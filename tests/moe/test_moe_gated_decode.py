@@ -206,8 +206,8 @@ def test_shared_expert_pricing_fused_vs_its_own_launches() -> None:
     assert r.unfused_band[0] <= r.unfused_us <= r.unfused_band[1]
     assert r.speedup_band[0] <= r.speedup <= r.speedup_band[1]
     assert abs(r.speedup - r.unfused_us / r.fused_us) < 1e-9
-    # both forms add time to the routed experts' launch alone (3 experts per program:
-    # one extrapolated step, the shared expert's time from the exact launches)
+    # both forms add time to the routed experts' launch alone (3 experts per program,
+    # traced exactly; the shared expert's time from the exact launches)
     routed_us = price_decode(6, 8, 256, 128, 8, 2, "trn2").latency_ns[0] / 1e3
     assert routed_us < r.fused_us and routed_us < r.unfused_us
     assert r.shared_hbm > 0
