@@ -26,11 +26,6 @@ GPT-OSS (`config.model_type`):
   or flash_attention's log-sum-exp joined with the sink).
 
 `unpatch` puts every original module and the previous attention implementation back.
-
-The fused experts' `gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I] Parameters are re-laid
-once at patch time (`kernel_layout`: same shape, values and identity, [E, H, 2I] /
-[E, I, H] storage), so the MoE ops read them without a per-call copy; `unpatch` leaves
-that layout (transformers' own code reads either; save_pretrained packs each tensor).
 """
 
 from __future__ import annotations
@@ -100,25 +95,11 @@ class PatchReport:
         return "\n".join(lines) or "nothing replaced"
 
 
-def kernel_layout(p: nn.Parameter) -> None:
-    """Re-lay an expert Parameter [E, A, B] in place (once, at patch time) so that its
-    view `p.transpose(1, 2)` [E, B, A] -- what the NKI MoE ops read -- is contiguous:
-    shape, values, identity and state_dict key stay; only the strides change. Without it
-    every decode call would copy all experts' weights into the kernels' layout (the
-    matmuls contract over the partition dim, so B must be the rows; reading the [E, A, B]
-    storage would take a transposing DMA, a slower weight stream)."""
-    if p.transpose(1, 2).is_contiguous():
-        return
-    with torch.no_grad():
-        p.data = p.data.transpose(1, 2).contiguous().transpose(1, 2)
-
-
 class HFSparseMoeBlock(nn.Module):
     """A transformers-5 sparse-MoE block on `torch.ops.nki.moe_mlp` (SwiGLU experts).
 
     Children are the original block's: `gate` (router, its logits [T, E] feed the op),
-    `experts` (weights read through transposed views, re-laid once so that those views
-    are contiguous: no per-call copy) and, for Qwen2-MoE,
+    `experts` (weights read through transposed views, no copy) and, for Qwen2-MoE,
     `shared_expert` / `shared_expert_gate`.
     """
 
@@ -127,8 +108,6 @@ class HFSparseMoeBlock(nn.Module):
         src: Any = block
         for name, child in src.named_children():  # in the block's order: same state_dict
             self.add_module(name, child)
-        kernel_layout(src.experts.gate_up_proj)
-        kernel_layout(src.experts.down_proj)
         self.top_k = int(src.gate.top_k)
         self.renormalize = renormalize
         self.jitter_noise = float(getattr(src, "jitter_noise", 0.0) or 0.0)
@@ -161,8 +140,7 @@ class HFExperts(nn.Module):
     """transformers' fused experts module on `torch.ops.nki.moe_experts` (SwiGLU).
 
     Holds the original `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] Parameters
-    (same state_dict keys, re-laid once by `kernel_layout`) and reads them through
-    transposed views that are contiguous (no per-call copy); routing comes from
+    (same state_dict keys) and reads them through transposed views; routing comes from
     the caller (the model's own router: DeepSeek-V3's group-limited sigmoid top-k with
     its correction bias and scaling factor stays exactly the model's).
     """
@@ -172,8 +150,6 @@ class HFExperts(nn.Module):
         src: Any = experts
         self.gate_up_proj = src.gate_up_proj
         self.down_proj = src.down_proj
-        kernel_layout(self.gate_up_proj)
-        kernel_layout(self.down_proj)
         self.num_experts = int(src.gate_up_proj.shape[0])
 
     def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:

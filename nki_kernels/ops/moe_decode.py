@@ -20,10 +20,11 @@ The kernel reads the weights in its layout, w_gate_up [E, H, 2I] / w_down [E, I,
 major (the matmuls contract over the partition dim, so H resp. I must be the rows; a
 read of [E, 2I, H] storage would take a transposing DMA, modeled at 90 % of the copy
 rate on trn2, or an element-granular strided one). Weights
-already so laid out (transposed views included, e.g. the HF patch's re-laid Parameters)
-reach the launch as they are; any other layout or dtype is copied on each call -- the
-whole weight set, several times the kernel's own HBM traffic -- so callers store them
-this way once.
+already so laid out (transposed views included) reach the launch as they are; any other
+layout or dtype is copied on each call -- the whole weight set, several times the
+kernel's own HBM traffic -- so callers store them this way once. The HF patch does not
+re-lay transformers' [E, 2I, H] Parameters: FSDP2 (`fully_shard`) refuses non-contiguous
+Parameters, so a patched model's decode still pays that copy.
 
 A NaN / Inf in a token's row or weights stays in that token's output row (a token is its
 own column throughout, and a non-routed token's activation is selected to 0). Shapes
