@@ -327,23 +327,9 @@ def publish_at(
         else:
             rl[b:e] = [x if x > end else end for x in part]
     for tid, b, e in rhbm:
-        rl = hbm_r.get(tid)
-        if rl is None:
-            rl = hbm_r[tid] = []
-        if len(rl) < e:
-            rl.extend([0.0] * (e - len(rl)))
-        part = rl[b:e]
-        if max(part) <= end:
-            rl[b:e] = [end] * (e - b)
-        else:
-            rl[b:e] = [x if x > end else end for x in part]
+        _raise_to(hbm_r, tid, b, e, end)
     for tid, b, e in whbm:
-        wl = hbm_w.get(tid)
-        if wl is None:
-            wl = hbm_w[tid] = []
-        if len(wl) < e:
-            wl.extend([0.0] * (e - len(wl)))
-        wl[b:e] = [x if x > end else end for x in wl[b:e]]
+        _raise_to(hbm_w, tid, b, e, end)
     for space, b, e in wchip:
         cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
 
@@ -616,3 +602,17 @@ def _result(
         dge_busy_ns=dge_busy,
         dma_segments=segments,
     )
+
+
+def _raise_to(table: dict, tid: object, b: int, e: int, end: float) -> None:
+    """Raise the times of blocks [b, e) of tensor `tid` in `table` to at least `end`."""
+    row = table.get(tid)
+    if row is None:
+        row = table[tid] = []
+    if len(row) < e:
+        row.extend([0.0] * (e - len(row)))
+    part = row[b:e]
+    if max(part) <= end:
+        row[b:e] = [end] * (e - b)
+    else:
+        row[b:e] = [x if x > end else end for x in part]
