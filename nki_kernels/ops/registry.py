@@ -54,7 +54,9 @@ What `define_op` does:
   write dense row-major DRAM tensors, and a fake must report exactly the strides the
   kernel produces or `torch.compile` miscompiles views of the result;
 * `backward` / `setup_context`: `torch.library.register_autograd` semantics. Without
-  them the op is not differentiable (backward through it raises);
+  them the op is not differentiable (backward through it raises). Forward-mode AD
+  (`torch.func.jvp`, `torch.autograd.forward_ad`) raises for every op, naming the op
+  and the argument carrying the tangent (no op has a forward-mode formula);
 * `bucket_policy`: every op gets a keyword-only `bucket_policy: str | None = None`
   argument (a `runtime.buckets.parse_policy` spec). The call runs under that policy, or
   under the enclosing call's / the op's / the global one (`runtime.buckets`); autograd
@@ -437,6 +439,57 @@ def call_host_op(name: str, *args: Any, **kwargs: Any) -> Any:
     return op(*args, **kwargs, **{POLICY_ARG: current_policy().name()})
 
 
+# Registrations live as long as the library object: module-level, like the ops themselves.
+_FORWARD_AD_LIB = torch.library.Library(NAMESPACE, "IMPL")
+
+
+def _tangent_argument(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The name of the first argument holding a tensor with a forward-mode tangent, if any."""
+    from torch.autograd import forward_ad
+
+    if forward_ad._current_level < 0:  # no dual level open: no tensor can carry a tangent
+        return None
+    schema = getattr(getattr(torch.ops, NAMESPACE), name).default._schema
+    positional = [a.name for a in schema.arguments if not a.kwarg_only]
+    named = [*zip(positional, args), *kwargs.items()]
+    for arg_name, value in named:
+        values = value if isinstance(value, (tuple, list)) else [value]
+        for v in values:
+            if isinstance(v, torch.Tensor) and forward_ad.unpack_dual(v).tangent is not None:
+                return arg_name
+    return None
+
+
+def _refuse_forward_ad(name: str) -> None:
+    """Make forward-mode AD through `torch.ops.nki.<name>` an error.
+
+    `torch.library.custom_op`'s autograd kernel runs the op below autograd whenever no
+    input requires grad, so a dual input (`torch.func.jvp`, `torch.autograd.forward_ad`)
+    would come out with no tangent: a silent zero derivative. No op here has a forward-mode
+    formula, so a kernel registered for the backends' own autograd keys (which take
+    precedence over the alias `Autograd` key custom_op registers under) raises when an
+    argument carries a tangent and otherwise hands the call to that autograd kernel."""
+    qualname = f"{NAMESPACE}::{name}"
+    keys = ["AutogradCPU"]
+    if _privateuse1_device() is not None:
+        keys.append("AutogradPrivateUse1")
+    for key in keys:
+        autograd_kernel = torch.library.get_kernel(qualname, key)
+
+        def guarded(keyset: Any, *args: Any, _kernel: Any = autograd_kernel, **kwargs: Any) -> Any:
+            arg_name = _tangent_argument(name, args, kwargs)
+            if arg_name is not None:
+                raise RuntimeError(
+                    f"torch.ops.{NAMESPACE}.{name}: forward-mode AD (torch.func.jvp, "
+                    f"torch.autograd.forward_ad) is not supported; argument {arg_name!r} "
+                    "carries a tangent. Use reverse mode (backward(), torch.autograd.grad, "
+                    "torch.func.vjp / grad) instead"
+                )
+            return _kernel.call_boxed(keyset, *args, **kwargs)
+
+        _FORWARD_AD_LIB.impl(name, guarded, key, with_keyset=True)
+
+
 def _record(
     name: str,
     op: Any,
@@ -454,6 +507,7 @@ def _record(
     if backward is not None and setup_context is not None:
         grad, setup = _policy_autograd(name, backward, setup_context)
         op.register_autograd(grad, setup_context=setup)
+    _refuse_forward_ad(name)
     entry = NkiOp(
         name, op, impl, fake, examples, differentiable=backward is not None,
         via_nki_op=via_nki_op, traceable=traceable, validate=validate, backward=backward,
