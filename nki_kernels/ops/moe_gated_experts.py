@@ -296,7 +296,7 @@ def _check_shared(
             f"shared_down: expected [Is, H] = {(gu.shape[1] // 2, h)} of dtype {hidden.dtype}; "
             f"got {tuple(down.shape)} {down.dtype}"
         )
-    if gate is not None and (gate.numel() != h or gate.dtype != hidden.dtype):
+    if gate is not None and (tuple(gate.shape) != (h,) or gate.dtype != hidden.dtype):
         raise ValueError(
             f"shared_gate: expected [H={h}] of dtype {hidden.dtype}; got "
             f"{tuple(gate.shape)} {gate.dtype}"
