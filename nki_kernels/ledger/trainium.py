@@ -17,8 +17,10 @@ else is priced now (`store.RowStore`). What each implementation is:
 
 LNC 2 (a logical core of two physical cores): our kernels as kernel[2] (committed rows, or
 priced so); compositions as two cores each running half of the work, as the op-level
-benchmark does (`bench.compare.LNC2_METHOD`); our MoE backward, priced at LNC 1 only, the
-same way.
+benchmark does (`bench.compare.LNC2_METHOD`). Our MoE layer is the exception: its forward
+is the committed kernel[2] row where the case is one; any other forward, and every
+backward, is priced like a composition, two cores each routing half of the tokens through
+the LNC 1 kernels (kernel[2] of the MoE forward takes minutes to trace).
 """
 
 from __future__ import annotations
