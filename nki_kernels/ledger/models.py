@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..model_shapes import (
     DEEPSEEK_V3_LIKE_MOE,
@@ -92,12 +92,25 @@ class ModelSpec:
         ]
 
 
-def _attention(shape: AttentionShape) -> dict[str, int]:
+class _AttentionFields(TypedDict):
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+class _MoEFields(TypedDict):
+    hidden: int
+    experts: int
+    top_k: int
+    moe_intermediate: int
+
+
+def _attention(shape: AttentionShape) -> _AttentionFields:
     """ModelSpec's attention fields from the project's shared shape table."""
     return {"heads": shape.num_heads, "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim}
 
 
-def _moe(shape: MoEShape) -> dict[str, int]:
+def _moe(shape: MoEShape) -> _MoEFields:
     """ModelSpec's routed-expert fields (and hidden size) from the shared MoE shape table."""
     return {
         "hidden": shape.hidden,

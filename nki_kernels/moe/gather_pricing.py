@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..interp import TensorSpec
+from ..interp.trace import Trace
 from ..perfmodel import COST_MODEL_VERSION, estimate_trace, trace_kernel
 from ..perfmodel.band import band
-from ..targets import get_target
+from ..targets import Target, get_target
 from .row_gather import gather_rows_sum
 
 
@@ -35,9 +36,9 @@ class GatherPrice:
     label: str
 
 
-def _price(name: str, trace: object, target: object) -> GatherPrice:
-    est = estimate_trace(trace, target)  # type: ignore[arg-type]
-    lo, hi = band(trace, target)  # type: ignore[arg-type]
+def _price(name: str, trace: Trace, target: Target) -> GatherPrice:
+    est = estimate_trace(trace, target)
+    lo, hi = band(trace, target)
     return GatherPrice(
         name, est.latency_ns / 1e3, (lo / 1e3, hi / 1e3), est.mbu, est.hbm_bytes / 1e6,
         f"modeled (cost model {COST_MODEL_VERSION}, {est.target})",
@@ -54,8 +55,8 @@ def price_dispatch_combine(
 
 
 def dispatch_combine_traces(
-    tokens: int, hidden: int, top_k: int, tgt: object, dtype: str = "bfloat16"
-) -> tuple[object, object]:
+    tokens: int, hidden: int, top_k: int, tgt: Target, dtype: str = "bfloat16"
+) -> tuple[Trace, Trace]:
     """The traces of the dispatch and of the combine launch (one core's share)."""
     rows = tokens * top_k
     dispatch = trace_kernel(

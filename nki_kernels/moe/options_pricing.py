@@ -196,7 +196,7 @@ def price_dispatch_combine_sets(
 ) -> tuple[float, ...]:
     """ns of our dispatch + combine launches (`gather_pricing`), per parameter set."""
     traces = dispatch_combine_traces(tokens, hidden, top_k, tgt, dtype)
-    return tuple(sum(estimate_trace(tr, t).latency_ns for tr in traces)  # type: ignore[arg-type]
+    return tuple(sum(estimate_trace(tr, t).latency_ns for tr in traces)
                  for t in parameter_sets(tgt))  # fmt: skip
 
 

@@ -30,12 +30,16 @@ def _shape(normalized_shape: _Shape) -> tuple[int, ...]:
     """The trailing dims as a tuple; a ValueError naming the argument unless it is a
     positive int or a non-empty sequence of them (a str would be split into digits)."""
     given = normalized_shape
-    dims = (given,) if isinstance(given, numbers.Integral) else given
-    ok = isinstance(dims, Sequence) and not isinstance(dims, str) and len(dims) > 0
-    ok = ok and all(
-        isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in dims
-    )
-    if not ok:
+    dims: object = (given,) if isinstance(given, numbers.Integral) else given
+    if not (
+        isinstance(dims, Sequence)
+        and not isinstance(dims, str)
+        and len(dims) > 0
+        and all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) and int(s) >= 1
+            for s in dims
+        )
+    ):
         raise ValueError(
             f"normalized_shape: expected a positive int or a sequence of them; got {given!r}"
         )

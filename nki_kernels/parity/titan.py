@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -199,7 +199,7 @@ class TitanLM(nn.Module):
         self.math_sdpa = True
         for m in self.model.modules():
             if hasattr(type(m), "math_sdpa"):
-                m.math_sdpa = True
+                cast(Any, m).math_sdpa = True  # a plain attribute, not a parameter / submodule
         return self
 
     def forward(self, tokens: Tensor, positions: Tensor, labels: Tensor) -> Tensor:
