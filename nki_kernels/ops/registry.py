@@ -482,8 +482,8 @@ def _refuse_forward_ad(name: str) -> None:
                 raise RuntimeError(
                     f"torch.ops.{NAMESPACE}.{name}: forward-mode AD (torch.func.jvp, "
                     f"torch.autograd.forward_ad) is not supported; argument {arg_name!r} "
-                    "carries a tangent. Use reverse mode (backward(), torch.autograd.grad, "
-                    "torch.func.vjp / grad) instead"
+                    "carries a tangent. Use reverse mode (loss.backward() or "
+                    "torch.autograd.grad) instead"
                 )
             return _kernel.call_boxed(keyset, *args, **kwargs)
 

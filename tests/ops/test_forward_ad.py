@@ -89,3 +89,19 @@ def test_dual_tensor_on_the_neuron_device_raises(neuron: str) -> None:
         dual = fwAD.make_dual(x, torch.ones_like(x))
         with pytest.raises(RuntimeError, match="testonly_scaled_add: forward-mode AD"):
             torch.ops.nki.testonly_scaled_add(dual, y, 2.0)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp"])
+def test_torch_func_reverse_transforms_raise_rather_than_return_zero(transform: str) -> None:
+    # torch's own refusal (custom_op's autograd.Function has no setup_context): an error,
+    # as the manual says, never a silent zero gradient
+    x, y = torch.randn(3, 8), torch.randn(3, 8)
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return torch.ops.nki.testonly_scaled_add(a, y, 2.0).sum()
+
+    with pytest.raises(RuntimeError, match="setup_context"):
+        if transform == "grad":
+            torch.func.grad(f)(x)
+        else:
+            torch.func.vjp(f, x)[1](torch.tensor(1.0))
