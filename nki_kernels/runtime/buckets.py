@@ -266,24 +266,22 @@ def load_policy_file(path: str | os.PathLike[str]) -> PolicySettings:
 def write_policy_file(
     path: str | os.PathLike[str], policy: BucketPolicy, op: str | None = None
 ) -> PolicySettings:
-    """Merge `policy` (for `op`, or as the default) into the policy file at `path`."""
+    """Merge `policy` (for `op`, or as the default) into the policy file at `path`
+    (atomically, under a lock on its directory: concurrent writers keep each other's ops)."""
+    from .atomic_files import dir_lock, write_text_atomic
+
     p = Path(path)
-    current = load_policy_file(p) if p.exists() else PolicySettings()
-    ops = dict(current.ops or {})
-    default = current.default
-    if op is None:
-        default = policy
-    else:
-        ops[op] = policy
-    out = PolicySettings(default, ops)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(out.to_dict(), indent=1) + "\n")
-        os.replace(tmp, p)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    with dir_lock(p.parent):
+        current = load_policy_file(p) if p.exists() else PolicySettings()
+        ops = dict(current.ops or {})
+        default = current.default
+        if op is None:
+            default = policy
+        else:
+            ops[op] = policy
+        out = PolicySettings(default, ops)
+        write_text_atomic(p, json.dumps(out.to_dict(), indent=1) + "\n")
     return out
 
 

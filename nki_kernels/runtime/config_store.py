@@ -78,6 +78,7 @@ from typing import Any
 
 from ..kernel_config import InvalidConfig, KernelConfig
 from ..targets import Target, get_target
+from .atomic_files import dir_lock
 from .config_files import (
     ConfigFileError,
     FileIndex,
@@ -169,23 +170,6 @@ def config_class_for(op: str) -> type[KernelConfig]:
             f"found {found} (pass config_cls=)"
         )
     return seen[0]
-
-
-@contextlib.contextmanager
-def _dir_lock(directory: Path) -> Iterator[None]:
-    """An exclusive advisory lock on `directory` itself (flock on its descriptor): no lock
-    file is created, so a killed writer leaves nothing behind and the lock dies with it."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
-        yield
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -434,7 +418,7 @@ class ConfigStore:
         key = problem_key(lnc_items(problem, lnc))
         path = self.path(root, op, tgt)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _dir_lock(path.parent):
+        with dir_lock(path.parent):
             for debris in path.parent.glob(f".{op}.*.json.tmp"):
                 # a temporary of a writer killed mid-put (the lock is ours: nobody else writes)
                 with contextlib.suppress(FileNotFoundError):
