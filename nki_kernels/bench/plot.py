@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..runtime.atomic_files import write_text_atomic
 from .bands import ceiling_label
 from .rows import BenchRow
 from .table import group
@@ -94,7 +95,7 @@ def speedup_chart(rows: Sequence[BenchRow], path: str | Path, lnc: int = 2) -> N
     data = chart_data(rows, lnc)
     draw(data, path)
     data["png_sha256"] = sha256(path)
-    data_path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(data_path(path), json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def refresh_chart(rows: Sequence[BenchRow], path: str | Path, lnc: int = 2) -> bool:

@@ -8,8 +8,6 @@ different runs can be appended to one file and plotted side by side.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..runtime.atomic_files import dir_lock, write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -46,27 +45,19 @@ class BenchRow:
 
 
 def append_rows(path: str | Path, rows: Iterable[BenchRow]) -> None:
-    """Append rows to a JSON-lines file (rewritten atomically so a crash loses nothing)."""
+    """Append rows to a JSON-lines file (rewritten atomically so a crash loses nothing,
+    under a lock on its directory so concurrent appenders keep each other's rows)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = path.read_text() if path.exists() else ""
     new = "".join(r.to_json() + "\n" for r in rows)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(old + new)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; rows are data for everyone
-    os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with dir_lock(path.parent):
+        old = path.read_text() if path.exists() else ""
+        write_text_atomic(path, old + new)
 
 
 def write_rows(path: str | Path, rows: Iterable[BenchRow]) -> None:
     """Replace `path` with exactly these rows (atomically)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(r.to_json() + "\n" for r in rows))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(r.to_json() + "\n" for r in rows))
 
 
 def read_rows(path: str | Path) -> list[BenchRow]:

@@ -215,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     all_rows = merge_peer(committed, peer)
     from ..bench.measured import for_bench
     from ..perfmodel.measurements import MeasurementFileError
+    from ..runtime.atomic_files import write_text_atomic
 
     try:
         measured, measured_notes = for_bench(args.measured)
@@ -225,10 +226,11 @@ def run(args: argparse.Namespace) -> int:
     tables = _full_tables(args, names, all_rows, peer, measured, measured_notes)
     args.out.mkdir(parents=True, exist_ok=True)
     tables_path = args.out / "tables.md"
-    tables_path.write_text(
+    write_text_atomic(
+        tables_path,
         f"# nki-kernels bench: every table (modeled, cost model {COST_MODEL_VERSION})\n\n"
         f"Rows: {bench_path} and {peer_path} (nki-library {', '.join(commits) or 'none'}). "
-        f"{LNC2_METHOD}.\n\n" + tables
+        f"{LNC2_METHOD}.\n\n" + tables,
     )
     _print_summary(all_rows, bool(measured), bench_path, peer_path, commits)
     for note in measured_notes:
@@ -267,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         from ..bench.readme import markdown
 
         head, details = markdown(all_rows, COST_MODEL_VERSION, commits)
-        args.markdown.write_text(head + "\n\n" + details + "\n")
+        write_text_atomic(args.markdown, head + "\n\n" + details + "\n")
         print(f"the manual's table pages written to {args.markdown}")
     return 0
 

@@ -143,5 +143,7 @@ def _aws_tests(args: argparse.Namespace, kind: str) -> int:
     text = aws_runs.file_table(runs)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        from ..runtime.atomic_files import write_text_atomic
+
+        write_text_atomic(args.out, text + "\n")
     return 0

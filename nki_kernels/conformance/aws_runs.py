@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..runtime.atomic_files import write_text_atomic
 from .aws_diagnose import PRE_05
 from .aws_tests import COLLECTED, MARK, MAX_CASES_ENV, TESTS, CaseResult
 
@@ -92,11 +93,7 @@ def load_cache(cache_dir: Path) -> list[FileRun]:
 
 
 def _save(cache_dir: Path, run: FileRun) -> None:
-    path = cache_path(cache_dir, run.file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(run), indent=1))
-    tmp.replace(path)
+    write_text_atomic(cache_path(cache_dir, run.file), json.dumps(asdict(run), indent=1))
 
 
 def _fresh(

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..runtime.atomic_files import write_text_atomic
+
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "readme" / "ledger.md"
 LEDGERS = {
     "train": ["--model", "llama3-8b", "--phase", "train", "--seq", "8192"],
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PAGE}: no <!-- ledger-{name} --> markers", file=sys.stderr)
             return 1
         page = page.replace(old, block(name, render(name)))
-    PAGE.write_text(page)
+    write_text_atomic(PAGE, page)
     print(f"{PAGE} rewritten")
     return 0
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.rows import BenchRow, append_rows, read_rows, write_rows
+from ..runtime.atomic_files import dir_lock, write_text_atomic
 from .figure import Figure
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,20 +116,19 @@ def _partial(key: str, stamp: str) -> list[float]:
 def _keep_partial(key: str, stamp: str, samples: list[float] | None) -> None:
     """Record `key`'s samples so far (None: forget them)."""
     p = partial_path()
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, ValueError):
-        d = {}
-    if samples is None:
-        if key not in d:
-            return
-        d.pop(key)
-    else:
-        d[key] = {"stamp": stamp, "samples_us": samples}
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(d))
-    os.replace(tmp, p)
+    with dir_lock(p.parent):  # concurrent ledger runs keep each other's samples
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            d = {}
+        if samples is None:
+            if key not in d:
+                return
+            d.pop(key)
+        else:
+            d[key] = {"stamp": stamp, "samples_us": samples}
+        write_text_atomic(p, json.dumps(d))
 
 
 @dataclass

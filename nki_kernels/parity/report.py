@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..runtime.atomic_files import write_text_atomic
 from .harness import Report
 
 
@@ -45,9 +46,7 @@ def summary(r: Report) -> list[str]:
 
 def write_json(r: Report, path: Path) -> Path:
     """The report as JSON at `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(r.to_json(), indent=1) + "\n")
-    return path
+    return write_text_atomic(path, json.dumps(r.to_json(), indent=1) + "\n")
 
 
 def plot(reports: list[Report], path: Path) -> Path | None:
