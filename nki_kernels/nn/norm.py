@@ -56,6 +56,15 @@ def _flatten(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     return x.reshape(*x.shape[: x.dim() - k], math.prod(shape))
 
 
+def _eps(eps: object) -> object:
+    """A NumPy float (a config read through NumPy) as the Python float the op's schema
+    takes, as torch's modules accept it; anything else as given, for the op to check
+    (a bool or a str is refused there, naming eps)."""
+    if isinstance(eps, numbers.Real) and not isinstance(eps, (bool, int, float)):
+        return float(eps)
+    return eps
+
+
 def _param(p: Tensor | None, x: Tensor) -> Tensor | None:
     if p is None:
         return None
@@ -108,7 +117,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_tensor("input", x, nonempty=False)
-        eps = self.eps if self.eps is not None else default_rms_eps(x.dtype)
+        eps = _eps(self.eps) if self.eps is not None else default_rms_eps(x.dtype)
         flat, w = _flatten(x, self.normalized_shape), _param(self.weight, x)
         if x.numel() == 0:
             shape = self.normalized_shape
@@ -165,7 +174,7 @@ class LayerNorm(nn.Module):
         if x.numel() == 0:
             shape = self.normalized_shape
             return F.layer_norm(x, shape, _shaped(w, shape), _shaped(b, shape), self.eps)
-        return torch.ops.nki.layer_norm(flat, w, b, float(self.eps)).reshape(x.shape)
+        return torch.ops.nki.layer_norm(flat, w, b, _eps(self.eps)).reshape(x.shape)
 
     def extra_repr(self) -> str:
         return (

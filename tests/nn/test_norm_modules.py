@@ -192,3 +192,18 @@ def test_good_normalized_shapes() -> None:
     assert RMSNorm(8).normalized_shape == (8,)
     assert LayerNorm([4, 2]).normalized_shape == (4, 2)
     assert RMSNorm(torch.Size([3, 5])).normalized_shape == (3, 5)
+
+
+@pytest.mark.parametrize(("cls", "ref"), [(RMSNorm, nn.RMSNorm), (LayerNorm, nn.LayerNorm)])
+def test_a_numpy_float_eps_works_as_in_torch(cls, ref) -> None:  # type: ignore[no-untyped-def]
+    np = pytest.importorskip("numpy")
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    got = cls(16, eps=np.float32(1e-2))(x)
+    torch.testing.assert_close(got, cls(16, eps=float(np.float32(1e-2)))(x), rtol=0, atol=0)
+    torch.testing.assert_close(got, ref(16, eps=np.float32(1e-2))(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [RMSNorm, LayerNorm])
+def test_a_bool_eps_is_refused_not_run_as_one(cls) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError, match="eps: expected a float; got bool True"):
+        cls(16, eps=True)(torch.randn(3, 16))
