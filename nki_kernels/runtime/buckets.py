@@ -292,21 +292,26 @@ _CURRENT: contextvars.ContextVar[BucketPolicy | None] = contextvars.ContextVar(
 )
 
 
-def _global_settings() -> PolicySettings:
+def _settings_locked() -> PolicySettings:
+    """The settings, read from the env policy file on first use; the caller holds _lock."""
     global _settings
+    if _settings is None:
+        path = os.environ.get(POLICY_ENV_VAR) or None
+        _settings = load_policy_file(path) if path else PolicySettings()
+    return _settings
+
+
+def _global_settings() -> PolicySettings:
     with _lock:
-        if _settings is None:
-            path = os.environ.get(POLICY_ENV_VAR) or None
-            _settings = load_policy_file(path) if path else PolicySettings()
-        return _settings
+        return _settings_locked()
 
 
 def set_bucket_policy(policy: BucketPolicy | str | None, op: str | None = None) -> None:
     """Set the policy of `op` (or the global one); None removes it."""
     global _settings
     parsed = None if policy is None else parse_policy(policy)
-    current = _global_settings()
-    with _lock:
+    with _lock:  # read and replace under one lock: concurrent setters keep each other's
+        current = _settings_locked()
         ops = dict(current.ops or {})
         default = current.default
         if op is None:

@@ -63,3 +63,34 @@ def test_write_text_atomic_keeps_the_old_file_when_the_write_fails(
         write_text_atomic(path, "new\n")
     assert path.read_text() == "old\n"
     assert [f.name for f in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_set_bucket_policy_from_threads_keeps_every_op(monkeypatch: Any) -> None:
+    monkeypatch.delenv(buckets.POLICY_ENV_VAR, raising=False)
+    buckets.reset_bucket_policies()
+    read = buckets._global_settings
+
+    def slow_read() -> buckets.PolicySettings:
+        got = read()
+        time.sleep(0.05)  # a setter that read outside the lock now holds a stale copy
+        return got
+
+    monkeypatch.setattr(buckets, "_global_settings", slow_read)
+    errors: list[BaseException] = []
+
+    def set_one(op: str) -> None:
+        try:
+            buckets.set_bucket_policy("384,1408", op=op)
+        except BaseException as e:  # reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=set_one, args=(op,)) for op in OPS]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert all(buckets.policy_for(op).name() == "explicit[384,1408]" for op in OPS)
+    finally:
+        buckets.reset_bucket_policies()
