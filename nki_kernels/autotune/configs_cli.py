@@ -238,10 +238,43 @@ def _configs_summary(directory: Path, op: str | None, lnc: int | None = None) ->
     return out
 
 
+def config_ops() -> set[str]:
+    """The op names a config file can hold: those of the KernelConfig subclasses."""
+    from .. import ops
+    from ..kernel_config import KernelConfig
+
+    ops.load_all()  # the op families define their kernels' config classes
+    names: set[str] = set()
+    stack = list(KernelConfig.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        names.add(cls.op_name)
+        stack.extend(cls.__subclasses__())
+    return names - {""}
+
+
+def _check_filters(args: argparse.Namespace) -> None:
+    """--op / --target name an op and a target that exist (a typo would otherwise filter
+    every file out: "no stored configs", "0 differences", "0 entries checked" and exit 0).
+    --target becomes the target's canonical name, as the config directories are named."""
+    op = getattr(args, "op", None)
+    if op is not None and args.configs_cmd != "which" and op not in config_ops():
+        raise ValueError(f"--op: expected one of {', '.join(sorted(config_ops()))}; got {op!r}")
+    target = getattr(args, "target", None)
+    if target is not None and args.configs_cmd != "which":
+        from ..targets import get_target
+
+        try:
+            args.target = get_target(target).name
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None
+
+
 def run_configs(args: argparse.Namespace) -> int:
     """`nki-kernels configs show|summary|diff|which|validate`."""
     if args.configs_cmd == "which":
         return _which(args)
+    _check_filters(args)
     if args.configs_cmd == "validate":
         return _validate(args)
     if args.configs_cmd == "summary":

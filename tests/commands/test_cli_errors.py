@@ -48,6 +48,13 @@ BAD = [
     (["configs", "diff", "/no/such/dir", "shipped"], "a: expected a config directory"),
     (["configs", "show", "--config-dir", "/no/such/dir"], "--config-dir: expected"),
     (["configs", "validate", "--config-dir", "/no/such/dir"], "--config-dir: expected"),
+    # a mistyped filter is an error, not "0 entries checked" (exit 0) or "no stored configs"
+    (["configs", "validate", "--op", "rms_norn"], "--op: expected one of"),
+    (["configs", "show", "--op", "rms_norn"], "--op: expected one of"),
+    (["configs", "summary", "--op", "rms_norn"], "--op: expected one of"),
+    (["configs", "diff", "shipped", "shipped", "--op", "rms_norn"], "--op: expected one of"),
+    (["configs", "show", "--target", "trn9"], "--target: expected one of"),
+    (["configs", "validate", "--target", "trn9"], "--target: expected one of"),
     (
         [
             "configs",
