@@ -56,7 +56,7 @@ def _flatten(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     return x.reshape(*x.shape[: x.dim() - k], math.prod(shape))
 
 
-def _eps(eps: object) -> object:
+def _eps(eps: float) -> float:
     """A NumPy float (a config read through NumPy) as the Python float the op's schema
     takes, as torch's modules accept it; anything else as given, for the op to check
     (a bool or a str is refused there, naming eps)."""
