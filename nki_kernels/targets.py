@@ -46,7 +46,10 @@ class Target:
     # DynamicDMAScratchLoc - EvalAccelReservedLoc - identity tensor size for transpose"
     # = 224 KiB - 16384 - 8 - 256 on trn2 (bwmm_bwd_dropless.py: - 8 - 520, its identity
     # fp32): the identity tile is the kernel's own allocation (counted when it allocates
-    # it), the compiler's are 16 KiB + 8 B (M); assumed the same on trn1 and trn3 (L)
+    # it), the compiler's are 16 KiB + 8 B. The NKI front end's
+    # `nl.tile_size.total_available_sbuf_size` agrees: 212,984 B for gen3 (trn2) and
+    # 245,752 B for gen4 (trn3), 180,224 B (16 KiB reserved) for gen2 (trn1)
+    # (leanprover/KLR @ 7ccd18c, KLR/Trace.lean). M
     sbuf_reserved_bytes: int = 16 * KIB + 8
     psum_banks: int = 8  # banks per partition. H
     psum_bank_bytes: int = 2 * KIB  # per bank = 512 fp32. H
@@ -223,6 +226,7 @@ TRN1 = Target(
     name="trn1",
     nc_version=2,
     sbuf_bytes_per_partition=192 * KIB,  # 24 MiB total. H
+    sbuf_reserved_bytes=16 * KIB,  # 180,224 B usable (KLR/Trace.lean, gen2). M
     tensor_ghz=2.8,  # 91.75 TFLOP/s bf16. H
     vector_ghz=1.12,
     scalar_ghz=1.4,

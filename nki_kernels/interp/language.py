@@ -298,8 +298,10 @@ class _TileSize:
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
     bn_stats_fmax = 512
-    psum_min_align = 2048
-    sbuf_min_align = 64
+    # the NKI front end's values (leanprover/KLR @ 7ccd18c, KLR/Trace.lean); the
+    # interpreter's allocator places tiles more coarsely (interp/memory.py)
+    psum_min_align = 4
+    sbuf_min_align = 1
 
     @staticmethod
     def _target() -> Any:

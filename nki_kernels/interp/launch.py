@@ -26,6 +26,7 @@ from . import dtypes as dt
 from . import state
 from .errors import MemoryPlanError, NkiValidationError, fail
 from .liveness import Liveness
+from .memory import SBUF_ALIGN, SBUF_MIN_ALIGN
 from .nkiobject import NKIObject
 from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
@@ -319,7 +320,10 @@ def run_call(
     every = [*wrapped, *kw_wrapped.values()]
 
     def attempt(
-        liveness: Liveness | None, rotate: bool = True, arithmetic: bool = True
+        liveness: Liveness | None,
+        rotate: bool = True,
+        arithmetic: bool = True,
+        granule: int = SBUF_ALIGN,
     ) -> tuple[Any, state.Launch]:
         launch = state.Launch(tgt, lnc, t_only or not arithmetic)
         launch.grid = lnc > 1 if grid is None else grid
@@ -328,21 +332,22 @@ def run_call(
             liveness.reset()
         for prog in launch.programs:
             prog.memory.set_rotation(rotate)
+            prog.memory.set_granule(granule)
         if not rotate:  # a replay: the kernel's prints were shown by the first attempt
             with quiet_stdout():
                 return _interpret(fn, launch, wrapped, kw_wrapped), launch
         return _interpret(fn, launch, wrapped, kw_wrapped), launch
 
-    def placed(liveness: Liveness | None) -> tuple[Any, state.Launch]:
+    def placed(liveness: Liveness | None, granule: int = SBUF_ALIGN) -> tuple[Any, state.Launch]:
         # Rotating placement (memory.py) first; where its fragmentation overflows a plan
         # that lowest-address first-fit places, first-fit.
         try:
-            return attempt(liveness)
+            return attempt(liveness, granule=granule)
         except MemoryPlanError as e:
             if not getattr(e, "fragmented", False):
                 raise
             _drop_frames(e)
-            return attempt(liveness, rotate=False)
+            return attempt(liveness, rotate=False, granule=granule)
 
     try:
         result, launch = placed(None)
@@ -359,24 +364,34 @@ def run_call(
                 spans=recorder.spans,
                 ranges=recorder.live_ranges(),
             )
-            result, launch = placed(plan)
+            try:
+                result, launch = placed(plan)
+            except MemoryPlanError as e:
+                if e.rule != "SBUF_OVERFLOW":
+                    raise
+                _drop_frames(e)
+                # the last resort before an overflow: tiles at the finest alignment the
+                # public sources allow (memory.py, SBUF_MIN_ALIGN)
+                result, launch = placed(plan, SBUF_MIN_ALIGN)
         except MemoryPlanError as e:
             msg = str(e).rsplit(" (rule ", 1)[0]
             raise MemoryPlanError(
                 e.rule,
-                _even_with(msg, recorder.reorder),
+                _even_with(msg, recorder.reorder, e.rule == "SBUF_OVERFLOW"),
             ) from first
     if not t_only:
         _write_back(every)
     return RunResult(result, launch.trace)
 
 
-def _even_with(msg: str, reorder: bool) -> str:
+def _even_with(msg: str, reorder: bool, fine: bool = False) -> str:
     """An overflow message of the replay: what the replay tried, before the live list."""
     head, sep, tiles = msg.partition("; live: ")
     tried = ", even with every tile freed after its last use"
     if reorder:
         tried += " (placed at its first use, PSUM read-outs moved up)"
+    if fine:
+        tried += f" and placed at {SBUF_MIN_ALIGN}-byte alignment"
     return head + tried + sep + tiles
 
 

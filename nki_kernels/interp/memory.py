@@ -30,7 +30,17 @@ import numpy as np
 
 from .errors import MemoryPlanError
 
-SBUF_ALIGN = 64  # bytes; allocation granule within a partition (assumed, L)
+# Bytes; the granule a tile is placed in within a partition. 64 B (assumed, L) is the
+# first choice: the timeline tracks on-chip dependencies per 64 B block, so tiles placed
+# on it never share a block.
+SBUF_ALIGN = 64
+# The finest placement the public sources allow, tried before a plan is called an
+# overflow: the NKI front end gives `nl.tile_size.sbuf_min_align` = 1 and
+# `psum_min_align` = 4 (leanprover/KLR @ 7ccd18c, KLR/Trace.lean, "Add tile_size based on
+# arch"); its access patterns take a tile's free offset to be a whole number of elements
+# (KLR/Core/Tensor.lean), nki-library's SbufManager aligns a tile to its dtype size by
+# default (d2ad3a57, core/utils/allocator.py), and the widest on-chip dtype is 4 B.
+SBUF_MIN_ALIGN = 4
 
 
 class AddressAllocator:
@@ -305,6 +315,12 @@ class OnChipMemory:
         rest = sum(n for _, n in order[most:])
         more = f", and {rest} smaller tile(s)" if rest else ""
         return "; live: " + ", ".join(parts) + more
+
+    def set_granule(self, granule: int) -> None:
+        """Place SBUF tiles in `granule`-byte steps (before the first placement only)."""
+        if self.sbuf.live or self.sbuf.pinned:
+            raise RuntimeError("the SBUF granule changes only before the first placement")
+        self.sbuf.granule = granule
 
     def set_rotation(self, rotate: bool) -> None:
         """Next-fit (True) or lowest-address first-fit (False) placement from now on."""
