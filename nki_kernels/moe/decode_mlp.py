@@ -56,7 +56,8 @@ from typing import Any
 
 from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
-from .tiles import PSUM_FP32, P, cdiv, load_weight_cols, row_index_ok, row_ramp
+from .decode_loads import load_cols, load_rows, runs
+from .tiles import PSUM_FP32, P, cdiv, row_index_ok, row_ramp
 
 UNIT_BYTES = 16 * 1024  # bytes per partition of one weight unit (2 MiB per load)
 GU_BANKS = 3  # PSUM banks of the gate and of the up accumulators of one column group
@@ -76,18 +77,6 @@ def token_slot(t: int) -> int:
 def _rows(d: int, j: int) -> int:
     """Rows of 128-row tile j of a dim of size d."""
     return min(P, d - j * P)
-
-
-def _runs(lo: int, hi: int, d: int) -> list[tuple[int, int, int]]:
-    """Tiles [lo, hi) of a dim of size d as (first, count, rows) runs: the full tiles, then
-    the ragged last one on its own (an op over it must not touch its missing rows)."""
-    full_end = min(hi, d // P)
-    out = []
-    if full_end > lo:
-        out.append((lo, full_end - lo, P))
-    if hi > full_end and hi > lo:
-        out.append((max(lo, full_end), 1, _rows(d, hi - 1)))
-    return out
 
 
 def _program() -> tuple[int, int]:
@@ -152,7 +141,7 @@ def moe_decode_fwd(
     xT = nl.ndarray((P, kth, t_count), dtype=dt, buffer=nl.sbuf)
     per_bank = PSUM_FP32 // ts
     for g0 in range(0, kth, per_bank):
-        for j0, jn, rows in _runs(g0, min(kth, g0 + per_bank), h):
+        for j0, jn, rows in runs(g0, min(kth, g0 + per_bank), h):
             tp = nl.ndarray((P, per_bank, ts), dtype=dt, buffer=nl.psum)
             for j in range(jn):
                 c0 = (j0 + j) * P
@@ -360,7 +349,7 @@ def _shared_gate(d: dict[str, Any], g: Any, xT: Any, w_e: Any) -> None:
     if d["pmajor"]:  # x^T tile j holds hidden columns p * kth + j
         nisa.dma_copy(dst=g_sb, src=g.ap([[kth, P], [1, kth], [1, 1]]))
     else:
-        for first, count, rows in _runs(0, kth, h):
+        for first, count, rows in runs(0, kth, h):
             src = g.ap([[1, rows], [P, count], [1, 1]], offset=first * P)
             nisa.dma_copy(dst=g_sb[0:rows, first : first + count, :], src=src)
     lp = nl.ndarray((1, ts), dtype=nl.float32, buffer=nl.psum)
@@ -385,70 +374,6 @@ def _bias_row(b: Any, e1: Any, dt: Any) -> Any:
     row = nl.ndarray((1, n), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=row, src=b.ap([[n, 1], [1, n]], scalar_offset=e1, indirect_dim=0))
     return row
-
-
-def _load_rows(w: Any, e1: Any, d_rows: int, t0: int, tw: int, cols: list[tuple[int, int, int]],
-               wu: Any, pmajor: bool = False) -> None:  # fmt: skip
-    """wu[p, t * uw + c] = w[e, (t0 + t) * 128 + p, columns] (`pmajor`: row p * tiles +
-    t0 + t), uw = wu's columns per tile: `cols` = (source column, width, destination
-    column) runs; the full tiles in one DMA per run, a ragged last tile in its own (only
-    its rows exist)."""
-    width = w.shape[2]
-    uw = wu.shape[2]
-    pst = wu.shape[1] * uw  # the unit tile's elements per partition
-    for first, count, rows in _runs(t0, t0 + tw, d_rows):
-        t = first - t0
-        for c_src, cw, c_dst in cols:
-            off = first * P * width + c_src
-            if pmajor:
-                tiles = d_rows // P
-                pat = [[tiles * width, P], [width, count], [1, cw]]
-                off = first * width + c_src
-            elif rows == P:
-                pat = [[width, P], [P * width, count], [1, cw]]
-            else:
-                pat = [[width, rows], [1, cw]]
-            src = w.ap(pat, offset=off, scalar_offset=e1, indirect_dim=0)
-            if pmajor and cw == width == uw:
-                # whole rows, p-major: one contiguous run per partition on both sides
-                src = w.ap([[tiles * width, P], [1, count * cw]], offset=off,
-                           scalar_offset=e1, indirect_dim=0)  # fmt: skip
-                dst = wu.ap([[pst, P], [1, count * cw]], offset=t * uw)
-            else:
-                dst = wu[0:rows, t : t + count, c_dst : c_dst + cw]
-            nisa.dma_copy(dst=dst, src=src)
-
-
-def _load_cols(parts: list[tuple[Any, int, int, int]], ex: tuple[Any, Any], t0: int, tw: int,
-               d_rows: int, wu: Any) -> None:  # fmt: skip
-    """wu[p, t, c_dst + r] = w[e, row0 + r, (t0 + t) * 128 + p] for each (w, row0, nrows,
-    c_dst) of `parts`: weights stored transposed ([E, N, K], K = the contraction dim of
-    size d_rows) loaded as the row-major unit _load_rows would give. ex = (e [1, 1], this
-    expert's row index | None | "direct" (the shared expert: no id))."""
-    c0 = t0 * P
-    ncols = min(d_rows, (t0 + tw) * P) - c0
-    e1, index = ex
-    for w, row0, nrows, c_dst in parts:
-        dst = wu[:, 0:tw, c_dst : c_dst + nrows]
-        if index == "direct" and dtype_bytes(w.dtype) == 2:
-            _transpose_direct(w, row0, nrows, c0, ncols, dst)
-        else:
-            load_weight_cols(w, (e1, None if index == "direct" else index), row0, nrows, c0,
-                             ncols, dst)  # fmt: skip
-
-
-def _transpose_direct(w: Any, row0: int, nrows: int, c0: int, ncols: int, dst: Any) -> None:
-    """dst[p, j, r] = w[0, row0 + r, c0 + j * 128 + p]: direct DMA transposes (2-byte
-    elements), one for the full 128-column tiles, one for a ragged last tile."""
-    width = w.shape[2]
-    full, rest = ncols // P, ncols % P
-    off = row0 * width + c0
-    if full:
-        src = w.ap([[width, nrows], [P, full], [1, P]], offset=off)
-        nisa.dma_transpose(dst=dst[:, 0:full, 0:nrows], src=src, axes=(2, 1, 0))
-    if rest:
-        src = w.ap([[width, nrows], [1, rest]], offset=off + full * P)
-        nisa.dma_transpose(dst=dst[0:rest, full, 0:nrows], src=src)
 
 
 def _gate_up_parts(d: dict[str, Any], src: dict[str, Any], c0: int, cw: int) -> list[Any]:
@@ -492,13 +417,13 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], xT: Any, mask: Any, act: An
             tw = min(kc, kth - t0)
             wu = nl.ndarray((P, kc, 2 * min(inter, nq * P)), dtype=dt, buffer=nl.sbuf)
             if src["t"]:
-                _load_cols(parts, src["ex"], t0, tw, h, wu)
+                load_cols(parts, src["ex"], t0, tw, h, wu)
             elif src["up"] is not None:  # the gate's and the up's own tensors
                 for w, c_src, n, c_dst in parts:
-                    _load_rows(w, src["ex"][0], h, t0, tw, [(c_src, n, c_dst)], wu, d["pmajor"])
+                    load_rows(w, src["ex"][0], h, t0, tw, [(c_src, n, c_dst)], wu, d["pmajor"])
             else:
                 cols = [(c_src, n, c_dst) for _, c_src, n, c_dst in parts]
-                _load_rows(src["w"], src["ex"][0], h, t0, tw, cols, wu, d["pmajor"])
+                load_rows(src["w"], src["ex"][0], h, t0, tw, cols, wu, d["pmajor"])
             for t in range(tw):
                 r = _rows(h, t0 + t)
                 mov = xT[0:r, t0 + t, :]
@@ -523,7 +448,7 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], xT: Any, mask: Any, act: An
                         moving=d["ones"],
                         accumulate=True,
                     )
-        for j0, jn, rows in _runs(q0, q0 + qn, inter):
+        for j0, jn, rows in runs(q0, q0 + qn, inter):
             qa = j0 - q0
             g = gps[0:rows, qa : qa + jn, 0:t_count]
             u = ups[0:rows, qa : qa + jn, 0:t_count]
@@ -579,9 +504,9 @@ def _down(d: dict[str, Any], wb: tuple[Any, Any], act: Any, w_e: Any, acc: Any) 
             tw = min(kc, hi - t0)
             wu = nl.ndarray((P, kc, nm * P), dtype=dt, buffer=nl.sbuf)
             if src["t"]:
-                _load_cols([(src["w"], h0, hw, 0)], src["ex"], t0, tw, inter, wu)
+                load_cols([(src["w"], h0, hw, 0)], src["ex"], t0, tw, inter, wu)
             else:
-                _load_rows(src["w"], src["ex"][0], inter, t0, tw, [(h0, hw, 0)], wu)
+                load_rows(src["w"], src["ex"][0], inter, t0, tw, [(h0, hw, 0)], wu)
             for t in range(tw):
                 r = _rows(inter, t0 + t)
                 for m in range(mn):
@@ -601,7 +526,7 @@ def _down(d: dict[str, Any], wb: tuple[Any, Any], act: Any, w_e: Any, acc: Any) 
                     moving=d["ones"],
                     accumulate=True,
                 )
-        for j0, jn, rows in _runs(m0, m0 + mn, h):
+        for j0, jn, rows in runs(m0, m0 + mn, h):
             ma = j0 - m0
             y = nl.ndarray((P, nm, t_count), dtype=nl.float32, buffer=nl.sbuf)
             wv = w_e.ap([[t_count, rows], [0, jn], [1, t_count]])
