@@ -171,3 +171,17 @@ def test_bad_split_weights_are_named(change: dict[str, Any], match: str) -> None
         c["shared_gate_up"] = c["shared_gate_up"][:, :16]
     with pytest.raises(ValueError, match=match):
         moe_gated_experts(**c, **change)
+
+
+def test_pricing_prices_the_transposing_read() -> None:
+    """layout='hf' traces the launch on transposed storage (DMA transposes, modeled below
+    the copy rate): slower than the row-major launch on every parameter set; an unknown
+    layout is refused by name."""
+    from nki_kernels.moe.decode_pricing import price_decode
+
+    args = (4, 8, 256, 128, 16, 2, "trn2")
+    rows = price_decode(*args, layout="rows").latency_ns
+    hf = price_decode(*args, layout="hf").latency_ns
+    assert all(b > a for a, b in zip(rows, hf)), (rows, hf)
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        price_decode(*args, layout="cols")
