@@ -6,20 +6,22 @@ Run: `python benchmarks/bench_moe_decode.py [--nki-library PATH] [--models m1,m2
 (prints markdown tables; with a checkout it also prices nki-library's moe_tkg and writes
 `benchmarks/data/moe_decode_rows.json`).
 
-The experts launch is the decode mode of `moe_mlp` / `moe_experts` (dropless calls of
-T <= 64, `ops/moe_decode.py`): `moe/decode_mlp.py`'s kernel, every touched expert's
+The experts launch is the decode mode of `moe_mlp` / `moe_experts` (dropless calls of T
+<= 64, `ops/moe_decode.py`): `moe/decode_mlp.py`'s kernel, every touched expert's
 weights streamed once as the matmuls' stationary operand, SwiGLU, the routing select and
 the weighted fp32 combine on chip, at LNC 2 (the two programs take alternate touched
-experts) on trn2, bf16, uniform routing (T * k assignments spread over the experts).
-HBM % = touched experts' weight bytes (gate/up and down) / (latency x the logical core's
+experts) on trn2, bf16, uniform routing (T * k assignments spread over the experts). HBM
+% = touched experts' weight bytes (gate/up and down) / (latency x the logical core's
 bandwidth, 2 x trn2's per-core HBM figure); its band is the range over the cost model's
-parameter sets. The layer adds our router kernel (softmax, renormalized top-k) on the T
-tokens. AWS's moe_tkg (`bench/peer_moe_decode.py`: selective mode everywhere, all-expert
-mode where every expert is touched) runs the same experts computation from the same
-routing; ours / moe_tkg is a ratio of two modeled figures, its band the range over the
-parameter sets widened by the cost model's structural error of two figures
-(`bench.bands.ratio_band`). Every figure is "modeled (cost model vN, trn2)", never a
-measurement.
+parameter sets. "HF layout" prices the same launch on the weights as transformers stores
+them ([E, 2I, H] / [E, H, I], read where they lie by the kernel's DMA transposes: what a
+patched HF model's decode runs, no copy). The layer adds our router kernel (softmax,
+renormalized top-k) on the T tokens. AWS's moe_tkg (`bench/peer_moe_decode.py`:
+selective mode everywhere, all-expert mode where every expert is touched) runs the same
+experts computation from the same routing; ours / moe_tkg is a ratio of two modeled
+figures, its band the range over the parameter sets widened by the cost model's
+structural error of two figures (`bench.bands.ratio_band`). Every figure is "modeled
+(cost model vN, trn2)", never a measurement.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def ours_rows(models: list[str], routing: str = "uniform") -> list[dict]:
             touched = sum(1 for c in counts if c)
             h, i = s.hidden, s.intermediate
             kern = price_decode(touched, t, h, i, s.num_experts, s.top_k, tgt, lnc=LNC)
+            hf = price_decode(touched, t, h, i, s.num_experts, s.top_k, tgt, lnc=LNC,
+                              layout="hf")  # fmt: skip
             rout = router_latency(t, s.num_experts, s.top_k, tgt, LNC)
             rows.append(
                 {
@@ -91,6 +95,7 @@ def ours_rows(models: list[str], routing: str = "uniform") -> list[dict]:
                     "touched": touched,
                     "weight_bytes": touched * 3 * h * i * 2,
                     "kernel_ns": list(kern.latency_ns),
+                    "kernel_hf_ns": list(hf.latency_ns),
                     "router_ns": list(rout),
                 }
             )
@@ -149,6 +154,21 @@ def print_tables(rows: list[dict]) -> None:
             f"{kern[0] / 1e3:,.1f} | {_pct(nb, kern, bw)} | "
             f"{rout[0] / 1e3:,.1f} | {layer[0] / 1e3:,.1f} | {_pct(nb, layer, bw)} |"
         )
+    if any("kernel_hf_ns" in r for r in rows):
+        print()
+        print("| model | T | experts kernel (us) | HF layout (us, band) | HF layout HBM % (band) "
+              "| HF / row-major (band) |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            if "kernel_hf_ns" not in r:
+                continue
+            kern, hf = tuple(r["kernel_ns"]), tuple(r["kernel_hf_ns"])
+            ratio = [b / a for a, b in zip(kern, hf)]
+            print(
+                f"| {r['model']} | {r['tokens']} | {kern[0] / 1e3:,.1f} | {hf[0] / 1e3:,.1f} "
+                f"({min(hf) / 1e3:,.1f}-{max(hf) / 1e3:,.1f}) | {_pct(r['weight_bytes'], hf, bw)} "
+                f"| {ratio[0]:.3f}x ({min(ratio):.3f}-{max(ratio):.3f}) |"
+            )
     if not any("moe_tkg" in r for r in rows):
         return
     print()

@@ -12,6 +12,13 @@ GPT-OSS (`config.model_type`):
   which keeps the block's own router and experts modules as children: the parameters and
   state_dict keys do not change, the optimizer keeps its references, and the router still
   runs as a module, so `output_router_logits=True` (the load-balancing loss) sees it;
+- the experts' [E, 2I, H] / [E, H, I] Parameters reach the kernels as transposed views,
+  no copy: at decode sizes the decode kernel reads that storage with DMA transposes;
+- a shared expert (Qwen2-MoE's sigmoid-gated `shared_expert`, DeepSeek-V3's
+  `shared_experts`: nn.Linear gate / up / down) is fused into the decode launch for calls
+  of <= 64 tokens that need no gradient (generate), its Linear weights read where they
+  lie (`moe_gated_experts(shared_up=...)`); otherwise it runs as the model's own module;
+  DeepSeek-V3's MoE block becomes `HFSharedMoE` for that (same children);
 - DeepSeek-V3's router module (group-limited sigmoid top-k with a selection-only
   correction bias and a routed scaling factor) runs `moe.routing.route` (the NKI router)
   as a subclass of its class sharing its Parameters, buffer and hooks (transformers'
@@ -100,7 +107,8 @@ class HFSparseMoeBlock(nn.Module):
 
     Children are the original block's: `gate` (router, its logits [T, E] feed the op),
     `experts` (weights read through transposed views, no copy) and, for Qwen2-MoE,
-    `shared_expert` / `shared_expert_gate`.
+    `shared_expert` / `shared_expert_gate` (fused into the decode launch with the gate's
+    own routing at decode sizes without gradients: `shared_decode_weights`).
     """
 
     def __init__(self, block: nn.Module, renormalize: bool) -> None:
@@ -122,6 +130,18 @@ class HFSparseMoeBlock(nn.Module):
             hidden_states = hidden_states * noise
         tokens = hidden_states.reshape(-1, shape[-1])
         me: Any = self
+        ex = me.experts
+        fused = None
+        if hasattr(self, "shared_expert"):
+            fused = shared_decode_weights(me.shared_expert, me.shared_expert_gate, tokens,
+                                          ex.gate_up_proj, ex.down_proj)  # fmt: skip
+        if fused is not None:  # the model's own routing, one decode launch with the shared
+            from ..ops.moe_gated_experts import moe_gated_experts
+
+            _, weights, ids = me.gate(tokens)
+            out = moe_gated_experts(tokens, weights, ids, ex.gate_up_proj.transpose(1, 2),
+                                    ex.down_proj.transpose(1, 2), **fused)  # fmt: skip
+            return out.reshape(shape)
         logits = me.gate(tokens)[0]
         out = torch.ops.nki.moe_mlp(
             tokens,
@@ -134,6 +154,67 @@ class HFSparseMoeBlock(nn.Module):
         if hasattr(self, "shared_expert"):
             out = out + F.sigmoid(me.shared_expert_gate(tokens)) * me.shared_expert(tokens)
         return out.reshape(shape)
+
+
+def shared_decode_weights(
+    shared: nn.Module, gate: nn.Module | None, tokens: Tensor, *params: Tensor
+) -> dict[str, Any] | None:
+    """The shared expert's weights as `moe_gated_experts` keywords when this call is fused
+    into the decode launch (T <= 64, no gradient asked of any input, SwiGLU nn.Linear
+    gate / up / down without biases in the tokens' dtype; `gate`: Qwen2-MoE's [1, H]
+    sigmoid gate), else None (the model's own module runs). Views only: no copy."""
+    from ..ops.moe_decode import DECODE_MAX_TOKENS
+
+    if tokens.shape[0] > DECODE_MAX_TOKENS or tokens.shape[0] == 0:
+        return None
+    lins = [getattr(shared, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(m) is nn.Linear and m.bias is None for m in lins):
+        return None
+    if type(getattr(shared, "act_fn", None)).__name__ != "SiLUActivation":
+        return None
+    if gate is not None and not (type(gate) is nn.Linear and gate.bias is None
+                                 and tuple(gate.weight.shape) == (1, tokens.shape[1])):  # fmt: skip
+        return None
+    g_w, u_w, d_w = (m.weight for m in lins)  # type: ignore[union-attr]
+    ws = [g_w, u_w, d_w] + ([gate.weight] if gate is not None else [])  # type: ignore[union-attr]
+    if any(w.dtype != tokens.dtype or w.device != tokens.device for w in ws):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (tokens, *ws, *params)):
+        return None
+    out = {"shared_gate_up": g_w.t(), "shared_up": u_w.t(), "shared_down": d_w.t()}
+    if gate is not None:
+        out["shared_gate"] = gate.weight.reshape(-1)  # type: ignore[union-attr]
+    return out
+
+
+class HFSharedMoE(nn.Module):
+    """DeepSeek-V3's MoE block (router `gate`, `experts`, `shared_experts`) with the
+    shared expert fused into the decode launch at decode sizes without gradients
+    (`shared_decode_weights`); otherwise the block's own computation (its children,
+    patched or not). Children are the block's: same Parameters and state_dict keys."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        for name, child in block.named_children():
+            self.add_module(name, child)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        """[B, S, H] -> [B, S, H]."""
+        me: Any = self
+        shape = hidden_states.shape
+        tokens = hidden_states.reshape(-1, shape[-1])
+        ex = me.experts
+        fused = shared_decode_weights(me.shared_experts, None, tokens, ex.gate_up_proj,
+                                      ex.down_proj)  # fmt: skip
+        _, weights, ids = me.gate(hidden_states)
+        if fused is not None:
+            from ..ops.moe_gated_experts import moe_gated_experts
+
+            out = moe_gated_experts(tokens, weights, ids, ex.gate_up_proj.transpose(1, 2),
+                                    ex.down_proj.transpose(1, 2), **fused)  # fmt: skip
+            return out.reshape(shape)
+        out = ex(tokens, ids, weights).reshape(shape)
+        return out + me.shared_experts(hidden_states)  # type: ignore[no-any-return]
 
 
 class HFExperts(nn.Module):
@@ -299,6 +380,13 @@ def experts_unsupported(model: nn.Module, experts: nn.Module) -> str | None:
     return None
 
 
+def _is_shared_moe(m: nn.Module) -> bool:
+    """DeepSeek-V3's MoE block: router `gate`, fused `experts`, MLP `shared_experts`."""
+    return all(hasattr(m, n) for n in ("gate", "experts", "shared_experts")) and hasattr(
+        m.experts, "gate_up_proj"
+    )
+
+
 def is_hf_model(model: nn.Module) -> bool:
     """A transformers PreTrainedModel (has a config with an attention implementation)."""
     config = getattr(model, "config", None)
@@ -397,6 +485,15 @@ def patch_hf(
             router = _nki_router(m, kind)
             undo.append((path, _set_child(model, path, router)))
             report.replaced.append(Replacement(path, type(m).__name__, type(router).__name__))
+        elif moe and kind == "deepseek_v3" and _is_shared_moe(m):
+            why = experts_unsupported(model, m.experts)  # type: ignore[arg-type]
+            why = why or router_unsupported(kind, m.gate)  # type: ignore[arg-type]
+            if why is not None:
+                report.skipped.append((path, why))
+                continue
+            block = HFSharedMoE(m)
+            undo.append((path, _set_child(model, path, block)))
+            report.replaced.append(Replacement(path, type(m).__name__, "HFSharedMoE"))
         elif moe and kind in OWN_ROUTER_TYPES and _is_experts_seam(m):
             why = experts_unsupported(model, m)
             if why is not None:
@@ -446,6 +543,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "HFExperts",
     "HFGatedExperts",
+    "HFSharedMoE",
     "HFSparseMoeBlock",
     "PatchReport",
     "Replacement",

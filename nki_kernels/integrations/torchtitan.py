@@ -412,7 +412,10 @@ class NkiMoE(MoE):
     3. TorchTitan's own dispatch and combine around `NkiGroupedExperts`.
 
     The experts compute in bf16, as TorchTitan's GroupedExperts does; the shared
-    experts and the load-balancing counters are TorchTitan's."""
+    experts and the load-balancing counters are TorchTitan's. At decode sizes (<= 64
+    tokens) without gradients, 1 and 2 route as configured and the experts run one
+    decode launch reading w1 / w3 / w2 where they lie (`_decode`): no per-call
+    concatenation; a cast only for parameters not already bf16."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(MoE.Config):
@@ -436,6 +439,27 @@ class NkiMoE(MoE):
         w_gate_up = torch.cat([experts.w1_EFD, experts.w3_EFD], dim=1).transpose(1, 2)
         return w_gate_up.bfloat16(), experts.w2_EDF.transpose(1, 2).bfloat16()
 
+    def _decodes(self, x_BLD: Tensor) -> bool:
+        """A call for the decode launch: <= 64 tokens, no gradient asked of it."""
+        from ..ops.moe_decode import DECODE_MAX_TOKENS
+
+        experts: Any = self.routed_experts.inner_experts  # type: ignore[union-attr]
+        ws = (experts.w1_EFD, experts.w2_EDF, experts.w3_EFD)
+        t = x_BLD.shape[0] * x_BLD.shape[1]
+        grad = torch.is_grad_enabled() and any(w.requires_grad for w in (x_BLD, *ws))
+        return 0 < t <= DECODE_MAX_TOKENS and not grad
+
+    def _decode(self, x_TD: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+        """One decode launch (`moe_gated_experts`' decode form) on w1 [E, I, H], w3 and
+        w2 [E, H, I] as transposed views: the kernel reads that storage (DMA
+        transposes), gate and up as two tensors; bf16 as the other paths."""
+        from ..ops.moe_gated_experts import moe_gated_experts
+
+        experts: Any = self.routed_experts.inner_experts  # type: ignore[union-attr]
+        w1, w3, w2 = (w.transpose(1, 2).bfloat16()  # a no-op for bf16 parameters
+                      for w in (experts.w1_EFD, experts.w3_EFD, experts.w2_EDF))  # fmt: skip
+        return moe_gated_experts(x_TD.bfloat16(), weights.float(), ids, w1, w2, w_up=w3)
+
     def forward(self, x_BLD: Tensor) -> Tensor:  # type: ignore[override]
         me: Any = self
         router = me.router
@@ -443,7 +467,17 @@ class NkiMoE(MoE):
         why = why or _route_unsupported(router, me.expert_bias_E)
         b, length, d = x_BLD.shape
         x_TD = x_BLD.reshape(b * length, d)
-        if why is None:
+        decode = self._decodes(x_BLD) and (why is None or self.nki_experts)
+        if decode:
+            _record_path("moe: decode launch (weights as they lie)")
+            if why is None:  # the fused path's routing: TorchTitan's options on moe_route
+                weights, ids, _ = NkiRouter.forward(router, x_BLD, None)
+            else:
+                weights, ids, _ = router(x_BLD, me.expert_bias_E)
+            self._count(ids)
+            out = self._decode(x_TD, weights.reshape(b * length, -1), ids.reshape(b * length, -1))
+            out = out.type_as(x_BLD)
+        elif why is None:
             _record_path("moe: fused moe_mlp")
             logits = _gate_logits(router, x_TD)
             self._count(torch.topk(_scores(router, logits), router.top_k, dim=-1).indices)

@@ -26,14 +26,28 @@ work per weight byte small enough to hide under that stream:
   keeping a partial fp32 sum; after a core barrier on the shared partials each program
   finishes half of the output columns.
 
+- Weights stored transposed (`transposed` flags: w_gate_up as [E, 2I, H], w_down as
+  [E, H, I], transformers' expert layout and nn.Linear's) are read where they lie by DMA
+  transposes into the same [128, kc, columns] units, so the matmuls, their order and
+  the result are those of the row-major layout. A routed expert's rows are gathered
+  through a uint32 row index (expert * rows + row, built per expert on GpSimd), within
+  nki.isa.dma_transpose's documented indirect limits (`tiles.load_weight_cols`: 2-byte
+  dtypes, multiples of 16 rows, 128 elements per row; other rows and 4-byte dtypes are
+  loaded as they lie and PE-transposed); the shared expert (no id) takes direct
+  transposes. Transposed gate/up weights turn p-major off (it would need an element-
+  strided transposing read).
+
 Inputs: hidden [T, H]; w_gate_up [E, H, 2I] (gate columns then up); w_down [E, I, H];
 ids [T, k] int32; weights [T, k] fp32; experts [1, E] int32 (the touched experts first);
 n_touched [1, 1] int32; optional expert biases b_gate_up [E, 2I] / b_down [E, H] and a
 shared expert, shared_gate_up [1, H, 2Is] / shared_down [1, Is, H] (and shared_gate
-[1, H] for a sigmoid gate), streamed first as one more expert on every token (weight 1
+[1, H] for a sigmoid gate; with shared_up [1, H, Is], shared_gate_up is the gate's
+[1, H, Is] alone), streamed first as one more expert on every token (weight 1
 or sigmoid(x . g)), its intermediate tiles split between the programs. `static_count`
-(pricing): the touched count, run as a static loop of the same body. Output [T, H] in
-hidden's dtype.
+(pricing): the touched count, run as a static loop of the same body. `w_up` [E, H, I]:
+the up projection as a tensor of its own (TorchTitan's w1 / w3), w_gate_up then being the
+gate's [E, H, I] alone. Output [T, H] in hidden's dtype. `transposed` = (w_gate_up,
+w_down, shared gate/up, shared_down) stored transposed, each [.., N, K] for [.., K, N].
 """
 
 from __future__ import annotations
@@ -42,7 +56,8 @@ from typing import Any
 
 from ..dtypes import dtype_bytes
 from ..nki import nisa, nki, nl
-from .tiles import PSUM_FP32, P, cdiv
+from .decode_loads import load_cols, load_rows, runs
+from .tiles import PSUM_FP32, P, cdiv, row_index_ok, row_ramp
 
 UNIT_BYTES = 16 * 1024  # bytes per partition of one weight unit (2 MiB per load)
 GU_BANKS = 3  # PSUM banks of the gate and of the up accumulators of one column group
@@ -64,18 +79,6 @@ def _rows(d: int, j: int) -> int:
     return min(P, d - j * P)
 
 
-def _runs(lo: int, hi: int, d: int) -> list[tuple[int, int, int]]:
-    """Tiles [lo, hi) of a dim of size d as (first, count, rows) runs: the full tiles, then
-    the ragged last one on its own (an op over it must not touch its missing rows)."""
-    full_end = min(hi, d // P)
-    out = []
-    if full_end > lo:
-        out.append((lo, full_end - lo, P))
-    if hi > full_end and hi > lo:
-        out.append((max(lo, full_end), 1, _rows(d, hi - 1)))
-    return out
-
-
 def _program() -> tuple[int, int]:
     if nl.program_ndim() == 0 or nl.num_programs(0) == 1:
         return 0, 1
@@ -85,15 +88,21 @@ def _program() -> tuple[int, int]:
 @nki.jit
 def moe_decode_fwd(
     hidden, w_gate_up, w_down, ids, weights, experts, n_touched, b_gate_up=None, b_down=None,
-    shared_gate_up=None, shared_down=None, shared_gate=None,
+    shared_gate_up=None, shared_down=None, shared_gate=None, shared_up=None, w_up=None,
     static_count=None, activation="swiglu", interleaved=False, alpha=1.702, limit=7.0,
+    transposed=(False, False, False, False),
 ):  # fmt: skip
     """out [T, H] = the decode MoE layer (module docstring)."""
     t_count, h = hidden.shape
-    e_count, _, i2 = w_gate_up.shape
+    gu_t, dn_t, sgu_t, sdn_t = transposed
+    e_count, i2 = w_gate_up.shape[0], w_gate_up.shape[1 if gu_t else 2]
+    if w_up is not None:  # w_gate_up is the gate's alone, w_up the up's (same layout)
+        assert w_up.shape == w_gate_up.shape and not interleaved, "moe_decode_fwd: w_up"
+        i2 *= 2
     inter = i2 // 2
     k = ids.shape[1]
-    assert w_down.shape == (e_count, inter, h), "moe_decode_fwd: w_down is [E, I, H]"
+    want = (e_count, h, inter) if dn_t else (e_count, inter, h)
+    assert w_down.shape == want, "moe_decode_fwd: w_down is [E, I, H] ([E, H, I] transposed)"
     assert t_count <= PSUM_FP32 // 8, "moe_decode_fwd: T <= 64"
     dt = hidden.dtype
     pid, nprog = _program()
@@ -119,14 +128,20 @@ def moe_decode_fwd(
     nisa.tensor_copy(dst=e1_first, src=ex_row[0:1, pid : pid + 1], engine=nisa.engine.gpsimd)
     # gate/up rows narrower than PMAJOR_ROW_BYTES: hidden row p * kth + j on partition p of
     # tile j, so a partition's rows of a unit are one contiguous run (needs H % 128 == 0)
-    d["pmajor"] = h % P == 0 and i2 * d["isz"] < PMAJOR_ROW_BYTES
+    d["pmajor"] = h % P == 0 and i2 * d["isz"] < PMAJOR_ROW_BYTES and not (gu_t or sgu_t)
+    d.update(gu_t=gu_t, dn_t=dn_t, ramp=None)
+    # routed weights stored transposed: a row index per expert and weight (module doc)
+    d["ix_gu"] = gu_t and row_index_ok(w_gate_up)
+    d["ix_dn"] = dn_t and row_index_ok(w_down)
+    if d["ix_gu"] or d["ix_dn"]:
+        d["ramp"] = row_ramp(max(_index_cols(d, "gu"), _index_cols(d, "dn")))
     # x^T [128, kth, T] once: PE transposes of x's column tiles (p-major: strided columns)
     x_sb = nl.ndarray((t_count, h), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_sb, src=hidden)
     xT = nl.ndarray((P, kth, t_count), dtype=dt, buffer=nl.sbuf)
     per_bank = PSUM_FP32 // ts
     for g0 in range(0, kth, per_bank):
-        for j0, jn, rows in _runs(g0, min(kth, g0 + per_bank), h):
+        for j0, jn, rows in runs(g0, min(kth, g0 + per_bank), h):
             tp = nl.ndarray((P, per_bank, ts), dtype=dt, buffer=nl.psum)
             for j in range(jn):
                 c0 = (j0 + j) * P
@@ -149,12 +164,19 @@ def moe_decode_fwd(
     nisa.dma_copy(dst=ex_i, src=experts.ap([[0, P], [1, e_count]]))
     ex_f = nl.ndarray((P, e_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=ex_f, src=ex_i)
+    # transposed weights: each touched expert's first row (id * rows) on every partition
+    for kind, w in (("gu", w_gate_up), ("dn", w_down)):
+        if d["ix_" + kind]:
+            d["rows_" + kind] = nl.ndarray((P, e_count), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=d["rows_" + kind], data=ex_f, op0=nl.multiply,
+                               operand0=float(w.shape[1]), engine=nisa.engine.gpsimd)  # fmt: skip
     acc = nl.ndarray((P, kth, t_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc, value=0.0)
     tabs = (xT, ids_f, w_f, ex_row, ex_f, acc)
-    ws = (w_gate_up, w_down, b_gate_up, b_down)
+    ws = (w_gate_up, w_down, b_gate_up, b_down, w_up)
     if shared_gate_up is not None:  # first: its stream needs no expert id
-        _shared(d, (shared_gate_up, shared_down, shared_gate), xT, acc, pid, nprog)
+        sh = (shared_gate_up, shared_down, shared_gate, shared_up)
+        _shared(d, sh, (sgu_t, sdn_t), xT, acc, pid, nprog)
 
     if static_count is not None:
         for i in range(pid, static_count, nprog):
@@ -229,7 +251,7 @@ def _finish(d: dict[str, Any], acc: Any, out: Any, lo: int, hi: int) -> None:
 
 
 def _expert(
-    d: dict[str, Any], ws: tuple[Any, Any], tabs: tuple[Any, ...], i: Any, e1: Any = None
+    d: dict[str, Any], ws: tuple[Any, ...], tabs: tuple[Any, ...], i: Any, e1: Any = None
 ) -> None:
     """acc += weights * expert experts[i] on all T tokens (its routed ones kept); `e1`:
     its id as a (1, 1) tile, when already copied."""
@@ -256,18 +278,50 @@ def _expert(
     nisa.tensor_tensor(dst=wsel, data1=eq, data2=w_f, op=nl.multiply)
     w_e = nl.ndarray((P, t_count), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=w_e, op=nl.add, data=wsel, axis=(2,))
+    ix_gu = _row_index(d, "gu", i) if d["ix_gu"] else None
+    ix_dn = _row_index(d, "dn", i) if d["ix_dn"] else None
     act = nl.ndarray((P, d["kti"], t_count), dtype=dt, buffer=nl.sbuf)
-    _gate_up(d, (ws[0], _bias_row(ws[2], e1, dt)), e1, xT, mask, act)
-    _down(d, (ws[1], _bias_row(ws[3], e1, dt)), e1, act, w_e, acc)
+    gu = {"w": ws[0], "up": ws[4], "t": d["gu_t"], "ex": (e1, ix_gu)}
+    _gate_up(d, (gu, _bias_row(ws[2], e1, dt)), xT, mask, act)
+    dn = {"w": ws[1], "t": d["dn_t"], "ex": (e1, ix_dn)}
+    _down(d, (dn, _bias_row(ws[3], e1, dt)), act, w_e, acc)
 
 
-def _shared(d: dict[str, Any], sh: tuple[Any, Any, Any], xT: Any, acc: Any, pid: Any,
-            nprog: int) -> None:  # fmt: skip
+def _index_cols(d: dict[str, Any], kind: str) -> int:
+    """Columns of a [128, k] row index covering the most rows one load gathers: a gate/up
+    unit's 2 x min(I, group) columns, a down unit's min(H, group) columns."""
+    if kind == "gu":
+        nq = GU_BANKS * PSUM_FP32 // d["TS"]
+        return cdiv(2 * min(d["I"], nq * P), P)
+    nm = min(d["kth"], DOWN_BANKS * PSUM_FP32 // d["TS"])
+    return cdiv(min(d["H"], nm * P), P)
+
+
+def _row_index(d: dict[str, Any], kind: str, i: Any) -> Any:
+    """[128, k] uint32: expert * rows + c * 128 + p, the rows of touched expert i's slice of
+    the transposed weight seen as [E * rows, K] (ids times rows exact in fp32:
+    `row_index_ok`). On GpSimd from the id * rows table: the weight loads wait only for
+    it, not for VectorE, which is still finishing the previous expert."""
+    e_count, k = d["E"], _index_cols(d, kind)
+    base = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    src = d["rows_" + kind].ap([[e_count, P], [1, 1]], scalar_offset=i, indirect_dim=1)
+    nisa.tensor_copy(dst=base, src=src, engine=nisa.engine.gpsimd)
+    ix = nl.ndarray((P, k), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=ix, data=d["ramp"][:, 0:k], op0=nl.add, operand0=base,
+                       engine=nisa.engine.gpsimd)  # fmt: skip
+    return ix
+
+
+def _shared(d: dict[str, Any], sh: tuple[Any, ...], layout: tuple[bool, bool], xT: Any,
+            acc: Any, pid: Any, nprog: int) -> None:  # fmt: skip
     """acc += gate * shared expert on all T tokens (gate: 1, or sigmoid(x . g) in fp32).
     Under LNC 2 each program takes half of its intermediate tiles (the partial sums are
-    added after the barrier), so both stream half of its weights."""
-    gu, dn, g = sh
-    t_count, inter = d["T"], dn.shape[1]
+    added after the barrier), so both stream half of its weights. `layout`: (gate/up,
+    down) stored transposed."""
+    gu, dn, g, up = sh
+    gu_t, dn_t = layout
+    t_count, inter = d["T"], dn.shape[2 if dn_t else 1]
+    assert up is None or not d["il"], "moe_decode_fwd: a separate shared_up is not interleaved"
     kti = cdiv(inter, P)
     half = cdiv(kti, nprog)
     lo, hi = pid * half, min(kti, (pid + 1) * half)
@@ -282,8 +336,8 @@ def _shared(d: dict[str, Any], sh: tuple[Any, Any, Any], xT: Any, acc: Any, pid:
     e0 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.memset(dst=e0, value=0)
     act = nl.ndarray((P, kti, t_count), dtype=d["dt"], buffer=nl.sbuf)
-    _gate_up(ds, (gu, None), e0, xT, None, act)
-    _down(ds, (dn, None), e0, act, w_e, acc)
+    _gate_up(ds, ({"w": gu, "up": up, "t": gu_t, "ex": (e0, "direct")}, None), xT, None, act)
+    _down(ds, ({"w": dn, "t": dn_t, "ex": (e0, "direct")}, None), act, w_e, acc)
 
 
 def _shared_gate(d: dict[str, Any], g: Any, xT: Any, w_e: Any) -> None:
@@ -295,7 +349,7 @@ def _shared_gate(d: dict[str, Any], g: Any, xT: Any, w_e: Any) -> None:
     if d["pmajor"]:  # x^T tile j holds hidden columns p * kth + j
         nisa.dma_copy(dst=g_sb, src=g.ap([[kth, P], [1, kth], [1, 1]]))
     else:
-        for first, count, rows in _runs(0, kth, h):
+        for first, count, rows in runs(0, kth, h):
             src = g.ap([[1, rows], [P, count], [1, 1]], offset=first * P)
             nisa.dma_copy(dst=g_sb[0:rows, first : first + count, :], src=src)
     lp = nl.ndarray((1, ts), dtype=nl.float32, buffer=nl.psum)
@@ -322,43 +376,25 @@ def _bias_row(b: Any, e1: Any, dt: Any) -> Any:
     return row
 
 
-def _load_rows(w: Any, e1: Any, d_rows: int, t0: int, tw: int, cols: list[tuple[int, int, int]],
-               wu: Any, pmajor: bool = False) -> None:  # fmt: skip
-    """wu[p, t * uw + c] = w[e, (t0 + t) * 128 + p, columns] (`pmajor`: row p * tiles +
-    t0 + t), uw = wu's columns per tile: `cols` = (source column, width, destination
-    column) runs; the full tiles in one DMA per run, a ragged last tile in its own (only
-    its rows exist)."""
-    width = w.shape[2]
-    uw = wu.shape[2]
-    pst = wu.shape[1] * uw  # the unit tile's elements per partition
-    for first, count, rows in _runs(t0, t0 + tw, d_rows):
-        t = first - t0
-        for c_src, cw, c_dst in cols:
-            off = first * P * width + c_src
-            if pmajor:
-                tiles = d_rows // P
-                pat = [[tiles * width, P], [width, count], [1, cw]]
-                off = first * width + c_src
-            elif rows == P:
-                pat = [[width, P], [P * width, count], [1, cw]]
-            else:
-                pat = [[width, rows], [1, cw]]
-            src = w.ap(pat, offset=off, scalar_offset=e1, indirect_dim=0)
-            if pmajor and cw == width == uw:
-                # whole rows, p-major: one contiguous run per partition on both sides
-                src = w.ap([[tiles * width, P], [1, count * cw]], offset=off,
-                           scalar_offset=e1, indirect_dim=0)  # fmt: skip
-                dst = wu.ap([[pst, P], [1, count * cw]], offset=t * uw)
-            else:
-                dst = wu[0:rows, t : t + count, c_dst : c_dst + cw]
-            nisa.dma_copy(dst=dst, src=src)
+def _gate_up_parts(d: dict[str, Any], src: dict[str, Any], c0: int, cw: int) -> list[Any]:
+    """(tensor, first gate/up column, width, unit column) runs of a column group [c0,
+    c0 + cw) of I: the whole rows in one run, interleaved pairs in one run, else the gate
+    and the up runs (from one tensor, or from the gate's and the up's)."""
+    inter, w, up = d["I"], src["w"], src["up"]
+    if up is not None:
+        return [(w, c0, cw, 0), (up, c0, cw, cw)]
+    if cw == inter:
+        return [(w, 0, 2 * inter, 0)]
+    if d["il"]:
+        return [(w, 2 * c0, 2 * cw, 0)]
+    return [(w, c0, cw, 0), (w, inter + c0, cw, cw)]
 
 
-def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any, act: Any) -> None:
+def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], xT: Any, mask: Any, act: Any) -> None:
     """act [128, kti, T] = act(gate + b, up + b)^T, 0 in non-routed token columns (`mask`
     None: every token routed); I tiles d["i_lo"] .. d["i_hi"] (default: all)."""
     t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
-    w, bias = wb
+    src, bias = wb
     kth, kti = d["kth"], d["kti"]
     lo, hi = d.get("i_lo", 0), d.get("i_hi", kti)
     nq = min(hi - lo, GU_BANKS * PSUM_FP32 // ts)  # I tiles per column group
@@ -369,12 +405,7 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any
         cw = min(inter, c0 + qn * P) - c0
         gps = nl.ndarray((P, nq, ts), dtype=nl.float32, buffer=nl.psum)
         ups = nl.ndarray((P, nq, ts), dtype=nl.float32, buffer=nl.psum)
-        if cw == inter:  # whole rows: one run of the gate and up columns
-            cols = [(0, 2 * inter, 0)]
-        elif d["il"]:  # interleaved (gate, up) pairs: the group's columns are one run
-            cols = [(2 * c0, 2 * cw, 0)]
-        else:
-            cols = [(c0, cw, 0), (inter + c0, cw, cw)]
+        parts = _gate_up_parts(d, src, c0, cw)
         # a chunk's gate / up columns in the unit (and in the bias row, offset by `b0`):
         # halves [base + q*128, + m), interleaved every other column from 2*q*128 (+1 up)
         if d["il"]:
@@ -385,7 +416,14 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any
         for t0 in range(0, kth, kc):
             tw = min(kc, kth - t0)
             wu = nl.ndarray((P, kc, 2 * min(inter, nq * P)), dtype=dt, buffer=nl.sbuf)
-            _load_rows(w, e1, h, t0, tw, cols, wu, d["pmajor"])
+            if src["t"]:
+                load_cols(parts, src["ex"], t0, tw, h, wu)
+            elif src["up"] is not None:  # the gate's and the up's own tensors
+                for w, c_src, n, c_dst in parts:
+                    load_rows(w, src["ex"][0], h, t0, tw, [(c_src, n, c_dst)], wu, d["pmajor"])
+            else:
+                cols = [(c_src, n, c_dst) for _, c_src, n, c_dst in parts]
+                load_rows(src["w"], src["ex"][0], h, t0, tw, cols, wu, d["pmajor"])
             for t in range(tw):
                 r = _rows(h, t0 + t)
                 mov = xT[0:r, t0 + t, :]
@@ -410,7 +448,7 @@ def _gate_up(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, xT: Any, mask: Any
                         moving=d["ones"],
                         accumulate=True,
                     )
-        for j0, jn, rows in _runs(q0, q0 + qn, inter):
+        for j0, jn, rows in runs(q0, q0 + qn, inter):
             qa = j0 - q0
             g = gps[0:rows, qa : qa + jn, 0:t_count]
             u = ups[0:rows, qa : qa + jn, 0:t_count]
@@ -449,10 +487,10 @@ def _activate(d: dict[str, Any], g: Any, u: Any, dst: Any, dims: tuple[int, int,
     )
 
 
-def _down(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, act: Any, w_e: Any, acc: Any) -> None:
+def _down(d: dict[str, Any], wb: tuple[Any, Any], act: Any, w_e: Any, acc: Any) -> None:
     """acc [128, kth, T] += ((act^T W_down)^T + b) * the tokens' weights."""
     t_count, h, inter, ts, dt = d["T"], d["H"], d["I"], d["TS"], d["dt"]
-    w, bias = wb
+    src, bias = wb
     kth, kti = d["kth"], d["kti"]
     lo, hi = d.get("i_lo", 0), d.get("i_hi", kti)  # the I tiles (rows of W_down) to sum
     nm = min(kth, DOWN_BANKS * PSUM_FP32 // ts)  # H tiles per column group
@@ -465,7 +503,10 @@ def _down(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, act: Any, w_e: Any, a
         for t0 in range(lo, hi, kc):
             tw = min(kc, hi - t0)
             wu = nl.ndarray((P, kc, nm * P), dtype=dt, buffer=nl.sbuf)
-            _load_rows(w, e1, inter, t0, tw, [(h0, hw, 0)], wu)
+            if src["t"]:
+                load_cols([(src["w"], h0, hw, 0)], src["ex"], t0, tw, inter, wu)
+            else:
+                load_rows(src["w"], src["ex"][0], inter, t0, tw, [(h0, hw, 0)], wu)
             for t in range(tw):
                 r = _rows(inter, t0 + t)
                 for m in range(mn):
@@ -485,7 +526,7 @@ def _down(d: dict[str, Any], wb: tuple[Any, Any], e1: Any, act: Any, w_e: Any, a
                     moving=d["ones"],
                     accumulate=True,
                 )
-        for j0, jn, rows in _runs(m0, m0 + mn, h):
+        for j0, jn, rows in runs(m0, m0 + mn, h):
             ma = j0 - m0
             y = nl.ndarray((P, nm, t_count), dtype=nl.float32, buffer=nl.sbuf)
             wv = w_e.ap([[t_count, rows], [0, jn], [1, t_count]])

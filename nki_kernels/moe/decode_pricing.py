@@ -19,6 +19,11 @@ vs the long-run mean (DeepSeek-V3-like: the mean over 2 -> 6 is 245.96 us, over 
 (`static_count`; the op runs a device loop with the same body). Under LNC 2 the programs
 take alternate experts: the busier one has ceil(touched / 2).
 
+`layout="hf"` prices the weights as transformers stores them (experts [E, 2I, H] /
+[E, H, I], the shared expert as nn.Linear gate / up [Is, H] and down [H, Is]), read by
+the kernel's DMA transposes (`decode_mlp`'s `transposed` flags): what a patched HF
+model's decode runs, with no copy; "rows" (default) the row-major layout.
+
 `router_latency`: our NKI router (`moe_mlp`'s routing kernel, moe/router.py) on the T
 tokens, so a layer is router + experts kernel (the host bookkeeping between them, a
 scatter and a sort of E ints, is not priced). Bands: the range over the
@@ -40,6 +45,7 @@ from .decode_mlp import moe_decode_fwd
 from .router import moe_router_fwd
 
 WINDOW = 4  # experts per program whose mean step is extrapolated
+LAYOUTS = ("rows", "hf")  # row-major weights; transformers' (read by DMA transposes)
 BASE = 2  # the smallest base (experts per program) of the extrapolation
 
 
@@ -56,23 +62,33 @@ def anchors(per: int) -> tuple[int, int | None]:
 def _launch_latency(
     count: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
     dtype: str, tgt: Target, lnc: int, shared_inter: int = 0, shared_gated: bool = False,
+    layout: str = "rows",
 ) -> tuple[float, ...]:  # fmt: skip
     """ns of one launch with `count` touched experts in all (and the shared expert of
-    `shared_inter` columns, when > 0), per parameter set."""
+    `shared_inter` columns, when > 0), per parameter set; `layout` (module docstring)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}; got {layout!r}")
+    hf = layout == "hf"
+    gu = (experts, 2 * inter, hidden) if hf else (experts, hidden, 2 * inter)
+    dn = (experts, hidden, inter) if hf else (experts, inter, hidden)
     specs = [
         TensorSpec((tokens, hidden), dtype),
-        TensorSpec((experts, hidden, 2 * inter), dtype),
-        TensorSpec((experts, inter, hidden), dtype),
+        TensorSpec(gu, dtype),
+        TensorSpec(dn, dtype),
         TensorSpec((tokens, top_k), "int32"),
         TensorSpec((tokens, top_k), "float32"),
         TensorSpec((1, experts), "int32"),
         TensorSpec((1, 1), "int32"),
     ]
     if shared_inter:
-        specs += [None, None, TensorSpec((1, hidden, 2 * shared_inter), dtype),
-                  TensorSpec((1, shared_inter, hidden), dtype),
-                  TensorSpec((1, hidden), dtype) if shared_gated else None]  # fmt: skip
-    trace = trace_kernel(moe_decode_fwd, *specs, static_count=count, target=tgt, lnc=lnc)
+        si = shared_inter
+        s_gu = TensorSpec((1, si, hidden) if hf else (1, hidden, 2 * si), dtype)
+        s_dn = TensorSpec((1, hidden, si) if hf else (1, si, hidden), dtype)
+        specs += [None, None, s_gu, s_dn, TensorSpec((1, hidden), dtype) if shared_gated else None]
+        if hf:  # nn.Linear's gate and up: two tensors
+            specs.append(TensorSpec((1, si, hidden), dtype))
+    trace = trace_kernel(moe_decode_fwd, *specs, static_count=count, target=tgt, lnc=lnc,
+                         transposed=(hf,) * 4)  # fmt: skip
     return tuple(estimate_trace(trace, t).latency_ns for t in parameter_sets(tgt))
 
 
@@ -87,13 +103,14 @@ class DecodePricing:
 def price_decode(
     touched: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
     target: str | Target = "trn2", dtype: str = "bfloat16", lnc: int = 2,
-    shared_inter: int = 0, shared_gated: bool = False,
+    shared_inter: int = 0, shared_gated: bool = False, layout: str = "rows",
 ) -> DecodePricing:  # fmt: skip
     """One launch for `touched` experts, with the fused shared expert when
-    `shared_inter` > 0 (module docstring)."""
+    `shared_inter` > 0, weights in `layout` (module docstring)."""
     tgt = get_target(target)
     per = math.ceil(touched / lnc)
-    args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc, shared_inter, shared_gated)
+    args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc, shared_inter, shared_gated,
+            layout)  # fmt: skip
     c0, c1 = anchors(per)
     base = _launch_latency(c0 * lnc, *args)
     if c1 is None:
@@ -134,12 +151,16 @@ class SharedDecodeComparison:
 def shared_decode_comparison(
     touched: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
     shared_inter: int, shared_gated: bool, target: str | Target = "trn2",
-    dtype: str = "bfloat16", lnc: int = 2,
+    dtype: str = "bfloat16", lnc: int = 2, layout: str = "rows",
 ) -> SharedDecodeComparison:  # fmt: skip
     """Unfused = what `moe_gated_experts` would otherwise run for the shared expert: the
     routed experts' decode launch, then one-group `grouped_mm` launches (x S_gu, the
     activation on `expert_act`, h S_d; gated: x . g as a one-group grouped_mm with N = 1)
-    and one native pass for out += gate * shared. SwiGLU, no biases."""
+    and one native pass for out += gate * shared. SwiGLU, no biases. `layout` "hf":
+    both launches read transformers' layouts (the routed experts and the shared
+    expert's nn.Linear weights by DMA transposes); the shared expert's own launches are
+    priced on row-major weights either way (what a transposing read would add to them
+    is not), which favours the unfused side."""
     from ..baselines.native import price as price_native
     from ..bench.bands import widen_ratio
     from ..perfmodel import COST_MODEL_VERSION
@@ -148,7 +169,7 @@ def shared_decode_comparison(
 
     tgt = get_target(target)
     base = (touched, tokens, hidden, inter, experts, top_k, tgt, dtype, lnc)
-    routed = price_decode(*base)
+    routed = price_decode(*base, layout=layout)
     # the shared expert's time: two exactly traced launches at the same touched count
     # (the extrapolation's base), not two extrapolations -- their modeled per-expert
     # increments differ by ~1 % (the weight buffers' rotation phase), which the
@@ -158,8 +179,8 @@ def shared_decode_comparison(
     delta = [
         f - r
         for f, r in zip(
-            _launch_latency(c0, *args, shared_inter, shared_gated),
-            _launch_latency(c0, *args, 0, False),  # as price_decode's own call (cached)
+            _launch_latency(c0, *args, shared_inter, shared_gated, layout),
+            _launch_latency(c0, *args, 0, False, layout),  # as price_decode's (cached)
         )
     ]
     fused = DecodePricing(

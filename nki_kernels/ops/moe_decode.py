@@ -16,15 +16,15 @@ experts. The host side is bookkeeping on E + 1 ints:
     n        = how many                               [1, 1] int32
     out      = moe_decode_fwd(hidden, w_gate_up, w_down, ids, weights, experts, n)
 
-The kernel reads the weights in its layout, w_gate_up [E, H, 2I] / w_down [E, I, H] row-
-major (the matmuls contract over the partition dim, so H resp. I must be the rows; a
-read of [E, 2I, H] storage would take a transposing DMA, modeled at 90 % of the copy
-rate on trn2, or an element-granular strided one). Weights
-already so laid out (transposed views included) reach the launch as they are; any other
-layout or dtype is copied on each call -- the whole weight set, several times the
-kernel's own HBM traffic -- so callers store them this way once. The HF patch does not
-re-lay transformers' [E, 2I, H] Parameters: FSDP2 (`fully_shard`) refuses non-contiguous
-Parameters, so a patched model's decode still pays that copy.
+The kernel reads the weights where they lie, chosen here by their strides: w_gate_up
+[E, H, 2I] / w_down [E, I, H] row-major, or stored transposed -- [E, 2I, H] / [E, H, I]
+storage, as transformers' experts hold them, passed as the `.transpose(1, 2)` views
+`moe_mlp` / `moe_experts` take -- read by DMA transposes in the kernel (modeled at 90 %
+of the copy rate on trn2: `dma_transpose_hbm_efficiency`); each weight's layout is
+decided on its own. The same for the shared expert: [H, 2Is] / [Is, H] or transposed
+(nn.Linear's [Is, H] / [H, Is] weights, gate and up as two tensors). Only another
+layout (a strided slice, a permuted copy) or another dtype than hidden's is copied, on
+each call -- the whole weight set, several times the kernel's own HBM traffic.
 
 A NaN / Inf in a token's row or weights stays in that token's output row (a token is its
 own column throughout, and a non-routed token's activation is selected to 0). Shapes
@@ -69,13 +69,17 @@ def decode_gated_experts(
     interleaved: bool = False,
     alpha: float = 1.702,
     limit: float = 7.0,
-    shared: tuple[Tensor, Tensor, Tensor | None] | None = None,
+    shared: tuple[Tensor | None, ...] | None = None,
+    w_up: Tensor | None = None,
 ) -> Tensor:
     """The decode kernel with the expert options of `moe_gated_experts`: biases [E, 2I] /
     [E, H], swiglu / geglu / gpt_oss, interleaved gate/up columns, and `shared` =
     (shared_gate_up [H, 2Is], shared_down [Is, H], shared_gate [H] or None) in the same
     launch: out[t] = sum_j weights[t, j] * (act(x_t W_gu[e] + b_gu[e]) W_d[e] + b_d[e])
-    + gate_t * act(x_t S_gu) S_d. An id E (not on this rank) matches no expert: its
+    + gate_t * act(x_t S_gu) S_d; a fourth entry of `shared`, shared_up [H, Is], makes the
+    first the gate's [H, Is] alone (nn.Linear's weights, `.t()` views, need no stacking).
+    Weights reach the kernel without a copy when row-major or transposed views of
+    row-major storage (`kernel_layout`). An id E (not on this rank) matches no expert: its
     weight is selected to 0 here, and the kernel never routes the token to it. Forward
     only, detached tensors, T <= 64; the caller checks the arguments."""
     e = w_gate_up.shape[0]
@@ -97,24 +101,61 @@ def decode_gated_experts(
         x = x.to(dt).contiguous()
         return x if shape is None else x.reshape(shape)
 
-    s_gu, s_d, s_g = shared if shared is not None else (None, None, None)
+    wgu, gu_t = kernel_layout(w_gate_up, dt)
+    wd, dn_t = kernel_layout(w_down, dt)
+    wup = None if w_up is None else _like(w_up, gu_t, dt)
+    s_gu, s_d, s_g, s_up = (*shared, None)[:4] if shared is not None else (None,) * 4
+    sgu_t = sdn_t = False
+    if s_gu is not None and s_d is not None:
+        s_gu, sgu_t = kernel_layout(s_gu, dt)
+        if s_up is not None:
+            s_up = _like(s_up, sgu_t, dt).unsqueeze(0)
+        s_gu = s_gu.unsqueeze(0)
+        s_d, sdn_t = kernel_layout(s_d, dt)
+        s_d = s_d.unsqueeze(0)
     return launch(
         moe_decode_fwd,
         hidden.contiguous(),
-        dense(w_gate_up),
-        dense(w_down),
+        wgu,
+        wd,
         ids.to(torch.int32).contiguous(),
         w32.contiguous(),
         experts,
         n,
         dense(b_gate_up),
         dense(b_down),
-        dense(s_gu, None if s_gu is None else (1, *s_gu.shape)),
-        dense(s_d, None if s_d is None else (1, *s_d.shape)),
+        s_gu,
+        s_d,
         dense(s_g, (1, hidden.shape[1])),
+        s_up,
+        wup,
         target=get_target(None),
         activation=activation,
         interleaved=bool(interleaved),
         alpha=float(alpha),
         limit=float(limit),
+        transposed=(gu_t, dn_t, sgu_t, sdn_t),
     )
+
+
+def kernel_layout(w: Tensor, dt: torch.dtype) -> tuple[Tensor, bool]:
+    """(what the kernel reads for weight `w` [.., K, N], stored transposed): `w` itself
+    when row-major, the storage [.., N, K] (a view: no copy) when `w` is its transposed
+    view; another dtype is cast (a copy every call, in w's layout), another layout
+    copied row-major (every call)."""
+    w = w.to(dt)  # a no-op in dt; else the cast keeps the strides
+    if w.is_contiguous():
+        return w, False
+    storage = w.transpose(-2, -1)
+    if storage.is_contiguous():
+        return storage, True
+    return w.contiguous(), False
+
+
+def _like(w: Tensor, transposed: bool, dt: torch.dtype) -> Tensor:
+    """`w` [.., K, N] in the layout another weight reached the kernel in (a copy only
+    when its own layout differs)."""
+    t, w_t = kernel_layout(w, dt)
+    if w_t == transposed:
+        return t
+    return w.to(dt).transpose(-2, -1).contiguous() if transposed else w.to(dt).contiguous()

@@ -4,7 +4,8 @@
                       w_down [E, I, H], *, b_gate_up [E, 2I] = None, b_down [E, H] = None,
                       activation = "swiglu" | "geglu" | "gpt_oss", interleaved = False,
                       alpha = 1.702, limit = 7.0, shared_gate_up [H, 2Is] = None,
-                      shared_down [Is, H] = None, shared_gate [H] = None) -> [T, H]
+                      shared_down [Is, H] = None, shared_gate [H] = None,
+                      shared_up [H, Is] = None) -> [T, H]
 
     out[t] = sum_j weights[t, j] * (act(x_t W_gu[e] + b_gu[e]) W_d[e] + b_d[e]),  e = ids[t, j]
            + sigmoid(x_t . shared_gate) * act(x_t S_gu) S_d      (shared expert; ungated: 1)
@@ -26,7 +27,10 @@ The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True
   end (after the shared expert); backward: the other direction's gathers (NKI);
 - shared expert: the same kernels with one group of all T rows (not fused into the routed
   launches: a separate pair of grouped_mm calls); its sigmoid gate's logits [T, 1] are a
-  one-group grouped_mm too.
+  one-group grouped_mm too. `shared_up` [H, Is] gives the up projection as a tensor of
+  its own (nn.Linear modules: gate_proj.weight.t(), up_proj.weight.t(), down_proj.weight.t()),
+  shared_gate_up then being the gate's [H, Is] alone: the decode launch reads the three
+  where they lie; the composition stacks gate and up (torch.cat) first.
 
 Decode sizes: T <= 64 without gradients (no input requiring one, or grad mode off) is one
 launch of the decode MoE kernel instead (`torch.ops.nki.moe_gated_decode`, forward only,
@@ -234,8 +238,9 @@ def expert_act_backward(
 
 # ---- the expert layer ---------------------------------------------------------------------
 def _check_layer(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
-) -> None:
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor,
+    w_up: Tensor | None = None,
+) -> None:  # fmt: skip
     check_tensor("hidden", hidden, dtypes=FLOAT_DTYPES, min_dim=2)
     if hidden.dim() != 2:
         raise ValueError(f"hidden: expected 2 dims [T, H]; got {tuple(hidden.shape)}")
@@ -247,7 +252,8 @@ def _check_layer(
             f"weights / ids: expected [T={t}, k] each (T from hidden); got "
             f"{tuple(weights.shape)} / {tuple(ids.shape)}"
         )
-    for arg, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+    named = (("w_gate_up", w_gate_up), ("w_down", w_down), ("w_up", w_up))
+    for arg, w in ((a, w) for a, w in named if w is not None):
         check_tensor(arg, w, dtypes=FLOAT_DTYPES, min_dim=3)
         if w.dim() != 3 or w.dtype != hidden.dtype:
             raise ValueError(
@@ -259,9 +265,22 @@ def _check_layer(
         raise ValueError(f"w_gate_up: expected E (dim 0) in 1..{MAX_EXPERTS}; got {e}")
     if not 1 <= ids.shape[1] <= min(MAX_TOP_K, e):
         raise ValueError(f"ids: expected 1..{min(MAX_TOP_K, e)} columns; got {ids.shape[1]}")
-    if w_gate_up.shape[1] != h or w_gate_up.shape[2] % 2:
+    if w_up is not None:  # the gate's and the up's weights apart
+        if w_gate_up.shape[1] != h:
+            raise ValueError(
+                f"w_gate_up: expected the gate's [E, H={h}, I] (w_up given); got "
+                f"{tuple(w_gate_up.shape)}"
+            )
+        if w_up.shape != w_gate_up.shape:
+            raise ValueError(
+                f"w_up: expected [E, H, I] = {tuple(w_gate_up.shape)} (as w_gate_up); got "
+                f"{tuple(w_up.shape)}"
+            )
+        i = w_gate_up.shape[2]
+    elif w_gate_up.shape[1] != h or w_gate_up.shape[2] % 2:
         raise ValueError(f"w_gate_up: expected [E, H={h}, 2I]; got {tuple(w_gate_up.shape)}")
-    i = w_gate_up.shape[2] // 2
+    else:
+        i = w_gate_up.shape[2] // 2
     if tuple(w_down.shape) != (e, i, h):
         raise ValueError(f"w_down: expected [E, I, H] = {(e, i, h)}; got {tuple(w_down.shape)}")
     if not torch.compiler.is_compiling() and not tracing(ids) and ids.numel():  # eager only
@@ -274,26 +293,42 @@ def _check_layer(
 
 
 def _check_shared(
-    hidden: Tensor, gu: Tensor | None, down: Tensor | None, gate: Tensor | None
-) -> None:
-    if (gu is None) != (down is None) or (gate is not None and gu is None):
-        given = [n for n, t in (("shared_gate_up", gu), ("shared_down", down),
-                                ("shared_gate", gate)) if t is not None]  # fmt: skip
+    hidden: Tensor, gu: Tensor | None, down: Tensor | None, gate: Tensor | None,
+    up: Tensor | None = None,
+) -> None:  # fmt: skip
+    if (gu is None) != (down is None) or ((gate is not None or up is not None) and gu is None):
+        named = (("shared_gate_up", gu), ("shared_down", down), ("shared_gate", gate),
+                 ("shared_up", up))  # fmt: skip
+        given = [n for n, t in named if t is not None]
         raise ValueError(
-            "shared_gate_up / shared_down: give both (and shared_gate only with them); got "
-            f"{', '.join(given)}"
+            "shared_gate_up / shared_down: give both (and shared_gate / shared_up only with "
+            f"them); got {', '.join(given)}"
         )
     if gu is None or down is None:
         return
     h = hidden.shape[1]
-    if gu.dim() != 2 or gu.shape[0] != h or gu.shape[1] % 2 or gu.dtype != hidden.dtype:
+    if up is None:
+        if gu.dim() != 2 or gu.shape[0] != h or gu.shape[1] % 2 or gu.dtype != hidden.dtype:
+            raise ValueError(
+                f"shared_gate_up: expected [H={h}, 2Is] of dtype {hidden.dtype}; got "
+                f"{tuple(gu.shape)} {gu.dtype}"
+            )
+        si = gu.shape[1] // 2
+    else:
+        if gu.dim() != 2 or gu.shape[0] != h or gu.dtype != hidden.dtype:
+            raise ValueError(
+                f"shared_gate_up: expected the gate's [H={h}, Is] (shared_up given) of dtype "
+                f"{hidden.dtype}; got {tuple(gu.shape)} {gu.dtype}"
+            )
+        si = gu.shape[1]
+        if tuple(up.shape) != (h, si) or up.dtype != hidden.dtype:
+            raise ValueError(
+                f"shared_up: expected [H, Is] = {(h, si)} of dtype {hidden.dtype} (as "
+                f"shared_gate_up); got {tuple(up.shape)} {up.dtype}"
+            )
+    if tuple(down.shape) != (si, h) or down.dtype != hidden.dtype:
         raise ValueError(
-            f"shared_gate_up: expected [H={h}, 2Is] of dtype {hidden.dtype}; got "
-            f"{tuple(gu.shape)} {gu.dtype}"
-        )
-    if tuple(down.shape) != (gu.shape[1] // 2, h) or down.dtype != hidden.dtype:
-        raise ValueError(
-            f"shared_down: expected [Is, H] = {(gu.shape[1] // 2, h)} of dtype {hidden.dtype}; "
+            f"shared_down: expected [Is, H] = {(si, h)} of dtype {hidden.dtype}; "
             f"got {tuple(down.shape)} {down.dtype}"
         )
     if gate is not None and (tuple(gate.shape) != (h,) or gate.dtype != hidden.dtype):
@@ -330,17 +365,25 @@ def moe_gated_experts(
     shared_gate_up: Tensor | None = None,
     shared_down: Tensor | None = None,
     shared_gate: Tensor | None = None,
+    shared_up: Tensor | None = None,
+    w_up: Tensor | None = None,
 ) -> Tensor:
     """[T, H]: the routed experts (with biases and the chosen activation) plus the shared
     expert; see the module docstring. T <= 64 without gradients: one decode launch."""
     args = (hidden, weights, ids, w_gate_up, w_down, b_gate_up, b_down,
             shared_gate_up, shared_down, shared_gate)  # fmt: skip
-    _check_gated(*args, activation, interleaved, alpha, limit)
+    _check_gated(*args, activation, interleaved, alpha, limit, shared_up, w_up)
     t, k = ids.shape
     e = w_gate_up.shape[0]
-    if t <= DECODE_MAX_TOKENS and not _needs_grad(args):
-        out = torch.ops.nki.moe_gated_decode(*args, activation, interleaved, alpha, limit)
+    if t <= DECODE_MAX_TOKENS and not _needs_grad((*args, shared_up, w_up)):
+        out = torch.ops.nki.moe_gated_decode(
+            *args, activation, interleaved, alpha, limit, shared_up, w_up
+        )
         return out.to(hidden.dtype)  # under autocast the op returns the autocast dtype
+    if w_up is not None:
+        w_gate_up = torch.cat([w_gate_up, w_up], dim=2)
+    if shared_up is not None and shared_gate_up is not None:
+        shared_gate_up = torch.cat([shared_gate_up, shared_up], dim=1)
     opts = (activation, interleaved, float(alpha), float(limit))
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)  # id E (not on this rank) sorts to the tail
@@ -374,19 +417,31 @@ def _check_gated(
     hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor,
     b_gate_up: Tensor | None, b_down: Tensor | None, shared_gate_up: Tensor | None,
     shared_down: Tensor | None, shared_gate: Tensor | None, activation: str,
-    interleaved: bool, alpha: float, limit: float,
+    interleaved: bool, alpha: float, limit: float, shared_up: Tensor | None = None,
+    w_up: Tensor | None = None,
 ) -> None:  # fmt: skip
-    _check_layer(hidden, weights, ids, w_gate_up, w_down)
+    _check_layer(hidden, weights, ids, w_gate_up, w_down, w_up)
     optional = {"b_gate_up": b_gate_up, "b_down": b_down, "shared_gate_up": shared_gate_up,
-                "shared_down": shared_down, "shared_gate": shared_gate}  # fmt: skip
+                "shared_down": shared_down, "shared_gate": shared_gate,
+                "shared_up": shared_up, "w_up": w_up}  # fmt: skip
     check_is_tensor(**{arg: t for arg, t in optional.items() if t is not None})
     _check_options(activation, interleaved, alpha, limit)
     if activation not in GATED:
         raise ValueError(f"activation: expected one of {GATED}; got {activation!r}")
-    _check_shared(hidden, shared_gate_up, shared_down, shared_gate)
+    _check_shared(hidden, shared_gate_up, shared_down, shared_gate, shared_up)
+    if w_up is not None and interleaved:
+        raise ValueError(
+            "w_up: expected None with interleaved=True (gate and up are then one "
+            "interleaved w_gate_up)"
+        )
+    if shared_up is not None and interleaved:
+        raise ValueError(
+            "shared_up: expected None with interleaved=True (the shared expert's "
+            "gate and up are then one interleaved shared_gate_up)"
+        )
     e = w_gate_up.shape[0]
     for arg, b, n in (
-        ("b_gate_up", b_gate_up, w_gate_up.shape[2]),
+        ("b_gate_up", b_gate_up, w_down.shape[1] * 2),
         ("b_down", b_down, w_down.shape[2]),
     ):
         if b is not None and tuple(b.shape) != (e, n):
@@ -396,7 +451,8 @@ def _check_gated(
     for arg, x in (("weights", weights), ("ids", ids), ("w_gate_up", w_gate_up),
                    ("w_down", w_down), ("b_gate_up", b_gate_up), ("b_down", b_down),
                    ("shared_gate_up", shared_gate_up), ("shared_down", shared_down),
-                   ("shared_gate", shared_gate)):  # fmt: skip
+                   ("shared_gate", shared_gate), ("shared_up", shared_up),
+                   ("w_up", w_up)):  # fmt: skip
         if x is not None and x.device != hidden.device:
             raise ValueError(f"{arg}: expected device {hidden.device} (as hidden); got {x.device}")
 
@@ -418,11 +474,19 @@ def _decode_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     shared = (torch.randn(h, 2 * si, generator=g) / h**0.5,
               torch.randn(si, h, generator=g) / si**0.5,
               torch.randn(h, generator=g) / h**0.5)  # fmt: skip
+    # transformers' layouts: experts [E, 2I, H] / [E, H, I], the shared expert as nn.Linear
+    # weights (gate, up [Is, H], down [H, Is]), all passed as transposed views
+    hf = (torch.randn(e, 2 * i, h, generator=g).transpose(1, 2) / h**0.5,
+          torch.randn(e, h, i, generator=g).transpose(1, 2) / i**0.5)  # fmt: skip
+    lin = [torch.randn(si, h, generator=g).t() / h**0.5 for _ in range(2)]
+    lin_down = torch.randn(h, si, generator=g).t() / si**0.5
     return [
         ((*base, *biases, None, None, None, "gpt_oss", True, 1.702, 7.0), {}),
         ((*base, None, None, *shared, "swiglu", False, 1.702, 7.0), {}),
         ((*base, None, None, *shared[:2], None, "geglu", False, 1.702, 7.0), {}),
-    ]
+        ((*base[:3], *hf, None, None, lin[0], lin_down, shared[2], "swiglu", False, 1.702,
+          7.0, lin[1]), {}),
+    ]  # fmt: skip
 
 
 def _check_decode(hidden: Tensor, *args: Any) -> None:
@@ -455,16 +519,20 @@ def moe_gated_decode(
     interleaved: bool,
     alpha: float,
     limit: float,
+    shared_up: Tensor | None = None,
+    w_up: Tensor | None = None,
 ) -> Tensor:
     """`moe_gated_experts`' layer for T <= 64 in one launch of the decode kernel
     (moe/decode_mlp.py), the shared expert included; forward only (no autograd)."""
     shared = None
     if shared_gate_up is not None and shared_down is not None:
         shared = (shared_gate_up.detach(), shared_down.detach(),
-                  None if shared_gate is None else shared_gate.detach())  # fmt: skip
+                  None if shared_gate is None else shared_gate.detach(),
+                  None if shared_up is None else shared_up.detach())  # fmt: skip
     return decode_gated_experts(
         hidden.detach(), weights.detach(), ids, w_gate_up.detach(), w_down.detach(),
         None if b_gate_up is None else b_gate_up.detach(),
         None if b_down is None else b_down.detach(),
         activation, interleaved, alpha, limit, shared,
+        None if w_up is None else w_up.detach(),
     )  # fmt: skip

@@ -133,3 +133,30 @@ def test_kernelized_for_neuron_trains_on_the_emulated_neuron_device(neuron) -> N
     )
     got = (out.logits.detach().cpu(), {n: g.cpu() for n, g in grads.items()})
     _assert_same(_run(ref, batch), got)
+
+
+def test_kernelized_mixtral_decode_reads_the_experts_where_they_lie(monkeypatch) -> None:
+    """Inference (generate, no gradient): the Mixtral MoE layer's decode launch gets the
+    experts' [E, 2I, H] / [E, H, I] Parameters' own storage (DMA transposes in the
+    kernel, no per-call copy), and generate() gives transformers' tokens."""
+    import nki_kernels.ops.moe_decode as moe_decode
+
+    ref = tiny_model("mixtral").eval()
+    model = copy.deepcopy(ref)
+    hf_kernels.kernelize_model(model, device="cpu", mode=kernels.Mode.INFERENCE)
+    seen = []
+    real = moe_decode.launch
+
+    def recorded(kernel, *args, **statics):
+        seen.append((args, statics))
+        return real(kernel, *args, **statics)
+
+    monkeypatch.setattr(moe_decode, "launch", recorded)
+    ids = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(3))
+    kw = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    assert torch.equal(model.generate(input_ids=ids, **kw), ref.generate(input_ids=ids, **kw))
+    params = {p.data_ptr() for n, p in model.named_parameters() if ".experts." in n}
+    assert len(seen) == 2 * 3  # 2 layers, 3 forward calls
+    for args, statics in seen:
+        assert statics["transposed"][:2] == (True, True)
+        assert args[1].data_ptr() in params and args[2].data_ptr() in params

@@ -220,6 +220,47 @@ def test_moe_paths_match_stock(router, fused, nki_experts, path) -> None:
         assert moe_path[0].startswith("moe: fused") or not tt.has_op("moe_experts")
 
 
+@pytest.mark.parametrize(
+    "router", [{}, {"score_func": "sigmoid", "num_expert_groups": 4, "num_limited_groups": 2}]
+)
+def test_decode_reads_w1_w3_w2_where_they_lie(monkeypatch, router) -> None:
+    """<= 64 tokens without gradients: one decode launch whose weight arguments are the
+    bf16 w1 / w2 / w3 Parameters' own storage (no concatenation, no cast), routed as
+    configured (fused options on moe_route; expert groups on TorchTitan's router), with
+    stock TorchTitan's output."""
+    import nki_kernels.ops.moe_decode as moe_decode
+
+    stock_cfg, nki_cfg = _moe_block(**router)
+    torch.manual_seed(0)
+    stock = stock_cfg.build()
+    stock.init_states(buffer_device=None)
+    stock = stock.bfloat16()
+    ours = nki_cfg.build().bfloat16()
+    ours.load_state_dict(stock.state_dict())
+    seen = []
+    real = moe_decode.launch
+
+    def recorded(kernel, *args, **statics):
+        seen.append((args, statics))
+        return real(kernel, *args, **statics)
+
+    monkeypatch.setattr(moe_decode, "launch", recorded)
+    x = torch.randn(1, 5, 256).bfloat16()
+    tt.reset_fallbacks()
+    with torch.no_grad():
+        want, got = stock(x), ours(x)
+    torch.testing.assert_close(got, want, atol=3e-3, rtol=2e-2)  # bf16 experts, as stock
+    assert [k for k in tt.fallbacks() if k.startswith("moe:")] == [
+        "moe: decode launch (weights as they lie)"
+    ]
+    ex = ours.routed_experts.inner_experts
+    ((args, statics),) = seen
+    assert statics["transposed"][:2] == (True, True)
+    assert args[1].data_ptr() == ex.w1_EFD.data_ptr() and args[1].shape == ex.w1_EFD.shape
+    assert args[2].data_ptr() == ex.w2_EDF.data_ptr() and args[2].shape == ex.w2_EDF.shape
+    assert args[13].data_ptr() == ex.w3_EFD.data_ptr()
+
+
 def test_converter_swaps_by_config_class() -> None:
     from torchtitan.models.deepseek_v3 import model_registry as dsv3
     from torchtitan.models.llama3 import model_registry as llama3

@@ -7,7 +7,9 @@ classes (no constructor, no members beyond `has_backward` / `can_torch_compile`)
   embedding and cache as transformers does, the attention itself on the NKI flash
   attention (`hf_attention.nki_attention_forward`, whatever mask the model built);
 - `MixtralSparseMoeBlock`: the router's logits and the fused experts on
-  torch.ops.nki.moe_mlp.
+  torch.ops.nki.moe_mlp, the experts' [E, 2I, H] / [E, H, I] Parameters passed as
+  transposed views: at decode sizes the decode kernel reads that storage (DMA
+  transposes), no per-call copy.
 
 All four differentiate (NKI backward kernels) and compile (`torch.compile`, fullgraph),
 so each declares both.
