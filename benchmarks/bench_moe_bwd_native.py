@@ -1,12 +1,15 @@
 """MoE layer backward against TorchNeuron's `_grouped_mm` backward, per core, with bands.
 
 Run: `python benchmarks/bench_moe_bwd_native.py [--tokens 2048] [--only MODEL,...]
-[--json PATH]`: Qwen3-MoE-like, the 64-expert shape and GPT-OSS-like take 1-3 min of CPU
-each; Mixtral and DeepSeek-V3-like over 15 min each (their traces of 4, 6 and 8 blocks
-re-scheduled under every parameter set).
+[--routing uniform,skewed] [--forward] [--json PATH]`: Qwen3-MoE-like, the 64-expert
+shape and GPT-OSS-like take 1-3 min of CPU each; Mixtral and DeepSeek-V3-like over 15 min
+each (their traces of 4, 6 and 8 blocks re-scheduled under every parameter set).
 
 Ours = the op's backward as `moe.pricing.layer_row` prices it at LNC 1: router
-recompute + `moe_mlp_bwd` (phase A, weight gradients, combine) + router backward.
+recompute + `moe_mlp_bwd` (phase A reading the gate / up the training forward saved,
+weight gradients, combine) + router backward. `--forward` also prices the forward's
+expert kernel at inference (nothing saved) and in training (gate / up saved), at the
+base parameters only (no band): the save's cost.
 Native = autograd's backward of the dropless `_grouped_mm` MoE
 (`ledger/native_moe.grouped_mm_bwd`: per 128-aligned expert group the dH, dW_down, dX,
 dW_gate_up matmuls, the SwiGLU derivative pass, gathers and scatters, then the router's
@@ -42,7 +45,7 @@ from nki_kernels.model_shapes import (
 )
 from nki_kernels.moe import pricing
 from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
-from nki_kernels.moe.config import MoEMLPBwdConfig, MoEProblem
+from nki_kernels.moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from nki_kernels.perfmodel import COST_MODEL_VERSION, modeled_label
 from nki_kernels.perfmodel.api import estimate_trace, trace_kernel
 from nki_kernels.perfmodel.band import parameter_sets
@@ -57,8 +60,14 @@ SHAPES = (
 )
 
 
-def rows(shape: MoEShape, tokens: int, target: str = "trn2") -> list[dict[str, Any]]:
-    """The uniform and skewed rows of one shape."""
+def rows(
+    shape: MoEShape,
+    tokens: int,
+    target: str = "trn2",
+    routings: tuple[str, ...] = ("uniform", "skewed"),
+    forward: bool = False,
+) -> list[dict[str, Any]]:
+    """The rows of one shape (`routings`; `forward`: also the forward's save cost)."""
     tgt = get_target(target)
     sets = [tgt, *parameter_sets(tgt)]
     p = MoEProblem(tokens, shape.hidden, shape.intermediate, shape.num_experts, shape.top_k,
@@ -66,7 +75,7 @@ def rows(shape: MoEShape, tokens: int, target: str = "trn2") -> list[dict[str, A
     cfg = MoEMLPBwdConfig.heuristic(p, tgt)
     traces: dict[int, Any] = {}
     out = []
-    for kind in ("uniform", "skewed"):
+    for kind in routings:
         t0 = time.perf_counter()
         ids = pricing.routing_ids(kind, tokens, shape.num_experts, shape.top_k)
         blocks = pricing.used_blocks(ids, shape.num_experts, cfg.block_size)
@@ -90,6 +99,9 @@ def rows(shape: MoEShape, tokens: int, target: str = "trn2") -> list[dict[str, A
             )
             ours.append((mlp + routers) / 1e6)
             theirs.append(native.price(steps, t).latency_ns / 1e6)
+        row: dict[str, Any] = {}
+        if forward:
+            row = _forward_cost(p, ids, shape, cfg, tgt)
         out.append({
             "label": modeled_label(tgt.name, COST_MODEL_VERSION),
             "model": shape.model,
@@ -104,16 +116,33 @@ def rows(shape: MoEShape, tokens: int, target: str = "trn2") -> list[dict[str, A
             "speedup": theirs[0] / ours[0],
             "speedup_band": list(ratio_band(ours[1:], theirs[1:], tgt)),
             "seconds": round(time.perf_counter() - t0),
+            **row,
         })  # fmt: skip
     return out
+
+
+def _forward_cost(
+    p: MoEProblem, ids: Any, shape: MoEShape, bcfg: MoEMLPBwdConfig, tgt: Any
+) -> dict[str, Any]:
+    """The forward expert kernel at inference and as training runs it (gate / up saved
+    for this backward's plan), base parameters only: ms and the save's share."""
+    cfg = MoEMLPConfig.heuristic(p, tgt)
+    kinds = pricing.used_kinds(ids, shape.num_experts, cfg.block_size)
+    save = pricing.save_plan(ids, shape.num_experts, (cfg.block_size, bcfg.block_size))
+    infer = pricing.price_fwd_kinds(p, cfg, kinds, tgt).latency_ns / 1e6
+    train = pricing.price_fwd_kinds(p, cfg, kinds, tgt, save=save).latency_ns / 1e6
+    return {"fwd_infer_ms": infer, "fwd_train_ms": train, "save_holes": save[0]}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=2048, help="tokens per core (default 2048)")
     ap.add_argument("--only", help="comma-separated model names (default: all five)")
+    ap.add_argument("--routing", default="uniform,skewed", help="comma-separated routings")
+    ap.add_argument("--forward", action="store_true", help="also the forward's save cost")
     ap.add_argument("--json", help="append the rows to this file (JSON lines)")
     args = ap.parse_args()
+    routings = tuple(args.routing.split(","))
     only = set(args.only.split(",")) if args.only else None
     print(f"MoE backward, {modeled_label('trn2', COST_MODEL_VERSION)}; not a measurement")
     print("| model | routing | blocks | ours ms (band) | native ms (band) | speedup (band) |")
@@ -121,7 +150,7 @@ def main() -> int:
     for shape in SHAPES:
         if only is not None and shape.model not in only:
             continue
-        for r in rows(shape, args.tokens):
+        for r in rows(shape, args.tokens, routings=routings, forward=args.forward):
             print(
                 f"| {r['model']} | {r['routing']} | {r['blocks']} of "
                 f"{r['bwd_config']['block_size']}"
@@ -131,6 +160,12 @@ def main() -> int:
                 f" ({r['speedup_band'][0]:.2f}-{r['speedup_band'][1]:.2f}) |",
                 flush=True,
             )
+            if args.forward:
+                print(
+                    f"  forward expert kernel: inference {r['fwd_infer_ms']:.2f} ms, training "
+                    f"(gate / up saved) {r['fwd_train_ms']:.2f} ms",
+                    flush=True,
+                )
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps(r) + "\n")

@@ -67,6 +67,20 @@ the plan known when specializing) gives the block count of each size and runs th
 bodies as static loops (block indices are registers in both). Ragged H / I (not
 multiples of 128) are sliced.
 
+Saving gate / up (training: `save_cols` given; `moe_mlp_train`). The backward needs the
+pre-activation gate and up of every routed row; instead of recomputing them (two matmul
+passes and PE transposes of the weights there), the forward stores each I tile's g and u
+once its H contraction is done: rounded to the dtype (one PSUM-to-SBUF copy each, ScalarE
+/ VectorE) and DMA'd to gate_up [2I, NC] (gate rows :I, up rows I:) at this block's
+column `save_cols[b]`, as [I rows, the block's slots] (runs of s * 128 elements). The
+layout is I-major because that is how phase A of the backward consumes gT / uT ([tile_i
+rows, sub_block tokens] per chunk: one DMA of runs of sub_block elements, no transpose),
+and its columns are the backward plan's slots (a forward block's rows are consecutive
+slots there too; `grouping.gate_up_columns`). Padding rows are zeros, so their g = u = 0;
+the backward's sub-tiles past an expert's last 128 rows (holes, `save_holes`) are zeroed
+after the blocks, so the backward reads no stale HBM. The output and its arithmetic are
+unchanged (bit-identical to the inference forward, which stores nothing).
+
 Limits: B in {128, 256, 512, 1024}; H, I any size (SBUF/PSUM fit is checked by
 config.validate); dtype bf16 or fp32 for hidden and weights alike.
 """
@@ -102,6 +116,8 @@ def moe_mlp_fwd(
     kind_bounds,
     token_slot,
     token_weight,
+    save_cols,
+    save_holes,
     static_kinds,
     may_drop,
     block_size,
@@ -110,8 +126,10 @@ def moe_mlp_fwd(
     down_n,
     w_bufs,
     dma_h,
+    static_holes=None,
 ):
-    """out [T, H] = sum_j token_weight[:, j] * SwiGLU-expert outputs (see module doc).
+    """out [T, H] = sum_j token_weight[:, j] * SwiGLU-expert outputs (see module doc);
+    (out, gate_up) when `save_cols` is given (training: see "Saving gate / up" above).
 
     hidden [T, H]; w_gate_up [E, H, 2I] (gate = columns :I, up = I:); w_down [E, I, H];
     slot_token [NB, 128, B/128] int32; block_expert [NB, 1] int32; kind_bounds
@@ -119,6 +137,10 @@ def moe_mlp_fwd(
     kind_bounds[j + 1])); token_slot [T, k] int32; token_weight [T, k] fp32.
     `static_kinds` (None, or the block count of each size, largest first: static loops);
     `may_drop` (bool) is True when some token_slot may be out of range.
+    save_cols [NB, 1] int32 (or None: nothing saved): the first column of each block's
+    rows in `gate_up`; save_holes [NC/128 + 1, 1] int32: [0] = the number of 128-column
+    holes, [1..] their first columns (NC, the saved width, from its shape);
+    `static_holes` (pricing): that count as a static loop.
     """
     t_count, h = hidden.shape
     _, h2, i2 = w_gate_up.shape
@@ -137,6 +159,11 @@ def moe_mlp_fwd(
     # the rows of its blocks and gathers any token's rows
     y_slots = nl.ndarray((nb * block_size + 1, h), dtype=hidden.dtype, buffer=nl.shared_hbm)
     ws = (hidden, w_gate_up, w_down, slot_token, block_expert, y_slots)
+    gate_up = None
+    if save_cols is not None:  # training: [2I, NC] pre-activation gate (rows :I) and up
+        ncol = (save_holes.shape[0] - 1) * P
+        gate_up = nl.ndarray((2 * d["I"], ncol), dtype=hidden.dtype, buffer=nl.shared_hbm)
+        d["save"] = (gate_up, save_cols)
 
     if pid < nb:  # else (a one-block plan at LNC 2) this program has no block to run
         head = _head_buffers(d, cfg)
@@ -145,11 +172,15 @@ def moe_mlp_fwd(
         _prefetch_unit(d, cfg, w_gate_up, head)
         _run_blocks(d, cfg, ws, head, (kind_bounds, static_kinds, pid))
         del head  # the combine reuses its SBUF
+    if gate_up is not None:
+        _zero_holes(d, gate_up, save_holes, static_holes, (pid, nprog))
     if may_drop and pid == 0:
         zero_row(y_slots)
     if nprog > 1:  # every slot row (and the drop row) is in HBM before any core gathers
         nisa.core_barrier(data=y_slots, cores=tuple(range(nprog)))
     combine(out, y_slots, token_slot, token_weight, tiles=(pid, nprog))
+    if gate_up is not None:
+        return out, gate_up
     return out
 
 
@@ -297,7 +328,74 @@ def _fwd_block(
         view = y_slots.ap([[h, P], [1, h]], offset=off, scalar_offset=row0[0], indirect_dim=0)
         nisa.dma_copy(dst=view, src=yc)
 
-    _expert_mlp(dk, cfg, w_down, exp, xT, (fetch, gather_next if spread else None, store))
+    keep: Any = None
+    if "save" in d:  # training: this block's first column in gate_up
+        col = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=col, src=block_ap(d["save"][1], addr, [[1, 1], [1, 1]]))
+
+        def keep(i_row: int, cw: int, g_ps: Any, u_ps: Any) -> None:
+            _keep_gate_up(dk, d["save"][0], col, (i_row, cw), (g_ps, u_ps))
+
+    hooks = (fetch, gather_next if spread else None, store, keep)
+    _expert_mlp(dk, cfg, w_down, exp, xT, hooks)
+
+
+def _keep_gate_up(d: dict[str, Any], gate_up: Any, col: Any, rows: Any, accs: Any) -> None:
+    """gate_up[i_row + r, col + c] = g[r, c] and gate_up[I + i_row + r, col + c] = u[r, c]
+    for one I tile of the block (r < cw, c < the block's slots), rounded to the dtype as
+    one PSUM-to-SBUF copy each (ScalarE: g, VectorE: u; the SwiGLU read them already)."""
+    i_row, cw = rows
+    bsz, ncol = d["B"], gate_up.shape[1]
+    engines = (nisa.engine.scalar, nisa.engine.vector)
+    for ps, r0, eng in zip(accs, (i_row, d["I"] + i_row), engines):
+        sb = nl.ndarray((P, bsz), dtype=d["dt"], buffer=nl.sbuf)
+        nisa.tensor_copy(dst=sb[0:cw, :], src=ps[0:cw, 0:bsz], engine=eng)
+        view = gate_up.ap(
+            [[ncol, cw], [1, bsz]], offset=r0 * ncol, scalar_offset=col, indirect_dim=1
+        )
+        nisa.dma_copy(dst=view, src=sb[0:cw, :])
+
+
+def _zero_holes(
+    d: dict[str, Any], gate_up: Any, save_holes: Any, static_holes: Any, prog: Any
+) -> None:
+    """Zero gate_up's hole columns (128 each, `save_holes`): slots of the backward's plan
+    that no forward block writes (an expert's last backward block past its last 128-row
+    sub-tile), which the backward reads as padding. Program p zeroes holes p, p + 2, ..."""
+    pid, step = prog
+    rows = gate_up.shape[0]
+    ncol = gate_up.shape[1]
+    nj = min(cdiv(rows, P), HOLE_TILES)
+    zero = nl.ndarray((P, nj, P), dtype=d["dt"], buffer=nl.sbuf)
+    nisa.memset(dst=zero, value=0.0)
+
+    def hole(i: Any) -> None:
+        col = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=col, src=block_ap(save_holes, (i, 0), [[1, 1], [1, 1]]))
+        for j0 in range(0, rows // P, nj):  # whole 128-row tiles, nj per DMA
+            n = min(nj, rows // P - j0)
+            pat = [[ncol, P], [P * ncol, n], [1, P]]
+            view = gate_up.ap(pat, offset=j0 * P * ncol, scalar_offset=col, indirect_dim=1)
+            nisa.dma_copy(dst=view, src=zero[:, 0:n, :])
+        if rows % P:
+            r0 = rows - rows % P
+            pat = [[ncol, rows % P], [1, P]]
+            view = gate_up.ap(pat, offset=r0 * ncol, scalar_offset=col, indirect_dim=1)
+            nisa.dma_copy(dst=view, src=zero[0 : rows % P, 0, :])
+
+    if static_holes is not None:  # pricing: the count known when specializing
+        for j in range(pid, static_holes, step):
+            hole(as_register(j + 1))
+        return
+    cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt, src=save_holes[0:1, 0:1])
+    nisa.tensor_scalar(dst=cnt, data=cnt, op0=nl.add, operand0=1)  # entries 1..count
+    hi = nisa.register_alloc()
+    nisa.register_load(hi, cnt)
+    nl.fori_loop(nisa.register_alloc(pid + 1), hi, hole, step=step)
+
+
+HOLE_TILES = 16  # 128-row tiles of zeros per hole DMA (a 4 KiB bf16 tile per partition)
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -381,7 +479,7 @@ def _expert_mlp(
     store); `gather_next(c)` (the next block's rows of sub-tile c; None: gathered
     already) is issued one sub-tile per chunk from chunk 1 on, so those gathers do not
     queue in front of this block's first weight loads (DMA queues run in issue order)."""
-    fetch, gather_next, store = hooks
+    fetch, gather_next, store, keep = hooks
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
     nic = cdiv(d["I"], ti)
     # one chunk: results go straight to dtype; several: fp32 sums, cast by the store DMA
@@ -404,9 +502,9 @@ def _expert_mlp(
             gather_next(ic - 1)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
         if cfg["loop_order"] == "h_outer":
-            _gate_up_h_outer(d, cfg, fetch, xT, icw, act, sg)
+            _gate_up_h_outer(d, cfg, fetch, xT, (i0, icw), act, sg, keep)
         else:
-            _gate_up_i_outer(d, fetch(), xT, icw, act)
+            _gate_up_i_outer(d, fetch(), xT, (i0, icw), act, keep)
         if ic == nic - 1:
             fetch(last=True)
         _down_proj(d, cfg, act, wd, icw, ic, y, store if ic == nic - 1 else None)
@@ -414,9 +512,18 @@ def _expert_mlp(
 
 
 def _gate_up_h_outer(
-    d: dict[str, Any], cfg: dict[str, Any], fetch: Any, xT: Any, icw: int, act: Any, sg: Any
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    fetch: Any,
+    xT: Any,
+    chunk: tuple[int, int],
+    act: Any,
+    sg: Any,
+    keep: Any,
 ) -> None:
-    """act = SwiGLU of the chunk's gate/up projections, weight units in H order."""
+    """act = SwiGLU of the chunk's gate/up projections, weight units in H order (and,
+    with `keep`, the projections saved)."""
+    i0, icw = chunk
     bsz, nit = d["B"], cdiv(icw, P)
     acc = psum_accumulators(2 * nit, bsz)
     g_ps, u_ps = acc[0::2], acc[1::2]
@@ -445,10 +552,15 @@ def _gate_up_h_outer(
         # sub-tile, so its first matmuls (sub-tile 0) start after a quarter of it
         pieces = d["NS"] if it == nit - 1 else 1
         _swiglu(g_ps[it], u_ps[it], act, it, min(P, icw - it * P), sg, pieces)
+        if keep is not None:
+            keep(i0 + it * P, min(P, icw - it * P), g_ps[it], u_ps[it])
 
 
-def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int, act: Any) -> None:
+def _gate_up_i_outer(
+    d: dict[str, Any], unit: tuple[Any, Any], xT: Any, chunk: tuple[int, int], act: Any, keep: Any
+) -> None:
     wg, wu = unit
+    i0, icw = chunk
     bsz = d["B"]
     for it in range(cdiv(icw, P)):
         cw = min(P, icw - it * P)
@@ -463,6 +575,8 @@ def _gate_up_i_outer(d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int
                 _mm2(u_ps[0:cw, n0 : n0 + nw], wu[0:hr, ht, cols], mov, ht != 0)
         sg = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.sbuf)
         _swiglu(g_ps, u_ps, act, it, cw, sg)
+        if keep is not None:
+            keep(i0 + it * P, cw, g_ps, u_ps)
         del sg  # (a tile lives while referenced: not across the next I tile's matmuls)
 
 

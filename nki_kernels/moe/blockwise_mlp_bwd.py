@@ -1,9 +1,11 @@
 """Blockwise grouped expert MLP (SwiGLU), backward: dgrad, per-expert wgrad, routing grads.
 
-Same block plan as the forward. With x / do the block's token rows (do unweighted), w the
-slots' routing weights, per intermediate chunk (I-major tiles [chunk, tokens]):
+Its own block plan (fixed B-slot blocks). With x / do the block's token rows (do
+unweighted), w the slots' routing weights, per intermediate chunk (I-major tiles
+[chunk, tokens]):
 
-    gT, uT   = Wg^T xT, Wu^T xT                  recomputed (gate/up are not saved)
+    gT, uT   = the forward's, loaded from `gate_up` (moe_mlp_fwd saved them, I-major, at
+               this plan's slots); without it recomputed as Wg^T xT, Wu^T xT
     gaT      = Wd doT                            dL/d(act) before the routing weight
     actT     = silu(gT) * uT
     dws     += sum over I of actT * gaT          dL/d(weight) per slot (ones-vector matmul)
@@ -13,14 +15,19 @@ slots' routing weights, per intermediate chunk (I-major tiles [chunk, tokens]):
 
 Phase A (`_bwd_block`; per block, in units of `sub_block` tokens, chunks of `tile_i`
 intermediate columns). Each chunk's Wg / Wu columns are loaded once with I on partitions
-(DMA transposes for 2-byte dtypes) into strips [I, H] that serve the dgrad directly; the
-recompute needs H on partitions and gets each 128-row H tile by PE transposes of the
-strips, one tile ahead of its matmuls. Wd streams in units of `dma_h` H tiles, `w_bufs - 1`
-ahead (weights_bwd.py). gT, uT, gaT accumulate over H in PSUM (3 * tile_i/128
-accumulators of [128, sub_block]). The chunk loop is software-pipelined by one chunk:
-TensorE issues chunk c's recompute, then chunk c-1's dgrad and act / dg / du transposes,
-so ScalarE / VectorE evaluate chunk c's SwiGLU derivatives meanwhile; `strip_bufs` strip
-sets rotate (3: chunk c+1's strips load during chunk c's recompute). Transposes go through
+(DMA transposes for 2-byte dtypes) into strips [I, H] that serve the dgrad directly.
+With the forward's gate / up (`gate_up`, the training path of `moe_mlp`), the chunk's gT
+/ uT of the unit are loaded with its strips (one DMA each: [tile_i rows, sub_block]
+columns, runs of sub_block elements) and TensorE's per-chunk work is gaT and the dgrad:
+no gate / up matmuls, no xT, no weight transposes. Without it (`moe_experts`) gT / uT
+are recomputed: that needs H on partitions, from PE transposes of the strips, one tile
+ahead of its matmuls. Wd streams in units of `dma_h` H tiles, `w_bufs - 1` ahead
+(weights_bwd.py). gaT (and, recomputing, gT / uT) accumulate over H in PSUM (tile_i/128,
+recomputing 3 * tile_i/128, accumulators of [128, sub_block]). The chunk loop is
+software-pipelined by one chunk: TensorE issues chunk c's gaT (and recompute), then chunk
+c-1's dgrad and act / dg / du transposes, so ScalarE / VectorE evaluate chunk c's SwiGLU
+derivatives meanwhile; `strip_bufs` strip sets rotate (3: chunk c+1's strips load during
+chunk c's matmuls). Transposes go through
 rings of PSUM banks (rows_bwd.ring_transpose) so a group waits for the evacuation of an
 older group, not the previous one; act / dg / du are stored to slot-ordered HBM scratch
 in runs of >= 2 KiB (several chunks per DMA), and the token rows as w * x and w * do.
@@ -111,6 +118,7 @@ def moe_mlp_bwd(
     token_slot,
     dw_gate_up,
     dw_down,
+    gate_up,
     static_blocks,
     may_drop,
     block_size,
@@ -129,7 +137,9 @@ def moe_mlp_bwd(
     and block_keep [NB, 1]
     fp32 (0 for the first block of each expert, else 1). dw_gate_up [E, H, 2I] and
     dw_down [E, I, H] (fp32 or the weights' dtype) get every expert that has a block;
-    the others are left as passed (the caller passes zeros).
+    the others are left as passed (the caller passes zeros). gate_up [2I, (NB + 2) * B]
+    (or None: recomputed): the forward's pre-activation gate (rows :I) and up per slot of
+    this plan (`moe_mlp_fwd`'s save; padding slots zero).
     """
     t_count, h = hidden.shape
     nb, parts, ns = slot_token.shape
@@ -154,7 +164,11 @@ def moe_mlp_bwd(
         "WB": w_bufs,
         "STB": strip_bufs,
         "PF": prefetch_rows,
+        "GU": gate_up,
     }
+    if gate_up is not None:
+        want = (2 * i, (nb + 2) * block_size)
+        assert tuple(gate_up.shape) == want, f"moe_mlp_bwd: gate_up is {want}"
     pid, nprog = program_blocks()
     d["PID"], d["STEP"] = pid, nprog
     d["C0"], d["C1"] = 0, h  # phase A: every column of its blocks' dx
@@ -218,7 +232,7 @@ def _phase_a(d: dict[str, Any], ws: tuple[Any, ...], blocks: tuple[int, int, Any
         sets["head_strips"], sets["wd_head"] = new_strips(d), wd_head(d)
         meta0 = sets["meta"][0]
         load_meta(d, ws, meta0, (nisa.register_alloc(pid), 0))
-        load_strips(d, w_gate_up, meta0, 0, sets["head_strips"])
+        load_strips(d, w_gate_up, meta0, 0, sets["head_strips"], 0)
         load_wd_head(d, w_down, meta0, sets["wd_head"])
         gather_unit(d, ws, meta0, sets["rows"], 0)
         transpose_next(d, sets)
@@ -283,10 +297,10 @@ def _sub_block(
 
     def load_next(ic: int) -> None:
         if ic + 1 < nic:
-            load_strips(d, w_gate_up, blk["meta"], ic + 1, strip_set(ic + 1))
+            load_strips(d, w_gate_up, blk["meta"], ic + 1, strip_set(ic + 1), s)
 
     if not d["PF"]:
-        load_strips(d, w_gate_up, blk["meta"], 0, strip_set(0))
+        load_strips(d, w_gate_up, blk["meta"], 0, strip_set(0), s)
     prev: tuple[Any, ...] | None = None
     grp: dict[str, Any] = {}  # the act / dg / du store group being filled
     for ic in range(nic):
@@ -296,13 +310,18 @@ def _sub_block(
         strips = strip_set(ic)
         if nsets > 2:
             load_next(ic)
-        acc = psum_accumulators(3 * nit, sb)
+        per = 1 if d["GU"] is not None else 3  # accumulators per I tile
+        acc = psum_accumulators(per * nit, sb)
         _gate_up_ga(d, fetch, xT, doT, icw, acc, strips)
         acts = [nl.ndarray((P, nti, sb), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
         prod = nl.ndarray((P, nti, sb), dtype=nl.float32, buffer=nl.sbuf)
         for it in range(nit):
-            _pointwise(d, acc[3 * it : 3 * it + 3], prod, it, icw, acts)
-        del acc
+            if d["GU"] is not None:  # g, u: the forward's, [I rows, tokens] in SBUF
+                gu = [strips[2][:, it, :], strips[3][:, it, :], acc[it]]
+            else:
+                gu = acc[3 * it : 3 * it + 3]
+            _pointwise(d, gu, prod, it, icw, acts)
+        del acc, gu
         if d["PF"] and ic == nic // 2:  # scaled rows feed phase B only; then gather next
             store_scaled_rows(d, ws, blk, rows, s)
             del rows
@@ -335,22 +354,26 @@ def _load_heads(
     """Chunk 0's strips of the next unit (and, at the end of a block, the next block's
     first Wd units) into the head buffers."""
     if s + 1 < d["B"] // d["SB"]:
-        load_strips(d, ws[1], blk["meta"], 0, sets["head_strips"])
+        load_strips(d, ws[1], blk["meta"], 0, sets["head_strips"], s + 1)
         return
     nxt = sets["meta"][1 - blk["parity"]]  # prefetched with the next block's rows
-    load_strips(d, ws[1], nxt, 0, sets["head_strips"])
+    load_strips(d, ws[1], nxt, 0, sets["head_strips"], 0)
     load_wd_head(d, ws[2], nxt, sets["wd_head"])
 
 
 def _gate_up_ga(
     d: dict[str, Any], fetch: Any, xT: Any, doT: Any, icw: int, acc: list[Any], strips: Any
 ) -> None:
-    """acc[3it + (0, 1, 2)] = (gT, uT, gaT) of the chunk's I tile it, contracted over H.
+    """acc[3it + (0, 1, 2)] = (gT, uT, gaT) of the chunk's I tile it, contracted over H
+    (with gate / up saved: acc[it] = gaT only).
 
     Wg / Wu H tiles (H on partitions) are PE transposes of the I-major strips, made one
     tile ahead so their evacuating copies overlap the previous tile's matmuls.
     """
     h, ht, nit = d["H"], d["HT"], cdiv(icw, P)
+    if d["GU"] is not None:
+        _ga_only(d, fetch, doT, icw, acc)
+        return
     nxt = _h_major(d, strips, 0, icw)
     wdT: Any = None
     j = 0
@@ -370,6 +393,24 @@ def _gate_up_ga(
             matmul(acc[3 * it + 2][0:cw, :], wdT[0:tr, j, cols], doT[0:tr, t, :], t != 0)
         j += 1
         del cur, wg, wu
+
+
+def _ga_only(d: dict[str, Any], fetch: Any, doT: Any, icw: int, acc: list[Any]) -> None:
+    """acc[it] = gaT = (Wd do)^T of the chunk's I tile it, contracted over H (H order, as
+    the Wd units stream)."""
+    h, nit = d["H"], cdiv(icw, P)
+    wdT: Any = None
+    j = 0
+    for t in range(d["HT"]):
+        if t % d["DH"] == 0:
+            wdT, j = fetch(), 0
+        tr = tile_rows(h, t)
+        for it in range(nit):
+            cols = slice(it * P, it * P + min(P, icw - it * P))
+            matmul(
+                acc[it][0 : cols.stop - cols.start, :], wdT[0:tr, j, cols], doT[0:tr, t, :], t != 0
+            )
+        j += 1
 
 
 def _h_major(d: dict[str, Any], strips: list[Any], t: int, icw: int) -> list[Any]:
@@ -437,7 +478,7 @@ def _dgrad(
     H columns outer: the strips are read in H order, so the next chunk's pieces can
     replace them behind the dgrad.
     """
-    wgT, wuT = strips
+    wgT, wuT = strips[0:2]
     nit = cdiv(icw, P)
     for n0 in range(d["C0"], d["C1"], PSUM_FP32):  # this LNC program's hidden columns
         nw = min(PSUM_FP32, d["C1"] - n0)

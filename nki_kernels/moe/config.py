@@ -80,7 +80,11 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
             fmeta = (meta[0], meta[1], kinds, meta[3])
             fwd = (TensorSpec((t, h), dt), *weights, *fmeta, TensorSpec((t, k), "float32"))
             one = (1,) + (0,) * (b // P - 1)
-            run(moe_mlp_fwd, *fwd, one, False, *config.to_dict().values(), **_trace_kwargs(target))
+            # the training forward (gate / up saved: its superset of tiles), one hole
+            save = (TensorSpec((1, 1), "int32"), TensorSpec((3 * b // P + 1, 1), "int32"))
+            values = config.to_dict().values()
+            kw = {**_trace_kwargs(target), "static_holes": 1}
+            run(moe_mlp_fwd, *fwd, *save, one, False, *values, **kw)
         else:
             from .blockwise_mlp_bwd import moe_mlp_bwd
 
@@ -89,7 +93,10 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
             grads = (TensorSpec((e, h, 2 * i), dt), TensorSpec((e, i, h), dt))
             tok = (TensorSpec((t, h), dt), *weights, TensorSpec((t, h), dt), meta[0], slot_w)
             args = (*tok, meta[1], keep, *meta[2:], *grads)
-            run(moe_mlp_bwd, *args, 1, False, *config.to_dict().values(), **_trace_kwargs(target))
+            # both modes: gate / up saved by the forward (moe_mlp) and recomputed
+            for saved in (TensorSpec((2 * i, 3 * b), dt), None):
+                values = config.to_dict().values()
+                run(moe_mlp_bwd, *args, saved, 1, False, *values, **_trace_kwargs(target))
     except NkiValidationError as err:
         return str(err)
     return None
@@ -417,15 +424,24 @@ class MoEMLPBwdConfig(KernelConfig):
                 return cand
         raise InvalidConfig(f"no backward MoE config fits {problem} on {target.name}")
 
-    def usage(self, problem: MoEProblem, target: Target) -> tuple[int, int]:
-        """(peak SBUF bytes per partition, peak PSUM banks) of the kernel's tile plan."""
+    def usage(
+        self, problem: MoEProblem, target: Target, saved: bool | None = None
+    ) -> tuple[int, int]:
+        """(peak SBUF bytes per partition, peak PSUM banks) of the kernel's tile plan with
+        gate / up read from the forward's save (`saved`), recomputed, or (None) the larger
+        of the two (a config serves both: `moe_mlp` saves, `moe_experts` recomputes)."""
+        if saved is None:
+            both = [self.usage(problem, target, m) for m in (True, False)]
+            return max(u[0] for u in both), max(u[1] for u in both)
         dsz, h, i = problem.itemsize, problem.hidden, problem.intermediate
         b, sb, ti = self.block_size, self.sub_block, min(self.tile_i, problem.intermediate)
         ht, ns, nsa, nti = _cdiv(h, P), b // P, sb // P, _cdiv(ti, P)
         block = 5 * GRANULE
-        rows_t = 2 * _tile(ht * sb * dsz)  # xT, doT
+        rows_t = (1 if saved else 2) * _tile(ht * sb * dsz)  # doT (and xT: the recompute)
         rows = 2 * _tile(nsa * h * dsz)  # gathered x, do
         strips = 2 * _tile(h * nti * dsz)  # one Wg / Wu strip set
+        if saved:  # + the chunk's gT / uT of one unit
+            strips += 2 * _tile(nti * sb * dsz)
         depth = min(max(1, self.w_bufs - 1), _cdiv(i, ti) * _cdiv(ht, self.dma_h))
         unit = _tile(self.dma_h * ti * dsz)  # one Wd unit
         # two metadata sets; with prefetching, also the rows, xT / doT and the head
@@ -451,7 +467,7 @@ class MoEMLPBwdConfig(KernelConfig):
         live_units = self.w_bufs - 1 if self.prefetch_rows else self.w_bufs  # + the head
         chunk = live_units * unit + 6 * _tile(nti * sb * dsz) + _tile(nti * sb * 4)
         chunk += 3 * _tile(nsa * group * ti * dsz) + fp32_tmp
-        temps = 3 * _tile(sb * 4) + 4 * _tile(ti * dsz)
+        temps = 3 * _tile(sb * 4) + (0 if saved else 4 * _tile(ti * dsz))
         chunk += max(2 * _tile(h * dsz), temps) if self.prefetch_rows else temps
         phase_a = max(prologue, resident + chunk)
         lt = _tile(ns * min(self.wgrad_tiles * P, max(h, i)) * dsz)
@@ -466,13 +482,14 @@ class MoEMLPBwdConfig(KernelConfig):
             phase_b += 2 * _tile(min(self.wgrad_cols, max(h, 2 * i)) * dsz)
         combine = 2 * GRANULE + 2 * _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
         sbuf = max(phase_a, phase_b, combine)
+        per = 1 if saved else 3  # accumulators per I tile: gaT (and gT, uT: the recompute)
         if sb >= 512:
-            acc_banks = 3 * nti
+            acc_banks = per * nti
         else:
-            acc_banks = _cdiv(3 * nti, 512 // sb)
+            acc_banks = _cdiv(per * nti, 512 // sb)
         # recompute: + the Wg / Wu H-tile transposes (one tile); after the accumulators
         # die: the dgrad's two accumulators and two transpose groups
-        psum = max(acc_banks + _banks(2 * ti * dsz, target), 4)
+        psum = max(acc_banks + (0 if saved else _banks(2 * ti * dsz, target)), 4)
         return sbuf, max(psum, TRANSPOSE_PSUM_BANKS)
 
     def validate(self, problem: MoEProblem, target: Target) -> None:

@@ -271,3 +271,43 @@ def sized_kinds(counts: np.ndarray, block_size: int) -> tuple[int, ...]:
         for j in range(nblk):
             kinds[ns - (tiles // nblk + (1 if j < tiles % nblk else 0))] += 1
     return tuple(kinds)
+
+
+def gate_up_columns(fwd: BlockPlan, bwd: BlockPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Where the training forward saves gate / up: (save_cols [NB_fwd, 1] int32, the first
+    column of each forward block's rows; save_holes [NC / 128 + 1, 1] int32: [0] = the
+    hole count, then the holes' first columns) for a saved array [2I, NC], NC =
+    (NB_bwd + 2) * B_bwd, whose column is the backward plan's slot.
+
+    Both plans keep the same assignments in the same order per expert, and a forward
+    block holds consecutive ranks of one expert (only an expert's last 128-row sub-tile
+    has padding), so its rows land on consecutive backward slots, padding included
+    (zero rows in the forward: g = u = 0). Every other 128-column sub-tile is a hole,
+    zeroed by the forward kernel: the backward's sub-tiles past an expert's last 128 rows
+    (which it reads as padding), unused blocks and the two spare blocks the backward's
+    prefetch reads past the last one, so the whole array is defined.
+    """
+    kept = fwd.token_slot < fwd.num_blocks * fwd.block_size
+    slot_map = np.zeros(fwd.num_blocks * fwd.block_size, dtype=np.int64)
+    slot_map[fwd.token_slot[kept]] = bwd.token_slot[kept]
+    cols = np.zeros((fwd.num_blocks, 1), dtype=np.int32)
+    used = fwd.used_blocks
+    cols[:used, 0] = slot_map[np.arange(used) * fwd.block_size]
+    ncol = (bwd.num_blocks + 2) * bwd.block_size
+    written = np.zeros(ncol // PARTITIONS, dtype=bool)
+    sizes = _kind_sizes(fwd.kind_bounds)  # sub-tiles of each used forward block
+    for b in range(used):
+        first = int(cols[b, 0]) // PARTITIONS
+        written[first : first + sizes[b]] = True
+    holes_at = np.nonzero(~written)[0] * PARTITIONS
+    holes = np.zeros((ncol // PARTITIONS + 1, 1), dtype=np.int32)
+    holes[0, 0] = holes_at.size
+    holes[1 : holes_at.size + 1, 0] = holes_at
+    return cols, holes
+
+
+def _kind_sizes(kind_bounds: np.ndarray) -> np.ndarray:
+    """Sub-tiles of each used block of a plan, from its `kind_bounds` (largest first)."""
+    counts = kind_counts(kind_bounds)
+    ns = len(counts)
+    return np.repeat(np.arange(ns, 0, -1), counts)

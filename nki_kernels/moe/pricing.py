@@ -44,6 +44,11 @@ The blocks are priced as a static loop; in the op, blocks past the static lower 
 in device loops whose bodies are the same instruction sequences (block indices are
 registers in both).
 
+Training: `moe_mlp`'s backward reads the gate / up its forward saved, so the backward is
+priced in that mode (the saved [2I, slots] array among its inputs), and `layer_row`'s
+backward rows also price that training forward (`price_fwd_kinds(save=...)`: the same
+blocks plus each I tile's gate / up copies and stores, and the holes' zero stores).
+
 Every figure is "modeled (cost model vN, target)"; nothing here is a measurement.
 """
 
@@ -62,7 +67,7 @@ from ..targets import Target, get_target
 from .blockwise_mlp import moe_mlp_fwd
 from .blockwise_mlp_bwd import moe_mlp_bwd
 from .config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
-from .grouping import kind_counts, plan_blocks
+from .grouping import gate_up_columns, kind_counts, plan_blocks
 from .router import moe_router_bwd, moe_router_fwd
 
 # n0: blocks before the first measured increment (the forward's first blocks have no
@@ -107,6 +112,16 @@ def used_kinds(ids: np.ndarray, experts: int, block_size: int) -> tuple[int, ...
     return kind_counts(plan_blocks(ids, w, experts, block_size, sized=True).kind_bounds)
 
 
+def save_plan(ids: np.ndarray, experts: int, blocks: tuple[int, int]) -> tuple[int, int]:
+    """(holes, saved columns) of the training forward's gate / up save for this routing:
+    forward blocks of blocks[0], the backward's of blocks[1] (`grouping.gate_up_columns`)."""
+    w = np.full(ids.shape, 1.0 / ids.shape[1], dtype=np.float32)
+    fwd = plan_blocks(ids, w, experts, blocks[0], sized=True)
+    bwd = plan_blocks(ids, w, experts, blocks[1])
+    _, holes = gate_up_columns(fwd, bwd)
+    return int(holes[0, 0]), (holes.shape[0] - 1) * 128
+
+
 def _fwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
     dt, t, h, i, e, k = p.dtype, p.tokens, p.hidden, p.intermediate, p.experts, p.top_k
     return (
@@ -118,6 +133,8 @@ def _fwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
         TensorSpec((1, block // 128 + 1), "int32"),
         TensorSpec((t, k), "int32"),
         TensorSpec((t, k), "float32"),
+        None,  # inference: nothing saved (the training forward: `price_save`)
+        None,
     )
 
 
@@ -136,6 +153,7 @@ def _bwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
         TensorSpec((t, k), "int32"),
         TensorSpec((e, h, 2 * i), dt),
         TensorSpec((e, i, h), dt),
+        TensorSpec((2 * i, (nb + 2) * block), dt),  # the forward's saved gate / up
     )
 
 
@@ -148,13 +166,20 @@ def _price(
     target: Target,
     may_drop: bool = True,
     lnc: int = 1,
+    save: tuple[int, int] | None = None,
 ) -> Estimate:
     """One trace-only launch: the backward with `blocks` static blocks, the forward with
-    `blocks` = its static_kinds (blocks of each size, largest first)."""
+    `blocks` = its static_kinds (blocks of each size, largest first); `save` = (holes,
+    saved columns): the training forward, gate / up saved (`save_plan`)."""
+    statics: dict[str, Any] = {}
     if kind == "fwd":
         assert isinstance(blocks, tuple)
         nb = sum(blocks)
         specs = _fwd_specs(p, nb, cfg.block_size)
+        if save is not None:
+            cols = TensorSpec((nb, 1), "int32")
+            specs = (*specs[:-2], cols, TensorSpec((save[1] // 128 + 1, 1), "int32"))
+            statics["static_holes"] = save[0]
         kernel = moe_mlp_fwd
     else:
         assert isinstance(blocks, int)
@@ -162,7 +187,10 @@ def _price(
         specs = _bwd_specs(p, nb, cfg.block_size)
         kernel = moe_mlp_bwd
     fields = cfg.to_dict()
-    trace = trace_kernel(kernel, *specs, blocks, may_drop, *fields.values(), target=target, lnc=lnc)
+    values = fields.values()
+    trace = trace_kernel(
+        kernel, *specs, blocks, may_drop, *values, target=target, lnc=lnc, **statics
+    )
     return estimate_trace(trace, target)
 
 
@@ -278,8 +306,10 @@ def price_fwd_kinds(
     target: Target,
     may_drop: bool = True,
     lnc: int = 1,
+    save: tuple[int, int] | None = None,
 ) -> BlockPricing:
-    """The forward with kinds[j] blocks of B/128 - j sub-tiles (the sized plan).
+    """The forward with kinds[j] blocks of B/128 - j sub-tiles (the sized plan); `save`
+    (`save_plan`): the training forward, every trace with the plan's holes (a fixed cost).
 
     Per size s present: traces of n0, n0 + lnc and n0 + 2 lnc blocks all of size s (n0 =
     4 per program) give its steady-state increment per program-block, inc_s (the last
@@ -292,7 +322,7 @@ def price_fwd_kinds(
     total = sum(kinds)
     n0 = REPRESENTATIVE_BLOCKS["fwd"] * lnc
     if total <= n0 + 2 * lnc:
-        e = _price("fwd", p, cfg, tuple(kinds), target, may_drop, lnc)
+        e = _price("fwd", p, cfg, tuple(kinds), target, may_drop, lnc, save)
         return BlockPricing(
             e.latency_ns, e.latency_ns / total, 0.0, True, dict(e.busy_ns),
             e.compute_bound_ns, e.memory_bound_ns,
@@ -308,7 +338,8 @@ def price_fwd_kinds(
     names: list[str] = []
     for j in present:
         est = [
-            _price("fwd", p, cfg, only(j, n0 + m * lnc), target, may_drop, lnc) for m in range(3)
+            _price("fwd", p, cfg, only(j, n0 + m * lnc), target, may_drop, lnc, save)
+            for m in range(3)
         ]
         parts = [_estimate_parts(e) for e in est]
         d1 = [b - a for a, b in zip(parts[0], parts[1])]
@@ -439,6 +470,12 @@ def layer_row(
     if backward:
         bcfg = MoEMLPBwdConfig.heuristic(p, tgt)
         bblocks = used_blocks(ids, shape.num_experts, bcfg.block_size)
+        # training runs the forward that saves gate / up for this backward
+        save = save_plan(ids, shape.num_experts, (cfg.block_size, bcfg.block_size))
+        train = price_fwd_kinds(p, cfg, kinds, tgt, lnc=lnc, save=save)
+        row["train_fwd_ms"] = (train.latency_ns + router.latency_ns) / 1e6
+        row["train_fwd_mlp_ms"] = train.latency_ns / 1e6
+        row["save_holes"] = save[0]
         bwd = price_blocks("bwd", p, bcfg, bblocks, tgt, lnc=lnc)
         routers = router.latency_ns + price_router_bwd(p, tgt, lnc=lnc).latency_ns
         bwd_ns = bwd.latency_ns + routers

@@ -27,6 +27,7 @@ from .tiles import (
     TRANSPOSE_GROUP,
     P,
     block_ap,
+    block_row0,
     cdiv,
     expert_column,
     expert_row_index,
@@ -48,6 +49,8 @@ def row_sets(d: dict[str, Any]) -> dict[str, Any]:
             "wsl": nl.ndarray((P, ns), dtype=nl.float32, buffer=nl.sbuf),
             "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
         }
+        if d["GU"] is not None:  # the block's first column in the saved gate / up
+            one["col0"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         if d["ramp"] is not None:  # expert 0 until loaded: a skipped load keeps a valid id
             one["exp_col"] = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
             nisa.memset(dst=one["exp_col"], value=0)
@@ -57,9 +60,13 @@ def row_sets(d: dict[str, Any]) -> dict[str, Any]:
         meta.append(one)
     if not d["PF"]:
         return {"meta": meta}
-    xT = nl.ndarray((P, d["HT"], d["SB"]), dtype=d["dt"], buffer=nl.sbuf)
+    xT = _row_tiles(d) if d["GU"] is None else None  # only the recompute reads xT
     doT = nl.ndarray((P, d["HT"], d["SB"]), dtype=d["dt"], buffer=nl.sbuf)
     return {"meta": meta, "rows": _zero_rows(d), "xT": xT, "doT": doT}
+
+
+def _row_tiles(d: dict[str, Any]) -> Any:
+    return nl.ndarray((P, d["HT"], d["SB"]), dtype=d["dt"], buffer=nl.sbuf)
 
 
 def _zero_rows(d: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +101,9 @@ def load_meta(d: dict[str, Any], ws: tuple[Any, ...], meta: dict[str, Any], addr
         expert_row_index(ws[2], meta["exp_col"], d["ramp"], meta["wd_rows"])
         expert_row_index(ws[1], meta["exp_col"], d["ramp"], meta["wgu_rows"])
     nisa.dma_copy(dst=meta["wsl"], src=block_ap(slot_weight, addr, pat), oob_mode=skip)
+    if d["GU"] is not None:  # (register + extra) * B: computed, so in range up to NB + 1
+        row0 = block_row0(addr, d["B"])
+        nisa.tensor_scalar(dst=meta["col0"], data=row0, op0=nl.add, operand0=addr[1] * d["B"])
 
 
 def gather_unit(
@@ -137,20 +147,23 @@ def transposed_rows(
         return sets["xT"], sets["doT"], sets["rows"]
     rows = _zero_rows(d)  # padding rows read as zeros
     gather_unit(d, ws, blk["meta"], rows, s)
-    xT = nl.ndarray((P, d["HT"], d["SB"]), dtype=d["dt"], buffer=nl.sbuf)
-    doT = nl.ndarray((P, d["HT"], d["SB"]), dtype=d["dt"], buffer=nl.sbuf)
+    xT = _row_tiles(d) if d["GU"] is None else None
+    doT = _row_tiles(d)
     transpose_rows(d, rows, xT, doT)
     return xT, doT, rows
 
 
 def transpose_rows(d: dict[str, Any], rows: dict[str, Any], xT: Any, doT: Any) -> None:
     """xT / doT[:, t, :] = (H tile t of the rows)^T: PE transposes through a PSUM ring,
-    evacuated by VectorE (ScalarE scales dx rows around the unit boundaries)."""
+    evacuated by VectorE (ScalarE scales dx rows around the unit boundaries); xT None:
+    gate / up are the forward's, only doT is needed."""
     h, nsa = d["H"], d["SB"] // P
     ring = psum_ring(d["dt"], ROW_RING, (nisa.engine.vector,))
     for t in range(d["HT"]):
         cols = slice(t * P, t * P + tile_rows(h, t))
         for name, out in (("x", xT), ("do", doT)):
+            if out is None:
+                continue
             ring_transpose(ring, [rows[name][:, c, cols] for c in range(nsa)], out[:, t, :])
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..nki import nl
+from ..nki import nisa, nl
 from .tiles import P, cdiv, load_weight_cols
 
 
@@ -98,20 +98,51 @@ def weight_stream(d: dict[str, Any], w_down: Any, meta: Any, head: list[Any] | N
 
 def new_strips(d: dict[str, Any]) -> list[Any]:
     """One strip set: Wg and Wu of a chunk, [128 I rows, H, tile_i / 128] each (one H
-    piece is one contiguous range per partition)."""
+    piece is one contiguous range per partition); with the forward's gate / up saved,
+    also the chunk's gT and uT of one unit, [128 I rows, tile_i / 128, sub_block]."""
     shape = (P, d["H"], cdiv(d["TI"], P))
-    return [nl.ndarray(shape, dtype=d["dt"], buffer=nl.sbuf) for _ in range(2)]
+    strips = [nl.ndarray(shape, dtype=d["dt"], buffer=nl.sbuf) for _ in range(2)]
+    if d["GU"] is not None:
+        gu = (P, cdiv(d["TI"], P), d["SB"])
+        strips += [nl.ndarray(gu, dtype=d["dt"], buffer=nl.sbuf) for _ in range(2)]
+    return strips
 
 
-def load_strips(d: dict[str, Any], w_gate_up: Any, meta: Any, ic: int, strips: list[Any]) -> None:
+def load_strips(
+    d: dict[str, Any], w_gate_up: Any, meta: Any, ic: int, strips: list[Any], s: int
+) -> None:
     """strips[c, h, it] = chunk ic of Wg and Wu with I on partitions (I = it*128 + c),
-    in pieces of `dma_h` H tiles."""
+    in pieces of `dma_h` H tiles; with gate / up saved, first the chunk's gT / uT of
+    sub-block s (the pointwise needs them before the dgrad needs the strips)."""
     ti, h = d["TI"], d["H"]
     i0 = ic * ti
     icw = min(ti, d["I"] - i0)
+    if d["GU"] is not None:
+        for dst, r0 in zip(strips[2:], (i0, d["I"] + i0)):
+            load_saved(d, meta, (r0, icw), s, dst)
     ex = (meta["exp"], meta.get("wgu_rows"))
     for h0 in range(0, d["HT"], d["DH"]):
         r0, nrows = h0 * P, min(d["DH"] * P, h - h0 * P)
-        for strip, c0 in zip(strips, (i0, d["I"] + i0)):
+        for strip, c0 in zip(strips[0:2], (i0, d["I"] + i0)):
             piece = strip[:, r0 : r0 + nrows, :].permute((0, 2, 1))
             load_weight_cols(w_gate_up, ex, r0, nrows, c0, icw, piece)
+
+
+def load_saved(d: dict[str, Any], meta: Any, rows: tuple[int, int], s: int, dst: Any) -> None:
+    """dst[c, it, t] = gate_up[r0 + it*128 + c, col0 + s * sub_block + t]: the saved
+    gate (or up) rows r0 .. r0 + n of sub-block s, I-major as the forward stored them
+    (col0: the block's first column, in `meta`). One DMA for the whole 128-row tiles,
+    one for a ragged last tile."""
+    gate_up, (r0, n) = d["GU"], rows
+    ncol, sb = gate_up.shape[1], d["SB"]
+    full = n // P
+    c0 = s * sb
+    if full:
+        pat = [[ncol, P], [P * ncol, full], [1, sb]]
+        view = gate_up.ap(pat, offset=r0 * ncol + c0, scalar_offset=meta["col0"], indirect_dim=1)
+        nisa.dma_copy(dst=dst[:, 0:full, :], src=view)
+    if n % P:
+        pat = [[ncol, n % P], [1, sb]]
+        off = (r0 + full * P) * ncol + c0
+        view = gate_up.ap(pat, offset=off, scalar_offset=meta["col0"], indirect_dim=1)
+        nisa.dma_copy(dst=dst[0 : n % P, full, :], src=view)

@@ -65,6 +65,7 @@ RULES: dict[str, Rule] = {
     "moe_route_backward": Rule(NONE),
     "moe_route_options_backward": Rule(NONE),
     "moe_mlp_backward": Rule(NONE),
+    "moe_mlp_train": Rule(NONE),  # called by moe_mlp's autograd kernel, after its casts
     "grouped_mm_weight_grad": Rule(NONE),
     "moe_experts_backward": Rule(NONE),
     # as grouped_mm (its unfused form): hidden, expert / bias / shared weights lowered

@@ -13,7 +13,12 @@ instead (moe_decode.py: the router, then one decode-kernel launch that streams o
 touched experts' weights).
 The backward recomputes the routing from the logits (cheap, deterministic) instead of
 saving it, plans its own blocks and accumulates the weight gradients on chip in fp32
-(one rounding to the weights' dtype).
+(one rounding to the weights' dtype). It does not recompute the experts' gate / up
+projections: when autograd records the call (grad enabled, an input requiring grad),
+`moe_mlp` runs as `moe_mlp_train`, whose forward kernel also stores the pre-activation
+gate and up of every routed row ([2I, slots] in the weights' dtype, laid out by the
+backward's block plan), saved for the backward like autograd saves `_grouped_mm`'s
+outputs. Inference calls run the plain forward and store nothing.
 
 Every op's body is traceable (`define_op(traceable=True)`): under `torch.compile` the
 router and expert kernels are graph nodes, and the block plan, which reads the routing,
@@ -23,6 +28,7 @@ is one `nki_host::moe_block_plan` node; its static block count depends on shapes
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -31,11 +37,11 @@ from torch import Tensor
 from ..moe.blockwise_mlp import moe_mlp_fwd
 from ..moe.blockwise_mlp_bwd import moe_mlp_bwd
 from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
-from ..moe.grouping import PARTITIONS, max_blocks, min_blocks, plan_blocks
+from ..moe.grouping import PARTITIONS, gate_up_columns, max_blocks, min_blocks, plan_blocks
 from ..moe.reference import MoERouting, capacity
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
-from ..runtime.buckets import current_policy
+from ..runtime.buckets import bucket, current_policy
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
@@ -279,11 +285,68 @@ def _routed_plan(
     return cfg, static, meta, ids
 
 
+def _save_plan(
+    weights: Tensor,
+    ids: Tensor,
+    tokens: int,
+    experts: int,
+    block_fwd: int,
+    block_bwd: int,
+    capacity_factor: float | None,
+    min_tokens: int,
+) -> list[Tensor]:
+    """[save_cols, save_holes] (`grouping.gate_up_columns`) of the forward's sized plan
+    and the backward's fixed one (block sizes `block_fwd`, `block_bwd`) of the padded routing;
+    the body of the `nki_host::moe_save_plan` node under tracing."""
+    tb = weights.shape[0]
+    w, i = host_numpy(weights[:tokens]), host_numpy(ids[:tokens])
+    kw = {"num_tokens": tb, "min_tokens": min_tokens}
+    fwd = plan_blocks(i, w, experts, block_fwd, capacity_factor, sized=True, **kw)
+    bwd = plan_blocks(i, w, experts, block_bwd, capacity_factor, **kw)
+    return [torch.from_numpy(a).to(weights.device) for a in gate_up_columns(fwd, bwd)]
+
+
+def _save_width(tb: int, k: int, e: int, block_bwd: int, cf: float | None) -> int:
+    """Columns of the saved gate / up: (the backward plan's NB + 2) * its block size."""
+    cap = None if cf is None else capacity(tb, e, k, cf)
+    return (max_blocks(tb, k, e, block_bwd, cap) + 2) * block_bwd
+
+
+def _save_plan_fake(
+    weights: Tensor,
+    ids: Tensor,
+    tokens: int,
+    experts: int,
+    block_fwd: int,
+    block_bwd: int,
+    capacity_factor: float | None,
+    min_tokens: int,
+) -> list[Tensor]:
+    tb, k = ids.shape
+    cap = None if capacity_factor is None else capacity(tb, experts, k, capacity_factor)
+    nb = max_blocks(tb, k, experts, block_fwd, cap)
+    width = _save_width(tb, k, experts, block_bwd, capacity_factor)
+    return [
+        weights.new_empty((nb, 1), dtype=torch.int32),
+        weights.new_empty((width // PARTITIONS + 1, 1), dtype=torch.int32),
+    ]
+
+
+define_host_op("moe_save_plan", _save_plan, fake=_save_plan_fake)
+
+
 def launch_experts_fwd(
-    hp: Tensor, w_gate_up: Tensor, w_down: Tensor, cfg: MoEMLPConfig, m: dict[str, Tensor]
-) -> Tensor:
+    hp: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    cfg: MoEMLPConfig,
+    m: dict[str, Tensor],
+    save: tuple[Tensor, Tensor] | None = None,
+) -> Any:
     """The forward expert kernel on padded rows `hp` and a sized block plan `m` (the
-    launch `moe_mlp` and `moe_experts` share)."""
+    launch `moe_mlp` and `moe_experts` share); with `save` = (save_cols, save_holes)
+    (`_save_plan`), (out, gate_up) with the pre-activation gate / up saved."""
+    cols, holes = (None, None) if save is None else save
     return launch(
         moe_mlp_fwd,
         hp,
@@ -294,6 +357,8 @@ def launch_experts_fwd(
         m["kind_bounds"],
         m["token_slot"],
         m["token_weight"],
+        cols,
+        holes,
         config=cfg,
         target=get_target(None),
         static_kinds=None,  # one device loop per block size over kind_bounds
@@ -308,11 +373,13 @@ def launch_experts_bwd(
     w_down: Tensor,
     cfg: MoEMLPBwdConfig,
     plan: tuple[dict[str, Tensor], int],
+    gate_up: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(d hidden, d weights per slot [T, k] fp32, d w_gate_up, d w_down) of the expert
     kernels on padded rows / grads and a fixed block plan (the launch `moe_mlp` and
     `moe_experts` share). The weight gradients are written in place for every expert
-    with a block (fp32 sums on chip, one rounding); the others stay zero."""
+    with a block (fp32 sums on chip, one rounding); the others stay zero. `gate_up`: the
+    forward's saved gate / up for this plan (None: recomputed)."""
     m, static = plan
     dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hp.device)
     dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hp.device)
@@ -330,6 +397,7 @@ def launch_experts_bwd(
         m["token_slot"],
         dgu,
         dd,
+        gate_up,
         config=cfg,
         target=get_target(None),
         mutated=(10, 11),
@@ -477,6 +545,46 @@ def mlp_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     ]
 
 
+def _mlp_forward(
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    routing: MoERouting,
+    save: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """(out, the saved gate / up or None): the body of `moe_mlp` (save=False) and of
+    `moe_mlp_train` (save=True; decode-mode calls save nothing, the backward recomputes)."""
+    t = hidden.shape[0]
+    top_k, scoring, renormalize = routing.top_k, routing.scoring, routing.renormalize
+    lp, _ = pad_to_bucket(router_logits.detach(), 0)
+    if use_decode_mode(t, routing.capacity_factor):  # T <= 64: moe_decode.py
+        weights, ids = _route(lp, top_k, scoring, renormalize)
+        wd_, wgu_ = w_down.detach(), w_gate_up.detach()
+        return decode_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_), None
+    hp, _ = pad_to_bucket(hidden.detach(), 0)
+    weights, ids = _route(lp, top_k, scoring, renormalize)
+    problem = _problem(lp.shape[0], w_gate_up, top_k)
+    target = get_target(None)
+    cfg = lookup_config("moe_mlp", problem, moe_mlp_fwd, target=target)
+    assert isinstance(cfg, MoEMLPConfig)
+    e, cf = w_gate_up.shape[0], routing.capacity_factor
+    m, _ = _plan(weights, ids, t, e, cfg.block_size, cf, sized=True)
+    if not save:
+        out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m)
+        return unpad(out, 0, t).contiguous(), None
+    bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=target)
+    assert isinstance(bcfg, MoEMLPBwdConfig)
+    lowest = min(t, _bucket_floor(lp.shape[0]))
+    args = (weights, ids, t, e, cfg.block_size, bcfg.block_size, cf, lowest)
+    if tracing(weights, ids):
+        save_plan = call_host_op("moe_save_plan", *args)
+    else:
+        save_plan = _save_plan(*args)
+    out, gate_up = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, tuple(save_plan))
+    return unpad(out, 0, t).contiguous(), gate_up
+
+
 @define_op(
     "moe_mlp",
     fake=_mlp_fake,
@@ -499,17 +607,92 @@ def moe_mlp(
 ) -> Tensor:
     """SwiGLU mixture of experts: sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) (NKI)."""
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
-    t = hidden.shape[0]
-    lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    if use_decode_mode(t, capacity_factor):  # T <= 64: the decode kernel (moe_decode.py)
-        weights, ids = _route(lp, top_k, scoring, renormalize)
-        wd_, wgu_ = w_down.detach(), w_gate_up.detach()
-        return decode_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_)
-    hp, _ = pad_to_bucket(hidden.detach(), 0)
-    cfg, _, m, _ = _routed_plan("moe_mlp", moe_mlp_fwd, hidden, lp, w_gate_up, routing)
-    assert isinstance(cfg, MoEMLPConfig)
-    out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m)
-    return unpad(out, 0, t).contiguous()
+    return _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, save=False)[0]
+
+
+def _train_fake(
+    hidden: Tensor, router_logits: Tensor, w_gate_up: Tensor, w_down: Tensor, **kw: Any
+) -> tuple[Tensor, Tensor]:
+    r = MoERouting(**kw)
+    # the saved width follows T's bucket and the backward's config for the shape: symbolic
+    # sizes (dynamic=True) are specialized
+    t = int(hidden.shape[0])
+    e, h, i2 = (int(n) for n in w_gate_up.shape)
+    if use_decode_mode(t, r.capacity_factor):
+        return torch.empty_like(hidden), hidden.new_empty((i2, 0))
+    tb = bucket(t)
+    problem = MoEProblem(tb, h, i2 // 2, e, r.top_k, _dtype_name(w_gate_up))
+    bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=get_target(None))
+    assert isinstance(bcfg, MoEMLPBwdConfig)
+    width = _save_width(tb, r.top_k, e, bcfg.block_size, r.capacity_factor)
+    return torch.empty_like(hidden), hidden.new_empty((i2, width))
+
+
+def _train_setup(
+    ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Any
+) -> None:
+    ctx.save_for_backward(*inputs, output[1])
+    ctx.opts = MoERouting(**keyword_only_inputs).kwargs()
+
+
+def _train_backward(ctx: Any, grad: Tensor, grad_gate_up: Any) -> tuple[Any, ...]:
+    hidden, logits, w_gate_up, w_down, gate_up = ctx.saved_tensors
+    dh, dl, dgu, dd = torch.ops.nki.moe_mlp_backward(
+        grad, hidden, logits, w_gate_up, w_down, gate_up, **ctx.opts
+    )
+    return dh, dl, dgu, dd
+
+
+@define_op(
+    "moe_mlp_train",
+    fake=_train_fake,
+    validate=_mlp_validate,
+    backward=_train_backward,
+    setup_context=_train_setup,
+    examples=mlp_examples,
+    traceable=True,
+)
+def moe_mlp_train(
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    *,
+    top_k: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    capacity_factor: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(`moe_mlp`'s output, the saved pre-activation gate / up [2I, slots of the backward's
+    plan], or [2I, 0] in decode mode): what `moe_mlp` runs when autograd records it."""
+    routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
+    out, gate_up = _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, save=True)
+    if gate_up is None:  # decode mode: nothing saved, the backward recomputes
+        gate_up = hidden.new_empty((w_gate_up.shape[2], 0))
+    return out, gate_up
+
+
+def _mlp_autograd(keyset: Any, *args: Any, **kw: Any) -> Any:
+    """`moe_mlp`'s Autograd kernel: a call autograd records runs `moe_mlp_train` (its
+    forward saves gate / up, its backward reads them); any other call runs the plain
+    forward below autograd (nothing saved)."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        return torch.ops.nki.moe_mlp_train(*args, **kw)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        after = keyset & torch._C._after_autograd_keyset
+        return torch.ops.nki.moe_mlp.default.redispatch(after, *args, **kw)
+
+
+def _route_training_calls() -> None:
+    lib = getattr(moe_mlp.custom_op, "_lib", None)
+    if lib is None:  # defined through torch_neuronx.nki_op: its own autograd wiring
+        return
+    with warnings.catch_warnings():  # replacing custom_op's Autograd kernel is intended
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("moe_mlp", _mlp_autograd, "Autograd", with_keyset=True)
+
+
+_route_training_calls()
 
 
 def _mlp_bwd_fake(
@@ -518,6 +701,7 @@ def _mlp_bwd_fake(
     router_logits: Tensor,
     w_gate_up: Tensor,
     w_down: Tensor,
+    gate_up: Tensor | None = None,
     **kw: Any,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return (
@@ -531,8 +715,8 @@ def _mlp_bwd_fake(
 @define_op(
     "moe_mlp_backward",
     fake=_mlp_bwd_fake,
-    validate=lambda grad, hidden, router_logits, w_gate_up, w_down, **kw: _mlp_validate(
-        hidden, router_logits, w_gate_up, w_down, **kw
+    validate=lambda grad, hidden, router_logits, w_gate_up, w_down, gate_up=None, **kw: (
+        _mlp_validate(hidden, router_logits, w_gate_up, w_down, **kw)
     ),
     examples=lambda: [
         ((torch.randn(a[0].shape), *(x.detach() for x in a)), MoERouting(**kw).kwargs())
@@ -546,13 +730,15 @@ def moe_mlp_backward(
     router_logits: Tensor,
     w_gate_up: Tensor,
     w_down: Tensor,
+    gate_up: Tensor | None = None,
     *,
     top_k: int,
     renormalize: bool,
     scoring: str,
     capacity_factor: float | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d hidden, d router_logits, d w_gate_up, d w_down) of `moe_mlp` (NKI kernels)."""
+    """(d hidden, d router_logits, d w_gate_up, d w_down) of `moe_mlp` (NKI kernels);
+    `gate_up`: `moe_mlp_train`'s saved gate / up (None or empty: recomputed)."""
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
     target = get_target(None)
     t = hidden.shape[0]
@@ -561,7 +747,17 @@ def moe_mlp_backward(
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
     cfg, static, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPBwdConfig)
-    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static))
+    saved = None
+    if gate_up is not None and gate_up.numel():
+        nb, b = m["slot_token"].shape[0], cfg.block_size
+        if tuple(gate_up.shape) != (w_gate_up.shape[2], (nb + 2) * b):
+            raise ValueError(
+                f"gate_up: expected [2I, (NB + 2) * B] = {(w_gate_up.shape[2], (nb + 2) * b)} "
+                f"(moe_mlp_train's save for this bucket's backward plan); got "
+                f"{tuple(gate_up.shape)}"
+            )
+        saved = gate_up.detach()
+    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
     dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)
     return (
         unpad(dh, 0, t).contiguous(),

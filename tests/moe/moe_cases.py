@@ -8,7 +8,7 @@ import torch
 from nki_kernels.interp import run
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
-from nki_kernels.moe.grouping import BlockPlan, kind_counts, plan_blocks
+from nki_kernels.moe.grouping import BlockPlan, gate_up_columns, kind_counts, plan_blocks
 from nki_kernels.moe.reference import capacity, capacity_keep, expert_mlp_reference
 
 # Normalized max error max|actual - ref| / max|ref| against the fp32 reference.
@@ -83,10 +83,13 @@ def fwd_kernel(
     plan: BlockPlan,
     static: bool = False,
     lnc: int = 1,
+    save: tuple[np.ndarray, np.ndarray] | None = None,
     **cfg: object,
 ) -> torch.Tensor:
     """Run the forward kernel (at `lnc`) on `plan`: one device loop per block size over
-    its kind_bounds, or (`static`) static loops over its block counts (pricing's form)."""
+    its kind_bounds, or (`static`) static loops over its block counts (pricing's form);
+    `save` = (save_cols, save_holes) (`grouping.gate_up_columns`): the training forward,
+    outputs (out, gate_up)."""
     args = {"tile_i": 256, "loop_order": "h_outer", "down_n": 512, "w_bufs": 2, "dma_h": 1}
     args.update(cfg)
     t = torch.from_numpy
@@ -100,6 +103,8 @@ def fwd_kernel(
         t(plan.kind_bounds),
         t(plan.token_slot),
         t(plan.token_weight),
+        None if save is None else t(save[0]),
+        None if save is None else t(save[1]),
         kind_counts(plan.kind_bounds) if static else None,
         plan.may_drop,
         plan.block_size,
@@ -127,10 +132,12 @@ def bwd_kernel(
     dw_dtype: torch.dtype | None = None,
     static_blocks: int | None = None,
     lnc: int = 1,
+    gate_up: torch.Tensor | None = None,
     **cfg: int,
 ) -> tuple[torch.Tensor, ...]:
     """Run the backward kernel (at `lnc`); dw_gate_up / dw_down start as zeros of
-    `dw_dtype` (default: the weights' dtype); `static_blocks` overrides the plan's."""
+    `dw_dtype` (default: the weights' dtype); `static_blocks` overrides the plan's;
+    `gate_up`: the training forward's save for this plan (None: recomputed)."""
     e, h, i2 = layer["w_gate_up"].shape
     wdt = dw_dtype or layer["w_gate_up"].dtype
     dgu = torch.zeros(e, h, i2, dtype=wdt)
@@ -153,6 +160,7 @@ def bwd_kernel(
         t(plan.token_slot),
         dgu,
         dd,
+        gate_up,
         plan.static_blocks if static_blocks is None else static_blocks,
         plan.may_drop,
         plan.block_size,
@@ -173,3 +181,39 @@ def plan_for(
 ) -> BlockPlan:
     """The op's plan: `sized` (variable-size blocks) for the forward, fixed for the backward."""
     return plan_blocks(ids, w, e, block, cf, sized=sized)
+
+
+def train_forward(
+    layer: dict[str, torch.Tensor],
+    ids: np.ndarray,
+    w: np.ndarray,
+    blocks: tuple[int, int],
+    cf: float | None = None,
+    lnc: int = 1,
+    static: bool = False,
+    **cfg: object,
+) -> tuple[torch.Tensor, torch.Tensor, BlockPlan]:
+    """The training forward (gate / up saved) on the sized plan of block size blocks[0],
+    laid out for the backward's fixed plan of blocks[1]: (out, gate_up, that plan)."""
+    e = layer["w_gate_up"].shape[0]
+    fplan = plan_for(ids, w, e, blocks[0], cf, sized=True)
+    bplan = plan_for(ids, w, e, blocks[1], cf)
+    out, gate_up = fwd_kernel(layer, fplan, static, lnc, save=gate_up_columns(fplan, bplan), **cfg)
+    return out, gate_up, bplan
+
+
+def gate_up_reference(
+    layer: dict[str, torch.Tensor], ids: np.ndarray, plan: BlockPlan
+) -> torch.Tensor:
+    """float64 x W_gate_up of every kept assignment at its slot of `plan` (the saved
+    layout [2I, (NB + 2) * B]); 0 everywhere else."""
+    x = layer["hidden"].double()
+    wgu = layer["w_gate_up"].double()
+    e = wgu.shape[0]
+    ncol = (plan.num_blocks + 2) * plan.block_size
+    ref = torch.zeros(wgu.shape[2], ncol, dtype=torch.float64)
+    for ex in range(e):
+        tok, j = np.nonzero((ids == ex) & plan.kept)
+        if tok.size:
+            ref[:, torch.from_numpy(plan.token_slot[tok, j]).long()] = (x[tok] @ wgu[ex]).T
+    return ref

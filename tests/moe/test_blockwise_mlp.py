@@ -9,10 +9,12 @@ from moe_cases import (
     assert_close_scaled,
     bwd_kernel,
     fwd_kernel,
+    gate_up_reference,
     make_layer,
     mlp_with_routing,
     plan_for,
     random_routing,
+    train_forward,
 )
 
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
@@ -86,18 +88,57 @@ def test_forward_and_backward_match_reference(name: str) -> None:
     assert_close_scaled(out, ref, dtype, f"{name}: out")
 
     ref.backward(layer["dout"].float())
-    dx, dw, dgu, dd = bwd_kernel(layer, plan, **BWD_CASES.get(name, {}))
-    assert_close_scaled(dx, x.grad, dtype, f"{name}: d hidden")
-    assert_close_scaled(dgu, wgu.grad, dtype, f"{name}: d w_gate_up")
-    assert_close_scaled(dd, wd.grad, dtype, f"{name}: d w_down")
-    assert_close_scaled(dw, wt.grad, dtype, f"{name}: d routing weights")
-    # experts without a kept token get exact zeros; dropped assignments get zero weight grads
-    empty = plan.expert_counts == 0
-    if empty.any():
-        assert (dgu[torch.from_numpy(empty)] == 0).all() and (
-            dd[torch.from_numpy(empty)] == 0
-        ).all()
-    assert (dw[torch.from_numpy(~plan.kept)] == 0).all()
+    # the training forward: the same output, and gate / up saved in the backward's layout
+    trained, gate_up, bplan = train_forward(layer, ids, w, (b, b), cf, **cfg)
+    assert torch.equal(trained, out)
+    assert gate_up.shape == (2 * i, (bplan.num_blocks + 2) * b) and gate_up.dtype == dtype
+    expect = gate_up_reference(layer, ids, bplan)  # padding and unused columns exactly 0
+    assert_close_scaled(gate_up, expect, dtype, f"{name}: saved gate / up")
+    assert (gate_up[expect == 0] == 0).all()
+    bcfg = BWD_CASES.get(name, {})
+    for saved in (None, gate_up):  # recomputed, and read from the forward's save
+        dx, dw, dgu, dd = bwd_kernel(layer, plan, gate_up=saved, **bcfg)
+        what = f"{name} ({'saved' if saved is not None else 'recomputed'})"
+        assert_close_scaled(dx, x.grad, dtype, f"{what}: d hidden")
+        assert_close_scaled(dgu, wgu.grad, dtype, f"{what}: d w_gate_up")
+        assert_close_scaled(dd, wd.grad, dtype, f"{what}: d w_down")
+        assert_close_scaled(dw, wt.grad, dtype, f"{what}: d routing weights")
+        # experts without a kept token get exact zeros; dropped assignments zero weight grads
+        empty = plan.expert_counts == 0
+        if empty.any():
+            assert (dgu[torch.from_numpy(empty)] == 0).all() and (
+                dd[torch.from_numpy(empty)] == 0
+            ).all()
+        assert (dw[torch.from_numpy(~plan.kept)] == 0).all()
+
+
+@pytest.mark.parametrize("blocks", [(512, 256), (128, 256), (256, 512)])
+def test_saved_gate_up_maps_forward_blocks_onto_backward_slots(blocks: tuple[int, int]) -> None:
+    """Forward blocks of one size and backward blocks of another: the forward writes each
+    block's rows at the backward plan's slots and zeroes the holes (backward sub-tiles
+    past an expert's last 128 rows; the interpreter's fresh HBM is NaN, so a missed hole
+    shows), and the backward from that save matches the fp32 reference."""
+    t, h, i, e, k = 300, 64, 160, 6, 2
+    layer = make_layer(t, h, i, e, BF16, seed=3)
+    ids, w = _routing("sizes", t, e, k, seed=3)
+    out, gate_up, bplan = train_forward(layer, ids, w, blocks, tile_i=128)
+    expect = gate_up_reference(layer, ids, bplan)
+    assert torch.isfinite(gate_up.float()).all()
+    assert (gate_up[expect == 0] == 0).all()
+    assert_close_scaled(gate_up, expect, BF16, "saved gate / up")
+    x = layer["hidden"].float().clone().requires_grad_()
+    wt = torch.from_numpy(w).clone().requires_grad_()
+    wgu = layer["w_gate_up"].float().clone().requires_grad_()
+    wd = layer["w_down"].float().clone().requires_grad_()
+    ref = mlp_with_routing({"hidden": x, "w_gate_up": wgu, "w_down": wd}, ids, wt, None)
+    assert_close_scaled(out, ref, BF16, "out")
+    ref.backward(layer["dout"].float())
+    sb = min(256, blocks[1])
+    dx, dw, dgu, dd = bwd_kernel(layer, bplan, gate_up=gate_up, sub_block=sb, tile_i=128)
+    assert_close_scaled(dx, x.grad, BF16, "d hidden")
+    assert_close_scaled(dgu, wgu.grad, BF16, "d w_gate_up")
+    assert_close_scaled(dd, wd.grad, BF16, "d w_down")
+    assert_close_scaled(dw, wt.grad, BF16, "d routing weights")
 
 
 def test_padding_slots_never_contribute() -> None:
@@ -166,6 +207,12 @@ def test_forward_lnc2_splits_blocks_bit_for_bit(name: str) -> None:
     two = fwd_kernel(layer, plan, lnc=2, tile_i=128)
     assert torch.equal(one, two)
     assert torch.equal(two, fwd_kernel(layer, plan, static=True, lnc=2, tile_i=128))
+    # the training forward: the same output and the same saved gate / up at LNC 1 and 2
+    one_t, gu_one, bplan = train_forward(layer, ids, w, (b, b), cf, tile_i=128)
+    two_t, gu_two, _ = train_forward(layer, ids, w, (b, b), cf, lnc=2, tile_i=128)
+    assert torch.equal(one_t, one) and torch.equal(two_t, one)
+    assert torch.equal(gu_one, gu_two)
+    assert (gu_one[gate_up_reference(layer, ids, bplan) == 0] == 0).all()
     ref = mlp_with_routing(layer, ids, torch.from_numpy(w), cf)
     assert_close_scaled(two, ref, BF16, f"{name}: out")
 
@@ -190,7 +237,9 @@ def test_forward_lnc2_programs_share_the_matmuls() -> None:
     cfg = (b, 128, "h_outer", 512, 2, 1)
 
     def flops(lnc: int) -> list[float]:
-        trace = trace_kernel(moe_mlp_fwd, *specs, (nb,), True, *cfg, target="trn2", lnc=lnc)
+        trace = trace_kernel(
+            moe_mlp_fwd, *specs, None, None, (nb,), True, *cfg, target="trn2", lnc=lnc
+        )
         per = [0.0] * lnc
         for ins in trace.instrs:
             if ins.engine == "tensor":
@@ -226,10 +275,12 @@ def test_backward_lnc2_splits_blocks_then_columns_bit_for_bit(name: str) -> None
     ids, w = _routing(kind, t, e, k, seed=len(name))
     plan = plan_for(ids, w, e, b, cf)
     static = plan.used_blocks - device_blocks
-    one = bwd_kernel(layer, plan, static_blocks=static, tile_i=128, **cfg)
-    two = bwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128, **cfg)
-    for what, a, c in zip(("dx", "dw", "dgu", "dd"), one, two):
-        assert torch.equal(a, c), what
+    _, gate_up, _ = train_forward(layer, ids, w, (b, b), cf, tile_i=128)
+    for saved in (None, gate_up):  # recomputed, and read from the forward's save
+        one = bwd_kernel(layer, plan, static_blocks=static, tile_i=128, gate_up=saved, **cfg)
+        two = bwd_kernel(layer, plan, static_blocks=static, lnc=2, tile_i=128, gate_up=saved, **cfg)
+        for what, a, c in zip(("dx", "dw", "dgu", "dd"), one, two):
+            assert torch.equal(a, c), what
     x = layer["hidden"].float().clone().requires_grad_()
     wt = torch.from_numpy(w).clone().requires_grad_()
     wgu = layer["w_gate_up"].float().clone().requires_grad_()

@@ -116,7 +116,7 @@ def test_mixtral_heuristic_and_plan_estimate_is_an_upper_bound() -> None:
         ]
         kinds = (1,) + (0,) * (ns - 1)
         vals = c.to_dict().values()
-        r = run(moe_mlp_fwd, *spec, kinds, False, *vals, trace_only=True, target=TRN2)
+        r = run(moe_mlp_fwd, *spec, None, None, kinds, False, *vals, trace_only=True, target=TRN2)
         assert r.peak_sbuf_bytes <= est_sbuf <= r.peak_sbuf_bytes * 1.05
         assert r.peak_psum_banks <= est_psum
 
@@ -137,10 +137,13 @@ def test_backward_plan_estimate_is_an_upper_bound() -> None:
         spec += [TensorSpec((1, 1), "float32"), TensorSpec((1, 1), "int32")]
         spec += [TensorSpec((t, p.top_k), "int32"), TensorSpec((e, h, 2 * i), dt)]
         spec += [TensorSpec((e, i, h), dt)]
-        r = run(moe_mlp_bwd, *spec, 1, False, *c.to_dict().values(), trace_only=True, target=TRN2)
-        est_sbuf, est_psum = c.usage(p, TRN2)
-        assert r.peak_sbuf_bytes <= est_sbuf <= r.peak_sbuf_bytes * slack
-        assert r.peak_psum_banks <= est_psum
+        # gate / up read from the forward's save (moe_mlp), and recomputed (moe_experts)
+        for saved in (TensorSpec((2 * i, 3 * b), dt), None):
+            vals = c.to_dict().values()
+            r = run(moe_mlp_bwd, *spec, saved, 1, False, *vals, trace_only=True, target=TRN2)
+            est_sbuf, est_psum = c.usage(p, TRN2, saved=saved is not None)
+            assert r.peak_sbuf_bytes <= est_sbuf <= r.peak_sbuf_bytes * slack, saved
+            assert r.peak_psum_banks <= est_psum
 
 
 def test_validate_rejects_with_reasons() -> None:

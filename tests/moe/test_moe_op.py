@@ -122,6 +122,46 @@ def _layer_fn(
     return torch.ops.nki.moe_mlp(h, lg, wgu, wd, top_k=2)
 
 
+def _expert_launches(seen: list[Any]) -> dict[str, list[tuple[Any, ...]]]:
+    out: dict[str, list[tuple[Any, ...]]] = {"fwd": [], "bwd": []}
+    for r in seen:
+        if r.spec.key.kernel.endswith("moe_mlp_fwd"):
+            out["fwd"].append(r.args)
+        elif r.spec.key.kernel.endswith("moe_mlp_bwd"):
+            out["bwd"].append(r.args)
+    return out
+
+
+def test_training_calls_save_gate_up_and_inference_calls_do_not() -> None:
+    """A call autograd records runs the forward kernel that saves gate / up and a backward
+    that reads them (no recompute), with the recomputing backward's gradients (fp32:
+    identical, the same sums in the same order); no_grad calls, and calls with no input
+    requiring grad, launch the forward without a save."""
+    from nki_kernels.moe.reference import MoERouting
+    from nki_kernels.runtime.launch import record_launches
+
+    args = _inputs(150, 64, 96, 8, F32, seed=21)
+    leaves = [a.detach().requires_grad_() for a in args]
+    grad = torch.randn(150, 64, generator=torch.Generator().manual_seed(2))
+    with record_launches() as seen:
+        out = torch.ops.nki.moe_mlp(*leaves, top_k=2)
+        out.backward(grad)
+    runs = _expert_launches(seen)
+    assert len(runs["fwd"]) == 1 and runs["fwd"][0][8] is not None  # save_cols
+    gate_up = runs["bwd"][0][12]
+    assert len(runs["bwd"]) == 1 and gate_up is not None and gate_up.shape[0] == 2 * 96
+    opts = MoERouting(2).kwargs()
+    recomputed = torch.ops.nki.moe_mlp_backward(grad, *args, **opts)
+    for name, a, r in zip(("hidden", "logits", "w_gate_up", "w_down"), leaves, recomputed):
+        assert torch.equal(a.grad, r), name
+    for ctx, xs in ((torch.no_grad(), leaves), (torch.enable_grad(), args)):
+        with ctx, record_launches() as seen:
+            plain = torch.ops.nki.moe_mlp(*xs, top_k=2)
+        runs = _expert_launches(seen)
+        assert len(runs["fwd"]) == 1 and runs["fwd"][0][8] is None and not runs["bwd"]
+        assert torch.equal(plain, out.detach())
+
+
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_torch_compile_fullgraph(device: str, request: pytest.FixtureRequest) -> None:
     if device == "neuron":
