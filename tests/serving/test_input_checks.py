@@ -1,0 +1,41 @@
+"""Bad serving inputs that used to run and return a wrong result: each is refused by a
+ValueError naming the argument, before anything is written to the caches."""
+
+from __future__ import annotations
+
+import pytest
+from _steps import make_step, same_bits
+
+from nki_kernels.ops.serving import kv_cache_write, serving_attention
+
+# a prefill step (the segmented body) and a decode step (the decode body)
+STEPS = {"prefill": [(20, 3), (4, 2)], "decode": [(20, 1), (4, 1)]}
+
+
+def _attend(step, **kw):  # type: ignore[no-untyped-def]
+    a = dict(k=step.k, v=step.v, slot_mapping=step.slot_mapping)
+    a.update(kw)
+    return serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
+                             step.cached_seq_len, step.query_start_loc, **a)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(STEPS))
+def test_duplicate_slot_refused_cache_untouched(kind: str) -> None:
+    """Two tokens at one slot (here a padding token repeating token 0's slot): the write
+    order is undefined, so the step is refused, and the caches are left as they were."""
+    step = make_step(STEPS[kind], pad_tokens=1)
+    slots = step.slot_mapping.clone()
+    slots[-1] = slots[0]
+    before = step.k_cache.clone(), step.v_cache.clone()
+    match = (
+        rf"slot_mapping: expected each slot at most once .*got slot {int(slots[0])} at "
+        rf"tokens 0 and {len(slots) - 1}"
+    )
+    with pytest.raises(ValueError, match=match):
+        _attend(step, slot_mapping=slots)
+    with pytest.raises(ValueError, match=match):
+        kv_cache_write(step.k, step.v, step.k_cache, step.v_cache, slots)
+    assert same_bits(step.k_cache, before[0]) and same_bits(step.v_cache, before[1])
+    slots[-1] = -1  # -1 may repeat
+    slots[1] = -1
+    kv_cache_write(step.k, step.v, step.k_cache, step.v_cache, slots)
