@@ -302,6 +302,42 @@ def _check_lengths(
         raise ValueError(f"cached_seq_len: expected values >= 0; got {cached_seq_len.tolist()}")
 
 
+def _check_slots_follow_table(
+    slot_mapping: Tensor,
+    block_table: Tensor,
+    cached_seq_len: Tensor,
+    query_start_loc: Tensor,
+    block_size: int,
+) -> None:
+    """Each new token's slot is the cache position its queries read it back from:
+    block_table[s, p // block_size] * block_size + p % block_size for token i of sequence
+    s at position p = cached_seq_len[s] + i (or -1: not written, the cache already holds
+    it). Padding tokens (past query_start_loc[-1]) are not checked. Eager: a host read."""
+    slots = host_numpy(slot_mapping).astype(np.int64).reshape(-1)
+    qsl = host_numpy(query_start_loc).astype(np.int64)
+    ctx = host_numpy(cached_seq_len).astype(np.int64).reshape(-1)
+    table = host_numpy(block_table).astype(np.int64)
+    qlen = qsl[1:] - qsl[:-1]
+    seq = np.repeat(np.arange(len(qlen)), qlen)  # each live token's sequence
+    tok = np.arange(int(qsl[-1]))
+    pos = ctx[seq] + tok - qsl[seq]
+    col = pos // block_size
+    inside = col < table.shape[1]  # keys past the table: `check_keys` names cached_seq_len
+    want = np.full_like(pos, -1)
+    want[inside] = table[seq[inside], col[inside]] * block_size + pos[inside] % block_size
+    bad = inside & (slots[tok] >= 0) & (slots[tok] != want)
+    if bad.any():
+        t = int(np.flatnonzero(bad)[0])
+        s, c = int(seq[t]), int(col[t])
+        raise ValueError(
+            f"slot_mapping: expected the slot block_table[s, p // {block_size}] * {block_size} + "
+            f"p % {block_size} of each new token (position p of sequence s; -1: not written), "
+            f"where its queries read it back; got {int(slots[t])} at token {t} (sequence {s}, "
+            f"position {int(pos[t])}: slot {int(want[t])}, block_table[{s}, {c}] = "
+            f"{int(table[s, c])})"
+        )
+
+
 def _serving_attention_op(
     q: Tensor,
     k: Tensor | None,
@@ -331,9 +367,13 @@ def _serving_attention_op(
         )  # fmt: skip
     _check_lengths(query_start_loc, cached_seq_len, q.shape[0], max_query_len)
     _check_scale_values(k_scale, v_scale, softmax_scale, q.shape[2])
+    geo = CacheGeometry.of(k_cache, layout)
+    if slot_mapping is not None:
+        _check_slots_follow_table(slot_mapping, block_table, cached_seq_len, query_start_loc,
+                                  geo.block_size)  # fmt: skip
     qsl = host_numpy(query_start_loc).astype(np.int64)
     ctx = host_numpy(cached_seq_len).reshape(-1).astype(np.int64)
-    group = q.shape[1] // CacheGeometry.of(k_cache, layout).kv_heads
+    group = q.shape[1] // geo.kv_heads
     decode = decode_sequences(qsl[1:] - qsl[:-1], ctx, group, k_cache.dtype, sliding_window)
     if decode.any():
         # decode rows / drafts: the streamed decode body (with the segmented body for the

@@ -39,3 +39,28 @@ def test_duplicate_slot_refused_cache_untouched(kind: str) -> None:
     slots[-1] = -1  # -1 may repeat
     slots[1] = -1
     kv_cache_write(step.k, step.v, step.k_cache, step.v_cache, slots)
+
+
+@pytest.mark.parametrize("kind", sorted(STEPS))
+def test_slot_off_the_block_table_refused(kind: str) -> None:
+    """A new token written at a slot other than where its sequence's block table puts its
+    position: its queries would read the (stale, here NaN) table position instead. -1 (the
+    cache already holds the token) and padding tokens' slots stay free."""
+    step = make_step(STEPS[kind], pad_tokens=1)
+    bs = step.k_cache.shape[1]
+    spare = int(step.block_table[0, -1])  # a block outside sequence 0's keys
+    slots = step.slot_mapping.clone()
+    slots[0] = spare * bs + 15
+    pos, blk = int(step.cached_seq_len[0]), int(step.block_table[0, 1])
+    match = (
+        rf"slot_mapping: expected the slot block_table\[s, p // {bs}\].*got {spare * bs + 15} "
+        rf"at token 0 \(sequence 0, position {pos}: slot {blk * bs + pos % bs}, "
+        rf"block_table\[0, 1\] = {blk}\)"
+    )
+    before = step.k_cache.clone()
+    with pytest.raises(ValueError, match=match):
+        _attend(step, slot_mapping=slots)
+    assert same_bits(step.k_cache, before)
+    slots = step.slot_mapping.clone()
+    slots[-1] = spare * bs + 15  # a padding token may write anywhere
+    _attend(step, slot_mapping=slots)
