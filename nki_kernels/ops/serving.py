@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..runtime.host_array import host_numpy
 from ..serving.decode_step_host import decode_sequences, serving_decode
-from ..serving.host import FP8_MAX, LAYOUTS, CacheGeometry, write_cache
+from ..serving.host import FP8_MAX, LAYOUTS, CacheGeometry, check_keys, write_cache, write_rows
 from ..serving.host import serving_attention as _serving_attention
 from .attention import SOFTMAX_SCALE_MIN, check_softmax_scale
 from .checks import FLOAT_DTYPES, check_is_tensor, check_tensor
@@ -307,25 +307,28 @@ def _check_slots_follow_table(
     block_table: Tensor,
     cached_seq_len: Tensor,
     query_start_loc: Tensor,
-    block_size: int,
+    geo: CacheGeometry,
 ) -> None:
-    """Each new token's slot is the cache position its queries read it back from:
-    block_table[s, p // block_size] * block_size + p % block_size for token i of sequence
-    s at position p = cached_seq_len[s] + i (or -1: not written, the cache already holds
-    it). Padding tokens (past query_start_loc[-1]) are not checked. Eager: a host read."""
+    """The block table (`check_keys`), slots inside the cache and none twice
+    (`write_rows`), then each new token's slot the cache position its queries read it
+    back from: block_table[s, p // block_size] * block_size + p % block_size for token i
+    of sequence s at position p = cached_seq_len[s] + i (or -1: not written, the cache
+    already holds it). Padding tokens (past query_start_loc[-1]) are not checked against
+    the table. Eager: a host read."""
     slots = host_numpy(slot_mapping).astype(np.int64).reshape(-1)
     qsl = host_numpy(query_start_loc).astype(np.int64)
     ctx = host_numpy(cached_seq_len).astype(np.int64).reshape(-1)
     table = host_numpy(block_table).astype(np.int64)
     qlen = qsl[1:] - qsl[:-1]
+    check_keys(qlen, ctx, table, geo)  # the table's capacity and block ids first
+    write_rows(slots, geo)
+    block_size = geo.block_size
     seq = np.repeat(np.arange(len(qlen)), qlen)  # each live token's sequence
     tok = np.arange(int(qsl[-1]))
     pos = ctx[seq] + tok - qsl[seq]
     col = pos // block_size
-    inside = col < table.shape[1]  # keys past the table: `check_keys` names cached_seq_len
-    want = np.full_like(pos, -1)
-    want[inside] = table[seq[inside], col[inside]] * block_size + pos[inside] % block_size
-    bad = inside & (slots[tok] >= 0) & (slots[tok] != want)
+    want = table[seq, col] * block_size + pos % block_size
+    bad = (slots[tok] >= 0) & (slots[tok] != want)
     if bad.any():
         t = int(np.flatnonzero(bad)[0])
         s, c = int(seq[t]), int(col[t])
@@ -370,7 +373,7 @@ def _serving_attention_op(
     geo = CacheGeometry.of(k_cache, layout)
     if slot_mapping is not None:
         _check_slots_follow_table(slot_mapping, block_table, cached_seq_len, query_start_loc,
-                                  geo.block_size)  # fmt: skip
+                                  geo)  # fmt: skip
     qsl = host_numpy(query_start_loc).astype(np.int64)
     ctx = host_numpy(cached_seq_len).reshape(-1).astype(np.int64)
     group = q.shape[1] // geo.kv_heads
