@@ -86,6 +86,14 @@ def _check_scale(arg: str, s: Tensor | None, hkv: int, cache_dtype: torch.dtype)
         )
 
 
+def _check_devices(ref_arg: str, ref: Tensor, **named: Tensor | None) -> None:
+    """The launch's tensors on `ref`'s device (the metadata, sinks and scales are read on
+    the host and may sit anywhere)."""
+    for arg, t in named.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{arg}: expected device {ref.device} (as {ref_arg}); got {t.device}")
+
+
 def _check_scale_values(
     k_scale: Tensor | None,
     v_scale: Tensor | None,
@@ -149,6 +157,7 @@ def _validate_write(
     check_tensor("k", k, dtypes=FLOAT_DTYPES, min_dim=3)
     _check_new_rows(k, v, slot_mapping, k.shape[0], k.dtype)
     _check_cache(k_cache, v_cache, layout, k.shape[1], k.shape[2])
+    _check_devices("k", k, v=v, k_cache=k_cache, v_cache=v_cache)
     if k_cache.dtype not in FP8_MAX and k_cache.dtype != k.dtype:
         raise ValueError(
             f"k_cache: expected dtype {k.dtype} (as k) or an fp8 dtype; got {k_cache.dtype}"
@@ -227,6 +236,7 @@ def _validate_attention(
             f"128 query heads each; got {hkv}"
         )
     _check_cache(k_cache, v_cache, layout, hkv, d)
+    _check_devices("q", q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
     if k_cache.dtype not in FP8_MAX and k_cache.dtype != q.dtype:
         raise ValueError(
             f"k_cache: expected dtype {q.dtype} (as q) or an fp8 dtype; got {k_cache.dtype}"

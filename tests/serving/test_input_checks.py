@@ -64,3 +64,25 @@ def test_slot_off_the_block_table_refused(kind: str) -> None:
     slots = step.slot_mapping.clone()
     slots[-1] = spare * bs + 15  # a padding token may write anywhere
     _attend(step, slot_mapping=slots)
+
+
+@pytest.mark.parametrize("kind", sorted(STEPS))
+def test_tensors_on_two_devices_named(kind: str, neuron: str) -> None:
+    """q, k, v and the caches on different devices: the error names the argument and both
+    devices (it was the launcher's, naming no argument); the metadata may sit anywhere."""
+    step = make_step(STEPS[kind], pad_tokens=1)
+    kc, vc = step.k_cache.to(neuron), step.v_cache.to(neuron)
+    dev = kc.device
+    with pytest.raises(ValueError, match=rf"k_cache: expected device cpu \(as q\); got {dev}"):
+        serving_attention(step.q, kc, vc, step.block_table, step.cached_seq_len,
+                          step.query_start_loc)  # fmt: skip
+    with pytest.raises(ValueError, match=rf"v: expected device {dev} \(as q\); got cpu"):
+        serving_attention(step.q.to(dev), kc, vc, step.block_table, step.cached_seq_len,
+                          step.query_start_loc, k=step.k.to(dev), v=step.v,
+                          slot_mapping=step.slot_mapping)  # fmt: skip
+    with pytest.raises(ValueError, match=rf"v_cache: expected device cpu \(as k\); got {dev}"):
+        kv_cache_write(step.k, step.v, step.k_cache, vc, step.slot_mapping)
+    out = serving_attention(step.q.to(dev), kc, vc, step.block_table, step.cached_seq_len,
+                            step.query_start_loc, k=step.k.to(dev), v=step.v.to(dev),
+                            slot_mapping=step.slot_mapping)  # fmt: skip
+    assert out.device == dev
