@@ -94,6 +94,16 @@ def _check_devices(ref_arg: str, ref: Tensor, **named: Tensor | None) -> None:
             raise ValueError(f"{arg}: expected device {ref.device} (as {ref_arg}); got {t.device}")
 
 
+def _check_distinct_caches(k_cache: Tensor, v_cache: Tensor) -> None:
+    """k_cache and v_cache not one memory (eager: a FakeTensor has no data pointer). Views
+    starting at the same element overlap; vLLM's halves of one [2, ...] tensor do not."""
+    if k_cache.data_ptr() == v_cache.data_ptr():
+        raise ValueError(
+            "v_cache: expected a cache apart from k_cache (V would overwrite the K just "
+            f"written); got a view of the same memory (data_ptr {v_cache.data_ptr():#x})"
+        )
+
+
 def _check_scale_values(
     k_scale: Tensor | None,
     v_scale: Tensor | None,
@@ -186,6 +196,7 @@ def _kv_cache_write(
         call_host_op("kv_cache_write", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
                      layout=layout)  # fmt: skip
         return
+    _check_distinct_caches(k_cache, v_cache)
     _check_scale_values(k_scale, v_scale)
     write_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout)
 
@@ -379,6 +390,7 @@ def _serving_attention_op(
             max_query_len=max_query_len,
         )  # fmt: skip
     _check_lengths(query_start_loc, cached_seq_len, q.shape[0], max_query_len)
+    _check_distinct_caches(k_cache, v_cache)
     _check_scale_values(k_scale, v_scale, softmax_scale, q.shape[2])
     geo = CacheGeometry.of(k_cache, layout)
     if slot_mapping is not None:

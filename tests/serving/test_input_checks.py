@@ -4,6 +4,7 @@ ValueError naming the argument, before anything is written to the caches."""
 from __future__ import annotations
 
 import pytest
+import torch
 from _steps import make_step, same_bits
 
 from nki_kernels.ops.serving import kv_cache_write, serving_attention
@@ -86,3 +87,23 @@ def test_tensors_on_two_devices_named(kind: str, neuron: str) -> None:
                             step.query_start_loc, k=step.k.to(dev), v=step.v.to(dev),
                             slot_mapping=step.slot_mapping)  # fmt: skip
     assert out.device == dev
+
+
+@pytest.mark.parametrize("kind", sorted(STEPS))
+def test_one_tensor_as_both_caches_refused(kind: str) -> None:
+    """The same tensor as k_cache and v_cache: V overwrote the K just written and the
+    attention ran with K = V. Refused; the two halves of one [2, ...] tensor (vLLM's
+    per-layer cache) are two caches and run."""
+    step = make_step(STEPS[kind], pad_tokens=1)
+    kc = step.k_cache.clone()
+    match = "v_cache: expected a cache apart from k_cache"
+    with pytest.raises(ValueError, match=match):
+        kv_cache_write(step.k, step.v, kc, kc, step.slot_mapping)
+    with pytest.raises(ValueError, match=match):
+        serving_attention(step.q, kc, kc.view(kc.shape), step.block_table, step.cached_seq_len,
+                          step.query_start_loc)  # fmt: skip
+    assert same_bits(kc, step.k_cache)
+    pair = torch.stack([step.k_cache, step.v_cache])
+    kv_cache_write(step.k, step.v, pair[0], pair[1], step.slot_mapping)
+    serving_attention(step.q, pair[0], pair[1], step.block_table, step.cached_seq_len,
+                      step.query_start_loc)  # fmt: skip
