@@ -15,7 +15,8 @@ Cache layouts: "nhd" [num_blocks, block_size, Hkv, D] (vLLM), "hnd" [num_blocks,
 block_size, D] (vLLM-Neuron; a contiguous [B, Hkv, S_max, D] cache with block_table
 [[0], [1], ...]). Caches: q's dtype, or fp8 (float8_e4m3fn / float8_e5m2) with k_scale /
 v_scale fp32 of shape [] / [1] (per tensor) or [Hkv] (per head), every element finite
-and >= fp32's smallest normal (read on the host). Slot -1 is skipped.
+and >= fp32's smallest normal (read on the host). Slot -1 is skipped; any other slot
+may appear once (two writes to one slot land in an undefined order: refused).
 
 The step's plan reads the metadata (lengths, block table, slots) on the host, so each op
 is one opaque node under `torch.compile`; no autograd (inference ops).
