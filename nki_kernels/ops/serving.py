@@ -447,6 +447,11 @@ define_op("serving_attention", _serving_attention_op, fake=_fake_attention,
           traceable=True)  # fmt: skip
 
 
+def _check_optional_tensors(**named: Any) -> None:
+    """Each given value a tensor (a float scale reached the schema check: a RuntimeError)."""
+    check_is_tensor(**{arg: t for arg, t in named.items() if t is not None})
+
+
 def kv_cache_write(
     k: Tensor,
     v: Tensor,
@@ -460,6 +465,7 @@ def kv_cache_write(
 ) -> None:
     """`torch.ops.nki.kv_cache_write`: k, v [T, Hkv, D] into the caches at slot_mapping."""
     check_is_tensor(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    _check_optional_tensors(k_scale=k_scale, v_scale=v_scale)
     torch.ops.nki.kv_cache_write(
         k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout=layout
     )
@@ -490,6 +496,8 @@ def serving_attention(
     query_start_loc[-1]) and rows that see no key return 0."""
     check_is_tensor(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                     cached_seq_len=cached_seq_len, query_start_loc=query_start_loc)  # fmt: skip
+    _check_optional_tensors(k=k, v=v, slot_mapping=slot_mapping, sinks=sinks, k_scale=k_scale,
+                            v_scale=v_scale)  # fmt: skip
     return torch.ops.nki.serving_attention(  # type: ignore[no-any-return]
         q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len, query_start_loc,
         sinks, k_scale, v_scale, softmax_scale=softmax_scale, sliding_window=sliding_window,

@@ -136,3 +136,14 @@ def test_nan_v_before_the_window_never_reaches_the_output(kind: str) -> None:
             step.v_cache[int(step.block_table[s, p // bs]), p % bs] = float("nan")
     out = _attend(step, sliding_window=window)
     assert bool(torch.isfinite(out).all()) and torch.equal(out, clean)
+
+
+def test_python_number_scale_named() -> None:
+    """A Python float as a scale (vLLM keeps its scales as tensors): a TypeError naming the
+    argument, not the schema's RuntimeError."""
+    step = make_step(STEPS["prefill"], pad_tokens=1, cache_dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="k_scale: expected a tensor; got float"):
+        kv_cache_write(step.k, step.v, step.k_cache, step.v_cache, step.slot_mapping,
+                       k_scale=0.5)  # type: ignore[arg-type]  # fmt: skip
+    with pytest.raises(TypeError, match="v_scale: expected a tensor; got float"):
+        _attend(step, k_scale=torch.tensor(0.5), v_scale=0.5)
