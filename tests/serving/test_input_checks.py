@@ -7,6 +7,7 @@ import pytest
 import torch
 from _steps import make_step, same_bits
 
+import nki_kernels.serving.functional as NF
 from nki_kernels.ops.serving import kv_cache_write, serving_attention
 
 # a prefill step (the segmented body) and a decode step (the decode body)
@@ -147,3 +148,24 @@ def test_python_number_scale_named() -> None:
                        k_scale=0.5)  # type: ignore[arg-type]  # fmt: skip
     with pytest.raises(TypeError, match="v_scale: expected a tensor; got float"):
         _attend(step, k_scale=torch.tensor(0.5), v_scale=0.5)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, 1e-39, float("inf")])
+def test_attention_decode_names_the_multiplier_given(bad: float) -> None:
+    """attention_decode takes the plugin's k_scale / v_scale (multipliers) and hands the op
+    their inverses: a bad one is named with the value the caller gave (0 was reported as
+    'got inf'), before anything is written."""
+    g = torch.Generator().manual_seed(0)
+    hq, hkv, dh, bs = 4, 2, 16, 16
+    x = torch.randn(2, 1, 64, generator=g)
+    w = torch.randn(64, dh * (hq + 2 * hkv), generator=g) * 0.1
+    kc = torch.zeros(4, hkv, bs, dh, dtype=torch.float8_e4m3fn)
+    vc = kc.clone()
+    with pytest.raises(ValueError, match=rf"v_scale: expected a finite multiplier .*got {bad:g}$"):
+        NF.attention_decode(
+            x, W_qkv=w, K_cache=kc, V_cache=vc, q_heads=hq,
+            block_tables=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+            cached_seq_len=torch.tensor([3, 5]), slot_mapping=torch.tensor([3, 2 * bs + 5]),
+            k_scale=torch.tensor(0.5), v_scale=torch.tensor(bad),
+        )  # fmt: skip
+    assert not kc.float().any() and not vc.float().any()
