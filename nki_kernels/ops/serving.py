@@ -15,7 +15,8 @@ Cache layouts: "nhd" [num_blocks, block_size, Hkv, D] (vLLM), "hnd" [num_blocks,
 block_size, D] (vLLM-Neuron; a contiguous [B, Hkv, S_max, D] cache with block_table
 [[0], [1], ...]). Caches: q's dtype, or fp8 (float8_e4m3fn / float8_e5m2) with k_scale /
 v_scale fp32 of shape [] / [1] (per tensor) or [Hkv] (per head), every element finite
-and >= fp32's smallest normal (read on the host). Slot -1 is skipped.
+and >= fp32's smallest normal (read on the host). Slot -1 is skipped; any other slot
+may appear once (two writes to one slot land in an undefined order: refused).
 
 The step's plan reads the metadata (lengths, block table, slots) on the host, so each op
 is one opaque node under `torch.compile`; no autograd (inference ops).
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from ..runtime.host_array import host_numpy
 from ..serving.decode_step_host import decode_sequences, serving_decode
-from ..serving.host import FP8_MAX, LAYOUTS, CacheGeometry, write_cache
+from ..serving.host import FP8_MAX, LAYOUTS, CacheGeometry, check_keys, write_cache, write_rows
 from ..serving.host import serving_attention as _serving_attention
 from .attention import SOFTMAX_SCALE_MIN, check_softmax_scale
 from .checks import FLOAT_DTYPES, check_is_tensor, check_tensor
@@ -83,6 +84,24 @@ def _check_scale(arg: str, s: Tensor | None, hkv: int, cache_dtype: torch.dtype)
         raise ValueError(
             f"{arg}: expected shape [] or [1] (per tensor) or [{hkv}] (per KV head); got "
             f"{tuple(s.shape)}"
+        )
+
+
+def _check_devices(ref_arg: str, ref: Tensor, **named: Tensor | None) -> None:
+    """The launch's tensors on `ref`'s device (the metadata, sinks and scales are read on
+    the host and may sit anywhere)."""
+    for arg, t in named.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{arg}: expected device {ref.device} (as {ref_arg}); got {t.device}")
+
+
+def _check_distinct_caches(k_cache: Tensor, v_cache: Tensor) -> None:
+    """k_cache and v_cache not one memory (eager: a FakeTensor has no data pointer). Views
+    starting at the same element overlap; vLLM's halves of one [2, ...] tensor do not."""
+    if k_cache.data_ptr() == v_cache.data_ptr():
+        raise ValueError(
+            "v_cache: expected a cache apart from k_cache (V would overwrite the K just "
+            f"written); got a view of the same memory (data_ptr {v_cache.data_ptr():#x})"
         )
 
 
@@ -149,6 +168,7 @@ def _validate_write(
     check_tensor("k", k, dtypes=FLOAT_DTYPES, min_dim=3)
     _check_new_rows(k, v, slot_mapping, k.shape[0], k.dtype)
     _check_cache(k_cache, v_cache, layout, k.shape[1], k.shape[2])
+    _check_devices("k", k, v=v, k_cache=k_cache, v_cache=v_cache)
     if k_cache.dtype not in FP8_MAX and k_cache.dtype != k.dtype:
         raise ValueError(
             f"k_cache: expected dtype {k.dtype} (as k) or an fp8 dtype; got {k_cache.dtype}"
@@ -177,6 +197,7 @@ def _kv_cache_write(
         call_host_op("kv_cache_write", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
                      layout=layout)  # fmt: skip
         return
+    _check_distinct_caches(k_cache, v_cache)
     _check_scale_values(k_scale, v_scale)
     write_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout)
 
@@ -227,6 +248,7 @@ def _validate_attention(
             f"128 query heads each; got {hkv}"
         )
     _check_cache(k_cache, v_cache, layout, hkv, d)
+    _check_devices("q", q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
     if k_cache.dtype not in FP8_MAX and k_cache.dtype != q.dtype:
         raise ValueError(
             f"k_cache: expected dtype {q.dtype} (as q) or an fp8 dtype; got {k_cache.dtype}"
@@ -302,6 +324,45 @@ def _check_lengths(
         raise ValueError(f"cached_seq_len: expected values >= 0; got {cached_seq_len.tolist()}")
 
 
+def _check_slots_follow_table(
+    slot_mapping: Tensor,
+    block_table: Tensor,
+    cached_seq_len: Tensor,
+    query_start_loc: Tensor,
+    geo: CacheGeometry,
+) -> None:
+    """The block table (`check_keys`), slots inside the cache and none twice
+    (`write_rows`), then each new token's slot the cache position its queries read it
+    back from: block_table[s, p // block_size] * block_size + p % block_size for token i
+    of sequence s at position p = cached_seq_len[s] + i (or -1: not written, the cache
+    already holds it). Padding tokens (past query_start_loc[-1]) are not checked against
+    the table. Eager: a host read."""
+    slots = host_numpy(slot_mapping).astype(np.int64).reshape(-1)
+    qsl = host_numpy(query_start_loc).astype(np.int64)
+    ctx = host_numpy(cached_seq_len).astype(np.int64).reshape(-1)
+    table = host_numpy(block_table).astype(np.int64)
+    qlen = qsl[1:] - qsl[:-1]
+    check_keys(qlen, ctx, table, geo)  # the table's capacity and block ids first
+    write_rows(slots, geo)
+    block_size = geo.block_size
+    seq = np.repeat(np.arange(len(qlen)), qlen)  # each live token's sequence
+    tok = np.arange(int(qsl[-1]))
+    pos = ctx[seq] + tok - qsl[seq]
+    col = pos // block_size
+    want = table[seq, col] * block_size + pos % block_size
+    bad = (slots[tok] >= 0) & (slots[tok] != want)
+    if bad.any():
+        t = int(np.flatnonzero(bad)[0])
+        s, c = int(seq[t]), int(col[t])
+        raise ValueError(
+            f"slot_mapping: expected the slot block_table[s, p // {block_size}] * {block_size} + "
+            f"p % {block_size} of each new token (position p of sequence s; -1: not written), "
+            f"where its queries read it back; got {int(slots[t])} at token {t} (sequence {s}, "
+            f"position {int(pos[t])}: slot {int(want[t])}, block_table[{s}, {c}] = "
+            f"{int(table[s, c])})"
+        )
+
+
 def _serving_attention_op(
     q: Tensor,
     k: Tensor | None,
@@ -330,10 +391,15 @@ def _serving_attention_op(
             max_query_len=max_query_len,
         )  # fmt: skip
     _check_lengths(query_start_loc, cached_seq_len, q.shape[0], max_query_len)
+    _check_distinct_caches(k_cache, v_cache)
     _check_scale_values(k_scale, v_scale, softmax_scale, q.shape[2])
+    geo = CacheGeometry.of(k_cache, layout)
+    if slot_mapping is not None:
+        _check_slots_follow_table(slot_mapping, block_table, cached_seq_len, query_start_loc,
+                                  geo)  # fmt: skip
     qsl = host_numpy(query_start_loc).astype(np.int64)
     ctx = host_numpy(cached_seq_len).reshape(-1).astype(np.int64)
-    group = q.shape[1] // CacheGeometry.of(k_cache, layout).kv_heads
+    group = q.shape[1] // geo.kv_heads
     decode = decode_sequences(qsl[1:] - qsl[:-1], ctx, group, k_cache.dtype, sliding_window)
     if decode.any():
         # decode rows / drafts: the streamed decode body (with the segmented body for the
@@ -381,6 +447,11 @@ define_op("serving_attention", _serving_attention_op, fake=_fake_attention,
           traceable=True)  # fmt: skip
 
 
+def _check_optional_tensors(**named: Any) -> None:
+    """Each given value a tensor (a float scale reached the schema check: a RuntimeError)."""
+    check_is_tensor(**{arg: t for arg, t in named.items() if t is not None})
+
+
 def kv_cache_write(
     k: Tensor,
     v: Tensor,
@@ -394,6 +465,7 @@ def kv_cache_write(
 ) -> None:
     """`torch.ops.nki.kv_cache_write`: k, v [T, Hkv, D] into the caches at slot_mapping."""
     check_is_tensor(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    _check_optional_tensors(k_scale=k_scale, v_scale=v_scale)
     torch.ops.nki.kv_cache_write(
         k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, layout=layout
     )
@@ -424,6 +496,8 @@ def serving_attention(
     query_start_loc[-1]) and rows that see no key return 0."""
     check_is_tensor(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                     cached_seq_len=cached_seq_len, query_start_loc=query_start_loc)  # fmt: skip
+    _check_optional_tensors(k=k, v=v, slot_mapping=slot_mapping, sinks=sinks, k_scale=k_scale,
+                            v_scale=v_scale)  # fmt: skip
     return torch.ops.nki.serving_attention(  # type: ignore[no-any-return]
         q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len, query_start_loc,
         sinks, k_scale, v_scale, softmax_scale=softmax_scale, sliding_window=sliding_window,

@@ -50,11 +50,13 @@ the positions follow from `cached_seq_len`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from ..ops.attention import flash_attention as _flash_attention
-from ..ops.serving import kv_cache_write, serving_attention
+from ..ops.serving import KV_SCALE_MIN, kv_cache_write, serving_attention
 from ..ops.sinks import sink_attention
 
 
@@ -263,6 +265,15 @@ def attention_decode(
         if sc is not None and sc.numel() != 1:
             # one multiplier: the caller folds its inverse into the scalar softmax_scale / W_out
             raise ValueError(f"{arg}: expected one value (per tensor); got shape {tuple(sc.shape)}")
+        if sc is not None:
+            # checked as the caller wrote it: the op below receives 1 / sc
+            val = float(sc.detach().to("cpu", torch.float64).reshape(-1)[0])
+            if not (math.isfinite(val) and KV_SCALE_MIN <= val <= 1.0 / KV_SCALE_MIN):
+                raise ValueError(
+                    f"{arg}: expected a finite multiplier in [{KV_SCALE_MIN:g}, "
+                    f"{1.0 / KV_SCALE_MIN:g}] (the cache holds x * {arg}; 1 / {arg} is the "
+                    f"write's scale); got {val:g}"
+                )
     if k_scale is not None and v_scale is not None:
         # The plugin's FP8 convention: the cache holds x * k_scale and the caller folded
         # the dequantization into softmax_scale and W_out, so the attention reads the

@@ -83,7 +83,8 @@ def kv_scales(
 def write_rows(slot_mapping: np.ndarray, geo: CacheGeometry) -> np.ndarray:
     """int32 [T, 1] layout rows of the new tokens' slots (-1 where slot == -1).
 
-    Raises ValueError naming `slot_mapping` for a slot outside the cache."""
+    Raises ValueError naming `slot_mapping` for a slot outside the cache or a slot given
+    twice."""
     slots = slot_mapping.astype(np.int64).reshape(-1)
     capacity = geo.num_blocks * geo.block_size
     bad = (slots < -1) | (slots >= capacity)
@@ -92,6 +93,18 @@ def write_rows(slot_mapping: np.ndarray, geo: CacheGeometry) -> np.ndarray:
             f"slot_mapping: expected slots in [0, {capacity}) (num_blocks * block_size = "
             f"{geo.num_blocks} * {geo.block_size}) or -1 (skip); got {int(slots[bad][0])} at "
             f"token {int(np.flatnonzero(bad)[0])}"
+        )
+    live = np.flatnonzero(slots >= 0)
+    order = live[np.argsort(slots[live], kind="stable")]
+    dup = np.flatnonzero(slots[order][1:] == slots[order][:-1])
+    if dup.size:
+        # two rows scattered to one slot: which lands last is not defined (the DMA queues
+        # of a launch, both programs of LNC 2; vLLM's reshape_and_cache, a thread block per
+        # token, leaves it undefined too)
+        i, j = int(order[dup[0]]), int(order[dup[0] + 1])
+        raise ValueError(
+            f"slot_mapping: expected each slot at most once (-1, skip, excepted); got slot "
+            f"{int(slots[i])} at tokens {i} and {j}"
         )
     rows = np.where(slots >= 0, geo.row(np.maximum(slots, 0)), -1)
     return rows.astype(np.int32).reshape(-1, 1)
