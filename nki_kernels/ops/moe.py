@@ -46,7 +46,7 @@ from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
 from .moe_decode import decode_experts, use_decode_mode
-from .registry import call_host_op, define_host_op, define_op, tracing
+from .registry import call_host_op, define_host_op, define_op, override_autograd, tracing
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
 ID_DTYPES = (torch.int32, torch.int64)
@@ -690,6 +690,7 @@ def _route_training_calls() -> None:
     with warnings.catch_warnings():  # replacing custom_op's Autograd kernel is intended
         warnings.simplefilter("ignore", UserWarning)
         lib.impl("moe_mlp", _mlp_autograd, "Autograd", with_keyset=True)
+    override_autograd("moe_mlp", _mlp_autograd)  # behind the forward-AD guard's keys
 
 
 _route_training_calls()

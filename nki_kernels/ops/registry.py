@@ -441,6 +441,15 @@ def call_host_op(name: str, *args: Any, **kwargs: Any) -> Any:
 
 # Registrations live as long as the library object: module-level, like the ops themselves.
 _FORWARD_AD_LIB = torch.library.Library(NAMESPACE, "IMPL")
+# Autograd kernels an op module installs after `define_op` (the forward-AD guard below sits
+# on the backends' autograd keys, above the alias key such a module replaces).
+_AUTOGRAD_OVERRIDES: dict[str, Callable[..., Any]] = {}
+
+
+def override_autograd(name: str, kernel: Callable[..., Any]) -> None:
+    """Route `torch.ops.nki.<name>`'s autograd dispatch (behind the forward-AD guard) to
+    `kernel(keyset, *args, **kwargs)` instead of the kernel custom_op registered."""
+    _AUTOGRAD_OVERRIDES[name] = kernel
 
 
 def _tangent_argument(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -485,6 +494,9 @@ def _refuse_forward_ad(name: str) -> None:
                     "carries a tangent. Use reverse mode (loss.backward() or "
                     "torch.autograd.grad) instead"
                 )
+            override = _AUTOGRAD_OVERRIDES.get(name)
+            if override is not None:
+                return override(keyset, *args, **kwargs)
             return _kernel.call_boxed(keyset, *args, **kwargs)
 
         _FORWARD_AD_LIB.impl(name, guarded, key, with_keyset=True)
