@@ -316,6 +316,8 @@ class _MoEOp:
             TensorSpec((1, b // 128 + 1), "int32"),
             TensorSpec((t, k), "int32"),
             TensorSpec((t, k), "float32"),
+            None,  # save_cols: the inference forward (nothing saved)
+            None,  # save_holes
             kinds,
             False,
         )
@@ -355,7 +357,7 @@ class _MoEOp:
         bs = int(config.block_size)  # type: ignore[attr-defined]
         plan = plan_blocks(ids.numpy(), weights.numpy(), e, bs, sized=True)
         args = (x, wgu, wd, plan.slot_token, plan.block_expert, plan.kind_bounds,
-                plan.token_slot, plan.token_weight, None, plan.may_drop)  # fmt: skip
+                plan.token_slot, plan.token_weight, None, None, None, plan.may_drop)  # fmt: skip
         return args, logits
 
     def device_launcher(self, p: Any, config: KernelConfig, target: Target) -> Any:
