@@ -270,7 +270,7 @@ def _validate_attention(
         raise ValueError(f"block_table: expected [S, max_blocks]; got {tuple(block_table.shape)}")
     n_seq = block_table.shape[0]
     check_tensor("cached_seq_len", cached_seq_len, dtypes=INDEX_DTYPES)
-    if cached_seq_len.numel() != n_seq or cached_seq_len.dim() > 2:
+    if tuple(cached_seq_len.shape) not in ((n_seq,), (n_seq, 1)):
         raise ValueError(
             f"cached_seq_len: expected [S = {n_seq}] (or [S, 1]); got {tuple(cached_seq_len.shape)}"
         )

@@ -17,8 +17,9 @@ STEPS = {"prefill": [(20, 3), (4, 2)], "decode": [(20, 1), (4, 1)]}
 def _attend(step, **kw):  # type: ignore[no-untyped-def]
     a = dict(k=step.k, v=step.v, slot_mapping=step.slot_mapping)
     a.update(kw)
-    return serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
-                             step.cached_seq_len, step.query_start_loc, **a)  # fmt: skip
+    ctx = a.pop("cached_seq_len", step.cached_seq_len)
+    return serving_attention(step.q, step.k_cache, step.v_cache, step.block_table, ctx,
+                             step.query_start_loc, **a)  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", sorted(STEPS))
@@ -169,3 +170,14 @@ def test_attention_decode_names_the_multiplier_given(bad: float) -> None:
             k_scale=torch.tensor(0.5), v_scale=torch.tensor(bad),
         )  # fmt: skip
     assert not kc.float().any() and not vc.float().any()
+
+
+def test_cached_seq_len_shape() -> None:
+    """[S] or [S, 1] (vLLM-Neuron's prior_tokens); [1, S] or [S, 1, 1] (a transposed or
+    doubled batch axis) are refused naming cached_seq_len."""
+    step = make_step(STEPS["prefill"], pad_tokens=1)
+    ctx = step.cached_seq_len
+    for bad in (ctx.reshape(1, -1), ctx.reshape(-1, 1, 1)):
+        with pytest.raises(ValueError, match=r"cached_seq_len: expected \[S = 2\] \(or \[S, 1\]\)"):
+            _attend(step, cached_seq_len=bad)
+    torch.testing.assert_close(_attend(step, cached_seq_len=ctx.reshape(-1, 1)), _attend(step))
