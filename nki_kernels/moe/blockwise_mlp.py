@@ -69,19 +69,17 @@ multiples of 128) are sliced.
 
 Saving gate / up (training: `save_cols` given; `moe_mlp_train`). The backward needs the
 pre-activation gate and up of every routed row; instead of recomputing them (two matmul
-passes and PE transposes of the weights there), the forward keeps each I tile's g and u
-once its H contraction is done, rounded to the dtype (one PSUM-to-SBUF copy each, ScalarE
-/ VectorE), and stores a chunk's tiles at the chunk's end to gate_up (`saved_shape`:
-[slot sub-tile, 128, 2 * ceil(I/128) row tiles, 128 slots]), at the backward plan's slot
-sub-tiles from `save_cols[b]` on. I stays on partitions because that is how phase A of
-the backward consumes gT / uT ([tile_i rows, sub_block tokens] per chunk, no transpose),
-and a sub-tile's row tiles are contiguous per partition so both sides move runs of a
-chunk's tiles * 128 elements. The slots are the backward plan's (a forward block's rows
-are consecutive slots there too; `grouping.gate_up_columns`). Padding rows are zeros, so
-their g = u = 0; the sub-tiles no block writes (holes, `save_holes`: the backward's
-padding sub-tiles, unused and spare blocks) are zeroed after the blocks, so the array is
-defined everywhere. The output and its arithmetic are unchanged (bit-identical to the
-inference forward, which stores nothing).
+passes and PE transposes of the weights there), the forward stores each I tile's g and u
+once its H contraction is done: rounded to the dtype (one PSUM-to-SBUF copy each, ScalarE
+/ VectorE) and DMA'd to gate_up [2I, NC] (gate rows :I, up rows I:) at this block's
+column `save_cols[b]`, as [I rows, the block's slots] (runs of s * 128 elements). The
+layout is I-major because that is how phase A of the backward consumes gT / uT ([tile_i
+rows, sub_block tokens] per chunk: one DMA of runs of sub_block elements, no transpose),
+and its columns are the backward plan's slots (a forward block's rows are consecutive
+slots there too; `grouping.gate_up_columns`). Padding rows are zeros, so their g = u = 0;
+the backward's sub-tiles past an expert's last 128 rows (holes, `save_holes`) are zeroed
+after the blocks, so the backward reads no stale HBM. The output and its arithmetic are
+unchanged (bit-identical to the inference forward, which stores nothing).
 
 Limits: B in {128, 256, 512, 1024}; H, I any size (SBUF/PSUM fit is checked by
 config.validate); dtype bf16 or fp32 for hidden and weights alike.
@@ -103,7 +101,6 @@ from .tiles import (
     gather_rows,
     load_weight_rows,
     psum_accumulators,
-    saved_shape,
     tile_rows,
     transpose_into,
 )
@@ -140,10 +137,9 @@ def moe_mlp_fwd(
     kind_bounds[j + 1])); token_slot [T, k] int32; token_weight [T, k] fp32.
     `static_kinds` (None, or the block count of each size, largest first: static loops);
     `may_drop` (bool) is True when some token_slot may be out of range.
-    save_cols [NB, 1] int32 (or None: nothing saved): the slot sub-tile of each block's
-    first row in `gate_up` (`saved_shape`); save_holes [NQ + 1, 1] int32: [0] = the
-    number of holes (sub-tiles no block writes), [1..] the holes (NQ: gate_up's
-    sub-tiles, from its shape);
+    save_cols [NB, 1] int32 (or None: nothing saved): the first column of each block's
+    rows in `gate_up`; save_holes [NC/128 + 1, 1] int32: [0] = the number of 128-column
+    holes, [1..] their first columns (NC, the saved width, from its shape);
     `static_holes` (pricing): that count as a static loop.
     """
     t_count, h = hidden.shape
@@ -164,9 +160,9 @@ def moe_mlp_fwd(
     y_slots = nl.ndarray((nb * block_size + 1, h), dtype=hidden.dtype, buffer=nl.shared_hbm)
     ws = (hidden, w_gate_up, w_down, slot_token, block_expert, y_slots)
     gate_up = None
-    if save_cols is not None:  # training: pre-activation gate and up, see saved_shape
-        shape = saved_shape(save_holes.shape[0] - 1, d["I"])
-        gate_up = nl.ndarray(shape, dtype=hidden.dtype, buffer=nl.shared_hbm)
+    if save_cols is not None:  # training: [2I, NC] pre-activation gate (rows :I) and up
+        ncol = (save_holes.shape[0] - 1) * P
+        gate_up = nl.ndarray((2 * d["I"], ncol), dtype=hidden.dtype, buffer=nl.shared_hbm)
         d["save"] = (gate_up, save_cols)
 
     if pid < nb:  # else (a one-block plan at LNC 2) this program has no block to run
@@ -333,68 +329,59 @@ def _fwd_block(
         nisa.dma_copy(dst=view, src=yc)
 
     keep: Any = None
-    if "save" in d:  # training: this block's first slot sub-tile in gate_up
-        q0 = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=q0, src=block_ap(d["save"][1], addr, [[1, 1], [1, 1]]))
+    if "save" in d:  # training: this block's first column in gate_up
+        col = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=col, src=block_ap(d["save"][1], addr, [[1, 1], [1, 1]]))
 
-        def keep(chunk: tuple[int, int]) -> Any:
-            return _GateUpKeeper(dk, d["save"][0], q0, chunk)
+        def keep(i_row: int, cw: int, g_ps: Any, u_ps: Any) -> None:
+            _keep_gate_up(dk, d["save"][0], col, (i_row, cw), (g_ps, u_ps))
 
     hooks = (fetch, gather_next if spread else None, store, keep)
     _expert_mlp(dk, cfg, w_down, exp, xT, hooks)
 
 
-class _GateUpKeeper:
-    """Rounds each I tile's gate / up PSUM of one chunk into SBUF (ScalarE: g, VectorE:
-    u) and, at the chunk's end (`flush`), stores them to gate_up: per 128-slot sub-tile c
-    of the block one DMA each for g and u (runs of the chunk's tiles * 128 elements)."""
-
-    def __init__(self, d: dict[str, Any], gate_up: Any, q0: Any, chunk: tuple[int, int]):
-        self.d, self.gate_up, self.q0 = d, gate_up, q0
-        self.i0, self.icw = chunk
-        nit = cdiv(self.icw, P)
-        self.bufs = [nl.ndarray((P, nit, d["B"]), dtype=d["dt"], buffer=nl.sbuf) for _ in "gu"]
-
-    def tile(self, it: int, cw: int, g_ps: Any, u_ps: Any) -> None:
-        engines = (nisa.engine.scalar, nisa.engine.vector)
-        for buf, ps, eng in zip(self.bufs, (g_ps, u_ps), engines):
-            if cw < P:  # a ragged last I tile: its rows past I are stored as zeros
-                nisa.memset(dst=buf[cw:P, it, :], value=0.0)
-            nisa.tensor_copy(dst=buf[0:cw, it, :], src=ps[0:cw, 0 : self.d["B"]], engine=eng)
-
-    def flush(self) -> None:
-        gate_up, nit = self.gate_up, cdiv(self.icw, P)
-        _, _, nj, _ = gate_up.shape
-        tile0 = self.i0 // P
-        for buf, j0 in zip(self.bufs, (tile0, nj // 2 + tile0)):
-            for c in range(self.d["NS"]):
-                pat = [[nj * P, P], [P, nit], [1, P]]
-                off = c * P * nj * P + j0 * P
-                view = gate_up.ap(pat, offset=off, scalar_offset=self.q0, indirect_dim=0)
-                nisa.dma_copy(dst=view, src=buf[:, :, c * P : (c + 1) * P])
+def _keep_gate_up(d: dict[str, Any], gate_up: Any, col: Any, rows: Any, accs: Any) -> None:
+    """gate_up[i_row + r, col + c] = g[r, c] and gate_up[I + i_row + r, col + c] = u[r, c]
+    for one I tile of the block (r < cw, c < the block's slots), rounded to the dtype as
+    one PSUM-to-SBUF copy each (ScalarE: g, VectorE: u; the SwiGLU read them already)."""
+    i_row, cw = rows
+    bsz, ncol = d["B"], gate_up.shape[1]
+    engines = (nisa.engine.scalar, nisa.engine.vector)
+    for ps, r0, eng in zip(accs, (i_row, d["I"] + i_row), engines):
+        sb = nl.ndarray((P, bsz), dtype=d["dt"], buffer=nl.sbuf)
+        nisa.tensor_copy(dst=sb[0:cw, :], src=ps[0:cw, 0:bsz], engine=eng)
+        view = gate_up.ap(
+            [[ncol, cw], [1, bsz]], offset=r0 * ncol, scalar_offset=col, indirect_dim=1
+        )
+        nisa.dma_copy(dst=view, src=sb[0:cw, :])
 
 
 def _zero_holes(
     d: dict[str, Any], gate_up: Any, save_holes: Any, static_holes: Any, prog: Any
 ) -> None:
-    """Zero gate_up's holes (`save_holes`: slot sub-tiles no forward block writes), so the
-    array is defined everywhere (the backward reads the ones inside its used blocks as
-    padding). Program p zeroes holes p, p + 2, ... Each is one contiguous [128, 2I]
-    region per partition: DMAs of HOLE_TILES * 128 elements per partition."""
+    """Zero gate_up's hole columns (128 each, `save_holes`): slots of the backward's plan
+    that no forward block writes (an expert's last backward block past its last 128-row
+    sub-tile), which the backward reads as padding. Program p zeroes holes p, p + 2, ..."""
     pid, step = prog
-    _, _, nj, _ = gate_up.shape
-    nt = min(nj, HOLE_TILES)
-    zero = nl.ndarray((P, nt, P), dtype=d["dt"], buffer=nl.sbuf)
+    rows = gate_up.shape[0]
+    ncol = gate_up.shape[1]
+    nj = min(cdiv(rows, P), HOLE_TILES)
+    zero = nl.ndarray((P, nj, P), dtype=d["dt"], buffer=nl.sbuf)
     nisa.memset(dst=zero, value=0.0)
 
     def hole(i: Any) -> None:
-        q = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=q, src=block_ap(save_holes, (i, 0), [[1, 1], [1, 1]]))
-        for j0 in range(0, nj, nt):
-            n = min(nt, nj - j0)
-            pat = [[nj * P, P], [P, n], [1, P]]
-            view = gate_up.ap(pat, offset=j0 * P, scalar_offset=q, indirect_dim=0)
+        col = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=col, src=block_ap(save_holes, (i, 0), [[1, 1], [1, 1]]))
+        for j0 in range(0, rows // P, nj):  # whole 128-row tiles, nj per DMA
+            n = min(nj, rows // P - j0)
+            pat = [[ncol, P], [P * ncol, n], [1, P]]
+            view = gate_up.ap(pat, offset=j0 * P * ncol, scalar_offset=col, indirect_dim=1)
             nisa.dma_copy(dst=view, src=zero[:, 0:n, :])
+        if rows % P:
+            r0 = rows - rows % P
+            pat = [[ncol, rows % P], [1, P]]
+            view = gate_up.ap(pat, offset=r0 * ncol, scalar_offset=col, indirect_dim=1)
+            nisa.dma_copy(dst=view, src=zero[0 : rows % P, 0, :])
 
     if static_holes is not None:  # pricing: the count known when specializing
         for j in range(pid, static_holes, step):
@@ -408,7 +395,7 @@ def _zero_holes(
     nl.fori_loop(nisa.register_alloc(pid + 1), hi, hole, step=step)
 
 
-HOLE_TILES = 16  # 128-row tiles of zeros per hole DMA (4 KiB per partition in bf16)
+HOLE_TILES = 16  # 128-row tiles of zeros per hole DMA (a 4 KiB bf16 tile per partition)
 
 
 def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -514,14 +501,10 @@ def _expert_mlp(
         if gather_next is not None and 1 <= ic <= ns:
             gather_next(ic - 1)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
-        keeper = None if keep is None else keep((i0, icw))
         if cfg["loop_order"] == "h_outer":
-            _gate_up_h_outer(d, cfg, fetch, xT, icw, act, sg, keeper)
+            _gate_up_h_outer(d, cfg, fetch, xT, (i0, icw), act, sg, keep)
         else:
-            _gate_up_i_outer(d, fetch(), xT, icw, act, keeper)
-        if keeper is not None:
-            keeper.flush()
-            del keeper
+            _gate_up_i_outer(d, fetch(), xT, (i0, icw), act, keep)
         if ic == nic - 1:
             fetch(last=True)
         _down_proj(d, cfg, act, wd, icw, ic, y, store if ic == nic - 1 else None)
@@ -533,13 +516,14 @@ def _gate_up_h_outer(
     cfg: dict[str, Any],
     fetch: Any,
     xT: Any,
-    icw: int,
+    chunk: tuple[int, int],
     act: Any,
     sg: Any,
     keep: Any,
 ) -> None:
     """act = SwiGLU of the chunk's gate/up projections, weight units in H order (and,
     with `keep`, the projections saved)."""
+    i0, icw = chunk
     bsz, nit = d["B"], cdiv(icw, P)
     acc = psum_accumulators(2 * nit, bsz)
     g_ps, u_ps = acc[0::2], acc[1::2]
@@ -569,13 +553,14 @@ def _gate_up_h_outer(
         pieces = d["NS"] if it == nit - 1 else 1
         _swiglu(g_ps[it], u_ps[it], act, it, min(P, icw - it * P), sg, pieces)
         if keep is not None:
-            keep.tile(it, min(P, icw - it * P), g_ps[it], u_ps[it])
+            keep(i0 + it * P, min(P, icw - it * P), g_ps[it], u_ps[it])
 
 
 def _gate_up_i_outer(
-    d: dict[str, Any], unit: tuple[Any, Any], xT: Any, icw: int, act: Any, keep: Any
+    d: dict[str, Any], unit: tuple[Any, Any], xT: Any, chunk: tuple[int, int], act: Any, keep: Any
 ) -> None:
     wg, wu = unit
+    i0, icw = chunk
     bsz = d["B"]
     for it in range(cdiv(icw, P)):
         cw = min(P, icw - it * P)
@@ -591,7 +576,7 @@ def _gate_up_i_outer(
         sg = nl.ndarray((P, bsz), dtype=nl.float32, buffer=nl.sbuf)
         _swiglu(g_ps, u_ps, act, it, cw, sg)
         if keep is not None:
-            keep.tile(it, cw, g_ps, u_ps)
+            keep(i0 + it * P, cw, g_ps, u_ps)
         del sg  # (a tile lives while referenced: not across the next I tile's matmuls)
 
 

@@ -17,8 +17,8 @@ Phase A (`_bwd_block`; per block, in units of `sub_block` tokens, chunks of `til
 intermediate columns). Each chunk's Wg / Wu columns are loaded once with I on partitions
 (DMA transposes for 2-byte dtypes) into strips [I, H] that serve the dgrad directly.
 With the forward's gate / up (`gate_up`, the training path of `moe_mlp`), the chunk's gT
-/ uT of the unit are loaded with its strips (one DMA per 128-slot sub-tile: runs of
-tile_i * 128 elements) and TensorE's per-chunk work is gaT and the dgrad:
+/ uT of the unit are loaded with its strips (one DMA each: [tile_i rows, sub_block]
+columns, runs of sub_block elements) and TensorE's per-chunk work is gaT and the dgrad:
 no gate / up matmuls, no xT, no weight transposes. Without it (`moe_experts`) gT / uT
 are recomputed: that needs H on partitions, from PE transposes of the strips, one tile
 ahead of its matmuls. Wd streams in units of `dma_h` H tiles, `w_bufs - 1` ahead
@@ -97,7 +97,6 @@ from .tiles import (
     psum_accumulators,
     row_index_ok,
     row_ramp,
-    saved_shape,
     slot_tiles,
     tile_rows,
 )
@@ -138,10 +137,9 @@ def moe_mlp_bwd(
     and block_keep [NB, 1]
     fp32 (0 for the first block of each expert, else 1). dw_gate_up [E, H, 2I] and
     dw_down [E, I, H] (fp32 or the weights' dtype) get every expert that has a block;
-    the others are left as passed (the caller passes zeros). gate_up (or None:
-    recomputed): the forward's pre-activation gate and up per slot of this plan,
-    `tiles.saved_shape((NB + 2) * B / 128, I)` (`moe_mlp_fwd`'s save; padding
-    slots zero).
+    the others are left as passed (the caller passes zeros). gate_up [2I, (NB + 2) * B]
+    (or None: recomputed): the forward's pre-activation gate (rows :I) and up per slot of
+    this plan (`moe_mlp_fwd`'s save; padding slots zero).
     """
     t_count, h = hidden.shape
     nb, parts, ns = slot_token.shape
@@ -169,7 +167,7 @@ def moe_mlp_bwd(
         "GU": gate_up,
     }
     if gate_up is not None:
-        want = saved_shape((nb + 2) * ns, i)
+        want = (2 * i, (nb + 2) * block_size)
         assert tuple(gate_up.shape) == want, f"moe_mlp_bwd: gate_up is {want}"
     pid, nprog = program_blocks()
     d["PID"], d["STEP"] = pid, nprog

@@ -55,7 +55,6 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
     """
     from ..interp import TensorSpec, run
     from ..interp.errors import NkiValidationError
-    from .tiles import saved_shape
 
     t, h, i, e, k = (
         min(problem.tokens, DRY_RUN_TOKENS),
@@ -95,7 +94,7 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
             tok = (TensorSpec((t, h), dt), *weights, TensorSpec((t, h), dt), meta[0], slot_w)
             args = (*tok, meta[1], keep, *meta[2:], *grads)
             # both modes: gate / up saved by the forward (moe_mlp) and recomputed
-            for saved in (TensorSpec(saved_shape(3 * b // P, i), dt), None):
+            for saved in (TensorSpec((2 * i, 3 * b), dt), None):
                 values = config.to_dict().values()
                 run(moe_mlp_bwd, *args, saved, 1, False, *values, **_trace_kwargs(target))
     except NkiValidationError as err:

@@ -274,15 +274,15 @@ def sized_kinds(counts: np.ndarray, block_size: int) -> tuple[int, ...]:
 
 
 def gate_up_columns(fwd: BlockPlan, bwd: BlockPlan) -> tuple[np.ndarray, np.ndarray]:
-    """Where the training forward saves gate / up: (save_cols [NB_fwd, 1] int32, the slot
-    sub-tile of each forward block's first row; save_holes [NQ + 1, 1] int32: [0] = the
-    hole count, then the holes) for a saved array of NQ = (NB_bwd + 2) * B_bwd / 128
-    sub-tiles of 128 slots of the backward plan (`tiles.saved_shape`).
+    """Where the training forward saves gate / up: (save_cols [NB_fwd, 1] int32, the first
+    column of each forward block's rows; save_holes [NC / 128 + 1, 1] int32: [0] = the
+    hole count, then the holes' first columns) for a saved array [2I, NC], NC =
+    (NB_bwd + 2) * B_bwd, whose column is the backward plan's slot.
 
     Both plans keep the same assignments in the same order per expert, and a forward
     block holds consecutive ranks of one expert (only an expert's last 128-row sub-tile
     has padding), so its rows land on consecutive backward slots, padding included
-    (zero rows in the forward: g = u = 0). Every other sub-tile is a hole,
+    (zero rows in the forward: g = u = 0). Every other 128-column sub-tile is a hole,
     zeroed by the forward kernel: the backward's sub-tiles past an expert's last 128 rows
     (which it reads as padding), unused blocks and the two spare blocks the backward's
     prefetch reads past the last one, so the whole array is defined.
@@ -292,14 +292,15 @@ def gate_up_columns(fwd: BlockPlan, bwd: BlockPlan) -> tuple[np.ndarray, np.ndar
     slot_map[fwd.token_slot[kept]] = bwd.token_slot[kept]
     cols = np.zeros((fwd.num_blocks, 1), dtype=np.int32)
     used = fwd.used_blocks
-    cols[:used, 0] = slot_map[np.arange(used) * fwd.block_size] // PARTITIONS
-    nq = (bwd.num_blocks + 2) * bwd.block_size // PARTITIONS
-    written = np.zeros(nq, dtype=bool)
+    cols[:used, 0] = slot_map[np.arange(used) * fwd.block_size]
+    ncol = (bwd.num_blocks + 2) * bwd.block_size
+    written = np.zeros(ncol // PARTITIONS, dtype=bool)
     sizes = _kind_sizes(fwd.kind_bounds)  # sub-tiles of each used forward block
     for b in range(used):
-        written[cols[b, 0] : cols[b, 0] + sizes[b]] = True
-    holes_at = np.nonzero(~written)[0]
-    holes = np.zeros((nq + 1, 1), dtype=np.int32)
+        first = int(cols[b, 0]) // PARTITIONS
+        written[first : first + sizes[b]] = True
+    holes_at = np.nonzero(~written)[0] * PARTITIONS
+    holes = np.zeros((ncol // PARTITIONS + 1, 1), dtype=np.int32)
     holes[0, 0] = holes_at.size
     holes[1 : holes_at.size + 1, 0] = holes_at
     return cols, holes

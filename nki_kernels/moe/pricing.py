@@ -69,7 +69,6 @@ from .blockwise_mlp_bwd import moe_mlp_bwd
 from .config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from .grouping import gate_up_columns, kind_counts, plan_blocks
 from .router import moe_router_bwd, moe_router_fwd
-from .tiles import saved_shape
 
 # n0: blocks before the first measured increment (the forward's first blocks have no
 # weight prefetch ahead of them and its DMA queues settle over ~4 blocks: at the
@@ -114,13 +113,13 @@ def used_kinds(ids: np.ndarray, experts: int, block_size: int) -> tuple[int, ...
 
 
 def save_plan(ids: np.ndarray, experts: int, blocks: tuple[int, int]) -> tuple[int, int]:
-    """(holes, saved sub-tiles) of the training forward's gate / up save for this routing:
+    """(holes, saved columns) of the training forward's gate / up save for this routing:
     forward blocks of blocks[0], the backward's of blocks[1] (`grouping.gate_up_columns`)."""
     w = np.full(ids.shape, 1.0 / ids.shape[1], dtype=np.float32)
     fwd = plan_blocks(ids, w, experts, blocks[0], sized=True)
     bwd = plan_blocks(ids, w, experts, blocks[1])
     _, holes = gate_up_columns(fwd, bwd)
-    return int(holes[0, 0]), holes.shape[0] - 1
+    return int(holes[0, 0]), (holes.shape[0] - 1) * 128
 
 
 def _fwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
@@ -154,7 +153,7 @@ def _bwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
         TensorSpec((t, k), "int32"),
         TensorSpec((e, h, 2 * i), dt),
         TensorSpec((e, i, h), dt),
-        TensorSpec(saved_shape((nb + 2) * block // 128, i), dt),  # the forward's save
+        TensorSpec((2 * i, (nb + 2) * block), dt),  # the forward's saved gate / up
     )
 
 
@@ -171,7 +170,7 @@ def _price(
 ) -> Estimate:
     """One trace-only launch: the backward with `blocks` static blocks, the forward with
     `blocks` = its static_kinds (blocks of each size, largest first); `save` = (holes,
-    saved sub-tiles): the training forward, gate / up saved (`save_plan`)."""
+    saved columns): the training forward, gate / up saved (`save_plan`)."""
     statics: dict[str, Any] = {}
     if kind == "fwd":
         assert isinstance(blocks, tuple)
@@ -179,7 +178,7 @@ def _price(
         specs = _fwd_specs(p, nb, cfg.block_size)
         if save is not None:
             cols = TensorSpec((nb, 1), "int32")
-            specs = (*specs[:-2], cols, TensorSpec((save[1] + 1, 1), "int32"))
+            specs = (*specs[:-2], cols, TensorSpec((save[1] // 128 + 1, 1), "int32"))
             statics["static_holes"] = save[0]
         kernel = moe_mlp_fwd
     else:

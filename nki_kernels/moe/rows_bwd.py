@@ -49,8 +49,8 @@ def row_sets(d: dict[str, Any]) -> dict[str, Any]:
             "wsl": nl.ndarray((P, ns), dtype=nl.float32, buffer=nl.sbuf),
             "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
         }
-        if d["GU"] is not None:  # the block's first slot sub-tile in the saved gate / up
-            one["q0"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        if d["GU"] is not None:  # the block's first column in the saved gate / up
+            one["col0"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         if d["ramp"] is not None:  # expert 0 until loaded: a skipped load keeps a valid id
             one["exp_col"] = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
             nisa.memset(dst=one["exp_col"], value=0)
@@ -101,9 +101,9 @@ def load_meta(d: dict[str, Any], ws: tuple[Any, ...], meta: dict[str, Any], addr
         expert_row_index(ws[2], meta["exp_col"], d["ramp"], meta["wd_rows"])
         expert_row_index(ws[1], meta["exp_col"], d["ramp"], meta["wgu_rows"])
     nisa.dma_copy(dst=meta["wsl"], src=block_ap(slot_weight, addr, pat), oob_mode=skip)
-    if d["GU"] is not None:  # (register + extra) * NS: computed, in range up to NB + 1
-        q0 = block_row0(addr, d["NS"])
-        nisa.tensor_scalar(dst=meta["q0"], data=q0, op0=nl.add, operand0=addr[1] * d["NS"])
+    if d["GU"] is not None:  # (register + extra) * B: computed, so in range up to NB + 1
+        row0 = block_row0(addr, d["B"])
+        nisa.tensor_scalar(dst=meta["col0"], data=row0, op0=nl.add, operand0=addr[1] * d["B"])
 
 
 def gather_unit(

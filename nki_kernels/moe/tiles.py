@@ -294,14 +294,3 @@ def psum_accumulators(n: int, bsz: int) -> list[Any]:
 def matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool) -> None:
     """dst (PSUM) (+)= stationary^T @ moving."""
     nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, accumulate=accumulate)
-
-
-def saved_shape(subtiles: int, i: int) -> tuple[int, int, int, int]:
-    """The saved gate / up, [slot sub-tiles, 128, 2 * ceil(I / 128), 128]: element
-    [q, p, j, t] is row j*128 + p of gate (j < ceil(I/128); up: j - ceil(I/128)) for slot
-    q*128 + t of the backward's plan. Per partition a sub-tile's tiles are contiguous, so
-    the forward stores a chunk's tiles and the backward loads them in runs of
-    tile_i * 128 elements (an I-major [I, slots] array gives runs of one block's or one
-    sub-block's slots: 256 B for a 128-row block, well under a DMA descriptor's
-    efficient size)."""
-    return (subtiles, P, 2 * cdiv(i, P), P)

@@ -118,8 +118,8 @@ def load_strips(
     i0 = ic * ti
     icw = min(ti, d["I"] - i0)
     if d["GU"] is not None:
-        for dst, j0 in zip(strips[2:], (i0 // P, cdiv(d["I"], P) + i0 // P)):
-            load_saved(d, meta, (j0, cdiv(icw, P)), s, dst)
+        for dst, r0 in zip(strips[2:], (i0, d["I"] + i0)):
+            load_saved(d, meta, (r0, icw), s, dst)
     ex = (meta["exp"], meta.get("wgu_rows"))
     for h0 in range(0, d["HT"], d["DH"]):
         r0, nrows = h0 * P, min(d["DH"] * P, h - h0 * P)
@@ -128,15 +128,21 @@ def load_strips(
             load_weight_cols(w_gate_up, ex, r0, nrows, c0, icw, piece)
 
 
-def load_saved(d: dict[str, Any], meta: Any, tiles: tuple[int, int], s: int, dst: Any) -> None:
-    """dst[c, it, t] = row tile j0 + it, row c, of sub-block s's slot t in the saved gate /
-    up (`tiles.saved_shape`; from the block's first sub-tile `meta["q0"]`): one DMA
-    per 128-slot sub-tile, runs of n * 128 elements per partition."""
-    gate_up, (j0, n) = d["GU"], tiles
-    nj = gate_up.shape[2]
-    nsa = d["SB"] // P
-    for c in range(nsa):
-        pat = [[nj * P, P], [P, n], [1, P]]
-        off = (s * nsa + c) * P * nj * P + j0 * P
-        view = gate_up.ap(pat, offset=off, scalar_offset=meta["q0"], indirect_dim=0)
-        nisa.dma_copy(dst=dst[:, 0:n, c * P : (c + 1) * P], src=view)
+def load_saved(d: dict[str, Any], meta: Any, rows: tuple[int, int], s: int, dst: Any) -> None:
+    """dst[c, it, t] = gate_up[r0 + it*128 + c, col0 + s * sub_block + t]: the saved
+    gate (or up) rows r0 .. r0 + n of sub-block s, I-major as the forward stored them
+    (col0: the block's first column, in `meta`). One DMA for the whole 128-row tiles,
+    one for a ragged last tile."""
+    gate_up, (r0, n) = d["GU"], rows
+    ncol, sb = gate_up.shape[1], d["SB"]
+    full = n // P
+    c0 = s * sb
+    if full:
+        pat = [[ncol, P], [P * ncol, full], [1, sb]]
+        view = gate_up.ap(pat, offset=r0 * ncol + c0, scalar_offset=meta["col0"], indirect_dim=1)
+        nisa.dma_copy(dst=dst[:, 0:full, :], src=view)
+    if n % P:
+        pat = [[ncol, n % P], [1, sb]]
+        off = (r0 + full * P) * ncol + c0
+        view = gate_up.ap(pat, offset=off, scalar_offset=meta["col0"], indirect_dim=1)
+        nisa.dma_copy(dst=dst[0 : n % P, full, :], src=view)

@@ -16,8 +16,8 @@ saving it, plans its own blocks and accumulates the weight gradients on chip in 
 (one rounding to the weights' dtype). It does not recompute the experts' gate / up
 projections: when autograd records the call (grad enabled, an input requiring grad),
 `moe_mlp` runs as `moe_mlp_train`, whose forward kernel also stores the pre-activation
-gate and up of every routed row (in the weights' dtype, per slot of the backward's
-block plan: `moe.tiles.saved_shape`), saved for the backward like autograd saves `_grouped_mm`'s
+gate and up of every routed row ([2I, slots] in the weights' dtype, laid out by the
+backward's block plan), saved for the backward like autograd saves `_grouped_mm`'s
 outputs. Inference calls run the plain forward and store nothing.
 
 Every op's body is traceable (`define_op(traceable=True)`): under `torch.compile` the
@@ -40,7 +40,6 @@ from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from ..moe.grouping import PARTITIONS, gate_up_columns, max_blocks, min_blocks, plan_blocks
 from ..moe.reference import MoERouting, capacity
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
-from ..moe.tiles import saved_shape
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
 from ..runtime.buckets import bucket, current_policy
 from ..runtime.host_array import host_numpy
@@ -307,10 +306,10 @@ def _save_plan(
     return [torch.from_numpy(a).to(weights.device) for a in gate_up_columns(fwd, bwd)]
 
 
-def _save_subtiles(tb: int, k: int, e: int, block_bwd: int, cf: float | None) -> int:
-    """128-slot sub-tiles of the saved gate / up: (the backward plan's NB + 2) * B / 128."""
+def _save_width(tb: int, k: int, e: int, block_bwd: int, cf: float | None) -> int:
+    """Columns of the saved gate / up: (the backward plan's NB + 2) * its block size."""
     cap = None if cf is None else capacity(tb, e, k, cf)
-    return (max_blocks(tb, k, e, block_bwd, cap) + 2) * block_bwd // PARTITIONS
+    return (max_blocks(tb, k, e, block_bwd, cap) + 2) * block_bwd
 
 
 def _save_plan_fake(
@@ -326,10 +325,10 @@ def _save_plan_fake(
     tb, k = ids.shape
     cap = None if capacity_factor is None else capacity(tb, experts, k, capacity_factor)
     nb = max_blocks(tb, k, experts, block_fwd, cap)
-    nq = _save_subtiles(tb, k, experts, block_bwd, capacity_factor)
+    width = _save_width(tb, k, experts, block_bwd, capacity_factor)
     return [
         weights.new_empty((nb, 1), dtype=torch.int32),
-        weights.new_empty((nq + 1, 1), dtype=torch.int32),
+        weights.new_empty((width // PARTITIONS + 1, 1), dtype=torch.int32),
     ]
 
 
@@ -620,13 +619,13 @@ def _train_fake(
     t = int(hidden.shape[0])
     e, h, i2 = (int(n) for n in w_gate_up.shape)
     if use_decode_mode(t, r.capacity_factor):
-        return torch.empty_like(hidden), hidden.new_empty(saved_shape(0, i2 // 2))
+        return torch.empty_like(hidden), hidden.new_empty((i2, 0))
     tb = bucket(t)
     problem = MoEProblem(tb, h, i2 // 2, e, r.top_k, _dtype_name(w_gate_up))
     bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=get_target(None))
     assert isinstance(bcfg, MoEMLPBwdConfig)
-    nq = _save_subtiles(tb, r.top_k, e, bcfg.block_size, r.capacity_factor)
-    return torch.empty_like(hidden), hidden.new_empty(saved_shape(nq, i2 // 2))
+    width = _save_width(tb, r.top_k, e, bcfg.block_size, r.capacity_factor)
+    return torch.empty_like(hidden), hidden.new_empty((i2, width))
 
 
 def _train_setup(
@@ -664,13 +663,12 @@ def moe_mlp_train(
     scoring: str = "softmax",
     capacity_factor: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """(`moe_mlp`'s output, the saved pre-activation gate / up per slot of the backward's
-    plan, `moe.tiles.saved_shape`, with no sub-tile in decode mode): what `moe_mlp` runs
-    when autograd records it."""
+    """(`moe_mlp`'s output, the saved pre-activation gate / up [2I, slots of the backward's
+    plan], or [2I, 0] in decode mode): what `moe_mlp` runs when autograd records it."""
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
     out, gate_up = _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, save=True)
     if gate_up is None:  # decode mode: nothing saved, the backward recomputes
-        gate_up = hidden.new_empty(saved_shape(0, w_gate_up.shape[2] // 2))
+        gate_up = hidden.new_empty((w_gate_up.shape[2], 0))
     return out, gate_up
 
 
@@ -752,11 +750,11 @@ def moe_mlp_backward(
     saved = None
     if gate_up is not None and gate_up.numel():
         nb, b = m["slot_token"].shape[0], cfg.block_size
-        want = saved_shape((nb + 2) * b // PARTITIONS, w_gate_up.shape[2] // 2)
-        if tuple(gate_up.shape) != want:
+        if tuple(gate_up.shape) != (w_gate_up.shape[2], (nb + 2) * b):
             raise ValueError(
-                f"gate_up: expected {want} (moe_mlp_train's save for this bucket's backward "
-                f"plan); got {tuple(gate_up.shape)}"
+                f"gate_up: expected [2I, (NB + 2) * B] = {(w_gate_up.shape[2], (nb + 2) * b)} "
+                f"(moe_mlp_train's save for this bucket's backward plan); got "
+                f"{tuple(gate_up.shape)}"
             )
         saved = gate_up.detach()
     dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)

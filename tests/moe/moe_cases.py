@@ -10,7 +10,6 @@ from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
 from nki_kernels.moe.grouping import BlockPlan, gate_up_columns, kind_counts, plan_blocks
 from nki_kernels.moe.reference import capacity, capacity_keep, expert_mlp_reference
-from nki_kernels.moe.tiles import saved_shape
 
 # Normalized max error max|actual - ref| / max|ref| against the fp32 reference.
 # fp32: fp32 engine math, sums of <= a few hundred products in another order:
@@ -206,23 +205,15 @@ def train_forward(
 def gate_up_reference(
     layer: dict[str, torch.Tensor], ids: np.ndarray, plan: BlockPlan
 ) -> torch.Tensor:
-    """float64 x W_gate_up of every kept assignment at its slot of `plan`, in the saved
-    layout (`moe.tiles.saved_shape`: [sub-tile, 128, row tiles, 128]); 0 everywhere else
-    (padding slots, unused sub-tiles, rows past I in a ragged last row tile)."""
+    """float64 x W_gate_up of every kept assignment at its slot of `plan` (the saved
+    layout [2I, (NB + 2) * B]); 0 everywhere else."""
     x = layer["hidden"].double()
     wgu = layer["w_gate_up"].double()
-    e, _, i2 = wgu.shape
-    i = i2 // 2
-    nq = (plan.num_blocks + 2) * plan.block_size // 128
-    rows = torch.zeros(i2, nq * 128, dtype=torch.float64)  # [2I, slots]
+    e = wgu.shape[0]
+    ncol = (plan.num_blocks + 2) * plan.block_size
+    ref = torch.zeros(wgu.shape[2], ncol, dtype=torch.float64)
     for ex in range(e):
         tok, j = np.nonzero((ids == ex) & plan.kept)
         if tok.size:
-            rows[:, torch.from_numpy(plan.token_slot[tok, j]).long()] = (x[tok] @ wgu[ex]).T
-    nt = -(-i // 128)
-    out = torch.zeros(saved_shape(nq, i), dtype=torch.float64)
-    for half in range(2):
-        for jt in range(nt):
-            r = rows[half * i + jt * 128 : half * i + min(i, (jt + 1) * 128)]
-            out[:, : r.shape[0], half * nt + jt, :] = r.reshape(r.shape[0], nq, 128).transpose(0, 1)
-    return out
+            ref[:, torch.from_numpy(plan.token_slot[tok, j]).long()] = (x[tok] @ wgu[ex]).T
+    return ref

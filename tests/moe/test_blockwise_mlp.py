@@ -19,7 +19,6 @@ from moe_cases import (
 
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 from nki_kernels.moe.grouping import kind_counts
-from nki_kernels.moe.tiles import saved_shape
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -92,8 +91,7 @@ def test_forward_and_backward_match_reference(name: str) -> None:
     # the training forward: the same output, and gate / up saved in the backward's layout
     trained, gate_up, bplan = train_forward(layer, ids, w, (b, b), cf, **cfg)
     assert torch.equal(trained, out)
-    nq = (bplan.num_blocks + 2) * b // 128
-    assert gate_up.shape == saved_shape(nq, i) and gate_up.dtype == dtype
+    assert gate_up.shape == (2 * i, (bplan.num_blocks + 2) * b) and gate_up.dtype == dtype
     expect = gate_up_reference(layer, ids, bplan)  # padding and unused columns exactly 0
     assert_close_scaled(gate_up, expect, dtype, f"{name}: saved gate / up")
     assert (gate_up[expect == 0] == 0).all()
