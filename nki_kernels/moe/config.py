@@ -83,7 +83,7 @@ def dry_run(config: KernelConfig, problem: MoEProblem, target: Target) -> str | 
             # the training forward (gate / up saved: its superset of tiles), one hole
             save = (TensorSpec((1, 1), "int32"), TensorSpec((3 * b // P + 1, 1), "int32"))
             values = config.to_dict().values()
-            kw = {**_trace_kwargs(target), "static_holes": 1}
+            kw = {**_trace_kwargs(target), "static_holes": (1, b)}
             run(moe_mlp_fwd, *fwd, *save, one, False, *values, **kw)
         else:
             from .blockwise_mlp_bwd import moe_mlp_bwd

@@ -276,16 +276,19 @@ def sized_kinds(counts: np.ndarray, block_size: int) -> tuple[int, ...]:
 def gate_up_columns(fwd: BlockPlan, bwd: BlockPlan) -> tuple[np.ndarray, np.ndarray]:
     """Where the training forward saves gate / up: (save_cols [NB_fwd, 1] int32, the first
     column of each forward block's rows; save_holes [NC / 128 + 1, 1] int32: [0] = the
-    hole count, then the holes' first columns) for a saved array [2I, NC], NC =
-    (NB_bwd + 2) * B_bwd, whose column is the backward plan's slot.
+    count of holes inside the used backward blocks, [1..] their first columns, and the
+    last row the tail's first column) for a saved array [2I, NC], NC = (NB_bwd + 2) *
+    B_bwd, whose column is the backward plan's slot.
 
     Both plans keep the same assignments in the same order per expert, and a forward
     block holds consecutive ranks of one expert (only an expert's last 128-row sub-tile
     has padding), so its rows land on consecutive backward slots, padding included
-    (zero rows in the forward: g = u = 0). Every other 128-column sub-tile is a hole,
-    zeroed by the forward kernel: the backward's sub-tiles past an expert's last 128 rows
-    (which it reads as padding), unused blocks and the two spare blocks the backward's
-    prefetch reads past the last one, so the whole array is defined.
+    (zero rows in the forward: g = u = 0). The forward kernel zeroes what no block
+    writes, so the whole array is defined: the holes (128-column sub-tiles past an
+    expert's last 128 rows inside its last backward block, which the backward reads as
+    padding) one by one, and the tail (the unused blocks and the two spare blocks the
+    backward's prefetch reads past the last one: columns from used blocks * B on) in
+    long runs.
     """
     kept = fwd.token_slot < fwd.num_blocks * fwd.block_size
     slot_map = np.zeros(fwd.num_blocks * fwd.block_size, dtype=np.int64)
@@ -294,7 +297,8 @@ def gate_up_columns(fwd: BlockPlan, bwd: BlockPlan) -> tuple[np.ndarray, np.ndar
     used = fwd.used_blocks
     cols[:used, 0] = slot_map[np.arange(used) * fwd.block_size]
     ncol = (bwd.num_blocks + 2) * bwd.block_size
-    written = np.zeros(ncol // PARTITIONS, dtype=bool)
+    tail = bwd.used_blocks * bwd.block_size
+    written = np.zeros(tail // PARTITIONS, dtype=bool)
     sizes = _kind_sizes(fwd.kind_bounds)  # sub-tiles of each used forward block
     for b in range(used):
         first = int(cols[b, 0]) // PARTITIONS
@@ -303,6 +307,7 @@ def gate_up_columns(fwd: BlockPlan, bwd: BlockPlan) -> tuple[np.ndarray, np.ndar
     holes = np.zeros((ncol // PARTITIONS + 1, 1), dtype=np.int32)
     holes[0, 0] = holes_at.size
     holes[1 : holes_at.size + 1, 0] = holes_at
+    holes[-1, 0] = tail
     return cols, holes
 
 

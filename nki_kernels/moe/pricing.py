@@ -112,14 +112,15 @@ def used_kinds(ids: np.ndarray, experts: int, block_size: int) -> tuple[int, ...
     return kind_counts(plan_blocks(ids, w, experts, block_size, sized=True).kind_bounds)
 
 
-def save_plan(ids: np.ndarray, experts: int, blocks: tuple[int, int]) -> tuple[int, int]:
-    """(holes, saved columns) of the training forward's gate / up save for this routing:
+def save_plan(ids: np.ndarray, experts: int, blocks: tuple[int, int]) -> tuple[int, int, int]:
+    """(holes, tail column, saved columns) of the training forward's gate / up save for
+    this routing:
     forward blocks of blocks[0], the backward's of blocks[1] (`grouping.gate_up_columns`)."""
     w = np.full(ids.shape, 1.0 / ids.shape[1], dtype=np.float32)
     fwd = plan_blocks(ids, w, experts, blocks[0], sized=True)
     bwd = plan_blocks(ids, w, experts, blocks[1])
     _, holes = gate_up_columns(fwd, bwd)
-    return int(holes[0, 0]), (holes.shape[0] - 1) * 128
+    return int(holes[0, 0]), int(holes[-1, 0]), (holes.shape[0] - 1) * 128
 
 
 def _fwd_specs(p: MoEProblem, nb: int, block: int) -> tuple[TensorSpec, ...]:
@@ -166,11 +167,11 @@ def _price(
     target: Target,
     may_drop: bool = True,
     lnc: int = 1,
-    save: tuple[int, int] | None = None,
+    save: tuple[int, int, int] | None = None,
 ) -> Estimate:
     """One trace-only launch: the backward with `blocks` static blocks, the forward with
     `blocks` = its static_kinds (blocks of each size, largest first); `save` = (holes,
-    saved columns): the training forward, gate / up saved (`save_plan`)."""
+    tail column, saved columns): the training forward, gate / up saved (`save_plan`)."""
     statics: dict[str, Any] = {}
     if kind == "fwd":
         assert isinstance(blocks, tuple)
@@ -178,8 +179,8 @@ def _price(
         specs = _fwd_specs(p, nb, cfg.block_size)
         if save is not None:
             cols = TensorSpec((nb, 1), "int32")
-            specs = (*specs[:-2], cols, TensorSpec((save[1] // 128 + 1, 1), "int32"))
-            statics["static_holes"] = save[0]
+            specs = (*specs[:-2], cols, TensorSpec((save[2] // 128 + 1, 1), "int32"))
+            statics["static_holes"] = save[0:2]
         kernel = moe_mlp_fwd
     else:
         assert isinstance(blocks, int)
@@ -306,7 +307,7 @@ def price_fwd_kinds(
     target: Target,
     may_drop: bool = True,
     lnc: int = 1,
-    save: tuple[int, int] | None = None,
+    save: tuple[int, int, int] | None = None,
 ) -> BlockPricing:
     """The forward with kinds[j] blocks of B/128 - j sub-tiles (the sized plan); `save`
     (`save_plan`): the training forward, every trace with the plan's holes (a fixed cost).
