@@ -66,6 +66,7 @@ RULES: dict[str, Rule] = {
     "moe_route_options_backward": Rule(NONE),
     "moe_mlp_backward": Rule(NONE),
     "moe_mlp_train": Rule(NONE),  # called by moe_mlp's autograd kernel, after its casts
+    "moe_experts_train": Rule(NONE),  # called by moe_experts' autograd kernel, after its casts
     "grouped_mm_weight_grad": Rule(NONE),
     "moe_experts_backward": Rule(NONE),
     # as grouped_mm (its unfused form): hidden, expert / bias / shared weights lowered

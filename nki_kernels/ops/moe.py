@@ -306,6 +306,22 @@ def _save_plan(
     return [torch.from_numpy(a).to(weights.device) for a in gate_up_columns(fwd, bwd)]
 
 
+def _saved_gate_up(
+    gate_up: Tensor | None, w_gate_up: Tensor, m: dict[str, Tensor], block: int, op: str
+) -> Tensor | None:
+    """The forward's saved gate / up for the backward plan `m` (None or empty: recomputed),
+    its shape checked against that plan."""
+    if gate_up is None or not gate_up.numel():
+        return None
+    want = (w_gate_up.shape[2], (m["slot_token"].shape[0] + 2) * block)
+    if tuple(gate_up.shape) != want:
+        raise ValueError(
+            f"gate_up: expected [2I, (NB + 2) * B] = {want} ({op}'s save for this bucket's "
+            f"backward plan); got {tuple(gate_up.shape)}"
+        )
+    return gate_up.detach()
+
+
 def _save_width(tb: int, k: int, e: int, block_bwd: int, cf: float | None) -> int:
     """Columns of the saved gate / up: (the backward plan's NB + 2) * its block size."""
     cap = None if cf is None else capacity(tb, e, k, cf)
@@ -748,16 +764,7 @@ def moe_mlp_backward(
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
     cfg, static, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPBwdConfig)
-    saved = None
-    if gate_up is not None and gate_up.numel():
-        nb, b = m["slot_token"].shape[0], cfg.block_size
-        if tuple(gate_up.shape) != (w_gate_up.shape[2], (nb + 2) * b):
-            raise ValueError(
-                f"gate_up: expected [2I, (NB + 2) * B] = {(w_gate_up.shape[2], (nb + 2) * b)} "
-                f"(moe_mlp_train's save for this bucket's backward plan); got "
-                f"{tuple(gate_up.shape)}"
-            )
-        saved = gate_up.detach()
+    saved = _saved_gate_up(gate_up, w_gate_up, m, cfg.block_size, "moe_mlp_train")
     dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
     dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)
     return (

@@ -27,6 +27,7 @@ no on-rank slot has its output row selected to 0.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -41,13 +42,17 @@ from .checks import FLOAT_DTYPES, check_tensor
 from .moe import (
     HIDDEN_DTYPES,
     ID_DTYPES,
+    _bucket_floor,
     _plan,
     _problem,
+    _save_plan,
+    _save_width,
+    _saved_gate_up,
     launch_experts_bwd,
     launch_experts_fwd,
 )
 from .moe_decode import decode_experts, use_decode_mode
-from .registry import define_op, tracing
+from .registry import call_host_op, define_op, override_autograd, tracing
 
 MAX_EXPERTS, MAX_TOP_K = 512, 16
 
@@ -150,7 +155,9 @@ def _padded(weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
 
 def _config_and_plan(
     op: str, kernel: Any, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor
-) -> tuple[Any, int, dict[str, Tensor]]:
+) -> tuple[Any, int, dict[str, Tensor], tuple[Tensor, Tensor]]:
+    """(config, static block count, the plan with off-rank slots dropped, the padded
+    on-rank (weights, ids) it was planned from)."""
     e = w_gate_up.shape[0]
     if not tracing(ids):
         _check_ids(ids, e)
@@ -161,7 +168,7 @@ def _config_and_plan(
     assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
     sized = isinstance(cfg, MoEMLPConfig)  # the forward runs variable-size blocks
     meta, static = _plan(wp, ip, hidden.shape[0], e, cfg.block_size, None, sized)
-    return cfg, static, _drop_off_rank(meta, off, hidden.shape[0])
+    return cfg, static, _drop_off_rank(meta, off, hidden.shape[0]), (wp, ip)
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -172,6 +179,18 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     hidden, weights, ids, w_gate_up, w_down = ctx.saved_tensors
     dh, dw, dgu, dd = torch.ops.nki.moe_experts_backward(
         grad, hidden, weights, ids, w_gate_up, w_down
+    )
+    return dh, dw.to(weights.dtype), None, dgu, dd
+
+
+def _train_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.save_for_backward(*inputs, output[1])
+
+
+def _train_backward(ctx: Any, grad: Tensor, grad_gate_up: Any) -> tuple[Any, ...]:
+    hidden, weights, ids, w_gate_up, w_down, gate_up = ctx.saved_tensors
+    dh, dw, dgu, dd = torch.ops.nki.moe_experts_backward(
+        grad, hidden, weights, ids, w_gate_up, w_down, gate_up
     )
     return dh, dw.to(weights.dtype), None, dgu, dd
 
@@ -200,6 +219,14 @@ def moe_experts(
     hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
 ) -> Tensor:
     """sum_j weights[t, j] * SwiGLU-expert_{ids[t, j]}(hidden[t]) (NKI expert kernels)."""
+    return _experts_forward(hidden, weights, ids, w_gate_up, w_down, save=False)[0]
+
+
+def _experts_forward(
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor, save: bool
+) -> tuple[Tensor, Tensor | None]:
+    """(out, the saved gate / up or None): the body of `moe_experts` (save=False) and of
+    `moe_experts_train` (save=True; decode-mode calls save nothing, the backward recomputes)."""
     t = hidden.shape[0]
     if use_decode_mode(t, None):  # T <= 64: the decode kernel (moe_decode.py)
         e = w_gate_up.shape[0]
@@ -208,16 +235,94 @@ def moe_experts(
         w_on, ids_on, off = _on_rank(weights.detach(), ids, e)
         wgu, wd = w_gate_up.detach(), w_down.detach()
         out = decode_experts(hidden.detach(), w_on, ids_on, wgu, wd)
-        return torch.where(off.all(dim=1, keepdim=True), torch.zeros_like(out), out)
-    cfg, _, m = _config_and_plan("moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up)
+        return torch.where(off.all(dim=1, keepdim=True), torch.zeros_like(out), out), None
+    cfg, _, m, (wp, ip) = _config_and_plan("moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up)
     assert isinstance(cfg, MoEMLPConfig)
     hp, _ = pad_to_bucket(hidden.detach(), 0)
-    out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m)
-    return unpad(out, 0, t).contiguous()
+    if not save:
+        return unpad(launch_experts_fwd(hp, w_gate_up, w_down, cfg, m), 0, t).contiguous(), None
+    problem = _problem(wp.shape[0], w_gate_up, ids.shape[1])
+    bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=get_target(None))
+    assert isinstance(bcfg, MoEMLPBwdConfig)
+    # the backward plans the same padded on-rank routing (off-rank slots only become
+    # padding slots there, which keeps every block's columns)
+    lowest = min(t, _bucket_floor(wp.shape[0]))
+    args = (wp, ip, t, w_gate_up.shape[0], cfg.block_size, bcfg.block_size, None, lowest)
+    plan = call_host_op("moe_save_plan", *args) if tracing(wp, ip) else _save_plan(*args)
+    out, gate_up = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, tuple(plan))
+    return unpad(out, 0, t).contiguous(), gate_up
+
+
+def _train_fake(
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+) -> tuple[Tensor, Tensor]:
+    t, k = int(hidden.shape[0]), int(ids.shape[1])
+    e, i2 = int(w_gate_up.shape[0]), int(w_gate_up.shape[2])
+    if use_decode_mode(t, None):
+        return torch.empty_like(hidden), hidden.new_empty((i2, 0))
+    from ..runtime.buckets import bucket
+
+    tb = bucket(t)
+    problem = _problem(tb, w_gate_up, k)
+    bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=get_target(None))
+    assert isinstance(bcfg, MoEMLPBwdConfig)
+    width = _save_width(tb, k, e, bcfg.block_size, None)
+    return torch.empty_like(hidden), hidden.new_empty((i2, width))
+
+
+@define_op(
+    "moe_experts_train",
+    fake=_train_fake,
+    validate=_check,
+    backward=_train_backward,
+    setup_context=_train_setup,
+    examples=_examples,
+    traceable=True,
+)
+def moe_experts_train(
+    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(`moe_experts`' output, the saved pre-activation gate / up [2I, slots of the
+    backward's plan], or [2I, 0] in decode mode): what `moe_experts` runs when autograd
+    records it."""
+    out, gate_up = _experts_forward(hidden, weights, ids, w_gate_up, w_down, save=True)
+    if gate_up is None:  # decode mode: nothing saved, the backward recomputes
+        gate_up = hidden.new_empty((w_gate_up.shape[2], 0))
+    return out, gate_up
+
+
+def _experts_autograd(keyset: Any, *args: Any, **kw: Any) -> Any:
+    """`moe_experts`' Autograd kernel: a call autograd records runs `moe_experts_train`
+    (its forward saves gate / up, its backward reads them); any other call runs the plain
+    forward below autograd (nothing saved)."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        return torch.ops.nki.moe_experts_train(*args, **kw)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        after = keyset & torch._C._after_autograd_keyset
+        return torch.ops.nki.moe_experts.default.redispatch(after, *args, **kw)
+
+
+def _route_training_calls() -> None:
+    lib = getattr(moe_experts.custom_op, "_lib", None)
+    if lib is None:  # defined through torch_neuronx.nki_op: its own autograd wiring
+        return
+    with warnings.catch_warnings():  # replacing custom_op's Autograd kernel is intended
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("moe_experts", _experts_autograd, "Autograd", with_keyset=True)
+    override_autograd("moe_experts", _experts_autograd)  # behind the forward-AD guard's keys
+
+
+_route_training_calls()
 
 
 def _bwd_fake(
-    grad: Tensor, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+    grad: Tensor,
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    gate_up: Tensor | None = None,
 ) -> Any:
     return (
         torch.empty_like(hidden),
@@ -230,20 +335,30 @@ def _bwd_fake(
 @define_op(
     "moe_experts_backward",
     fake=_bwd_fake,
-    validate=lambda grad, *a: _check(*a),
+    validate=lambda grad, *a: _check(*a[:5]),
     examples=lambda: [((torch.randn(37, 32), *(x.detach() for x in _examples()[0][0])), {})],
     traceable=True,
 )
 def moe_experts_backward(
-    grad: Tensor, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+    grad: Tensor,
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    gate_up: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d hidden, d weights (fp32), d w_gate_up, d w_down) of `moe_experts` (NKI kernels)."""
+    """(d hidden, d weights (fp32), d w_gate_up, d w_down) of `moe_experts` (NKI kernels);
+    `gate_up`: `moe_experts_train`'s saved gate / up (None or empty: recomputed)."""
     t = hidden.shape[0]
-    cfg, static, m = _config_and_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, weights, ids, w_gate_up)
+    cfg, static, m, _ = _config_and_plan(
+        "moe_mlp_bwd", moe_mlp_bwd, hidden, weights, ids, w_gate_up
+    )
     assert isinstance(cfg, MoEMLPBwdConfig)
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
-    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static))
+    saved = _saved_gate_up(gate_up, w_gate_up, m, cfg.block_size, "moe_experts_train")
+    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
     dw = unpad(dw, 0, t)
     dw = torch.where(ids == w_gate_up.shape[0], torch.zeros_like(dw), dw)  # not on this rank
     return unpad(dh, 0, t).contiguous(), dw.contiguous(), dgu, dd
