@@ -8,7 +8,8 @@ row s). The plan:
 * work items: sequence s's tokens in tiles of TQ = min(128 // G, longest query) (G = Hq /
   Hkv): one item packs the G heads x TQ tokens of a KV head into R = G * TQ rows;
 * key_rows [items, n_steps * kv_tile, 1]: the cache row of each key position (the layout's
-  row, see `segmented.py`), -1 past the sequence's length (read as zeros, masked);
+  row, see `segmented.py`), -1 past the sequence's length or before the sliding window of
+  every row of the item (not read: V zeros, masked);
 * rowinfo [items, 128, 4]: per packed row its key interval [lo, hi) (causal: hi =
   position + 1; sliding window W: lo = position - W + 1) and the softmax start (m0, l0):
   (sink / sc, 1) with an attention sink, else (M_INIT, 0);
@@ -160,10 +161,6 @@ def plan_step(
     for it, (s, j0) in enumerate(items):
         n = min(tq, int(qlen[s]) - j0)
         tokens[it, :n] = qsl[s] + j0 + np.arange(n)
-        live = j < total[s]
-        blocks = block_table[s, np.minimum(j // bs, mb - 1)].astype(np.int64)
-        rows = geo.row(np.maximum(blocks, 0) * bs + j % bs)
-        key_rows[it, :, 0] = np.where(live, rows, -1)
         pos = ctx[s] + j0 + np.arange(n)  # absolute positions of the item's tokens
         hi = pos + 1
         lo = (
@@ -171,6 +168,13 @@ def plan_step(
             if sliding_window is None
             else np.maximum(pos - sliding_window + 1, 0)
         )
+        # keys before the window of every row of the item are not gathered (row -1: the
+        # DMA skips them, their V is zeroed): weight 0 times a non-finite V there (vLLM's
+        # never-written null block) would be NaN. Same tiles and steps as reading them.
+        live = (j < total[s]) & (j >= int(lo.min()))
+        blocks = block_table[s, np.minimum(j // bs, mb - 1)].astype(np.int64)
+        rows = geo.row(np.maximum(blocks, 0) * bs + j % bs)
+        key_rows[it, :, 0] = np.where(live, rows, -1)
         has_key[it, :n] = hi > lo
         for h in range(group):
             info[it, h * tq : h * tq + n, 0] = lo
@@ -225,8 +229,12 @@ def step_key_tiles(
     rows = plan.key_rows.reshape(n_items, n_steps, kv)
     n_sub = kv // P
     if kv == 512 and block_size % 4 == 0 and row_bytes % 4 == 0:
-        first = rows[:, :, 0::4]  # [items, steps, 128]: the group's first key
-        grouped = np.where(first >= 0, first // 4, -1).astype(np.int32)[..., None]
+        # the group's row (its first key's row / 4) from any of its keys that is read: a
+        # group may start before the window or end past the length (a group never
+        # straddles a block: block_size % 4 == 0)
+        quads = rows.reshape(n_items, n_steps, P, 4)
+        cand = np.where(quads >= 0, (quads - np.arange(4)) // 4, -1)
+        grouped = cand.max(axis=-1).astype(np.int32)[..., None]
         mask = np.where(rows.reshape(n_items, n_steps, P, 4) >= 0, -1, 0).astype(np.int32)
         return np.ascontiguousarray(grouped), np.ascontiguousarray(mask)
     tiles = rows.reshape(n_items, n_steps, n_sub, P).transpose(0, 1, 3, 2)
