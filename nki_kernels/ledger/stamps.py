@@ -83,6 +83,14 @@ DETERMINANTS: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         ("moe_mlp",),
     ),
+    ("moe decode", "ours"): (
+        (
+            "module nki_kernels.moe.decode_pricing",
+            "nki_kernels.moe.decode_mlp.moe_decode_fwd",
+            "nki_kernels.moe.router.moe_router_fwd",
+        ),
+        (),
+    ),
     ("moe", "native"): (
         (
             *COMPOSITION,

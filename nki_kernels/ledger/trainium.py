@@ -367,6 +367,10 @@ def moe(
         )
         if got is not None:
             return got
+    from ..ops.moe_decode import use_decode_mode
+
+    if impl == "ours" and kind == "fwd" and use_decode_mode(t, None):  # what moe_mlp runs
+        return _moe_decode(store, shape, t, target, lnc)
     # LNC 2: our forward as kernel[2] is minutes to trace; both directions priced as two
     # cores each routing half of the tokens at LNC 1 (the op-level rows use kernel[2])
     part = _half(t, lnc)
@@ -402,6 +406,30 @@ def moe(
         return min(a, b) / 1e3
 
     return store.get_or_price(key, target, lnc, impl, price_native, "moe")
+
+
+def _moe_decode(store: RowStore, shape: Any, t: int, target: str, lnc: int) -> Figure:
+    """What `moe_mlp` runs on a dropless call of at most 64 tokens: our router, then one
+    launch of the decode kernel (its programs take alternate touched experts, so at LNC 2
+    no core streams every touched expert's weights), on transformers' weight layout (read
+    by DMA transposes: the patched HF model's path, the slower of the two layouts)."""
+    from ..bench.compare import expert_counts, moe_case_text
+
+    h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
+    touched = sum(1 for c in expert_counts("uniform", t, e, k) if c)
+    key = (
+        f"moe decode {moe_case_text(shape, t)} uniform ({touched} experts touched; router + "
+        "one decode-kernel launch, transformers' weight layout) (ours)"
+    )
+
+    def price(tgt: Any) -> float:
+        from ..moe.decode_pricing import price_decode, router_latency
+
+        router = router_latency(t, e, k, tgt, lnc, band=False)[0]
+        experts = price_decode(touched, t, h, i, e, k, tgt, lnc=lnc, layout="hf", band=False)
+        return (router + experts.latency_ns[0]) / 1e3
+
+    return store.get_or_price(key, target, lnc, "ours", price, "moe decode")
 
 
 def price_op(

@@ -62,10 +62,11 @@ def anchors(per: int) -> tuple[int, int | None]:
 def _launch_latency(
     count: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
     dtype: str, tgt: Target, lnc: int, shared_inter: int = 0, shared_gated: bool = False,
-    layout: str = "rows",
+    layout: str = "rows", band: bool = True,
 ) -> tuple[float, ...]:  # fmt: skip
     """ns of one launch with `count` touched experts in all (and the shared expert of
-    `shared_inter` columns, when > 0), per parameter set; `layout` (module docstring)."""
+    `shared_inter` columns, when > 0), per parameter set (`band` False: `tgt` alone);
+    `layout` (module docstring)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}; got {layout!r}")
     hf = layout == "hf"
@@ -89,7 +90,8 @@ def _launch_latency(
             specs.append(TensorSpec((1, si, hidden), dtype))
     trace = trace_kernel(moe_decode_fwd, *specs, static_count=count, target=tgt, lnc=lnc,
                          transposed=(hf,) * 4)  # fmt: skip
-    return tuple(estimate_trace(trace, t).latency_ns for t in parameter_sets(tgt))
+    sets = parameter_sets(tgt) if band else [tgt]
+    return tuple(estimate_trace(trace, t).latency_ns for t in sets)
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,15 @@ class DecodePricing:
 def price_decode(
     touched: int, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
     target: str | Target = "trn2", dtype: str = "bfloat16", lnc: int = 2,
-    shared_inter: int = 0, shared_gated: bool = False, layout: str = "rows",
+    shared_inter: int = 0, shared_gated: bool = False, layout: str = "rows", band: bool = True,
 ) -> DecodePricing:  # fmt: skip
     """One launch for `touched` experts, with the fused shared expert when
-    `shared_inter` > 0, weights in `layout` (module docstring)."""
+    `shared_inter` > 0, weights in `layout` (module docstring); `band` False prices
+    `target` alone (a caller that walks the parameter sets itself)."""
     tgt = get_target(target)
     per = math.ceil(touched / lnc)
     args = (tokens, hidden, inter, experts, top_k, dtype, tgt, lnc, shared_inter, shared_gated,
-            layout)  # fmt: skip
+            layout, band)  # fmt: skip
     c0, c1 = anchors(per)
     base = _launch_latency(c0 * lnc, *args)
     if c1 is None:
@@ -124,13 +127,14 @@ def price_decode(
 @functools.lru_cache(maxsize=64)
 def router_latency(
     tokens: int, experts: int, top_k: int, tgt: Target, lnc: int = 2,
-    scoring: str = "softmax", logits_dtype: str = "bfloat16",
+    scoring: str = "softmax", logits_dtype: str = "bfloat16", band: bool = True,
 ) -> tuple[float, ...]:  # fmt: skip
     """ns of our NKI router (moe/router.py) on [T, E] logits, renormalized top-k, per
-    parameter set."""
+    parameter set (`band` False: `tgt` alone)."""
     logits = TensorSpec((tokens, experts), logits_dtype)
     trace = trace_kernel(moe_router_fwd, logits, top_k, scoring, True, target=tgt, lnc=lnc)
-    return tuple(estimate_trace(trace, t).latency_ns for t in parameter_sets(tgt))
+    sets = parameter_sets(tgt) if band else [tgt]
+    return tuple(estimate_trace(trace, t).latency_ns for t in sets)
 
 
 @dataclass(frozen=True)
