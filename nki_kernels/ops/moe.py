@@ -28,7 +28,6 @@ is one `nki_host::moe_block_plan` node; its static block count depends on shapes
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import torch
@@ -46,7 +45,7 @@ from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
 from .moe_decode import decode_experts, use_decode_mode
-from .registry import call_host_op, define_host_op, define_op, override_autograd, tracing
+from .registry import call_host_op, define_host_op, define_op, route_recorded_calls, tracing
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
 ID_DTYPES = (torch.int32, torch.int64)
@@ -688,28 +687,7 @@ def moe_mlp_train(
     return out, gate_up
 
 
-def _mlp_autograd(keyset: Any, *args: Any, **kw: Any) -> Any:
-    """`moe_mlp`'s Autograd kernel: a call autograd records runs `moe_mlp_train` (its
-    forward saves gate / up, its backward reads them); any other call runs the plain
-    forward below autograd (nothing saved)."""
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-        return torch.ops.nki.moe_mlp_train(*args, **kw)[0]
-    with torch._C._AutoDispatchBelowAutograd():
-        after = keyset & torch._C._after_autograd_keyset
-        return torch.ops.nki.moe_mlp.default.redispatch(after, *args, **kw)
-
-
-def _route_training_calls() -> None:
-    lib = getattr(moe_mlp.custom_op, "_lib", None)
-    if lib is None:  # defined through torch_neuronx.nki_op: its own autograd wiring
-        return
-    with warnings.catch_warnings():  # replacing custom_op's Autograd kernel is intended
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl("moe_mlp", _mlp_autograd, "Autograd", with_keyset=True)
-    override_autograd("moe_mlp", _mlp_autograd)  # behind the forward-AD guard's keys
-
-
-_route_training_calls()
+route_recorded_calls(moe_mlp, "moe_mlp", "moe_mlp_train")
 
 
 def _mlp_bwd_fake(

@@ -27,7 +27,6 @@ no on-rank slot has its output row selected to 0.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -52,7 +51,7 @@ from .moe import (
     launch_experts_fwd,
 )
 from .moe_decode import decode_experts, use_decode_mode
-from .registry import call_host_op, define_op, override_autograd, tracing
+from .registry import call_host_op, define_op, route_recorded_calls, tracing
 
 MAX_EXPERTS, MAX_TOP_K = 512, 16
 
@@ -291,28 +290,7 @@ def moe_experts_train(
     return out, gate_up
 
 
-def _experts_autograd(keyset: Any, *args: Any, **kw: Any) -> Any:
-    """`moe_experts`' Autograd kernel: a call autograd records runs `moe_experts_train`
-    (its forward saves gate / up, its backward reads them); any other call runs the plain
-    forward below autograd (nothing saved)."""
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-        return torch.ops.nki.moe_experts_train(*args, **kw)[0]
-    with torch._C._AutoDispatchBelowAutograd():
-        after = keyset & torch._C._after_autograd_keyset
-        return torch.ops.nki.moe_experts.default.redispatch(after, *args, **kw)
-
-
-def _route_training_calls() -> None:
-    lib = getattr(moe_experts.custom_op, "_lib", None)
-    if lib is None:  # defined through torch_neuronx.nki_op: its own autograd wiring
-        return
-    with warnings.catch_warnings():  # replacing custom_op's Autograd kernel is intended
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl("moe_experts", _experts_autograd, "Autograd", with_keyset=True)
-    override_autograd("moe_experts", _experts_autograd)  # behind the forward-AD guard's keys
-
-
-_route_training_calls()
+route_recorded_calls(moe_experts, "moe_experts", "moe_experts_train")
 
 
 def _bwd_fake(

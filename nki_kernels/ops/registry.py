@@ -76,6 +76,7 @@ import functools
 import importlib.util
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -450,6 +451,28 @@ def override_autograd(name: str, kernel: Callable[..., Any]) -> None:
     """Route `torch.ops.nki.<name>`'s autograd dispatch (behind the forward-AD guard) to
     `kernel(keyset, *args, **kwargs)` instead of the kernel custom_op registered."""
     _AUTOGRAD_OVERRIDES[name] = kernel
+
+
+def route_recorded_calls(op: Any, name: str, train_name: str) -> None:
+    """Make `torch.ops.nki.<name>` run as `torch.ops.nki.<train_name>` (same arguments,
+    returning (output, what its backward saves)) whenever autograd records the call (grad
+    enabled, an input requiring grad); any other call runs the plain op below autograd.
+    Ops defined through torch_neuronx.nki_op keep their own autograd wiring."""
+    lib = getattr(getattr(op, "custom_op", None), "_lib", None)
+    if lib is None:
+        return
+
+    def recorded(keyset: Any, *args: Any, **kw: Any) -> Any:
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return getattr(torch.ops.nki, train_name)(*args, **kw)[0]
+        with torch._C._AutoDispatchBelowAutograd():
+            after = keyset & torch._C._after_autograd_keyset
+            return getattr(torch.ops.nki, name).default.redispatch(after, *args, **kw)
+
+    with warnings.catch_warnings():  # replacing custom_op's Autograd kernel is intended
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl(name, recorded, "Autograd", with_keyset=True)
+    override_autograd(name, recorded)  # behind the forward-AD guard's keys
 
 
 def _tangent_argument(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
