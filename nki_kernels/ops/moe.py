@@ -625,28 +625,22 @@ def moe_mlp(
     return _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, save=False)[0]
 
 
-def train_outputs_fake(
-    hidden: Tensor, w_gate_up: Tensor, top_k: int, cf: float | None
-) -> tuple[Tensor, Tensor]:
-    """Fake (out, saved gate / up) of a training-route call: the saved width follows T's
-    bucket and the backward's config for the shape (symbolic sizes are specialized)."""
-    t = int(hidden.shape[0])
-    e, i2 = int(w_gate_up.shape[0]), int(w_gate_up.shape[2])
-    if use_decode_mode(t, cf):
-        return torch.empty_like(hidden), hidden.new_empty((i2, 0))
-    tb = bucket(t)
-    bcfg = lookup_config("moe_mlp_bwd", _problem(tb, w_gate_up, top_k), moe_mlp_bwd,
-                         target=get_target(None))  # fmt: skip
-    assert isinstance(bcfg, MoEMLPBwdConfig)
-    width = _save_width(tb, top_k, e, bcfg.block_size, cf)
-    return torch.empty_like(hidden), hidden.new_empty((i2, width))
-
-
 def _train_fake(
     hidden: Tensor, router_logits: Tensor, w_gate_up: Tensor, w_down: Tensor, **kw: Any
 ) -> tuple[Tensor, Tensor]:
     r = MoERouting(**kw)
-    return train_outputs_fake(hidden, w_gate_up, r.top_k, r.capacity_factor)
+    # the saved width follows T's bucket and the backward's config for the shape: symbolic
+    # sizes (dynamic=True) are specialized
+    t = int(hidden.shape[0])
+    e, h, i2 = (int(n) for n in w_gate_up.shape)
+    if use_decode_mode(t, r.capacity_factor):
+        return torch.empty_like(hidden), hidden.new_empty((i2, 0))
+    tb = bucket(t)
+    problem = MoEProblem(tb, h, i2 // 2, e, r.top_k, _dtype_name(w_gate_up))
+    bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=get_target(None))
+    assert isinstance(bcfg, MoEMLPBwdConfig)
+    width = _save_width(tb, r.top_k, e, bcfg.block_size, r.capacity_factor)
+    return torch.empty_like(hidden), hidden.new_empty((i2, width))
 
 
 def _train_setup(
