@@ -125,3 +125,23 @@ def price_lowerings(
     """us of one core under each lowering (`lowerings`) on `target`."""
     built = lowerings(tokens, hidden, inter, experts, top_k, dtype, lnc, counts, part_counts)
     return {name: native.price(st, target).latency_ns / 1e3 for name, st in built.items()}
+
+
+def decode_us(
+    tokens: int,
+    hidden: int,
+    inter: int,
+    experts: int,
+    top_k: int,
+    dtype: str,
+    lnc: int,
+    target: object,
+) -> float:
+    """us of one core under the fastest lowering on `target` (one parameter set), the
+    tokens routed as the benchmark's uniform routing (`bench.compare.expert_counts`)."""
+    from ..bench.compare import expert_counts
+
+    counts = expert_counts("uniform", tokens, experts, top_k)
+    part = expert_counts("uniform", _per_core(tokens, lnc), experts, top_k)
+    got = price_lowerings(tokens, hidden, inter, experts, top_k, dtype, lnc, counts, part, target)
+    return min(got.values())

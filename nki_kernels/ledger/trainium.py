@@ -19,7 +19,8 @@ else is priced now (`store.RowStore`). What each implementation is:
 
 LNC 2 (a logical core of two physical cores): our kernels as kernel[2] (committed rows, or
 priced so); compositions as two cores each running half of the work, as the op-level
-benchmark does (`bench.compare.LNC2_METHOD`). Our MoE layer is the exception: its forward
+benchmark does (`bench.compare.LNC2_METHOD`), and native's decode MoE also as the weight
+split (above). Our MoE layer is the exception: its forward
 is the committed kernel[2] row where the case is one; any other forward, and every
 backward, is priced like a composition, two cores each routing half of the tokens through
 the LNC 1 kernels (kernel[2] of the MoE forward takes minutes to trace).
@@ -441,7 +442,7 @@ def _moe_decode(store: RowStore, shape: Any, t: int, target: str, lnc: int) -> F
 def _native_moe_decode(store: RowStore, shape: Any, t: int, target: str, lnc: int) -> Figure:
     """Native's dropless MoE at decode under LNC > 1: the faster, per parameter set, of
     the token split and the weight split of its compositions (`native_moe_decode`)."""
-    from ..bench.compare import expert_counts, moe_case_text
+    from ..bench.compare import moe_case_text
     from . import native_moe_decode
 
     h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
@@ -451,12 +452,9 @@ def _native_moe_decode(store: RowStore, shape: Any, t: int, target: str, lnc: in
         f"split, {part} tokens per core, and the weight split, {t} tokens on "
         f"I/{lnc} per core)"
     )
-    counts = expert_counts("uniform", t, e, k)
-    part_counts = expert_counts("uniform", part, e, k)
 
     def price(tgt: Any) -> float:
-        got = native_moe_decode.price_lowerings(t, h, i, e, k, BF16, lnc, counts, part_counts, tgt)
-        return min(got.values())
+        return native_moe_decode.decode_us(t, h, i, e, k, BF16, lnc, tgt)
 
     f = store.get_or_price(key, target, lnc, "native", price, "moe decode")
     why = (

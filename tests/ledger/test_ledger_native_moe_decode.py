@@ -136,3 +136,15 @@ def test_committed_decode_row_is_what_the_code_prices(store, name):
     each = nmd.price_lowerings(BATCH, h, i, e, k, "bfloat16", LNC, counts, part, TARGET)
     assert got.us == pytest.approx(min(each.values()), rel=1e-12)
     assert min(each, key=each.__getitem__) == "weight split, _grouped_mm"
+
+
+def test_decode_rows_are_stamped_with_the_code_that_prices_them():
+    # a change to the lowerings makes the native decode rows stale, and only them
+    from nki_kernels.ledger import stamps
+
+    mod = "module nki_kernels.ledger.native_moe_decode"
+    assert mod in stamps.stamp_parts("moe decode", "native", TARGET)
+    assert mod not in stamps.stamp_parts("moe", "native", TARGET)
+    assert "nki_kernels.baselines.moe_native.grouped_mm_fwd" in stamps.stamp_parts(
+        "moe decode", "native", TARGET
+    )
