@@ -91,6 +91,15 @@ DETERMINANTS: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         (),
     ),
+    ("moe decode", "native"): (
+        (
+            *COMPOSITION,
+            "nki_kernels.baselines.moe_native.blockwise_fwd",
+            "nki_kernels.baselines.moe_native.grouped_mm_fwd",
+            "module nki_kernels.ledger.native_moe_decode",
+        ),
+        (),
+    ),
     ("moe", "native"): (
         (
             *COMPOSITION,

@@ -10,14 +10,17 @@ else is priced now (`store.RowStore`). What each implementation is:
 - `native`: TorchNeuron for the plain PyTorch code (`baselines.native`): SDPA is AWS's
   flash kernel on its route (S a multiple of 512, so `aws` and `native` are one figure),
   the S x S composition off it and at decode (Sq = 1); norms one fused pass (backward two);
-  dropless MoE the faster of NxD blockwise and `_grouped_mm` (backward: `native_moe`).
+  dropless MoE the faster of NxD blockwise and `_grouped_mm` (backward: `native_moe`;
+  at decode under LNC 2 also the faster of splitting the tokens or the expert weights
+  across the cores: `native_moe_decode`).
 - `aws`: AWS's nki-library kernel where one exists for the op (flash attention, decode
   `attention_tkg`, RMSNorm); these come only from committed rows (pricing them needs an
   nki-library checkout), carried to other shapes by scaling, each scaling named.
 
 LNC 2 (a logical core of two physical cores): our kernels as kernel[2] (committed rows, or
 priced so); compositions as two cores each running half of the work, as the op-level
-benchmark does (`bench.compare.LNC2_METHOD`). Our MoE layer is the exception: its forward
+benchmark does (`bench.compare.LNC2_METHOD`), and native's decode MoE also as the weight
+split (above). Our MoE layer is the exception: its forward
 is the committed kernel[2] row where the case is one; any other forward, and every
 backward, is priced like a composition, two cores each routing half of the tokens through
 the LNC 1 kernels (kernel[2] of the MoE forward takes minutes to trace).
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 from typing import Any
 
 from ..baselines import moe_native, native, steps
@@ -355,6 +359,11 @@ def moe(
 
     shape = model.moe_shape()
     case = moe_case_text(shape, t)
+    from ..ops.moe_decode import use_decode_mode
+
+    decode = kind == "fwd" and use_decode_mode(t, None)
+    if impl == "native" and decode and lnc > 1:
+        return _native_moe_decode(store, shape, t, target, lnc)
     if kind == "fwd":
         got = _committed(
             store,
@@ -367,9 +376,7 @@ def moe(
         )
         if got is not None:
             return got
-    from ..ops.moe_decode import use_decode_mode
-
-    if impl == "ours" and kind == "fwd" and use_decode_mode(t, None):  # what moe_mlp runs
+    if impl == "ours" and decode:  # what moe_mlp runs
         return _moe_decode(store, shape, t, target, lnc)
     # LNC 2: our forward as kernel[2] is minutes to trace; both directions priced as two
     # cores each routing half of the tokens at LNC 1 (the op-level rows use kernel[2])
@@ -430,6 +437,32 @@ def _moe_decode(store: RowStore, shape: Any, t: int, target: str, lnc: int) -> F
         return (router + experts.latency_ns[0]) / 1e3
 
     return store.get_or_price(key, target, lnc, "ours", price, "moe decode")
+
+
+def _native_moe_decode(store: RowStore, shape: Any, t: int, target: str, lnc: int) -> Figure:
+    """Native's dropless MoE at decode under LNC > 1: the faster, per parameter set, of
+    the token split and the weight split of its compositions (`native_moe_decode`)."""
+    from ..bench.compare import moe_case_text
+    from . import native_moe_decode
+
+    h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
+    part = _half(t, lnc)
+    key = (
+        f"moe decode {moe_case_text(shape, t)} uniform (native: the faster of the token "
+        f"split, {part} tokens per core, and the weight split, {t} tokens on "
+        f"I/{lnc} per core)"
+    )
+
+    def price(tgt: Any) -> float:
+        return native_moe_decode.decode_us(t, h, i, e, k, BF16, lnc, tgt)
+
+    f = store.get_or_price(key, target, lnc, "native", price, "moe decode")
+    why = (
+        "native at decode: the faster, per parameter set, of the token split (each core "
+        f"{part} tokens on whole experts) and the weight split (each core all {t} tokens "
+        f"on 1/{lnc} of each touched expert's columns, plus the partial sums' reduction)"
+    )
+    return replace(f, source=f"{f.source}; {why}")
 
 
 def price_op(
