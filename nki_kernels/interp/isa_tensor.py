@@ -128,16 +128,6 @@ def nc_matmul(
                 raise fail(
                     "MM_SHAPE", f"nc_matmul(double_row): {arg} must be [K, 2, X]; got {t.shape}"
                 )
-    if tile is not None and tile[:2] != (0, 0):
-        # "Tensor indirection is incompatible with hardware tiling, so tile_position
-        # must be (0, 0) (or unset)" (nc_matmul ISA page)
-        for arg, t in (("dst", dst), ("stationary", stationary), ("moving", moving)):
-            if t.indirect is not None:
-                raise fail(
-                    "ARG",
-                    f"nc_matmul: {arg} is an indirect view, which cannot combine with "
-                    f"tile_position {tuple(tile_position)} (expected (0, 0) or unset)",
-                )
     exact_transpose = transpose and target.nc_version >= 3
     _check_dtypes(stationary, moving, dst, exact_transpose, target.nc_version)
     k = stationary.shape[0]
