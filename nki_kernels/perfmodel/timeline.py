@@ -27,6 +27,11 @@ wait behind a store that is still waiting for its data). Each engine moves HBM b
 no more than 1/16 of the core's HBM bandwidth, so the modeled time never beats the
 bandwidth bound.
 
+A tiling-mode matmul (`tile_position` / `tile_size`, rule 46, `pe_tiles.py`) waits for
+the PE-array cells of its tile instead of the whole TensorE, so matmuls on disjoint tiles
+overlap; its PSUM writes are ordered per 32-partition quadrant. A trace without one is
+scheduled exactly as before.
+
 VectorE and GpSimd (and on NC-v2 VectorE and ScalarE for PSUM) share access ports; an
 instruction holding a port (`costs.port_mask`) starts only after the previous holder
 ended (trainium2_arch).
