@@ -188,7 +188,9 @@ def schedule_compiled(
     count = len(ops)
     starts = [0.0] * count
     ends = [0.0] * count
-    cores = [_Core(tgt, comp.tiled) for _ in range(comp.cores)]
+    # the overlap off (the band's slow corner): tiled matmuls hold the whole engine
+    tiled = comp.tiled and tgt.tensor_tile_overlap > 0
+    cores = [_Core(tgt, tiled) for _ in range(comp.cores)]
     hbm_w: dict[int, list[float]] = {}
     hbm_r: dict[int, list[float]] = {}
     sem = tgt.semaphore_ns
@@ -202,6 +204,8 @@ def schedule_compiled(
 
     for idx in range(count):
         kind, prog, rchip, rhbm, wchip, whbm, cost, aux, tile = ops[idx]
+        if not tiled:
+            tile = None
         core = cores[prog]
         mask = FULL if tile is None else tile[0]
         if mask == FULL:

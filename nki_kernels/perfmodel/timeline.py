@@ -481,8 +481,9 @@ def schedule(
     assert SBUF == 0 and PSUM == 1
     # PSUM memsets a starting matmul overwrites unread: dropped (dead_stores.py)
     dead = dead_psum_memsets(instrs)
-    # tiled matmuls (rule 46, pe_tiles.py): without any, none of the tile code runs
-    tiled = has_tiles(instrs)
+    # tiled matmuls (rule 46, pe_tiles.py): without any (or with the overlap off, the
+    # band's slow corner), none of the tile code runs
+    tiled = tgt.tensor_tile_overlap > 0 and has_tiles(instrs)
 
     def core_of(prog: int) -> _Core:
         while prog >= len(cores):

@@ -143,3 +143,26 @@ def test_untiled_instructions_keep_their_floats_in_a_tiled_trace(compiled):
         b = schedule(mixed, tgt, compiled=compiled)
         assert a.start == b.start[:n] and a.end == b.end[:n]
         assert a.busy_ns["vector"] == b.busy_ns["vector"]
+
+
+def test_the_band_spans_the_overlap_on_and_off():
+    # no cost is documented for tiling mode, so the overlap is an unanchored parameter:
+    # the band's slow corner prices tiled matmuls as holding the whole engine (the
+    # pricing before rule 46), the fast corner and the shipped set let them overlap
+    sets = parameter_sets("trn2")
+    slow, fast = sets[-2], sets[-1]
+    assert (slow.tensor_tile_overlap, fast.tensor_tile_overlap) == (0.0, 1.0)
+    assert sets[0].tensor_tile_overlap == 1.0
+    tr, *_ = _priced((COL0, COL1))
+    (a, b) = [i for i, ins in enumerate(tr.instrs) if ins.opcode == "nc_matmul"]
+    for compiled in (True, False):
+        s = schedule(tr, slow, compiled=compiled)
+        assert s.start[b] >= s.end[a]
+        stripped = Trace(tr.target, tr.lnc)
+        for ins in tr.instrs:
+            ins = copy.copy(ins)
+            ins.attrs = {k: v for k, v in ins.attrs.items() if k != "pe_tile"}
+            stripped.append(ins)
+        _same(s, schedule(stripped, slow, compiled=compiled))
+        f = schedule(tr, fast, compiled=compiled)
+        assert f.start[b] == f.start[a]
