@@ -74,6 +74,10 @@ class Target:
     # contiguous in the most-minor free dimension, or contiguous with one tensor in PSUM
     # (trainium2_arch, "Vector Engine Performance Mode"). H
     vector_bf16_2x_speedup: float = 1.0
+    # TensorE tiling mode: matmuls on disjoint PE tiles "run in parallel" (nc_matmul ISA
+    # page; rule 46, perfmodel/pe_tiles.py). 1 = they overlap, 0 = each holds the whole
+    # engine (the band's slow corner: the overlap's cost is not documented). M
+    tensor_tile_overlap: float = 1.0
     # A most-minor free-dimension stride above 16 bytes halves SBUF / PSUM bandwidth:
     # "roughly 50% performance hit on the instructions" (trainium_inferentia2_arch,
     # "Access pattern"; NC-v2's statement, assumed to carry over to NC-v3/v4). H / L

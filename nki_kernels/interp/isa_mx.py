@@ -173,9 +173,10 @@ def quantize_mx(
     return ins
 
 
-def _tiling(position: Any, size: Any, k: int) -> None:
+def _tiling(position: Any, size: Any, k: int) -> tuple[int, int, int, int] | None:
+    """(start_row, 0, row_size, 128) of a row-tiled launch; None without tiling."""
     if not position and not size:
-        return
+        return None
     if not position or not size:
         raise fail("ARG", "nc_matmul_mx: tile_position and tile_size must be given together")
     size, position = tuple(size), tuple(position)
@@ -197,6 +198,7 @@ def _tiling(position: Any, size: Any, k: int) -> None:
         )
     if k > size[0]:
         raise fail("MM_K", f"nc_matmul_mx: stationary partitions {k} exceed the tile's {size[0]}")
+    return int(position[0]), 0, int(size[0]), 128
 
 
 def _dequantized(data: NkiTensor, scale: NkiTensor) -> np.ndarray:
@@ -249,7 +251,7 @@ def nc_matmul_mx(
             f"{moving.shape[0]})",
         )
     _mx_partitions(k, "stationary", instr)
-    _tiling(tile_position, tile_size, k)
+    tile = _tiling(tile_position, tile_size, k)
     m, n = stationary.free_size, moving.free_size
     if m % 2 or m > 128:
         raise fail("MM_M", f"{instr}: stationary free size M={m} must be even and at most 128")
@@ -266,6 +268,9 @@ def nc_matmul_mx(
     _check_scale(stationary_scale, stationary, m, "stationary_scale", instr)
     _check_scale(moving_scale, moving, n, "moving_scale", instr)
     kk = 4 * k
+    attrs = {"K": kk, "M": m, "N": n, "fp32": False, "mx": True, "accumulate": accumulate}
+    if tile is not None and tile[2] < 128:
+        attrs["pe_tile"] = tile  # the PE-array rows it occupies (perfmodel/pe_tiles.py)
     ins = emit(
         "tensor",
         "nc_matmul_mx",
@@ -274,7 +279,7 @@ def nc_matmul_mx(
         k,
         n,
         flops=2 * kk * m * n,
-        attrs={"K": kk, "M": m, "N": n, "fp32": False, "mx": True, "accumulate": accumulate},
+        attrs=attrs,
         name=name,
     )
     launch = current()

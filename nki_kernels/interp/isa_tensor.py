@@ -104,10 +104,23 @@ def nc_matmul(
     # the one/zero hints let the compiler pick a faster data path; results are the same
     flag(is_stationary_onezero, "is_stationary_onezero", instr)
     flag(is_moving_onezero, "is_moving_onezero", instr)
+    if bool(tile_position) != bool(tile_size):
+        raise fail("ARG", "nc_matmul: tile_position and tile_size must be given together")
+    tile = None
+    if tile_size:
+        tile = _check_tiling(tuple(tile_position), tuple(tile_size), target.nc_version)
     if double_row:
         need_version(3, "nc_matmul(perf_mode=double_row)")
-        if transpose or tile_position or tile_size:
-            raise fail("ARG", "nc_matmul: double_row cannot combine with transpose or tiling")
+        if transpose:
+            raise fail("ARG", "nc_matmul: double_row cannot combine with transpose")
+        # "double_row performance mode cannot be combined with Tensor Engine column
+        # tiling mode" (nc_matmul ISA page; trainium2_arch): row tiling is allowed
+        if tile is not None and tile[3] < 128:
+            raise fail(
+                "ARG",
+                f"nc_matmul: double_row cannot combine with column tiling; got tile_size "
+                f"{tuple(tile_size)} (column_size must be 128)",
+            )
         for arg, t in (("stationary", stationary), ("moving", moving)):
             if t.dtype not in dt.FP8_DTYPES:
                 raise fail("DTYPE", f"nc_matmul(double_row): {arg} must be fp8; got {t.dtype}")
@@ -115,10 +128,6 @@ def nc_matmul(
                 raise fail(
                     "MM_SHAPE", f"nc_matmul(double_row): {arg} must be [K, 2, X]; got {t.shape}"
                 )
-    if bool(tile_position) != bool(tile_size):
-        raise fail("ARG", "nc_matmul: tile_position and tile_size must be given together")
-    if tile_size:
-        _check_tiling(tuple(tile_position), tuple(tile_size), target.nc_version)
     exact_transpose = transpose and target.nc_version >= 3
     _check_dtypes(stationary, moving, dst, exact_transpose, target.nc_version)
     k = stationary.shape[0]
@@ -126,12 +135,15 @@ def nc_matmul(
         same_partitions(instr, stationary=stationary, moving=moving)
     m = stationary.free_size // (2 if double_row else 1)
     n = moving.free_size // (2 if double_row else 1)
-    k_max = tile_size[0] if tile_size else target.matmul_k_max
+    # "The stationary tile size must not exceed the chosen tile_size" (ISA page)
+    k_max = tile[2] if tile else target.matmul_k_max
     if k > k_max:
-        raise fail("MM_K", f"nc_matmul: contraction size K={k} exceeds {k_max}")
-    m_max = tile_size[1] if tile_size else target.matmul_m_max
+        where = f" (tile_size row_size {k_max})" if tile else ""
+        raise fail("MM_K", f"nc_matmul: contraction size K={k} exceeds {k_max}{where}")
+    m_max = tile[3] if tile else target.matmul_m_max
     if m > m_max:
-        raise fail("MM_M", f"nc_matmul: stationary free size M={m} exceeds {m_max}")
+        where = f" (tile_size column_size {m_max})" if tile else ""
+        raise fail("MM_M", f"nc_matmul: stationary free size M={m} exceeds {m_max}{where}")
     bf16_dst = dst.dtype == dt.bfloat16 and not exact_transpose
     n_max = target.matmul_n_max_bf16 if bf16_dst else target.matmul_n_max_fp32
     if n > n_max:
@@ -151,6 +163,17 @@ def nc_matmul(
             f"{bank} B bank boundary",
         )
     kk = k * (2 if double_row else 1)
+    attrs = {
+        "K": kk,
+        "M": m,
+        "N": n,
+        "fp32": stationary.dtype == dt.float32,
+        "double_row": double_row,
+        "transpose": transpose,
+        "accumulate": accumulate,
+    }
+    if tile is not None and tile != FULL_ARRAY:
+        attrs["pe_tile"] = tile  # the PE-array tile it occupies (perfmodel/pe_tiles.py)
     ins = emit(
         "tensor",
         "nc_matmul",
@@ -159,15 +182,7 @@ def nc_matmul(
         k,
         n,
         flops=0 if transpose else 2 * kk * m * n,
-        attrs={
-            "K": kk,
-            "M": m,
-            "N": n,
-            "fp32": stationary.dtype == dt.float32,
-            "double_row": double_row,
-            "transpose": transpose,
-            "accumulate": accumulate,
-        },
+        attrs=attrs,
         name=name,
     )
     if launch.trace_only:
@@ -186,21 +201,38 @@ def nc_matmul(
     return ins
 
 
-def _check_tiling(position: tuple[int, ...], size: tuple[int, ...], nc_version: int) -> None:
+FULL_ARRAY = (0, 0, 128, 128)  # no tiling: "equivalent to tile_position=(0, 0) and (128, 128)"
+
+
+def _check_tiling(
+    position: tuple[int, ...], size: tuple[int, ...], nc_version: int
+) -> tuple[int, int, int, int]:
+    """(start_row, start_column, row_size, column_size) of a tiling-mode matmul.
+
+    nc_matmul ISA page: row tiling "slices the 128 PE rows into 2x 64 row tiles
+    (NeuronCore-v2 or newer), or 4x 32 row tiles (NeuronCore-v3 or newer)", column tiling
+    "in the same fashion"; start_row / start_column "must be a multiple of" the size
+    "and must not exceed 128" (read as: the tile lies inside the array).
+    """
     sizes = (32, 64, 128) if nc_version >= 3 else (64, 128)
-    if len(size) != 2 or any(x not in sizes for x in size):
+    if len(size) != 2 or any(
+        not isinstance(x, (int, np.integer)) or isinstance(x, bool) or x not in sizes for x in size
+    ):
         raise fail(
-            "ARG", f"nc_matmul: tile_size {size} entries must be in {sizes} on NC-v{nc_version}"
+            "ARG",
+            f"nc_matmul: tile_size must be (row_size, column_size) with entries in {sizes} "
+            f"on NC-v{nc_version}; got {size}",
         )
     if len(position) != 2 or any(
-        not isinstance(p, (int, np.integer)) or p < 0 or p % s or p + s > 128
+        not isinstance(p, (int, np.integer)) or isinstance(p, bool) or p < 0 or p % s or p + s > 128
         for p, s in zip(position, size)
     ):
         raise fail(
             "ARG",
-            f"nc_matmul: tile_position {position} must hold multiples of tile_size {size} "
-            "inside the 128 x 128 array",
+            f"nc_matmul: tile_position must be (start_row, start_column), multiples of "
+            f"tile_size {size} inside the 128 x 128 array; got {position}",
         )
+    return int(position[0]), int(position[1]), int(size[0]), int(size[1])
 
 
 def _pe_transpose(data: np.ndarray, moving: np.ndarray) -> np.ndarray:

@@ -26,10 +26,11 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..interp.trace import Trace
+from ..interp.trace import PSUM, Trace
 from ..targets import Target
 from .costs import Pricer
 from .dead_stores import dead_psum_memsets
+from .pe_tiles import FULL, has_tiles, pe_mask, psum_quadrants, run_tiled, tiled_start
 
 DMA, OTHER, DEAD = 4, 5, 6  # instruction kinds beyond the compute engines 0-3
 _ENGINES = {"tensor": 0, "vector": 1, "scalar": 2, "gpsimd": 3, "dma": DMA}
@@ -40,10 +41,13 @@ class CompiledTrace:
     """The parameter-free part of a trace's schedule (see the module docstring).
 
     `ops[i]` = (kind, program, chip reads, HBM reads, chip writes, HBM writes, cost,
-    aux): chip regions as (space, first block, end block), HBM ones as (tensor, first
-    block, end block), empty ranges left out (they wait for nothing and publish nothing);
-    `cost` indexes `compute_reps` (compute kinds) or `dma_reps` (DMA); `aux` is the
-    drain flag of a compute instruction and the trigger queue of a DMA.
+    aux, tile): chip regions as (space, first block, end block), HBM ones as (tensor,
+    first block, end block), empty ranges left out (they wait for nothing and publish
+    nothing); `cost` indexes `compute_reps` (compute kinds) or `dma_reps` (DMA); `aux` is
+    the drain flag of a compute instruction and the trigger queue of a DMA; `tile` is
+    None unless the trace has tiled matmuls (`pe_tiles.py`), then (PE cell mask, PSUM
+    quadrants read, PSUM quadrants written, chip writes a tiled matmul waits for
+    partition-blind).
     """
 
     ops: tuple[tuple, ...]
@@ -51,15 +55,17 @@ class CompiledTrace:
     compute_reps: tuple[int, ...]  # first priced instruction of each compute cost key
     dma_reps: tuple[tuple[int, tuple | None], ...]  # (instruction, chip region) per plan
     psum_bank_bytes: int  # the bank size the cost keys were made with
+    tiled: bool = False  # whether any instruction is a tiled matmul (rule 46)
 
 
 def compile_trace(trace: Trace, target: Target) -> CompiledTrace:
     """The parameter-free schedule data of `trace` (cost keys made on `target`'s PSUM
     banks, the one target limit they read)."""
-    from .timeline import _chip_region, _overlaps, block_ranges, dma_queue
+    from .timeline import ONCHIP_BLOCK_SHIFT, _chip_region, _overlaps, block_ranges, dma_queue
 
     instrs = trace.instrs
     dead = dead_psum_memsets(instrs)
+    tiled = has_tiles(instrs)
     keyer = Pricer(target)
     compute_ids: dict[tuple, int] = {}
     compute_reps: list[int] = []
@@ -103,9 +109,15 @@ def compile_trace(trace: Trace, target: Target) -> CompiledTrace:
             prev = last_writes.get((prog, kind))
             aux = bool(kind and prev and _overlaps(ins.reads, prev, False))
             last_writes[(prog, kind)] = ins.writes
-        ops.append((kind, prog, rchip, rhbm, wchip, whbm, cost, aux))
+        tile = None
+        if tiled:
+            mask = pe_mask(ins) if kind == 0 else FULL
+            own = tuple(r for r in wchip if r[0] != PSUM) if mask != FULL else wchip
+            quads = psum_quadrants(rd, ONCHIP_BLOCK_SHIFT), psum_quadrants(wr, ONCHIP_BLOCK_SHIFT)
+            tile = (mask, *quads, own)
+        ops.append((kind, prog, rchip, rhbm, wchip, whbm, cost, aux, tile))
     return CompiledTrace(
-        tuple(ops), cores, tuple(compute_reps), tuple(dma_reps), target.psum_bank_bytes
+        tuple(ops), cores, tuple(compute_reps), tuple(dma_reps), target.psum_bank_bytes, tiled
     )
 
 
@@ -176,7 +188,9 @@ def schedule_compiled(
     count = len(ops)
     starts = [0.0] * count
     ends = [0.0] * count
-    cores = [_Core(tgt) for _ in range(comp.cores)]
+    # the overlap off (the band's slow corner): tiled matmuls hold the whole engine
+    tiled = comp.tiled and tgt.tensor_tile_overlap > 0
+    cores = [_Core(tgt, tiled) for _ in range(comp.cores)]
     hbm_w: dict[int, list[float]] = {}
     hbm_r: dict[int, list[float]] = {}
     sem = tgt.semaphore_ns
@@ -189,25 +203,43 @@ def schedule_compiled(
     latency = dge_busy = 0.0
 
     for idx in range(count):
-        kind, prog, rchip, rhbm, wchip, whbm, cost, aux = ops[idx]
+        kind, prog, rchip, rhbm, wchip, whbm, cost, aux, tile = ops[idx]
+        if not tiled:
+            tile = None
         core = cores[prog]
-        dep = ready_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm)
+        mask = FULL if tile is None else tile[0]
+        if mask == FULL:
+            dep = ready_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm)
+        else:  # a tiled matmul: its PSUM writes wait per partition quadrant
+            dep = ready_at(core, hbm_w, hbm_r, rchip, rhbm, tile[3], whbm)
+            q = core.tiles.quad_ready(tile[2])
+            if q > dep:
+                dep = q
         if kind >= OTHER:  # a dead store, or an engine the model does not know
             starts[idx] = ends[idx] = dep
             continue
         if kind == DMA:
             start, end, dge = run_dma(core, plans[cost], aux, dep, fixed)
             dge_busy += dge
+        elif mask != FULL:
+            work, ports = ccost[cost]
+            start = tiled_start(core.tiles, mask, dep, sem)
+            end = run_tiled(core, core.tiles, mask, start, work, throttle)
         else:
             work, ports = ccost[cost]
             start = start_compute(core, kind, dep, sem, dep_ns[kind] if aux else 0.0, ports)
             end = run_compute(core, kind, start, work, ports, throttle)
+            if kind == 0 and tile is not None:
+                core.tiles.occupy(FULL, start, end)
 
         starts[idx] = start
         ends[idx] = end
         if end > latency:
             latency = end
-        publish_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm, end)
+        publish_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm, end, mask != FULL)
+        if tile is not None:
+            core.tiles.quad_publish(tile[1], end)
+            core.tiles.quad_publish(tile[2], end)
     return starts, ends, latency, dge_busy, cores
 
 

@@ -78,6 +78,14 @@ _PSUM_2X: Range = (
     2.0,
     "VectorE 2x mode ('could see a 2x throughput lift', trainium2_arch): 1 = never engaged",
 )
+_TILE_OVERLAP: Range = (
+    "tensor_tile_overlap",
+    0.0,
+    1.0,
+    1.0,
+    "TensorE tiling mode: tiled nc_matmuls on disjoint PE tiles 'run in parallel' (nc_matmul "
+    "ISA page; no cost given): 0 = no overlap",
+)
 _SCAN: Range = (
     "scan_cycles_per_element",
     1.0,
@@ -116,8 +124,8 @@ FIT_PARAMETERS: dict[str, tuple[Range, ...]] = {
 # the dependent-instruction cycles and the scan cost are trn1's fitted values, carried over.
 UNANCHORED: dict[str, tuple[tuple[Range, int], ...]] = {
     "trn1": (),
-    "trn2": ((_DEP, 1), (_SCAN, 1), (_SEMAPHORE, 1), (_PSUM_2X, -1)),
-    "trn3": ((_DEP, 1), (_SCAN, 1), (_SEMAPHORE, 1), (_PSUM_2X, -1)),
+    "trn2": ((_DEP, 1), (_SCAN, 1), (_SEMAPHORE, 1), (_PSUM_2X, -1), (_TILE_OVERLAP, -1)),
+    "trn3": ((_DEP, 1), (_SCAN, 1), (_SEMAPHORE, 1), (_PSUM_2X, -1), (_TILE_OVERLAP, -1)),
 }
 # A leave-one-out set whose own left-out anchor it misprices by more than this is not a
 # plausible parameter set: it is dropped from the band (v3).

@@ -27,6 +27,11 @@ wait behind a store that is still waiting for its data). Each engine moves HBM b
 no more than 1/16 of the core's HBM bandwidth, so the modeled time never beats the
 bandwidth bound.
 
+A tiling-mode matmul (`tile_position` / `tile_size`, rule 46, `pe_tiles.py`) waits for
+the PE-array cells of its tile instead of the whole TensorE, so matmuls on disjoint tiles
+overlap; its PSUM writes are ordered per 32-partition quadrant. A trace without one is
+scheduled exactly as before.
+
 VectorE and GpSimd (and on NC-v2 VectorE and ScalarE for PSUM) share access ports; an
 instruction holding a port (`costs.port_mask`) starts only after the previous holder
 ended (trainium2_arch).
@@ -57,6 +62,7 @@ from . import costs
 from .costs import DmaPlan, Pricer
 from .dead_stores import dead_psum_memsets
 from .dma_engines import DmaEngines
+from .pe_tiles import FULL, TileState, has_tiles, pe_mask, psum_quadrants, run_tiled, tiled_start
 from .scheduling import schedule_window
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
@@ -103,12 +109,13 @@ class _Core:
         "last_writes",
         "port",
         "r",
+        "tiles",
         "trigger",
         "w",
         "warm",
     )
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, tiles: bool = False) -> None:
         self.free = [0.0, 0.0, 0.0, 0.0]
         # free time of the shared ports, by mask bit (costs.port_mask: the VectorE/GpSimd
         # SBUF bus, NC-v2's VectorE/ScalarE PSUM port, NC-v3+'s eight PSUM banks)
@@ -125,6 +132,8 @@ class _Core:
         self.w = [[0.0] * sbuf, [0.0] * psum]
         # last access of any kind (read or write): what a writer must wait for
         self.r = [[0.0] * sbuf, [0.0] * psum]
+        # PE cells and PSUM quadrants, kept only for a trace with tiled matmuls (rule 46)
+        self.tiles = TileState(psum) if tiles else None
 
 
 def throttled_duration(work_ns: float, warm: float, start_frac: float, ramp_ns: float) -> float:
@@ -312,8 +321,13 @@ def publish_at(
     wchip: tuple,
     whbm: tuple,
     end: float,
+    keep_later: bool = False,
 ) -> None:
-    """Record an instruction ending at `end` as the latest reader / writer of its ranges."""
+    """Record an instruction ending at `end` as the latest reader / writer of its ranges.
+
+    `keep_later`: a write keeps a later time already recorded (a tiled matmul, which may
+    end before an earlier one on another PE tile that wrote other partitions of the
+    same blocks); any other write ends after every earlier access of its blocks."""
     cw, cr = core.w, core.r
     for space, b, e in rchip:
         rl = cr[space]
@@ -331,7 +345,11 @@ def publish_at(
     for tid, b, e in whbm:
         _raise_to(hbm_w, tid, b, e, end)
     for space, b, e in wchip:
-        cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
+        if keep_later:
+            for table in (cw[space], cr[space]):
+                table[b:e] = [x if x > end else end for x in table[b:e]]
+        else:
+            cw[space][b:e] = cr[space][b:e] = [end] * (e - b)
 
 
 def dma_queue(instr: Instr) -> tuple:
@@ -463,10 +481,13 @@ def schedule(
     assert SBUF == 0 and PSUM == 1
     # PSUM memsets a starting matmul overwrites unread: dropped (dead_stores.py)
     dead = dead_psum_memsets(instrs)
+    # tiled matmuls (rule 46, pe_tiles.py): without any (or with the overlap off, the
+    # band's slow corner), none of the tile code runs
+    tiled = tgt.tensor_tile_overlap > 0 and has_tiles(instrs)
 
     def core_of(prog: int) -> _Core:
         while prog >= len(cores):
-            cores.append(_Core(tgt))
+            cores.append(_Core(tgt, tiled))
         return cores[prog]
 
     ranges: dict[tuple, tuple[tuple, tuple]] = {}  # regions repeat (a loop's tiles)
@@ -477,14 +498,33 @@ def schedule(
             got = ranges[regs] = block_ranges(regs)
         return got
 
+    quads: dict[tuple, tuple] = {}  # PSUM quadrant ranges of a region list (tiled traces)
+
+    def quads_of(regs: tuple) -> tuple:
+        got = quads.get(regs)
+        if got is None:
+            got = quads[regs] = psum_quadrants(regs, sh)
+        return got
+
+    def tile_of(ins: Instr) -> int:
+        """The PE cells `ins` occupies (FULL unless a tiled matmul in a tiled trace)."""
+        return pe_mask(ins) if tiled and ins.engine == "tensor" else FULL
+
     def ready_time(ins: Instr, core: _Core) -> float:
         """When the instruction's inputs are written and its outputs free (tables)."""
         rchip, rhbm = ranges_of(ins.reads)
         wchip, whbm = ranges_of(ins.writes)
+        extra = 0.0
+        if tiled and tile_of(ins) != FULL:  # its PSUM writes: per partition quadrant
+            wchip = tuple(r for r in wchip if r[0] != PSUM)
+            extra = core.tiles.quad_ready(quads_of(ins.writes))  # type: ignore[union-attr]
         if not rename:
-            return ready_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm)
+            dep = ready_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm)
+            return dep if dep > extra else extra
         # renamed: a read waits only for the writes of its own allocation
         dep = ready_at(core, hbm_w, hbm_r, (), rhbm, wchip, whbm)
+        if extra > dep:
+            dep = extra
         for reg in ins.reads:
             if reg[0] == HBM:
                 continue
@@ -504,6 +544,10 @@ def schedule(
 
     def compute_start(ins: Instr, core: _Core, ei: int, dep: float, ports: int) -> float:
         """When `ins` (ready at `dep`, holding `ports`) would start on engine `ei` now."""
+        if ei == 0 and tiled:
+            mask = tile_of(ins)
+            if mask != FULL:
+                return tiled_start(core.tiles, mask, dep, sem)  # type: ignore[arg-type]
         drain = ei and core.last_writes[ei] and _overlaps(ins.reads, core.last_writes[ei], rename)
         return start_compute(core, ei, dep, sem, dep_ns[ei] if drain else 0.0, ports)
 
@@ -534,7 +578,13 @@ def schedule(
                 return
             work, ports = price_compute(ins) if price is None else price
             start = compute_start(ins, core, ei, dep, ports)
-            end = run_compute(core, ei, start, work, ports, throttle)
+            mask = tile_of(ins) if ei == 0 else FULL
+            if mask != FULL:
+                end = run_tiled(core, core.tiles, mask, start, work, throttle)  # type: ignore[arg-type]
+            else:
+                end = run_compute(core, ei, start, work, ports, throttle)
+                if ei == 0 and tiled:
+                    core.tiles.occupy(FULL, start, end)  # type: ignore[union-attr]
             core.last_writes[ei] = ins.writes
 
         starts[idx] = start
@@ -547,7 +597,13 @@ def schedule(
         """Record `ins` as the latest reader / writer of what it touches."""
         rchip, rhbm = ranges_of(ins.reads)
         wchip, whbm = ranges_of(ins.writes)
-        publish_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm, end)
+        keep = tiled and tile_of(ins) != FULL
+        publish_at(core, hbm_w, hbm_r, rchip, rhbm, wchip, whbm, end, keep)
+        if tiled:
+            tiles = core.tiles
+            assert tiles is not None
+            tiles.quad_publish(quads_of(ins.reads), end)
+            tiles.quad_publish(quads_of(ins.writes), end)
         if rename:  # and per allocation
             for reg in ins.writes:
                 if reg[0] == HBM:
@@ -555,7 +611,11 @@ def schedule(
                 b, e = reg[4] >> sh, ((reg[5] - 1) >> sh) + 1
                 if e > b:
                     wl, off = span(reg[1], b, e)
-                    wl[b - off : e - off] = [end] * (e - b)
+                    if keep:
+                        part = wl[b - off : e - off]
+                        wl[b - off : e - off] = [x if x > end else end for x in part]
+                    else:
+                        wl[b - off : e - off] = [end] * (e - b)
 
     if window == 1:
         for idx in range(count):

@@ -410,3 +410,73 @@ def test_bank_rule_lifts_on_trn3_where_n_spans_banks():
 def test_matmul_error_names_the_numbers():
     err = _raises("MM_N", _mm(n=513))
     assert "N=513 exceeds 512" in str(err)
+
+
+# ---- tiling mode (nc_matmul ISA page, "Tiling mode") --------------------------------------
+def test_column_tiles_give_the_untiled_result_and_record_their_tile():
+    # "Column tiling mode slices the 128 PE columns in the same fashion": four [128, 32]
+    # stationaries on the four 32-column tiles, each into its own 32 PSUM partitions (as
+    # nki-library's mlp_tkg places them); the values are stationary.T @ moving
+    a = rng.standard_normal((128, 4, 32)).astype(np.float32)
+    b = rng.standard_normal((128, 96)).astype(np.float32)
+
+    def kernel(ah, bh):
+        a_sb, b_sb = _sb(ah), _sb(bh)
+        acc = nl.ndarray((128, 96), nl.float32, buffer=nl.psum)
+        for j in range(4):
+            nisa.nc_matmul(
+                dst=acc[32 * j : 32 * (j + 1), :],
+                stationary=a_sb[:, j, :],
+                moving=b_sb,
+                tile_position=(0, 32 * j),
+                tile_size=(128, 32),
+            )
+        return _out(acc)
+
+    res = run(kernel, a, b)
+    want = np.concatenate([_ref(a[:, j, :], b) for j in range(4)])
+    np.testing.assert_allclose(res.outputs, want, rtol=1e-5, atol=1e-4)
+    tiles = [i.attrs.get("pe_tile") for i in res.trace if i.opcode == "nc_matmul"]
+    assert tiles == [(0, 32 * j, 128, 32) for j in range(4)]
+
+
+def test_full_array_tiling_is_untiled():
+    # "If they are not set, the default is to use the full systolic array, which is
+    # equivalent to tile_position=(0, 0) and tile_size=(128, 128)"
+    res = run(_mm(tile_position=(0, 0), tile_size=(128, 128)))
+    (rec,) = [i for i in res.trace if i.opcode == "nc_matmul"]
+    assert "pe_tile" not in rec.attrs
+
+
+def test_double_row_allows_row_tiling_only():
+    # "double_row performance mode cannot be combined with Tensor Engine column tiling
+    # mode" (ISA page; trainium2_arch: "Column tiling mode"): row tiles are allowed
+    fp8 = {"s_dtype": nl.float8_e4m3, "m_dtype": nl.float8_e4m3}
+    dr = nisa.matmul_perf_mode.double_row
+
+    def kernel(size, pos):
+        s = nl.ndarray((64, 2, 32), nl.float8_e4m3, buffer=nl.sbuf)
+        mv = nl.ndarray((64, 2, 64), nl.float8_e4m3, buffer=nl.sbuf)
+        nisa.memset(dst=s, value=1.0)
+        nisa.memset(dst=mv, value=1.0)
+        dst = nl.ndarray((32, 64), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst, s, mv, perf_mode=dr, tile_size=size, tile_position=pos)
+        return _out(dst)
+
+    out = run(kernel, (64, 128), (64, 0)).outputs
+    np.testing.assert_array_equal(out, np.full((32, 64), 128.0, np.float32))  # K = 2 x 64
+    err = _raises("ARG", kernel, (64, 64), (64, 64))
+    assert "column tiling" in str(err) and "(64, 64)" in str(err)
+    _raises("ARG", _mm(perf_mode=dr, tile_size=(64, 32), tile_position=(0, 0), **fp8))
+
+
+def test_bad_tiling_errors_name_the_argument_and_value():
+    err = _raises("ARG", _mm(64, 64, tile_size=(64, 64), tile_position=(32, 0)))
+    assert "tile_position" in str(err) and "(32, 0)" in str(err)
+    err = _raises("ARG", _mm(64, 64, tile_size=(48, 64), tile_position=(0, 0)))
+    assert "tile_size" in str(err) and "(48, 64)" in str(err)
+    err = _raises("ARG", _mm(64, 64, tile_size=(32, 32), tile_position=(0, 0)), target="trn1")
+    assert "NC-v2" in str(err)  # 4 x 32 tiles are NC-v3 or newer
+    err = _raises("MM_M", _mm(64, 64, tile_size=(64, 32), tile_position=(0, 32)))
+    assert "column_size 32" in str(err)
+    _raises("ARG", _mm(64, 64, tile_size=(64, 64)))  # both or neither
