@@ -28,6 +28,7 @@ from .errors import MemoryPlanError, NkiValidationError, fail
 from .liveness import Liveness
 from .memory import SBUF_ALIGN, SBUF_MIN_ALIGN
 from .nkiobject import NKIObject
+from .packing import last_resorts
 from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
 from .threads import one_blas_thread, quiet_stdout
@@ -380,7 +381,7 @@ def run_call(
                     if e2.rule != "SBUF_OVERFLOW" or not recorder.reorder:
                         raise
                     _drop_frames(e2)
-                    result, launch = _last_resorts(recorder, free_unused, placed, e2)
+                    result, launch = last_resorts(recorder, free_unused, placed, e2, _drop_frames)
         except MemoryPlanError as e:
             msg = str(e).rsplit(" (rule ", 1)[0]
             raise MemoryPlanError(
@@ -392,42 +393,6 @@ def run_call(
     if not t_only:
         _write_back(every)
     return RunResult(result, launch.trace)
-
-
-def _last_resorts(
-    recorder: Liveness, free_unused: bool, placed: Callable[..., Any], failed: MemoryPlanError
-) -> tuple[Any, state.Launch]:
-    """The compiler's schedule and allocation beyond the replay (liveness.py, packing.py),
-    for a plan that overflows SBUF with every tile freed after its last use: fills and
-    loads deferred to their first reader, then, with every live range known, the tiles
-    packed largest first; each at 64-byte, then 4-byte alignment. The result and the
-    launch; the last overflow (saying what was tried) if none fits."""
-    moved = recorder.deferred_plan()
-    counts, spans, ranges = moved or (recorder.counts, recorder.spans, recorder.live_ranges())
-    for packed in (False, True):
-        if not packed and moved is None:
-            continue  # the replay's own plan, which just overflowed
-        plan = Liveness(
-            counts,
-            free_unused=free_unused,
-            reorder=True,
-            spans=spans,
-            ranges=ranges,
-            sizes=recorder.sizes if packed else None,
-        )
-        for granule in (SBUF_ALIGN, SBUF_MIN_ALIGN):
-            try:
-                result, launch = placed(plan, granule)
-                return result, launch
-            except MemoryPlanError as e:
-                if e.rule != "SBUF_OVERFLOW":
-                    raise
-                _drop_frames(e)
-                failed = e
-    failed.tried = (  # type: ignore[attr-defined]
-        ", fills and loads deferred to their first reader" if moved is not None else ""
-    ) + ", packed with every live range known"
-    raise failed
 
 
 def _even_with(msg: str, reorder: bool, fine: bool = False, more: str = "") -> str:

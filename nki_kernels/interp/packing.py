@@ -13,12 +13,18 @@ overlaps; the placing pass puts each tile there, and falls back to the online al
 for a tile whose address is taken (a tile the recording did not see). Which packing the
 compiler's coloring finds is not documented; this one is a common heuristic for the same
 problem (assumed, M). It never places two tiles live at the same time on the same bytes,
-so it accepts no plan whose live bytes exceed SBUF at any point.
+so it accepts no plan whose live bytes exceed SBUF at any point. `last_resorts` runs the
+replay's last resorts in order: fills and loads deferred (liveness.py), then packed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from .errors import MemoryPlanError
+from .liveness import Liveness
+from .memory import SBUF_ALIGN, SBUF_MIN_ALIGN
 
 # time buckets of the overlap index: ranges are looked up by the buckets they cover
 _BUCKETS = 4096
@@ -75,3 +81,44 @@ def _lowest_gap(busy: list[tuple[int, int]], size: int) -> int:
             return pos
         pos = max(pos, e)
     return pos
+
+
+def last_resorts(
+    recorder: Liveness,
+    free_unused: bool,
+    placed: Callable[..., Any],
+    failed: MemoryPlanError,
+    drop: Callable[[BaseException], None],
+) -> tuple[Any, Any]:
+    """The compiler's schedule and allocation beyond the replay (liveness.py, this file)
+    for a launch (`placed(plan, granule)`, launch.py) whose plan overflows SBUF with
+    every tile freed after its last use: fills and loads deferred to their first reader,
+    then, with every live range known, the tiles packed largest first; each at 64-byte,
+    then 4-byte alignment. The result and the launch; the last overflow (saying what was
+    tried) if none fits."""
+    moved = recorder.deferred_plan()
+    counts, spans, ranges = moved or (recorder.counts, recorder.spans, recorder.live_ranges())
+    for packed in (False, True):
+        if not packed and moved is None:
+            continue  # the replay's own plan, which just overflowed
+        plan = Liveness(
+            counts,
+            free_unused=free_unused,
+            reorder=True,
+            spans=spans,
+            ranges=ranges,
+            sizes=recorder.sizes if packed else None,
+        )
+        for granule in (SBUF_ALIGN, SBUF_MIN_ALIGN):
+            try:
+                result, launch = placed(plan, granule)
+                return result, launch
+            except MemoryPlanError as e:
+                if e.rule != "SBUF_OVERFLOW":
+                    raise
+                drop(e)  # the failed attempt's frames, before the next one runs
+                failed = e
+    failed.tried = (  # type: ignore[attr-defined]
+        ", fills and loads deferred to their first reader" if moved is not None else ""
+    ) + ", packed with every live range known"
+    raise failed
