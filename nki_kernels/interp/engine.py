@@ -414,7 +414,7 @@ def emit(
     instr.index = len(instrs)
     instrs.append(instr)
     if launch.liveness is not None:
-        launch.liveness.touched(dsts, srcs, launch.program_id)
+        launch.liveness.touched(dsts, srcs, launch.program_id, instr)
     return instr
 
 

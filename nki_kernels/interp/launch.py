@@ -28,6 +28,7 @@ from .errors import MemoryPlanError, NkiValidationError, fail
 from .liveness import Liveness
 from .memory import SBUF_ALIGN, SBUF_MIN_ALIGN
 from .nkiobject import NKIObject
+from .packing import last_resorts
 from .programs import Programs
 from .tensor import NkiTensor, Storage, hbm, row_major, shared_hbm
 from .threads import one_blas_thread, quiet_stdout
@@ -356,10 +357,11 @@ def run_call(
         # The plan with Python lifetimes overflows: replay with the compiler's lifetimes
         # (each tile freed after its last use; see liveness.py).
         recorder = _record_uses(attempt)
+        free_unused = bool(state.settings_now()["free_unused_tiles"])
         try:
             plan = Liveness(
                 recorder.counts,
-                free_unused=bool(state.settings_now()["free_unused_tiles"]),
+                free_unused=free_unused,
                 reorder=recorder.reorder,
                 spans=recorder.spans,
                 ranges=recorder.live_ranges(),
@@ -371,25 +373,34 @@ def run_call(
                     raise
                 _drop_frames(e)
                 # the last resort before an overflow: tiles at the finest alignment the
-                # public sources allow (memory.py, SBUF_MIN_ALIGN)
-                result, launch = placed(plan, SBUF_MIN_ALIGN)
+                # public sources allow (memory.py, SBUF_MIN_ALIGN), then fills and loads
+                # deferred to their tiles' first reads (liveness.py)
+                try:
+                    result, launch = placed(plan, SBUF_MIN_ALIGN)
+                except MemoryPlanError as e2:
+                    if e2.rule != "SBUF_OVERFLOW" or not recorder.reorder:
+                        raise
+                    _drop_frames(e2)
+                    result, launch = last_resorts(recorder, free_unused, placed, e2, _drop_frames)
         except MemoryPlanError as e:
             msg = str(e).rsplit(" (rule ", 1)[0]
             raise MemoryPlanError(
                 e.rule,
-                _even_with(msg, recorder.reorder, e.rule == "SBUF_OVERFLOW"),
+                _even_with(
+                    msg, recorder.reorder, e.rule == "SBUF_OVERFLOW", getattr(e, "tried", "")
+                ),
             ) from first
     if not t_only:
         _write_back(every)
     return RunResult(result, launch.trace)
 
 
-def _even_with(msg: str, reorder: bool, fine: bool = False) -> str:
+def _even_with(msg: str, reorder: bool, fine: bool = False, more: str = "") -> str:
     """An overflow message of the replay: what the replay tried, before the live list."""
     head, sep, tiles = msg.partition("; live: ")
     tried = ", even with every tile freed after its last use"
     if reorder:
-        tried += " (placed at its first use, PSUM read-outs moved up)"
+        tried += f" (placed at its first use, PSUM read-outs moved up{more})"
     if fine:
         tried += f" and placed at {SBUF_MIN_ALIGN}-byte alignment"
     return head + tried + sep + tiles
@@ -419,10 +430,12 @@ def _record_uses(attempt: Callable[..., Any]) -> Liveness:
         reorder = bool(state.settings_now()["compiler_schedule"])
         recorder = Liveness(reorder=reorder)
         try:
-            attempt(recorder, arithmetic=False)
+            _, launch = attempt(recorder, arithmetic=False)
         except NkiValidationError:
             recorder = Liveness(reorder=reorder)
-            attempt(recorder)
+            _, launch = attempt(recorder)
+    # the instructions a `depends_on` edge names keep their place (liveness.py)
+    recorder.named = {p for i in launch.trace.instrs for p in i.attrs.get("depends_on", ())}
     return recorder
 
 

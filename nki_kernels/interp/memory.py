@@ -96,6 +96,16 @@ class AddressAllocator:
                 return got
         return None
 
+    def alloc_at(self, start: int, nbytes: int) -> int | None:
+        """Place `nbytes` (rounded up to the granule) at `start` if those bytes are free
+        (a packed plan's address, packing.py): the start, or None."""
+        size = -(-nbytes // self.granule) * self.granule or self.granule
+        free = self.free
+        i = bisect.bisect_right(free, [start, self.capacity + 1]) - 1
+        if i < 0 or free[i][1] < start + size or start % self.granule:
+            return None
+        return self._place(i, start, size)
+
     def _place(self, i: int, start: int, size: int) -> int | None:
         end = self.free[i][1]
         if self.pinned:
@@ -234,9 +244,12 @@ class OnChipMemory:
         # line) -- what an overflow message lists
         self.tiles: dict[int, tuple[bool, Any, Any, int, str]] = {}
 
-    def place_sbuf(self, nbytes: int, storage: Any, address: int | None = None) -> int:
-        """Place `nbytes` per partition in SBUF (at byte `address` if given); fail with the
-        numbers if they do not fit."""
+    def place_sbuf(
+        self, nbytes: int, storage: Any, address: int | None = None, prefer: int | None = None
+    ) -> int:
+        """Place `nbytes` per partition in SBUF (at byte `address` if given; at `prefer`,
+        a packed plan's address, if those bytes are free); fail with the numbers if they
+        do not fit."""
         if address is not None:
             got = self.sbuf.pin(address, nbytes)
             if got is None:
@@ -248,7 +261,9 @@ class OnChipMemory:
                 )
             self._track(storage, False, nbytes)
             return got
-        addr = self.sbuf.alloc(nbytes)
+        addr = self.sbuf.alloc_at(prefer, nbytes) if prefer is not None else None
+        if addr is None:
+            addr = self.sbuf.alloc(nbytes)
         if addr is None:
             what = storage.describe()
             need = self.sbuf.round(nbytes)

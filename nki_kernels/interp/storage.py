@@ -155,7 +155,8 @@ class Storage:
                     self.addr = mem.place_psum(nb, self, address)
                     self.memory = mem
                 else:
-                    self.addr = mem.place_sbuf(nb, self, address)
+                    prefer = live.prefer(self) if live is not None and address is None else None
+                    self.addr = mem.place_sbuf(nb, self, address, prefer)
                     self.memory = mem
                 self.pinned = address is not None
                 if live is not None:
@@ -193,13 +194,14 @@ class Storage:
         """'name' shape dtype, for error messages."""
         return f"'{self.name}' {self.shape} {self.dtype}"
 
-    def place(self) -> None:
-        """Place a tile whose placement waited for its first slot (liveness.py)."""
+    def place(self, prefer: int | None = None) -> None:
+        """Place a tile whose placement waited for its first slot (liveness.py; at
+        `prefer`, a packed plan's address, if free)."""
         if self.memory is None and self.home is not None:
             if self.buffer is psum:
                 self.addr = self.home.place_psum(self.nbytes_pp, self)
             else:
-                self.addr = self.home.place_sbuf(self.nbytes_pp, self)
+                self.addr = self.home.place_sbuf(self.nbytes_pp, self, None, prefer)
             self.memory = self.home
 
     def release(self) -> None:

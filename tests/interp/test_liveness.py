@@ -95,7 +95,8 @@ def _sbuf_kernel(n_tiles: int, keep_live: bool, cols: int):
             tiles.append(t)
         acc = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=acc, value=0.0)
-        for t in tiles if keep_live else tiles[-1:]:
+        # keep_live: every tile is read in two passes, so all are live between them
+        for t in tiles + tiles if keep_live else tiles[-1:]:
             nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
         nisa.dma_copy(dst=out, src=acc)
         return out

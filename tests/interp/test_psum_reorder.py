@@ -93,9 +93,10 @@ def test_an_overflow_lists_the_live_tiles_and_their_kernel_lines():
 SBUF_COLS = 16 * 1024  # fp32: 64 KiB per partition; 4 need 256 KiB of trn2's 208 KiB
 
 
-def _sbuf_list(read_at_end: bool):
+def _sbuf_list(read_at_end: bool, passes: int = 1):
     """4 SBUF tiles allocated in one list; each is loaded, then added into an
-    accumulator -- right after its load, or (`read_at_end`) all after the last load."""
+    accumulator -- right after its load, or (`read_at_end`) all after the last load, in
+    `passes` passes over the list."""
 
     def kernel(x):
         out = nl.ndarray((P, SBUF_COLS // 4), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -107,7 +108,7 @@ def _sbuf_list(read_at_end: bool):
             if not read_at_end:
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=t[:, 0 : SBUF_COLS // 4], op=nl.add)
         if read_at_end:
-            for t in tiles:
+            for t in tiles * passes:
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=t[:, 0 : SBUF_COLS // 4], op=nl.add)
         nisa.dma_copy(dst=out, src=acc)
         return out
@@ -126,10 +127,24 @@ def test_sbuf_tiles_allocated_up_front_live_from_their_first_write():
     assert res.trace.peak_sbuf_bytes[0] < 3 * SBUF_COLS * 4
 
 
-def test_sbuf_tiles_read_after_the_last_load_still_overflow():
+def test_sbuf_tiles_read_after_the_last_load_fit_with_the_loads_deferred():
+    # each load holds nothing needed before its tile's read: deferred there (liveness.py,
+    # "Deferred fills and loads"), one 64 KiB tile is live at a time
+    x = np.full((P, SBUF_COLS), 0.5, np.float32)
+    with settings(compiler_schedule=True):
+        res = run(_sbuf_list(True), x)
+    np.testing.assert_array_equal(res.outputs, np.full((P, SBUF_COLS // 4), 2.0, np.float32))
+    assert res.trace.peak_sbuf_bytes[0] < 2 * SBUF_COLS * 4
+    with settings(compiler_schedule=False), pytest.raises(MemoryPlanError):
+        run(_sbuf_list(True), x)  # program order: all 4 at once
+
+
+def test_sbuf_tiles_read_twice_after_the_last_load_still_overflow():
+    # read in two passes: all 4 are live between the passes, wherever the loads go
     x = np.full((P, SBUF_COLS), 0.5, np.float32)
     with settings(compiler_schedule=True), pytest.raises(MemoryPlanError) as e:
-        run(_sbuf_list(True), x)
+        run(_sbuf_list(True, passes=2), x)
     msg = str(e.value)
     assert e.value.rule == "SBUF_OVERFLOW" and "needs 65536 B per partition" in msg
+    assert "fills and loads deferred to their first reader" in msg
     assert "; live: 2 x (128, 16384) float32 (65536 B each) from test_psum_reorder.py:" in msg
