@@ -39,12 +39,13 @@ from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from ..moe.grouping import PARTITIONS, gate_up_columns, max_blocks, min_blocks, plan_blocks
 from ..moe.reference import MoERouting, capacity
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
+from ..moe.split_kernels import moe_mlp_fwd_split
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
 from ..runtime.buckets import bucket, current_policy
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
-from .moe_decode import decode_experts, use_decode_mode
+from .moe_decode import decode_experts, kernel_layout, like_layout, use_decode_mode
 from .registry import call_host_op, define_host_op, define_op, route_recorded_calls, tracing
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
@@ -350,6 +351,20 @@ def _save_plan_fake(
 define_host_op("moe_save_plan", _save_plan, fake=_save_plan_fake)
 
 
+def kernel_weights(
+    w_gate_up: Tensor, w_down: Tensor, w_up: Tensor | None, dt: torch.dtype
+) -> tuple[tuple[Tensor, Tensor, Tensor | None], tuple[bool, bool]]:
+    """((gate/up, down, up or None) as the blockwise kernels read them, (gate/up, down)
+    stored transposed): row-major weights and transposed views of row-major storage
+    (transformers' [E, 2I, H] / [E, H, I], TorchTitan's w1 / w3 [E, I, H] and w2
+    [E, H, I]) reach the kernels as they lie, no copy (`moe_decode.kernel_layout`,
+    `moe/param_layout.py`); another layout is copied row-major on each call."""
+    wgu, gu_t = kernel_layout(w_gate_up.detach(), dt)
+    wd, dn_t = kernel_layout(w_down.detach(), dt)
+    wup = None if w_up is None else like_layout(w_up.detach(), gu_t, dt)
+    return (wgu, wd, wup), (gu_t, dn_t)
+
+
 def launch_experts_fwd(
     hp: Tensor,
     w_gate_up: Tensor,
@@ -357,16 +372,21 @@ def launch_experts_fwd(
     cfg: MoEMLPConfig,
     m: dict[str, Tensor],
     save: tuple[Tensor, Tensor] | None = None,
+    w_up: Tensor | None = None,
 ) -> Any:
     """The forward expert kernel on padded rows `hp` and a sized block plan `m` (the
     launch `moe_mlp` and `moe_experts` share); with `save` = (save_cols, save_holes)
-    (`_save_plan`), (out, gate_up) with the pre-activation gate / up saved."""
+    (`_save_plan`), (out, gate_up) with the pre-activation gate / up saved. The weights
+    are read in their own layouts (`kernel_weights`); `w_up`: the up weight alone
+    (w_gate_up then the gate's)."""
     cols, holes = (None, None) if save is None else save
+    (wgu, wd, wup), transposed = kernel_weights(w_gate_up, w_down, w_up, hp.dtype)
+    kernel, ws = (moe_mlp_fwd, (wgu,)) if wup is None else (moe_mlp_fwd_split, (wgu, wup))
     return launch(
-        moe_mlp_fwd,
+        kernel,
         hp,
-        w_gate_up.detach(),
-        w_down.detach(),
+        *ws,
+        wd,
         m["slot_token"],
         m["block_expert"],
         m["kind_bounds"],
@@ -378,6 +398,7 @@ def launch_experts_fwd(
         target=get_target(None),
         static_kinds=None,  # one device loop per block size over kind_bounds
         may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
+        transposed=transposed,
     )
 
 

@@ -103,13 +103,13 @@ def decode_gated_experts(
 
     wgu, gu_t = kernel_layout(w_gate_up, dt)
     wd, dn_t = kernel_layout(w_down, dt)
-    wup = None if w_up is None else _like(w_up, gu_t, dt)
+    wup = None if w_up is None else like_layout(w_up, gu_t, dt)
     s_gu, s_d, s_g, s_up = (*shared, None)[:4] if shared is not None else (None,) * 4
     sgu_t = sdn_t = False
     if s_gu is not None and s_d is not None:
         s_gu, sgu_t = kernel_layout(s_gu, dt)
         if s_up is not None:
-            s_up = _like(s_up, sgu_t, dt).unsqueeze(0)
+            s_up = like_layout(s_up, sgu_t, dt).unsqueeze(0)
         s_gu = s_gu.unsqueeze(0)
         s_d, sdn_t = kernel_layout(s_d, dt)
         s_d = s_d.unsqueeze(0)
@@ -152,7 +152,7 @@ def kernel_layout(w: Tensor, dt: torch.dtype) -> tuple[Tensor, bool]:
     return w.contiguous(), False
 
 
-def _like(w: Tensor, transposed: bool, dt: torch.dtype) -> Tensor:
+def like_layout(w: Tensor, transposed: bool, dt: torch.dtype) -> Tensor:
     """`w` [.., K, N] in the layout another weight reached the kernel in (a copy only
     when its own layout differs)."""
     t, w_t = kernel_layout(w, dt)
