@@ -39,7 +39,7 @@ from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from ..moe.grouping import PARTITIONS, gate_up_columns, max_blocks, min_blocks, plan_blocks
 from ..moe.reference import MoERouting, capacity
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
-from ..moe.split_kernels import moe_mlp_fwd_split
+from ..moe.split_kernels import moe_mlp_bwd_split, moe_mlp_fwd_split
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
 from ..runtime.buckets import bucket, current_policy
 from ..runtime.host_array import host_numpy
@@ -410,20 +410,31 @@ def launch_experts_bwd(
     cfg: MoEMLPBwdConfig,
     plan: tuple[dict[str, Tensor], int],
     gate_up: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d hidden, d weights per slot [T, k] fp32, d w_gate_up, d w_down) of the expert
-    kernels on padded rows / grads and a fixed block plan (the launch `moe_mlp` and
-    `moe_experts` share). The weight gradients are written in place for every expert
-    with a block (fp32 sums on chip, one rounding); the others stay zero. `gate_up`: the
-    forward's saved gate / up for this plan (None: recomputed)."""
+    w_up: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """(d hidden, d weights per slot [T, k] fp32, d w_gate_up, d w_down, d w_up or None)
+    of the expert kernels on padded rows / grads and a fixed block plan (the launch
+    `moe_mlp` and `moe_experts` share). The weights are read in their own layouts
+    (`kernel_weights`) and each weight gradient is written in its weight's layout (a
+    transposed view of the same storage layout: no transpose copy), in place for every
+    expert with a block (fp32 sums on chip, one rounding); the others stay zero.
+    `gate_up`: the forward's saved gate / up for this plan (None: recomputed)."""
     m, static = plan
-    dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hp.device)
-    dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hp.device)
+    (wgu, wd, wup), transposed = kernel_weights(w_gate_up, w_down, w_up, hp.dtype)
+
+    def zeros(w: Tensor) -> Tensor:
+        return torch.zeros(w.shape, dtype=w.dtype, device=hp.device)
+
+    dgu, dd = zeros(wgu), zeros(wd)
+    dup = None if wup is None else zeros(wup)
+    kernel, ws, dws = moe_mlp_bwd, (wgu,), (dgu,)
+    if wup is not None:
+        kernel, ws, dws = moe_mlp_bwd_split, (wgu, wup), (dgu, dup)
     dh, dw = launch(
-        moe_mlp_bwd,
+        kernel,
         hp,
-        w_gate_up.detach(),
-        w_down.detach(),
+        *ws,
+        wd,
         gp,
         m["slot_token"],
         m["slot_weight"],
@@ -431,16 +442,23 @@ def launch_experts_bwd(
         m["block_keep"],
         m["block_count"],
         m["token_slot"],
-        dgu,
+        *dws,
         dd,
         gate_up,
         config=cfg,
         target=get_target(None),
-        mutated=(10, 11),
+        mutated=tuple(range(len(ws) + 9, 2 * len(ws) + 10)),
         static_blocks=static,
         may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
+        transposed=transposed,
     )
-    return dh, dw, dgu, dd
+
+    def as_param(g: Tensor, t: bool) -> Tensor:  # the parameter's view of the storage
+        return g.transpose(1, 2) if t else g
+
+    gu_t, dn_t = transposed
+    dup = None if dup is None else as_param(dup, gu_t)
+    return dh, dw, as_param(dgu, gu_t), as_param(dd, dn_t), dup
 
 
 # ---- moe_route ------------------------------------------------------------------------------
@@ -764,7 +782,7 @@ def moe_mlp_backward(
     cfg, static, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
     assert isinstance(cfg, MoEMLPBwdConfig)
     saved = _saved_gate_up(gate_up, w_gate_up, m, cfg.block_size, "moe_mlp_train")
-    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
+    dh, dw, dgu, dd, _ = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
     dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)
     return (
         unpad(dh, 0, t).contiguous(),

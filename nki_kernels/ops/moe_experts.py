@@ -336,7 +336,7 @@ def moe_experts_backward(
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
     saved = _saved_gate_up(gate_up, w_gate_up, m, cfg.block_size, "moe_experts_train")
-    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
+    dh, dw, dgu, dd, _ = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
     dw = unpad(dw, 0, t)
     dw = torch.where(ids == w_gate_up.shape[0], torch.zeros_like(dw), dw)  # not on this rank
     return unpad(dh, 0, t).contiguous(), dw.contiguous(), dgu, dd

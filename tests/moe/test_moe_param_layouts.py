@@ -15,7 +15,9 @@ from moe_cases import make_layer, plan_for, random_routing
 import nki_kernels.ops.moe as moe_ops
 from nki_kernels.interp import run
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
+from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
 from nki_kernels.moe.grouping import gate_up_columns
+from nki_kernels.moe.split_kernels import moe_mlp_bwd_split
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
@@ -129,3 +131,103 @@ def test_ops_pass_transposed_views_without_copy(monkeypatch: Any, dtype: torch.d
     for args, kw in fwd_calls:
         assert kw["transposed"] == (True, True)
         assert args[1].data_ptr() == s_gu.data_ptr() and args[2].data_ptr() == s_d.data_ptr()
+
+
+BWD = {"sub_block": 128, "tile_i": 256, "dma_h": 1, "w_bufs": 2, "wgrad_tiles": 1,
+       "wgrad_cols": 512, "strip_bufs": 3, "prefetch_rows": 1}  # fmt: skip
+BWD_CASES = {
+    # name: (T, H, I, E, k, dtype, config overrides)
+    "ragged-bf16": (37, 200, 300, 4, 2, BF16, {"dma_h": 2, "wgrad_tiles": 2}),
+    "ragged-fp32": (37, 200, 300, 4, 2, F32, {}),
+    "chunks-bf16": (130, 256, 640, 4, 2, BF16, {"wgrad_cols": 256}),
+}
+
+
+def bwd(layer: dict[str, torch.Tensor], plan: Any, ws: tuple[Any, ...], lnc: int = 1,
+        **cfg: Any) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(dx, d weights, dW_gate_up, dW_down) of the backward kernel on weights `ws`
+    (`stored`), the weight gradients as [E, H, 2I] / [E, I, H] (gate and up joined)."""
+    wgu, wd, wup, transposed = ws
+    dgu, dd = torch.zeros_like(wgu), torch.zeros_like(wd)
+    dup = None if wup is None else torch.zeros_like(wup)
+    t = torch.from_numpy
+    meta = (t(plan.slot_token), t(plan.slot_weight), t(plan.block_expert), t(plan.block_keep),
+            t(plan.block_count), t(plan.token_slot))  # fmt: skip
+    tail = (plan.static_blocks, plan.may_drop, plan.block_size, *{**BWD, **cfg}.values())
+    x, dout = layer["hidden"], layer["dout"]
+    if wup is None:
+        args = (x, wgu, wd, dout, *meta, dgu, dd, None, *tail, None, None, transposed)
+        dx, dw = run(moe_mlp_bwd, *args, lnc=lnc).outputs
+    else:
+        args = (x, wgu, wup, wd, dout, *meta, dgu, dup, dd, None, *tail, transposed)
+        dx, dw = run(moe_mlp_bwd_split, *args, lnc=lnc).outputs
+    gu_t, dn_t = transposed
+    if dup is not None:
+        dgu = torch.cat([dgu, dup], dim=1 if gu_t else 2)
+    return dx, dw, dgu.transpose(1, 2) if gu_t else dgu, dd.transpose(1, 2) if dn_t else dd
+
+
+@pytest.mark.parametrize("layout", ["hf", "hf-gate-up", "hf-down", "split", "titan"])
+@pytest.mark.parametrize("case", sorted(BWD_CASES))
+def test_backward_in_param_layout_is_bit_identical(case: str, layout: str) -> None:
+    t, h, i, e, k, dt, cfg = BWD_CASES[case]
+    layer = make_layer(t, h, i, e, dt)
+    ids, w = random_routing(t, e, k, seed=1)
+    plan = plan_for(ids, w, e, 128)
+    ref = bwd(layer, plan, (layer["w_gate_up"], layer["w_down"], None, (False, False)), **cfg)
+    got = bwd(layer, plan, stored(layer, layout), **cfg)
+    for name, r, g in zip(("dx", "d weights", "dW_gate_up", "dW_down"), ref, got):
+        assert torch.equal(r, g), f"{case} {layout}: {name} differs"
+
+
+def test_backward_in_param_layout_lnc2() -> None:
+    t, h, i, e, k, dt, cfg = BWD_CASES["ragged-bf16"]
+    layer = make_layer(t, h, i, e, dt)
+    ids, w = random_routing(t, e, k, seed=1)
+    plan = plan_for(ids, w, e, 128)
+    ref = bwd(layer, plan, (layer["w_gate_up"], layer["w_down"], None, (False, False)), **cfg)
+    for layout in ("hf", "titan"):
+        got = bwd(layer, plan, stored(layer, layout), lnc=2, **cfg)
+        assert all(torch.equal(r, g) for r, g in zip(ref, got)), layout
+
+
+@pytest.mark.parametrize("op", ["moe_mlp", "moe_experts"])
+def test_training_step_grads_in_param_layout(monkeypatch: Any, op: str) -> None:
+    """Under autograd (the training route: forward saves gate / up, the backward reads
+    the weights in place): outputs and every gradient equal the row-major weights', and
+    the weight gradients come back in the parameters' layout."""
+    g = torch.Generator().manual_seed(3)
+    t, h, i, e = 100, 64, 96, 4
+    x = torch.randn(t, h, generator=g).bfloat16()
+    logits = torch.randn(t, e, generator=g)
+    w = torch.rand(t, 2, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)])
+    s_gu = (torch.randn(e, 2 * i, h, generator=g) / 8).bfloat16()
+    s_d = (torch.randn(e, h, i, generator=g) / 8).bfloat16()
+    dout = torch.randn(t, h, generator=g).bfloat16()
+
+    def step(gu: torch.Tensor, d: torch.Tensor, views: bool) -> list[torch.Tensor]:
+        gu, d = gu.clone().requires_grad_(), d.clone().requires_grad_()
+        xs = x.clone().requires_grad_()
+        a, b = (gu.transpose(1, 2), d.transpose(1, 2)) if views else (gu, d)
+        if op == "moe_mlp":
+            out = torch.ops.nki.moe_mlp(xs, logits, a, b, top_k=2)
+        else:
+            out = torch.ops.nki.moe_experts(xs, w, ids, a, b)
+        out.backward(dout)
+        assert gu.grad is not None and d.grad is not None and xs.grad is not None
+        if views:  # the storage's gradients, seen as [E, H, 2I] / [E, I, H]
+            return [out, xs.grad, gu.grad.transpose(1, 2), d.grad.transpose(1, 2)]
+        return [out, xs.grad, gu.grad, d.grad]
+
+    ref = step(s_gu.transpose(1, 2).contiguous(), s_d.transpose(1, 2).contiguous(), False)
+    calls = _recorded(monkeypatch)
+    got = step(s_gu, s_d, views=True)
+    for name, r, o in zip(("out", "dx", "dW_gate_up", "dW_down"), ref, got):
+        assert torch.equal(r, o), f"{op}: {name} differs"
+    names = [n for n, _, _ in calls]
+    assert "moe_mlp_fwd" in names and "moe_mlp_bwd" in names, names
+    for n, args, kw in calls:
+        if n in ("moe_mlp_fwd", "moe_mlp_bwd"):
+            assert kw["transposed"] == (True, True), n
+            assert args[1].shape == s_gu.shape and args[2].shape == s_d.shape, n
