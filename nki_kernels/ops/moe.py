@@ -51,7 +51,7 @@ from ..runtime.buckets import bucket, current_policy
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
-from .moe_decode import decode_gated_experts, kernel_layout, like_layout, use_decode_mode
+from .moe_decode import decode_experts, kernel_layout, like_layout, use_decode_mode
 from .registry import call_host_op, define_host_op, define_op, route_recorded_calls, tracing
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
@@ -665,7 +665,7 @@ def _mlp_forward(
         weights, ids = _route(lp, top_k, scoring, renormalize)
         wd_, wgu_ = w_down.detach(), w_gate_up.detach()
         wup = None if w_up is None else w_up.detach()
-        out = decode_gated_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_, w_up=wup)
+        out = decode_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_, wup)
         return out, None
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     weights, ids = _route(lp, top_k, scoring, renormalize)

@@ -50,11 +50,17 @@ def use_decode_mode(tokens: int, capacity_factor: float | None) -> bool:
 
 
 def decode_experts(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
 ) -> Tensor:
     """out [T, H] (hidden's dtype) = sum_j weights[:, j] * SwiGLU expert ids[:, j] of hidden
-    (module docstring); weights [T, k] float, ids [T, k] int in [0, E)."""
-    return decode_gated_experts(hidden, weights, ids, w_gate_up, w_down)
+    (module docstring); weights [T, k] float, ids [T, k] int in [0, E); `w_up`: the up
+    weight apart (w_gate_up then the gate's)."""
+    return decode_gated_experts(hidden, weights, ids, w_gate_up, w_down, w_up=w_up)
 
 
 def decode_gated_experts(

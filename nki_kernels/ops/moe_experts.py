@@ -55,7 +55,7 @@ from .moe import (
     launch_experts_bwd,
     launch_experts_fwd,
 )
-from .moe_decode import decode_gated_experts, use_decode_mode
+from .moe_decode import decode_experts, use_decode_mode
 from .registry import call_host_op, define_op, route_recorded_calls, tracing
 
 MAX_EXPERTS, MAX_TOP_K = 512, 16
@@ -267,7 +267,7 @@ def _experts_forward(
         w_on, ids_on, off = _on_rank(weights.detach(), ids, e)
         wgu, wd = w_gate_up.detach(), w_down.detach()
         wup = None if w_up is None else w_up.detach()
-        out = decode_gated_experts(hidden.detach(), w_on, ids_on, wgu, wd, w_up=wup)
+        out = decode_experts(hidden.detach(), w_on, ids_on, wgu, wd, wup)
         return torch.where(off.all(dim=1, keepdim=True), torch.zeros_like(out), out), None
     cfg, _, m, (wp, ip) = _config_and_plan(
         "moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up, w_up
