@@ -32,7 +32,8 @@ cores run every block's gate/up projection.
 
 Weights stream from HBM once per block: `.ap(scalar_offset=expert)` picks the expert's
 slice at run time. Weights stored as the parameters hold them (transposed; gate and up
-possibly two tensors) fill the same units by DMA transposes (`param_layout.py`). Loop orders for the gate/up projections (config `loop_order`):
+possibly two tensors) fill the same units by DMA transposes (`param_layout.py`). Loop
+orders for the gate/up projections (config `loop_order`):
 - "h_outer": weight units [128 H-rows x dma_h, tile_i] stream in H order; all
   2*tile_i/128 accumulators of the chunk stay in PSUM while H is contracted;
 - "i_outer": the chunk's whole [H, tile_i] gate and up strips are loaded (rows of
