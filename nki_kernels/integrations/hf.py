@@ -13,7 +13,9 @@ GPT-OSS (`config.model_type`):
   state_dict keys do not change, the optimizer keeps its references, and the router still
   runs as a module, so `output_router_logits=True` (the load-balancing loss) sees it;
 - the experts' [E, 2I, H] / [E, H, I] Parameters reach the kernels as transposed views,
-  no copy: at decode sizes the decode kernel reads that storage with DMA transposes;
+  no copy: the decode kernel and the blockwise prefill / training kernels read that
+  storage in place (DMA transposes), and the backward writes the weight gradients in
+  the Parameters' layout;
 - a shared expert (Qwen2-MoE's sigmoid-gated `shared_expert`, DeepSeek-V3's
   `shared_experts`: nn.Linear gate / up / down) is fused into the decode launch for calls
   of <= 64 tokens that need no gradient (generate), its Linear weights read where they

@@ -412,10 +412,12 @@ class NkiMoE(MoE):
     3. TorchTitan's own dispatch and combine around `NkiGroupedExperts`.
 
     The experts compute in bf16, as TorchTitan's GroupedExperts does; the shared
-    experts and the load-balancing counters are TorchTitan's. At decode sizes (<= 64
-    tokens) without gradients, 1 and 2 route as configured and the experts run one
-    decode launch reading w1 / w3 / w2 where they lie (`_decode`): no per-call
-    concatenation; a cast only for parameters not already bf16."""
+    experts and the load-balancing counters are TorchTitan's. 1 and 2 pass w1 / w3 / w2
+    as transposed views, gate and up apart (`_weights`): the kernels read them where they
+    lie and write their gradients in that layout, forward and backward, no per-call
+    concatenation or transpose; a cast only for parameters not already bf16. At decode
+    sizes (<= 64 tokens) without gradients, 1 and 2 route as configured and the experts
+    run one decode launch (`_decode`)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(MoE.Config):
@@ -434,10 +436,16 @@ class NkiMoE(MoE):
                 counts = torch.bincount(ids.reshape(-1), minlength=me.router.num_experts)
                 me.tokens_per_expert_E.add_(counts.to(me.tokens_per_expert_E.dtype))
 
-    def _weights(self) -> tuple[Tensor, Tensor]:
+    def _weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(gate [E, H, I], down [E, I, H], up [E, H, I]): transposed views of w1 / w2 /
+        w3 as they lie, gate and up apart (the kernels read that storage in place, and
+        the gradients come back in it: no concatenation, no transpose copy); bf16 as
+        TorchTitan's GroupedExperts computes (a cast per call only for parameters not
+        already bf16)."""
         experts: Any = self.routed_experts.inner_experts  # type: ignore[union-attr]
-        w_gate_up = torch.cat([experts.w1_EFD, experts.w3_EFD], dim=1).transpose(1, 2)
-        return w_gate_up.bfloat16(), experts.w2_EDF.transpose(1, 2).bfloat16()
+        ws = (experts.w1_EFD, experts.w2_EDF, experts.w3_EFD)
+        gate, down, up = (w.transpose(1, 2).bfloat16() for w in ws)
+        return gate, down, up
 
     def _decodes(self, x_BLD: Tensor) -> bool:
         """A call for the decode launch: <= 64 tokens, no gradient asked of it."""
@@ -481,12 +489,13 @@ class NkiMoE(MoE):
             _record_path("moe: fused moe_mlp")
             logits = _gate_logits(router, x_TD)
             self._count(torch.topk(_scores(router, logits), router.top_k, dim=-1).indices)
-            w_gate_up, w_down = self._weights()
+            gate, down, up = self._weights()
             out = torch.ops.nki.moe_mlp(
                 x_TD.bfloat16(),
                 logits,
-                w_gate_up,
-                w_down,
+                gate,
+                down,
+                up,
                 top_k=router.top_k,
                 renormalize=bool(router.route_norm),
                 scoring=router.score_func,
@@ -497,13 +506,14 @@ class NkiMoE(MoE):
             _record_path(f"moe: router + moe_experts (not fused: {why})")
             weights, ids, _ = router(x_BLD, me.expert_bias_E)
             self._count(ids)
-            w_gate_up, w_down = self._weights()
+            gate, down, up = self._weights()
             out = torch.ops.nki.moe_experts(
                 x_TD.bfloat16(),
                 weights.reshape(b * length, -1).float(),
                 ids.reshape(b * length, -1),
-                w_gate_up,
-                w_down,
+                gate,
+                down,
+                up,
             ).type_as(x_BLD)
         else:
             _record_path(f"moe: torch dispatch (not fused: {why})")

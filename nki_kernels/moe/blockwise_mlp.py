@@ -31,7 +31,9 @@ routing too (blocks are sorted by size); splitting the columns instead would mak
 cores run every block's gate/up projection.
 
 Weights stream from HBM once per block: `.ap(scalar_offset=expert)` picks the expert's
-slice at run time. Loop orders for the gate/up projections (config `loop_order`):
+slice at run time. Weights stored as the parameters hold them (transposed; gate and up
+possibly two tensors) fill the same units by DMA transposes (`param_layout.py`). Loop
+orders for the gate/up projections (config `loop_order`):
 - "h_outer": weight units [128 H-rows x dma_h, tile_i] stream in H order; all
   2*tile_i/128 accumulators of the chunk stay in PSUM while H is contracted;
 - "i_outer": the chunk's whole [H, tile_i] gate and up strips are loaded (rows of
@@ -91,6 +93,14 @@ from typing import Any
 
 from ..nki import nisa, nki, nl
 from .combine import combine, zero_row
+from .param_layout import (
+    build_index,
+    gate_up_parts,
+    gate_up_width,
+    index_cols,
+    load_k_major,
+    uses_index,
+)
 from .tiles import (
     PSUM_FP32,
     P,
@@ -98,9 +108,10 @@ from .tiles import (
     block_ap,
     block_row0,
     cdiv,
+    expert_column,
     gather_rows,
-    load_weight_rows,
     psum_accumulators,
+    row_ramp,
     tile_rows,
     transpose_into,
 )
@@ -127,6 +138,8 @@ def moe_mlp_fwd(
     w_bufs,
     dma_h,
     static_holes=None,
+    w_up=None,
+    transposed=(False, False),
 ):
     """out [T, H] = sum_j token_weight[:, j] * SwiGLU-expert outputs (see module doc);
     (out, gate_up) when `save_cols` is given (training: see "Saving gate / up" above).
@@ -141,15 +154,22 @@ def moe_mlp_fwd(
     rows in `gate_up`; save_holes [NC/128 + 1, 1] int32: [0] = the number of 128-column
     holes, [1..] their first columns (NC, the saved width, from its shape);
     `static_holes` (pricing): that count as a static loop.
+    Parameter layouts (param_layout.py): `transposed` = (gate/up, down) stored as W^T,
+    w_gate_up [E, 2I, H] / w_down [E, H, I]; `w_up` (or None): the up weight alone,
+    w_gate_up then the gate's alone ([E, H, I], or [E, I, H] transposed).
     """
     t_count, h = hidden.shape
-    _, h2, i2 = w_gate_up.shape
+    h2, i = gate_up_width(w_gate_up, w_up, transposed[0])
     nb, parts, ns = slot_token.shape
-    assert parts == P and h2 == h and i2 % 2 == 0, "moe_mlp_fwd: inconsistent shapes"
+    assert parts == P and h2 == h, "moe_mlp_fwd: inconsistent shapes"
+    assert w_up is None or w_up.shape == w_gate_up.shape, "moe_mlp_fwd: w_up is as w_gate_up"
+    want = (w_gate_up.shape[0], h, i) if transposed[1] else (w_gate_up.shape[0], i, h)
+    assert tuple(w_down.shape) == want, "moe_mlp_fwd: w_down is [E, I, H] ([E, H, I] stored)"
     assert block_size == P * ns, "moe_mlp_fwd: block_size does not match slot_token"
     assert loop_order in ("h_outer", "i_outer"), "moe_mlp_fwd: unknown loop_order"
     assert kind_bounds.shape == (1, ns + 1), "moe_mlp_fwd: kind_bounds is [1, B/128 + 1]"
-    d = _dims(hidden, w_gate_up, slot_token, token_slot)
+    d = _dims(hidden, i, slot_token, token_slot)
+    _layout(d, (w_gate_up, w_up, w_down), transposed, tile_i)
     pid, nprog = _program()
     d["step"] = nprog  # this program's blocks: pid, pid + nprog, ...
     cfg = {"tile_i": tile_i, "loop_order": loop_order, "down_n": down_n, "w_bufs": w_bufs}
@@ -191,13 +211,13 @@ def _program() -> tuple[int, int]:
     return nl.program_id(0), nl.num_programs(0)
 
 
-def _dims(hidden: Any, w_gate_up: Any, slot_token: Any, token_slot: Any) -> dict[str, Any]:
+def _dims(hidden: Any, i: int, slot_token: Any, token_slot: Any) -> dict[str, Any]:
     t_count, h = hidden.shape
     nb, _, ns = slot_token.shape
     return {
         "T": t_count,
         "H": h,
-        "I": w_gate_up.shape[2] // 2,
+        "I": i,
         "NB": nb,
         "NS": ns,
         "B": ns * P,
@@ -205,6 +225,32 @@ def _dims(hidden: Any, w_gate_up: Any, slot_token: Any, token_slot: Any) -> dict
         "K": token_slot.shape[1],
         "dt": hidden.dtype,
     }
+
+
+def _layout(d: dict[str, Any], ws: tuple[Any, Any, Any], transposed: Any, tile_i: int) -> None:
+    """The weights' layouts (param_layout.py) and, for transposed 2-byte weights, the
+    ramp their per-expert row indexes are built from (once per kernel)."""
+    w_gate_up, w_up, w_down = ws
+    d["gu_t"], d["dn_t"] = bool(transposed[0]), bool(transposed[1])
+    d["parts"] = gate_up_parts(w_gate_up, w_up, d["I"])
+    d["ix_gu"] = uses_index(w_gate_up, d["gu_t"])
+    d["ix_dn"] = uses_index(w_down, d["dn_t"])
+    d["w_gu"], d["w_dn"] = w_gate_up, w_down
+    d["ramp"] = None
+    if d["ix_gu"] or d["ix_dn"]:
+        k = max(index_cols(min(tile_i, d["I"])), index_cols(d["H"]) if d["ix_dn"] else 0)
+        d["ramp"] = row_ramp(k)
+
+
+def _row_indexes(d: dict[str, Any], exp: Any, exp_col: Any, tile_i: int) -> dict[str, Any]:
+    """The block's expert as the loads take it: {"exp": id [1, 1], "gu" / "dn": that
+    expert's row index of the transposed gate/up / down storage, or None}."""
+    ex = {"exp": exp, "gu": None, "dn": None}
+    for kind, rows in (("gu", min(tile_i, d["I"])), ("dn", d["H"])):
+        if d["ix_" + kind]:
+            ix = nl.ndarray((P, index_cols(rows)), dtype=nl.uint32, buffer=nl.sbuf)
+            ex[kind] = build_index(d["w_" + kind], exp_col, d["ramp"], ix)
+    return ex
 
 
 # ---- cross-block prefetch -----------------------------------------------------------------
@@ -220,6 +266,7 @@ def _head_buffers(d: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
         "x": nl.ndarray((P, ns, d["H"]), dtype=dt, buffer=nl.sbuf),
         "wg": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
         "wu": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
+        "col": nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf),  # exp, every partition
     }
 
 
@@ -232,6 +279,8 @@ def _prefetch_meta(d: dict[str, Any], ws: tuple[Any, ...], head: dict[str, Any],
     nisa.dma_copy(dst=head["tok"], src=tok, oob_mode=skip)
     exp = block_ap(block_expert, addr, [[1, 1], [1, 1]])
     nisa.dma_copy(dst=head["exp"], src=exp, oob_mode=skip)
+    if d["ramp"] is not None:  # transposed weights: the id on every partition (row indexes)
+        expert_column(block_expert, addr, head["col"], oob_skip=True)
 
 
 def _prefetch_rows(d: dict[str, Any], hidden: Any, head: dict[str, Any], ns: int) -> None:
@@ -244,7 +293,8 @@ def _prefetch_unit(
     d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, head: dict[str, Any]
 ) -> None:
     """head wg / wu <- the first gate/up weight unit of expert head exp."""
-    _load_gate_up(d, cfg, w_gate_up, head["exp"], _weight_units(d, cfg)[0], head)
+    ex = _row_indexes({**d, "ix_dn": False}, head["exp"], head["col"], cfg["tile_i"])
+    _load_gate_up(d, cfg, w_gate_up, ex, _weight_units(d, cfg)[0], head)
 
 
 # ---- forward block ------------------------------------------------------------------------
@@ -301,6 +351,11 @@ def _fwd_block(
     dk = {**d, "NS": s, "B": s * P}  # the block's sub-tiles and slots
     exp = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=exp, src=head["exp"])
+    exp_col = None
+    if d["ramp"] is not None:
+        exp_col = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=exp_col, src=head["col"])
+    exp = _row_indexes(d, exp, exp_col, cfg["tile_i"])
     reg, extra = addr
     _prefetch_meta(d, ws, head, (reg, extra + d["step"]))  # this program's next block
     fetch = _weight_stream(dk, cfg, w_gate_up, exp, head)
@@ -478,8 +533,9 @@ def _load_gate_up(
         wu = nl.ndarray((P, nh, icw), dtype=d["dt"], buffer=nl.sbuf)
     else:
         wg, wu = into["wg"], into["wu"]
-    load_weight_rows(w_gate_up, exp, h0 * P, nrows, i0, icw, wg)
-    load_weight_rows(w_gate_up, exp, h0 * P, nrows, d["I"] + i0, icw, wu)
+    ex = (exp["exp"], exp["gu"])
+    for (w, c0), dst in zip(d["parts"], (wg, wu)):
+        load_k_major(w, ex, (h0 * P, nrows), (c0 + i0, icw), dst, d["gu_t"])
     return wg, wu
 
 
@@ -544,7 +600,7 @@ def _expert_mlp(
         nit = cdiv(icw, P)
         wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
 
-        load_weight_rows(w_down, exp, i0, icw, 0, h, wd)
+        load_k_major(w_down, (exp["exp"], exp["dn"]), (i0, icw), (0, h), wd, d["dn_t"])
         if gather_next is not None and 1 <= ic <= ns:
             gather_next(ic - 1)
         act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)

@@ -73,6 +73,7 @@ from ..nki import nisa, nki, nl
 from .block_split import program_blocks, split_block_loop, split_bounds
 from .combine import combine, zero_row
 from .config import STORE_RUN_BYTES
+from .param_layout import gate_up_width
 from .rows_bwd import (
     ACT_RING,
     block_start,
@@ -100,8 +101,15 @@ from .tiles import (
     slot_tiles,
     tile_rows,
 )
-from .weights_bwd import load_strips, load_wd_head, new_strips, wd_head, weight_stream
-from .wgrad import weight_grads
+from .weights_bwd import (
+    load_strips,
+    load_wd_head,
+    new_strips,
+    wd_head,
+    weight_layout,
+    weight_stream,
+)
+from .wgrad import grad_panels, weight_grads
 
 
 @nki.jit
@@ -130,6 +138,9 @@ def moe_mlp_bwd(
     wgrad_cols,
     strip_bufs,
     prefetch_rows,
+    w_up=None,
+    dw_up=None,
+    transposed=(False, False),
 ):
     """(dhidden [T, H], d_weights [T, k] fp32); writes dw_gate_up / dw_down in place.
 
@@ -140,13 +151,16 @@ def moe_mlp_bwd(
     the others are left as passed (the caller passes zeros). gate_up [2I, (NB + 2) * B]
     (or None: recomputed): the forward's pre-activation gate (rows :I) and up per slot of
     this plan (`moe_mlp_fwd`'s save; padding slots zero).
+    Parameter layouts as in `moe_mlp_fwd` (`transposed`, `w_up`; param_layout.py); each
+    gradient is written in its weight's layout (`dw_up`: the up weight's).
     """
     t_count, h = hidden.shape
     nb, parts, ns = slot_token.shape
-    i = w_gate_up.shape[2] // 2
+    i = gate_up_width(w_gate_up, w_up, transposed[0])[1]
     assert parts == P and block_size == P * ns, "moe_mlp_bwd: block_size does not match"
     assert sub_block in (128, 256, 512) and block_size % sub_block == 0, "moe_mlp_bwd: sub_block"
     assert dw_gate_up.shape == w_gate_up.shape and dw_down.shape == w_down.shape
+    assert (w_up is None) == (dw_up is None), "moe_mlp_bwd: w_up and dw_up together"
     dt = hidden.dtype
     d = {
         "T": t_count,
@@ -166,6 +180,7 @@ def moe_mlp_bwd(
         "PF": prefetch_rows,
         "GU": gate_up,
     }
+    weight_layout(d, (w_gate_up, w_up), transposed)
     if gate_up is not None:
         want = (2 * i, (nb + 2) * block_size)
         assert tuple(gate_up.shape) == want, f"moe_mlp_bwd: gate_up is {want}"
@@ -173,7 +188,7 @@ def moe_mlp_bwd(
     d["PID"], d["STEP"] = pid, nprog
     d["C0"], d["C1"] = 0, h  # phase A: every column of its blocks' dx
     d["ramp"] = None  # the column loads' row indexes (tiles.load_weight_cols)
-    if row_index_ok(w_gate_up) and row_index_ok(w_down):
+    if row_index_ok(w_gate_up) and row_index_ok(w_down) and not all(transposed):
         d["ramp"] = row_ramp(max(cdiv(min(tile_i, i), P), cdiv(min(dma_h * P, h), P)))
     dhidden = nl.ndarray((t_count, h), dtype=dt, buffer=nl.shared_hbm)
     d_weights = nl.ndarray((t_count, d["K"]), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -204,10 +219,7 @@ def moe_mlp_bwd(
     cols = program_columns(h)
     if cols[0] < cols[1]:
         bounds = device_bounds(block_count, static_blocks) if static_blocks < nb else None
-        grads = (
-            (dw_gate_up, scratch["x"], scratch["gu"], cols, (0, 2 * i)),  # this program's
-            (dw_down, scratch["act"], scratch["dy"], (0, i), cols),  # H rows and columns
-        )
+        grads = grad_panels(d, (dw_gate_up, dw_up, dw_down), scratch, cols)
         panel = (wgrad_tiles, wgrad_cols)
         weight_grads(d, grads, block_expert, block_keep, panel, (static_blocks, nb, bounds))
     if may_drop and nprog == 1:

@@ -168,15 +168,24 @@ def _price(
     may_drop: bool = True,
     lnc: int = 1,
     save: tuple[int, int, int] | None = None,
+    transposed: tuple[bool, bool] = (False, False),
 ) -> Estimate:
     """One trace-only launch: the backward with `blocks` static blocks, the forward with
     `blocks` = its static_kinds (blocks of each size, largest first); `save` = (holes,
-    tail column, saved columns): the training forward, gate / up saved (`save_plan`)."""
+    tail column, saved columns): the training forward, gate / up saved (`save_plan`);
+    `transposed` (forward): gate/up, down stored as the parameters hold them
+    (moe/param_layout.py)."""
     statics: dict[str, Any] = {}
     if kind == "fwd":
         assert isinstance(blocks, tuple)
         nb = sum(blocks)
         specs = _fwd_specs(p, nb, cfg.block_size)
+        if any(transposed):  # the storage [E, 2I, H] / [E, H, I]
+            e, h, i = p.experts, p.hidden, p.intermediate
+            gu = TensorSpec((e, 2 * i, h), p.dtype) if transposed[0] else specs[1]
+            dn = TensorSpec((e, h, i), p.dtype) if transposed[1] else specs[2]
+            specs = (specs[0], gu, dn, *specs[3:])
+            statics["transposed"] = tuple(transposed)
         if save is not None:
             cols = TensorSpec((nb, 1), "int32")
             specs = (*specs[:-2], cols, TensorSpec((save[2] // 128 + 1, 1), "int32"))
@@ -308,9 +317,11 @@ def price_fwd_kinds(
     may_drop: bool = True,
     lnc: int = 1,
     save: tuple[int, int, int] | None = None,
+    transposed: tuple[bool, bool] = (False, False),
 ) -> BlockPricing:
     """The forward with kinds[j] blocks of B/128 - j sub-tiles (the sized plan); `save`
-    (`save_plan`): the training forward, every trace with the plan's holes (a fixed cost).
+    (`save_plan`): the training forward, every trace with the plan's holes (a fixed cost);
+    `transposed`: the weights in the parameters' layouts (`_price`).
 
     Per size s present: traces of n0, n0 + lnc and n0 + 2 lnc blocks all of size s (n0 =
     4 per program) give its steady-state increment per program-block, inc_s (the last
@@ -323,7 +334,7 @@ def price_fwd_kinds(
     total = sum(kinds)
     n0 = REPRESENTATIVE_BLOCKS["fwd"] * lnc
     if total <= n0 + 2 * lnc:
-        e = _price("fwd", p, cfg, tuple(kinds), target, may_drop, lnc, save)
+        e = _price("fwd", p, cfg, tuple(kinds), target, may_drop, lnc, save, transposed)
         return BlockPricing(
             e.latency_ns, e.latency_ns / total, 0.0, True, dict(e.busy_ns),
             e.compute_bound_ns, e.memory_bound_ns,
@@ -339,7 +350,7 @@ def price_fwd_kinds(
     names: list[str] = []
     for j in present:
         est = [
-            _price("fwd", p, cfg, only(j, n0 + m * lnc), target, may_drop, lnc, save)
+            _price("fwd", p, cfg, only(j, n0 + m * lnc), target, may_drop, lnc, save, transposed)
             for m in range(3)
         ]
         parts = [_estimate_parts(e) for e in est]

@@ -10,7 +10,10 @@ Per sub-block the chunks of `tile_i` intermediate columns each need
 
 Both column loads are indirect DMA transposes for 2-byte dtypes (`tiles.load_weight_cols`),
 through the row indexes of the block's expert that `rows_bwd.load_meta` builds with its
-metadata ("wd_rows", "wgu_rows"); the functions below take that metadata set.
+metadata ("wd_rows", "wgu_rows"); the functions below take that metadata set. Weights
+stored transposed (the parameters' layouts: transformers' [E, 2I, H] / [E, H, I],
+TorchTitan's w1 / w3 / w2) already hold these columns as rows: their loads are natural
+ones (`param_layout.load_n_major`), no index.
 
 With `prefetch_rows` the next unit's first chunk is loaded ahead too, into buffers that
 live through phase A ("heads"): its strips right after the current unit's last dgrad, and
@@ -23,7 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..nki import nisa, nl
-from .tiles import P, cdiv, load_weight_cols
+from .param_layout import gate_up_parts, load_n_major
+from .tiles import P, cdiv
+
+
+def weight_layout(d: dict[str, Any], gate_up: tuple[Any, Any], transposed: Any) -> None:
+    """d's weight layouts (param_layout.py): "gu_t" / "dn_t" (stored transposed) and
+    "parts" (where gate and up live: w_gate_up's halves, or w_gate_up and w_up)."""
+    d["gu_t"], d["dn_t"] = bool(transposed[0]), bool(transposed[1])
+    d["parts"] = gate_up_parts(gate_up[0], gate_up[1], d["I"])
 
 
 def wd_units(d: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -46,7 +57,8 @@ def load_wd_unit(d: dict[str, Any], w_down: Any, meta: Any, unit: Any, dst: Any)
     i0 = ic * d["TI"]
     icw = min(d["TI"], d["I"] - i0)
     nrows = min(nh * P, d["H"] - h0 * P)
-    load_weight_cols(w_down, (meta["exp"], meta.get("wd_rows")), i0, icw, h0 * P, nrows, dst)
+    ex = (meta["exp"], meta.get("wd_rows"))
+    load_n_major(w_down, ex, (i0, icw), (h0 * P, nrows), dst, d["dn_t"])
 
 
 def wd_head(d: dict[str, Any]) -> list[Any]:
@@ -123,9 +135,9 @@ def load_strips(
     ex = (meta["exp"], meta.get("wgu_rows"))
     for h0 in range(0, d["HT"], d["DH"]):
         r0, nrows = h0 * P, min(d["DH"] * P, h - h0 * P)
-        for strip, c0 in zip(strips[0:2], (i0, d["I"] + i0)):
+        for strip, (w, c0) in zip(strips[0:2], d["parts"]):
             piece = strip[:, r0 : r0 + nrows, :].permute((0, 2, 1))
-            load_weight_cols(w_gate_up, ex, r0, nrows, c0, icw, piece)
+            load_n_major(w, ex, (r0, nrows), (c0 + i0, icw), piece, d["gu_t"])
 
 
 def load_saved(d: dict[str, Any], meta: Any, rows: tuple[int, int], s: int, dst: Any) -> None:

@@ -54,6 +54,32 @@ WGRAD_PSUM = 4  # PSUM tiles in turn (phase A's accumulators are dead by then)
 SLOTS_MAX = 64  # PSUM tiles of one panel: (rows / 128) * (columns / 512), 16 * 4 at most
 
 
+def grad_panels(
+    d: dict[str, Any], dws: tuple[Any, Any, Any], scratch: dict[str, Any], cols: tuple[int, int]
+) -> tuple[tuple[Any, ...], ...]:
+    """`weight_grads`' entries for dW_gate_up (or the gate's and up's, `dws[1]` not None)
+    and dW_down, each in its weight's layout: a weight stored transposed (d "gu_t" /
+    "dn_t") gets dW^T = R^T L, the same matmuls with the operands swapped, so the
+    gradient lands in the parameter's layout without a transpose. `cols`: this
+    program's H columns (LNC split)."""
+    dw_gu, dw_up, dw_down = dws
+    i, x, gu = d["I"], scratch["x"], scratch["gu"]
+    halves = [(dw_gu, (0, 2 * i), (0, 0))]
+    if dw_up is not None:  # gate and up as two tensors: columns I.. of gu are the up's
+        halves = [(dw_gu, (0, i), (0, 0)), (dw_up, (i, 2 * i), (i, 0))]
+    out: list[tuple[Any, ...]] = []
+    for dst, span, (base, _) in halves:
+        if d["gu_t"]:  # dst [E, N, H]
+            out.append((dst, gu, x, span, cols, (base, 0)))
+        else:  # dst [E, H, N]
+            out.append((dst, x, gu, cols, span, (0, base)))
+    if d["dn_t"]:  # dst [E, H, I]
+        out.append((dw_down, scratch["dy"], scratch["act"], cols, (0, i), (0, 0)))
+    else:
+        out.append((dw_down, scratch["act"], scratch["dy"], (0, i), cols, (0, 0)))
+    return tuple(out)
+
+
 def weight_grads(
     d: dict[str, Any],
     grads: tuple[tuple[Any, Any, Any, tuple[int, int], tuple[int, int]], ...],
@@ -63,8 +89,9 @@ def weight_grads(
     blocks: tuple[int, int, Any],
 ) -> None:
     """Every (dW [E, M, N], L scratch [NB+1, B, M], R scratch [NB+1, B, N], rows
-    (m_lo, m_hi), columns (n_lo, n_hi)) in `grads`: dW[:, m_lo:m_hi, n_lo:n_hi] (an LNC
-    program's share; the whole of dW under LNC 1).
+    (m_lo, m_hi), columns (n_lo, n_hi)[, origin]) in `grads`: dW[:, m_lo:m_hi, n_lo:n_hi]
+    (an LNC program's share; the whole of dW under LNC 1); with `origin` = (m0, n0),
+    scratch row / column (m, n) lands at dW's (m - m0, n - n0).
 
     `panel` = (row tiles R / 128, columns C); `blocks` = (static blocks, NB,
     `tiles.device_bounds` registers or None).
@@ -96,7 +123,8 @@ def weight_grads(
     narrow = ddt != nl.float32
     stages = [nl.ndarray((P, rt_cols), dtype=ddt, buffer=nl.sbuf) for _ in range(2 * narrow)]
     meta = (block_expert, block_keep)
-    for dst, left, right, (m_lo, m_hi), (n_lo, n_hi) in grads:
+    for dst, left, right, (m_lo, m_hi), (n_lo, n_hi), *at in grads:
+        origin = at[0] if at else (0, 0)
         assert dst.dtype == ddt, "weight_grads: one dW dtype"
         for m0 in range(m_lo, m_hi, tiles * P):
             rows = min(tiles * P, m_hi - m0)
@@ -105,7 +133,7 @@ def weight_grads(
                 if static_blocks == 0:  # no static first block: start from zeros
                     for a in acc:
                         nisa.memset(dst=a, value=0.0)
-                pan = (dst, left, right, m0, rows, n0, cw, acc, ramp, ring, stages)
+                pan = (dst, left, right, m0, rows, n0, cw, acc, ramp, ring, stages, origin)
                 _prefetch(d, pan, meta, sets[0], (nisa.register_alloc(0), 0))
 
                 def body(addr: Any, parity: int, first: bool, pan: Any = pan) -> None:
@@ -167,7 +195,7 @@ def _panel_block(
     buf = sets[parity]
     lt, rt, slot = buf["lt"], buf["rt"], buf["slot"]
     nq = cdiv(cw, PSUM_FP32)
-    ring, stages = pan[9], pan[10]
+    ring, stages, (om, on) = pan[9], pan[10], pan[11]
     narrow = bool(stages)  # 2-byte dW: stored from a rounded copy, not through the DMA
     for r in range(cdiv(rows, P)):
         rr = min(P, rows - r * P)
@@ -188,7 +216,7 @@ def _panel_block(
                 nisa.tensor_tensor(dst=a, data1=prev, data2=ps[0:rr, 0:qw], op=nl.add)
             if narrow:
                 nisa.activation(dst=stage[0:rr, q0 : q0 + qw], op=nl.copy, data=a)
-        row0 = (m0 + r * P) * n + n0
+        row0 = (m0 - om + r * P) * n + n0 - on
         if narrow:
             view = dst.ap([[n, rr], [1, cw]], offset=row0, scalar_offset=buf["exp"], indirect_dim=0)
             nisa.dma_copy(dst=view, src=stage[0:rr, 0:cw])

@@ -50,9 +50,9 @@ class Rule:
 RULES: dict[str, Rule] = {
     "flash_attention": Rule(LOWER, (0, 1, 2)),
     "decode_attention": Rule(LOWER, (0, 1, 2)),
-    "moe_mlp": Rule(LOWER, (0, 2, 3), dtypes=(torch.float32, torch.bfloat16)),
+    "moe_mlp": Rule(LOWER, (0, 2, 3, 4), dtypes=(torch.float32, torch.bfloat16)),
     "grouped_mm": Rule(LOWER, (0, 1)),
-    "moe_experts": Rule(LOWER, (0, 3, 4), dtypes=(torch.float32, torch.bfloat16)),
+    "moe_experts": Rule(LOWER, (0, 3, 4, 5), dtypes=(torch.float32, torch.bfloat16)),
     "rms_norm": Rule(INPUT, (0,), (1,)),
     "layer_norm": Rule(INPUT, (0,), (1, 2)),
     "add_rms_norm": Rule(INPUT, (0, 1), (2,)),

@@ -3,7 +3,13 @@
     moe_route(router_logits [T, E], *, top_k, renormalize=True, scoring="softmax")
         -> (weights [T, k] fp32, ids [T, k] int32)
     moe_mlp(hidden [T, H], router_logits [T, E], w_gate_up [E, H, 2I], w_down [E, I, H],
-            *, top_k, renormalize=True, scoring="softmax", capacity_factor=None) -> [T, H]
+            w_up=None, *, top_k, renormalize=True, scoring="softmax",
+            capacity_factor=None) -> [T, H]
+
+The weights may be transposed views of row-major storage (transformers' [E, 2I, H] /
+[E, H, I], TorchTitan's w1 / w3 [E, I, H] and w2 [E, H, I]; `w_up`: the up weight as a
+tensor of its own, w_gate_up then the gate's [E, H, I]): every kernel reads them in place
+and the weight gradients come back in the same layout (`kernel_weights`).
 
 Both differentiate (hidden, router_logits, w_gate_up, w_down) with NKI backward kernels.
 A call runs: pad T to its bucket (padded tokens route nowhere) -> NKI router -> host
@@ -39,12 +45,13 @@ from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
 from ..moe.grouping import PARTITIONS, gate_up_columns, max_blocks, min_blocks, plan_blocks
 from ..moe.reference import MoERouting, capacity
 from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
+from ..moe.split_kernels import moe_mlp_bwd_split, moe_mlp_fwd_split
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
 from ..runtime.buckets import bucket, current_policy
 from ..runtime.host_array import host_numpy
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_positive, check_tensor
-from .moe_decode import decode_experts, use_decode_mode
+from .moe_decode import decode_experts, kernel_layout, like_layout, use_decode_mode
 from .registry import call_host_op, define_host_op, define_op, route_recorded_calls, tracing
 
 MIN_EXPERTS, MAX_EXPERTS = 2, 128
@@ -76,12 +83,34 @@ def _check_routing(router_logits: Tensor, top_k: Any, renormalize: Any, scoring:
     return e
 
 
+def gate_up_width(w_gate_up: Tensor, w_up: Tensor | None) -> int:
+    """2I: w_gate_up's columns, or the gate's and up's (`w_up`: the up weight alone)."""
+    return int(w_gate_up.shape[2]) * (2 if w_up is not None else 1)
+
+
+def check_up(w_gate_up: Tensor, w_up: Tensor | None, hidden: Tensor) -> None:
+    """`w_up` (the up weight alone, w_gate_up then the gate's): as w_gate_up."""
+    if w_up is None:
+        return
+    check_tensor("w_up", w_up, dtypes=HIDDEN_DTYPES, min_dim=3)
+    if tuple(w_up.shape) != tuple(w_gate_up.shape):
+        raise ValueError(
+            f"w_up: expected the shape of w_gate_up (the gate's [E, H, I] when w_up is given) "
+            f"{tuple(w_gate_up.shape)}; got {tuple(w_up.shape)}"
+        )
+    if w_up.dtype != hidden.dtype:
+        raise TypeError(f"w_up: expected dtype {hidden.dtype} (as hidden); got {w_up.dtype}")
+    if w_up.device != hidden.device:
+        raise ValueError(f"w_up: expected device {hidden.device} (as hidden); got {w_up.device}")
+
+
 def _check_mlp(
     hidden: Tensor,
     router_logits: Tensor,
     w_gate_up: Tensor,
     w_down: Tensor,
     r: MoERouting,
+    w_up: Tensor | None = None,
 ) -> None:
     e = _check_routing(router_logits, r.top_k, r.renormalize, r.scoring)
     check_tensor("hidden", hidden, dtypes=HIDDEN_DTYPES, min_dim=2)
@@ -101,12 +130,15 @@ def _check_mlp(
         raise ValueError(
             f"router_logits: expected {t} rows (hidden has T = {t}); got {router_logits.shape[0]}"
         )
-    if w_gate_up.shape[0] != e or w_gate_up.shape[1] != h or w_gate_up.shape[2] % 2:
+    split = w_up is not None
+    if w_gate_up.shape[0] != e or w_gate_up.shape[1] != h or (w_gate_up.shape[2] % 2 and not split):
+        want = "I] (the gate's: w_up given)" if split else "2I]"
         raise ValueError(
-            f"w_gate_up: expected [E={e}, H={h}, 2I] (E from router_logits, H from hidden); "
+            f"w_gate_up: expected [E={e}, H={h}, {want} (E from router_logits, H from hidden); "
             f"got {tuple(w_gate_up.shape)}"
         )
-    i = w_gate_up.shape[2] // 2
+    check_up(w_gate_up, w_up, hidden)
+    i = gate_up_width(w_gate_up, w_up) // 2
     if tuple(w_down.shape) != (e, i, h):
         raise ValueError(
             f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
@@ -264,18 +296,25 @@ def _plan(
     return dict(zip(PLAN_TENSORS, tensors)), static
 
 
-def _problem(tb: int, w_gate_up: Tensor, top_k: int) -> MoEProblem:
-    e, h, i2 = w_gate_up.shape
-    return MoEProblem(tb, h, i2 // 2, e, top_k, _dtype_name(w_gate_up))
+def _problem(tb: int, w_gate_up: Tensor, top_k: int, w_up: Tensor | None = None) -> MoEProblem:
+    e, h = int(w_gate_up.shape[0]), int(w_gate_up.shape[1])
+    i = gate_up_width(w_gate_up, w_up) // 2
+    return MoEProblem(tb, h, i, e, top_k, _dtype_name(w_gate_up))
 
 
 def _routed_plan(
-    op: str, kernel: Any, hidden: Tensor, lp: Tensor, w_gate_up: Tensor, r: MoERouting
+    op: str,
+    kernel: Any,
+    hidden: Tensor,
+    lp: Tensor,
+    w_gate_up: Tensor,
+    r: MoERouting,
+    w_up: Tensor | None = None,
 ) -> tuple[Any, int, dict[str, Tensor], Tensor]:
     """Route the padded logits `lp`, look up `op`'s config for the bucket and plan its
     blocks: (config, static blocks, plan tensors on hidden's device, expert ids)."""
     weights, ids = _route(lp, r.top_k, r.scoring, r.renormalize)
-    problem = _problem(lp.shape[0], w_gate_up, r.top_k)
+    problem = _problem(lp.shape[0], w_gate_up, r.top_k, w_up)
     cfg = lookup_config(op, problem, kernel, target=get_target(None))
     t, e = hidden.shape[0], w_gate_up.shape[0]
     assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
@@ -306,13 +345,13 @@ def _save_plan(
 
 
 def _saved_gate_up(
-    gate_up: Tensor | None, w_gate_up: Tensor, m: dict[str, Tensor], block: int, op: str
+    gate_up: Tensor | None, width: int, m: dict[str, Tensor], block: int, op: str
 ) -> Tensor | None:
     """The forward's saved gate / up for the backward plan `m` (None or empty: recomputed),
-    its shape checked against that plan."""
+    its shape checked against that plan (`width`: 2I)."""
     if gate_up is None or not gate_up.numel():
         return None
-    want = (w_gate_up.shape[2], (m["slot_token"].shape[0] + 2) * block)
+    want = (width, (m["slot_token"].shape[0] + 2) * block)
     if tuple(gate_up.shape) != want:
         raise ValueError(
             f"gate_up: expected [2I, (NB + 2) * B] = {want} ({op}'s save for this bucket's "
@@ -350,6 +389,20 @@ def _save_plan_fake(
 define_host_op("moe_save_plan", _save_plan, fake=_save_plan_fake)
 
 
+def kernel_weights(
+    w_gate_up: Tensor, w_down: Tensor, w_up: Tensor | None, dt: torch.dtype
+) -> tuple[tuple[Tensor, Tensor, Tensor | None], tuple[bool, bool]]:
+    """((gate/up, down, up or None) as the blockwise kernels read them, (gate/up, down)
+    stored transposed): row-major weights and transposed views of row-major storage
+    (transformers' [E, 2I, H] / [E, H, I], TorchTitan's w1 / w3 [E, I, H] and w2
+    [E, H, I]) reach the kernels as they lie, no copy (`moe_decode.kernel_layout`,
+    `moe/param_layout.py`); another layout is copied row-major on each call."""
+    wgu, gu_t = kernel_layout(w_gate_up.detach(), dt)
+    wd, dn_t = kernel_layout(w_down.detach(), dt)
+    wup = None if w_up is None else like_layout(w_up.detach(), gu_t, dt)
+    return (wgu, wd, wup), (gu_t, dn_t)
+
+
 def launch_experts_fwd(
     hp: Tensor,
     w_gate_up: Tensor,
@@ -357,16 +410,21 @@ def launch_experts_fwd(
     cfg: MoEMLPConfig,
     m: dict[str, Tensor],
     save: tuple[Tensor, Tensor] | None = None,
+    w_up: Tensor | None = None,
 ) -> Any:
     """The forward expert kernel on padded rows `hp` and a sized block plan `m` (the
     launch `moe_mlp` and `moe_experts` share); with `save` = (save_cols, save_holes)
-    (`_save_plan`), (out, gate_up) with the pre-activation gate / up saved."""
+    (`_save_plan`), (out, gate_up) with the pre-activation gate / up saved. The weights
+    are read in their own layouts (`kernel_weights`); `w_up`: the up weight alone
+    (w_gate_up then the gate's)."""
     cols, holes = (None, None) if save is None else save
+    (wgu, wd, wup), transposed = kernel_weights(w_gate_up, w_down, w_up, hp.dtype)
+    kernel, ws = (moe_mlp_fwd, (wgu,)) if wup is None else (moe_mlp_fwd_split, (wgu, wup))
     return launch(
-        moe_mlp_fwd,
+        kernel,
         hp,
-        w_gate_up.detach(),
-        w_down.detach(),
+        *ws,
+        wd,
         m["slot_token"],
         m["block_expert"],
         m["kind_bounds"],
@@ -378,6 +436,7 @@ def launch_experts_fwd(
         target=get_target(None),
         static_kinds=None,  # one device loop per block size over kind_bounds
         may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
+        transposed=transposed,
     )
 
 
@@ -389,20 +448,31 @@ def launch_experts_bwd(
     cfg: MoEMLPBwdConfig,
     plan: tuple[dict[str, Tensor], int],
     gate_up: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d hidden, d weights per slot [T, k] fp32, d w_gate_up, d w_down) of the expert
-    kernels on padded rows / grads and a fixed block plan (the launch `moe_mlp` and
-    `moe_experts` share). The weight gradients are written in place for every expert
-    with a block (fp32 sums on chip, one rounding); the others stay zero. `gate_up`: the
-    forward's saved gate / up for this plan (None: recomputed)."""
+    w_up: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """(d hidden, d weights per slot [T, k] fp32, d w_gate_up, d w_down, d w_up or None)
+    of the expert kernels on padded rows / grads and a fixed block plan (the launch
+    `moe_mlp` and `moe_experts` share). The weights are read in their own layouts
+    (`kernel_weights`) and each weight gradient is written in its weight's layout (a
+    transposed view of the same storage layout: no transpose copy), in place for every
+    expert with a block (fp32 sums on chip, one rounding); the others stay zero.
+    `gate_up`: the forward's saved gate / up for this plan (None: recomputed)."""
     m, static = plan
-    dgu = torch.zeros(w_gate_up.shape, dtype=w_gate_up.dtype, device=hp.device)
-    dd = torch.zeros(w_down.shape, dtype=w_down.dtype, device=hp.device)
+    (wgu, wd, wup), transposed = kernel_weights(w_gate_up, w_down, w_up, hp.dtype)
+
+    def zeros(w: Tensor) -> Tensor:
+        return torch.zeros(w.shape, dtype=w.dtype, device=hp.device)
+
+    dgu, dd = zeros(wgu), zeros(wd)
+    dup = None if wup is None else zeros(wup)
+    kernel, ws, dws = moe_mlp_bwd, (wgu,), (dgu,)
+    if wup is not None:
+        kernel, ws, dws = moe_mlp_bwd_split, (wgu, wup), (dgu, dup)
     dh, dw = launch(
-        moe_mlp_bwd,
+        kernel,
         hp,
-        w_gate_up.detach(),
-        w_down.detach(),
+        *ws,
+        wd,
         gp,
         m["slot_token"],
         m["slot_weight"],
@@ -410,16 +480,23 @@ def launch_experts_bwd(
         m["block_keep"],
         m["block_count"],
         m["token_slot"],
-        dgu,
+        *dws,
         dd,
         gate_up,
         config=cfg,
         target=get_target(None),
-        mutated=(10, 11),
+        mutated=tuple(range(len(ws) + 9, 2 * len(ws) + 10)),
         static_blocks=static,
         may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
+        transposed=transposed,
     )
-    return dh, dw, dgu, dd
+
+    def as_param(g: Tensor, t: bool) -> Tensor:  # the parameter's view of the storage
+        return g.transpose(1, 2) if t else g
+
+    gu_t, dn_t = transposed
+    dup = None if dup is None else as_param(dup, gu_t)
+    return dh, dw, as_param(dgu, gu_t), as_param(dd, dn_t), dup
 
 
 # ---- moe_route ------------------------------------------------------------------------------
@@ -521,10 +598,15 @@ def _mlp_fake(hidden: Tensor, *args: Any, **kw: Any) -> Tensor:
 
 
 def _mlp_validate(
-    hidden: Tensor, router_logits: Tensor, w_gate_up: Tensor, w_down: Tensor, **kw: Any
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
+    **kw: Any,
 ) -> None:
     r = MoERouting(**{"top_k": None, **kw})  # a missing top_k fails the check by name
-    _check_mlp(hidden, router_logits, w_gate_up, w_down, r)
+    _check_mlp(hidden, router_logits, w_gate_up, w_down, r, w_up)
 
 
 def _mlp_setup(
@@ -535,11 +617,11 @@ def _mlp_setup(
 
 
 def _mlp_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    hidden, logits, w_gate_up, w_down = ctx.saved_tensors
-    dh, dl, dgu, dd = torch.ops.nki.moe_mlp_backward(
-        grad, hidden, logits, w_gate_up, w_down, **ctx.opts
+    hidden, logits, w_gate_up, w_down, w_up = ctx.saved_tensors
+    dh, dl, dgu, dd, dup = torch.ops.nki.moe_mlp_backward(
+        grad, hidden, logits, w_gate_up, w_down, None, w_up, **ctx.opts
     )
-    return dh, dl, dgu, dd
+    return dh, dl, dgu, dd, (dup if w_up is not None else None)
 
 
 def mlp_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -551,12 +633,17 @@ def mlp_examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     wgu = (torch.randn(e, h, 2 * i, generator=g) / h**0.5).requires_grad_()
     wd = (torch.randn(e, i, h, generator=g) / i**0.5).requires_grad_()
     xb = torch.randn(3, h, generator=g).to(torch.bfloat16)
+    # gate and up as two tensors, each transposed storage (TorchTitan's w1 / w3 [E, I, H])
+    x2 = torch.randn(70, h, generator=g, requires_grad=True)
+    ws = [torch.randn(e, i, h, generator=g) / h**0.5 for _ in range(2)]
+    gate, up = (w.transpose(1, 2).requires_grad_() for w in ws)
     return [
         ((x, lg, wgu, wd), {"top_k": 2}),
         (
             (xb, torch.randn(3, e, generator=g), wgu.detach().bfloat16(), wd.detach().bfloat16()),
             {"top_k": 1, "scoring": "sigmoid", "capacity_factor": 1.0},
         ),
+        ((x2, torch.randn(70, e, generator=g), gate, wd, up), {"top_k": 2}),
     ]
 
 
@@ -567,6 +654,7 @@ def _mlp_forward(
     w_down: Tensor,
     routing: MoERouting,
     save: bool,
+    w_up: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(out, the saved gate / up or None): the body of `moe_mlp` (save=False) and of
     `moe_mlp_train` (save=True; decode-mode calls save nothing, the backward recomputes)."""
@@ -576,17 +664,19 @@ def _mlp_forward(
     if use_decode_mode(t, routing.capacity_factor):  # T <= 64: moe_decode.py
         weights, ids = _route(lp, top_k, scoring, renormalize)
         wd_, wgu_ = w_down.detach(), w_gate_up.detach()
-        return decode_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_), None
+        wup = None if w_up is None else w_up.detach()
+        out = decode_experts(hidden.detach(), weights[:t], ids[:t], wgu_, wd_, wup)
+        return out, None
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     weights, ids = _route(lp, top_k, scoring, renormalize)
-    problem = _problem(lp.shape[0], w_gate_up, top_k)
+    problem = _problem(lp.shape[0], w_gate_up, top_k, w_up)
     target = get_target(None)
     cfg = lookup_config("moe_mlp", problem, moe_mlp_fwd, target=target)
     assert isinstance(cfg, MoEMLPConfig)
     e, cf = w_gate_up.shape[0], routing.capacity_factor
     m, _ = _plan(weights, ids, t, e, cfg.block_size, cf, sized=True)
     if not save:
-        out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m)
+        out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, w_up=w_up)
         return unpad(out, 0, t).contiguous(), None
     bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=target)
     assert isinstance(bcfg, MoEMLPBwdConfig)
@@ -596,7 +686,7 @@ def _mlp_forward(
         save_plan = call_host_op("moe_save_plan", *args)
     else:
         save_plan = _save_plan(*args)
-    out, gate_up = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, tuple(save_plan))
+    out, gate_up = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, tuple(save_plan), w_up)
     return unpad(out, 0, t).contiguous(), gate_up
 
 
@@ -614,25 +704,33 @@ def moe_mlp(
     router_logits: Tensor,
     w_gate_up: Tensor,
     w_down: Tensor,
+    w_up: Tensor | None = None,
     *,
     top_k: int,
     renormalize: bool = True,
     scoring: str = "softmax",
     capacity_factor: float | None = None,
 ) -> Tensor:
-    """SwiGLU mixture of experts: sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) (NKI)."""
+    """SwiGLU mixture of experts: sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) (NKI).
+    `w_up` (optional): the up weight [E, H, I] as a tensor of its own, w_gate_up then the
+    gate's [E, H, I] (TorchTitan's w1 / w3, passed as transposed views, no copy)."""
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
-    return _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, save=False)[0]
+    return _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, False, w_up)[0]
 
 
 def _train_fake(
-    hidden: Tensor, router_logits: Tensor, w_gate_up: Tensor, w_down: Tensor, **kw: Any
+    hidden: Tensor,
+    router_logits: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
+    **kw: Any,
 ) -> tuple[Tensor, Tensor]:
     r = MoERouting(**kw)
     # the saved width follows T's bucket and the backward's config for the shape: symbolic
     # sizes (dynamic=True) are specialized
     t = int(hidden.shape[0])
-    e, h, i2 = (int(n) for n in w_gate_up.shape)
+    e, h, i2 = int(w_gate_up.shape[0]), int(w_gate_up.shape[1]), gate_up_width(w_gate_up, w_up)
     if use_decode_mode(t, r.capacity_factor):
         return torch.empty_like(hidden), hidden.new_empty((i2, 0))
     tb = bucket(t)
@@ -651,11 +749,11 @@ def _train_setup(
 
 
 def _train_backward(ctx: Any, grad: Tensor, grad_gate_up: Any) -> tuple[Any, ...]:
-    hidden, logits, w_gate_up, w_down, gate_up = ctx.saved_tensors
-    dh, dl, dgu, dd = torch.ops.nki.moe_mlp_backward(
-        grad, hidden, logits, w_gate_up, w_down, gate_up, **ctx.opts
+    hidden, logits, w_gate_up, w_down, w_up, gate_up = ctx.saved_tensors
+    dh, dl, dgu, dd, dup = torch.ops.nki.moe_mlp_backward(
+        grad, hidden, logits, w_gate_up, w_down, gate_up, w_up, **ctx.opts
     )
-    return dh, dl, dgu, dd
+    return dh, dl, dgu, dd, (dup if w_up is not None else None)
 
 
 @define_op(
@@ -672,6 +770,7 @@ def moe_mlp_train(
     router_logits: Tensor,
     w_gate_up: Tensor,
     w_down: Tensor,
+    w_up: Tensor | None = None,
     *,
     top_k: int,
     renormalize: bool = True,
@@ -681,9 +780,9 @@ def moe_mlp_train(
     """(`moe_mlp`'s output, the saved pre-activation gate / up [2I, slots of the backward's
     plan], or [2I, 0] in decode mode): what `moe_mlp` runs when autograd records it."""
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
-    out, gate_up = _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, save=True)
+    out, gate_up = _mlp_forward(hidden, router_logits, w_gate_up, w_down, routing, True, w_up)
     if gate_up is None:  # decode mode: nothing saved, the backward recomputes
-        gate_up = hidden.new_empty((w_gate_up.shape[2], 0))
+        gate_up = hidden.new_empty((gate_up_width(w_gate_up, w_up), 0))
     return out, gate_up
 
 
@@ -697,21 +796,23 @@ def _mlp_bwd_fake(
     w_gate_up: Tensor,
     w_down: Tensor,
     gate_up: Tensor | None = None,
+    w_up: Tensor | None = None,
     **kw: Any,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return (
         torch.empty_like(hidden),
         torch.empty_like(router_logits),
         torch.empty_like(w_gate_up),
         torch.empty_like(w_down),
+        hidden.new_empty((0,)) if w_up is None else torch.empty_like(w_up),
     )
 
 
 @define_op(
     "moe_mlp_backward",
     fake=_mlp_bwd_fake,
-    validate=lambda grad, hidden, router_logits, w_gate_up, w_down, gate_up=None, **kw: (
-        _mlp_validate(hidden, router_logits, w_gate_up, w_down, **kw)
+    validate=lambda grad, hidden, router_logits, w_gate_up, w_down, gate_up=None, w_up=None, **kw: (
+        _mlp_validate(hidden, router_logits, w_gate_up, w_down, w_up, **kw)
     ),
     examples=lambda: [
         ((torch.randn(a[0].shape), *(x.detach() for x in a)), MoERouting(**kw).kwargs())
@@ -726,28 +827,36 @@ def moe_mlp_backward(
     w_gate_up: Tensor,
     w_down: Tensor,
     gate_up: Tensor | None = None,
+    w_up: Tensor | None = None,
     *,
     top_k: int,
     renormalize: bool,
     scoring: str,
     capacity_factor: float | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d hidden, d router_logits, d w_gate_up, d w_down) of `moe_mlp` (NKI kernels);
-    `gate_up`: `moe_mlp_train`'s saved gate / up (None or empty: recomputed)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(d hidden, d router_logits, d w_gate_up, d w_down, d w_up (empty without w_up)) of
+    `moe_mlp` (NKI kernels), each weight gradient in its weight's layout; `gate_up`:
+    `moe_mlp_train`'s saved gate / up (None or empty: recomputed)."""
     routing = MoERouting(top_k, renormalize, scoring, capacity_factor)
     target = get_target(None)
     t = hidden.shape[0]
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
     lp, _ = pad_to_bucket(router_logits.detach(), 0)
-    cfg, static, m, ids = _routed_plan("moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing)
+    cfg, static, m, ids = _routed_plan(
+        "moe_mlp_bwd", moe_mlp_bwd, hidden, lp, w_gate_up, routing, w_up
+    )
     assert isinstance(cfg, MoEMLPBwdConfig)
-    saved = _saved_gate_up(gate_up, w_gate_up, m, cfg.block_size, "moe_mlp_train")
-    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
+    width = gate_up_width(w_gate_up, w_up)
+    saved = _saved_gate_up(gate_up, width, m, cfg.block_size, "moe_mlp_train")
+    dh, dw, dgu, dd, dup = launch_experts_bwd(
+        hp, gp, w_gate_up, w_down, cfg, (m, static), saved, w_up
+    )
     dl = launch(moe_router_bwd, lp, ids, dw, scoring, renormalize, target=target)
     return (
         unpad(dh, 0, t).contiguous(),
         unpad(dl, 0, t).contiguous(),
         dgu,
         dd,
+        hidden.new_empty((0,)) if dup is None else dup,
     )

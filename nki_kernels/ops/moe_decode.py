@@ -50,11 +50,17 @@ def use_decode_mode(tokens: int, capacity_factor: float | None) -> bool:
 
 
 def decode_experts(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
 ) -> Tensor:
     """out [T, H] (hidden's dtype) = sum_j weights[:, j] * SwiGLU expert ids[:, j] of hidden
-    (module docstring); weights [T, k] float, ids [T, k] int in [0, E)."""
-    return decode_gated_experts(hidden, weights, ids, w_gate_up, w_down)
+    (module docstring); weights [T, k] float, ids [T, k] int in [0, E); `w_up`: the up
+    weight apart (w_gate_up then the gate's)."""
+    return decode_gated_experts(hidden, weights, ids, w_gate_up, w_down, w_up=w_up)
 
 
 def decode_gated_experts(
@@ -103,13 +109,13 @@ def decode_gated_experts(
 
     wgu, gu_t = kernel_layout(w_gate_up, dt)
     wd, dn_t = kernel_layout(w_down, dt)
-    wup = None if w_up is None else _like(w_up, gu_t, dt)
+    wup = None if w_up is None else like_layout(w_up, gu_t, dt)
     s_gu, s_d, s_g, s_up = (*shared, None)[:4] if shared is not None else (None,) * 4
     sgu_t = sdn_t = False
     if s_gu is not None and s_d is not None:
         s_gu, sgu_t = kernel_layout(s_gu, dt)
         if s_up is not None:
-            s_up = _like(s_up, sgu_t, dt).unsqueeze(0)
+            s_up = like_layout(s_up, sgu_t, dt).unsqueeze(0)
         s_gu = s_gu.unsqueeze(0)
         s_d, sdn_t = kernel_layout(s_d, dt)
         s_d = s_d.unsqueeze(0)
@@ -152,7 +158,7 @@ def kernel_layout(w: Tensor, dt: torch.dtype) -> tuple[Tensor, bool]:
     return w.contiguous(), False
 
 
-def _like(w: Tensor, transposed: bool, dt: torch.dtype) -> Tensor:
+def like_layout(w: Tensor, transposed: bool, dt: torch.dtype) -> Tensor:
     """`w` [.., K, N] in the layout another weight reached the kernel in (a copy only
     when its own layout differs)."""
     t, w_t = kernel_layout(w, dt)

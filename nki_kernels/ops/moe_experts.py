@@ -1,8 +1,11 @@
 """`torch.ops.nki.moe_experts`: the SwiGLU expert layer on routing computed elsewhere.
 
     moe_experts(hidden [T, H], weights [T, k] float, ids [T, k] int32/int64,
-                w_gate_up [E, H, 2I], w_down [E, I, H]) -> [T, H]
+                w_gate_up [E, H, 2I], w_down [E, I, H], w_up=None) -> [T, H]
     out[t] = sum_j weights[t, j] * (silu(x Wg_e) * (x Wu_e)) Wd_e,  e = ids[t, j]
+
+Weights as in `moe_mlp`: transposed views of the parameters' storage are read in place
+(`w_up`: the up weight apart, w_gate_up then the gate's [E, H, I]).
 
 The same NKI kernels as `moe_mlp` (block plan, blockwise expert MLP and combine, or for
 T <= 64 the decode mode of moe_decode.py; the backward's dgrad, on-chip weight-gradient
@@ -47,6 +50,8 @@ from .moe import (
     _save_plan,
     _save_width,
     _saved_gate_up,
+    check_up,
+    gate_up_width,
     launch_experts_bwd,
     launch_experts_fwd,
 )
@@ -56,7 +61,14 @@ from .registry import call_host_op, define_op, route_recorded_calls, tracing
 MAX_EXPERTS, MAX_TOP_K = 512, 16
 
 
-def _check(hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor) -> None:
+def _check(
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
+) -> None:
     check_tensor("hidden", hidden, dtypes=HIDDEN_DTYPES, min_dim=2)
     if hidden.dim() != 2:
         raise ValueError(f"hidden: expected 2 dims [T, H]; got {tuple(hidden.shape)}")
@@ -84,11 +96,13 @@ def _check(hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_do
         raise ValueError(
             f"ids: expected 1..{min(MAX_TOP_K, e)} columns (k <= 16 and <= E = {e}); got {k}"
         )
-    if w_gate_up.shape[1] != h or w_gate_up.shape[2] % 2:
+    if w_gate_up.shape[1] != h or (w_gate_up.shape[2] % 2 and w_up is None):
+        want = "I] (the gate's: w_up given)" if w_up is not None else "2I]"
         raise ValueError(
-            f"w_gate_up: expected [E, H={h}, 2I] (H from hidden); got {tuple(w_gate_up.shape)}"
+            f"w_gate_up: expected [E, H={h}, {want} (H from hidden); got {tuple(w_gate_up.shape)}"
         )
-    i = w_gate_up.shape[2] // 2
+    check_up(w_gate_up, w_up, hidden)
+    i = gate_up_width(w_gate_up, w_up) // 2
     if tuple(w_down.shape) != (e, i, h):
         raise ValueError(
             f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
@@ -153,7 +167,13 @@ def _padded(weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _config_and_plan(
-    op: str, kernel: Any, hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor
+    op: str,
+    kernel: Any,
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_up: Tensor | None = None,
 ) -> tuple[Any, int, dict[str, Tensor], tuple[Tensor, Tensor]]:
     """(config, static block count, the plan with off-rank slots dropped, the padded
     on-rank (weights, ids) it was planned from)."""
@@ -162,7 +182,7 @@ def _config_and_plan(
         _check_ids(ids, e)
     weights, ids, off = _on_rank(weights, ids, e)
     wp, ip = _padded(weights, ids)
-    problem = _problem(wp.shape[0], w_gate_up, ids.shape[1])
+    problem = _problem(wp.shape[0], w_gate_up, ids.shape[1], w_up)
     cfg = lookup_config(op, problem, kernel, target=get_target(None))
     assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
     sized = isinstance(cfg, MoEMLPConfig)  # the forward runs variable-size blocks
@@ -175,11 +195,11 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
 
 
 def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    hidden, weights, ids, w_gate_up, w_down = ctx.saved_tensors
-    dh, dw, dgu, dd = torch.ops.nki.moe_experts_backward(
-        grad, hidden, weights, ids, w_gate_up, w_down
+    hidden, weights, ids, w_gate_up, w_down, w_up = ctx.saved_tensors
+    dh, dw, dgu, dd, dup = torch.ops.nki.moe_experts_backward(
+        grad, hidden, weights, ids, w_gate_up, w_down, None, w_up
     )
-    return dh, dw.to(weights.dtype), None, dgu, dd
+    return dh, dw.to(weights.dtype), None, dgu, dd, (dup if w_up is not None else None)
 
 
 def _train_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -187,11 +207,11 @@ def _train_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 
 def _train_backward(ctx: Any, grad: Tensor, grad_gate_up: Any) -> tuple[Any, ...]:
-    hidden, weights, ids, w_gate_up, w_down, gate_up = ctx.saved_tensors
-    dh, dw, dgu, dd = torch.ops.nki.moe_experts_backward(
-        grad, hidden, weights, ids, w_gate_up, w_down, gate_up
+    hidden, weights, ids, w_gate_up, w_down, w_up, gate_up = ctx.saved_tensors
+    dh, dw, dgu, dd, dup = torch.ops.nki.moe_experts_backward(
+        grad, hidden, weights, ids, w_gate_up, w_down, gate_up, w_up
     )
-    return dh, dw.to(weights.dtype), None, dgu, dd
+    return dh, dw.to(weights.dtype), None, dgu, dd, (dup if w_up is not None else None)
 
 
 def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -202,7 +222,13 @@ def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
     wgu = (torch.randn(e, h, 2 * i, generator=g) / h**0.5).requires_grad_()
     wd = (torch.randn(e, i, h, generator=g) / i**0.5).requires_grad_()
-    return [((x, w, ids, wgu, wd), {})]
+    # gate and up as two tensors, transposed storage (TorchTitan's w1 / w3 [E, I, H])
+    gate, up = ((torch.randn(e, i, h, generator=g) / h**0.5).transpose(1, 2).requires_grad_()
+                for _ in range(2))  # fmt: skip
+    x2 = torch.randn(70, h, generator=g, requires_grad=True)
+    w2 = torch.rand(70, k, generator=g, requires_grad=True)
+    ids2 = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(70)])
+    return [((x, w, ids, wgu, wd), {}), ((x2, w2, ids2, gate, wd, up), {})]
 
 
 @define_op(
@@ -215,32 +241,43 @@ def _examples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     traceable=True,
 )
 def moe_experts(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
 ) -> Tensor:
-    """sum_j weights[t, j] * SwiGLU-expert_{ids[t, j]}(hidden[t]) (NKI expert kernels)."""
-    return _experts_forward(hidden, weights, ids, w_gate_up, w_down, save=False)[0]
+    """sum_j weights[t, j] * SwiGLU-expert_{ids[t, j]}(hidden[t]) (NKI expert kernels);
+    `w_up`: the up weight as a tensor of its own (w_gate_up then the gate's [E, H, I])."""
+    return _experts_forward(hidden, weights, ids, (w_gate_up, w_down, w_up), save=False)[0]
 
 
 def _experts_forward(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor, save: bool
+    hidden: Tensor, weights: Tensor, ids: Tensor, ws: tuple[Any, Any, Any], save: bool
 ) -> tuple[Tensor, Tensor | None]:
     """(out, the saved gate / up or None): the body of `moe_experts` (save=False) and of
     `moe_experts_train` (save=True; decode-mode calls save nothing, the backward recomputes)."""
     t = hidden.shape[0]
+    w_gate_up, w_down, w_up = ws
     if use_decode_mode(t, None):  # T <= 64: the decode kernel (moe_decode.py)
         e = w_gate_up.shape[0]
         if not tracing(ids):
             _check_ids(ids, e)
         w_on, ids_on, off = _on_rank(weights.detach(), ids, e)
         wgu, wd = w_gate_up.detach(), w_down.detach()
-        out = decode_experts(hidden.detach(), w_on, ids_on, wgu, wd)
+        wup = None if w_up is None else w_up.detach()
+        out = decode_experts(hidden.detach(), w_on, ids_on, wgu, wd, wup)
         return torch.where(off.all(dim=1, keepdim=True), torch.zeros_like(out), out), None
-    cfg, _, m, (wp, ip) = _config_and_plan("moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up)
+    cfg, _, m, (wp, ip) = _config_and_plan(
+        "moe_mlp", moe_mlp_fwd, hidden, weights, ids, w_gate_up, w_up
+    )
     assert isinstance(cfg, MoEMLPConfig)
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     if not save:
-        return unpad(launch_experts_fwd(hp, w_gate_up, w_down, cfg, m), 0, t).contiguous(), None
-    problem = _problem(wp.shape[0], w_gate_up, ids.shape[1])
+        out = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, w_up=w_up)
+        return unpad(out, 0, t).contiguous(), None
+    problem = _problem(wp.shape[0], w_gate_up, ids.shape[1], w_up)
     bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=get_target(None))
     assert isinstance(bcfg, MoEMLPBwdConfig)
     # the backward plans the same padded on-rank routing (off-rank slots only become
@@ -248,21 +285,26 @@ def _experts_forward(
     lowest = min(t, _bucket_floor(wp.shape[0]))
     args = (wp, ip, t, w_gate_up.shape[0], cfg.block_size, bcfg.block_size, None, lowest)
     plan = call_host_op("moe_save_plan", *args) if tracing(wp, ip) else _save_plan(*args)
-    out, gate_up = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, tuple(plan))
+    out, gate_up = launch_experts_fwd(hp, w_gate_up, w_down, cfg, m, tuple(plan), w_up)
     return unpad(out, 0, t).contiguous(), gate_up
 
 
 def _train_fake(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     t, k = int(hidden.shape[0]), int(ids.shape[1])
-    e, i2 = int(w_gate_up.shape[0]), int(w_gate_up.shape[2])
+    e, i2 = int(w_gate_up.shape[0]), gate_up_width(w_gate_up, w_up)
     if use_decode_mode(t, None):
         return torch.empty_like(hidden), hidden.new_empty((i2, 0))
     from ..runtime.buckets import bucket
 
     tb = bucket(t)
-    problem = _problem(tb, w_gate_up, k)
+    problem = _problem(tb, w_gate_up, k, w_up)
     bcfg = lookup_config("moe_mlp_bwd", problem, moe_mlp_bwd, target=get_target(None))
     assert isinstance(bcfg, MoEMLPBwdConfig)
     width = _save_width(tb, k, e, bcfg.block_size, None)
@@ -279,14 +321,19 @@ def _train_fake(
     traceable=True,
 )
 def moe_experts_train(
-    hidden: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor
+    hidden: Tensor,
+    weights: Tensor,
+    ids: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    w_up: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(`moe_experts`' output, the saved pre-activation gate / up [2I, slots of the
     backward's plan], or [2I, 0] in decode mode): what `moe_experts` runs when autograd
     records it."""
-    out, gate_up = _experts_forward(hidden, weights, ids, w_gate_up, w_down, save=True)
+    out, gate_up = _experts_forward(hidden, weights, ids, (w_gate_up, w_down, w_up), save=True)
     if gate_up is None:  # decode mode: nothing saved, the backward recomputes
-        gate_up = hidden.new_empty((w_gate_up.shape[2], 0))
+        gate_up = hidden.new_empty((gate_up_width(w_gate_up, w_up), 0))
     return out, gate_up
 
 
@@ -301,19 +348,21 @@ def _bwd_fake(
     w_gate_up: Tensor,
     w_down: Tensor,
     gate_up: Tensor | None = None,
+    w_up: Tensor | None = None,
 ) -> Any:
     return (
         torch.empty_like(hidden),
         weights.new_empty(weights.shape, dtype=torch.float32),
         torch.empty_like(w_gate_up),
         torch.empty_like(w_down),
+        hidden.new_empty((0,)) if w_up is None else torch.empty_like(w_up),
     )
 
 
 @define_op(
     "moe_experts_backward",
     fake=_bwd_fake,
-    validate=lambda grad, *a: _check(*a[:5]),
+    validate=lambda grad, *a: _check(*a[:5], *a[6:7]),
     examples=lambda: [((torch.randn(37, 32), *(x.detach() for x in _examples()[0][0])), {})],
     traceable=True,
 )
@@ -325,18 +374,24 @@ def moe_experts_backward(
     w_gate_up: Tensor,
     w_down: Tensor,
     gate_up: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d hidden, d weights (fp32), d w_gate_up, d w_down) of `moe_experts` (NKI kernels);
-    `gate_up`: `moe_experts_train`'s saved gate / up (None or empty: recomputed)."""
+    w_up: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(d hidden, d weights (fp32), d w_gate_up, d w_down, d w_up (empty without w_up)) of
+    `moe_experts` (NKI kernels), each weight gradient in its weight's layout; `gate_up`:
+    `moe_experts_train`'s saved gate / up (None or empty: recomputed)."""
     t = hidden.shape[0]
     cfg, static, m, _ = _config_and_plan(
-        "moe_mlp_bwd", moe_mlp_bwd, hidden, weights, ids, w_gate_up
+        "moe_mlp_bwd", moe_mlp_bwd, hidden, weights, ids, w_gate_up, w_up
     )
     assert isinstance(cfg, MoEMLPBwdConfig)
     hp, _ = pad_to_bucket(hidden.detach(), 0)
     gp, _ = pad_to_bucket(grad.detach().to(hidden.dtype), 0)
-    saved = _saved_gate_up(gate_up, w_gate_up, m, cfg.block_size, "moe_experts_train")
-    dh, dw, dgu, dd = launch_experts_bwd(hp, gp, w_gate_up, w_down, cfg, (m, static), saved)
+    width = gate_up_width(w_gate_up, w_up)
+    saved = _saved_gate_up(gate_up, width, m, cfg.block_size, "moe_experts_train")
+    dh, dw, dgu, dd, dup = launch_experts_bwd(
+        hp, gp, w_gate_up, w_down, cfg, (m, static), saved, w_up
+    )
     dw = unpad(dw, 0, t)
     dw = torch.where(ids == w_gate_up.shape[0], torch.zeros_like(dw), dw)  # not on this rank
-    return unpad(dh, 0, t).contiguous(), dw.contiguous(), dgu, dd
+    dup = hidden.new_empty((0,)) if dup is None else dup
+    return unpad(dh, 0, t).contiguous(), dw.contiguous(), dgu, dd, dup
