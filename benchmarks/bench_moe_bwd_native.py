@@ -18,8 +18,8 @@ as two cores of 2048 tokens at LNC 1, the ledger's convention. Routing: 'uniform
 (exactly balanced), 'skewed' (every token's first choice is expert 0).
 
 Bands: each side's latency over the cost model's parameter sets (`perfmodel.band`: the
-kernel traces are made once and re-scheduled per set, the backward extrapolated per set
-exactly as `moe.pricing.price_blocks` does), and the speedup's band with
+kernel traces are made once and re-scheduled per set, the backward traced in full or
+extrapolated per set exactly as `moe.pricing.price_blocks` does), and the speedup's band with
 `bench.bands.ratio_band` (the same set on both sides, widened by two figures'
 structural error). Every figure is "modeled (cost model vN, trn2)", none a measurement.
 """
@@ -79,12 +79,19 @@ def rows(
         t0 = time.perf_counter()
         ids = pricing.routing_ids(kind, tokens, shape.num_experts, shape.top_k)
         blocks = pricing.used_blocks(ids, shape.num_experts, cfg.block_size)
-        ns = pricing.bwd_trace_blocks(blocks)
-        for n in ns:
+
+        def trace(n: int) -> Any:
             if n not in traces:
                 specs = pricing._bwd_specs(p, n, cfg.block_size)
                 fields = cfg.to_dict().values()
                 traces[n] = trace_kernel(moe_mlp_bwd, *specs, n, True, *fields, target=tgt)
+            return traces[n]
+
+        n0 = pricing.REPRESENTATIVE_BLOCKS["bwd"]
+        count = len(trace(n0).instrs) if blocks > n0 + pricing.BWD_WINDOW else None
+        ns = pricing.bwd_trace_blocks(blocks, count)
+        for n in ns:
+            trace(n)
         counts = expert_counts(kind, tokens, shape.num_experts, shape.top_k)
         steps = native_moe.grouped_mm_bwd(
             tokens, shape.hidden, shape.intermediate, shape.num_experts, "bfloat16", counts
