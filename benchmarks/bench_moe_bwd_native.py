@@ -2,8 +2,9 @@
 
 Run: `python benchmarks/bench_moe_bwd_native.py [--tokens 2048] [--only MODEL,...]
 [--routing uniform,skewed] [--forward] [--json PATH]`: Qwen3-MoE-like, the 64-expert
-shape and GPT-OSS-like take 1-3 min of CPU each; Mixtral and DeepSeek-V3-like over 15 min
-each (their traces of 4, 6 and 8 blocks re-scheduled under every parameter set).
+shape and GPT-OSS-like take 2-4 min of CPU each (both routings); Mixtral and
+DeepSeek-V3-like over 15 min each (their traces of 4, 6 and 8 blocks re-scheduled under
+every parameter set).
 
 Ours = the op's backward as `moe.pricing.layer_row` prices it at LNC 1: router
 recompute + `moe_mlp_bwd` (phase A reading the gate / up the training forward saved,
