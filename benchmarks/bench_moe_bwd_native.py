@@ -2,8 +2,9 @@
 
 Run: `python benchmarks/bench_moe_bwd_native.py [--tokens 2048] [--only MODEL,...]
 [--routing uniform,skewed] [--forward] [--json PATH]`: Qwen3-MoE-like, the 64-expert
-shape and GPT-OSS-like take 1-3 min of CPU each; Mixtral and DeepSeek-V3-like over 15 min
-each (their traces of 4, 6 and 8 blocks re-scheduled under every parameter set).
+shape and GPT-OSS-like take 2-4 min of CPU each (both routings); Mixtral and
+DeepSeek-V3-like over 15 min each (their traces of 4, 6 and 8 blocks re-scheduled under
+every parameter set).
 
 Ours = the op's backward as `moe.pricing.layer_row` prices it at LNC 1: router
 recompute + `moe_mlp_bwd` (phase A reading the gate / up the training forward saved,
@@ -18,8 +19,8 @@ as two cores of 2048 tokens at LNC 1, the ledger's convention. Routing: 'uniform
 (exactly balanced), 'skewed' (every token's first choice is expert 0).
 
 Bands: each side's latency over the cost model's parameter sets (`perfmodel.band`: the
-kernel traces are made once and re-scheduled per set, the backward extrapolated per set
-exactly as `moe.pricing.price_blocks` does), and the speedup's band with
+kernel traces are made once and re-scheduled per set, the backward traced in full or
+extrapolated per set exactly as `moe.pricing.price_blocks` does), and the speedup's band with
 `bench.bands.ratio_band` (the same set on both sides, widened by two figures'
 structural error). Every figure is "modeled (cost model vN, trn2)", none a measurement.
 """
@@ -79,12 +80,19 @@ def rows(
         t0 = time.perf_counter()
         ids = pricing.routing_ids(kind, tokens, shape.num_experts, shape.top_k)
         blocks = pricing.used_blocks(ids, shape.num_experts, cfg.block_size)
-        ns = pricing.bwd_trace_blocks(blocks)
-        for n in ns:
+
+        def trace(n: int) -> Any:
             if n not in traces:
                 specs = pricing._bwd_specs(p, n, cfg.block_size)
                 fields = cfg.to_dict().values()
                 traces[n] = trace_kernel(moe_mlp_bwd, *specs, n, True, *fields, target=tgt)
+            return traces[n]
+
+        n0 = pricing.REPRESENTATIVE_BLOCKS["bwd"]
+        count = len(trace(n0).instrs) if blocks > n0 + pricing.BWD_WINDOW else None
+        ns = pricing.bwd_trace_blocks(blocks, count)
+        for n in ns:
+            trace(n)
         counts = expert_counts(kind, tokens, shape.num_experts, shape.top_k)
         steps = native_moe.grouped_mm_bwd(
             tokens, shape.hidden, shape.intermediate, shape.num_experts, "bfloat16", counts

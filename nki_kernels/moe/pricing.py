@@ -40,6 +40,10 @@ device loop. `price_fwd_kinds` prices each size present by its own increment (tr
 n0, n0 + lnc, n0 + 2 lnc blocks all of that size) and adds them per program in plan
 order (a test checks a mixed plan against its full trace, within 2 %).
 
+The backward is traced exactly when the full trace is small (`BWD_EXACT_INSTRUCTIONS`;
+the 64-expert and Qwen3-MoE-like shapes at 2,048 tokens): its increments are not
+periodic on every shape.
+
 The blocks are priced as a static loop; in the op, blocks past the static lower bound run
 in device loops whose bodies are the same instruction sequences (block indices are
 registers in both).
@@ -81,6 +85,13 @@ REPRESENTATIVE_BLOCKS = {"fwd": 4, "bwd": 4}
 # rotating strip set: at the Qwen3-MoE-like shape 147, 206, 89, 147 us), so it is
 # extrapolated by the mean increment over BWD_WINDOW blocks from n0 on
 BWD_WINDOW = 4
+# ... but not on every shape: the 64-expert shape's increments (gate / up saved) run 208,
+# 208, 340, 77, 208, 402, 15 us from block 3 on, so its window of blocks 4-8 gave 257 us
+# per block against 208 on most of the full trace (64 blocks: 16.8 ms extrapolated, 13.9
+# ms traced). A plan whose full trace stays within this many instructions (the n0
+# trace's count per block times the blocks; ~15 s to trace and schedule at that shape)
+# is traced exactly
+BWD_EXACT_INSTRUCTIONS = 150_000
 KINDS = ("fwd", "bwd")
 
 
@@ -240,9 +251,11 @@ def price_blocks(
     target: Target,
     may_drop: bool = True,
     lnc: int = 1,
+    exact_instructions: int = BWD_EXACT_INSTRUCTIONS,
 ) -> BlockPricing:
     """Modeled latency of the forward ('fwd') or backward ('bwd') kernel with `blocks` used,
-    launched as kernel[lnc] (LNC 2: both programs traced, each on its own core)."""
+    launched as kernel[lnc] (LNC 2: both programs traced, each on its own core);
+    `exact_instructions`: the backward's exact-trace budget (`bwd_trace_blocks`)."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}; got {kind!r}")
     if kind == "fwd":
@@ -256,7 +269,11 @@ def price_blocks(
         return price_fwd_kinds(p, cfg, kinds, target, may_drop, lnc)
     if not isinstance(blocks, int) or blocks < 1:
         raise ValueError(f"blocks: expected a positive int; got {blocks!r}")
-    ns = bwd_trace_blocks(blocks)
+    n0 = REPRESENTATIVE_BLOCKS["bwd"]
+    count = None
+    if blocks > n0 + BWD_WINDOW:  # the n0 trace's size decides: exact or extrapolated
+        count = _price(kind, p, cfg, n0, target, may_drop, lnc).instructions
+    ns = bwd_trace_blocks(blocks, count, exact_instructions)
     est = [_price(kind, p, cfg, n, target, may_drop, lnc) for n in ns]
     if len(ns) == 1:
         e = est[0]
@@ -283,11 +300,16 @@ def price_blocks(
     )
 
 
-def bwd_trace_blocks(blocks: int) -> list[int]:
+def bwd_trace_blocks(
+    blocks: int, n0_instructions: int | None = None, budget: int = BWD_EXACT_INSTRUCTIONS
+) -> list[int]:
     """The block counts the backward is traced with for `blocks` used blocks: [blocks]
-    (priced exactly) up to n0 + BWD_WINDOW, else n0, n0 + BWD_WINDOW / 2, n0 + BWD_WINDOW."""
+    (priced exactly) up to n0 + BWD_WINDOW, or when the n0 trace's `n0_instructions`
+    scaled to `blocks` stay within `budget`; else n0, n0 + BWD_WINDOW / 2, n0 + BWD_WINDOW."""
     n0 = REPRESENTATIVE_BLOCKS["bwd"]
     if blocks <= n0 + BWD_WINDOW:
+        return [blocks]
+    if n0_instructions is not None and n0_instructions * blocks <= budget * n0:
         return [blocks]
     return [n0, n0 + BWD_WINDOW // 2, n0 + BWD_WINDOW]
 

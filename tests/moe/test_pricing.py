@@ -9,6 +9,7 @@ from nki_kernels.model_shapes import MoEShape
 from nki_kernels.moe.config import MoEMLPConfig, MoEProblem
 from nki_kernels.moe.pricing import (
     _price,
+    bwd_trace_blocks,
     layer_row,
     price_blocks,
     price_kernel,
@@ -39,11 +40,27 @@ def test_extrapolated_latency_matches_the_full_trace(kind: str) -> None:
 
         cfg = MoEMLPBwdConfig(128, 128)
     blocks = 12
-    est = price_blocks(kind, p, cfg, blocks, TRN2)
+    est = price_blocks(kind, p, cfg, blocks, TRN2, exact_instructions=0)
     exact = _price(kind, p, cfg, (blocks,) if kind == "fwd" else blocks, TRN2)
     assert not est.exact
     assert abs(est.latency_ns / exact.latency_ns - 1) < 0.01
     assert est.busiest == exact.bottleneck
+
+
+def test_a_small_backward_plan_is_traced_in_full() -> None:
+    """Under the exact-trace budget the backward is priced by its full trace (its
+    increments are not periodic on every shape); over it, by the 4-block window."""
+    from nki_kernels.moe.config import MoEMLPBwdConfig
+
+    p = MoEProblem(1024, 256, 512, 4, 2)
+    cfg = MoEMLPBwdConfig(128, 128)
+    est = price_blocks("bwd", p, cfg, 12, TRN2)
+    full = _price("bwd", p, cfg, 12, TRN2)
+    assert est.exact and est.latency_ns == full.latency_ns
+    n0 = _price("bwd", p, cfg, 4, TRN2).instructions
+    assert bwd_trace_blocks(12, n0, budget=3 * n0) == [12]
+    assert bwd_trace_blocks(12, n0, budget=3 * n0 - 1) == [4, 6, 8]
+    assert bwd_trace_blocks(8) == [8] and bwd_trace_blocks(9) == [4, 6, 8]
 
 
 def test_extrapolated_lnc2_forward_matches_the_full_trace() -> None:
