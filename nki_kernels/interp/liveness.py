@@ -73,9 +73,11 @@ default neuronx-cc decides the instruction order and the addresses after tracing
 compile-configuration deep dive). That the default flow uses this freedom when the
 program order does not fit is assumed (M: no document shows the scheduler sinking a
 load). A move never crosses what the instruction depends on: a fill or load stops at a
-write of the index tile it reads, a load also at any write to HBM and at any
-cross-program synchronisation (barrier, send / receive, collective) of its program; an
-instruction in a `no_reorder` block or named by a `depends_on` edge stays where it is;
+write of the index tile it reads, a load also at any write to HBM, any register
+instruction (its address may read a register) and any cross-program synchronisation
+(barrier, send / receive, collective) of its program; neither moves past a device
+loop's branch (nothing moves into or out of a run-time loop); an instruction in a
+`no_reorder` block or named by a `depends_on` edge stays where it is;
 the index tile of a moved load lives until the load's new slot. nki-library's `moe_cte`
 `shard_on_block` zero-fills (first block) or loads (later blocks) the block's previous
 output at the block's start and reads it only after the whole gate / up / down
@@ -399,9 +401,16 @@ class Liveness:
         pending = self._pending
         if pending:
             attrs = instr.attrs if instr is not None else {}
-            if any(k in attrs for k in _SYNC_ATTRS) or any(
-                not t._st.buffer.on_chip for t in dsts
-            ):  # a load never moves past a synchronisation or a write to HBM
+            seq = instr is not None and instr.engine == "sync"
+            if seq and instr.opcode == "loop_branch":  # nothing moves into or out of a
+                for key in [k for k in pending if k[0] == program]:  # device loop
+                    self._settle(key, slot)
+            elif (
+                seq
+                or any(k in attrs for k in _SYNC_ATTRS)
+                or any(not t._st.buffer.on_chip for t in dsts)
+            ):  # a load never moves past a synchronisation, a write to HBM or a register
+                # write (its address may read the register: `.ap(scalar_offset=reg)`)
                 for key in [k for k, e in pending.items() if k[0] == program and e[3]]:
                     self._settle(key, slot)
             by_index = self._by_index

@@ -173,3 +173,117 @@ def test_one_granule_more_than_sbuf_holds_is_still_an_overflow():
     msg = str(e.value)
     assert e.value.rule == "SBUF_OVERFLOW" and "needs 4160 B per partition" in msg
     assert "packed with every live range known" in msg
+
+
+def _sequencer_kernel(mode: str):
+    """`_block_kernel`'s "load" / "fill" pattern with a sequencer instruction between the
+    move's start and `old`'s read: "register" -- the load's address reads a register
+    (`.ap(scalar_offset=reg)`) that a `register_move` then changes; "loop" -- a device
+    loop (`nl.fori_loop`) runs between the zero-fill and the read."""
+
+    def kernel(w, prev2):
+        out = nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.shared_hbm)
+        old = nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.sbuf)
+        if mode == "register":
+            reg = nisa.register_alloc(0)
+            src = prev2.ap([[COLS, P], [1, COLS]], scalar_offset=reg, indirect_dim=0)
+            nisa.dma_copy(dst=old, src=src)
+            nisa.register_move(reg, 1)  # the load read prev2[0]; moved, it would read [1]
+        else:
+            nisa.memset(dst=old, value=0.0)
+        ws = [nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.sbuf) for _ in range(N_W)]
+        for i, t in enumerate(ws):
+            nisa.dma_copy(dst=t, src=w[i])
+        acc = nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=acc, value=0.0)
+        for t in ws:
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+        if mode == "loop":
+            nl.fori_loop(
+                0, 2, lambda i: nisa.tensor_tensor(dst=acc, data1=acc, data2=ws[0], op=nl.add)
+            )
+        for t in ws:
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=old, op=nl.add)
+        nisa.dma_copy(dst=out, src=acc)
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize("mode", ["register", "loop"])
+def test_no_move_past_a_register_write_or_a_device_loop(mode):
+    w, _ = _inputs()
+    prev2 = np.random.default_rng(2).standard_normal((2, P, COLS)).astype(np.float32)
+    extra = 2 * w[0] if mode == "loop" else prev2[0]
+    want = 2 * w.sum(axis=0) + extra
+    # with room for all five tiles it runs, reading prev2[0] (the register's value then)
+    res = run(_sequencer_kernel(mode), w, prev2, target=_small_sbuf(FOUR_TILES + COLS * 4))
+    np.testing.assert_allclose(res.outputs, want, rtol=1e-5, atol=1e-5)
+    # with four, the load / fill cannot count from the read: an overflow
+    with pytest.raises(MemoryPlanError) as e:
+        run(_sequencer_kernel(mode), w, prev2, target=_small_sbuf(FOUR_TILES))
+    assert e.value.rule == "SBUF_OVERFLOW"
+    assert "needs 2048 B per partition but 8192 of 8192 usable B per partition are live" in str(
+        e.value
+    )
+
+
+def _gather_kernel(mode: str):
+    """`old` gathered from HBM rows through an SBUF index tile (`vector_offset`), read
+    at the end: "move" -- nothing pins the gather; "rewrite" -- the index tile is
+    rewritten before `old` is read; "depends_on" -- an add between the passes names the
+    gather in a `depends_on` edge."""
+
+    def kernel(w, prev, rows):
+        out = nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.shared_hbm)
+        idx = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx, src=rows)
+        old = nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.sbuf)
+        src = prev.ap([[COLS, P], [1, COLS]], vector_offset=idx, indirect_dim=0)
+        gather = nisa.dma_copy(dst=old, src=src)
+        if mode == "rewrite":
+            nisa.memset(dst=idx, value=0)
+        ws = [nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.sbuf) for _ in range(N_W)]
+        for i, t in enumerate(ws):
+            nisa.dma_copy(dst=t, src=w[i])
+        acc = nl.ndarray((P, COLS), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=acc, value=0.0)
+        for t in ws:
+            add = nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+        if mode == "depends_on":
+            add.depends_on(gather)
+        for t in ws:
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=old, op=nl.add)
+        nisa.dma_copy(dst=out, src=acc)
+        return out
+
+    return kernel
+
+
+IDX_GRANULE = 64  # the (P, 1) int32 index tile at 64-byte alignment
+
+
+@pytest.mark.parametrize("mode", ["move", "rewrite", "depends_on"])
+def test_a_gather_moves_with_its_index_tile_unless_pinned(mode):
+    rng = np.random.default_rng(4)
+    w, prev = _inputs()
+    rows = rng.permutation(P).astype(np.int32).reshape(P, 1)
+    want = 2 * w.sum(axis=0) + prev[rows[:, 0]]
+    kernel = _gather_kernel(mode)
+    # four 2 KiB tiles and the index: the gather must count from `old`'s read
+    room = _small_sbuf(FOUR_TILES + IDX_GRANULE)
+    if mode == "move":
+        res = run(kernel, w, prev, rows, target=room)
+        np.testing.assert_allclose(res.outputs, want, rtol=1e-5, atol=1e-5)
+        assert res.peak_sbuf_bytes == FOUR_TILES + IDX_GRANULE
+        # the index tile lives until the moved gather's new slot: without its bytes the
+        # same plan overflows
+        with pytest.raises(MemoryPlanError):
+            run(kernel, w, prev, rows, target=_small_sbuf(FOUR_TILES))
+    else:
+        with pytest.raises(MemoryPlanError) as e:
+            run(kernel, w, prev, rows, target=room)
+        assert e.value.rule == "SBUF_OVERFLOW"
+        assert "fills and loads deferred to their first reader" in str(e.value)
