@@ -192,3 +192,20 @@ def test_decode_plan_masks_and_skips_the_keys_before_the_window() -> None:
     assert np.array_equal(p.kpos[0, 0, 0, 0], np.where(keys < 5, np.float32(BIG), keys))
     rows = p.idx[0, 0, :, 0]
     assert (rows[3:] == rows[2]).all() and rows[2] != rows[0]
+
+
+def test_decode_body_window_over_two_slabs() -> None:
+    """A window of 2,060 keys spans two slabs of 128 x 16-key pieces: the first slab's V
+    before the window is zeroed, the second slab's padding repeats a piece inside the
+    window (a short sequence beside it has all its keys inside); NaN before the window
+    leaves the output bit-identical."""
+    outs = []
+    for nan in (False, True):
+        step = make_step([(2100, 1), (40, 1)], pad_tokens=0)
+        if nan:
+            _nan_before_windows(step, 2060, "nhd")
+        outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
+                                      step.cached_seq_len, step.query_start_loc, k=step.k,
+                                      v=step.v, slot_mapping=step.slot_mapping,
+                                      sliding_window=2060))  # fmt: skip
+    assert bool(torch.isfinite(outs[1]).all()) and same_bits(outs[1], outs[0])
