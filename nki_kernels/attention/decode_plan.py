@@ -56,10 +56,14 @@ class StreamPlan:
     tail_kpos: np.ndarray  # fp32 [T, 16 * ceil(C / 16), nseq]
     hi: np.ndarray  # fp32 [T, NGR]
     full: np.ndarray  # uint8 [T, NGR]
+    # the kernel zeroes the V rows of masked keys (position BIG) in its first zero_masked_v
+    # slabs before P V: set where a masked key's V may be non-finite (keys before a sliding
+    # window), not by plan_decode
+    zero_masked_v: int = 0
 
     def static_args(self) -> tuple[Any, ...]:
         return (self.layout, self.piece, self.tiles, self.n_slabs, self.tail, self.ksplit,
-                self.ring)  # fmt: skip
+                self.ring, self.zero_masked_v)  # fmt: skip
 
 
 def tile_shape(

@@ -25,6 +25,12 @@ ends at its length (duplicate keys masked), and gathers what remains (a paged se
 partial block, a sequence shorter than C) one key per partition into the zeroed tail
 slab (`oob_mode.skip` for unused rows). A sequence with no full piece (length < C) has
 only padding pieces in its slabs; `full[col]` = 0 keeps O^T unchanged there (select).
+Where masked keys inside the length may hold anything (a sliding window's keys before its
+start, all in the first block the serving host keeps: position BIG), `zero_masked_v` = Z
+sets the V rows of every key at position BIG in slabs 0 .. Z - 1 to +0.0 before P V (an
+AND of the V words with the key's all-ones / zero word, per sequence and slab on
+VectorE and GpSimd; the host points later slabs' padding at keys inside the window). The
+decode op leaves it 0.
 
 LNC 2: items are shared by the programs (sequences / heads for B >= 2; the key range
 split `ksplit` ways for B = 1, merged by the host from the per-split (out, lse)).
@@ -42,12 +48,13 @@ P = 128
 BIG = 3.0e38  # running-max start: finite, so exp(scale (m - m')) is 1 or 0, never NaN
 FP32_MIN = -3.4028235e38  # masked scores (below the running-max start)
 PSUM_F32 = 512  # fp32 elements per PSUM bank and partition
+POS_REAL = 1.0e30  # key positions below this are real keys; masked ones are BIG
 
 
 @nki.jit
 def decode_stream_fwd(
     q, k, v, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
-    layout, piece, tiles, n_slabs, tail, ksplit, ring,
+    layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v=0,
 ):  # fmt: skip
     """out [ksplit, B, Hq, Sq, D] (q.dtype), lse [ksplit, B, Hq, Sq] fp32.
 
@@ -57,7 +64,8 @@ def decode_stream_fwd(
     each key's position (BIG: masked); tail_idx uint32 [T, R16, nseq] / tail_kpos fp32
     [T, R16, nseq] (R16: C rounded up to 16): one key per row (NO_ROW: none); hi fp32
     [T, NGR]: a column sees keys with position < hi; full uint8 [T, NGR]; tiles:
-    ((b0, nseq, h0, nh), ...).
+    ((b0, nseq, h0, nh), ...); zero_masked_v: the leading slabs whose V rows of keys at
+    position BIG are set to 0 (see above).
     """
     batch, hq, sq, d = q.shape
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
@@ -72,7 +80,7 @@ def decode_stream_fwd(
     nhm = max([t[3] for t in tiles])
     ngr = nsq * nhm * rows
     nd = (d + P - 1) // P
-    b = _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte)
+    b = _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte, zero_masked_v)
     per = (n_slabs + ksplit - 1) // ksplit
     items = [(t, s) for t in range(len(tiles)) for s in range(ksplit)]
     steps = []
@@ -102,7 +110,7 @@ def decode_stream_fwd(
         # score matmuls, V after P V (the DMA queues run ahead of the softmax chain)
         if i + ring < nst:
             _load_k(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
-        _slab(b, slots, shape, softmax_scale, j >= 0)
+        _slab(b, slots, shape, softmax_scale, j >= 0, 0 <= j < zero_masked_v)
         if i + ring < nst:
             _load_v(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
         if last:
@@ -110,7 +118,7 @@ def decode_stream_fwd(
     return out, lse
 
 
-def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte):
+def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte, zero_masked_v):
     f32, sb, ps = nl.float32, nl.sbuf, nl.psum
     dp = min(d, P)
     slab = nsq * nhm * piece
@@ -143,6 +151,10 @@ def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte):
     if not two_byte:  # fp32 K: gathered rows, transposed on TensorE
         b["kraw"] = [nl.ndarray((P, slab * nd * P), dtype=f32, buffer=sb) for _ in range(ring)]
         b["tp_ps"] = nl.ndarray((P, PSUM_F32), dtype=f32, buffer=ps)
+    if zero_masked_v > 0:  # per (piece, key): -1 (all ones) where the key is real, else 0
+        # 32-bit words where a key's head row is whole words, else 16-bit
+        word = nl.int32 if not two_byte or d % 2 == 0 else nl.int16
+        b["vkeep"] = nl.ndarray((P, nsq * piece), dtype=word, buffer=sb)
     nisa.memset(dst=b["ones"], value=1.0)
     b["nd"] = nd
     return b
@@ -364,9 +376,11 @@ def _scores(b, slots, shape):
                     )
 
 
-def _slab(b, slots, shape, scale, main):
+def _slab(b, slots, shape, scale, main, zero_v):
     """Softmax statistics of the slab's scores, P, row sums, O^T += V^T P."""
     slot, islot, par, ipar = slots
+    if zero_v:
+        _zero_masked_v(b, slot, islot, shape)
     ns, nh, rows, cols, c, n, d, nd, layout = shape
     width = c * cols
     s_ps, st = b["s_ps"][par], b["st_ps"]
@@ -466,6 +480,45 @@ def _slab(b, slots, shape, scale, main):
             )
         else:
             nisa.tensor_copy(dst=o[:dc, sl_], src=tmp[:dc, sl_])
+
+
+def _zero_masked_v(b, slot, islot, shape):
+    """V rows of the slab's masked keys (position BIG) set to +0.0: their weight is 0, and
+    0 x a non-finite V (a key before a sliding window: vLLM's never-written null block)
+    would be NaN in P V. The V words are ANDed with the key's mask word (all ones for a
+    real key, 0 for a masked one): exact on integers, NaN bits cleared as a select would."""
+    ns, nh, _rows, _cols, c, n, d, _nd, layout = shape
+    kp, keep = b["kp"][islot], b["vkeep"]
+    # 1 (real) or 0 (masked), times -1: the all-ones / zero word
+    nisa.tensor_scalar(dst=keep[:n, : ns * c], data=kp[:n, : ns * c], op0=nl.less,
+                       operand0=POS_REAL, op1=nl.multiply, operand1=-1.0)  # fmt: skip
+    st = keep.shape[1]
+    word = keep.dtype
+    vw = b["v"][slot].view(word)
+    vbytes = 4 if b["v"][slot].dtype == nl.float32 else 2
+    w = d * vbytes // (4 if word == nl.int32 else 2)  # words per key and head
+    # per sequence the V slab is [key, head, d] (paged) or [head, key, d]
+    # a third on VectorE, the rest on GpSimd: both carry other work (VectorE the softmax
+    # chain, GpSimd the indirect DMAs' descriptors); of the splits tried, the one that
+    # models fastest over windowed decode in both layouts
+    outer = c if layout == "paged" else nh
+    inner = nh * w if layout == "paged" else c * w
+    split = outer // 3
+    parts = [(nisa.engine.vector, 0, split), (nisa.engine.gpsimd, split, outer)]
+    for sl in range(ns):
+        base = sl * nh * c * w
+        for eng, a0, a1 in parts:
+            if a1 == a0:
+                continue
+            if layout == "paged":  # [key, head, d]
+                pat = [[st, n], [1, a1 - a0], [0, nh], [0, w]]
+                off = sl * c + a0
+            else:  # [head, key, d]
+                pat = [[st, n], [0, a1 - a0], [1, c], [0, w]]
+                off = sl * c
+            vs = vw[:n, base + a0 * inner : base + a1 * inner]
+            nisa.tensor_tensor(dst=vs, data1=vs, data2=keep.ap(pat, offset=off),
+                               op=nl.bitwise_and, engine=eng)  # fmt: skip
 
 
 def _finish_item(out, lse, b, split, tile, grp, rows, cols, d, nd, scale):

@@ -45,7 +45,7 @@ WRITE_LAYOUT = {"paged": "nhd", "paged_hm": "hnd"}  # the cache write's names
 @nki.jit
 def serving_decode_fwd(
     q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi, full,
-    softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring,
+    softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
 ):  # fmt: skip
     """(out, lse) of the streamed decode over the caches after the write; see above."""
     d = q.shape[3]
@@ -58,14 +58,14 @@ def serving_decode_fwd(
         _write_new_rows(v_new, vf, write_rows, None, 3, wl, bs, hkv, d, 0.0)
     return decode_stream_fwd(
         q, k_cache, v_cache, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
-        layout, piece, tiles, n_slabs, tail, ksplit, ring,
+        layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
     )  # fmt: skip
 
 
 @nki.jit
 def serving_mixed_fwd(
     q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi, full,
-    softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring,
+    softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
     q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile,
 ):  # fmt: skip
     """A mixed step in one launch: the write, the streamed decode body over the decode
@@ -76,7 +76,7 @@ def serving_mixed_fwd(
     The two bodies run one after the other (each frees its on-chip tiles on return)."""
     out, lse = serving_decode_fwd(
         q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi,
-        full, softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring,
+        full, softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
     )  # fmt: skip
     seg = serving_attention_fwd(
         q_t, None, None, k_cache, v_cache, None, key_rows, key_mask, rowinfo, scales,

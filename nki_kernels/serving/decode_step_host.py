@@ -32,6 +32,7 @@ merged here by log-sum-exp.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ import torch
 from torch import Tensor
 
 from ..attention.decode_host import DecodeProblem, StreamConfig, _merge
-from ..attention.decode_plan import BIG, StreamPlan, plan_decode
+from ..attention.decode_plan import BIG, NO_ROW, P, StreamPlan, plan_decode
 from ..attention.decode_stream import decode_stream_fwd
 from ..runtime.buckets import bucket
 from ..runtime.config_store import lookup_config
@@ -153,7 +154,7 @@ def plan(
     stream = plan_decode(lens, hq, geo.kv_heads, sq, layout, shape, table, geo.head_dim,
                          itemsize, config.piece, config.ring, ksplit)  # fmt: skip
     if sliding_window is not None:
-        _mask_before(stream, lo - cut * bs)
+        stream = _mask_before(stream, lo - cut * bs, bs)
     tokens = np.full((len(seqs), sq), -1, np.int64)
     for b, s in enumerate(seqs):
         n = int(qlen[s])
@@ -161,16 +162,47 @@ def plan(
     return DecodeStepPlan(seqs, tokens, stream)
 
 
-def _mask_before(stream: StreamPlan, first: np.ndarray) -> None:
-    """Give the keys before each sequence's window start (positions < first[b], in the
-    plan's shifted positions) position BIG: the kernel selects them away."""
-    for t, (b0, ns, _h0, _nh) in enumerate(stream.tiles):
+def _mask_before(stream: StreamPlan, first: np.ndarray, block_size: int) -> StreamPlan:
+    """The plan with the keys before each sequence's window start (positions < first[b],
+    in the plan's shifted positions, all in the first kept block: first < block_size)
+    masked: position BIG (the kernel selects their scores away); tail rows not gathered
+    (NO_ROW: zero K and V); in the slabs that hold the first block's pieces the kernel
+    zeroes the V rows of masked keys (`zero_masked_v`); a slab's padding entries repeat a
+    piece inside the window (a window of >= 2C - 1 keys has one; a shorter one keeps every
+    piece within those slabs). Those V rows may be non-finite (vLLM's never-written null
+    block), and 0 x NaN in P V would reach the row. Same pieces, slabs and key order as
+    reading them: outputs bit-identical on finite caches."""
+    c, nseq = stream.piece, stream.idx.shape[3]
+    # slabs that can hold pieces of the first block (pieces of up to block_size + 2C keys)
+    zero = -(-(block_size // c + 2) // P)
+    for t, (b0, ns, _h0, nh) in enumerate(stream.tiles):
+        rows = stream.hi.shape[1] // (nseq * nh)
         for sl in range(ns):
             f = float(first[b0 + sl])
-            kp = stream.kpos[t, :, :, sl, :]
+            kp = stream.kpos[t, :, :, sl, :].reshape(-1, c)  # [entries, C]
+            ix = stream.idx[t, :, :, sl].reshape(-1)
+            real = (kp < BIG).any(axis=1)  # padding entries are masked whole
+            lo_key = kp.min(axis=1)
+            safe = real & (lo_key >= f)
+            unsafe = real & ~safe
+            pad = ~real
+            if pad.any() and safe.any():
+                # a piece every query of the sequence sees, else the last one in the window
+                hi_min = float(stream.hi[t, sl * nh * rows : (sl + 1) * nh * rows].min())
+                seen = safe & (np.where(real[:, None], kp, -1.0).max(axis=1) < hi_min)
+                ix[pad] = ix[np.flatnonzero(seen if seen.any() else safe)[-1]]
+            elif real.any() and unsafe[0]:
+                unsafe |= pad  # padding repeats entry 0
+            if unsafe[zero * P :].any():  # not expected (see above): zero every slab
+                zero = max(zero, stream.n_slabs)
             kp[kp < f] = BIG
+            stream.kpos[t, :, :, sl, :] = kp.reshape((*stream.kpos.shape[1:3], c))
+            stream.idx[t, :, :, sl] = ix.reshape(stream.idx.shape[1:3])
             tk = stream.tail_kpos[t, :, sl]
-            tk[tk < f] = BIG
+            before = tk < f
+            tk[before] = BIG
+            stream.tail_idx[t, :, sl][before] = NO_ROW
+    return dataclasses.replace(stream, zero_masked_v=zero)
 
 
 def serving_decode(

@@ -111,11 +111,10 @@ def test_one_tensor_as_both_caches_refused(kind: str) -> None:
                       step.query_start_loc)  # fmt: skip
 
 
-# Known kernel-level leak (reported, not fixed here: the attention kernels are frozen this
-# session): a key masked out of a row (a later token of the same sequence, or, on the decode
-# body, a cached key of the window's first block before the window) has weight 0, but its
-# non-finite V still reaches the row through the P @ V matmul (0 x NaN = NaN). Strict:
-# these flip to passing once fixed.
+# Known kernel-level leak: a later token of the same sequence, masked out of an earlier
+# token's row (causal), has weight 0 there, but its non-finite V still reaches that row
+# through the P @ V matmul (0 x NaN = NaN): the mask differs per row, the V rows are shared
+# by the rows of a tile. Strict: these flip to passing once fixed.
 @pytest.mark.xfail(strict=True, reason="masked keys' NaN V reaches the row through P @ V")
 @pytest.mark.parametrize("kind", ["prefill", "drafts"])
 def test_nan_v_of_a_later_token_stays_in_its_rows(kind: str) -> None:
@@ -128,18 +127,12 @@ def test_nan_v_of_a_later_token_stays_in_its_rows(kind: str) -> None:
     assert (~torch.isfinite(out)).any(-1).any(-1).nonzero().flatten().tolist() == [last]
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "prefill",
-        pytest.param("decode", marks=pytest.mark.xfail(
-            strict=True, reason="decode body: keys of the window's first block before the "
-            "window are read (weight 0) and their NaN V reaches the row")),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("kind", sorted(STEPS))
 def test_nan_v_before_the_window_never_reaches_the_output(kind: str) -> None:
-    """The segmented body does not read the keys before the window of every query of an
-    item (vLLM's sliding-window allocator leaves a never-written null block there)."""
+    """Keys before the window (vLLM's sliding-window allocator leaves a never-written null
+    block there) never reach the output: the segmented body does not read those of every
+    query of an item; the decode body zeroes the V rows of the window's first block before
+    the window (its slabs read that block whole)."""
     step = make_step(STEPS[kind], pad_tokens=1)
     window, bs = 6, step.k_cache.shape[1]
     clean = _attend(make_step(STEPS[kind], pad_tokens=1), sliding_window=window)

@@ -10,8 +10,11 @@ import pytest
 import torch
 from _steps import make_step, same_bits
 
+from nki_kernels.attention.decode_host import StreamConfig
+from nki_kernels.attention.decode_plan import BIG, NO_ROW
 from nki_kernels.ops.serving import serving_attention
 from nki_kernels.serving.decode_step_host import decode_sequences
+from nki_kernels.serving.decode_step_host import plan as decode_plan
 from nki_kernels.serving.host import CacheGeometry, plan_step, step_key_tiles
 
 
@@ -62,14 +65,11 @@ def test_grouped_tiles_of_a_group_straddling_the_window(layout: str) -> None:
     assert group_read[0, 127, 0] and not read[0, 127, 0]  # keys 508..511: only 511 read
 
 
-def _nan_before_windows(step, window, only, layout):  # type: ignore[no-untyped-def]
-    """NaN K and V at every cached key before the first query's window of the sequences of
-    `only`; for the others, at every key of the whole blocks before it."""
+def _nan_before_windows(step, window, layout):  # type: ignore[no-untyped-def]
+    """NaN K and V at every cached key before the first query's window."""
     bs = step.k_cache.shape[1 if layout == "nhd" else 2]
     for s, ctx in enumerate(step.cached_seq_len.tolist()):
-        lo = max(0, ctx - window + 1)
-        end = lo if only[s] else (lo // bs) * bs
-        for p in range(min(end, ctx)):
+        for p in range(min(max(0, ctx - window + 1), ctx)):
             blk, off = int(step.block_table[s, p // bs]), p % bs
             for c in (step.k_cache, step.v_cache):
                 if layout == "hnd":
@@ -95,8 +95,8 @@ def test_nan_before_the_window_never_reaches_the_output(
     kind: str, window: int, sinks: bool, layout: str, fp8: bool
 ) -> None:
     """Bit-identical to the run over a finite cache; window 17 starts chunk's first query
-    (position 64) at key 48, a block boundary. Decode rows (the decode body) get NaN only in
-    the whole blocks before the window (it still reads the window's first block whole)."""
+    (position 64) at key 48, a block boundary. Decode rows go to the decode body (mixed
+    steps) with the same NaN before their window."""
     cdt = torch.float8_e4m3fn if fp8 else None
     kw = dict(sliding_window=window, layout=layout)
     if fp8:
@@ -107,10 +107,105 @@ def test_nan_before_the_window_never_reaches_the_output(
     for nan in (False, True):
         step = make_step(CASES[kind], layout=layout, cache_dtype=cdt, pad_tokens=1)
         if nan:
-            qsl, ctx = step.query_start_loc.numpy(), step.cached_seq_len.numpy()
-            dec = decode_sequences(qsl[1:] - qsl[:-1], ctx, 2, step.k_cache.dtype, window)
-            _nan_before_windows(step, window, ~dec, layout)
+            _nan_before_windows(step, window, layout)
         outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
                                       step.cached_seq_len, step.query_start_loc, k=step.k,
                                       v=step.v, slot_mapping=step.slot_mapping, **kw))  # fmt: skip
+    assert bool(torch.isfinite(outs[1]).all()) and same_bits(outs[1], outs[0])
+
+
+DECODE_ROWS = [(40, 1), (20, 1), (70, 1), (3, 1), (33, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+@pytest.mark.parametrize(("block_size", "window", "sinks"), [
+    (16, 6, False), (16, 3, True), (32, 20, False), (16, 40, True), (32, 1, False),
+])  # fmt: skip
+def test_decode_body_never_uses_v_before_the_window(
+    dtype: torch.dtype, layout: str, block_size: int, window: int, sinks: bool
+) -> None:
+    """The decode body reads the window's first block whole (its pieces of C keys) and the
+    last partial block key by key (the tail): NaN K / V at every key before the window
+    (window 6 at block 16: the first kept block's pieces straddle the start; 3: the start
+    in the tail; 20 at block 32 with 8-key pieces; 1: only the query's own key) leaves the
+    output bit-identical to a finite cache's."""
+    _decode_rows_with_nan_before_the_window(dtype, layout, block_size, window, sinks, 32)
+
+
+def test_decode_body_zeroes_v_of_an_odd_head_dim() -> None:
+    """bf16 rows of 33 elements are not whole 32-bit words: the V rows go to 0 by 16 bits."""
+    _decode_rows_with_nan_before_the_window(torch.bfloat16, "hnd", 16, 6, False, 33)
+
+
+def _decode_rows_with_nan_before_the_window(  # type: ignore[no-untyped-def]
+    dtype, layout, block_size, window, sinks, d
+) -> None:
+    kw: dict[str, object] = dict(sliding_window=window, layout=layout)
+    if sinks:
+        kw["sinks"] = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    outs = []
+    for nan in (False, True):
+        step = make_step(DECODE_ROWS, layout=layout, dtype=dtype, block_size=block_size,
+                         d=d, pad_tokens=1)  # fmt: skip
+        qsl, ctx = step.query_start_loc.numpy(), step.cached_seq_len.numpy()
+        assert decode_sequences(qsl[1:] - qsl[:-1], ctx, 2, dtype, window).all()
+        if nan:
+            _nan_before_windows(step, window, layout)
+        outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
+                                      step.cached_seq_len, step.query_start_loc, k=step.k,
+                                      v=step.v, slot_mapping=step.slot_mapping, **kw))  # fmt: skip
+    assert bool(torch.isfinite(outs[1]).all()) and same_bits(outs[1], outs[0])
+
+
+def test_decode_plan_masks_and_skips_the_keys_before_the_window() -> None:
+    """With a window the plan gives the keys before each sequence's start (in the kept
+    blocks) position BIG in the slabs, whose V the kernel zeroes (`zero_masked_v`), and
+    does not gather them in the tail (NO_ROW: zero K and V)."""
+    # window 6: sequence 0 (positions 35..40) keeps block 2 (keys 32..40, shifted 0..8,
+    # start 3); sequence 1 (15..20) keeps both blocks (start 15); window 3 on (45, 1):
+    # keys 43..45, block 2 kept (shifted 0..13, start 11: in the tail 8..13)
+    step = make_step([(40, 1), (20, 1), (45, 1)], pad_tokens=0)
+    geo = CacheGeometry.of(step.k_cache, "nhd")
+    qsl, ctx, table = (step.query_start_loc.numpy(), step.cached_seq_len.numpy(),
+                       step.block_table.numpy())  # fmt: skip
+    cfg = StreamConfig(piece=8)
+    assert not decode_plan(qsl, ctx, table, geo, 4, 4, None, cfg, 1).stream.zero_masked_v
+    for window, s, first, pieces, tail in [(6, 0, 3, 1, 1), (6, 1, 15, 2, 5), (3, 2, 11, 1, 6)]:
+        p = decode_plan(qsl, ctx, table, geo, 4, 4, window, cfg, 1).stream
+        assert p.zero_masked_v and p.piece == 8
+        t, sl = next((t, s - b0) for t, (b0, n, _, _) in enumerate(p.tiles) if b0 <= s < b0 + n)
+        kp = p.kpos[t, 0, :pieces, sl, :].reshape(-1)
+        keys = np.arange(pieces * 8, dtype=np.float32)
+        assert np.array_equal(kp, np.where(keys < first, BIG, keys))
+        tail_keys = pieces * 8 + np.arange(tail, dtype=np.float32)
+        want = np.where(tail_keys < first, np.float32(BIG), tail_keys)
+        assert np.array_equal(p.tail_kpos[t, :tail, sl], want)
+        assert np.array_equal(p.tail_idx[t, :tail, sl] == NO_ROW, tail_keys < first)
+        # no piece lies wholly inside these short windows: the padding repeats entry 0
+        assert (p.idx[t, 0, pieces:, sl] == p.idx[t, 0, 0, sl]).all()
+    # window 20 on sequence 0: keys 21..40, block 1 kept (shifted 0..24, start 5): pieces
+    # 8..15 and 16..23 lie inside it; the padding repeats the last (entry 2), not entry 0
+    p = decode_plan(qsl, ctx, table, geo, 4, 4, 20, cfg, 1).stream
+    assert p.zero_masked_v == 1 and p.tiles[0][0] == 0  # sequence 0: tile 0, slot 0
+    keys = np.arange(8, dtype=np.float32)
+    assert np.array_equal(p.kpos[0, 0, 0, 0], np.where(keys < 5, np.float32(BIG), keys))
+    rows = p.idx[0, 0, :, 0]
+    assert (rows[3:] == rows[2]).all() and rows[2] != rows[0]
+
+
+def test_decode_body_window_over_two_slabs() -> None:
+    """A window of 2,060 keys spans two slabs of 128 x 16-key pieces: the first slab's V
+    before the window is zeroed, the second slab's padding repeats a piece inside the
+    window (a short sequence beside it has all its keys inside); NaN before the window
+    leaves the output bit-identical."""
+    outs = []
+    for nan in (False, True):
+        step = make_step([(2100, 1), (40, 1)], pad_tokens=0)
+        if nan:
+            _nan_before_windows(step, 2060, "nhd")
+        outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
+                                      step.cached_seq_len, step.query_start_loc, k=step.k,
+                                      v=step.v, slot_mapping=step.slot_mapping,
+                                      sliding_window=2060))  # fmt: skip
     assert bool(torch.isfinite(outs[1]).all()) and same_bits(outs[1], outs[0])
