@@ -22,7 +22,8 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
 )
-COPIES = {"clone", "_to_copy", "copy_", "cat", "stack", "contiguous", "index_select"}
+COPIES = {"clone", "_to_copy", "copy_", "cat", "stack", "contiguous", "index_select",
+          "transpose_copy", "permute_copy", "t_copy"}  # fmt: skip
 
 
 def _qwen2_moe(**kw: Any) -> Any:

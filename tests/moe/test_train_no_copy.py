@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import torch
+from test_hf_decode_no_copy import _WeightCopies
 from test_hf_moe import ATOL, RTOL, _qwen3_moe
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
 import nki_kernels
 import nki_kernels.ops.moe as moe_ops
@@ -22,27 +23,7 @@ import nki_kernels.ops.moe_experts as experts_ops
 pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
 )
-COPIES = {"clone", "_to_copy", "copy_", "cat", "stack", "contiguous", "index_select",
-          "transpose_copy", "permute_copy", "t_copy"}  # fmt: skip
 KERNELS = {"moe_mlp_fwd", "moe_mlp_bwd", "moe_mlp_fwd_split", "moe_mlp_bwd_split"}
-
-
-class _WeightCopies(TorchDispatchMode):
-    """Records every copying op that reads a watched storage."""
-
-    def __init__(self, storages: set[int], seen: list[str]) -> None:
-        super().__init__()
-        self.storages, self.seen = storages, seen
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = func.overloadpacket.__name__
-        flat = torch.utils._pytree.tree_leaves((args, kwargs or {}))
-        if name in COPIES and any(
-            isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in self.storages
-            for a in flat
-        ):
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def _watch(monkeypatch: Any, storages: set[int]) -> tuple[list[Any], list[str]]:
