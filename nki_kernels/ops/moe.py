@@ -9,7 +9,7 @@
 The weights may be transposed views of row-major storage (transformers' [E, 2I, H] /
 [E, H, I], TorchTitan's w1 / w3 [E, I, H] and w2 [E, H, I]; `w_up`: the up weight as a
 tensor of its own, w_gate_up then the gate's [E, H, I]): every kernel reads them in place
-and the weight gradients come back in the same layout (`kernel_weights`).
+and the weight gradients come back in the same layout (`moe_launch.kernel_weights`).
 
 Both differentiate (hidden, router_logits, w_gate_up, w_down) with NKI backward kernels.
 A call runs: pad T to its bucket (padded tokens route nowhere) -> NKI router -> host
@@ -29,11 +29,13 @@ outputs. Inference calls run the plain forward and store nothing.
 Every op's body is traceable (`define_op(traceable=True)`): under `torch.compile` the
 router and expert kernels are graph nodes, and the block plan, which reads the routing,
 is one `nki_host::moe_block_plan` node; its static block count depends on shapes only.
+
+This module registers the ops; their argument checks are in `moe_checks.py`, the host
+block plans and save plans in `moe_plans.py`, the kernel launches in `moe_launch.py`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -42,461 +44,36 @@ from torch import Tensor
 from ..moe.blockwise_mlp import moe_mlp_fwd
 from ..moe.blockwise_mlp_bwd import moe_mlp_bwd
 from ..moe.config import MoEMLPBwdConfig, MoEMLPConfig, MoEProblem
-from ..moe.grouping import PARTITIONS, gate_up_columns, max_blocks, min_blocks, plan_blocks
-from ..moe.reference import MoERouting, capacity
-from ..moe.router import TOPK_MAX, moe_router_bwd, moe_router_fwd
-from ..moe.split_kernels import moe_mlp_bwd_split, moe_mlp_fwd_split
+from ..moe.reference import MoERouting
+from ..moe.router import TOPK_MAX, moe_router_bwd
 from ..runtime import launch, lookup_config, pad_to_bucket, unpad
-from ..runtime.buckets import bucket, current_policy
-from ..runtime.host_array import host_numpy
+from ..runtime.buckets import bucket
 from ..targets import get_target
-from .checks import FLOAT_DTYPES, check_positive, check_tensor
-from .moe_decode import decode_experts, kernel_layout, like_layout, use_decode_mode
-from .registry import call_host_op, define_host_op, define_op, route_recorded_calls, tracing
-
-MIN_EXPERTS, MAX_EXPERTS = 2, 128
-ID_DTYPES = (torch.int32, torch.int64)
-HIDDEN_DTYPES = (torch.float32, torch.bfloat16)
-SCORINGS = ("softmax", "sigmoid")
-
-
-# ---- argument checks ------------------------------------------------------------------
-def _check_routing(router_logits: Tensor, top_k: Any, renormalize: Any, scoring: Any) -> int:
-    check_tensor("router_logits", router_logits, dtypes=FLOAT_DTYPES, min_dim=2)
-    if router_logits.dim() != 2:
-        raise ValueError(f"router_logits: expected 2 dims [T, E]; got {tuple(router_logits.shape)}")
-    e = router_logits.shape[1]
-    if not MIN_EXPERTS <= e <= MAX_EXPERTS:
-        raise ValueError(
-            f"router_logits: expected E (dim 1) in {MIN_EXPERTS}..{MAX_EXPERTS}; got {e}"
-        )
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise TypeError(f"top_k: expected an int; got {type(top_k).__name__}")
-    if not 1 <= top_k <= min(e, TOPK_MAX):
-        raise ValueError(
-            f"top_k: expected 1..{min(e, TOPK_MAX)} (<= E = {e} and <= {TOPK_MAX}); got {top_k}"
-        )
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize: expected a bool; got {type(renormalize).__name__}")
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring: expected one of {SCORINGS}; got {scoring!r}")
-    return e
-
-
-def gate_up_width(w_gate_up: Tensor, w_up: Tensor | None) -> int:
-    """2I: w_gate_up's columns, or the gate's and up's (`w_up`: the up weight alone)."""
-    return int(w_gate_up.shape[2]) * (2 if w_up is not None else 1)
-
-
-def check_up(w_gate_up: Tensor, w_up: Tensor | None, hidden: Tensor) -> None:
-    """`w_up` (the up weight alone, w_gate_up then the gate's): as w_gate_up."""
-    if w_up is None:
-        return
-    check_tensor("w_up", w_up, dtypes=HIDDEN_DTYPES, min_dim=3)
-    if tuple(w_up.shape) != tuple(w_gate_up.shape):
-        raise ValueError(
-            f"w_up: expected the shape of w_gate_up (the gate's [E, H, I] when w_up is given) "
-            f"{tuple(w_gate_up.shape)}; got {tuple(w_up.shape)}"
-        )
-    if w_up.dtype != hidden.dtype:
-        raise TypeError(f"w_up: expected dtype {hidden.dtype} (as hidden); got {w_up.dtype}")
-    if w_up.device != hidden.device:
-        raise ValueError(f"w_up: expected device {hidden.device} (as hidden); got {w_up.device}")
-
-
-def _check_mlp(
-    hidden: Tensor,
-    router_logits: Tensor,
-    w_gate_up: Tensor,
-    w_down: Tensor,
-    r: MoERouting,
-    w_up: Tensor | None = None,
-) -> None:
-    e = _check_routing(router_logits, r.top_k, r.renormalize, r.scoring)
-    check_tensor("hidden", hidden, dtypes=HIDDEN_DTYPES, min_dim=2)
-    if hidden.dim() != 2:
-        raise ValueError(f"hidden: expected 2 dims [T, H]; got {tuple(hidden.shape)}")
-    t, h = hidden.shape
-    for arg, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-        check_tensor(arg, w, dtypes=HIDDEN_DTYPES, min_dim=3)
-        if w.dim() != 3:
-            raise ValueError(f"{arg}: expected 3 dims; got {tuple(w.shape)}")
-        if w.dtype != hidden.dtype:
-            raise TypeError(f"{arg}: expected dtype {hidden.dtype} (as hidden); got {w.dtype}")
-    for arg, x in (("router_logits", router_logits), ("w_gate_up", w_gate_up), ("w_down", w_down)):
-        if x.device != hidden.device:
-            raise ValueError(f"{arg}: expected device {hidden.device} (as hidden); got {x.device}")
-    if router_logits.shape[0] != t:
-        raise ValueError(
-            f"router_logits: expected {t} rows (hidden has T = {t}); got {router_logits.shape[0]}"
-        )
-    split = w_up is not None
-    if w_gate_up.shape[0] != e or w_gate_up.shape[1] != h or (w_gate_up.shape[2] % 2 and not split):
-        want = "I] (the gate's: w_up given)" if split else "2I]"
-        raise ValueError(
-            f"w_gate_up: expected [E={e}, H={h}, {want} (E from router_logits, H from hidden); "
-            f"got {tuple(w_gate_up.shape)}"
-        )
-    check_up(w_gate_up, w_up, hidden)
-    i = gate_up_width(w_gate_up, w_up) // 2
-    if tuple(w_down.shape) != (e, i, h):
-        raise ValueError(
-            f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
-            f"{tuple(w_down.shape)}"
-        )
-    if r.capacity_factor is not None:
-        check_positive("capacity_factor", r.capacity_factor)
-        if not math.isfinite(r.capacity_factor):
-            raise ValueError(
-                f"capacity_factor: expected a finite number > 0 (or None: dropless); got "
-                f"{r.capacity_factor}"
-            )
-
-
-def _check_route_bwd(
-    router_logits: Tensor, ids: Tensor, grad_weights: Tensor, renormalize: Any, scoring: Any
-) -> None:
-    """Checks of `moe_route_backward` (metadata only; the ids' values are checked by
-    `_check_ids` where data can be read)."""
-    check_tensor("ids", ids, dtypes=ID_DTYPES, min_dim=2)
-    if ids.dim() != 2:
-        raise ValueError(f"ids: expected 2 dims [T, k]; got {tuple(ids.shape)}")
-    check_tensor("router_logits", router_logits, dtypes=FLOAT_DTYPES, min_dim=2)
-    e, k = int(router_logits.shape[-1]), int(ids.shape[1])
-    if not 1 <= k <= min(e, TOPK_MAX):
-        raise ValueError(
-            f"ids: expected 1..{min(e, TOPK_MAX)} columns (top_k <= E = {e} and <= {TOPK_MAX}); "
-            f"got shape {tuple(ids.shape)}"
-        )
-    _check_routing(router_logits, k, renormalize, scoring)
-    t = router_logits.shape[0]
-    if ids.shape[0] != t:
-        raise ValueError(f"ids: expected {t} rows (router_logits has T = {t}); got {ids.shape[0]}")
-    check_tensor("grad_weights", grad_weights, dtypes=FLOAT_DTYPES, min_dim=2)
-    if tuple(grad_weights.shape) != tuple(ids.shape):
-        raise ValueError(
-            f"grad_weights: expected shape {tuple(ids.shape)} (as ids); got "
-            f"{tuple(grad_weights.shape)}"
-        )
-    for arg, x in (("ids", ids), ("grad_weights", grad_weights)):
-        if x.device != router_logits.device:
-            raise ValueError(
-                f"{arg}: expected device {router_logits.device} (as router_logits); got {x.device}"
-            )
-
-
-def _check_ids(ids: Tensor, e: int) -> None:
-    """ids' values are expert ids in [0, E)."""
-    if ids.numel() == 0:
-        return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= e:
-        raise ValueError(f"ids: expected expert ids in [0, {e}); got min {lo}, max {hi}")
-
-
-# ---- host plumbing -----------------------------------------------------------------------
-def _dtype_name(t: Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def _bucket_floor(tb: int) -> int:
-    """The smallest token count that pads to bucket `tb` (static plan bounds hold for it)."""
-    lower = [b for b in current_policy().buckets(tb) if b < tb]
-    return (lower[-1] + 1) if lower else 1
-
-
-def _route(logits: Tensor, top_k: int, scoring: str, renormalize: bool) -> tuple[Tensor, Tensor]:
-    return launch(moe_router_fwd, logits, top_k, scoring, renormalize, target=get_target(None))
-
-
-PLAN_TENSORS = (
-    "slot_token",
-    "slot_weight",
-    "block_expert",
-    "block_keep",
-    "block_count",
-    "token_slot",
-    "token_weight",
-    "kind_bounds",
+from .moe_checks import (
+    HIDDEN_DTYPES,
+    ID_DTYPES,
+    MAX_EXPERTS,
+    MIN_EXPERTS,
+    SCORINGS,
+    _check_ids,
+    _check_mlp,
+    _check_route_bwd,
+    _check_routing,
+    check_up,
+    gate_up_width,
 )
-
-
-def _block_plan(
-    weights: Tensor,
-    ids: Tensor,
-    tokens: int,
-    experts: int,
-    block: int,
-    capacity_factor: float | None,
-    min_tokens: int,
-    sized: bool,
-) -> list[Tensor]:
-    """The host block plan (grouping.py; `sized`: variable-size blocks, the forward's) of
-    the padded routing as tensors on its device (`PLAN_TENSORS`); the body of the
-    `nki_host::moe_block_plan` node under tracing."""
-    tb = weights.shape[0]
-    w, i = host_numpy(weights[:tokens]), host_numpy(ids[:tokens])
-    plan = plan_blocks(
-        i, w, experts, block, capacity_factor, num_tokens=tb, min_tokens=min_tokens, sized=sized
-    )
-    return [torch.from_numpy(getattr(plan, n)).to(weights.device) for n in PLAN_TENSORS]
-
-
-def _block_plan_fake(
-    weights: Tensor,
-    ids: Tensor,
-    tokens: int,
-    experts: int,
-    block: int,
-    capacity_factor: float | None,
-    min_tokens: int,
-    sized: bool,
-) -> list[Tensor]:
-    tb, k = ids.shape
-    cap = None if capacity_factor is None else capacity(tb, experts, k, capacity_factor)
-    nb = max_blocks(tb, k, experts, block, cap)
-    ns = block // PARTITIONS
-    i32, f32 = torch.int32, torch.float32
-    shapes = (
-        ((nb, PARTITIONS, ns), i32),
-        ((nb, PARTITIONS, ns), f32),
-        ((nb, 1), i32),
-        ((nb, 1), f32),
-        ((1, 1), i32),
-        ((tb, k), i32),
-        ((tb, k), f32),
-        ((1, ns + 1), i32),
-    )
-    return [weights.new_empty(shape, dtype=dt) for shape, dt in shapes]
-
-
-define_host_op("moe_block_plan", _block_plan, fake=_block_plan_fake)
-
-
-def _plan(
-    weights: Tensor,
-    ids: Tensor,
-    t: int,
-    e: int,
-    block: int,
-    cf: float | None,
-    sized: bool = False,
-) -> tuple[dict[str, Tensor], int]:
-    """(plan tensors by name, static block count) of the padded routing (`sized`: the
-    forward's variable-size blocks). The static count depends on shapes only; the plan
-    reads the routing, so while the op body is traced it is the `nki_host::moe_block_plan`
-    node."""
-    tb, k = ids.shape
-    lowest = min(t, _bucket_floor(tb))
-    static = min_blocks(lowest, k, e, block, None if cf is None else capacity(lowest, e, k, cf))
-    if tracing(weights, ids):
-        tensors = call_host_op("moe_block_plan", weights, ids, t, e, block, cf, lowest, sized)
-    else:
-        tensors = _block_plan(weights, ids, t, e, block, cf, lowest, sized)
-    return dict(zip(PLAN_TENSORS, tensors)), static
-
-
-def _problem(tb: int, w_gate_up: Tensor, top_k: int, w_up: Tensor | None = None) -> MoEProblem:
-    e, h = int(w_gate_up.shape[0]), int(w_gate_up.shape[1])
-    i = gate_up_width(w_gate_up, w_up) // 2
-    return MoEProblem(tb, h, i, e, top_k, _dtype_name(w_gate_up))
-
-
-def _routed_plan(
-    op: str,
-    kernel: Any,
-    hidden: Tensor,
-    lp: Tensor,
-    w_gate_up: Tensor,
-    r: MoERouting,
-    w_up: Tensor | None = None,
-) -> tuple[Any, int, dict[str, Tensor], Tensor]:
-    """Route the padded logits `lp`, look up `op`'s config for the bucket and plan its
-    blocks: (config, static blocks, plan tensors on hidden's device, expert ids)."""
-    weights, ids = _route(lp, r.top_k, r.scoring, r.renormalize)
-    problem = _problem(lp.shape[0], w_gate_up, r.top_k, w_up)
-    cfg = lookup_config(op, problem, kernel, target=get_target(None))
-    t, e = hidden.shape[0], w_gate_up.shape[0]
-    assert isinstance(cfg, MoEMLPConfig | MoEMLPBwdConfig)
-    sized = isinstance(cfg, MoEMLPConfig)  # the forward runs variable-size blocks
-    meta, static = _plan(weights, ids, t, e, cfg.block_size, r.capacity_factor, sized)
-    return cfg, static, meta, ids
-
-
-def _save_plan(
-    weights: Tensor,
-    ids: Tensor,
-    tokens: int,
-    experts: int,
-    block_fwd: int,
-    block_bwd: int,
-    capacity_factor: float | None,
-    min_tokens: int,
-) -> list[Tensor]:
-    """[save_cols, save_holes] (`grouping.gate_up_columns`) of the forward's sized plan
-    and the backward's fixed one (block sizes `block_fwd`, `block_bwd`) of the padded routing;
-    the body of the `nki_host::moe_save_plan` node under tracing."""
-    tb = weights.shape[0]
-    w, i = host_numpy(weights[:tokens]), host_numpy(ids[:tokens])
-    kw = {"num_tokens": tb, "min_tokens": min_tokens}
-    fwd = plan_blocks(i, w, experts, block_fwd, capacity_factor, sized=True, **kw)
-    bwd = plan_blocks(i, w, experts, block_bwd, capacity_factor, **kw)
-    return [torch.from_numpy(a).to(weights.device) for a in gate_up_columns(fwd, bwd)]
-
-
-def _saved_gate_up(
-    gate_up: Tensor | None, width: int, m: dict[str, Tensor], block: int, op: str
-) -> Tensor | None:
-    """The forward's saved gate / up for the backward plan `m` (None or empty: recomputed),
-    its shape checked against that plan (`width`: 2I)."""
-    if gate_up is None or not gate_up.numel():
-        return None
-    want = (width, (m["slot_token"].shape[0] + 2) * block)
-    if tuple(gate_up.shape) != want:
-        raise ValueError(
-            f"gate_up: expected [2I, (NB + 2) * B] = {want} ({op}'s save for this bucket's "
-            f"backward plan); got {tuple(gate_up.shape)}"
-        )
-    return gate_up.detach()
-
-
-def _save_width(tb: int, k: int, e: int, block_bwd: int, cf: float | None) -> int:
-    """Columns of the saved gate / up: (the backward plan's NB + 2) * its block size."""
-    cap = None if cf is None else capacity(tb, e, k, cf)
-    return (max_blocks(tb, k, e, block_bwd, cap) + 2) * block_bwd
-
-
-def _save_plan_fake(
-    weights: Tensor,
-    ids: Tensor,
-    tokens: int,
-    experts: int,
-    block_fwd: int,
-    block_bwd: int,
-    capacity_factor: float | None,
-    min_tokens: int,
-) -> list[Tensor]:
-    tb, k = ids.shape
-    cap = None if capacity_factor is None else capacity(tb, experts, k, capacity_factor)
-    nb = max_blocks(tb, k, experts, block_fwd, cap)
-    width = _save_width(tb, k, experts, block_bwd, capacity_factor)
-    return [
-        weights.new_empty((nb, 1), dtype=torch.int32),
-        weights.new_empty((width // PARTITIONS + 1, 1), dtype=torch.int32),
-    ]
-
-
-define_host_op("moe_save_plan", _save_plan, fake=_save_plan_fake)
-
-
-def kernel_weights(
-    w_gate_up: Tensor, w_down: Tensor, w_up: Tensor | None, dt: torch.dtype
-) -> tuple[tuple[Tensor, Tensor, Tensor | None], tuple[bool, bool]]:
-    """((gate/up, down, up or None) as the blockwise kernels read them, (gate/up, down)
-    stored transposed): row-major weights and transposed views of row-major storage
-    (transformers' [E, 2I, H] / [E, H, I], TorchTitan's w1 / w3 [E, I, H] and w2
-    [E, H, I]) reach the kernels as they lie, no copy (`moe_decode.kernel_layout`,
-    `moe/param_layout.py`); another layout is copied row-major on each call."""
-    wgu, gu_t = kernel_layout(w_gate_up.detach(), dt)
-    wd, dn_t = kernel_layout(w_down.detach(), dt)
-    wup = None if w_up is None else like_layout(w_up.detach(), gu_t, dt)
-    return (wgu, wd, wup), (gu_t, dn_t)
-
-
-def launch_experts_fwd(
-    hp: Tensor,
-    w_gate_up: Tensor,
-    w_down: Tensor,
-    cfg: MoEMLPConfig,
-    m: dict[str, Tensor],
-    save: tuple[Tensor, Tensor] | None = None,
-    w_up: Tensor | None = None,
-) -> Any:
-    """The forward expert kernel on padded rows `hp` and a sized block plan `m` (the
-    launch `moe_mlp` and `moe_experts` share); with `save` = (save_cols, save_holes)
-    (`_save_plan`), (out, gate_up) with the pre-activation gate / up saved. The weights
-    are read in their own layouts (`kernel_weights`); `w_up`: the up weight alone
-    (w_gate_up then the gate's)."""
-    cols, holes = (None, None) if save is None else save
-    (wgu, wd, wup), transposed = kernel_weights(w_gate_up, w_down, w_up, hp.dtype)
-    kernel, ws = (moe_mlp_fwd, (wgu,)) if wup is None else (moe_mlp_fwd_split, (wgu, wup))
-    return launch(
-        kernel,
-        hp,
-        *ws,
-        wd,
-        m["slot_token"],
-        m["block_expert"],
-        m["kind_bounds"],
-        m["token_slot"],
-        m["token_weight"],
-        cols,
-        holes,
-        config=cfg,
-        target=get_target(None),
-        static_kinds=None,  # one device loop per block size over kind_bounds
-        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
-        transposed=transposed,
-    )
-
-
-def launch_experts_bwd(
-    hp: Tensor,
-    gp: Tensor,
-    w_gate_up: Tensor,
-    w_down: Tensor,
-    cfg: MoEMLPBwdConfig,
-    plan: tuple[dict[str, Tensor], int],
-    gate_up: Tensor | None = None,
-    w_up: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """(d hidden, d weights per slot [T, k] fp32, d w_gate_up, d w_down, d w_up or None)
-    of the expert kernels on padded rows / grads and a fixed block plan (the launch
-    `moe_mlp` and `moe_experts` share). The weights are read in their own layouts
-    (`kernel_weights`) and each weight gradient is written in its weight's layout (a
-    transposed view of the same storage layout: no transpose copy), in place for every
-    expert with a block (fp32 sums on chip, one rounding); the others stay zero.
-    `gate_up`: the forward's saved gate / up for this plan (None: recomputed)."""
-    m, static = plan
-    (wgu, wd, wup), transposed = kernel_weights(w_gate_up, w_down, w_up, hp.dtype)
-
-    def zeros(w: Tensor) -> Tensor:
-        return torch.zeros(w.shape, dtype=w.dtype, device=hp.device)
-
-    dgu, dd = zeros(wgu), zeros(wd)
-    dup = None if wup is None else zeros(wup)
-    kernel, ws, dws = moe_mlp_bwd, (wgu,), (dgu,)
-    if wup is not None:
-        kernel, ws, dws = moe_mlp_bwd_split, (wgu, wup), (dgu, dup)
-    dh, dw = launch(
-        kernel,
-        hp,
-        *ws,
-        wd,
-        gp,
-        m["slot_token"],
-        m["slot_weight"],
-        m["block_expert"],
-        m["block_keep"],
-        m["block_count"],
-        m["token_slot"],
-        *dws,
-        dd,
-        gate_up,
-        config=cfg,
-        target=get_target(None),
-        mutated=tuple(range(len(ws) + 9, 2 * len(ws) + 10)),
-        static_blocks=static,
-        may_drop=True,  # static per bucket: padded tokens (and drops) have no slot
-        transposed=transposed,
-    )
-
-    def as_param(g: Tensor, t: bool) -> Tensor:  # the parameter's view of the storage
-        return g.transpose(1, 2) if t else g
-
-    gu_t, dn_t = transposed
-    dup = None if dup is None else as_param(dup, gu_t)
-    return dh, dw, as_param(dgu, gu_t), as_param(dd, dn_t), dup
+from .moe_decode import decode_experts, use_decode_mode
+from .moe_launch import _route, _routed_plan, kernel_weights, launch_experts_bwd, launch_experts_fwd
+from .moe_plans import (
+    _bucket_floor,
+    _dtype_name,
+    _plan,
+    _problem,
+    _save_plan,
+    _save_width,
+    _saved_gate_up,
+)
+from .registry import call_host_op, define_op, route_recorded_calls, tracing
 
 
 # ---- moe_route ------------------------------------------------------------------------------
@@ -860,3 +437,33 @@ def moe_mlp_backward(
         dd,
         hidden.new_empty((0,)) if dup is None else dup,
     )
+
+
+# the checks, plans and launches live in moe_checks.py, moe_plans.py and moe_launch.py;
+# the other MoE op modules and the integrations import them from here as well
+__all__ = [
+    "HIDDEN_DTYPES",
+    "ID_DTYPES",
+    "MAX_EXPERTS",
+    "MIN_EXPERTS",
+    "SCORINGS",
+    "TOPK_MAX",
+    "_bucket_floor",
+    "_check_routing",
+    "_plan",
+    "_problem",
+    "_save_plan",
+    "_save_width",
+    "_saved_gate_up",
+    "check_up",
+    "gate_up_width",
+    "kernel_weights",
+    "launch_experts_bwd",
+    "launch_experts_fwd",
+    "mlp_examples",
+    "moe_mlp",
+    "moe_mlp_backward",
+    "moe_mlp_train",
+    "moe_route",
+    "moe_route_backward",
+]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from moe_cases import make_layer, plan_for, random_routing
 
-import nki_kernels.ops.moe as moe_ops
+import nki_kernels.ops.moe_launch as launch_ops
 from nki_kernels.interp import run
 from nki_kernels.moe.blockwise_mlp import moe_mlp_fwd
 from nki_kernels.moe.blockwise_mlp_bwd import moe_mlp_bwd
@@ -96,13 +96,13 @@ def test_forward_in_param_layout_lnc2(layout: str) -> None:
 
 def _recorded(monkeypatch: Any) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
     calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-    real = moe_ops.launch
+    real = launch_ops.launch
 
     def rec(kernel: Any, *args: Any, **kw: Any) -> Any:
         calls.append((kernel.__name__, args, kw))
         return real(kernel, *args, **kw)
 
-    monkeypatch.setattr(moe_ops, "launch", rec)
+    monkeypatch.setattr(launch_ops, "launch", rec)
     return calls
 
 

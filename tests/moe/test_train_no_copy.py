@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 import nki_kernels
 import nki_kernels.ops.moe as moe_ops
 import nki_kernels.ops.moe_experts as experts_ops
+import nki_kernels.ops.moe_launch as launch_ops
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::nki_kernels.runtime.config_store.ConfigFallbackWarning"
@@ -31,14 +32,14 @@ def _watch(monkeypatch: Any, storages: set[int]) -> tuple[list[Any], list[str]]:
     custom op's body runs outside the caller's dispatch mode: watched from inside)."""
     launches: list[Any] = []
     seen: list[str] = []
-    real_launch = moe_ops.launch
+    real_launch = launch_ops.launch
 
     def recorded(kernel: Any, *args: Any, **statics: Any) -> Any:
         launches.append((kernel.__name__, args, statics))
         with _disable_current_modes():  # the interpreter's own host read is not the model's
             return real_launch(kernel, *args, **statics)
 
-    monkeypatch.setattr(moe_ops, "launch", recorded)
+    monkeypatch.setattr(launch_ops, "launch", recorded)
     for mod in (moe_ops, experts_ops):
         for name in ("launch_experts_fwd", "launch_experts_bwd"):
             real = getattr(mod, name)
