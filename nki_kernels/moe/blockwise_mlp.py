@@ -117,8 +117,7 @@ from .tiles import (
 )
 
 
-@nki.jit
-def moe_mlp_fwd(
+def moe_mlp_fwd_body(
     hidden,
     w_gate_up,
     w_down,
@@ -735,3 +734,35 @@ def _down_proj(
                 nisa.tensor_tensor(dst=dst, data1=dst, data2=ps[:, 0:nw], op=nl.add)
         if store is not None:
             store(c, y[c])
+
+
+@nki.jit
+def moe_mlp_fwd(
+    hidden,
+    w_gate_up,
+    w_down,
+    slot_token,
+    block_expert,
+    kind_bounds,
+    token_slot,
+    token_weight,
+    save_cols,
+    save_holes,
+    static_kinds,
+    may_drop,
+    block_size,
+    tile_i,
+    loop_order,
+    down_n,
+    w_bufs,
+    dma_h,
+    static_holes=None,
+    w_up=None,
+    transposed=(False, False),
+):
+    """The NKI entry point of `moe_mlp_fwd_body` (same arguments; see its docstring)."""
+    return moe_mlp_fwd_body(
+        hidden, w_gate_up, w_down, slot_token, block_expert, kind_bounds, token_slot, token_weight,
+        save_cols, save_holes, static_kinds, may_drop, block_size, tile_i, loop_order, down_n,
+        w_bufs, dma_h, static_holes, w_up, transposed,
+    )  # fmt: skip

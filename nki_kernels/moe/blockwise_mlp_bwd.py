@@ -112,8 +112,7 @@ from .weights_bwd import (
 from .wgrad import grad_panels, weight_grads
 
 
-@nki.jit
-def moe_mlp_bwd(
+def moe_mlp_bwd_body(
     hidden,
     w_gate_up,
     w_down,
@@ -591,3 +590,42 @@ def _combine_grads(
             nisa.dma_copy(dst=dwt[0:rows, j : j + 1], src=view)
         nisa.dma_copy(dst=d_weights[t0 : t0 + rows, :], src=dwt[0:rows, :])
     combine(dhidden, dx_slots, token_slot, None, tiles=(d["PID"], d["STEP"]))
+
+
+@nki.jit
+def moe_mlp_bwd(
+    hidden,
+    w_gate_up,
+    w_down,
+    dout,
+    slot_token,
+    slot_weight,
+    block_expert,
+    block_keep,
+    block_count,
+    token_slot,
+    dw_gate_up,
+    dw_down,
+    gate_up,
+    static_blocks,
+    may_drop,
+    block_size,
+    sub_block,
+    tile_i,
+    dma_h,
+    w_bufs,
+    wgrad_tiles,
+    wgrad_cols,
+    strip_bufs,
+    prefetch_rows,
+    w_up=None,
+    dw_up=None,
+    transposed=(False, False),
+):
+    """The NKI entry point of `moe_mlp_bwd_body` (same arguments; see its docstring)."""
+    return moe_mlp_bwd_body(
+        hidden, w_gate_up, w_down, dout, slot_token, slot_weight, block_expert, block_keep,
+        block_count, token_slot, dw_gate_up, dw_down, gate_up, static_blocks, may_drop, block_size,
+        sub_block, tile_i, dma_h, w_bufs, wgrad_tiles, wgrad_cols, strip_bufs, prefetch_rows, w_up,
+        dw_up, transposed,
+    )  # fmt: skip
