@@ -29,8 +29,11 @@ The pieces (each differentiable, each traceable by `torch.compile(fullgraph=True
   launches: a separate pair of grouped_mm calls); its sigmoid gate's logits [T, 1] are a
   one-group grouped_mm too. `shared_up` [H, Is] gives the up projection as a tensor of
   its own (nn.Linear modules: gate_proj.weight.t(), up_proj.weight.t(), down_proj.weight.t()),
-  shared_gate_up then being the gate's [H, Is] alone: the decode launch reads the three
-  where they lie; the composition stacks gate and up (torch.cat) first.
+  shared_gate_up then being the gate's [H, Is] alone. Gate and up apart (`w_up`,
+  `shared_up`): the decode launch and, without gradients, the composition read each where
+  it lies (one grouped_mm per weight, the [R, I] halves joined: no weight copy); with
+  gradients the composition joins the weights (torch.cat, a copy per call), since
+  grouped_mm's d x contracts gate and up in one fp32 sum.
 
 Decode sizes: T <= 64 without gradients (no input requiring one, or grad mode off) is one
 launch of the decode MoE kernel instead (`torch.ops.nki.moe_gated_decode`, forward only,
@@ -339,10 +342,17 @@ def _check_shared(
 
 
 def _mlp(
-    x: Tensor, offs: Tensor, w_gu: Tensor, w_d: Tensor, b_gu: Any, b_d: Any, o: tuple
-) -> Tensor:
-    """act(x W_gu + b_gu) W_d + b_d per group (rows sorted by group)."""
-    a = torch.ops.nki.expert_act(torch.ops.nki.grouped_mm(x, w_gu, offs), b_gu, offs, *o)
+    x: Tensor, offs: Tensor, w_gu: Tensor, w_d: Tensor, b_gu: Any, b_d: Any, o: tuple,
+    w_up: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """act(x W_gu + b_gu) W_d + b_d per group (rows sorted by group). `w_up`: the up
+    weight apart (w_gu then the gate's), each read where it lies by its own grouped_mm;
+    a column of x W depends on that column's weights only, so [x W_g, x W_u] is x W_gu
+    bit for bit."""
+    h = torch.ops.nki.grouped_mm(x, w_gu, offs)
+    if w_up is not None:
+        h = torch.cat([h, torch.ops.nki.grouped_mm(x, w_up, offs)], dim=1)
+    a = torch.ops.nki.expert_act(h, b_gu, offs, *o)
     y = torch.ops.nki.grouped_mm(a, w_d, offs)
     if b_d is not None:
         y = torch.ops.nki.expert_act(y, b_d, offs, "none", False, 1.0, 1.0)
@@ -375,15 +385,19 @@ def moe_gated_experts(
     _check_gated(*args, activation, interleaved, alpha, limit, shared_up, w_up)
     t, k = ids.shape
     e = w_gate_up.shape[0]
-    if t <= DECODE_MAX_TOKENS and not _needs_grad((*args, shared_up, w_up)):
+    grad = _needs_grad((*args, shared_up, w_up))
+    if t <= DECODE_MAX_TOKENS and not grad:
         out = torch.ops.nki.moe_gated_decode(
             *args, activation, interleaved, alpha, limit, shared_up, w_up
         )
         return out.to(hidden.dtype)  # under autocast the op returns the autocast dtype
-    if w_up is not None:
-        w_gate_up = torch.cat([w_gate_up, w_up], dim=2)
-    if shared_up is not None and shared_gate_up is not None:
-        shared_gate_up = torch.cat([shared_gate_up, shared_up], dim=1)
+    if grad:
+        # d hidden contracts gate and up in one fp32 sum (grouped_mm's backward on the
+        # joined weight); two grouped_mm calls would round each half first: joined here
+        if w_up is not None:
+            w_gate_up, w_up = torch.cat([w_gate_up, w_up], dim=2), None
+        if shared_up is not None and shared_gate_up is not None:
+            shared_gate_up, shared_up = torch.cat([shared_gate_up, shared_up], dim=1), None
     opts = (activation, interleaved, float(alpha), float(limit))
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)  # id E (not on this rank) sorts to the tail
@@ -399,11 +413,12 @@ def moe_gated_experts(
     slot = torch.empty_like(order).scatter(0, order, torch.arange(r, device=order.device))
     slot = torch.where(flat < e, slot, r).to(torch.int32).view(t, k)
     x_sorted = torch.ops.nki.moe_dispatch(hidden, row_token, slot)
-    y = _mlp(x_sorted, offs, w_gate_up, w_down, b_gate_up, b_down, opts)
+    y = _mlp(x_sorted, offs, w_gate_up, w_down, b_gate_up, b_down, opts, w_up)
     out = torch.ops.nki.moe_combine(y, weights, slot, row_token, row_slot)
     if shared_gate_up is not None and shared_down is not None:
         one = torch.full((1,), t, dtype=torch.int32, device=hidden.device)
-        s = _mlp(hidden, one, shared_gate_up[None], shared_down[None], None, None, opts)
+        s_up = None if shared_up is None else shared_up[None]
+        s = _mlp(hidden, one, shared_gate_up[None], shared_down[None], None, None, opts, s_up)
         s = s.to(torch.float32)
         if shared_gate is not None:
             logit = torch.ops.nki.grouped_mm(hidden, shared_gate.reshape(1, -1, 1), one)
