@@ -122,7 +122,9 @@ def launch_experts_bwd(
 
     dgu, dd = zeros(wgu), zeros(wd)
     dup = None if wup is None else zeros(wup)
-    kernel, ws, dws = moe_mlp_bwd, (wgu,), (dgu,)
+    ws: tuple[Tensor, ...] = (wgu,)
+    dws: tuple[Tensor | None, ...] = (dgu,)
+    kernel = moe_mlp_bwd
     if wup is not None:
         kernel, ws, dws = moe_mlp_bwd_split, (wgu, wup), (dgu, dup)
     dh, dw = launch(

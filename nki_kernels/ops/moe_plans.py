@@ -135,9 +135,12 @@ def _save_plan(
     the body of the `nki_host::moe_save_plan` node under tracing."""
     tb = weights.shape[0]
     w, i = host_numpy(weights[:tokens]), host_numpy(ids[:tokens])
-    kw = {"num_tokens": tb, "min_tokens": min_tokens}
-    fwd = plan_blocks(i, w, experts, block_fwd, capacity_factor, sized=True, **kw)
-    bwd = plan_blocks(i, w, experts, block_bwd, capacity_factor, **kw)
+    fwd = plan_blocks(
+        i, w, experts, block_fwd, capacity_factor, num_tokens=tb, min_tokens=min_tokens, sized=True
+    )
+    bwd = plan_blocks(
+        i, w, experts, block_bwd, capacity_factor, num_tokens=tb, min_tokens=min_tokens
+    )
     return [torch.from_numpy(a).to(weights.device) for a in gate_up_columns(fwd, bwd)]
 
 
