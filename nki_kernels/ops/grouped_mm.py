@@ -56,10 +56,17 @@ def tile_sizes(k: int, n: int, itemsize: int) -> tuple[int, int]:
 def _check(x: Tensor, w: Tensor, offs: Tensor) -> None:
     check_tensor("x_sorted", x, dtypes=FLOAT_DTYPES, min_dim=2, nonempty=False)
     if x.dim() != 2:
-        raise ValueError(f"x_sorted: expected 2 dims [M, K]; got {tuple(x.shape)}")
-    check_tensor("w", w, dtypes=FLOAT_DTYPES, min_dim=3, nonempty=False)
+        raise ValueError(
+            f"x_sorted: expected 2 dims [M, K] (torch._grouped_mm's 2-D x 3-D form only; its "
+            f"3-D x 3-D form is torch.bmm); got {tuple(x.shape)}"
+        )
+    check_tensor("w", w, dtypes=FLOAT_DTYPES, min_dim=2, nonempty=False)
     if w.dim() != 3:
-        raise ValueError(f"w: expected 3 dims [G, K, N]; got {tuple(w.shape)}")
+        raise ValueError(
+            f"w: expected 3 dims [G, K, N] (torch._grouped_mm's 2-D x 3-D form only; its "
+            f"2-D x 2-D weight-gradient form is torch.ops.nki.grouped_mm_weight_grad(x_sorted, "
+            f"grad, offs)); got {tuple(w.shape)}"
+        )
     if w.dtype != x.dtype:
         raise TypeError(f"w: expected dtype {x.dtype} (as x_sorted); got {w.dtype}")
     if w.shape[1] != x.shape[1]:
