@@ -211,3 +211,25 @@ def test_combinations_without_a_definition_are_refused(kw: Any, match: str, impl
         impl(torch.randn(4, 16), top_k=2, **kw)
     with pytest.raises(ValueError, match=match):
         torch.ops.nki.moe_route_options(torch.randn(4, 16), None, top_k=2, **kw)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("name", ["dsv3-512-k16", "gpt-oss-128-k16", "qwen3-256-k16"])
+def test_a_non_finite_logit_stays_in_its_row(name: str, bad: float) -> None:
+    """Other tokens exactly as transformers route them; the token itself gets k distinct
+    ids in [0, E) and its gradient stays in its row."""
+    model, e, c = CASES[name]
+    lg, bias = _inputs(e, 6, seed=9)
+    lg[3, 17] = bad
+    kw = _route_kwargs(model, c)
+    if model == "deepseek-v3":
+        kw["bias"] = bias
+    lf = lg.clone().requires_grad_()
+    w, ids = route(lf, **kw)
+    wr, idr = _hf(model, lg.double(), bias.double(), c)
+    rows = [0, 1, 2, 4, 5]
+    assert torch.equal(ids[rows], idr[rows])
+    torch.testing.assert_close(w[rows].double(), wr[rows], atol=2e-7, rtol=1e-6)
+    assert len(set(ids[3].tolist())) == c["top_k"] and 0 <= int(ids.min()) <= int(ids.max()) < e
+    w.sum().backward()
+    assert lf.grad is not None and torch.isfinite(lf.grad[rows]).all()
