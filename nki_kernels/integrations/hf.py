@@ -387,8 +387,9 @@ def experts_unsupported(model: nn.Module, experts: nn.Module) -> str | None:
     w: Any = getattr(experts, "gate_up_proj", None)
     if w is None or w.dim() != 3:
         return "experts without a fused gate_up_proj [E, 2I, H]"
-    if not 1 <= int(w.shape[0]) <= 512:
-        return f"{int(w.shape[0])} experts (supported: 1..512)"
+    e, k = int(w.shape[0]), int(getattr(config, "num_experts_per_tok", 1))
+    if not 1 <= e <= 512 or not 1 <= k <= min(e, 16):
+        return f"{e} experts, top-{k} (supported: 1..512 experts, top-k <= 16)"
     if w.dtype not in (torch.float32, torch.bfloat16):
         return f"dtype {w.dtype} (supported: float32, bfloat16)"
     return None

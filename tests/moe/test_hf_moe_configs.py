@@ -26,10 +26,11 @@ VOCAB = 96
 
 
 def _common(**kw: Any) -> dict[str, Any]:
-    return dict(
+    base = dict(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        max_position_embeddings=64, output_router_logits=True, **kw,
+        max_position_embeddings=64, output_router_logits=True,
     )  # fmt: skip
+    return {**base, **kw}
 
 
 def _qwen3(experts: int, top_k: int, norm: bool) -> Any:
@@ -152,3 +153,39 @@ def test_patched_model_matches_in_training_and_generate(name: str) -> None:
     patched = model.generate(input_ids=prompt, **kw)
     nki_kernels.unpatch(model)
     assert torch.equal(patched, model.generate(input_ids=prompt, **kw))
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "gpt_oss", "qwen3_moe"])
+def test_top_k_above_16_keeps_the_models_moe_with_the_reason(kind: str) -> None:
+    """Beyond the kernels' top-k <= 16 the router and the experts both stay the model's
+    (patching the experts alone failed at the first forward), reported as skipped."""
+    one = dict(num_hidden_layers=1, num_experts_per_tok=17)
+    if kind == "deepseek_v3":
+        cfg = transformers.DeepseekV3Config(**_common(
+            num_key_value_heads=2, intermediate_size=48, moe_intermediate_size=8,
+            n_routed_experts=20, n_shared_experts=1, n_group=1, topk_group=1,
+            first_k_dense_replace=0, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=8, **one,
+        ))  # fmt: skip
+        model = transformers.DeepseekV3ForCausalLM(cfg)
+    elif kind == "gpt_oss":
+        cfg = transformers.GptOssConfig(**_common(
+            num_key_value_heads=1, head_dim=16, intermediate_size=8, num_local_experts=18,
+            sliding_window=4, **one,
+        ))  # fmt: skip
+        model = transformers.GptOssForCausalLM(cfg)
+    else:
+        cfg = transformers.Qwen3MoeConfig(**_common(
+            num_key_value_heads=1, head_dim=16, intermediate_size=48, moe_intermediate_size=8,
+            num_experts=18, **one,
+        ))  # fmt: skip
+        model = transformers.Qwen3MoeForCausalLM(cfg)
+    torch.manual_seed(3)
+    model = model.float().eval()
+    ids = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    ref = model(input_ids=ids).logits
+    report = nki_kernels.patch(model)
+    moe = [why for path, why in report.skipped if ".mlp" in path]
+    assert moe and all("top-17" in why for why in moe), str(report)
+    assert not any("Experts" in r.after or "Moe" in r.after for r in report.replaced)
+    torch.testing.assert_close(model(input_ids=ids).logits, ref, atol=ATOL, rtol=RTOL)
