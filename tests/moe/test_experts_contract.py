@@ -28,13 +28,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / max(1e-30, float(b.abs().max())))
 
 
-def _routing(t: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids with a duplicate expert in token 0, expert 4 empty, tokens 1..5 all on expert 2."""
+def _routing(t: int, k: int, seed: int, one: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids with a duplicate expert in token 0, expert 4 empty, tokens 1..5 all on expert 2;
+    `one`: every slot of every token on expert 1."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(t)])
     ids[ids == 4] = 5
     ids[0, :2] = 3
     ids[1:6] = 2
+    if one:
+        ids[:] = 1
     return torch.softmax(torch.randn(t, k, generator=g), -1), ids
 
 
@@ -54,12 +57,14 @@ def _gpt_oss_experts() -> Any:
 
 
 @pytest.mark.parametrize(
-    ("t", "grad"), [(70, True), (8, True), (8, False)], ids=["prefill", "small-grad", "decode"]
+    ("t", "grad", "one"),
+    [(70, True, False), (8, True, False), (8, False, False), (9, True, True), (9, False, True)],
+    ids=["prefill", "small-grad", "decode", "all-on-one-grad", "all-on-one-decode"],
 )
-def test_gpt_oss_experts_match_transformers_module(t: int, grad: bool) -> None:
+def test_gpt_oss_experts_match_transformers_module(t: int, grad: bool, one: bool) -> None:
     m = _gpt_oss_experts()
     x = torch.randn(t, H, generator=torch.Generator().manual_seed(1), dtype=F64)
-    w, ids = _routing(t, 3, seed=2)
+    w, ids = _routing(t, 3, seed=2, one=one)
     pre = x @ m.gate_up_proj[2] + m.gate_up_proj_bias[2]
     assert (pre[:, ::2] > m.limit).any() and (pre[:, 1::2].abs() > m.limit).any()
     xr, wr = x.clone().requires_grad_(grad), w.double().requires_grad_(grad)
