@@ -11,7 +11,10 @@ Rows past offs[-1] belong to no group: torch leaves them unwritten, here they ar
 (and their gradient is zero). x and w share one dtype, bf16 / fp16 / fp32; the result has
 it (fp32 accumulation, one rounding). `w` may be a transposed view (TorchTitan passes
 `w.transpose(-2, -1)` of a [G, N, K] weight): the kernel then reads the [G, N, K] storage
-directly, without a copy.
+directly, without a copy. torch._grouped_mm's other forms (2-D x 2-D with offs along K,
+3-D x 2-D, batched 3-D x 3-D) are refused by name: the first is the weight gradient,
+`grouped_mm_weight_grad` below; TorchTitan's seam and its backward need only 2-D x 3-D.
+Offsets torch's CPU kernel takes without a check (decreasing, negative, past M) are errors.
 
 Backward: dx = grouped_mm(dy, w^T, offs) (the same kernel, the other weight layout) and
 dw = `torch.ops.nki.grouped_mm_weight_grad(x, dy, offs)` (dw[g] = x_g^T dy_g, one fp32
