@@ -147,6 +147,14 @@ def test_deepseek_v3_experts_with_expert_parallel_slots_match_transformers() -> 
         assert torch.equal(got[1][::3, 2], torch.zeros(24)), fn  # the id E slots' weights
         for name, a, b in zip(("hidden", "weights", "gate_up", "down"), got, want):
             assert _rel(a, b) < 4e-6, f"{fn}: d {name}"
+    with torch.no_grad():  # 8 tokens without gradients: the decode launches
+        ref8 = m(x[:8], ids[:8], w[:8].double())
+        args = (x[:8].float(), w[:8].float(), ids[:8], gu.transpose(1, 2), dn.transpose(1, 2))
+        for fn, out in (
+            ("moe_experts", torch.ops.nki.moe_experts(*args)),
+            ("moe_gated_experts", moe_gated_experts(*args)),
+        ):
+            assert torch.isfinite(out).all() and _rel(out, ref8) < 2e-6, f"{fn} decode"
 
 
 def _block(kind: str) -> Any:
