@@ -204,3 +204,33 @@ def test_shared_expert_blocks_match_transformers(kind: str, t: int) -> None:
     assert bool(torch.isnan(out[2]).all())
     keep = torch.arange(t) != 2
     assert _rel(out[keep], ref[keep]) < 2e-6
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+@pytest.mark.parametrize("activation", ["geglu", "swiglu"])
+def test_activations_match_torch_functional(activation: str, interleaved: bool) -> None:
+    """expert_act against torch.nn.functional's exact gelu / silu in float64, a bias per
+    group added first (rows 0..6 group 0, 7..7 empty, 7..19 group 2), a NaN in one row."""
+    g = torch.Generator().manual_seed(10)
+    h = torch.randn(20, 2 * I, generator=g) * 3
+    h[4, 1] = float("nan")
+    bias = torch.randn(3, 2 * I, generator=g)
+    offs = torch.tensor([7, 7, 20], dtype=torch.int32)
+    hr, br = h.to(F64).requires_grad_(), bias.to(F64).requires_grad_()
+    rows_bias = br[torch.tensor([0] * 7 + [2] * 13)]
+    z = hr + rows_bias
+    gate, up = (z[:, ::2], z[:, 1::2]) if interleaved else (z[:, :I], z[:, I:])
+    fn = torch.nn.functional.gelu if activation == "geglu" else torch.nn.functional.silu
+    ref = fn(gate) * up
+    ho, bo = h.clone().requires_grad_(), bias.clone().requires_grad_()
+    out = torch.ops.nki.expert_act(ho, bo, offs, activation, interleaved, 1.702, 7.0)
+    torch.testing.assert_close(out.double(), ref.detach(), atol=2e-6, rtol=2e-6, equal_nan=True)
+    assert (~torch.isfinite(out)).any(-1).nonzero().flatten().tolist() == [4]
+    dy = torch.randn(ref.shape, generator=g, dtype=F64)
+    want = torch.autograd.grad(ref, [hr, br], dy)
+    got = torch.autograd.grad(out, [ho, bo], dy.float())
+    keep = torch.arange(20) != 4
+    torch.testing.assert_close(got[0][keep].double(), want[0][keep], atol=2e-6, rtol=2e-6)
+    assert torch.equal(got[1][1], torch.zeros(2 * I))  # the empty group's bias
+    torch.testing.assert_close(got[1][2].double(), want[1][2], atol=2e-6, rtol=2e-6)
+    assert not torch.isfinite(got[1][0]).all()  # group 0 holds the NaN row
