@@ -233,3 +233,24 @@ def test_a_non_finite_logit_stays_in_its_row(name: str, bad: float) -> None:
     assert len(set(ids[3].tolist())) == c["top_k"] and 0 <= int(ids.min()) <= int(ids.max()) < e
     w.sum().backward()
     assert lf.grad is not None and torch.isfinite(lf.grad[rows]).all()
+
+
+@pytest.mark.parametrize(("e", "k", "norm"), [(2, 2, False), (60, 8, True), (128, 8, False)])
+def test_moe_route_matches_qwen3_and_mixtral_routers(e: int, k: int, norm: bool) -> None:
+    """moe_mlp's own router (`torch.ops.nki.moe_route`, softmax top-k): Qwen3-MoE's
+    router, and Mixtral's (always renormalized), forward and backward."""
+    import nki_kernels.ops.moe  # noqa: F401  (registers moe_route)
+
+    lg, _ = _inputs(e, 13, seed=11)
+    lg[5] = lg[5].round()  # ties
+    lf = lg.clone().requires_grad_()
+    w, ids = torch.ops.nki.moe_route(lf, top_k=k, renormalize=norm, scoring="softmax")
+    lr = lg.double().requires_grad_()
+    wr, idr = qwen3_moe(lr, dict(top_k=k, norm_topk_prob=norm))
+    assert torch.equal(ids.long(), idr)
+    torch.testing.assert_close(w.double(), wr.detach(), atol=2e-7, rtol=1e-6)
+    dw = torch.randn(w.shape, generator=torch.Generator().manual_seed(12))
+    (w * dw).sum().backward()
+    (wr * dw.double()).sum().backward()
+    assert lf.grad is not None and lr.grad is not None
+    torch.testing.assert_close(lf.grad.double(), lr.grad, atol=1e-6, rtol=4e-6)
