@@ -234,3 +234,38 @@ def test_activations_match_torch_functional(activation: str, interleaved: bool) 
     assert torch.equal(got[1][1], torch.zeros(2 * I))  # the empty group's bias
     torch.testing.assert_close(got[1][2].double(), want[1][2], atol=2e-6, rtol=2e-6)
     assert not torch.isfinite(got[1][0]).all()  # group 0 holds the NaN row
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe", "deepseek_v3"])
+def test_shared_expert_block_gradients_match_transformers(kind: str) -> None:
+    """Every gradient of the block on a fixed routing (its router returns the routing
+    given, so the block's autograd covers experts and shared expert only): hidden, the
+    routing weights, the experts' and the shared expert's weights, Qwen2-MoE's gate."""
+    block = _block(kind)
+    t = 70
+    x = torch.randn(t, H, generator=torch.Generator().manual_seed(11), dtype=F64)
+    with torch.no_grad():
+        logits, w, ids = block.gate(x)
+    wr = w.clone().requires_grad_()
+    block.gate.forward = lambda _h: (logits, wr, ids)
+    xr = x.clone().requires_grad_()
+    ref = block(xr[None])[0]
+    shared = block.shared_expert if kind == "qwen2_moe" else block.shared_experts
+    lins = [shared.gate_proj, shared.up_proj, shared.down_proj]
+    if kind == "qwen2_moe":
+        lins.append(block.shared_expert_gate)
+    theirs = [xr, wr, block.experts.gate_up_proj, block.experts.down_proj]
+    theirs += [m.weight for m in lins]
+    dy = torch.randn(t, H, generator=torch.Generator().manual_seed(12), dtype=F64)
+    want = torch.autograd.grad(ref, theirs, dy)
+    ours = [p.detach().float().requires_grad_() for p in theirs]
+    xo, wo, gu, dn, sg, su, sd = ours[:7]
+    kw: dict[str, Any] = {"shared_gate_up": sg.t(), "shared_up": su.t(), "shared_down": sd.t()}
+    if kind == "qwen2_moe":
+        kw["shared_gate"] = ours[7].reshape(-1)
+    out = moe_gated_experts(xo, wo, ids, gu.transpose(1, 2), dn.transpose(1, 2), **kw)
+    assert _rel(out, ref) < 2e-6
+    got = torch.autograd.grad(out, ours, dy.float())
+    names = ["hidden", "weights", "gate_up_proj", "down_proj", "gate", "up", "down", "gate"]
+    for name, a, b in zip(names, got, want):
+        assert a.shape == b.shape and _rel(a, b) < 4e-6, name
