@@ -269,3 +269,18 @@ def test_threads_with_different_plans_give_the_serial_result() -> None:
     for i, (a, b) in enumerate(zip(got, want)):
         for u, v in zip(a, b):
             assert torch.equal(u, v), f"plan {plans[i]}: differs from the serial run"
+
+
+def test_compiled_with_dynamic_rows_matches_eager() -> None:
+    """TorchTitan's token count changes from step to step: one dynamic-shape graph."""
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.ops.nki.grouped_mm, backend="aot_eager", dynamic=True)
+    w = _randn(3, 16, 8, seed=16).requires_grad_()
+    for m, offs in ((37, [1, 30, 33]), (140, [0, 70, 140])):
+        x = _randn(m, 16, seed=m).requires_grad_()
+        out = compiled(x, w, _offs(offs))
+        (dx, dw) = torch.autograd.grad(out.square().sum(), [x, w])
+        xe, we = x.detach().requires_grad_(), w.detach().requires_grad_()
+        ref = torch.ops.nki.grouped_mm(xe, we, _offs(offs))
+        (dxe, dwe) = torch.autograd.grad(ref.square().sum(), [xe, we])
+        assert torch.equal(out, ref) and torch.equal(dx, dxe) and torch.equal(dw, dwe), m
