@@ -66,6 +66,7 @@ SUPPORTED_MODEL_TYPES = (
 # `moe.routing.route` (the NKI router with their options) and their `experts` module
 # (transformers' experts seam, experts(hidden, top_k_index, top_k_weights)) the NKI experts
 OWN_ROUTER_TYPES = ("deepseek_v3", "gpt_oss")
+MOE_MLP_EXPERTS = (2, 128)  # moe_mlp's own router (top-k <= 8); wider blocks: moe_experts
 # models whose attention stays the model's: (model_type, why)
 OWN_ATTENTION = {
     "deepseek_v3": (
@@ -105,7 +106,9 @@ class PatchReport:
 
 
 class HFSparseMoeBlock(nn.Module):
-    """A transformers-5 sparse-MoE block on `torch.ops.nki.moe_mlp` (SwiGLU experts).
+    """A transformers-5 sparse-MoE block on `torch.ops.nki.moe_mlp` (SwiGLU experts); with
+    more than 128 experts or top-k > 8 (up to 512 / 16) on the gate's own routing and
+    `torch.ops.nki.moe_experts`.
 
     Children are the original block's: `gate` (router, its logits [T, E] feed the op),
     `experts` (weights read through transposed views, no copy) and, for Qwen2-MoE,
@@ -120,6 +123,10 @@ class HFSparseMoeBlock(nn.Module):
             self.add_module(name, child)
         self.top_k = int(src.gate.top_k)
         self.renormalize = renormalize
+        e = int(src.experts.gate_up_proj.shape[0])
+        # moe_mlp's router takes 2..128 experts and top-k <= 8; beyond that (up to 512 /
+        # 16) the model's own router feeds moe_experts
+        self.on_moe_mlp = MOE_MLP_EXPERTS[0] <= e <= MOE_MLP_EXPERTS[1] and self.top_k <= 8
         self.jitter_noise = float(getattr(src, "jitter_noise", 0.0) or 0.0)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
@@ -144,15 +151,20 @@ class HFSparseMoeBlock(nn.Module):
             out = moe_gated_experts(tokens, weights, ids, ex.gate_up_proj.transpose(1, 2),
                                     ex.down_proj.transpose(1, 2), **fused)  # fmt: skip
             return out.reshape(shape)
-        logits = me.gate(tokens)[0]
-        out = torch.ops.nki.moe_mlp(
-            tokens,
-            logits,
-            me.experts.gate_up_proj.transpose(1, 2),
-            me.experts.down_proj.transpose(1, 2),
-            top_k=self.top_k,
-            renormalize=self.renormalize,
-        )
+        if self.on_moe_mlp:
+            logits = me.gate(tokens)[0]
+            out = torch.ops.nki.moe_mlp(
+                tokens,
+                logits,
+                ex.gate_up_proj.transpose(1, 2),
+                ex.down_proj.transpose(1, 2),
+                top_k=self.top_k,
+                renormalize=self.renormalize,
+            )
+        else:
+            _, weights, ids = me.gate(tokens)
+            out = torch.ops.nki.moe_experts(tokens, weights, ids, ex.gate_up_proj.transpose(1, 2),
+                                            ex.down_proj.transpose(1, 2))  # fmt: skip
         if hasattr(self, "shared_expert"):
             out = out + F.sigmoid(me.shared_expert_gate(tokens)) * me.shared_expert(tokens)
         return out.reshape(shape)
@@ -375,8 +387,9 @@ def experts_unsupported(model: nn.Module, experts: nn.Module) -> str | None:
     w: Any = getattr(experts, "gate_up_proj", None)
     if w is None or w.dim() != 3:
         return "experts without a fused gate_up_proj [E, 2I, H]"
-    if not 1 <= int(w.shape[0]) <= 512:
-        return f"{int(w.shape[0])} experts (supported: 1..512)"
+    e, k = int(w.shape[0]), int(getattr(config, "num_experts_per_tok", 1))
+    if not 1 <= e <= 512 or not 1 <= k <= min(e, 16):
+        return f"{e} experts, top-{k} (supported: 1..512 experts, top-k <= 16)"
     if w.dtype not in (torch.float32, torch.bfloat16):
         return f"dtype {w.dtype} (supported: float32, bfloat16)"
     return None
@@ -435,8 +448,9 @@ def moe_unsupported(model: nn.Module, block: nn.Module) -> str | None:
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         return f"expert activation {act!r} (the kernel is SwiGLU: silu)"
-    if not 2 <= int(w.shape[0]) <= 128:
-        return f"{int(w.shape[0])} experts (supported: 2..128)"
+    e, k = int(w.shape[0]), int(block.gate.top_k)  # type: ignore[union-attr, arg-type]
+    if not 2 <= e <= 512 or not 1 <= k <= min(e, 16):
+        return f"{e} experts, top-{k} (supported: 2..512 experts, top-k <= 16)"
     if w.dtype not in (torch.float32, torch.bfloat16):
         return f"dtype {w.dtype} (supported: float32, bfloat16)"
     return None

@@ -7,7 +7,8 @@ moe_route_options`, `moe/router_options.py`; forward and backward), on every dev
 the kernel is tested against). Options (each model's setting in `ROUTERS`):
 
 - scoring: "softmax" over the E experts, or "sigmoid" per expert;
-- softmax_after_topk: select on the logits, then softmax over the k selected (GPT-OSS);
+- softmax_after_topk: select on the logits, then softmax over the k selected (GPT-OSS;
+  scoring "softmax", no groups: other combinations are refused, naming the argument);
 - bias [E]: added to the scores for *selection only* (DeepSeek-V3's
   e_score_correction_bias); the weights are the unbiased scores of the selected experts;
 - n_group / topk_group: group-limited top-k (DeepSeek-V3): experts form n_group equal
@@ -18,18 +19,21 @@ the kernel is tested against). Options (each model's setting in `ROUTERS`):
 
 Selection keys (both implementations): a NaN key counts as -FLT_MAX, the lowest finite
 fp32 value, everywhere it is compared -- in the top-k and in a group's top-2 sum (fp32) --
-and an expert outside the kept groups ranks below every eligible one. Ties go to the
-lower expert (and group) index, as torch.topk on CPU gives them (a stable descending
-sort). So a NaN score is picked only when fewer than k eligible non-NaN keys remain, and
-a group holding a NaN is ranked on its two best keys (the NaN counting only when it is
-one of them). transformers' routers (torch.topk) rank NaN first, in a group's top-2 and
-among the groups too, so on a token with a NaN score the ids can differ from theirs;
-the weights are the selected scores as ever: with softmax scoring a NaN logit makes the
-whole row's scores and so its k weights NaN; with sigmoid only the NaN expert's score
-is NaN, so the row's weights are NaN when that expert is picked (renormalization then
-spreads it over the row) and finite otherwise. Either way no other token changes. The
-kernel also clamps its keys to [-FLT_MAX, FLT_MAX] when they can be infinite (a bias,
-or keys on the logits), so there a +-inf key ties with +-FLT_MAX, where the reference
+and an expert outside the kept groups ranks below every eligible one. So a NaN score is
+picked only when fewer than k eligible non-NaN keys remain, and a group holding a NaN is
+ranked on its two best keys (the NaN counting only when it is one of them). Ties go to
+the lower expert (and group) index (a stable descending sort). transformers' routers
+(torch.topk) differ on two kinds of token only. Ties: torch.topk leaves the order of
+tied values unspecified (on CPU an all-equal row of 8 experts gives index 6 for k = 1),
+so on a token with tied keys (or tied group scores) the ids can differ from theirs.
+NaN: torch.topk ranks NaN first, in a group's top-2 and among the groups too, so on a
+token with a NaN score the ids can differ from theirs; the weights are the selected
+scores as ever: with softmax scoring a NaN logit makes the whole row's scores and so its
+k weights NaN; with sigmoid only the NaN expert's score is NaN, so the row's weights are
+NaN when that expert is picked (renormalization then spreads it over the row) and
+finite otherwise. Either way no other token changes. The kernel also clamps its keys to
+[-FLT_MAX, FLT_MAX] when they can be infinite (a bias, or keys on the logits), so there
+a +-inf key ties with +-FLT_MAX, where the reference
 keeps them apart; nothing else differs. Up to 512 experts, k <= 16.
 """
 
@@ -66,7 +70,14 @@ ROUTERS = {
 }
 
 
-def _check(logits: Tensor, top_k: int, scoring: str, bias: Tensor | None, groups: tuple) -> None:
+def _check(
+    logits: Tensor,
+    top_k: int,
+    scoring: str,
+    bias: Tensor | None,
+    groups: tuple,
+    softmax_after_topk: bool = False,
+) -> None:
     if not isinstance(logits, Tensor) or logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"logits: expected a float tensor [T, E]; got {logits!r:.80}")
     e = logits.shape[1]
@@ -78,6 +89,16 @@ def _check(logits: Tensor, top_k: int, scoring: str, bias: Tensor | None, groups
         )
     if scoring not in SCORINGS:
         raise ValueError(f"scoring: expected one of {SCORINGS}; got {scoring!r}")
+    if softmax_after_topk and scoring != "softmax":
+        raise ValueError(
+            f"scoring: expected 'softmax' with softmax_after_topk=True (the k selected "
+            f"logits are softmaxed); got {scoring!r}"
+        )
+    if softmax_after_topk and groups != (None, None):
+        raise ValueError(
+            f"n_group / topk_group: expected none with softmax_after_topk=True (group-limited "
+            f"top-k ranks groups by their scores); got {groups[0]} / {groups[1]}"
+        )
     if bias is not None and not isinstance(bias, Tensor):
         raise TypeError(
             f"bias: expected a tensor of shape ({e},) or None; got {type(bias).__name__}"
@@ -129,7 +150,7 @@ def route(
 ) -> tuple[Tensor, Tensor]:
     """(weights [T, k] fp32, ids [T, k] int64) on the NKI router (`moe_route_options`);
     differentiable in logits. See the module docstring."""
-    _check(logits, top_k, scoring, bias, (n_group, topk_group))
+    _check(logits, top_k, scoring, bias, (n_group, topk_group), softmax_after_topk)
     from ..ops import moe_routing  # noqa: F401  (registers the op; ops sit above moe/)
 
     weights, ids = torch.ops.nki.moe_route_options(
@@ -159,7 +180,7 @@ def route_reference(
     scaling: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """`route` as torch code (autograd for the backward): the kernel's specification."""
-    _check(logits, top_k, scoring, bias, (n_group, topk_group))
+    _check(logits, top_k, scoring, bias, (n_group, topk_group), softmax_after_topk)
     lf = logits.to(torch.float32)
     if softmax_after_topk:
         ids = _topk(_keys(lf.detach() if bias is None else lf.detach() + bias.float()), top_k)

@@ -11,7 +11,10 @@ Rows past offs[-1] belong to no group: torch leaves them unwritten, here they ar
 (and their gradient is zero). x and w share one dtype, bf16 / fp16 / fp32; the result has
 it (fp32 accumulation, one rounding). `w` may be a transposed view (TorchTitan passes
 `w.transpose(-2, -1)` of a [G, N, K] weight): the kernel then reads the [G, N, K] storage
-directly, without a copy.
+directly, without a copy. torch._grouped_mm's other forms (2-D x 2-D with offs along K,
+3-D x 2-D, batched 3-D x 3-D) are refused by name: the first is the weight gradient,
+`grouped_mm_weight_grad` below; TorchTitan's seam and its backward need only 2-D x 3-D.
+Offsets torch's CPU kernel takes without a check (decreasing, negative, past M) are errors.
 
 Backward: dx = grouped_mm(dy, w^T, offs) (the same kernel, the other weight layout) and
 dw = `torch.ops.nki.grouped_mm_weight_grad(x, dy, offs)` (dw[g] = x_g^T dy_g, one fp32
@@ -56,10 +59,17 @@ def tile_sizes(k: int, n: int, itemsize: int) -> tuple[int, int]:
 def _check(x: Tensor, w: Tensor, offs: Tensor) -> None:
     check_tensor("x_sorted", x, dtypes=FLOAT_DTYPES, min_dim=2, nonempty=False)
     if x.dim() != 2:
-        raise ValueError(f"x_sorted: expected 2 dims [M, K]; got {tuple(x.shape)}")
-    check_tensor("w", w, dtypes=FLOAT_DTYPES, min_dim=3, nonempty=False)
+        raise ValueError(
+            f"x_sorted: expected 2 dims [M, K] (torch._grouped_mm's 2-D x 3-D form only; its "
+            f"3-D x 3-D form is torch.bmm); got {tuple(x.shape)}"
+        )
+    check_tensor("w", w, dtypes=FLOAT_DTYPES, min_dim=2, nonempty=False)
     if w.dim() != 3:
-        raise ValueError(f"w: expected 3 dims [G, K, N]; got {tuple(w.shape)}")
+        raise ValueError(
+            f"w: expected 3 dims [G, K, N] (torch._grouped_mm's 2-D x 3-D form only; its "
+            f"2-D x 2-D weight-gradient form is torch.ops.nki.grouped_mm_weight_grad(x_sorted, "
+            f"grad, offs)); got {tuple(w.shape)}"
+        )
     if w.dtype != x.dtype:
         raise TypeError(f"w: expected dtype {x.dtype} (as x_sorted); got {w.dtype}")
     if w.shape[1] != x.shape[1]:

@@ -57,7 +57,8 @@ def _validate(router_logits: Tensor, bias: Tensor | None = None, **kw: Any) -> N
     o = _options(kw)
     _check_flags(o)
     groups = (o["n_group"] or None, o["topk_group"] or None)
-    _check(router_logits, kw.get("top_k"), o["scoring"], bias, groups)  # type: ignore[arg-type]
+    top_k: Any = kw.get("top_k")  # checked by _check
+    _check(router_logits, top_k, o["scoring"], bias, groups, o["softmax_after_topk"])
     # the kernel reads fp32 / bf16 / fp16 logits, one or more tokens
     check_tensor("router_logits", router_logits, dtypes=FLOAT_DTYPES, min_dim=2)
     if bias is not None:
