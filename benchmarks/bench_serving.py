@@ -122,11 +122,8 @@ def _new_rows(c: Case) -> tuple[TensorSpec, TensorSpec]:
 
 
 def _decode_mask(c: Case) -> np.ndarray:
-    import torch
-
     ctx, new = _seq_lists(c)
-    cdt = torch.float8_e4m3fn if c.cache_dtype.startswith("float8") else torch.bfloat16
-    return decode_sequences(new, ctx, c.heads[0] // c.heads[1], cdt, c.window)
+    return decode_sequences(new, ctx, c.heads[0] // c.heads[1], c.window)
 
 
 def decode_step_args(c: Case, write: bool) -> tuple[Any, ...]:
@@ -148,7 +145,13 @@ def decode_step_args(c: Case, write: bool) -> tuple[Any, ...]:
                                                           p.tail_kpos, p.hi, p.full)]  # fmt: skip
     q = TensorSpec((int(dec.sum()), hq, sq, d), BF16)
     w = (rows, rows, cache, cache, wrows) if write else (None, None, cache, cache, None)
-    return (q, *w, *arrays, 1.0 / math.sqrt(d), *p.static_args())
+    if not c.cache_dtype.startswith("float8"):
+        return (q, *w, *arrays, 1.0 / math.sqrt(d), *p.static_args())
+    # fp8: softmax_scale * k_scale multiplies K (the body's softmax scale 1), v_scale
+    # each column's output; the write quantizes with the [Hkv, 4] scales
+    fp8 = (TensorSpec((hkv, 4), "float32"), 448.0, TensorSpec((1, hkv), "float32"),
+           TensorSpec(p.hi.shape, "float32"))  # fmt: skip
+    return (q, *w, *arrays, 1.0, *p.static_args(), *fp8)
 
 
 def segmented_args(c: Case, write: bool, only: np.ndarray | None = None) -> tuple[Any, ...]:
@@ -182,7 +185,11 @@ def mixed_args(c: Case, write: bool) -> tuple[Any, ...]:
     (q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile) over the rest."""
     rest = ~_decode_mask(c)
     seg = segmented_args(c, False, rest)
-    return (*decode_step_args(c, write), seg[0], *seg[6:10], *seg[11:13])
+    dec = decode_step_args(c, write)
+    if not c.cache_dtype.startswith("float8"):
+        return (*dec, seg[0], *seg[6:10], *seg[11:13])
+    # fp8: the [Hkv, 4] scales serve the write and the segmented body
+    return (*dec[:21], seg[0], *seg[6:10], *seg[11:13], *dec[22:])
 
 
 def write_args(c: Case) -> tuple[Any, ...]:

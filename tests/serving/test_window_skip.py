@@ -149,7 +149,7 @@ def _decode_rows_with_nan_before_the_window(  # type: ignore[no-untyped-def]
         step = make_step(DECODE_ROWS, layout=layout, dtype=dtype, block_size=block_size,
                          d=d, pad_tokens=1)  # fmt: skip
         qsl, ctx = step.query_start_loc.numpy(), step.cached_seq_len.numpy()
-        assert decode_sequences(qsl[1:] - qsl[:-1], ctx, 2, dtype, window).all()
+        assert decode_sequences(qsl[1:] - qsl[:-1], ctx, 2, window).all()
         if nan:
             _nan_before_windows(step, window, layout)
         outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
