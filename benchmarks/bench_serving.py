@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from nki_kernels.attention.decode_host import DecodeProblem, StreamConfig
 from nki_kernels.attention.decode_stream import decode_stream_fwd
@@ -54,12 +55,13 @@ from nki_kernels.runtime.buckets import bucket
 from nki_kernels.runtime.config_store import lookup_config
 from nki_kernels.serving.cache_write import cache_write_fwd
 from nki_kernels.serving.decode_step import serving_decode_fwd, serving_mixed_fwd
-from nki_kernels.serving.decode_step_host import decode_sequences, plan
+from nki_kernels.serving.decode_step_host import decode_sequences, plan, stream_config
 from nki_kernels.serving.host import CacheGeometry, key_step
 from nki_kernels.serving.segmented import serving_attention_fwd
 
 BS = 16
 BF16 = "bfloat16"
+FP8 = torch.float8_e4m3fn  # the fp8 rows' cache dtype (vLLM's)
 OUT = Path(__file__).resolve().parent / "data" / "serving_rows.json"
 
 
@@ -139,6 +141,7 @@ def decode_step_args(c: Case, write: bool) -> tuple[Any, ...]:
     cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target="trn2",
                         config_cls=StreamConfig, lnc=1)  # fmt: skip
     assert isinstance(cfg, StreamConfig)
+    cfg = stream_config(cfg, FP8 if c.cache_dtype.startswith("float8") else torch.bfloat16)
     p = plan(qsl, ctx, table, geo, hq, 2, c.window, cfg, 1, dec).stream
     rows, wrows = _new_rows(c)
     arrays = [TensorSpec(a.shape, str(a.dtype)) for a in (p.idx, p.kpos, p.tail_idx,

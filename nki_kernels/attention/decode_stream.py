@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from ..nki import nisa, nki, nl
 from ._staging import compute_dtype
-from .decode_stream_fp8 import convert_slab, fp8_buffers, is_fp8, load_k_mult
+from .decode_stream_fp8 import convert_k, convert_v, fp8_buffers, is_fp8, load_k_mult
 from .decode_stream_views import gather, kt_at, kt_view, v_at
 
 P = 128
@@ -88,7 +88,7 @@ def decode_stream_fwd(
     nd = (d + P - 1) // P
     fp32_rows = cdt == nl.float32 and not fp8  # fp32 K: gathered rows, PE transposes
     b = _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, fp32_rows, zero_masked_v)
-    if fp8:  # raw fp8 rows, converted one slab ahead (ring >= 2: a slot in use, one filling)
+    if fp8:  # raw fp8 rows, converted ring - 1 slabs ahead (each in its own kt / v slot)
         fp8_buffers(b, k.dtype, cdt, d, piece, nsq, nhm, ring, hkv, layout)
         load_k_mult(b, k_mult)
     per = (n_slabs + ksplit - 1) // ksplit
@@ -107,8 +107,10 @@ def decode_stream_fwd(
     for i in range(min(ring, nst)):
         _load_k(io, b, steps[i], i % ring, i % (ring + 1))
         _load_v(io, b, steps[i], i % ring, i % (ring + 1))
-    if fp8 and nst:
-        convert_slab(io, b, steps[0], 0)
+    ahead = ring - 1  # fp8: slabs converted ahead of their scores (a slot each)
+    for i in range(min(ahead, nst) if fp8 else 0):
+        convert_v(io, b, steps[i], i % ring)
+        convert_k(io, b, steps[i], i % ring)
     for i, (t, s, j, first, last, no) in enumerate(steps):
         _b0, ns, _h0, nh = tiles[t]
         cols = ns * nh * rows
@@ -123,9 +125,10 @@ def decode_stream_fwd(
         # score matmuls, V after P V (the DMA queues run ahead of the softmax chain)
         if i + ring < nst:
             _load_k(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
-        if fp8 and i + 1 < nst:  # the next slab's K^T / V: engines run in issue order
-            convert_slab(io, b, steps[i + 1], (i + 1) % ring)
         _slab(b, slots, shape, softmax_scale, j >= 0, 0 <= j < zero_masked_v)
+        if fp8 and i + ahead < nst:  # after this slab's chain: the engines run in order
+            convert_v(io, b, steps[i + ahead], (i + ahead) % ring)
+            convert_k(io, b, steps[i + ahead], (i + ahead) % ring)
         if i + ring < nst:
             _load_v(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
         if last:

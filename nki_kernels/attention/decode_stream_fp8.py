@@ -59,17 +59,26 @@ def load_k_mult(b, k_mult):
     nisa.dma_copy(dst=b["kmul"], src=k_mult.broadcast(0, P))
 
 
-def convert_slab(io, b, step, slot):
-    """Slab `step`'s K^T (ring slot `slot` of kt) and V (slot `slot` of v) in the compute
-    dtype from the raw fp8 rows, K scaled by k_mult (see the module docstring)."""
+def _geometry(io, step):
     t, _, j, _, _, _ = step
     _b0, ns, h0, nh = io["tiles"][t]
-    d, nd, layout = io["d"], io["nd"], io["layout"]
     c, n = (io["piece"], P) if j >= 0 else (1, io["piece"])
-    width = ns * nh * c * d
-    nisa.tensor_copy(
-        dst=b["v"][slot][:n, :width], src=b["vraw"][slot][:n, :width], engine=nisa.engine.gpsimd
-    )
+    return ns, h0, nh, c, n
+
+
+def convert_v(io, b, step, slot):
+    """Slab `step`'s V (slot `slot` of v) in the compute dtype from the raw fp8 rows."""
+    ns, _h0, nh, c, n = _geometry(io, step)
+    width = ns * nh * c * io["d"]
+    nisa.tensor_copy(dst=b["v"][slot][:n, :width], src=b["vraw"][slot][:n, :width],
+                     engine=nisa.engine.gpsimd)  # fmt: skip
+
+
+def convert_k(io, b, step, slot):
+    """Slab `step`'s K^T (ring slot `slot` of kt) in the compute dtype from the raw fp8
+    rows, scaled by k_mult (see the module docstring)."""
+    ns, h0, nh, c, n = _geometry(io, step)
+    d, nd, layout = io["d"], io["nd"], io["layout"]
     raw, kmul = b["kraw"][slot], b["kmul"]
     paged = layout == "paged"
     uk = min(UNIT_KEYS, c) if paged else c  # keys per unit
@@ -105,4 +114,4 @@ def convert_slab(io, b, step, slot):
                         )  # fmt: skip
 
 
-__all__ = ["FP8", "convert_slab", "fp8_buffers", "is_fp8", "load_k_mult"]
+__all__ = ["FP8", "convert_k", "convert_v", "fp8_buffers", "is_fp8", "load_k_mult"]

@@ -70,6 +70,17 @@ MAX_QUERIES = 16  # queries per sequence the decode path takes (speculative draf
 # 32 -> 672 vs 927 us (G 4 and G 8 alike), 48 -> 1,098 vs 927 us)
 MAX_ROWS = 32
 DECODE_LAYOUT = {"nhd": "paged", "hnd": "paged_hm"}
+# fp8 caches: the body converts each slab ring - 1 slabs ahead of its scores, so a third
+# slot keeps the conversions off the softmax chain; pieces of 8 keys keep the slots and
+# the raw fp8 rings in SBUF (modeled, cost model v3, trn2, Llama-3 8B 8 x 1 over 2K, hnd,
+# e4m3: piece 16 / ring 2 565 us, 8 / 2 498 us, 8 / 3 354 us; 16 / 3 does not fit)
+FP8_STREAM = StreamConfig(piece=8, ring=3)
+
+
+def stream_config(cfg: StreamConfig, cache_dtype: torch.dtype) -> StreamConfig:
+    """The body's tunables for a cache: the decode op's tuned ones (`cfg`, bf16 / fp32
+    caches) or, for fp8, FP8_STREAM (not tuned: the op's configs are for 2-byte K^T)."""
+    return FP8_STREAM if fp8_max(cache_dtype) > 0.0 else cfg
 
 
 def window_start(pos: np.ndarray, window: int | None) -> np.ndarray:
@@ -243,6 +254,7 @@ def serving_decode(
     cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target=target,
                         config_cls=StreamConfig, lnc=1)  # fmt: skip
     assert isinstance(cfg, StreamConfig)
+    cfg = stream_config(cfg, k_cache.dtype)
     ksplit = 2 if n_seq == 1 and runtime_lnc(target) == 2 else 1
     p = plan(qsl_np, ctx_np, table_np, geo, hq, q.element_size(), sliding_window, cfg, ksplit,
              decode)  # fmt: skip
@@ -349,4 +361,5 @@ __all__ = [
     "fp8_mults",
     "plan",
     "serving_decode",
+    "stream_config",
 ]

@@ -223,8 +223,8 @@ def test_decode_steps_compiled_without_recompiles(
 
 
 def test_threads_give_the_serial_result() -> None:
-    """Decode-step, mixed and segmented (fp8) launches from 3 threads at once: each
-    output and written cache equals the serial call's bit for bit."""
+    """Decode-step, mixed and mixed-with-an-fp8-cache launches from 3 threads at once:
+    each output and written cache equals the serial call's bit for bit."""
     from concurrent.futures import ThreadPoolExecutor
 
     steps = [make_step(DECODE, seed=21), make_step(MIXED, layout="hnd", seed=22),
