@@ -278,7 +278,8 @@ def attention_decode(
         # The plugin's FP8 convention: the cache holds x * k_scale and the caller folded
         # the dequantization into softmax_scale and W_out, so the attention reads the
         # cached values unscaled: write with this op's x / (1 / k_scale), attend with unit
-        # scales (two launches; one launch would need 1 / k_scale as a host float).
+        # scales (two launches: the op's one scale per tensor serves its write and its read;
+        # the attention launch takes the decode body, fp8 included).
         kv_cache_write(kf, vf, K_cache, V_cache, slots, layout="hnd",
                        k_scale=1.0 / k_scale.reshape(-1).float(),
                        v_scale=1.0 / v_scale.reshape(-1).float())  # fmt: skip
