@@ -57,7 +57,7 @@ POS_REAL = 1.0e30  # key positions below this are real keys; masked ones are BIG
 def decode_stream_fwd(
     q, k, v, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
     layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v=0, k_mult=None,
-    v_mult=None,
+    v_mult=None, index_queue="sync",
 ):  # fmt: skip
     """out [ksplit, B, Hq, Sq, D] (q.dtype), lse [ksplit, B, Hq, Sq] fp32.
 
@@ -70,7 +70,9 @@ def decode_stream_fwd(
     ((b0, nseq, h0, nh), ...); zero_masked_v: the leading slabs whose V rows of keys at
     position BIG are set to 0 (see above). FP8 caches (`decode_stream_fp8.py`): k_mult
     fp32 [1, Hkv] multiplies K (softmax_scale * k_scale: pass softmax_scale 1), v_mult
-    fp32 [T, NGR] each column's output (v_scale).
+    fp32 [T, NGR] each column's output (v_scale). index_queue "scalar": each slab's piece
+    indices and key positions load through ScalarE's hardware DGE queue, not behind the
+    gathers on the sync queue (the serving kernel, whose cache write runs first).
     """
     batch, hq, sq, d = q.shape
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
@@ -102,7 +104,7 @@ def decode_stream_fwd(
     io = {"q": q, "k": k, "v": v, "idx": idx, "kpos": kpos, "tail_idx": tail_idx,
           "tail_kpos": tail_kpos, "hi": hi, "full": full, "layout": layout, "piece": piece,
           "tiles": tiles, "d": d, "nd": nd, "rows": rows, "two_byte": two_byte, "fp8": fp8,
-          "v_mult": v_mult}  # fmt: skip
+          "v_mult": v_mult, "index_queue": index_queue}  # fmt: skip
     nst = len(steps)
     for i in range(min(ring, nst)):
         _load_k(io, b, steps[i], i % ring, i % (ring + 1))
@@ -207,11 +209,11 @@ def _load_k(io, b, step, slot, islot):
     c, ng = (piece, P) if j >= 0 else (1, tail_idx.shape[1])
     ix, kp = b["idx"][islot], b["kp"][islot]
     if j >= 0:
-        nisa.dma_copy(dst=ix[:, :nsq], src=idx[t, j])
-        nisa.dma_copy(dst=kp[:, : nsq * c], src=kpos[t, j].reshape((P, nsq * c)))
+        _load_index(ix[:, :nsq], idx[t, j], io["index_queue"])
+        _load_index(kp[:, : nsq * c], kpos[t, j].reshape((P, nsq * c)), io["index_queue"])
     else:  # tail: zero first, so skipped rows hold 0 (finite), not another step's keys
-        nisa.dma_copy(dst=ix[:ng, :nsq], src=tail_idx[t])
-        nisa.dma_copy(dst=kp[:ng, :nsq], src=tail_kpos[t])
+        _load_index(ix[:ng, :nsq], tail_idx[t], io["index_queue"])
+        _load_index(kp[:ng, :nsq], tail_kpos[t], io["index_queue"])
         if not two_byte and not io["fp8"]:
             kraw = b["kraw"][slot][:ng, : ns * nd * nh * P]
             nisa.memset(dst=kraw, value=0.0, engine=nisa.engine.gpsimd)
@@ -242,6 +244,15 @@ def _load_k(io, b, step, slot, islot):
             else:
                 src = gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
                 _kt_fp32(b, slot, dci, sl, nh, c, ng, d0, dc, layout, src, skip)
+
+
+def _load_index(dst, src, queue):
+    """A slab's small index / position load: on the sync queue (in order with the
+    gathers), or through ScalarE's hardware DGE ("scalar": it does not wait behind them)."""
+    if queue == "scalar":
+        nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
+    else:
+        nisa.dma_copy(dst=dst, src=src)
 
 
 def _load_v(io, b, step, slot, islot):
