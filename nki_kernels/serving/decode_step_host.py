@@ -282,8 +282,10 @@ def serving_decode(
     args = [q4.contiguous(), *new, kc, vc, rows_w,
             *[torch.from_numpy(a).to(dev) for a in arrays], 1.0 if fp8 else scale,
             *s.static_args()]  # fmt: skip
-    mults = fp8_mults(scales, s, group * sq) if fp8 else (None, None)
-    mults = tuple(None if m is None else m.to(dev) for m in mults)
+    mults: tuple[Tensor | None, Tensor | None] = (None, None)
+    if fp8:
+        k_mult, v_mult = fp8_mults(scales, s, group * sq)
+        mults = (k_mult.to(dev), v_mult.to(dev))
     if seg is None:
         outs, lses = launch(serving_decode_fwd, *args, scales.to(dev), fp8, *mults,
                             target=target, mutated=(3, 4))  # fmt: skip
