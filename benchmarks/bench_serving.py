@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from nki_kernels.attention.decode_host import DecodeProblem, StreamConfig
 from nki_kernels.attention.decode_stream import decode_stream_fwd
@@ -54,12 +55,13 @@ from nki_kernels.runtime.buckets import bucket
 from nki_kernels.runtime.config_store import lookup_config
 from nki_kernels.serving.cache_write import cache_write_fwd
 from nki_kernels.serving.decode_step import serving_decode_fwd, serving_mixed_fwd
-from nki_kernels.serving.decode_step_host import decode_sequences, plan
+from nki_kernels.serving.decode_step_host import decode_sequences, plan, stream_config
 from nki_kernels.serving.host import CacheGeometry, key_step
 from nki_kernels.serving.segmented import serving_attention_fwd
 
 BS = 16
 BF16 = "bfloat16"
+FP8 = torch.float8_e4m3fn  # the fp8 rows' cache dtype (vLLM's)
 OUT = Path(__file__).resolve().parent / "data" / "serving_rows.json"
 
 
@@ -122,11 +124,8 @@ def _new_rows(c: Case) -> tuple[TensorSpec, TensorSpec]:
 
 
 def _decode_mask(c: Case) -> np.ndarray:
-    import torch
-
     ctx, new = _seq_lists(c)
-    cdt = torch.float8_e4m3fn if c.cache_dtype.startswith("float8") else torch.bfloat16
-    return decode_sequences(new, ctx, c.heads[0] // c.heads[1], cdt, c.window)
+    return decode_sequences(new, ctx, c.heads[0] // c.heads[1], c.window)
 
 
 def decode_step_args(c: Case, write: bool) -> tuple[Any, ...]:
@@ -142,13 +141,20 @@ def decode_step_args(c: Case, write: bool) -> tuple[Any, ...]:
     cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target="trn2",
                         config_cls=StreamConfig, lnc=1)  # fmt: skip
     assert isinstance(cfg, StreamConfig)
+    cfg = stream_config(cfg, FP8 if c.cache_dtype.startswith("float8") else torch.bfloat16)
     p = plan(qsl, ctx, table, geo, hq, 2, c.window, cfg, 1, dec).stream
     rows, wrows = _new_rows(c)
     arrays = [TensorSpec(a.shape, str(a.dtype)) for a in (p.idx, p.kpos, p.tail_idx,
                                                           p.tail_kpos, p.hi, p.full)]  # fmt: skip
     q = TensorSpec((int(dec.sum()), hq, sq, d), BF16)
     w = (rows, rows, cache, cache, wrows) if write else (None, None, cache, cache, None)
-    return (q, *w, *arrays, 1.0 / math.sqrt(d), *p.static_args())
+    if not c.cache_dtype.startswith("float8"):
+        return (q, *w, *arrays, 1.0 / math.sqrt(d), *p.static_args())
+    # fp8: softmax_scale * k_scale multiplies K (the body's softmax scale 1), v_scale
+    # each column's output; the write quantizes with the [Hkv, 4] scales
+    fp8 = (TensorSpec((hkv, 4), "float32"), 448.0, TensorSpec((1, hkv), "float32"),
+           TensorSpec(p.hi.shape, "float32"))  # fmt: skip
+    return (q, *w, *arrays, 1.0, *p.static_args(), *fp8)
 
 
 def segmented_args(c: Case, write: bool, only: np.ndarray | None = None) -> tuple[Any, ...]:
@@ -182,7 +188,11 @@ def mixed_args(c: Case, write: bool) -> tuple[Any, ...]:
     (q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile) over the rest."""
     rest = ~_decode_mask(c)
     seg = segmented_args(c, False, rest)
-    return (*decode_step_args(c, write), seg[0], *seg[6:10], *seg[11:13])
+    dec = decode_step_args(c, write)
+    if not c.cache_dtype.startswith("float8"):
+        return (*dec, seg[0], *seg[6:10], *seg[11:13])
+    # fp8: the [Hkv, 4] scales serve the write and the segmented body
+    return (*dec[:21], seg[0], *seg[6:10], *seg[11:13], *dec[22:])
 
 
 def write_args(c: Case) -> tuple[Any, ...]:

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from ..nki import nisa, nki, nl
 from ._staging import compute_dtype
+from .decode_stream_fp8 import convert_k, convert_v, fp8_buffers, is_fp8, load_k_mult
+from .decode_stream_views import gather, kt_at, kt_view, v_at
 
 P = 128
 BIG = 3.0e38  # running-max start: finite, so exp(scale (m - m')) is 1 or 0, never NaN
@@ -54,25 +56,31 @@ POS_REAL = 1.0e30  # key positions below this are real keys; masked ones are BIG
 @nki.jit
 def decode_stream_fwd(
     q, k, v, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
-    layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v=0,
+    layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v=0, k_mult=None,
+    v_mult=None, index_queue="sync",
 ):  # fmt: skip
     """out [ksplit, B, Hq, Sq, D] (q.dtype), lse [ksplit, B, Hq, Sq] fp32.
 
     q [B, Hq, Sq, D]; k, v: [B, Hkv, S, D] (layout "contiguous"), [NB, bs, Hkv, D]
     ("paged", vLLM's) or [NB, Hkv, bs, D] ("paged_hm"). idx uint32 [T, n_slabs, 128,
-    nseq]: cache row (see `_gather`) of each piece; kpos fp32 [T, n_slabs, 128, nseq, C]:
+    nseq]: cache row (see `gather`) of each piece; kpos fp32 [T, n_slabs, 128, nseq, C]:
     each key's position (BIG: masked); tail_idx uint32 [T, R16, nseq] / tail_kpos fp32
     [T, R16, nseq] (R16: C rounded up to 16): one key per row (NO_ROW: none); hi fp32
     [T, NGR]: a column sees keys with position < hi; full uint8 [T, NGR]; tiles:
     ((b0, nseq, h0, nh), ...); zero_masked_v: the leading slabs whose V rows of keys at
-    position BIG are set to 0 (see above).
+    position BIG are set to 0 (see above). FP8 caches (`decode_stream_fp8.py`): k_mult
+    fp32 [1, Hkv] multiplies K (softmax_scale * k_scale: pass softmax_scale 1), v_mult
+    fp32 [T, NGR] each column's output (v_scale). index_queue "scalar": each slab's piece
+    indices and key positions load through ScalarE's hardware DGE queue, not behind the
+    gathers on the sync queue (the serving kernel, whose cache write runs first).
     """
     batch, hq, sq, d = q.shape
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
     grp = hq // hkv
     rows = grp * sq
     cdt = compute_dtype(q.dtype)
-    two_byte = cdt != nl.float32
+    fp8 = is_fp8(k.dtype)
+    two_byte = cdt != nl.float32 and not fp8  # K^T by DMA transposes of the cache
     out = nl.ndarray((ksplit, batch, hq, sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
     lse = nl.ndarray((ksplit, batch, hq, sq), dtype=nl.float32, buffer=nl.shared_hbm)
     nprog, pid = (nl.num_programs(0), nl.program_id(0)) if nl.program_ndim() != 0 else (1, 0)
@@ -80,7 +88,11 @@ def decode_stream_fwd(
     nhm = max([t[3] for t in tiles])
     ngr = nsq * nhm * rows
     nd = (d + P - 1) // P
-    b = _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte, zero_masked_v)
+    fp32_rows = cdt == nl.float32 and not fp8  # fp32 K: gathered rows, PE transposes
+    b = _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, fp32_rows, zero_masked_v)
+    if fp8:  # raw fp8 rows, converted ring - 1 slabs ahead (each in its own kt / v slot)
+        fp8_buffers(b, k.dtype, cdt, d, piece, nsq, nhm, ring, hkv, layout)
+        load_k_mult(b, k_mult)
     per = (n_slabs + ksplit - 1) // ksplit
     items = [(t, s) for t in range(len(tiles)) for s in range(ksplit)]
     steps = []
@@ -91,11 +103,16 @@ def decode_stream_fwd(
             steps.append((t, s, j, n == 0, n == len(slabs) - 1, no))
     io = {"q": q, "k": k, "v": v, "idx": idx, "kpos": kpos, "tail_idx": tail_idx,
           "tail_kpos": tail_kpos, "hi": hi, "full": full, "layout": layout, "piece": piece,
-          "tiles": tiles, "d": d, "nd": nd, "rows": rows, "two_byte": two_byte}  # fmt: skip
+          "tiles": tiles, "d": d, "nd": nd, "rows": rows, "two_byte": two_byte, "fp8": fp8,
+          "v_mult": v_mult, "index_queue": index_queue}  # fmt: skip
     nst = len(steps)
     for i in range(min(ring, nst)):
         _load_k(io, b, steps[i], i % ring, i % (ring + 1))
         _load_v(io, b, steps[i], i % ring, i % (ring + 1))
+    ahead = ring - 1  # fp8: slabs converted ahead of their scores (a slot each)
+    for i in range(min(ahead, nst) if fp8 else 0):
+        convert_v(io, b, steps[i], i % ring)
+        convert_k(io, b, steps[i], i % ring)
     for i, (t, s, j, first, last, no) in enumerate(steps):
         _b0, ns, _h0, nh = tiles[t]
         cols = ns * nh * rows
@@ -111,14 +128,18 @@ def decode_stream_fwd(
         if i + ring < nst:
             _load_k(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
         _slab(b, slots, shape, softmax_scale, j >= 0, 0 <= j < zero_masked_v)
+        if fp8 and i + ahead < nst:  # after this slab's chain: the engines run in order
+            convert_v(io, b, steps[i + ahead], (i + ahead) % ring)
+            convert_k(io, b, steps[i + ahead], (i + ahead) % ring)
         if i + ring < nst:
             _load_v(io, b, steps[i + ring], i % ring, (i + ring) % (ring + 1))
         if last:
-            _finish_item(out, lse, b, s, tiles[t], grp, rows, cols, d, nd, softmax_scale)
+            vmul = b["vmul"][no % (ring + 1)] if fp8 else None
+            _finish_item(out, lse, b, s, tiles[t], grp, rows, cols, d, nd, softmax_scale, vmul)
     return out, lse
 
 
-def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte, zero_masked_v):
+def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, fp32_rows, zero_masked_v):
     f32, sb, ps = nl.float32, nl.sbuf, nl.psum
     dp = min(d, P)
     slab = nsq * nhm * piece
@@ -148,67 +169,16 @@ def _buffers(d, nd, cdt, piece, nsq, nhm, ngr, ring, two_byte, zero_masked_v):
     }
     for name in ("m", "l", "mn", "cm", "nb", "a", "lg", "rl"):
         b[name] = nl.ndarray((P, 1), dtype=f32, buffer=sb)
-    if not two_byte:  # fp32 K: gathered rows, transposed on TensorE
+    if fp32_rows:  # fp32 K: gathered rows, transposed on TensorE
         b["kraw"] = [nl.ndarray((P, slab * nd * P), dtype=f32, buffer=sb) for _ in range(ring)]
         b["tp_ps"] = nl.ndarray((P, PSUM_F32), dtype=f32, buffer=ps)
     if zero_masked_v > 0:  # per (piece, key): -1 (all ones) where the key is real, else 0
         # 32-bit words where a key's head row is whole words, else 16-bit
-        word = nl.int32 if not two_byte or d % 2 == 0 else nl.int16
+        word = nl.int32 if cdt == nl.float32 or d % 2 == 0 else nl.int16
         b["vkeep"] = nl.ndarray((P, nsq * piece), dtype=word, buffer=sb)
     nisa.memset(dst=b["ones"], value=1.0)
     b["nd"] = nd
     return b
-
-
-def _gather(cache, col, layout, hkv_heads, h0, nh, c, d0, dc, v_runs):
-    """Indirect view of `c` keys x `nh` heads (from h0) per partition, one partition per
-    index in `col`: [n, nh, c, dc] (contiguous / paged_hm) or [n, c, nh, dc] (paged);
-    `v_runs` merges each partition's contiguous keys into one trailing dim."""
-    n = col.shape[0]
-    if layout == "contiguous":
-        _, hk, s, d = cache.shape
-        flat = cache.reshape((cache.shape[0] * hk * s, d))
-        hs, ks, rs = s * d, d, d
-    elif layout == "paged_hm":
-        nb, hk, bs, d = cache.shape
-        flat = cache.reshape((nb * hk * bs, d))
-        hs, ks, rs = bs * d, d, d
-    else:
-        nb, bs, hk, d = cache.shape
-        flat = cache.reshape((nb * bs, hk * d))
-        hs, ks, rs = d, hk * d, hk * d
-    if layout == "paged":
-        if v_runs and nh == hk:
-            pat = [[rs, n], [1, c * hk * d]]
-        elif v_runs:
-            pat = [[rs, n], [ks, c], [1, nh * d]]
-        else:
-            pat = [[rs, n], [ks, c], [hs, nh], [1, dc]]
-        off = h0 * hs + d0
-    else:
-        pat = [[rs, n], [hs, nh], [1, c * d]] if v_runs else [[rs, n], [hs, nh], [ks, c], [1, dc]]
-        off = h0 * hs + d0
-    return flat.ap(pat, offset=off, vector_offset=col)
-
-
-def _kt_view(b, slot, dci, sl, nh, c, dc):
-    """K^T of sequence sl in ring slot `slot`, head_dim chunk dci: [dc, heads, c, 128]
-    (each head's keys one contiguous block, whatever the cache layout)."""
-    per = nh * c * P
-    kt = b["kt"][slot]
-    slab = kt.shape[1] // (b["nd"] * P)
-    start = (dci * slab + sl * nh * c) * P
-    return kt[:dc, start : start + per].reshape((dc, nh, c, P))
-
-
-def _kt_at(b, slot, dci, sl, h, ci, nh, c, n, dc):
-    return _kt_view(b, slot, dci, sl, nh, c, dc)[:, h, ci, :n]
-
-
-def _v_at(b, slot, sl, h, ci, nh, c, n, d, layout):
-    base = sl * nh * c * d
-    j = ci * nh + h if layout == "paged" else h * c + ci
-    return b["v"][slot][:n, base + j * d : base + (j + 1) * d]
 
 
 def _load_k(io, b, step, slot, islot):
@@ -239,57 +209,68 @@ def _load_k(io, b, step, slot, islot):
     c, ng = (piece, P) if j >= 0 else (1, tail_idx.shape[1])
     ix, kp = b["idx"][islot], b["kp"][islot]
     if j >= 0:
-        nisa.dma_copy(dst=ix[:, :nsq], src=idx[t, j])
-        nisa.dma_copy(dst=kp[:, : nsq * c], src=kpos[t, j].reshape((P, nsq * c)))
+        _load_index(ix[:, :nsq], idx[t, j], io["index_queue"])
+        _load_index(kp[:, : nsq * c], kpos[t, j].reshape((P, nsq * c)), io["index_queue"])
     else:  # tail: zero first, so skipped rows hold 0 (finite), not another step's keys
-        nisa.dma_copy(dst=ix[:ng, :nsq], src=tail_idx[t])
-        nisa.dma_copy(dst=kp[:ng, :nsq], src=tail_kpos[t])
-        if not two_byte:
+        _load_index(ix[:ng, :nsq], tail_idx[t], io["index_queue"])
+        _load_index(kp[:ng, :nsq], tail_kpos[t], io["index_queue"])
+        if not two_byte and not io["fp8"]:
             kraw = b["kraw"][slot][:ng, : ns * nd * nh * P]
             nisa.memset(dst=kraw, value=0.0, engine=nisa.engine.gpsimd)
+    if io["fp8"]:  # the rows as they lie, as V's (converted and transposed later)
+        _load_rows(io, b, step, slot, islot, io["k"], "kraw")
+        return
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
     for sl in range(ns):
         col = ix[:ng, sl : sl + 1]
         for dci in range(nd):
             d0, dc = dci * P, min(P, d - dci * P)
-            view = _kt_view(b, slot, dci, sl, nh, c, dc)[:, :, :, :ng]
+            view = kt_view(b, slot, dci, sl, nh, c, dc)[:, :, :, :ng]
             if j < 0:  # only the columns the tail's score matmuls read
                 nisa.memset(dst=view, value=0.0, engine=nisa.engine.gpsimd)
             # an indirect transpose of a 4-D source needs its dim 1 or 2 of size 1: one per
             # head unless a piece is one key (the tail) or the tile has one head
             if two_byte and (first or (nh > 1 and c > 1)):
                 for h in range(nh):
-                    src = _gather(k, col, layout, hkv, h0 + h, 1, c, d0, dc, False)
+                    src = gather(k, col, layout, hkv, h0 + h, 1, c, d0, dc, False)
                     nisa.dma_transpose(
                         dst=view[:, h : h + 1].reshape(_transposed(src.shape)), src=src,
                         oob_mode=skip,
                     )  # fmt: skip
             elif two_byte:
-                src = _gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
+                src = gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
                 dst = view.permute((0, 2, 1, 3)) if layout == "paged" else view
                 nisa.dma_transpose(dst=dst, src=src, oob_mode=skip)
             else:
-                src = _gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
+                src = gather(k, col, layout, hkv, h0, nh, c, d0, dc, False)
                 _kt_fp32(b, slot, dci, sl, nh, c, ng, d0, dc, layout, src, skip)
+
+
+def _load_index(dst, src, queue):
+    """A slab's small index / position load: on the sync queue (in order with the
+    gathers), or through ScalarE's hardware DGE ("scalar": it does not wait behind them)."""
+    if queue == "scalar":
+        nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
+    else:
+        nisa.dma_copy(dst=dst, src=src)
 
 
 def _load_v(io, b, step, slot, islot):
     """Gather step's V (one DMA per sequence: its heads' keys are contiguous runs)."""
-    k, v, layout, piece, tiles, d = (
-        io["k"],
-        io["v"],
-        io["layout"],
-        io["piece"],
-        io["tiles"],
-        io["d"],
-    )
+    _load_rows(io, b, step, slot, islot, io["v"], "vraw" if io["fp8"] else "v")
+
+
+def _load_rows(io, b, step, slot, islot, cache, ring_name):
+    """Gather step's rows of `cache` into ring `ring_name`, slot `slot` (V's layout)."""
+    k, layout, piece, tiles, d = io["k"], io["layout"], io["piece"], io["tiles"], io["d"]
     t, _, j, _, _, _ = step
     _b0, ns, h0, nh = tiles[t]
     hkv = k.shape[2] if layout == "paged" else k.shape[1]
     c, n = (piece, P) if j >= 0 else (1, io["tail_idx"].shape[1])
     ix = b["idx"][islot]
     if j < 0:
-        nisa.memset(dst=b["v"][slot][:n, : ns * nh * d], value=0.0, engine=nisa.engine.gpsimd)
+        nisa.memset(dst=b[ring_name][slot][:n, : ns * nh * d], value=0.0,
+                    engine=nisa.engine.gpsimd)  # fmt: skip
     skip = nisa.oob_mode.skip if j < 0 else nisa.oob_mode.error
     # one DMA per head where a head's keys are one run (contiguous / head-major blocks), so
     # P V starts on the first heads while the last ones land
@@ -298,8 +279,8 @@ def _load_v(io, b, step, slot, islot):
         col = ix[:n, sl : sl + 1]
         base = sl * nh * c * d
         for h0_, nh_ in [(h, 1) for h in range(nh)] if per_head else [(0, nh)]:
-            vsrc = _gather(v, col, layout, hkv, h0 + h0_, nh_, c, 0, d, True)
-            vdst = b["v"][slot][:n, base + h0_ * c * d : base + (h0_ + nh_) * c * d]
+            vsrc = gather(cache, col, layout, hkv, h0 + h0_, nh_, c, 0, d, True)
+            vdst = b[ring_name][slot][:n, base + h0_ * c * d : base + (h0_ + nh_) * c * d]
             nisa.dma_copy(dst=vdst.reshape(vsrc.shape), src=vsrc, oob_mode=skip)
 
 
@@ -311,7 +292,7 @@ def _kt_fp32(b, slot, dci, sl, nh, c, n, d0, dc, layout, src, skip):
     rview = raw[:n, base : base + nh * c * width].reshape(src.shape)
     nisa.dma_copy(dst=rview, src=src, oob_mode=skip)
     pairs = [(h, ci) for h in range(nh) for ci in range(c)]
-    kview = _kt_view(b, slot, dci, sl, nh, c, dc)
+    kview = kt_view(b, slot, dci, sl, nh, c, dc)
     tp = b["tp_ps"]
     for g0 in range(0, len(pairs), 4):
         grp = pairs[g0 : g0 + 4]
@@ -349,6 +330,8 @@ def _load_item(io, b, t, par):
     nisa.dma_copy(
         dst=b["full"][par][:, :cols], src=full[t, :cols].reshape((1, cols)).broadcast(0, P)
     )
+    if io["fp8"]:  # each column's v_scale, for the item's end
+        nisa.dma_copy(dst=b["vmul"][par][:cols, :], src=io["v_mult"][t, :cols].reshape((cols, 1)))
 
 
 def _start_item(b, nd, cols):
@@ -370,7 +353,7 @@ def _scores(b, slots, shape):
                     dc = min(P, d - dci * P)
                     nisa.nc_matmul(
                         dst=s_ps[:n, ci * cols + col : ci * cols + col + rows],
-                        stationary=_kt_at(b, slot, dci, sl, h, ci, nh, c, n, dc),
+                        stationary=kt_at(b, slot, dci, sl, h, ci, nh, c, n, dc),
                         moving=qt[:dc, dci * cols + col : dci * cols + col + rows],
                         accumulate=dci > 0,
                     )
@@ -457,7 +440,7 @@ def _slab(b, slots, shape, scale, main, zero_v):
         for h in range(nh):
             col = (sl * nh + h) * rows
             for ci in range(c):
-                vv = _v_at(b, slot, sl, h, ci, nh, c, n, d, layout)
+                vv = v_at(b, slot, sl, h, ci, nh, c, n, d, layout)
                 for dci in range(nd):
                     d0, dc = dci * P, min(P, d - dci * P)
                     nisa.nc_matmul(
@@ -521,7 +504,7 @@ def _zero_masked_v(b, slot, islot, shape):
                                op=nl.bitwise_and, engine=eng)  # fmt: skip
 
 
-def _finish_item(out, lse, b, split, tile, grp, rows, cols, d, nd, scale):
+def _finish_item(out, lse, b, split, tile, grp, rows, cols, d, nd, scale, vmul):
     b0, ns, h0, nh = tile
     fin = b["fin_ps"]
     for dci in range(nd):
@@ -533,6 +516,9 @@ def _finish_item(out, lse, b, split, tile, grp, rows, cols, d, nd, scale):
     # an item with no visible key keeps l = 0 and O = 0: out 0, lse ~ scale * -BIG
     nisa.tensor_scalar(dst=lg[:cols, :], data=b["l"][:cols, :], op0=nl.maximum, operand0=1e-30)
     nisa.reciprocal(dst=rl[:cols, :], data=lg[:cols, :])
+    if vmul is not None:  # fp8: v_scale folded into the output
+        nisa.tensor_tensor(dst=rl[:cols, :], data1=rl[:cols, :], data2=vmul[:cols, :],
+                           op=nl.multiply)  # fmt: skip
     nisa.tensor_scalar(
         dst=b["out"][:cols, :d], data=fin[:cols, :d], op0=nl.multiply, operand0=rl[:cols, :]
     )

@@ -400,13 +400,14 @@ def _serving_attention_op(
     qsl = host_numpy(query_start_loc).astype(np.int64)
     ctx = host_numpy(cached_seq_len).reshape(-1).astype(np.int64)
     group = q.shape[1] // geo.kv_heads
-    decode = decode_sequences(qsl[1:] - qsl[:-1], ctx, group, k_cache.dtype, sliding_window)
+    decode = decode_sequences(qsl[1:] - qsl[:-1], ctx, group, sliding_window)
     if decode.any():
         # decode rows / drafts: the streamed decode body (with the segmented body for the
         # step's prefill sequences, if any), one launch
         return serving_decode(
             q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),
-            query_start_loc, sinks, softmax_scale, sliding_window, layout, decode,
+            query_start_loc, sinks, softmax_scale, sliding_window, layout, decode, k_scale,
+            v_scale,
         )  # fmt: skip
     return _serving_attention(
         q, k, v, k_cache, v_cache, slot_mapping, block_table, cached_seq_len.reshape(-1),

@@ -16,12 +16,19 @@ The host (`serving/decode_step_host.py`) lays each sequence's queries right-alig
 q [B, Hq, Sq, D] (Sq = the step's longest query count), so the decode plan's causal
 bound hi = len - Sq + i + 1 is each query's own position + 1, and plans the piece
 tables with `attention/decode_plan.py`. The write precedes the gathers in issue order on
-the same HBM tensors (the interpreter and the cost model order them by storage).
+the same HBM tensors (the interpreter and the cost model order them by storage). After a
+write, the body loads its per-slab piece indices and key positions through ScalarE's
+hardware DGE queue: on the sync queue they would wait behind the gathers, which the
+write's scatters leave with a standing backlog (modeled, trn2, Llama-3 8B 8 x 1 over 2K,
+hnd: 270.2 us fused vs 259.2 us write + attend in two launches; 259.7 us with it).
 
 Layouts: "paged" = [num_blocks, block_size, Hkv, D] (the serving ops' "nhd"), "paged_hm"
 = [num_blocks, Hkv, block_size, D] ("hnd"). Caches in q's dtype (the streamed body's
-K^T comes from 2-byte DMA transposes, or TensorE transposes for fp32); fp8 caches take
-the segmented kernel.
+K^T comes from 2-byte DMA transposes, or TensorE transposes for fp32) or fp8: the write
+quantizes with the segmented kernel's `_write_new_rows` (scales [Hkv, 4] from
+`host.kv_scales`, fp8_max > 0), the body gathers the fp8 rows and converts them
+(`attention/decode_stream_fp8.py`; k_mult [1, Hkv] = softmax_scale * k_scale with
+softmax_scale 1, v_mult [T, NGR] each column's v_scale).
 
 A mixed step (prefill chunks next to decode rows) runs `serving_mixed_fwd`: the same
 write and decode body over the decode rows' sequences, then the segmented kernel's body
@@ -29,7 +36,8 @@ write and decode body over the decode rows' sequences, then the segmented kernel
 
 Inputs: q [B, Hq, Sq, D]; k_new, v_new [T, Hkv * D] or None; write_rows int32 [T, 1]
 (layout row of each new token, negative = skip) or None; the decode plan's idx, kpos,
-tail_idx, tail_kpos, hi, full and static arguments (`decode_plan.StreamPlan`). Returns
+tail_idx, tail_kpos, hi, full and static arguments (`decode_plan.StreamPlan`); for fp8
+caches scales, fp8_max, k_mult, v_mult (above). Returns
 out [ksplit, B, Hq, Sq, D] (q's dtype), lse [ksplit, B, Hq, Sq] fp32.
 """
 
@@ -46,6 +54,7 @@ WRITE_LAYOUT = {"paged": "nhd", "paged_hm": "hnd"}  # the cache write's names
 def serving_decode_fwd(
     q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi, full,
     softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
+    scales=None, fp8_max=0.0, k_mult=None, v_mult=None,
 ):  # fmt: skip
     """(out, lse) of the streamed decode over the caches after the write; see above."""
     d = q.shape[3]
@@ -53,12 +62,13 @@ def serving_decode_fwd(
         wl = WRITE_LAYOUT[layout]
         hkv = k_cache.shape[2] if wl == "nhd" else k_cache.shape[1]
         kf, vf, bs = _flat_views(k_cache, v_cache, wl, hkv, d)
-        # no fp8 here (fp8_max 0): the scales operand is never read
-        _write_new_rows(k_new, kf, write_rows, None, 2, wl, bs, hkv, d, 0.0)
-        _write_new_rows(v_new, vf, write_rows, None, 3, wl, bs, hkv, d, 0.0)
+        # scales is read only for an fp8 cache (fp8_max > 0)
+        _write_new_rows(k_new, kf, write_rows, scales, 2, wl, bs, hkv, d, fp8_max)
+        _write_new_rows(v_new, vf, write_rows, scales, 3, wl, bs, hkv, d, fp8_max)
     return decode_stream_fwd(
         q, k_cache, v_cache, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
-        layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
+        layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v, k_mult, v_mult,
+        "sync" if k_new is None else "scalar",
     )  # fmt: skip
 
 
@@ -66,17 +76,21 @@ def serving_decode_fwd(
 def serving_mixed_fwd(
     q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi, full,
     softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
-    q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile,
+    q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile, fp8_max=0.0, k_mult=None,
+    v_mult=None,
 ):  # fmt: skip
     """A mixed step in one launch: the write, the streamed decode body over the decode
     rows' sequences (as `serving_decode_fwd`), then the segmented body
     (`segmented.serving_attention_fwd`, without its write) over the prefill sequences'
     work items (q_t, key_rows, key_mask, rowinfo, scales, n_steps, kv_tile as there).
-    Returns (out, lse) of the decode part and the segmented part's out [items, Hkv, R, D].
+    `scales` (`host.kv_scales`) serves the write and the segmented body (fp8 caches:
+    fp8_max, k_mult, v_mult as in `serving_decode_fwd`). Returns (out, lse) of the decode
+    part and the segmented part's out [items, Hkv, R, D].
     The two bodies run one after the other (each frees its on-chip tiles on return)."""
     out, lse = serving_decode_fwd(
         q, k_new, v_new, k_cache, v_cache, write_rows, idx, kpos, tail_idx, tail_kpos, hi,
         full, softmax_scale, layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v,
+        scales, fp8_max, k_mult, v_mult,
     )  # fmt: skip
     seg = serving_attention_fwd(
         q_t, None, None, k_cache, v_cache, None, key_rows, key_mask, rowinfo, scales,

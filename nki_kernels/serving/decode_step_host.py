@@ -4,14 +4,14 @@ its launch.
 `serving_attention` sends a step here (`decode_step_eligible`) when every sequence
 brings at most MAX_QUERIES queries (decode rows, speculative drafts), the G query heads
 x queries of a KV head are at most MAX_ROWS packed rows (where this kernel models
-faster than the segmented one), the cache is in q's dtype (the streamed
-body's K^T DMA transposes move 2-byte elements; fp8 caches take the segmented kernel)
-and a sliding window, if any, starts at the same key for all of a sequence's queries
-(true for decode rows; the streamed body bounds keys from above only): per sequence,
-`decode_sequences`. In a mixed step the other sequences (prefill chunks, long drafts,
-drafts under a window) go to the segmented kernel's body in the same launch
-(`decode_step.serving_mixed_fwd`); a step with no decode sequence (or an fp8 cache)
-runs the segmented kernel alone.
+faster than the segmented one) and a sliding window, if any, starts at the same key for
+all of a sequence's queries (true for decode rows; the streamed body bounds keys from
+above only): per sequence, `decode_sequences`. The cache is in q's dtype or fp8 (the
+body's FP8 staging, `attention/decode_stream_fp8.py`: softmax_scale * k_scale multiplies
+K, so the body's softmax scale is 1; v_scale each output column). In a mixed step the
+other sequences (prefill chunks, long drafts, drafts under a window) go to the segmented
+kernel's body in the same launch (`decode_step.serving_mixed_fwd`); a step with no
+decode sequence runs the segmented kernel alone.
 
 The plan (`plan`):
 * the active sequences (query_len > 0) in order, their queries right-aligned in
@@ -51,10 +51,10 @@ from ..runtime.lnc import runtime_lnc
 from ..targets import get_target
 from .decode_step import serving_decode_fwd, serving_mixed_fwd
 from .host import (
-    FP8_MAX,
     CacheGeometry,
     StepPlan,
     check_keys,
+    fp8_max,
     kv_scales,
     plan_step,
     scatter_out,
@@ -70,6 +70,17 @@ MAX_QUERIES = 16  # queries per sequence the decode path takes (speculative draf
 # 32 -> 672 vs 927 us (G 4 and G 8 alike), 48 -> 1,098 vs 927 us)
 MAX_ROWS = 32
 DECODE_LAYOUT = {"nhd": "paged", "hnd": "paged_hm"}
+# fp8 caches: the body converts each slab ring - 1 slabs ahead of its scores, so a third
+# slot keeps the conversions off the softmax chain; pieces of 8 keys keep the slots and
+# the raw fp8 rings in SBUF (modeled, cost model v3, trn2, Llama-3 8B 8 x 1 over 2K, hnd,
+# e4m3: piece 16 / ring 2 565 us, 8 / 2 498 us, 8 / 3 354 us; 16 / 3 does not fit)
+FP8_STREAM = StreamConfig(piece=8, ring=3)
+
+
+def stream_config(cfg: StreamConfig, cache_dtype: torch.dtype) -> StreamConfig:
+    """The body's tunables for a cache: the decode op's tuned ones (`cfg`, bf16 / fp32
+    caches) or, for fp8, FP8_STREAM (not tuned: the op's configs are for 2-byte K^T)."""
+    return FP8_STREAM if fp8_max(cache_dtype) > 0.0 else cfg
 
 
 def window_start(pos: np.ndarray, window: int | None) -> np.ndarray:
@@ -83,13 +94,10 @@ def decode_sequences(
     qlen: np.ndarray,
     ctx: np.ndarray,
     group: int,
-    cache_dtype: torch.dtype,
     sliding_window: int | None,
 ) -> np.ndarray:
     """bool [S]: the sequences the streamed decode body serves (see the module
-    docstring); none for an fp8 cache."""
-    if cache_dtype in FP8_MAX:
-        return np.zeros(qlen.shape, bool)
+    docstring; any cache dtype)."""
     first = window_start(ctx, sliding_window)
     last = window_start(ctx + np.maximum(qlen, 1) - 1, sliding_window)
     return (qlen > 0) & (qlen <= MAX_QUERIES) & (group * qlen <= MAX_ROWS) & (first == last)
@@ -99,11 +107,10 @@ def decode_step_eligible(
     qlen: np.ndarray,
     ctx: np.ndarray,
     group: int,
-    cache_dtype: torch.dtype,
     sliding_window: int | None,
 ) -> bool:
     """True when the streamed decode body serves every sequence of the step."""
-    dec = decode_sequences(qlen, ctx, group, cache_dtype, sliding_window)
+    dec = decode_sequences(qlen, ctx, group, sliding_window)
     return bool(dec.any() and (dec | (qlen == 0)).all())
 
 
@@ -220,14 +227,19 @@ def serving_decode(
     sliding_window: int | None,
     layout: str,
     decode: np.ndarray,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """out [T, Hq, D]: write k, v (if given) at slot_mapping, then the streamed decode
     body over the sequences of `decode` (bool [S], `decode_sequences`) and, when other
-    sequences have queries, the segmented body over those: one launch."""
+    sequences have queries, the segmented body over those: one launch (k_scale /
+    v_scale: an fp8 cache's, as `serving_attention`)."""
     t_tok, hq, d = q.shape
     geo = CacheGeometry.of(k_cache, layout)
     hkv, group = geo.kv_heads, hq // geo.kv_heads
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    scales = kv_scales(k_scale, v_scale, hkv, scale)  # [Hkv, 4], the segmented kernel's
+    fp8 = fp8_max(k_cache.dtype)
     target = get_target(None)
     qsl_np = host_numpy(query_start_loc).astype(np.int64)
     ctx_np = host_numpy(cached_seq_len).astype(np.int64)
@@ -242,14 +254,15 @@ def serving_decode(
     cfg = lookup_config("decode_attention", problem, decode_stream_fwd, target=target,
                         config_cls=StreamConfig, lnc=1)  # fmt: skip
     assert isinstance(cfg, StreamConfig)
+    cfg = stream_config(cfg, k_cache.dtype)
     ksplit = 2 if n_seq == 1 and runtime_lnc(target) == 2 else 1
     p = plan(qsl_np, ctx_np, table_np, geo, hq, q.element_size(), sliding_window, cfg, ksplit,
              decode)  # fmt: skip
     dev = q.device
     seg = None
     if rest.any():  # the prefill sequences, compacted: their tokens in order
-        seg = _segmented_part(q, qsl_np, ctx_np, table_np, rest, geo, sinks, scale,
-                              sliding_window)  # fmt: skip
+        seg = _segmented_part(q, qsl_np, ctx_np, table_np, rest, geo, sinks, scales,
+                              sliding_window, k_cache.element_size())  # fmt: skip
     rows_w = None
     if k is not None:
         assert slot_mapping is not None
@@ -265,12 +278,19 @@ def serving_decode(
     new: list[Tensor | None] = [None, None]
     if k is not None and v is not None and t_tok > 0:
         new = [k.reshape(t_tok, -1).contiguous(), v.reshape(t_tok, -1).contiguous()]
+    # fp8: softmax_scale * k_scale multiplies K in the body (its softmax scale 1)
     args = [q4.contiguous(), *new, kc, vc, rows_w,
-            *[torch.from_numpy(a).to(dev) for a in arrays], scale, *s.static_args()]  # fmt: skip
+            *[torch.from_numpy(a).to(dev) for a in arrays], 1.0 if fp8 else scale,
+            *s.static_args()]  # fmt: skip
+    mults: tuple[Tensor | None, Tensor | None] = (None, None)
+    if fp8:
+        k_mult, v_mult = fp8_mults(scales, s, group * sq)
+        mults = (k_mult.to(dev), v_mult.to(dev))
     if seg is None:
-        outs, lses = launch(serving_decode_fwd, *args, target=target, mutated=(3, 4))
+        outs, lses = launch(serving_decode_fwd, *args, scales.to(dev), fp8, *mults,
+                            target=target, mutated=(3, 4))  # fmt: skip
     else:
-        outs, lses, res = launch(serving_mixed_fwd, *args, *seg[1], target=target,
+        outs, lses, res = launch(serving_mixed_fwd, *args, *seg[1], fp8, *mults, target=target,
                                  mutated=(3, 4))  # fmt: skip
     if kc is not k_cache:
         k_cache.copy_(kc)
@@ -300,11 +320,12 @@ def _segmented_part(
     rest: np.ndarray,
     geo: CacheGeometry,
     sinks: Tensor | None,
-    scale: float,
+    scales: Tensor,
     sliding_window: int | None,
+    cache_itemsize: int,
 ) -> tuple[np.ndarray, tuple[object, ...], StepPlan]:
     """(token indices, the segmented body's arguments, its plan) for the sequences of
-    `rest`, their tokens compacted in order."""
+    `rest`, their tokens compacted in order (`scales`: `host.kv_scales`)."""
     hq = q.shape[1]
     hkv, group = geo.kv_heads, hq // geo.kv_heads
     seqs = np.flatnonzero(rest)
@@ -312,13 +333,25 @@ def _segmented_part(
     qlen_c = (qsl[1:] - qsl[:-1])[seqs]
     qsl_c = np.concatenate([[0], np.cumsum(qlen_c)])
     sp = plan_step(qsl_c, ctx[seqs], table[seqs], geo, group, sliding_window)
-    scales = kv_scales(None, None, hkv, scale)
     q_c = q.index_select(0, torch.from_numpy(tokens).to(q.device))
-    row_bytes = geo.head_dim * q.element_size()  # the cache is in q's dtype here
+    row_bytes = geo.head_dim * cache_itemsize
     q_t, key_rows, key_mask, info = segmented_inputs(q_c, sp, sinks, scales, hkv, group,
                                                      geo.block_size, row_bytes)  # fmt: skip
     args = (q_t, key_rows, key_mask, info, scales.to(q.device), sp.n_steps, sp.kv_tile)
     return tokens, args, sp
+
+
+def fp8_mults(scales: Tensor, stream: StreamPlan, rows: int) -> tuple[Tensor, Tensor]:
+    """The body's FP8 multipliers from `kv_scales`' [Hkv, 4]: k_mult [1, Hkv] (softmax_scale
+    * k_scale) and v_mult [T, NGR] (each packed column's v_scale: column (sequence, head,
+    row) of tile (b0, nseq, h0, nh) is KV head h0 + head; `rows` = G x queries)."""
+    ngr = stream.hi.shape[1]
+    vs = scales[:, 1].numpy()
+    v_mult = np.ones((len(stream.tiles), ngr), np.float32)
+    for t, (_b0, ns, h0, nh) in enumerate(stream.tiles):
+        cols = np.repeat(vs[h0 : h0 + nh], rows)
+        v_mult[t, : ns * nh * rows] = np.tile(cols, ns)
+    return scales[:, 0].reshape(1, -1).contiguous(), torch.from_numpy(v_mult)
 
 
 __all__ = [
@@ -327,6 +360,8 @@ __all__ = [
     "DecodeStepPlan",
     "decode_sequences",
     "decode_step_eligible",
+    "fp8_mults",
     "plan",
     "serving_decode",
+    "stream_config",
 ]

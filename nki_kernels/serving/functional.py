@@ -41,8 +41,9 @@ v_scale are quantization multipliers, X * k_scale; the caller folds the dequanti
 into `softmax_scale = scaling / k_scale` and `W_out = o_proj / v_scale`). Here every
 argument is a keyword named as the megakernel names it, the FP8 convention is the
 plugin's, the projections and RoPE are torch ops, and the write + attention is one
-`serving_attention` launch (not the megakernel's single launch; FP8 caches: a write
-launch, then the attention).
+`serving_attention` launch (not the megakernel's single launch; FP8 caches too: the op's
+scales are the reciprocals, softmax_scale passed times k_scale, the output multiplied by
+v_scale on return).
 
 Not provided: `qkv_proj`, `o_proj`, `mlp`, `gen_attention_decode_mask` (no mask tensor:
 the positions follow from `cached_seq_len`).
@@ -276,15 +277,20 @@ def attention_decode(
                 )
     if k_scale is not None and v_scale is not None:
         # The plugin's FP8 convention: the cache holds x * k_scale and the caller folded
-        # the dequantization into softmax_scale and W_out, so the attention reads the
-        # cached values unscaled: write with this op's x / (1 / k_scale), attend with unit
-        # scales (two launches; one launch would need 1 / k_scale as a host float).
-        kv_cache_write(kf, vf, K_cache, V_cache, slots, layout="hnd",
-                       k_scale=1.0 / k_scale.reshape(-1).float(),
-                       v_scale=1.0 / v_scale.reshape(-1).float())  # fmt: skip
-        one = torch.ones(1, device=X.device)
+        # the dequantization into softmax_scale and W_out. One launch with this op's
+        # scales 1 / k_scale, 1 / v_scale: its write stores x * k_scale, its read
+        # multiplies the cached values by 1 / k_scale and the output by 1 / v_scale, so
+        # softmax_scale goes in times k_scale (the same logits) and the output comes back
+        # times v_scale (W_out keeps its 1 / v_scale)
+        kmul = float(k_scale.detach().to("cpu", torch.float64).reshape(-1)[0])
+        vmul = float(v_scale.detach().to("cpu", torch.float64).reshape(-1)[0])
+        sm = dh**-0.5 if softmax_scale is None else float(softmax_scale)
+        common["softmax_scale"] = sm * kmul
         out = serving_attention(qf, K_cache, V_cache, block_tables, cached_seq_len.reshape(-1),
-                                qsl, k_scale=one, v_scale=one, **common)  # type: ignore[arg-type]  # fmt: skip
+                                qsl, k=kf, v=vf, slot_mapping=slots,
+                                k_scale=1.0 / k_scale.reshape(-1).float(),
+                                v_scale=1.0 / v_scale.reshape(-1).float(), **common)  # type: ignore[arg-type]  # fmt: skip
+        out = out * vmul
     else:
         out = serving_attention(qf, K_cache, V_cache, block_tables, cached_seq_len.reshape(-1),
                                 qsl, k=kf, v=vf, slot_mapping=slots, **common)  # type: ignore[arg-type]  # fmt: skip

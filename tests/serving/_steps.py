@@ -116,3 +116,16 @@ def assert_rel_close(actual: Tensor, expected: Tensor, tol: float, what: str = "
 # continuing with a prefill chunk, a fresh prefill, a speculative draft of 5 tokens,
 # an idle sequence (no tokens this step) and a 2-token draft.
 MIXED = [(40, 1), (32, 20), (0, 9), (25, 5), (10, 0), (3, 2)]
+
+
+def nan_before_windows(step: Step, window: int, layout: str) -> None:
+    """NaN K and V at every cached key before the first query's window."""
+    bs = step.k_cache.shape[1 if layout == "nhd" else 2]
+    for s, ctx in enumerate(step.cached_seq_len.tolist()):
+        for p in range(min(max(0, ctx - window + 1), ctx)):
+            blk, off = int(step.block_table[s, p // bs]), p % bs
+            for c in (step.k_cache, step.v_cache):
+                if layout == "hnd":
+                    c[blk, :, off] = float("nan")
+                else:
+                    c[blk, off] = float("nan")

@@ -77,8 +77,8 @@ def test_drafts_under_a_binding_window_take_the_segmented_body(
     sequences; a window that does not bind keeps them on the decode body."""
     step = make_step([(40, 4), (2, 3)], seed=5)
     qlen, ctx = np.array([4, 3]), np.array([40, 2])
-    assert decode_sequences(qlen, ctx, 2, torch.float32, 6).tolist() == [False, True]
-    assert decode_sequences(qlen, ctx, 2, torch.float32, 44).tolist() == [True, True]
+    assert decode_sequences(qlen, ctx, 2, 6).tolist() == [False, True]
+    assert decode_sequences(qlen, ctx, 2, 44).tolist() == [True, True]
     for window in (6, 44):
         out, ref, caches_equal = _run(step, sliding_window=window)
         assert_rel_close(out, ref, TOLERANCES[torch.float32])
@@ -121,12 +121,12 @@ def test_half_precision_and_gqa(dtype: torch.dtype, decode_calls: list[int]) -> 
 
 def test_which_steps_take_the_decode_path() -> None:
     qlen, ctx = np.array([1, 16, 0]), np.array([9, 9, 9])
-    assert decode_step_eligible(qlen, ctx, 2, torch.bfloat16, None)  # 32 rows
-    assert not decode_step_eligible(np.array([17, 1]), ctx[:2], 1, torch.bfloat16, None)
-    assert not decode_step_eligible(qlen, ctx, 3, torch.bfloat16, None)  # 48 rows
-    assert not decode_step_eligible(qlen[:1], ctx[:1], 4, torch.float8_e4m3fn, None)
-    assert not decode_step_eligible(np.array([0, 0]), ctx[:2], 4, torch.float32, None)
-    assert decode_step_eligible(np.array([1, 1]), ctx[:2], 4, torch.float32, 3)
+    assert decode_step_eligible(qlen, ctx, 2, None)  # 32 rows
+    assert not decode_step_eligible(np.array([17, 1]), ctx[:2], 1, None)
+    assert not decode_step_eligible(qlen, ctx, 3, None)  # 48 rows
+    assert decode_step_eligible(qlen[:1], ctx[:1], 4, None)  # 4 rows (any cache dtype)
+    assert not decode_step_eligible(np.array([0, 0]), ctx[:2], 4, None)
+    assert decode_step_eligible(np.array([1, 1]), ctx[:2], 4, 3)
 
 
 def test_plan_right_aligns_queries_and_cuts_the_window() -> None:
@@ -223,8 +223,8 @@ def test_decode_steps_compiled_without_recompiles(
 
 
 def test_threads_give_the_serial_result() -> None:
-    """Decode-step, mixed and segmented (fp8) launches from 3 threads at once: each
-    output and written cache equals the serial call's bit for bit."""
+    """Decode-step, mixed and mixed-with-an-fp8-cache launches from 3 threads at once:
+    each output and written cache equals the serial call's bit for bit."""
     from concurrent.futures import ThreadPoolExecutor
 
     steps = [make_step(DECODE, seed=21), make_step(MIXED, layout="hnd", seed=22),

@@ -24,10 +24,23 @@ def _scales(per_head: bool, hkv: int) -> tuple[torch.Tensor, torch.Tensor]:
                          ids=["fp32", "bf16", "fp16"])  # fmt: skip
 @pytest.mark.parametrize("per_head", [False, True], ids=["tensor", "head"])
 @pytest.mark.parametrize("cdt", FP8, ids=["e4m3", "e5m2"])
-def test_fp8_cache(cdt: torch.dtype, per_head: bool, qdtype: torch.dtype) -> None:
+def test_fp8_cache(
+    cdt: torch.dtype, per_head: bool, qdtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Written quantized (x / scale, saturated), read back dequantized in the kernel with the
     scales folded into the softmax and the output; the reference attends over the same
-    fp8 values times their scales in float64."""
+    fp8 values times their scales in float64. The step's decode rows and drafts take the
+    decode body, its prefill chunks the segmented body: one mixed launch."""
+    import nki_kernels.serving.decode_step_host as dsh
+
+    launched: list[str] = []
+    real = dsh.launch
+
+    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
+        launched.append(kernel.__name__)
+        return real(kernel, *a, **kw)
+
+    monkeypatch.setattr(dsh, "launch", spy)
     step = make_step(MIXED, dtype=qdtype, cache_dtype=cdt, layout="hnd" if per_head else "nhd",
                      seed=21)  # fmt: skip
     ks, vs = _scales(per_head, 2)
@@ -38,6 +51,7 @@ def test_fp8_cache(cdt: torch.dtype, per_head: bool, qdtype: torch.dtype) -> Non
     out = serving_attention(step.q, kc, vc, step.block_table, step.cached_seq_len,
                             step.query_start_loc, k=step.k, v=step.v,
                             slot_mapping=step.slot_mapping, **kw)  # fmt: skip
+    assert launched == ["serving_mixed_fwd"]
     assert same_bits(kc, rk) and same_bits(vc, rv)
     assert_rel_close(out, ref, TOLERANCES[qdtype])
 

@@ -112,10 +112,21 @@ def _rope64(x, cos, sin):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp32-cache", "fp8-cache"])
-def test_attention_decode_block(fp8: bool) -> None:
+def test_attention_decode_block(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Projection, RoPE (contiguous halves), cache write, attention with sinks, output
     projection, against float64 torch; FP8 in the plugin's convention (the cache holds
-    x * k_scale; softmax_scale and W_out carry the dequantization)."""
+    x * k_scale; softmax_scale and W_out carry the dequantization). The write and the
+    attention are one launch of the decode-step kernel, fp8 included."""
+    import nki_kernels.serving.decode_step_host as dsh
+
+    launched: list[str] = []
+    real = dsh.launch
+
+    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
+        launched.append(kernel.__name__)
+        return real(kernel, *a, **kw)
+
+    monkeypatch.setattr(dsh, "launch", spy)
     x, w_qkv, w_out, kc, vc, table, ctx, slots, cos, sin, (hq, hkv, d) = _decode_case(fp8)
     sink = torch.tensor([[0.5], [-1.0], [2.0], [0.0]])
     scaling = d**-0.5
@@ -148,6 +159,7 @@ def test_attention_decode_block(fp8: bool) -> None:
                       True, sinks=sink.reshape(-1))  # fmt: skip
         outs.append(o.transpose(0, 1).reshape(2, hq * d))
     ref = torch.stack(outs) @ w_out.double()
+    assert launched == ["serving_decode_fwd"]
     assert_rel_close(y, ref, TOLERANCES[torch.float32])
     written = k_cache[table[0, 0], :, 7].double() / ks  # sequence 0's first new token
     assert_rel_close(written, kq[0, 0], 1e-6, "k_cache")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _steps import make_step, same_bits
+from _steps import make_step, nan_before_windows, same_bits
 
 from nki_kernels.attention.decode_host import StreamConfig
 from nki_kernels.attention.decode_plan import BIG, NO_ROW
@@ -65,19 +65,6 @@ def test_grouped_tiles_of_a_group_straddling_the_window(layout: str) -> None:
     assert group_read[0, 127, 0] and not read[0, 127, 0]  # keys 508..511: only 511 read
 
 
-def _nan_before_windows(step, window, layout):  # type: ignore[no-untyped-def]
-    """NaN K and V at every cached key before the first query's window."""
-    bs = step.k_cache.shape[1 if layout == "nhd" else 2]
-    for s, ctx in enumerate(step.cached_seq_len.tolist()):
-        for p in range(min(max(0, ctx - window + 1), ctx)):
-            blk, off = int(step.block_table[s, p // bs]), p % bs
-            for c in (step.k_cache, step.v_cache):
-                if layout == "hnd":
-                    c[blk, :, off] = float("nan")
-                else:
-                    c[blk, off] = float("nan")
-
-
 CASES = {
     "prefill": [(40, 7), (33, 20)],
     "chunk": [(64, 16), (0, 9), (31, 5)],
@@ -107,7 +94,7 @@ def test_nan_before_the_window_never_reaches_the_output(
     for nan in (False, True):
         step = make_step(CASES[kind], layout=layout, cache_dtype=cdt, pad_tokens=1)
         if nan:
-            _nan_before_windows(step, window, layout)
+            nan_before_windows(step, window, layout)
         outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
                                       step.cached_seq_len, step.query_start_loc, k=step.k,
                                       v=step.v, slot_mapping=step.slot_mapping, **kw))  # fmt: skip
@@ -149,9 +136,9 @@ def _decode_rows_with_nan_before_the_window(  # type: ignore[no-untyped-def]
         step = make_step(DECODE_ROWS, layout=layout, dtype=dtype, block_size=block_size,
                          d=d, pad_tokens=1)  # fmt: skip
         qsl, ctx = step.query_start_loc.numpy(), step.cached_seq_len.numpy()
-        assert decode_sequences(qsl[1:] - qsl[:-1], ctx, 2, dtype, window).all()
+        assert decode_sequences(qsl[1:] - qsl[:-1], ctx, 2, window).all()
         if nan:
-            _nan_before_windows(step, window, layout)
+            nan_before_windows(step, window, layout)
         outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
                                       step.cached_seq_len, step.query_start_loc, k=step.k,
                                       v=step.v, slot_mapping=step.slot_mapping, **kw))  # fmt: skip
@@ -203,7 +190,7 @@ def test_decode_body_window_over_two_slabs() -> None:
     for nan in (False, True):
         step = make_step([(2100, 1), (40, 1)], pad_tokens=0)
         if nan:
-            _nan_before_windows(step, 2060, "nhd")
+            nan_before_windows(step, 2060, "nhd")
         outs.append(serving_attention(step.q, step.k_cache, step.v_cache, step.block_table,
                                       step.cached_seq_len, step.query_start_loc, k=step.k,
                                       v=step.v, slot_mapping=step.slot_mapping,
