@@ -481,8 +481,9 @@ class MoEMLPBwdConfig(KernelConfig):
         # 512-column slots: one per PSUM tile of the panel, plus two zero slots
         slots = 2 + acc_rows * _cdiv(min(self.wgrad_cols, max(h, 2 * i)), 512)
         acc = _tile(slots * 512 * 4)
-        # per buffer set: rows, expert, keep, the adds' slot indexes; + the slot ramp
-        phase_b = 2 * (lt + rt + 2 * GRANULE + _tile(65 * 4)) + acc + _tile(64 * 4)
+        # per buffer set (two alternate, a third takes the next panel's first block):
+        # rows, expert, keep, the adds' slot indexes; + the slot ramp
+        phase_b = 3 * (lt + rt + 2 * GRANULE + _tile(65 * 4)) + acc + _tile(64 * 4)
         if dsz == 2:  # two row tiles of the panel rounded for their store
             phase_b += 2 * _tile(min(self.wgrad_cols, max(h, 2 * i)) * dsz)
         combine = 2 * GRANULE + 2 * _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)
