@@ -29,7 +29,8 @@ PSUM to +0.0. One VectorE pass per element, reading PSUM, and bit for bit the su
 mask would give. Two tensors because a run-time slot read counts as a read of its whole
 tensor: consecutive adds alternate tensors, so an add never reads what the add just
 before it wrote (which would drain VectorE's pipeline). Block 0 (always the first of its
-expert, and always in the static part) copies PSUM on ScalarE instead. For a 2-byte dW,
+expert, and always in the static part) copies PSUM instead: on VectorE for a 2-byte dW
+(ScalarE rounds every tile), else on ScalarE. For a 2-byte dW,
 ScalarE rounds each tile into a row staging tile (two in turn), so the store DMA moves
 2 bytes per element rather than reading fp32 and converting. The sum never leaves the
 chip until it is stored, and no gradient is read back from HBM. The running sum is
@@ -106,23 +107,24 @@ def weight_grads(
     ns, dt = d["NS"], d["dt"]
     lt_rows = min(tiles * P, max([g[0].shape[1] for g in grads]))
     rt_cols = min(cols, max([g[0].shape[2] for g in grads]))
-    # two sets alternate between a panel's blocks; the third ("head") takes the next
-    # panel's first block while this panel runs, so a panel does not start on its loads
-    sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(3)]
     nt = cdiv(lt_rows, P) * cdiv(rt_cols, PSUM_FP32)
     assert nt <= SLOTS_MAX, "weight_grads: panel"
-    ramp = nl.ndarray((1, SLOTS_MAX), dtype=nl.float32, buffer=nl.sbuf)  # 1, 1, 2, 2, ...
-    nisa.iota(dst=ramp, pattern=[[1, SLOTS_MAX // 2], [0, 2]], offset=1)
     # panel tile j in slot 1 + j // 2 of acc[j % 2]; slot 0: zeros (what a restart reads,
     # never written). Two tensors: an add's run-time slot read covers its whole tensor,
-    # which the add before it (the other tensor) did not write. Allocated once for all
-    # panels (and the rings below), so the panels do not fragment SBUF
+    # which the add before it (the other tensor) did not write. Allocated first (the
+    # phase's largest tiles must not wait for a hole between smaller ones) and once for
+    # all panels, as the rings below
     acc = [
         nl.ndarray((P, 1 + (nt + 1 - h) // 2, PSUM_FP32), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(min(2, nt))
     ]
     for a in acc:
         nisa.memset(dst=a[:, 0, :], value=0.0)
+    # two sets alternate between a panel's blocks; the third ("head") takes the next
+    # panel's first block while this panel runs, so a panel does not start on its loads
+    sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(3)]
+    ramp = nl.ndarray((1, SLOTS_MAX), dtype=nl.float32, buffer=nl.sbuf)  # 1, 1, 2, 2, ...
+    nisa.iota(dst=ramp, pattern=[[1, SLOTS_MAX // 2], [0, 2]], offset=1)
     # a tile's matmul waits for the add WGRAD_PSUM tiles back, not the previous one; a
     # row's rounded copy (2-byte dW) for the store two rows back
     ring = [nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum) for _ in range(WGRAD_PSUM)]
@@ -216,6 +218,7 @@ def _panel_block(
     nq = cdiv(cw, PSUM_FP32)
     ring, stages, (om, on) = pan[9], pan[10], pan[11]
     narrow = bool(stages)  # 2-byte dW: stored from a rounded copy, not through the DMA
+    copier = nisa.engine.vector if narrow else nisa.engine.scalar  # block 0's PSUM copies
     for r in range(cdiv(rows, P)):
         rr = min(P, rows - r * P)
         stage = stages[r % 2] if narrow else None
@@ -229,7 +232,7 @@ def _panel_block(
             half = acc[j % 2]
             a = half[0:rr, 1 + j // 2, 0:qw]
             if first:
-                nisa.tensor_copy(dst=a, src=ps[0:rr, 0:qw], engine=nisa.engine.scalar)
+                nisa.tensor_copy(dst=a, src=ps[0:rr, 0:qw], engine=copier)
             else:  # select, never multiply: 0 * (a NaN of the previous expert) is NaN
                 prev = half[0:rr, :, 0:qw].select(1, slot[0:1, j : j + 1])  # zeros or a
                 nisa.tensor_tensor(dst=a, data1=prev, data2=ps[0:rr, 0:qw], op=nl.add)
