@@ -1,7 +1,9 @@
 """MoE layer backward against TorchNeuron's `_grouped_mm` backward, per core, with bands.
 
 Run: `python benchmarks/bench_moe_bwd_native.py [--tokens 2048] [--only MODEL,...]
-[--routing uniform,skewed] [--forward] [--json PATH]`: Qwen3-MoE-like, the 64-expert
+[--routing uniform,skewed] [--forward] [--json PATH] [--no-bands] [--full]`
+(`--no-bands`: the base parameter set only; `--full`: no extrapolation, every plan traced
+in full): Qwen3-MoE-like, the 64-expert
 shape and GPT-OSS-like take 2-4 min of CPU each (both routings); Mixtral and
 DeepSeek-V3-like over 15 min each (their traces of 4, 6 and 8 blocks re-scheduled under
 every parameter set).
@@ -67,10 +69,14 @@ def rows(
     target: str = "trn2",
     routings: tuple[str, ...] = ("uniform", "skewed"),
     forward: bool = False,
+    bands: bool = True,
+    full: bool = False,
 ) -> list[dict[str, Any]]:
-    """The rows of one shape (`routings`; `forward`: also the forward's save cost)."""
+    """The rows of one shape (`routings`; `forward`: also the forward's save cost;
+    `bands`: False prices the base parameter set only; `full`: every plan traced in full,
+    never extrapolated)."""
     tgt = get_target(target)
-    sets = [tgt, *parameter_sets(tgt)]
+    sets = [tgt, *parameter_sets(tgt)] if bands else [tgt]
     p = MoEProblem(tokens, shape.hidden, shape.intermediate, shape.num_experts, shape.top_k,
                    "bfloat16")  # fmt: skip
     cfg = MoEMLPBwdConfig.heuristic(p, tgt)
@@ -89,8 +95,8 @@ def rows(
             return traces[n]
 
         n0 = pricing.REPRESENTATIVE_BLOCKS["bwd"]
-        count = len(trace(n0).instrs) if blocks > n0 + pricing.BWD_WINDOW else None
-        ns = pricing.bwd_trace_blocks(blocks, count)
+        count = len(trace(n0).instrs) if blocks > n0 + pricing.BWD_WINDOW and not full else None
+        ns = [blocks] if full else pricing.bwd_trace_blocks(blocks, count)
         for n in ns:
             trace(n)
         counts = expert_counts(kind, tokens, shape.num_experts, shape.top_k)
@@ -118,11 +124,12 @@ def rows(
             "bwd_config": cfg.to_dict(),
             "blocks": blocks,
             "ours_ms": ours[0],
-            "ours_band_ms": [min(ours[1:]), max(ours[1:])],
+            "ours_band_ms": [min(ours[1:]), max(ours[1:])] if bands else None,
             "native_ms": theirs[0],
-            "native_band_ms": [min(theirs[1:]), max(theirs[1:])],
+            "native_band_ms": [min(theirs[1:]), max(theirs[1:])] if bands else None,
             "speedup": theirs[0] / ours[0],
-            "speedup_band": list(ratio_band(ours[1:], theirs[1:], tgt)),
+            "speedup_band": list(ratio_band(ours[1:], theirs[1:], tgt)) if bands else None,
+            "traced_in_full": len(ns) == 1,
             "seconds": round(time.perf_counter() - t0),
             **row,
         })  # fmt: skip
@@ -142,6 +149,10 @@ def _forward_cost(
     return {"fwd_infer_ms": infer, "fwd_train_ms": train, "save_holes": save[0]}
 
 
+def _band(band: list[float] | None, fmt: str = ".1f") -> str:
+    return "" if band is None else f" ({band[0]:{fmt}}-{band[1]:{fmt}})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=2048, help="tokens per core (default 2048)")
@@ -149,6 +160,8 @@ def main() -> int:
     ap.add_argument("--routing", default="uniform,skewed", help="comma-separated routings")
     ap.add_argument("--forward", action="store_true", help="also the forward's save cost")
     ap.add_argument("--json", help="append the rows to this file (JSON lines)")
+    ap.add_argument("--no-bands", action="store_true", help="base parameter set only")
+    ap.add_argument("--full", action="store_true", help="trace every plan in full")
     args = ap.parse_args()
     routings = tuple(args.routing.split(","))
     only = set(args.only.split(",")) if args.only else None
@@ -158,14 +171,13 @@ def main() -> int:
     for shape in SHAPES:
         if only is not None and shape.model not in only:
             continue
-        for r in rows(shape, args.tokens, routings=routings, forward=args.forward):
+        kw = {"routings": routings, "forward": args.forward}
+        for r in rows(shape, args.tokens, bands=not args.no_bands, full=args.full, **kw):
             print(
                 f"| {r['model']} | {r['routing']} | {r['blocks']} of "
-                f"{r['bwd_config']['block_size']}"
-                f" | {r['ours_ms']:.1f} ({r['ours_band_ms'][0]:.1f}-{r['ours_band_ms'][1]:.1f})"
-                f" | {r['native_ms']:.1f} ({r['native_band_ms'][0]:.1f}-"
-                f"{r['native_band_ms'][1]:.1f}) | {r['speedup']:.2f}x"
-                f" ({r['speedup_band'][0]:.2f}-{r['speedup_band'][1]:.2f}) |",
+                f"{r['bwd_config']['block_size']} | {r['ours_ms']:.1f}{_band(r['ours_band_ms'])}"
+                f" | {r['native_ms']:.1f}{_band(r['native_band_ms'])} | {r['speedup']:.2f}x"
+                f"{_band(r['speedup_band'], '.2f')} |",
                 flush=True,
             )
             if args.forward:

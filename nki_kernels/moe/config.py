@@ -343,13 +343,16 @@ STRIP_BUFS = (2, 3)
 STORE_RUN_BYTES = 2048  # blockwise_mlp_bwd's act / dg / du store runs (bytes per row)
 # heuristic phase-A plans, best first: (sub_block, tile_i, strip_bufs, prefetch_rows, w_bufs).
 # Two strip sets, not three, with 8-tile DMAs: modeled (cost model v3, trn2, full traces,
-# 2,048 tokens) the 64-expert shape's backward 13.9 -> 12.6 ms, Qwen3-MoE-like 16.9 -> 15.1
+# 2,048 tokens) the 64-expert shape's backward 13.9 -> 12.6 ms, Qwen3-MoE-like 16.9 -> 15.1;
+# 128-token units prefetching their rows where that fits: GPT-OSS-like (bench_moe_bwd_native,
+# uniform) 57.5 -> 54.0 ms
 BWD_PHASE_A_PLANS = (
     (512, 256, 2, 1, 4),
     (256, 256, 2, 1, 4),
     (256, 512, 2, 1, 4),
     (256, 256, 2, 1, 3),
     (256, 256, 2, 0, 3),
+    (128, 256, 2, 1, 4),
     (128, 1024, 2, 0, 3),
     (128, 512, 2, 0, 3),
     (128, 256, 2, 0, 3),
@@ -481,8 +484,9 @@ class MoEMLPBwdConfig(KernelConfig):
         # 512-column slots: one per PSUM tile of the panel, plus two zero slots
         slots = 2 + acc_rows * _cdiv(min(self.wgrad_cols, max(h, 2 * i)), 512)
         acc = _tile(slots * 512 * 4)
-        # per buffer set: rows, expert, keep, the adds' slot indexes; + the slot ramp
-        phase_b = 2 * (lt + rt + 2 * GRANULE + _tile(65 * 4)) + acc + _tile(64 * 4)
+        # per buffer set (two alternate, a third takes the next panel's first block):
+        # rows, expert, keep, the adds' slot indexes; + the slot ramp
+        phase_b = 3 * (lt + rt + 2 * GRANULE + _tile(65 * 4)) + acc + _tile(64 * 4)
         if dsz == 2:  # two row tiles of the panel rounded for their store
             phase_b += 2 * _tile(min(self.wgrad_cols, max(h, 2 * i)) * dsz)
         combine = 2 * GRANULE + 2 * _tile(COMBINE_COLS * 4) + 3 * _tile(COMBINE_COLS * dsz)

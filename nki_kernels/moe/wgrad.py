@@ -12,6 +12,7 @@ Loop nest (weight tile outer, blocks inner):
     for each panel [m0 : m0 + R, n0 : n0 + C] of dW:            static
         for each block b (blocks are grouped by expert):        tiles.block_loop
             prefetch block b+1: L[:, m0 : m0 + R], R[:, n0 : n0 + C], expert, keep
+                (when the panel starts, also the next panel's block 0)
             for each 128-row tile r and 512-column tile q (tile j):
                 ps = sum over the block's 128-token sub-tiles   PSUM ring, [128, 512] fp32
                 acc[j] = select(keep[b], acc[j], 0) + ps        VectorE, one pass
@@ -28,7 +29,8 @@ PSUM to +0.0. One VectorE pass per element, reading PSUM, and bit for bit the su
 mask would give. Two tensors because a run-time slot read counts as a read of its whole
 tensor: consecutive adds alternate tensors, so an add never reads what the add just
 before it wrote (which would drain VectorE's pipeline). Block 0 (always the first of its
-expert, and always in the static part) copies PSUM on ScalarE instead. For a 2-byte dW,
+expert, and always in the static part) copies PSUM instead: on VectorE for a 2-byte dW
+(ScalarE rounds every tile), else on ScalarE. For a 2-byte dW,
 ScalarE rounds each tile into a row staging tile (two in turn), so the store DMA moves
 2 bytes per element rather than reading fp32 and converting. The sum never leaves the
 chip until it is stored, and no gradient is read back from HBM. The running sum is
@@ -39,8 +41,12 @@ not written.
 
 Block b's inputs are loaded while block b-1 computes: two buffer sets alternate, and the
 block loop runs device-loop blocks in pairs so that every body knows its set statically.
-The prefetch after the last block reads one block past the used ones (the scratch has a
-spare block; metadata reads past NB are skipped).
+A third set takes the next panel's block 0 when a panel starts, and becomes the next
+panel's first set, so a panel does not start by waiting for its loads. The adds' slot
+indexes of block b+1 are computed after block b's adds: VectorE runs in program order,
+and they wait for the keep flag, which loads behind block b+1's rows. The prefetch
+after the last block reads one block past the used ones (the scratch has a spare block;
+metadata reads past NB are skipped).
 """
 
 from __future__ import annotations
@@ -101,21 +107,24 @@ def weight_grads(
     ns, dt = d["NS"], d["dt"]
     lt_rows = min(tiles * P, max([g[0].shape[1] for g in grads]))
     rt_cols = min(cols, max([g[0].shape[2] for g in grads]))
-    sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(2)]
     nt = cdiv(lt_rows, P) * cdiv(rt_cols, PSUM_FP32)
     assert nt <= SLOTS_MAX, "weight_grads: panel"
-    ramp = nl.ndarray((1, SLOTS_MAX), dtype=nl.float32, buffer=nl.sbuf)  # 1, 1, 2, 2, ...
-    nisa.iota(dst=ramp, pattern=[[1, SLOTS_MAX // 2], [0, 2]], offset=1)
     # panel tile j in slot 1 + j // 2 of acc[j % 2]; slot 0: zeros (what a restart reads,
     # never written). Two tensors: an add's run-time slot read covers its whole tensor,
-    # which the add before it (the other tensor) did not write. Allocated once for all
-    # panels (and the rings below), so the panels do not fragment SBUF
+    # which the add before it (the other tensor) did not write. Allocated first (the
+    # phase's largest tiles must not wait for a hole between smaller ones) and once for
+    # all panels, as the rings below
     acc = [
         nl.ndarray((P, 1 + (nt + 1 - h) // 2, PSUM_FP32), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(min(2, nt))
     ]
     for a in acc:
         nisa.memset(dst=a[:, 0, :], value=0.0)
+    # two sets alternate between a panel's blocks; the third ("head") takes the next
+    # panel's first block while this panel runs, so a panel does not start on its loads
+    sets = [_buffers(ns, dt, lt_rows, rt_cols) for _ in range(3)]
+    ramp = nl.ndarray((1, SLOTS_MAX), dtype=nl.float32, buffer=nl.sbuf)  # 1, 1, 2, 2, ...
+    nisa.iota(dst=ramp, pattern=[[1, SLOTS_MAX // 2], [0, 2]], offset=1)
     # a tile's matmul waits for the add WGRAD_PSUM tiles back, not the previous one; a
     # row's rounded copy (2-byte dW) for the store two rows back
     ring = [nl.ndarray((P, PSUM_FP32), dtype=nl.float32, buffer=nl.psum) for _ in range(WGRAD_PSUM)]
@@ -123,6 +132,7 @@ def weight_grads(
     narrow = ddt != nl.float32
     stages = [nl.ndarray((P, rt_cols), dtype=ddt, buffer=nl.sbuf) for _ in range(2 * narrow)]
     meta = (block_expert, block_keep)
+    pans = []
     for dst, left, right, (m_lo, m_hi), (n_lo, n_hi), *at in grads:
         origin = at[0] if at else (0, 0)
         assert dst.dtype == ddt, "weight_grads: one dW dtype"
@@ -130,17 +140,23 @@ def weight_grads(
             rows = min(tiles * P, m_hi - m0)
             for n0 in range(n_lo, n_hi, cols):
                 cw = min(cols, n_hi - n0)
-                if static_blocks == 0:  # no static first block: start from zeros
-                    for a in acc:
-                        nisa.memset(dst=a, value=0.0)
-                pan = (dst, left, right, m0, rows, n0, cw, acc, ramp, ring, stages, origin)
-                _prefetch(d, pan, meta, sets[0], (nisa.register_alloc(0), 0))
+                pans.append((dst, left, right, m0, rows, n0, cw, acc, ramp, ring, stages, origin))
+    first_block = (nisa.register_alloc(0), 0)
+    _load_block(d, pans[0], meta, sets[0], first_block)
+    for k, pan in enumerate(pans):
+        if k + 1 < len(pans):  # the next panel's first block, into the head set
+            _load_block(d, pans[k + 1], meta, sets[2], first_block)
+        if static_blocks == 0:  # no static first block: start from zeros
+            for a in acc:
+                nisa.memset(dst=a, value=0.0)
+        _slots(pan, sets[0])
 
-                def body(addr: Any, parity: int, first: bool, pan: Any = pan) -> None:
-                    _panel_block(d, pan, meta, sets, addr, parity, first)
+        def body(addr: Any, parity: int, first: bool, pan: Any = pan, sets: Any = sets) -> None:
+            _panel_block(d, pan, meta, sets, addr, parity, first)
 
-                block_loop(body, static_blocks, nb, bounds)
-                del pan, body
+        block_loop(body, static_blocks, nb, bounds)
+        del body
+        sets = [sets[2], sets[1], sets[0]]  # the head set holds the next panel's block 0
 
 
 def _buffers(ns: int, dt: Any, rows: int, cols: int) -> dict[str, Any]:
@@ -153,7 +169,7 @@ def _buffers(ns: int, dt: Any, rows: int, cols: int) -> dict[str, Any]:
     }
 
 
-def _prefetch(
+def _load_block(
     d: dict[str, Any], pan: tuple[Any, ...], meta: tuple[Any, Any], buf: dict[str, Any], addr: Any
 ) -> None:
     """Load block addr's panel inputs, expert id and keep flag into one buffer set."""
@@ -166,9 +182,14 @@ def _prefetch(
     nisa.dma_copy(dst=buf["exp"], src=one, oob_mode=skip)
     bc = block_ap(block_keep, addr, [[0, P], [1, 1]])
     nisa.dma_copy(dst=buf["keep1"], src=bc, oob_mode=skip)
-    # the slots the adds read: keep * (1 + j), j = 0 .. tiles - 1 (0: the zero tile)
+
+
+def _slots(pan: tuple[Any, ...], buf: dict[str, Any]) -> None:
+    """The slots the adds of the block in `buf` read: keep * (1 + j // 2) for panel tile
+    j (0: the zero tile). Issued after the previous block's adds: VectorE runs in
+    program order, and this waits for the keep flag's load (behind the block's rows)."""
+    rows, cw, ramp = pan[4], pan[6], pan[8]
     nt = cdiv(rows, P) * cdiv(cw, PSUM_FP32)
-    ramp = pan[8]
     nisa.tensor_scalar(
         dst=buf["slot"][0:1, 0:nt],
         data=ramp[0:1, 0:nt],
@@ -191,12 +212,13 @@ def _panel_block(
     dst, _, _, m0, rows, n0, cw, acc = pan[:8]
     n = dst.shape[2]
     reg, extra = addr
-    _prefetch(d, pan, meta, sets[1 - parity], (reg, extra + 1))
+    _load_block(d, pan, meta, sets[1 - parity], (reg, extra + 1))
     buf = sets[parity]
     lt, rt, slot = buf["lt"], buf["rt"], buf["slot"]
     nq = cdiv(cw, PSUM_FP32)
     ring, stages, (om, on) = pan[9], pan[10], pan[11]
     narrow = bool(stages)  # 2-byte dW: stored from a rounded copy, not through the DMA
+    copier = nisa.engine.vector if narrow else nisa.engine.scalar  # block 0's PSUM copies
     for r in range(cdiv(rows, P)):
         rr = min(P, rows - r * P)
         stage = stages[r % 2] if narrow else None
@@ -210,7 +232,7 @@ def _panel_block(
             half = acc[j % 2]
             a = half[0:rr, 1 + j // 2, 0:qw]
             if first:
-                nisa.tensor_copy(dst=a, src=ps[0:rr, 0:qw], engine=nisa.engine.scalar)
+                nisa.tensor_copy(dst=a, src=ps[0:rr, 0:qw], engine=copier)
             else:  # select, never multiply: 0 * (a NaN of the previous expert) is NaN
                 prev = half[0:rr, :, 0:qw].select(1, slot[0:1, j : j + 1])  # zeros or a
                 nisa.tensor_tensor(dst=a, data1=prev, data2=ps[0:rr, 0:qw], op=nl.add)
@@ -229,3 +251,4 @@ def _panel_block(
                 [[n, rr], [1, qw]], offset=row0 + q0, scalar_offset=buf["exp"], indirect_dim=0
             )
             nisa.dma_copy(dst=view, src=acc[j % 2][0:rr, 1 + j // 2, 0:qw])
+    _slots(pan, sets[1 - parity])
