@@ -1,0 +1,144 @@
+"""The forward's gate/up weight stream and cross-block prefetch (`moe_mlp_fwd`).
+
+A block's gate/up weights arrive as units [128 H rows x units' H tiles, chunk columns]
+(`weight_units`, in consumption order), `w_bufs - 1` loads ahead of their matmuls
+(`weight_stream`). Persistent "head" buffers hold the next block's slot tokens, expert
+id, token rows and first weight unit, refilled while the current block computes, so a
+block starts without waiting for its gathers or weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..nki import nisa, nl
+from .param_layout import build_index, index_cols, load_k_major
+from .tiles import P, block_ap, cdiv, expert_column, gather_rows
+
+
+def row_indexes(d: dict[str, Any], exp: Any, exp_col: Any, tile_i: int) -> dict[str, Any]:
+    """The block's expert as the loads take it: {"exp": id [1, 1], "gu" / "dn": that
+    expert's row index of the transposed gate/up / down storage, or None}."""
+    ex = {"exp": exp, "gu": None, "dn": None}
+    for kind, rows in (("gu", min(tile_i, d["I"])), ("dn", d["H"])):
+        if d["ix_" + kind]:
+            ix = nl.ndarray((P, index_cols(rows)), dtype=nl.uint32, buffer=nl.sbuf)
+            ex[kind] = build_index(d["w_" + kind], exp_col, d["ramp"], ix)
+    return ex
+
+
+def head_buffers(d: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Persistent buffers the next block's metadata, token rows and first gate/up weight
+    unit are loaded into while the current block computes (one set: each is consumed
+    early in a block and then refilled for the next one)."""
+    _, _, nh = weight_units(d, cfg)[0]
+    ns, dt, ti = d["NS"], d["dt"], cfg["tile_i"]
+    return {
+        "tok": nl.ndarray((P, ns), dtype=nl.int32, buffer=nl.sbuf),
+        "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+        "x": nl.ndarray((P, ns, d["H"]), dtype=dt, buffer=nl.sbuf),
+        "wg": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
+        "wu": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
+        "col": nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf),  # exp, every partition
+    }
+
+
+def prefetch_meta(d: dict[str, Any], ws: tuple[Any, ...], head: dict[str, Any], addr: Any) -> None:
+    """head tok / exp <- block addr's slot tokens and expert (past the last block: skipped,
+    the old values stay and the prefetches below reload the current block's data)."""
+    slot_token, block_expert = ws[3], ws[4]
+    ns, skip = d["NS"], nisa.oob_mode.skip
+    tok = block_ap(slot_token, addr, [[ns, P], [1, ns]])
+    nisa.dma_copy(dst=head["tok"], src=tok, oob_mode=skip)
+    exp = block_ap(block_expert, addr, [[1, 1], [1, 1]])
+    nisa.dma_copy(dst=head["exp"], src=exp, oob_mode=skip)
+    if d["ramp"] is not None:  # transposed weights: the id on every partition (row indexes)
+        expert_column(block_expert, addr, head["col"], oob_skip=True)
+
+
+def prefetch_rows(d: dict[str, Any], hidden: Any, head: dict[str, Any], ns: int) -> None:
+    """head x <- the token rows of head tok's first `ns` sub-tiles (padding slots read zeros)."""
+    for c in range(ns):
+        gather_rows(hidden, head["tok"][:, c : c + 1], head["x"][:, c, :], d["H"])
+
+
+def prefetch_unit(
+    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, head: dict[str, Any]
+) -> None:
+    """head wg / wu <- the first gate/up weight unit of expert head exp."""
+    ex = row_indexes({**d, "ix_dn": False}, head["exp"], head["col"], cfg["tile_i"])
+    load_gate_up(d, cfg, w_gate_up, ex, weight_units(d, cfg)[0], head)
+
+
+def weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(chunk, first H tile, H tiles) of every gate/up weight load, in consumption order."""
+    ht, ti = d["HT"], cfg["tile_i"]
+    units = []
+    for ic in range(cdiv(d["I"], ti)):
+        if cfg["loop_order"] == "i_outer":
+            units.append((ic, 0, ht))
+        else:
+            for h0 in range(0, ht, cfg["dma_h"]):
+                units.append((ic, h0, min(cfg["dma_h"], ht - h0)))
+    return units
+
+
+def load_gate_up(
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    w_gate_up: Any,
+    exp: Any,
+    unit: tuple[int, int, int],
+    into: dict[str, Any] | None = None,
+) -> tuple[Any, Any]:
+    """A gate/up weight unit, H on partitions: [128, H tiles, chunk columns] each (into
+    `into` wg / wu, else fresh tiles sized to the chunk)."""
+    ic, h0, nh = unit
+    ti = cfg["tile_i"]
+    i0 = ic * ti
+    icw = min(ti, d["I"] - i0)
+    nrows = min(nh * P, d["H"] - h0 * P)
+    if into is None:
+        wg = nl.ndarray((P, nh, icw), dtype=d["dt"], buffer=nl.sbuf)
+        wu = nl.ndarray((P, nh, icw), dtype=d["dt"], buffer=nl.sbuf)
+    else:
+        wg, wu = into["wg"], into["wu"]
+    ex = (exp["exp"], exp["gu"])
+    for (w, c0), dst in zip(d["parts"], (wg, wu)):
+        load_k_major(w, ex, (h0 * P, nrows), (c0 + i0, icw), dst, d["gu_t"])
+    return wg, wu
+
+
+def weight_stream(
+    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, exp: Any, head: dict[str, Any]
+) -> Any:
+    """A `fetch()` returning the block's next gate/up weight unit, `w_bufs - 1` loads ahead.
+
+    Unit 0 is the head unit (prefetched by the previous block); when the block fetches
+    unit 1 (unit 0 consumed), or `fetch(last=True)` ends the stream, the head unit is
+    refilled with the next block's first unit. Other units die when their consumer drops
+    them: at most `w_bufs` are live (buffers rotate through the allocator).
+    """
+    units = weight_units(d, cfg)
+    depth = max(1, cfg["w_bufs"] - 1)
+    loaded: dict[str, Any] = {"0": (head["wg"], head["wu"])}
+    state = {"next": 0}
+
+    def issue(u: int) -> None:
+        if 0 < u < len(units):
+            loaded[str(u)] = load_gate_up(d, cfg, w_gate_up, exp, units[u])
+
+    for u in range(1, depth):  # unit 0 is the head; fetch(u) issues unit u + depth
+        issue(u)
+
+    def fetch(last: bool = False) -> Any:
+        u = state["next"]
+        if u == 1 or (last and u <= 1):
+            prefetch_unit(d, cfg, w_gate_up, head)
+        if last:
+            return None
+        state["next"] = u + 1
+        issue(u + depth)
+        return loaded.pop(str(u))
+
+    return fetch
