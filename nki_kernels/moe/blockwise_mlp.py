@@ -42,14 +42,14 @@ orders for the gate/up projections (config `loop_order`):
 `w_bufs` weight units are in flight (prefetch depth w_bufs - 1, across chunk boundaries);
 units of a ragged last chunk are sized to it.
 
-Across blocks (fwd_stream.py): persistent "head" buffers hold the next block's slot tokens, expert id,
-gathered token rows and first gate/up unit. A block takes its expert id, transposes its
-rows out of the head and starts on the head unit; the head is refilled for this
-program's next block (b + 1, or b + 2 at LNC 2: the next block in plan order, of the same
-or a smaller size) as soon as each part is consumed (rows: s sub-tiles, which cover the
-next block's, one sub-tile gather per chunk from chunk 1 on; the unit when the block
-moves to its second unit), so the next block starts without waiting for its gathers or
-weights.
+Across blocks (fwd_stream.py): persistent "head" buffers hold the next block's slot
+tokens, expert id, gathered token rows and first gate/up unit. A block takes its expert
+id, transposes its rows out of the head and starts on the head unit; the head is
+refilled for this program's next block (b + 1, or b + 2 at LNC 2: the next block in plan
+order, of the same or a smaller size) as soon as each part is consumed (rows: s
+sub-tiles, which cover the next block's, one sub-tile gather per chunk from chunk 1 on;
+the unit when the block moves to its second unit), so the next block starts without
+waiting for its gathers or weights.
 
 Keeping TensorE busy (DMA queues run in issue order, and a tile allocated after a dead
 one inherits that tile's last reader): the next block's row gathers are spread over
@@ -69,19 +69,20 @@ the plan known when specializing) gives the block count of each size and runs th
 bodies as static loops (block indices are registers in both). Ragged H / I (not
 multiples of 128) are sliced.
 
-Saving gate / up (training: `save_cols` given; `moe_mlp_train`; gate_up_save.py). The backward needs the
-pre-activation gate and up of every routed row; instead of recomputing them (two matmul
-passes and PE transposes of the weights there), the forward stores each I tile's g and u
-once its H contraction is done: rounded to the dtype (one PSUM-to-SBUF copy each, ScalarE
-/ VectorE) and DMA'd to gate_up [2I, NC] (gate rows :I, up rows I:) at this block's
-column `save_cols[b]`, as [I rows, the block's slots] (runs of s * 128 elements). The
-layout is I-major because that is how phase A of the backward consumes gT / uT ([tile_i
-rows, sub_block tokens] per chunk: one DMA of runs of sub_block elements, no transpose),
-and its columns are the backward plan's slots (a forward block's rows are consecutive
-slots there too; `grouping.gate_up_columns`). Padding rows are zeros, so their g = u = 0;
-the backward's sub-tiles past an expert's last 128 rows (holes, `save_holes`) are zeroed
-after the blocks, so the backward reads no stale HBM. The output and its arithmetic are
-unchanged (bit-identical to the inference forward, which stores nothing).
+Saving gate / up (training: `save_cols` given; `moe_mlp_train`; gate_up_save.py). The
+backward needs the pre-activation gate and up of every routed row; instead of
+recomputing them (two matmul passes and PE transposes of the weights there), the forward
+stores each I tile's g and u once its H contraction is done: rounded to the dtype (one
+PSUM-to-SBUF copy each, ScalarE / VectorE) and DMA'd to gate_up [2I, NC] (gate rows :I,
+up rows I:) at this block's column `save_cols[b]`, as [I rows, the block's slots] (runs
+of s * 128 elements). The layout is I-major because that is how phase A of the backward
+consumes gT / uT ([tile_i rows, sub_block tokens] per chunk: one DMA of runs of
+sub_block elements, no transpose), and its columns are the backward plan's slots (a
+forward block's rows are consecutive slots there too; `grouping.gate_up_columns`).
+Padding rows are zeros, so their g = u = 0; the backward's sub-tiles past an expert's
+last 128 rows (holes, `save_holes`) are zeroed after the blocks, so the backward reads
+no stale HBM. The output and its arithmetic are unchanged (bit-identical to the
+inference forward, which stores nothing).
 
 Limits: B in {128, 256, 512, 1024}; H, I any size (SBUF/PSUM fit is checked by
 config.validate); dtype bf16 or fp32 for hidden and weights alike.
@@ -95,6 +96,7 @@ from ..nki import nisa, nki, nl
 from .combine import combine, zero_row
 from .fwd_stream import (
     head_buffers,
+    merged_chunks,
     prefetch_meta,
     prefetch_rows,
     prefetch_unit,
@@ -307,7 +309,11 @@ def _fwd_block(
     exp = row_indexes(d, exp, exp_col, cfg["tile_i"])
     reg, extra = addr
     prefetch_meta(d, ws, head, (reg, extra + d["step"]))  # this program's next block
-    fetch = weight_stream(dk, cfg, w_gate_up, exp, head)
+    m = merged_chunks(d, cfg, s)
+    # blocks are sorted by size, so blocks of merged passes only follow one another: they
+    # load their own first unit (the head holds an unmerged one)
+    pcfg = cfg if m == 1 else {**cfg, "tile_i": m * cfg["tile_i"], "dma_h": cfg["dma_h"] // m}
+    fetch = weight_stream(dk, pcfg, w_gate_up, exp, head if m == 1 else None)
     xT = nl.ndarray((P, d["HT"], s * P), dtype=dt, buffer=nl.sbuf)
     parity = 0
     for t in range(d["HT"]):
@@ -341,17 +347,24 @@ def _fwd_block(
             keep_gate_up(dk, d["save"][0], col, (i_row, cw), (g_ps, u_ps))
 
     hooks = (fetch, gather_next if spread else None, store, keep)
-    _expert_mlp(dk, cfg, w_down, exp, xT, hooks)
+    _expert_mlp(dk, cfg, w_down, exp, xT, hooks, m)
 
 
 def _expert_mlp(
-    d: dict[str, Any], cfg: dict[str, Any], w_down: Any, exp: Any, xT: Any, hooks: Any
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    w_down: Any,
+    exp: Any,
+    xT: Any,
+    hooks: Any,
+    m: int = 1,
 ) -> None:
     """The block's unweighted expert outputs, NS tiles [128 tokens, H], each handed to
     `store(c, tile)` as soon as its last chunk is summed. `hooks` = (fetch, gather_next,
     store); `gather_next(c)` (the next block's rows of sub-tile c; None: gathered
     already) is issued one sub-tile per chunk from chunk 1 on, so those gathers do not
-    queue in front of this block's first weight loads (DMA queues run in issue order)."""
+    queue in front of this block's first weight loads (DMA queues run in issue order).
+    Gate/up passes span `m` chunks (`merged_chunks`); the down projection runs per chunk."""
     fetch, gather_next, store, keep = hooks
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
     nic = cdiv(d["I"], ti)
@@ -364,24 +377,36 @@ def _expert_mlp(
     sg = None
     if cfg["loop_order"] == "h_outer":
         sg = nl.ndarray((P, d["B"]), dtype=nl.float32, buffer=nl.sbuf)
-    for ic in range(nic):
-        i0 = ic * ti
-        icw = min(ti, d["I"] - i0)
-        nit = cdiv(icw, P)
-        wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
-
-        load_k_major(w_down, (exp["exp"], exp["dn"]), (i0, icw), (0, h), wd, d["dn_t"])
-        if gather_next is not None and 1 <= ic <= ns:
-            gather_next(ic - 1)
-        act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
+    pcfg = cfg if m == 1 else {**cfg, "tile_i": m * ti, "dma_h": cfg["dma_h"] // m}
+    for ic0 in range(0, nic, m):
+        chunks = range(ic0, min(ic0 + m, nic))
+        # (no name may outlive the pass: a live tile keeps its SBUF, and the next pass's
+        # tiles would take other buffers with other last readers)
+        wds = [_load_down(d, ti, w_down, exp, ic) for ic in chunks]
+        for ic in chunks:
+            if gather_next is not None and 1 <= ic <= ns:
+                gather_next(ic - 1)
+        pw = min(m * ti, d["I"] - ic0 * ti)  # the pass's columns
+        act = nl.ndarray((P, cdiv(pw, P), d["B"]), dtype=dt, buffer=nl.sbuf)
         if cfg["loop_order"] == "h_outer":
-            _gate_up_h_outer(d, cfg, fetch, xT, (i0, icw), act, sg, keep)
+            _gate_up_h_outer(d, pcfg, fetch, xT, (ic0 * ti, pw), act, sg, keep)
         else:
-            _gate_up_i_outer(d, fetch(), xT, (i0, icw), act, keep)
-        if ic == nic - 1:
+            _gate_up_i_outer(d, fetch(), xT, (ic0 * ti, pw), act, keep)
+        if chunks[-1] == nic - 1:
             fetch(last=True)
-        _down_proj(d, cfg, act, wd, icw, ic, y, store if ic == nic - 1 else None)
-        del act, wd
+        for q, ic in enumerate(chunks):
+            icw = min(ti, d["I"] - ic * ti)
+            last = store if ic == nic - 1 else None
+            _down_proj(d, cfg, act, wds[q], (icw, q * cdiv(ti, P)), ic, y, last)
+        del act, wds
+
+
+def _load_down(d: dict[str, Any], ti: int, w_down: Any, exp: Any, ic: int) -> Any:
+    """Chunk ic's down-projection weights [128 I rows, I tiles, H]."""
+    icw = min(ti, d["I"] - ic * ti)
+    wd = nl.ndarray((P, cdiv(icw, P), d["H"]), dtype=d["dt"], buffer=nl.sbuf)
+    load_k_major(w_down, (exp["exp"], exp["dn"]), (ic * ti, icw), (0, d["H"]), wd, d["dn_t"])
+    return wd
 
 
 def _gate_up_h_outer(
@@ -475,16 +500,17 @@ def _down_proj(
     cfg: dict[str, Any],
     act: Any,
     wd: Any,
-    icw: int,
+    cols: tuple[int, int],
     ic: int,
     y: list[Any],
     store: Any,
 ) -> None:
-    """y[c] (+)= act[:, :, c]^T @ wd over this chunk's I tiles, per 128-token sub-tile;
+    """y[c] (+)= act[:, it0 + it, c]^T @ wd over this chunk's I tiles (cols = (its
+    columns, its first I tile in act)), per 128-token sub-tile;
     in the last chunk (`store` given) each finished y[c] is stored at once, so the
     block's output DMAs spread over its last down projection instead of queueing at
     its end in front of the next block's loads."""
-    h, dn = d["H"], cfg["down_n"]
+    (icw, it0), (h, dn) = cols, (d["H"], cfg["down_n"])
     nit = cdiv(icw, P)
     for c in range(d["NS"]):
         for n0 in range(0, h, dn):
@@ -494,7 +520,7 @@ def _down_proj(
                 cw = min(P, icw - it * P)
                 nisa.nc_matmul(
                     dst=ps[:, 0:nw],
-                    stationary=act[0:cw, it, c * P : (c + 1) * P],
+                    stationary=act[0:cw, it0 + it, c * P : (c + 1) * P],
                     moving=wd[0:cw, it, n0 : n0 + nw],
                     accumulate=it != 0,
                 )

@@ -110,30 +110,37 @@ def load_gate_up(
 
 
 def weight_stream(
-    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, exp: Any, head: dict[str, Any]
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    w_gate_up: Any,
+    exp: Any,
+    head: dict[str, Any] | None,
 ) -> Any:
     """A `fetch()` returning the block's next gate/up weight unit, `w_bufs - 1` loads ahead.
 
     Unit 0 is the head unit (prefetched by the previous block); when the block fetches
     unit 1 (unit 0 consumed), or `fetch(last=True)` ends the stream, the head unit is
     refilled with the next block's first unit. Other units die when their consumer drops
-    them: at most `w_bufs` are live (buffers rotate through the allocator).
+    them: at most `w_bufs` are live (buffers rotate through the allocator). `head` None
+    (a block of merged passes, `merged_chunks`): unit 0 is loaded here like the others
+    and the head unit is left alone (only blocks of merged passes follow this one).
     """
     units = weight_units(d, cfg)
     depth = max(1, cfg["w_bufs"] - 1)
-    loaded: dict[str, Any] = {"0": (head["wg"], head["wu"])}
+    first = 0 if head is None else 1
+    loaded: dict[str, Any] = {} if head is None else {"0": (head["wg"], head["wu"])}
     state = {"next": 0}
 
     def issue(u: int) -> None:
-        if 0 < u < len(units):
+        if first <= u < len(units):
             loaded[str(u)] = load_gate_up(d, cfg, w_gate_up, exp, units[u])
 
-    for u in range(1, depth):  # unit 0 is the head; fetch(u) issues unit u + depth
+    for u in range(first, depth):  # fetch(u) issues unit u + depth
         issue(u)
 
     def fetch(last: bool = False) -> Any:
         u = state["next"]
-        if u == 1 or (last and u <= 1):
+        if head is not None and (u == 1 or (last and u <= 1)):
             prefetch_unit(d, cfg, w_gate_up, head)
         if last:
             return None
@@ -142,3 +149,42 @@ def weight_stream(
         return loaded.pop(str(u))
 
     return fetch
+
+
+def merged_chunks(d: dict[str, Any], cfg: dict[str, Any], s: int) -> int:
+    """m: the tile_i chunks a block of s sub-tiles contracts in one gate/up pass (1: as
+    configured). A gate/up unit's DMA moves one run of its columns per H row (tile_i *
+    itemsize bytes: 1 KiB at tile_i 512 in bf16, where a descriptor's fixed cost halves
+    the DMA rate), and a small block's matmuls are too short to hide that: Mixtral's
+    256-row blocks wait on their weight stream. A small block's accumulators take a
+    fraction of a PSUM bank (`psum_accumulators`), so its pass can span m chunks (runs
+    m times as long, units of dma_h / m H tiles: the same bytes) while it needs no more
+    PSUM banks and SBUF than a full block; the down projection still runs chunk by chunk,
+    so every sum is the one of m = 1 (bit-identical). h_outer, row-major gate/up only."""
+    ns, ti, dma_h = d["NS"], cfg["tile_i"], cfg["dma_h"]
+    nic = cdiv(d["I"], ti)
+    if s >= ns or cfg["loop_order"] != "h_outer" or d["gu_t"]:
+        return 1
+    nit = cdiv(min(ti, d["I"]), P)
+    need = (_psum_banks(2 * nit, ns * P), _fwd_sbuf(d, cfg, ns, 1))
+    m = 1
+    while 2 * m <= min(dma_h, nic) and dma_h % (2 * m) == 0:
+        if _psum_banks(2 * nit * 2 * m, s * P) > need[0] or _fwd_sbuf(d, cfg, s, 2 * m) > need[1]:
+            break
+        m *= 2
+    return m
+
+
+def _psum_banks(n: int, bsz: int) -> int:
+    """PSUM banks of n fp32 accumulators [128, bsz] as `psum_accumulators` packs them."""
+    return n * cdiv(bsz, 512) if bsz >= 512 else cdiv(n, 512 // bsz)
+
+
+def _fwd_sbuf(d: dict[str, Any], cfg: dict[str, Any], s: int, m: int) -> int:
+    """SBUF bytes per partition of a block's buffers that depend on its size s and merge
+    m: xT, the y sums, the pass's activations and SwiGLU scratch, its m down-weight tiles."""
+    dsz = 4 if d["dt"] == nl.float32 else 2
+    h, ti = d["H"], min(cfg["tile_i"], d["I"])
+    nit = cdiv(ti, P)
+    y = s * h * (4 if cdiv(d["I"], cfg["tile_i"]) > 1 else dsz)
+    return d["HT"] * s * P * dsz + y + m * nit * s * P * dsz + s * P * 4 + m * nit * h * dsz
