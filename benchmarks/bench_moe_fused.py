@@ -1,7 +1,8 @@
 """Fused MoE forward (router + `moe_mlp_fwd` with variable-size blocks + combine) at LNC 2
 against TorchNeuron's `aten::_grouped_mm` MoE composition, on five layer shapes.
 
-Run: `python benchmarks/bench_moe_fused.py [--quick] [--target trn2] [--json rows.json]`
+Run: `python benchmarks/bench_moe_fused.py [--quick] [--target trn2] [--json rows.json]
+[--only MODEL,...] [--routing uniform|skewed] [--no-bands]`
 (prints a markdown table; ~3 min of CPU per row on a quiet machine).
 
 Ours: one `kernel[2]` launch on the whole batch (per logical core), T = 4096, bf16, the
@@ -86,6 +87,11 @@ def main() -> None:
         help="shipped parameter set only (each set re-schedules every trace: ~10x the time)",
     )
     ap.add_argument("--only", help="comma-separated model names")
+    ap.add_argument(
+        "--routing",
+        choices=("uniform", "skewed"),
+        help="one routing only (rows are independent: price long tables in pieces)",
+    )
     args = ap.parse_args()
     shapes = SHAPES[:1] if args.quick else SHAPES
     if args.only:
@@ -97,7 +103,7 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|")
     rows = []
     for s in shapes:
-        for routing in ("uniform", "skewed"):
+        for routing in (args.routing,) if args.routing else ("uniform", "skewed"):
             t0 = time.time()
             r = fused_row(s, routing, args.target, bands=not args.no_bands)
             rows.append(r)

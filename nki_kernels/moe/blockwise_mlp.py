@@ -381,8 +381,10 @@ def _expert_mlp(
     for ic0 in range(0, nic, m):
         chunks = range(ic0, min(ic0 + m, nic))
         # (no name may outlive the pass: a live tile keeps its SBUF, and the next pass's
-        # tiles would take other buffers with other last readers)
-        wds = [_load_down(d, ti, w_down, exp, ic) for ic in chunks]
+        # tiles would take other buffers with other last readers). A merged pass loads
+        # its other chunks' down weights after its gate/up units are issued: queued at
+        # the pass start they delay the units TensorE waits for (DMA queues run in order)
+        wds = [_load_down(d, ti, w_down, exp, ic0)]
         for ic in chunks:
             if gather_next is not None and 1 <= ic <= ns:
                 gather_next(ic - 1)
@@ -394,6 +396,7 @@ def _expert_mlp(
             _gate_up_i_outer(d, fetch(), xT, (ic0 * ti, pw), act, keep)
         if chunks[-1] == nic - 1:
             fetch(last=True)
+        wds += [_load_down(d, ti, w_down, exp, ic) for ic in chunks[1:]]
         for q, ic in enumerate(chunks):
             icw = min(ti, d["I"] - ic * ti)
             last = store if ic == nic - 1 else None
