@@ -309,7 +309,7 @@ def _fwd_block(
     exp = row_indexes(d, exp, exp_col, cfg["tile_i"])
     reg, extra = addr
     prefetch_meta(d, ws, head, (reg, extra + d["step"]))  # this program's next block
-    m = merged_chunks(d, cfg, s)
+    m, serial = merged_chunks(d, cfg, s)
     # blocks are sorted by size, so blocks of merged passes only follow one another: they
     # load their own first unit (the head holds an unmerged one)
     pcfg = cfg if m == 1 else {**cfg, "tile_i": m * cfg["tile_i"], "dma_h": cfg["dma_h"] // m}
@@ -347,7 +347,7 @@ def _fwd_block(
             keep_gate_up(dk, d["save"][0], col, (i_row, cw), (g_ps, u_ps))
 
     hooks = (fetch, gather_next if spread else None, store, keep)
-    _expert_mlp(dk, cfg, w_down, exp, xT, hooks, m)
+    _expert_mlp(dk, cfg, w_down, exp, xT, hooks, (m, serial))
 
 
 def _expert_mlp(
@@ -357,15 +357,17 @@ def _expert_mlp(
     exp: Any,
     xT: Any,
     hooks: Any,
-    m: int = 1,
+    merge: tuple[int, bool] = (1, False),
 ) -> None:
     """The block's unweighted expert outputs, NS tiles [128 tokens, H], each handed to
     `store(c, tile)` as soon as its last chunk is summed. `hooks` = (fetch, gather_next,
     store); `gather_next(c)` (the next block's rows of sub-tile c; None: gathered
     already) is issued one sub-tile per chunk from chunk 1 on, so those gathers do not
     queue in front of this block's first weight loads (DMA queues run in issue order).
-    Gate/up passes span `m` chunks (`merged_chunks`); the down projection runs per chunk."""
+    Gate/up passes span m chunks (`merge` = (m, serial), `merged_chunks`); the down
+    projection runs per chunk (`serial`: one down-weight tile live at a time)."""
     fetch, gather_next, store, keep = hooks
+    m, serial = merge
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
     nic = cdiv(d["I"], ti)
     # one chunk: results go straight to dtype; several: fp32 sums, cast by the store DMA
@@ -396,11 +398,15 @@ def _expert_mlp(
             _gate_up_i_outer(d, fetch(), xT, (ic0 * ti, pw), act, keep)
         if chunks[-1] == nic - 1:
             fetch(last=True)
-        wds += [_load_down(d, ti, w_down, exp, ic) for ic in chunks[1:]]
+        if not serial:
+            wds += [_load_down(d, ti, w_down, exp, ic) for ic in chunks[1:]]
         for q, ic in enumerate(chunks):
+            if serial and q:  # the previous tile dies first: this one takes its SBUF
+                wds.pop()
+                wds.append(_load_down(d, ti, w_down, exp, ic))
             icw = min(ti, d["I"] - ic * ti)
             last = store if ic == nic - 1 else None
-            _down_proj(d, cfg, act, wds[q], (icw, q * cdiv(ti, P)), ic, y, last)
+            _down_proj(d, cfg, act, wds[-1 if serial else q], (icw, q * cdiv(ti, P)), ic, y, last)
         del act, wds
 
 

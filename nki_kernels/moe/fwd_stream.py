@@ -151,28 +151,38 @@ def weight_stream(
     return fetch
 
 
-def merged_chunks(d: dict[str, Any], cfg: dict[str, Any], s: int) -> int:
-    """m: the tile_i chunks a block of s sub-tiles contracts in one gate/up pass (1: as
-    configured). A gate/up unit's DMA moves one run of its columns per H row (tile_i *
-    itemsize bytes: 1 KiB at tile_i 512 in bf16, where a descriptor's fixed cost halves
-    the DMA rate), and a small block's matmuls are too short to hide that: Mixtral's
-    256-row blocks wait on their weight stream. A small block's accumulators take a
-    fraction of a PSUM bank (`psum_accumulators`), so its pass can span m chunks (runs
-    m times as long, units of dma_h / m H tiles: the same bytes) while it needs no more
-    PSUM banks and SBUF than a full block; the down projection still runs chunk by chunk,
-    so every sum is the one of m = 1 (bit-identical). h_outer, row-major gate/up only."""
+def merged_chunks(d: dict[str, Any], cfg: dict[str, Any], s: int) -> tuple[int, bool]:
+    """(m, serial): a block of s sub-tiles contracts m tile_i chunks in one gate/up pass
+    (1: as configured); `serial`: its down-weight tiles are loaded one at a time.
+
+    A gate/up unit's DMA moves one run of its columns per H row (tile_i * itemsize bytes:
+    1 KiB at tile_i 512 in bf16, where a descriptor's fixed cost halves the DMA rate), and
+    a small block's matmuls are too short to hide that: Mixtral's 256-row blocks wait on
+    their weight stream. A small block's accumulators take a fraction of a PSUM bank
+    (`psum_accumulators`), so its pass can span m chunks (runs m times as long, units of
+    dma_h / m H tiles: the same bytes) while it needs no more PSUM banks and SBUF than a
+    full block. The pass's m down-weight tiles are live together where that fits, else
+    (`serial`, the largest m, e.g. H = 7168) one at a time: each waits for the previous
+    chunk's down projection, a TensorE stall that only a DMA-bound block can afford, and
+    a block small enough to merge is one. The down projection runs chunk by chunk, so
+    every sum is the one of m = 1 (bit-identical). h_outer, row-major gate/up only."""
     ns, ti, dma_h = d["NS"], cfg["tile_i"], cfg["dma_h"]
     nic = cdiv(d["I"], ti)
     if s >= ns or cfg["loop_order"] != "h_outer" or d["gu_t"]:
-        return 1
+        return 1, False
     nit = cdiv(min(ti, d["I"]), P)
-    need = (_psum_banks(2 * nit, ns * P), _fwd_sbuf(d, cfg, ns, 1))
-    m = 1
-    while 2 * m <= min(dma_h, nic) and dma_h % (2 * m) == 0:
-        if _psum_banks(2 * nit * 2 * m, s * P) > need[0] or _fwd_sbuf(d, cfg, s, 2 * m) > need[1]:
+    banks, sbuf = _psum_banks(2 * nit, ns * P), _fwd_sbuf(d, cfg, ns, 1, 1)
+    fits = {}  # m -> whether its m down tiles fit together
+    m = 2
+    while m <= min(dma_h, nic) and dma_h % m == 0:
+        if _psum_banks(2 * nit * m, s * P) > banks or _fwd_sbuf(d, cfg, s, m, 1) > sbuf:
             break
+        fits[m] = _fwd_sbuf(d, cfg, s, m, m) <= sbuf
         m *= 2
-    return m
+    if not fits:
+        return 1, False
+    best = max(fits)
+    return best, not fits[best]
 
 
 def _psum_banks(n: int, bsz: int) -> int:
@@ -180,11 +190,11 @@ def _psum_banks(n: int, bsz: int) -> int:
     return n * cdiv(bsz, 512) if bsz >= 512 else cdiv(n, 512 // bsz)
 
 
-def _fwd_sbuf(d: dict[str, Any], cfg: dict[str, Any], s: int, m: int) -> int:
+def _fwd_sbuf(d: dict[str, Any], cfg: dict[str, Any], s: int, m: int, wds: int) -> int:
     """SBUF bytes per partition of a block's buffers that depend on its size s and merge
-    m: xT, the y sums, the pass's activations and SwiGLU scratch, its m down-weight tiles."""
+    m: xT, the y sums, the pass's activations and SwiGLU scratch, `wds` down-weight tiles."""
     dsz = 4 if d["dt"] == nl.float32 else 2
     h, ti = d["H"], min(cfg["tile_i"], d["I"])
     nit = cdiv(ti, P)
     y = s * h * (4 if cdiv(d["I"], cfg["tile_i"]) > 1 else dsz)
-    return d["HT"] * s * P * dsz + y + m * nit * s * P * dsz + s * P * 4 + m * nit * h * dsz
+    return d["HT"] * s * P * dsz + y + m * nit * s * P * dsz + s * P * 4 + wds * nit * h * dsz

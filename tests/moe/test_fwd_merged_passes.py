@@ -47,33 +47,65 @@ def test_merge_factor_per_block_size() -> None:
     # 2 accumulators to a bank (m = 2: 4 accumulators, 2 banks), 1 sub-tile packs 4
     # (m = 4: 8 accumulators, 2 banks); 3 sub-tiles (1,536 B) pack none: m = 1
     d, cfg = {**_dims(), "gu_t": False}, {**CFG, "loop_order": "h_outer"}
-    assert [merged_chunks(d, cfg, s) for s in (4, 3, 2, 1)] == [1, 1, 2, 4]
+    assert [merged_chunks(d, cfg, s)[0] for s in (4, 3, 2, 1)] == [1, 1, 2, 4]
     # never past dma_h (a unit keeps its bytes), nor for i_outer or transposed gate/up
-    assert merged_chunks(d, {**cfg, "dma_h": 2}, 1) == 2
-    assert merged_chunks(d, {**cfg, "loop_order": "i_outer"}, 1) == 1
-    assert merged_chunks({**d, "gu_t": True}, cfg, 1) == 1
+    assert merged_chunks(d, {**cfg, "dma_h": 2}, 1) == (2, False)
+    assert merged_chunks(d, {**cfg, "loop_order": "i_outer"}, 1) == (1, False)
+    assert merged_chunks({**d, "gu_t": True}, cfg, 1) == (1, False)
+    # SBUF per partition (bf16; what differs between block sizes): a full block's xT
+    # 2 * 512 * 2 + y 4 * 136 * 4 + act 512 * 2 + SwiGLU scratch 512 * 4 + one down tile
+    # 136 * 2 = 7,568 B; 1 sub-tile, m = 4: 512 + 544 + 4 * 256 + 512 + 4 * 272 = 3,680 B
+    # with its 4 down tiles live, so not serial; with H = 2048 (16 H tiles, down tiles of
+    # 4 KiB) the full block needs 16,384 + 32,768 + 1,024 + 2,048 + 4,096 = 56,320 B and
+    # m = 4 with 4 down tiles 4,096 + 8,192 + 1,024 + 512 + 16,384 = 30,208: still not
+    wide = {**d, "H": 2048, "HT": 16}
+    assert merged_chunks(wide, cfg, 1) == (4, False)
+    # I tiles of 512 columns (tile_i 512, nit 4): a full block's 8 accumulators take 8
+    # banks; 1 sub-tile, m = 2: 16 accumulators, 4 to a bank = 4 banks. SBUF: the full
+    # block 16,384 + 32,768 + 4,096 + 2,048 + 16,384 = 71,680 B; m = 2 with 2 down tiles
+    # 4,096 + 8,192 + 2,048 + 512 + 32,768 = 47,616 (fits), m = 4: PSUM 32 / 4 = 8 banks,
+    # SBUF with 1 down tile 4,096 + 8,192 + 4,096 + 512 + 16,384 = 33,280 (fits), with 4
+    # 82,432 (does not): m = 4, serial
+    big = {**wide, "I": 2048}
+    assert merged_chunks(big, {**cfg, "tile_i": 512}, 1) == (4, True)
+
+
+# (H, I, tile_i, the (m, serial) the blocks take; 1: the 4- and 3-sub-tile ones): the
+# test shape (2 and 4 chunks, down tiles together); H 512 / I 2048 / tile_i 512, where
+# the 1-sub-tile blocks load their 4 down tiles one at a time (SBUF: a full block 4,096
+# + 8,192 + 4,096 + 2,048 + 4,096 = 22,528 B; m = 4 with 4 down tiles 1,024 + 2,048 +
+# 4,096 + 512 + 16,384 = 24,064, with 1: 11,776)
+SHAPES = [
+    (H, I, 128, {(1, False), (2, False), (4, False)}),
+    (512, 2048, 512, {(1, False), (2, False), (4, True)}),
+]
 
 
 @pytest.mark.parametrize("lnc", [1, 2])
-def test_merged_passes_are_bit_identical(lnc: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    layer = make_layer(T, H, I, E, BF16, seed=5)
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_merged_passes_are_bit_identical(
+    lnc: int, shape: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h, i, tile_i, merges = SHAPES[shape]
+    cfg = {**CFG, "tile_i": tile_i}
+    layer = make_layer(T, h, i, E, BF16, seed=5)
     ids, w = _routing()
     plan = plan_for(ids, w, E, B, sized=True)
     assert kind_counts(plan.kind_bounds) == (1, 1, 1, 2)
     seen: list[int] = []
 
-    def spy(d: Any, cfg: Any, s: int) -> int:
+    def spy(d: Any, cfg: Any, s: int) -> tuple[int, bool]:
         seen.append(merged_chunks(d, cfg, s))
         return seen[-1]
 
     monkeypatch.setattr(blockwise_mlp, "merged_chunks", spy)
-    merged = fwd_kernel(layer, plan, lnc=lnc, **CFG)
-    merged_static = fwd_kernel(layer, plan, static=True, lnc=lnc, **CFG)
-    out_t, gu, _ = train_forward(layer, ids, w, (B, B), lnc=lnc, **CFG)
-    assert {2, 4} <= set(seen)
-    monkeypatch.setattr(blockwise_mlp, "merged_chunks", lambda d, cfg, s: 1)
-    plain = fwd_kernel(layer, plan, lnc=lnc, **CFG)
-    plain_t, gu_plain, _ = train_forward(layer, ids, w, (B, B), lnc=lnc, **CFG)
+    merged = fwd_kernel(layer, plan, lnc=lnc, **cfg)
+    merged_static = fwd_kernel(layer, plan, static=True, lnc=lnc, **cfg)
+    out_t, gu, _ = train_forward(layer, ids, w, (B, B), lnc=lnc, **cfg)
+    assert set(seen) == merges
+    monkeypatch.setattr(blockwise_mlp, "merged_chunks", lambda d, cfg, s: (1, False))
+    plain = fwd_kernel(layer, plan, lnc=lnc, **cfg)
+    plain_t, gu_plain, _ = train_forward(layer, ids, w, (B, B), lnc=lnc, **cfg)
     assert torch.equal(merged, plain) and torch.equal(merged_static, plain)
     assert torch.equal(out_t, plain_t) and torch.equal(gu, gu_plain)
     ref = mlp_with_routing(layer, ids, torch.from_numpy(w), None)
