@@ -151,21 +151,28 @@ def weight_stream(
     return fetch
 
 
+# Merged passes stop at runs of 2 KiB: the DMA descriptor curve's knee (81 % of the
+# engine rate at 2 KiB, 97 % at 4 KiB), where a 1 KiB run is at ~64 %. Past it the gain
+# is small and a serial pass's stalls can cost more (Mixtral at T = 512, 256-row blocks
+# of tile_i 1024: 2 KiB -> 4 KiB runs, serial, 4.589 -> 4.654 ms modeled).
+MERGED_RUN_BYTES = 2048
+
+
 def merged_chunks(d: dict[str, Any], cfg: dict[str, Any], s: int) -> tuple[int, bool]:
     """(m, serial): a block of s sub-tiles contracts m tile_i chunks in one gate/up pass
     (1: as configured); `serial`: its down-weight tiles are loaded one at a time.
 
-    A gate/up unit's DMA moves one run of its columns per H row (tile_i * itemsize bytes:
-    1 KiB at tile_i 512 in bf16, where a descriptor's fixed cost halves the DMA rate), and
-    a small block's matmuls are too short to hide that: Mixtral's 256-row blocks wait on
-    their weight stream. A small block's accumulators take a fraction of a PSUM bank
-    (`psum_accumulators`), so its pass can span m chunks (runs m times as long, units of
-    dma_h / m H tiles: the same bytes) while it needs no more PSUM banks and SBUF than a
-    full block. The pass's m down-weight tiles are live together where that fits, else
-    (`serial`, the largest m, e.g. H = 7168) one at a time: each waits for the previous
-    chunk's down projection, a TensorE stall that only a DMA-bound block can afford, and
-    a block small enough to merge is one. The down projection runs chunk by chunk, so
-    every sum is the one of m = 1 (bit-identical). h_outer, row-major gate/up only."""
+    A gate/up unit's DMA moves one run of its columns per H row (tile_i * itemsize
+    bytes: 1 KiB at tile_i 512 in bf16, where a descriptor's fixed cost holds the DMA
+    rate to ~64 %), and a small block's matmuls are too short to hide that: Mixtral's 256-row
+    blocks wait on their weight stream. A small block's accumulators take a fraction of
+    a PSUM bank (`psum_accumulators`), so its pass can span m chunks (runs m times as
+    long, units of dma_h / m H tiles: the same bytes) while it needs no more PSUM banks
+    and SBUF than a full block, up to runs of MERGED_RUN_BYTES. The pass's m down-weight
+    tiles are live together where that fits, else (`serial`; e.g. H = 7168) one at a
+    time: each waits for the previous chunk's down projection, a TensorE stall that only
+    a DMA-bound block affords (the DeepSeek-V3-like 128-row blocks: 386 -> 322 us). The down
+    projection runs chunk by chunk, so every sum is the one of m = 1 (bit-identical). h_outer, row-major gate/up only."""
     ns, ti, dma_h = d["NS"], cfg["tile_i"], cfg["dma_h"]
     nic = cdiv(d["I"], ti)
     if s >= ns or cfg["loop_order"] != "h_outer" or d["gu_t"]:
@@ -174,7 +181,8 @@ def merged_chunks(d: dict[str, Any], cfg: dict[str, Any], s: int) -> tuple[int, 
     banks, sbuf = _psum_banks(2 * nit, ns * P), _fwd_sbuf(d, cfg, ns, 1, 1)
     fits = {}  # m -> whether its m down tiles fit together
     m = 2
-    while m <= min(dma_h, nic) and dma_h % m == 0:
+    dsz = 4 if d["dt"] == nl.float32 else 2
+    while m <= min(dma_h, nic) and dma_h % m == 0 and m * ti * dsz <= MERGED_RUN_BYTES:
         if _psum_banks(2 * nit * m, s * P) > banks or _fwd_sbuf(d, cfg, s, m, 1) > sbuf:
             break
         fits[m] = _fwd_sbuf(d, cfg, s, m, m) <= sbuf

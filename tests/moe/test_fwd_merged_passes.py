@@ -60,24 +60,24 @@ def test_merge_factor_per_block_size() -> None:
     # m = 4 with 4 down tiles 4,096 + 8,192 + 1,024 + 512 + 16,384 = 30,208: still not
     wide = {**d, "H": 2048, "HT": 16}
     assert merged_chunks(wide, cfg, 1) == (4, False)
-    # I tiles of 512 columns (tile_i 512, nit 4): a full block's 8 accumulators take 8
-    # banks; 1 sub-tile, m = 2: 16 accumulators, 4 to a bank = 4 banks. SBUF: the full
-    # block 16,384 + 32,768 + 4,096 + 2,048 + 16,384 = 71,680 B; m = 2 with 2 down tiles
-    # 4,096 + 8,192 + 2,048 + 512 + 32,768 = 47,616 (fits), m = 4: PSUM 32 / 4 = 8 banks,
-    # SBUF with 1 down tile 4,096 + 8,192 + 4,096 + 512 + 16,384 = 33,280 (fits), with 4
-    # 82,432 (does not): m = 4, serial
-    big = {**wide, "I": 2048}
-    assert merged_chunks(big, {**cfg, "tile_i": 512}, 1) == (4, True)
+    # merged runs stop at 2 KiB: tile_i 1024 in bf16 is there already
+    assert merged_chunks(wide, {**cfg, "tile_i": 1024}, 1) == (1, False)
+    # a block of 2 sub-tiles (B 256), H 512, I 1024, tile_i 512 (nit 4): the full
+    # block's 8 accumulators [128, 256] take 4 banks, 1 sub-tile with m = 2: 16 at 4 to a
+    # bank, 4 banks. SBUF: the full block xT 4 * 256 * 2 + y 2 * 512 * 4 + act 4 * 256 * 2
+    # + scratch 256 * 4 + one down tile 4 * 512 * 2 = 13,312 B; m = 2 with its 2 down
+    # tiles 1,024 + 2,048 + 2,048 + 512 + 8,192 = 13,824 (does not fit), with 1: 9,728
+    small = {**d, "NS": 2, "H": 512, "HT": 4, "I": 1024}
+    assert merged_chunks(small, {**cfg, "tile_i": 512}, 1) == (2, True)
 
 
-# (H, I, tile_i, the (m, serial) the blocks take; 1: the 4- and 3-sub-tile ones): the
-# test shape (2 and 4 chunks, down tiles together); H 512 / I 2048 / tile_i 512, where
-# the 1-sub-tile blocks load their 4 down tiles one at a time (SBUF: a full block 4,096
-# + 8,192 + 4,096 + 2,048 + 4,096 = 22,528 B; m = 4 with 4 down tiles 1,024 + 2,048 +
-# 4,096 + 512 + 16,384 = 24,064, with 1: 11,776)
+# (H, I, B, tile_i, the (m, serial) the blocks take; 1: the largest blocks): the test
+# shape (2 and 4 chunks, down tiles together); H 512, I 1024, B 256, tile_i 512, where
+# the 1-sub-tile blocks load their 2 down tiles one at a time (SBUF as in
+# test_merge_factor_per_block_size)
 SHAPES = [
-    (H, I, 128, {(1, False), (2, False), (4, False)}),
-    (512, 2048, 512, {(1, False), (2, False), (4, True)}),
+    (H, I, B, 128, {(1, False), (2, False), (4, False)}),
+    (512, 1024, 256, 512, {(1, False), (2, True)}),
 ]
 
 
@@ -86,12 +86,13 @@ SHAPES = [
 def test_merged_passes_are_bit_identical(
     lnc: int, shape: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    h, i, tile_i, merges = SHAPES[shape]
+    h, i, b, tile_i, merges = SHAPES[shape]
     cfg = {**CFG, "tile_i": tile_i}
     layer = make_layer(T, h, i, E, BF16, seed=5)
     ids, w = _routing()
-    plan = plan_for(ids, w, E, B, sized=True)
-    assert kind_counts(plan.kind_bounds) == (1, 1, 1, 2)
+    plan = plan_for(ids, w, E, b, sized=True)
+    # expert 0: 5 sub-tiles (3 + 2, or 2 + 2 + 1 at B 256), expert 1: 4, experts 2, 3: 1
+    assert kind_counts(plan.kind_bounds) == ((1, 1, 1, 2) if b == 512 else (4, 3))
     seen: list[int] = []
 
     def spy(d: Any, cfg: Any, s: int) -> tuple[int, bool]:
@@ -101,11 +102,11 @@ def test_merged_passes_are_bit_identical(
     monkeypatch.setattr(blockwise_mlp, "merged_chunks", spy)
     merged = fwd_kernel(layer, plan, lnc=lnc, **cfg)
     merged_static = fwd_kernel(layer, plan, static=True, lnc=lnc, **cfg)
-    out_t, gu, _ = train_forward(layer, ids, w, (B, B), lnc=lnc, **cfg)
+    out_t, gu, _ = train_forward(layer, ids, w, (b, b), lnc=lnc, **cfg)
     assert set(seen) == merges
     monkeypatch.setattr(blockwise_mlp, "merged_chunks", lambda d, cfg, s: (1, False))
     plain = fwd_kernel(layer, plan, lnc=lnc, **cfg)
-    plain_t, gu_plain, _ = train_forward(layer, ids, w, (B, B), lnc=lnc, **cfg)
+    plain_t, gu_plain, _ = train_forward(layer, ids, w, (b, b), lnc=lnc, **cfg)
     assert torch.equal(merged, plain) and torch.equal(merged_static, plain)
     assert torch.equal(out_t, plain_t) and torch.equal(gu, gu_plain)
     ref = mlp_with_routing(layer, ids, torch.from_numpy(w), None)
