@@ -171,8 +171,9 @@ def merged_chunks(d: dict[str, Any], cfg: dict[str, Any], s: int) -> tuple[int, 
     and SBUF than a full block, up to runs of MERGED_RUN_BYTES. The pass's m down-weight
     tiles are live together where that fits, else (`serial`; e.g. H = 7168) one at a
     time: each waits for the previous chunk's down projection, a TensorE stall that only
-    a DMA-bound block affords (the DeepSeek-V3-like 128-row blocks: 386 -> 322 us). The down
-    projection runs chunk by chunk, so every sum is the one of m = 1 (bit-identical). h_outer, row-major gate/up only."""
+    a DMA-bound block affords (the DeepSeek-V3-like 128-row blocks: 386 -> 322 us).
+    The down projection runs chunk by chunk, so every sum is the one of m = 1
+    (bit-identical). h_outer, row-major gate/up only."""
     ns, ti, dma_h = d["NS"], cfg["tile_i"], cfg["dma_h"]
     nic = cdiv(d["I"], ti)
     if s >= ns or cfg["loop_order"] != "h_outer" or d["gu_t"]:
