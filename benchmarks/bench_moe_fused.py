@@ -1,7 +1,8 @@
 """Fused MoE forward (router + `moe_mlp_fwd` with variable-size blocks + combine) at LNC 2
 against TorchNeuron's `aten::_grouped_mm` MoE composition, on five layer shapes.
 
-Run: `python benchmarks/bench_moe_fused.py [--quick] [--target trn2] [--json rows.json]`
+Run: `python benchmarks/bench_moe_fused.py [--quick] [--target trn2] [--json rows.json]
+[--only MODEL,...] [--routing uniform|skewed] [--no-bands] [--sets START:STOP]`
 (prints a markdown table; ~3 min of CPU per row on a quiet machine).
 
 Ours: one `kernel[2]` launch on the whole batch (per logical core), T = 4096, bf16, the
@@ -38,9 +39,13 @@ SHAPES = MOE_MODEL_SHAPES
 TOKENS, LNC = 4096, 2
 
 
-def fused_row(shape: MoEShape, routing: str, target: str, bands: bool = True) -> dict[str, Any]:
+def fused_row(
+    shape: MoEShape, routing: str, target: str, bands: bool = True, sets: slice = slice(None)
+) -> dict[str, Any]:
     """One row: our fused layer vs the native composition, per parameter set (`bands`;
-    else the shipped set only: "sets" is then that one ratio)."""
+    else the shipped set only: "sets" is then that one ratio); `sets`: those parameter
+    sets only (a piece of a long row: its per-set figures are in the row, and the pieces'
+    ratios together give the band, `bench.bands.widen_ratio`)."""
     tgt = get_target(target)
     e, k = shape.num_experts, shape.top_k
     p = MoEProblem(TOKENS, shape.hidden, shape.intermediate, e, k, "bfloat16")
@@ -52,7 +57,7 @@ def fused_row(shape: MoEShape, routing: str, target: str, bands: bool = True) ->
     )
     ours, native, mlp0 = [], [], None
     with replayed_traces():  # each set re-schedules the first set's traces
-        for t in parameter_sets(tgt) if bands else [tgt]:
+        for t in parameter_sets(tgt)[sets] if bands else [tgt]:
             mlp = price_fwd_kinds(p, cfg, kinds, t, lnc=LNC)
             ours.append(mlp.latency_ns + price_router(p, t, lnc=LNC).latency_ns)
             native.append(price_native(steps, t).latency_ns)
@@ -70,6 +75,7 @@ def fused_row(shape: MoEShape, routing: str, target: str, bands: bool = True) ->
         "speedup": ratios[0],
         "speedup_sets": [min(ratios), max(ratios)],
         "speedup_band": list(ratio_band(ours, native, tgt)),
+        "sets_us": {"ours": [o / 1e3 for o in ours], "native": [n / 1e3 for n in native]},
         "extrapolation_check": mlp0.extrapolation_check,
         "busiest_engine": mlp0.busiest,
     }
@@ -86,6 +92,12 @@ def main() -> None:
         help="shipped parameter set only (each set re-schedules every trace: ~10x the time)",
     )
     ap.add_argument("--only", help="comma-separated model names")
+    ap.add_argument("--sets", help="START:STOP, those parameter sets only (a piece of a row)")
+    ap.add_argument(
+        "--routing",
+        choices=("uniform", "skewed"),
+        help="one routing only (rows are independent: price long tables in pieces)",
+    )
     args = ap.parse_args()
     shapes = SHAPES[:1] if args.quick else SHAPES
     if args.only:
@@ -97,9 +109,10 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|")
     rows = []
     for s in shapes:
-        for routing in ("uniform", "skewed"):
+        for routing in (args.routing,) if args.routing else ("uniform", "skewed"):
             t0 = time.time()
-            r = fused_row(s, routing, args.target, bands=not args.no_bands)
+            sets = slice(*(int(x) for x in args.sets.split(":"))) if args.sets else slice(None)
+            r = fused_row(s, routing, args.target, bands=not args.no_bands, sets=sets)
             rows.append(r)
             blocks = ", ".join(f"{n}: {c}" for n, c in r["block_rows"].items())
             (slo, shi), (blo, bhi) = r["speedup_sets"], r["speedup_band"]

@@ -6,7 +6,8 @@ heuristic default are priced with balanced routing (every expert ceil(T*k/E) row
 tuner's routing) in the sized block plan (`moe.pricing.price_fwd_kinds`, at the entry's
 LNC); the entry keeps its config and gets the new latencies, the kernel's source hash,
 today's date, the cost model in `measurer`, and `note` saying it was re-priced, not
-re-tuned (where the heuristic default is now faster, the entry takes the default). Bands
+re-tuned (where the heuristic default is now faster, the entry takes the default); an
+entry already stamped with the current kernel hash is skipped, so a run can resume. Bands
 are dropped (not re-priced: a band re-schedules every trace per parameter set). Every
 figure is modeled, none measured.
 
@@ -60,6 +61,8 @@ def main() -> None:
         path = CONFIG_DIR / target / "moe_mlp.json"
         data = json.loads(path.read_text())
         for key, entry in data["entries"].items():
+            if entry["provenance"].get("kernel_hash") == khash:
+                continue  # stamped on this kernel already (a resumed run)
             t0 = time.time()
             p, lnc = _problem(key)
             cfg = MoEMLPConfig(**entry["config"])

@@ -42,14 +42,14 @@ orders for the gate/up projections (config `loop_order`):
 `w_bufs` weight units are in flight (prefetch depth w_bufs - 1, across chunk boundaries);
 units of a ragged last chunk are sized to it.
 
-Across blocks: persistent "head" buffers hold the next block's slot tokens, expert id,
-gathered token rows and first gate/up unit. A block takes its expert id, transposes its
-rows out of the head and starts on the head unit; the head is refilled for this
-program's next block (b + 1, or b + 2 at LNC 2: the next block in plan order, of the same
-or a smaller size) as soon as each part is consumed (rows: s sub-tiles, which cover the
-next block's, one sub-tile gather per chunk from chunk 1 on; the unit when the block
-moves to its second unit), so the next block starts without waiting for its gathers or
-weights.
+Across blocks (fwd_stream.py): persistent "head" buffers hold the next block's slot
+tokens, expert id, gathered token rows and first gate/up unit. A block takes its expert
+id, transposes its rows out of the head and starts on the head unit; the head is
+refilled for this program's next block (b + 1, or b + 2 at LNC 2: the next block in plan
+order, of the same or a smaller size) as soon as each part is consumed (rows: s
+sub-tiles, which cover the next block's, one sub-tile gather per chunk from chunk 1 on;
+the unit when the block moves to its second unit), so the next block starts without
+waiting for its gathers or weights.
 
 Keeping TensorE busy (DMA queues run in issue order, and a tile allocated after a dead
 one inherits that tile's last reader): the next block's row gathers are spread over
@@ -69,19 +69,20 @@ the plan known when specializing) gives the block count of each size and runs th
 bodies as static loops (block indices are registers in both). Ragged H / I (not
 multiples of 128) are sliced.
 
-Saving gate / up (training: `save_cols` given; `moe_mlp_train`). The backward needs the
-pre-activation gate and up of every routed row; instead of recomputing them (two matmul
-passes and PE transposes of the weights there), the forward stores each I tile's g and u
-once its H contraction is done: rounded to the dtype (one PSUM-to-SBUF copy each, ScalarE
-/ VectorE) and DMA'd to gate_up [2I, NC] (gate rows :I, up rows I:) at this block's
-column `save_cols[b]`, as [I rows, the block's slots] (runs of s * 128 elements). The
-layout is I-major because that is how phase A of the backward consumes gT / uT ([tile_i
-rows, sub_block tokens] per chunk: one DMA of runs of sub_block elements, no transpose),
-and its columns are the backward plan's slots (a forward block's rows are consecutive
-slots there too; `grouping.gate_up_columns`). Padding rows are zeros, so their g = u = 0;
-the backward's sub-tiles past an expert's last 128 rows (holes, `save_holes`) are zeroed
-after the blocks, so the backward reads no stale HBM. The output and its arithmetic are
-unchanged (bit-identical to the inference forward, which stores nothing).
+Saving gate / up (training: `save_cols` given; `moe_mlp_train`; gate_up_save.py). The
+backward needs the pre-activation gate and up of every routed row; instead of
+recomputing them (two matmul passes and PE transposes of the weights there), the forward
+stores each I tile's g and u once its H contraction is done: rounded to the dtype (one
+PSUM-to-SBUF copy each, ScalarE / VectorE) and DMA'd to gate_up [2I, NC] (gate rows :I,
+up rows I:) at this block's column `save_cols[b]`, as [I rows, the block's slots] (runs
+of s * 128 elements). The layout is I-major because that is how phase A of the backward
+consumes gT / uT ([tile_i rows, sub_block tokens] per chunk: one DMA of runs of
+sub_block elements, no transpose), and its columns are the backward plan's slots (a
+forward block's rows are consecutive slots there too; `grouping.gate_up_columns`).
+Padding rows are zeros, so their g = u = 0; the backward's sub-tiles past an expert's
+last 128 rows (holes, `save_holes`) are zeroed after the blocks, so the backward reads
+no stale HBM. The output and its arithmetic are unchanged (bit-identical to the
+inference forward, which stores nothing).
 
 Limits: B in {128, 256, 512, 1024}; H, I any size (SBUF/PSUM fit is checked by
 config.validate); dtype bf16 or fp32 for hidden and weights alike.
@@ -93,14 +94,17 @@ from typing import Any
 
 from ..nki import nisa, nki, nl
 from .combine import combine, zero_row
-from .param_layout import (
-    build_index,
-    gate_up_parts,
-    gate_up_width,
-    index_cols,
-    load_k_major,
-    uses_index,
+from .fwd_stream import (
+    head_buffers,
+    merged_chunks,
+    prefetch_meta,
+    prefetch_rows,
+    prefetch_unit,
+    row_indexes,
+    weight_stream,
 )
+from .gate_up_save import keep_gate_up, zero_holes
+from .param_layout import gate_up_parts, gate_up_width, index_cols, load_k_major, uses_index
 from .tiles import (
     PSUM_FP32,
     P,
@@ -108,7 +112,6 @@ from .tiles import (
     block_ap,
     block_row0,
     cdiv,
-    expert_column,
     gather_rows,
     psum_accumulators,
     row_ramp,
@@ -185,14 +188,14 @@ def moe_mlp_fwd_body(
         d["save"] = (gate_up, save_cols)
 
     if pid < nb:  # else (a one-block plan at LNC 2) this program has no block to run
-        head = _head_buffers(d, cfg)
-        _prefetch_meta(d, ws, head, (nisa.register_alloc(pid), 0))
-        _prefetch_rows(d, hidden, head, d["NS"])
-        _prefetch_unit(d, cfg, w_gate_up, head)
+        head = head_buffers(d, cfg)
+        prefetch_meta(d, ws, head, (nisa.register_alloc(pid), 0))
+        prefetch_rows(d, hidden, head, d["NS"])
+        prefetch_unit(d, cfg, w_gate_up, head)
         _run_blocks(d, cfg, ws, head, (kind_bounds, static_kinds, pid))
         del head  # the combine reuses its SBUF
     if gate_up is not None:
-        _zero_holes(d, gate_up, save_holes, static_holes, (pid, nprog))
+        zero_holes(d, gate_up, save_holes, static_holes, (pid, nprog))
     if may_drop and pid == 0:
         zero_row(y_slots)
     if nprog > 1:  # every slot row (and the drop row) is in HBM before any core gathers
@@ -241,59 +244,7 @@ def _layout(d: dict[str, Any], ws: tuple[Any, Any, Any], transposed: Any, tile_i
         d["ramp"] = row_ramp(k)
 
 
-def _row_indexes(d: dict[str, Any], exp: Any, exp_col: Any, tile_i: int) -> dict[str, Any]:
-    """The block's expert as the loads take it: {"exp": id [1, 1], "gu" / "dn": that
-    expert's row index of the transposed gate/up / down storage, or None}."""
-    ex = {"exp": exp, "gu": None, "dn": None}
-    for kind, rows in (("gu", min(tile_i, d["I"])), ("dn", d["H"])):
-        if d["ix_" + kind]:
-            ix = nl.ndarray((P, index_cols(rows)), dtype=nl.uint32, buffer=nl.sbuf)
-            ex[kind] = build_index(d["w_" + kind], exp_col, d["ramp"], ix)
-    return ex
-
-
 # ---- cross-block prefetch -----------------------------------------------------------------
-def _head_buffers(d: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Persistent buffers the next block's metadata, token rows and first gate/up weight
-    unit are loaded into while the current block computes (one set: each is consumed
-    early in a block and then refilled for the next one)."""
-    _, _, nh = _weight_units(d, cfg)[0]
-    ns, dt, ti = d["NS"], d["dt"], cfg["tile_i"]
-    return {
-        "tok": nl.ndarray((P, ns), dtype=nl.int32, buffer=nl.sbuf),
-        "exp": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
-        "x": nl.ndarray((P, ns, d["H"]), dtype=dt, buffer=nl.sbuf),
-        "wg": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
-        "wu": nl.ndarray((P, nh, ti), dtype=dt, buffer=nl.sbuf),
-        "col": nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf),  # exp, every partition
-    }
-
-
-def _prefetch_meta(d: dict[str, Any], ws: tuple[Any, ...], head: dict[str, Any], addr: Any) -> None:
-    """head tok / exp <- block addr's slot tokens and expert (past the last block: skipped,
-    the old values stay and the prefetches below reload the current block's data)."""
-    slot_token, block_expert = ws[3], ws[4]
-    ns, skip = d["NS"], nisa.oob_mode.skip
-    tok = block_ap(slot_token, addr, [[ns, P], [1, ns]])
-    nisa.dma_copy(dst=head["tok"], src=tok, oob_mode=skip)
-    exp = block_ap(block_expert, addr, [[1, 1], [1, 1]])
-    nisa.dma_copy(dst=head["exp"], src=exp, oob_mode=skip)
-    if d["ramp"] is not None:  # transposed weights: the id on every partition (row indexes)
-        expert_column(block_expert, addr, head["col"], oob_skip=True)
-
-
-def _prefetch_rows(d: dict[str, Any], hidden: Any, head: dict[str, Any], ns: int) -> None:
-    """head x <- the token rows of head tok's first `ns` sub-tiles (padding slots read zeros)."""
-    for c in range(ns):
-        gather_rows(hidden, head["tok"][:, c : c + 1], head["x"][:, c, :], d["H"])
-
-
-def _prefetch_unit(
-    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, head: dict[str, Any]
-) -> None:
-    """head wg / wu <- the first gate/up weight unit of expert head exp."""
-    ex = _row_indexes({**d, "ix_dn": False}, head["exp"], head["col"], cfg["tile_i"])
-    _load_gate_up(d, cfg, w_gate_up, ex, _weight_units(d, cfg)[0], head)
 
 
 # ---- forward block ------------------------------------------------------------------------
@@ -354,10 +305,14 @@ def _fwd_block(
     if d["ramp"] is not None:
         exp_col = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=exp_col, src=head["col"])
-    exp = _row_indexes(d, exp, exp_col, cfg["tile_i"])
+    exp = row_indexes(d, exp, exp_col, cfg["tile_i"])
     reg, extra = addr
-    _prefetch_meta(d, ws, head, (reg, extra + d["step"]))  # this program's next block
-    fetch = _weight_stream(dk, cfg, w_gate_up, exp, head)
+    prefetch_meta(d, ws, head, (reg, extra + d["step"]))  # this program's next block
+    m, serial = merged_chunks(d, cfg, s)
+    # blocks are sorted by size, so blocks of merged passes only follow one another: they
+    # load their own first unit (the head holds an unmerged one)
+    pcfg = cfg if m == 1 else {**cfg, "tile_i": m * cfg["tile_i"], "dma_h": cfg["dma_h"] // m}
+    fetch = weight_stream(dk, pcfg, w_gate_up, exp, head if m == 1 else None)
     xT = nl.ndarray((P, d["HT"], s * P), dtype=dt, buffer=nl.sbuf)
     parity = 0
     for t in range(d["HT"]):
@@ -388,200 +343,30 @@ def _fwd_block(
         nisa.dma_copy(dst=col, src=block_ap(d["save"][1], addr, [[1, 1], [1, 1]]))
 
         def keep(i_row: int, cw: int, g_ps: Any, u_ps: Any) -> None:
-            _keep_gate_up(dk, d["save"][0], col, (i_row, cw), (g_ps, u_ps))
+            keep_gate_up(dk, d["save"][0], col, (i_row, cw), (g_ps, u_ps))
 
     hooks = (fetch, gather_next if spread else None, store, keep)
-    _expert_mlp(dk, cfg, w_down, exp, xT, hooks)
-
-
-def _keep_gate_up(d: dict[str, Any], gate_up: Any, col: Any, rows: Any, accs: Any) -> None:
-    """gate_up[i_row + r, col + c] = g[r, c] and gate_up[I + i_row + r, col + c] = u[r, c]
-    for one I tile of the block (r < cw, c < the block's slots), rounded to the dtype as
-    one PSUM-to-SBUF copy each (ScalarE: g, VectorE: u; the SwiGLU read them already)."""
-    i_row, cw = rows
-    bsz, ncol = d["B"], gate_up.shape[1]
-    engines = (nisa.engine.scalar, nisa.engine.vector)
-    for ps, r0, eng in zip(accs, (i_row, d["I"] + i_row), engines):
-        sb = nl.ndarray((P, bsz), dtype=d["dt"], buffer=nl.sbuf)
-        nisa.tensor_copy(dst=sb[0:cw, :], src=ps[0:cw, 0:bsz], engine=eng)
-        view = gate_up.ap(
-            [[ncol, cw], [1, bsz]], offset=r0 * ncol, scalar_offset=col, indirect_dim=1
-        )
-        nisa.dma_copy(dst=view, src=sb[0:cw, :])
-
-
-def _zero_holes(
-    d: dict[str, Any], gate_up: Any, save_holes: Any, static_holes: Any, prog: Any
-) -> None:
-    """Zero what no block of gate_up's writes (`save_holes`, `grouping.gate_up_columns`):
-    the holes, 128 columns each, and the tail from column save_holes[-1] on, in chunks of
-    TAIL_COLS columns while they fit (runs of TAIL_COLS elements; a 128-column hole's
-    runs are 128), then 128-column pieces. Program p takes every other hole, chunk and
-    piece. `static_holes` (pricing): (holes, tail column) known when specializing."""
-    pid, step = prog
-    nh = min(cdiv(gate_up.shape[0], P), HOLE_TILES)
-    zero = nl.ndarray((P, nh, P), dtype=d["dt"], buffer=nl.sbuf)
-    nisa.memset(dst=zero, value=0.0)
-
-    def hole(i: Any) -> None:
-        col = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=col, src=block_ap(save_holes, (i, 0), [[1, 1], [1, 1]]))
-        _zero_columns(gate_up, zero, col, P)
-
-    ncol = gate_up.shape[1]
-    width = 1 << (min(TAIL_COLS, ncol).bit_length() - 1)  # a power of two, >= 256
-    tiles = max(1, TAIL_TILE_BYTES // (width * 4))
-    wide = nl.ndarray((P, tiles, width), dtype=d["dt"], buffer=nl.sbuf)
-    nisa.memset(dst=wide, value=0.0)
-
-    def chunk(i: Any) -> None:  # columns [i, i + width)
-        _zero_columns(gate_up, wide, i, width)
-
-    def piece(i: Any) -> None:  # columns [i, i + 128): the tail's last, short part
-        _zero_columns(gate_up, zero, i, P)
-
-    # the tail [start, ncol) in whole chunks while they fit, then 128-column pieces from
-    # rest = ncol - ((ncol - start) mod width) (width a power of two, the tail whole
-    # 128-column sub-tiles)
-    if static_holes is not None:  # pricing: the count and the tail known when specializing
-        holes, start = static_holes
-        for j in range(pid, holes, step):
-            hole(as_register(j + 1))
-        rest = ncol - (ncol - start) % width
-        for c in range(start + pid * width, rest, step * width):
-            chunk(as_register(c))
-        for c in range(rest + pid * P, ncol, step * P):
-            piece(as_register(c))
-        return
-    cnt = nl.ndarray((1, 3), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt[0:1, 0:1], src=save_holes[0:1, 0:1])
-    nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1)
-    hi = nisa.register_alloc()
-    nisa.register_load(hi, cnt[0:1, 0:1])
-    nl.fori_loop(nisa.register_alloc(pid + 1), hi, hole, step=step)
-    last = save_holes.shape[0] - 1
-    start = cnt[0:1, 1:2]
-    nisa.dma_copy(dst=start, src=save_holes[last : last + 1, 0:1])
-    rest = cnt[0:1, 2:3]  # ncol - ((ncol - start) & (width - 1))
-    nisa.tensor_scalar(dst=rest, data=start, op0=nl.multiply, operand0=-1)
-    nisa.tensor_scalar(dst=rest, data=rest, op0=nl.add, operand0=ncol)
-    nisa.tensor_scalar(dst=rest, data=rest, op0=nl.bitwise_and, operand0=width - 1)
-    nisa.tensor_scalar(dst=rest, data=rest, op0=nl.multiply, operand0=-1)
-    nisa.tensor_scalar(dst=rest, data=rest, op0=nl.add, operand0=ncol + pid * P)
-    nisa.tensor_scalar(dst=start, data=start, op0=nl.add, operand0=pid * width)
-    lo, mid = nisa.register_alloc(), nisa.register_alloc()
-    nisa.register_load(lo, start)
-    nisa.register_load(mid, rest)
-    # chunks i < rest (this program's: from start + pid * width), pieces from rest on
-    nl.fori_loop(lo, ncol - width + 1, chunk, step=step * width)
-    nl.fori_loop(mid, ncol, piece, step=step * P)
-
-
-def _zero_columns(gate_up: Any, zero: Any, col: Any, width: int) -> None:
-    """gate_up[:, col : col + width] = 0 from `zero` [128, row tiles, width] (SBUF); col: a
-    [1, 1] SBUF int or a register."""
-    rows, ncol = gate_up.shape
-    nj = zero.shape[1]
-    for j0 in range(0, rows // P, nj):  # whole 128-row tiles, nj per DMA
-        n = min(nj, rows // P - j0)
-        pat = [[ncol, P], [P * ncol, n], [1, width]]
-        view = gate_up.ap(pat, offset=j0 * P * ncol, scalar_offset=col, indirect_dim=1)
-        nisa.dma_copy(dst=view, src=zero[:, 0:n, 0:width])
-    if rows % P:
-        r0 = rows - rows % P
-        pat = [[ncol, rows % P], [1, width]]
-        view = gate_up.ap(pat, offset=r0 * ncol, scalar_offset=col, indirect_dim=1)
-        nisa.dma_copy(dst=view, src=zero[0 : rows % P, 0, 0:width])
-
-
-HOLE_TILES = 16  # 128-row tiles of zeros per hole DMA (a 4 KiB bf16 tile per partition)
-TAIL_COLS = 2048  # columns per tail DMA: runs of 4 KiB in bf16
-TAIL_TILE_BYTES = 16384  # the tail's zero tile per partition in fp32 (half of it in bf16)
-
-
-def _weight_units(d: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
-    """(chunk, first H tile, H tiles) of every gate/up weight load, in consumption order."""
-    ht, ti = d["HT"], cfg["tile_i"]
-    units = []
-    for ic in range(cdiv(d["I"], ti)):
-        if cfg["loop_order"] == "i_outer":
-            units.append((ic, 0, ht))
-        else:
-            for h0 in range(0, ht, cfg["dma_h"]):
-                units.append((ic, h0, min(cfg["dma_h"], ht - h0)))
-    return units
-
-
-def _load_gate_up(
-    d: dict[str, Any],
-    cfg: dict[str, Any],
-    w_gate_up: Any,
-    exp: Any,
-    unit: tuple[int, int, int],
-    into: dict[str, Any] | None = None,
-) -> tuple[Any, Any]:
-    """A gate/up weight unit, H on partitions: [128, H tiles, chunk columns] each (into
-    `into` wg / wu, else fresh tiles sized to the chunk)."""
-    ic, h0, nh = unit
-    ti = cfg["tile_i"]
-    i0 = ic * ti
-    icw = min(ti, d["I"] - i0)
-    nrows = min(nh * P, d["H"] - h0 * P)
-    if into is None:
-        wg = nl.ndarray((P, nh, icw), dtype=d["dt"], buffer=nl.sbuf)
-        wu = nl.ndarray((P, nh, icw), dtype=d["dt"], buffer=nl.sbuf)
-    else:
-        wg, wu = into["wg"], into["wu"]
-    ex = (exp["exp"], exp["gu"])
-    for (w, c0), dst in zip(d["parts"], (wg, wu)):
-        load_k_major(w, ex, (h0 * P, nrows), (c0 + i0, icw), dst, d["gu_t"])
-    return wg, wu
-
-
-def _weight_stream(
-    d: dict[str, Any], cfg: dict[str, Any], w_gate_up: Any, exp: Any, head: dict[str, Any]
-) -> Any:
-    """A `fetch()` returning the block's next gate/up weight unit, `w_bufs - 1` loads ahead.
-
-    Unit 0 is the head unit (prefetched by the previous block); when the block fetches
-    unit 1 (unit 0 consumed), or `fetch(last=True)` ends the stream, the head unit is
-    refilled with the next block's first unit. Other units die when their consumer drops
-    them: at most `w_bufs` are live (buffers rotate through the allocator).
-    """
-    units = _weight_units(d, cfg)
-    depth = max(1, cfg["w_bufs"] - 1)
-    loaded: dict[str, Any] = {"0": (head["wg"], head["wu"])}
-    state = {"next": 0}
-
-    def issue(u: int) -> None:
-        if 0 < u < len(units):
-            loaded[str(u)] = _load_gate_up(d, cfg, w_gate_up, exp, units[u])
-
-    for u in range(1, depth):  # unit 0 is the head; fetch(u) issues unit u + depth
-        issue(u)
-
-    def fetch(last: bool = False) -> Any:
-        u = state["next"]
-        if u == 1 or (last and u <= 1):
-            _prefetch_unit(d, cfg, w_gate_up, head)
-        if last:
-            return None
-        state["next"] = u + 1
-        issue(u + depth)
-        return loaded.pop(str(u))
-
-    return fetch
+    _expert_mlp(dk, cfg, w_down, exp, xT, hooks, (m, serial))
 
 
 def _expert_mlp(
-    d: dict[str, Any], cfg: dict[str, Any], w_down: Any, exp: Any, xT: Any, hooks: Any
+    d: dict[str, Any],
+    cfg: dict[str, Any],
+    w_down: Any,
+    exp: Any,
+    xT: Any,
+    hooks: Any,
+    merge: tuple[int, bool] = (1, False),
 ) -> None:
     """The block's unweighted expert outputs, NS tiles [128 tokens, H], each handed to
     `store(c, tile)` as soon as its last chunk is summed. `hooks` = (fetch, gather_next,
     store); `gather_next(c)` (the next block's rows of sub-tile c; None: gathered
     already) is issued one sub-tile per chunk from chunk 1 on, so those gathers do not
-    queue in front of this block's first weight loads (DMA queues run in issue order)."""
+    queue in front of this block's first weight loads (DMA queues run in issue order).
+    Gate/up passes span m chunks (`merge` = (m, serial), `merged_chunks`); the down
+    projection runs per chunk (`serial`: one down-weight tile live at a time)."""
     fetch, gather_next, store, keep = hooks
+    m, serial = merge
     h, ns, dt, ti = d["H"], d["NS"], d["dt"], cfg["tile_i"]
     nic = cdiv(d["I"], ti)
     # one chunk: results go straight to dtype; several: fp32 sums, cast by the store DMA
@@ -593,24 +378,43 @@ def _expert_mlp(
     sg = None
     if cfg["loop_order"] == "h_outer":
         sg = nl.ndarray((P, d["B"]), dtype=nl.float32, buffer=nl.sbuf)
-    for ic in range(nic):
-        i0 = ic * ti
-        icw = min(ti, d["I"] - i0)
-        nit = cdiv(icw, P)
-        wd = nl.ndarray((P, nit, h), dtype=dt, buffer=nl.sbuf)
-
-        load_k_major(w_down, (exp["exp"], exp["dn"]), (i0, icw), (0, h), wd, d["dn_t"])
-        if gather_next is not None and 1 <= ic <= ns:
-            gather_next(ic - 1)
-        act = nl.ndarray((P, nit, d["B"]), dtype=dt, buffer=nl.sbuf)
+    pcfg = cfg if m == 1 else {**cfg, "tile_i": m * ti, "dma_h": cfg["dma_h"] // m}
+    for ic0 in range(0, nic, m):
+        chunks = range(ic0, min(ic0 + m, nic))
+        # (no name may outlive the pass: a live tile keeps its SBUF, and the next pass's
+        # tiles would take other buffers with other last readers). A merged pass loads
+        # its other chunks' down weights after its gate/up units are issued: queued at
+        # the pass start they delay the units TensorE waits for (DMA queues run in order)
+        wds = [_load_down(d, ti, w_down, exp, ic0)]
+        for ic in chunks:
+            if gather_next is not None and 1 <= ic <= ns:
+                gather_next(ic - 1)
+        pw = min(m * ti, d["I"] - ic0 * ti)  # the pass's columns
+        act = nl.ndarray((P, cdiv(pw, P), d["B"]), dtype=dt, buffer=nl.sbuf)
         if cfg["loop_order"] == "h_outer":
-            _gate_up_h_outer(d, cfg, fetch, xT, (i0, icw), act, sg, keep)
+            _gate_up_h_outer(d, pcfg, fetch, xT, (ic0 * ti, pw), act, sg, keep)
         else:
-            _gate_up_i_outer(d, fetch(), xT, (i0, icw), act, keep)
-        if ic == nic - 1:
+            _gate_up_i_outer(d, fetch(), xT, (ic0 * ti, pw), act, keep)
+        if chunks[-1] == nic - 1:
             fetch(last=True)
-        _down_proj(d, cfg, act, wd, icw, ic, y, store if ic == nic - 1 else None)
-        del act, wd
+        if not serial:
+            wds += [_load_down(d, ti, w_down, exp, ic) for ic in chunks[1:]]
+        for q, ic in enumerate(chunks):
+            if serial and q:  # the previous tile dies first: this one takes its SBUF
+                wds.pop()
+                wds.append(_load_down(d, ti, w_down, exp, ic))
+            icw = min(ti, d["I"] - ic * ti)
+            last = store if ic == nic - 1 else None
+            _down_proj(d, cfg, act, wds[-1 if serial else q], (icw, q * cdiv(ti, P)), ic, y, last)
+        del act, wds
+
+
+def _load_down(d: dict[str, Any], ti: int, w_down: Any, exp: Any, ic: int) -> Any:
+    """Chunk ic's down-projection weights [128 I rows, I tiles, H]."""
+    icw = min(ti, d["I"] - ic * ti)
+    wd = nl.ndarray((P, cdiv(icw, P), d["H"]), dtype=d["dt"], buffer=nl.sbuf)
+    load_k_major(w_down, (exp["exp"], exp["dn"]), (ic * ti, icw), (0, d["H"]), wd, d["dn_t"])
+    return wd
 
 
 def _gate_up_h_outer(
@@ -704,16 +508,17 @@ def _down_proj(
     cfg: dict[str, Any],
     act: Any,
     wd: Any,
-    icw: int,
+    cols: tuple[int, int],
     ic: int,
     y: list[Any],
     store: Any,
 ) -> None:
-    """y[c] (+)= act[:, :, c]^T @ wd over this chunk's I tiles, per 128-token sub-tile;
+    """y[c] (+)= act[:, it0 + it, c]^T @ wd over this chunk's I tiles (cols = (its
+    columns, its first I tile in act)), per 128-token sub-tile;
     in the last chunk (`store` given) each finished y[c] is stored at once, so the
     block's output DMAs spread over its last down projection instead of queueing at
     its end in front of the next block's loads."""
-    h, dn = d["H"], cfg["down_n"]
+    (icw, it0), (h, dn) = cols, (d["H"], cfg["down_n"])
     nit = cdiv(icw, P)
     for c in range(d["NS"]):
         for n0 in range(0, h, dn):
@@ -723,7 +528,7 @@ def _down_proj(
                 cw = min(P, icw - it * P)
                 nisa.nc_matmul(
                     dst=ps[:, 0:nw],
-                    stationary=act[0:cw, it, c * P : (c + 1) * P],
+                    stationary=act[0:cw, it0 + it, c * P : (c + 1) * P],
                     moving=wd[0:cw, it, n0 : n0 + nw],
                     accumulate=it != 0,
                 )
