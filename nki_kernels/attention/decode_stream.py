@@ -59,7 +59,20 @@ def decode_stream_fwd(
     layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v=0, k_mult=None,
     v_mult=None, index_queue="sync",
 ):  # fmt: skip
-    """out [ksplit, B, Hq, Sq, D] (q.dtype), lse [ksplit, B, Hq, Sq] fp32.
+    """The NKI entry point of `decode_stream_body` (same arguments; see its docstring)."""
+    return decode_stream_body(
+        q, k, v, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale, layout, piece,
+        tiles, n_slabs, tail, ksplit, ring, zero_masked_v, k_mult, v_mult, index_queue,
+    )  # fmt: skip
+
+
+def decode_stream_body(
+    q, k, v, idx, kpos, tail_idx, tail_kpos, hi, full, softmax_scale,
+    layout, piece, tiles, n_slabs, tail, ksplit, ring, zero_masked_v=0, k_mult=None,
+    v_mult=None, index_queue="sync",
+):  # fmt: skip
+    """The streamed decode kernel's body (undecorated: `decode_stream_fwd` and the serving
+    kernels trace it inline). out [ksplit, B, Hq, Sq, D] (q.dtype), lse [ksplit, B, Hq, Sq] fp32.
 
     q [B, Hq, Sq, D]; k, v: [B, Hkv, S, D] (layout "contiguous"), [NB, bs, Hkv, D]
     ("paged", vLLM's) or [NB, Hkv, bs, D] ("paged_hm"). idx uint32 [T, n_slabs, 128,
@@ -540,4 +553,4 @@ def _finish_item(out, lse, b, split, tile, grp, rows, cols, d, nd, scale, vmul):
         )
 
 
-__all__ = ["decode_stream_fwd"]
+__all__ = ["decode_stream_body", "decode_stream_fwd"]

@@ -82,7 +82,19 @@ def serving_attention_fwd(
     q_t, k_new, v_new, k_cache, v_cache, write_rows, key_rows, key_mask, rowinfo, scales,
     layout, n_steps, kv_tile, fp8_max,
 ):  # fmt: skip
-    """out [n_items, Hkv, R, D] (q_t.dtype); see the module docstring for the arguments."""
+    """The NKI entry point of `serving_attention_body` (same arguments)."""
+    return serving_attention_body(
+        q_t, k_new, v_new, k_cache, v_cache, write_rows, key_rows, key_mask, rowinfo, scales,
+        layout, n_steps, kv_tile, fp8_max,
+    )  # fmt: skip
+
+
+def serving_attention_body(
+    q_t, k_new, v_new, k_cache, v_cache, write_rows, key_rows, key_mask, rowinfo, scales,
+    layout, n_steps, kv_tile, fp8_max,
+):  # fmt: skip
+    """out [n_items, Hkv, R, D] (q_t.dtype); see the module docstring for the arguments.
+    Undecorated: `serving_attention_fwd` and the mixed serving step trace it inline."""
     n_items, hkv, d, rows = q_t.shape
     cdt = compute_dtype(q_t.dtype)
     out = nl.ndarray((n_items, hkv, rows, d), dtype=q_t.dtype, buffer=nl.shared_hbm)
@@ -420,4 +432,4 @@ def _stage_pv(t, s, u, rows, d, kv_tile):
     )  # fmt: skip
 
 
-__all__ = ["M_INIT", "serving_attention_fwd"]
+__all__ = ["M_INIT", "serving_attention_body", "serving_attention_fwd"]
