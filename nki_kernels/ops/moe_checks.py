@@ -96,13 +96,7 @@ def _check_mlp(
             f"w_gate_up: expected [E={e}, H={h}, {want} (E from router_logits, H from hidden); "
             f"got {tuple(w_gate_up.shape)}"
         )
-    check_up(w_gate_up, w_up, hidden)
-    i = gate_up_width(w_gate_up, w_up) // 2
-    if tuple(w_down.shape) != (e, i, h):
-        raise ValueError(
-            f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
-            f"{tuple(w_down.shape)}"
-        )
+    check_up_down(w_gate_up, w_up, w_down, hidden)
     if r.capacity_factor is not None:
         check_positive("capacity_factor", r.capacity_factor)
         if not math.isfinite(r.capacity_factor):
@@ -131,6 +125,20 @@ def _check_route_bwd(
     t = router_logits.shape[0]
     if ids.shape[0] != t:
         raise ValueError(f"ids: expected {t} rows (router_logits has T = {t}); got {ids.shape[0]}")
+    check_route_grads(router_logits, ids, grad_weights)
+
+
+def _check_ids(ids: Tensor, e: int) -> None:
+    """ids' values are expert ids in [0, E)."""
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= e:
+        raise ValueError(f"ids: expected expert ids in [0, {e}); got min {lo}, max {hi}")
+
+
+def check_route_grads(router_logits: Tensor, ids: Tensor, grad_weights: Tensor) -> None:
+    """A router backward's grad_weights: ids' shape, and both on router_logits' device."""
     check_tensor("grad_weights", grad_weights, dtypes=FLOAT_DTYPES, min_dim=2)
     if tuple(grad_weights.shape) != tuple(ids.shape):
         raise ValueError(
@@ -144,10 +152,13 @@ def _check_route_bwd(
             )
 
 
-def _check_ids(ids: Tensor, e: int) -> None:
-    """ids' values are expert ids in [0, E)."""
-    if ids.numel() == 0:
-        return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= e:
-        raise ValueError(f"ids: expected expert ids in [0, {e}); got min {lo}, max {hi}")
+def check_up_down(w_gate_up: Tensor, w_up: Tensor | None, w_down: Tensor, hidden: Tensor) -> None:
+    """w_up (if given) against w_gate_up, and w_down [E, I, H] against both and hidden."""
+    e, h = int(w_gate_up.shape[0]), int(hidden.shape[-1])
+    check_up(w_gate_up, w_up, hidden)
+    i = gate_up_width(w_gate_up, w_up) // 2
+    if tuple(w_down.shape) != (e, i, h):
+        raise ValueError(
+            f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
+            f"{tuple(w_down.shape)}"
+        )

@@ -50,11 +50,11 @@ from .moe import (
     _save_plan,
     _save_width,
     _saved_gate_up,
-    check_up,
     gate_up_width,
     launch_experts_bwd,
     launch_experts_fwd,
 )
+from .moe_checks import check_up_down
 from .moe_decode import decode_experts, use_decode_mode
 from .registry import call_host_op, define_op, route_recorded_calls, tracing
 
@@ -101,13 +101,7 @@ def _check(
         raise ValueError(
             f"w_gate_up: expected [E, H={h}, {want} (H from hidden); got {tuple(w_gate_up.shape)}"
         )
-    check_up(w_gate_up, w_up, hidden)
-    i = gate_up_width(w_gate_up, w_up) // 2
-    if tuple(w_down.shape) != (e, i, h):
-        raise ValueError(
-            f"w_down: expected [E, I, H] = {(e, i, h)} (from w_gate_up and hidden); got "
-            f"{tuple(w_down.shape)}"
-        )
+    check_up_down(w_gate_up, w_up, w_down, hidden)
     for arg, x in (
         ("weights", weights),
         ("ids", ids),

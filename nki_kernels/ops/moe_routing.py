@@ -24,6 +24,7 @@ from ..moe.routing import MAX_TOP_K, _check
 from ..runtime import launch, pad_to_bucket, unpad
 from ..targets import get_target
 from .checks import FLOAT_DTYPES, check_tensor
+from .moe_checks import check_route_grads
 from .registry import define_op, tracing
 
 OPTION_DEFAULTS: dict[str, Any] = {
@@ -160,17 +161,7 @@ def _check_bwd(router_logits: Tensor, ids: Tensor, grad_weights: Tensor, **kw: A
         raise ValueError(
             f"ids: expected [T={t}, k] with k in 1..{min(e, MAX_TOP_K)}; got {tuple(ids.shape)}"
         )
-    check_tensor("grad_weights", grad_weights, dtypes=FLOAT_DTYPES, min_dim=2)
-    if tuple(grad_weights.shape) != tuple(ids.shape):
-        raise ValueError(
-            f"grad_weights: expected shape {tuple(ids.shape)} (as ids); got "
-            f"{tuple(grad_weights.shape)}"
-        )
-    for arg, x in (("ids", ids), ("grad_weights", grad_weights)):
-        if x.device != router_logits.device:
-            raise ValueError(
-                f"{arg}: expected device {router_logits.device} (as router_logits); got {x.device}"
-            )
+    check_route_grads(router_logits, ids, grad_weights)
 
 
 @define_op(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -129,3 +130,18 @@ def nan_before_windows(step: Step, window: int, layout: str) -> None:
                     c[blk, :, off] = float("nan")
                 else:
                     c[blk, off] = float("nan")
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the kernels the serving host launches from now on (in order)."""
+    import nki_kernels.serving.decode_step_host as dsh
+
+    launched: list[str] = []
+    real = dsh.launch
+
+    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
+        launched.append(kernel.__name__)
+        return real(kernel, *a, **kw)
+
+    monkeypatch.setattr(dsh, "launch", spy)
+    return launched

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _steps import TOLERANCES, assert_rel_close, make_step
+from _steps import TOLERANCES, assert_rel_close, make_step, record_launches
 
-import nki_kernels.serving.decode_step_host as dsh
 from nki_kernels.ops.serving import serving_attention
 from nki_kernels.serving.reference import reference_serving_attention
 
@@ -25,14 +24,7 @@ from nki_kernels.serving.reference import reference_serving_attention
 def test_fp8_decode_body_fits_sbuf_at_head_dim(
     d: int, group: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    launched: list[str] = []
-    real = dsh.launch
-
-    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
-        launched.append(kernel.__name__)
-        return real(kernel, *a, **kw)
-
-    monkeypatch.setattr(dsh, "launch", spy)
+    launched = record_launches(monkeypatch)
     step = make_step([(20, 1)] * 16, hq=8 * group, hkv=8, d=d, dtype=torch.bfloat16,
                      cache_dtype=torch.float8_e4m3fn, layout="hnd", seed=7)  # fmt: skip
     kw = {"k_scale": torch.tensor(0.02), "v_scale": torch.tensor([0.015]), "layout": "hnd"}

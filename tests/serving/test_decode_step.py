@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _steps import MIXED, TOLERANCES, assert_rel_close, make_step, same_bits
+from _steps import MIXED, TOLERANCES, assert_rel_close, make_step, record_launches, same_bits
 
 import nki_kernels.ops.serving as serving_ops
 from nki_kernels.attention.decode_host import StreamConfig
@@ -91,16 +91,7 @@ def test_mixed_step_runs_both_bodies_in_one_launch(
 ) -> None:
     """Prefill chunks next to decode rows and drafts: one launch of the mixed kernel
     (decode body + segmented body), sinks on both parts, NaN in unused blocks."""
-    import nki_kernels.serving.decode_step_host as dsh
-
-    launched: list[str] = []
-    real = dsh.launch
-
-    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
-        launched.append(kernel.__name__)
-        return real(kernel, *a, **kw)
-
-    monkeypatch.setattr(dsh, "launch", spy)
+    launched = record_launches(monkeypatch)
     step = make_step(MIXED, layout="hnd", block_size=32, seed=6)
     sinks = torch.randn(4, generator=torch.Generator().manual_seed(2))
     out, ref, caches_equal = _run(step, sinks=sinks, layout="hnd")

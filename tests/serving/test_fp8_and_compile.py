@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _steps import MIXED, TOLERANCES, assert_rel_close, make_step, same_bits
+from _steps import MIXED, TOLERANCES, assert_rel_close, make_step, record_launches, same_bits
 
 from nki_kernels.ops.serving import kv_cache_write, serving_attention
 from nki_kernels.serving.host import FP8_MAX
@@ -31,16 +31,7 @@ def test_fp8_cache(
     scales folded into the softmax and the output; the reference attends over the same
     fp8 values times their scales in float64. The step's decode rows and drafts take the
     decode body, its prefill chunks the segmented body: one mixed launch."""
-    import nki_kernels.serving.decode_step_host as dsh
-
-    launched: list[str] = []
-    real = dsh.launch
-
-    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
-        launched.append(kernel.__name__)
-        return real(kernel, *a, **kw)
-
-    monkeypatch.setattr(dsh, "launch", spy)
+    launched = record_launches(monkeypatch)
     step = make_step(MIXED, dtype=qdtype, cache_dtype=cdt, layout="hnd" if per_head else "nhd",
                      seed=21)  # fmt: skip
     ks, vs = _scales(per_head, 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _steps import TOLERANCES, assert_rel_close, make_step
+from _steps import TOLERANCES, assert_rel_close, make_step, record_launches
 
 import nki_kernels.serving.functional as NF
 from nki_kernels.serving.reference import reference_serving_attention
@@ -117,16 +117,7 @@ def test_attention_decode_block(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> N
     projection, against float64 torch; FP8 in the plugin's convention (the cache holds
     x * k_scale; softmax_scale and W_out carry the dequantization). The write and the
     attention are one launch of the decode-step kernel, fp8 included."""
-    import nki_kernels.serving.decode_step_host as dsh
-
-    launched: list[str] = []
-    real = dsh.launch
-
-    def spy(kernel, *a, **kw):  # type: ignore[no-untyped-def]
-        launched.append(kernel.__name__)
-        return real(kernel, *a, **kw)
-
-    monkeypatch.setattr(dsh, "launch", spy)
+    launched = record_launches(monkeypatch)
     x, w_qkv, w_out, kc, vc, table, ctx, slots, cos, sin, (hq, hkv, d) = _decode_case(fp8)
     sink = torch.tensor([[0.5], [-1.0], [2.0], [0.0]])
     scaling = d**-0.5
