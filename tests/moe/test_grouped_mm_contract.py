@@ -12,28 +12,11 @@ from typing import Any
 
 import pytest
 import torch
+from test_grouped_mm import _close, reference  # tests/moe on sys.path
 
 import nki_kernels.ops.grouped_mm  # noqa: F401  (registers the op)
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
-# relative to the reference's largest magnitude: one output rounding plus fp32 sums
-TOL = {F32: 1e-5, BF16: 2.0**-8, F16: 2.0**-10}
-
-
-def reference(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """float64, group by group; rows past offs[-1] are zero."""
-    out = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float64)
-    lo = 0
-    for g, hi in enumerate(offs.tolist()):
-        out[lo:hi] = x[lo:hi].double() @ w[g].double()
-        lo = hi
-    return out
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    scale = max(1.0, float(expected.detach().abs().max()))
-    err = float((actual.detach().double() - expected.detach()).abs().max()) / scale
-    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]:.3g}"
 
 
 def _offs(values: list[int]) -> torch.Tensor:
