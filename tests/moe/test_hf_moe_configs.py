@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_hf_moe import _OpCalls  # tests/moe on sys.path
 
 import nki_kernels
 
@@ -98,20 +99,6 @@ MODELS: dict[str, tuple[Any, str]] = {
     "deepseek-v3-2-groups-keep-1": (_deepseek_v3, "nki.moe_route_options"),
     "gpt-oss-limit-2-alpha-1.1": (_gpt_oss, "nki.expert_act"),
 }
-
-
-class _OpCalls(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the nki ops dispatched (by name) while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = str(func.overloadpacket)
-        if name.startswith("nki."):
-            self.calls[name] = self.calls.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 def _run(model: Any, ids: torch.Tensor) -> tuple[Any, dict[str, torch.Tensor]]:
